@@ -1,0 +1,43 @@
+# Finds every third-party dependency once, for the whole tree.
+# On Debian 12 all of these come from packages (deploy/install_deps.sh); on a
+# GPU machine pass -DCMAKE_PREFIX_PATH with the CUDA LibTorch from the PyTorch
+# wheel and the unpacked Debian packages (docs/operations.md).
+
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(prometheus-cpp CONFIG REQUIRED)
+find_package(glog CONFIG REQUIRED)
+# No version: Debian's TorchConfig reports none.
+find_package(Torch REQUIRED)
+message(STATUS "ASymPO-RL: LibTorch ${Torch_VERSION} at ${Torch_DIR}")
+
+if(ASYMPO_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+endif()
+
+# protoc and the gRPC plugin: prefer the targets, fall back to PATH.
+if(TARGET protobuf::protoc)
+  set(ASYMPO_PROTOC $<TARGET_FILE:protobuf::protoc>)
+else()
+  find_program(ASYMPO_PROTOC protoc REQUIRED)
+endif()
+if(TARGET gRPC::grpc_cpp_plugin)
+  set(ASYMPO_GRPC_PLUGIN $<TARGET_FILE:gRPC::grpc_cpp_plugin>)
+else()
+  find_program(ASYMPO_GRPC_PLUGIN grpc_cpp_plugin REQUIRED)
+endif()
+
+# NCCL is optional and never linked: weight_broadcaster loads libnccl.so at
+# run time (dlopen) when a GPU is present, so one binary starts everywhere.
+# Only the header is needed at build time; without it the NCCL transport is
+# compiled out.
+find_path(ASYMPO_NCCL_INCLUDE_DIR nccl.h
+  HINTS $ENV{NCCL_HOME} $ENV{CUDA_HOME} /usr/local/cuda
+  PATH_SUFFIXES include)
+if(ASYMPO_NCCL_INCLUDE_DIR)
+  message(STATUS "ASymPO-RL: nccl.h found in ${ASYMPO_NCCL_INCLUDE_DIR} (NCCL transport built, loaded at run time)")
+else()
+  message(STATUS "ASymPO-RL: nccl.h not found (NCCL transport not built; gRPC transport only)")
+endif()

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages ASymPO-RL builds and tests against, when
+# any of them is missing. Safe to run repeatedly; does nothing when all are
+# present. Needs root (or sudo) only when something must be installed.
+#
+#   deploy/install_deps.sh            # build + test dependencies
+#   deploy/install_deps.sh --check    # list what is missing, exit 1 if any
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libtorch-dev prometheus-cpp-dev
+  libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
+  libopenblas0-pthread libpcre2-dev
+  python3
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [[ "${1:-}" == "--check" ]]; then
+  if ((${#missing[@]})); then
+    echo "missing: ${missing[*]}"
+    exit 1
+  fi
+  echo "all dependencies present"
+  exit 0
+fi
+
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  if command -v sudo >/dev/null; then
+    sudo_cmd=(sudo)
+  else
+    echo "install_deps: need root to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -q
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

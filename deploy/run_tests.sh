@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The project's test command (README.md, .ci/run): installs whatever Debian
+# packages are missing, configures and builds everything, and runs every test.
+#
+#   ./deploy/run_tests.sh                 # as root, or as a user with sudo
+#   BUILD_DIR=build-x ./deploy/run_tests.sh
+#   CTEST_ARGS="-L unit" ./deploy/run_tests.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+build_dir=${BUILD_DIR:-build}
+jobs=${JOBS:-$(nproc)}
+
+./deploy/install_deps.sh
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+cmake --build "$build_dir" -j "$jobs"
+# shellcheck disable=SC2086
+ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CTEST_ARGS:-}

@@ -1,0 +1,183 @@
+#include "common/batch_validation.h"
+
+#include <cmath>
+#include <functional>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace asympo {
+namespace {
+
+using ::testing::HasSubstr;
+
+BatchLimits Limits() {
+  BatchLimits l;
+  l.vocab_size = 100;
+  l.min_group_size = 2;
+  l.max_group_size = 4;
+  l.max_prompt_tokens = 8;
+  l.max_response_tokens = 6;
+  l.max_groups_per_batch = 3;
+  return l;
+}
+
+v1::RolloutBatch ValidBatch() {
+  v1::RolloutBatch b;
+  b.set_source("test");
+  for (int g = 0; g < 2; ++g) {
+    v1::PromptGroup* group = b.add_groups();
+    group->set_prompt_id("p" + std::to_string(g));
+    group->add_prompt_tokens(1);
+    group->add_prompt_tokens(2);
+    for (int r = 0; r < 3; ++r) {
+      v1::Response* resp = group->add_responses();
+      resp->add_tokens(10 + r);
+      resp->add_tokens(99);
+      resp->set_reward(r == 0 ? 1.0f : 0.0f);
+    }
+  }
+  return b;
+}
+
+struct Case {
+  const char* name;
+  std::function<void(v1::RolloutBatch*, BatchLimits*)> mutate;
+  const char* message;
+};
+
+class InvalidBatchTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(InvalidBatchTest, IsRejectedWithAMessageNamingGroupAndRule) {
+  v1::RolloutBatch batch = ValidBatch();
+  BatchLimits limits = Limits();
+  GetParam().mutate(&batch, &limits);
+  const absl::Status s = ValidateRolloutBatch(batch, limits);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(GetParam().message));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rules, InvalidBatchTest,
+    ::testing::Values(
+        Case{"NoGroups", [](v1::RolloutBatch* b, BatchLimits*) { b->clear_groups(); },
+             "batch has no groups"},
+        Case{"TooManyGroups",
+             [](v1::RolloutBatch* b, BatchLimits* l) { l->max_groups_per_batch = 1; },
+             "batch has 2 groups, more than max_groups_per_batch 1"},
+        Case{"LongSource",
+             [](v1::RolloutBatch* b, BatchLimits*) { b->set_source(std::string(200, 'x')); },
+             "batch source is 200 bytes"},
+        Case{"LongPromptId",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(1)->set_prompt_id(std::string(300, 'y'));
+             },
+             "group 1 (prompt_id \"yyyy"},
+        Case{"EmptyPrompt",
+             [](v1::RolloutBatch* b, BatchLimits*) { b->mutable_groups(1)->clear_prompt_tokens(); },
+             "group 1 (prompt_id \"p1\"): prompt has no tokens"},
+        Case{"LongPrompt", [](v1::RolloutBatch* b, BatchLimits* l) { l->max_prompt_tokens = 1; },
+             "group 0 (prompt_id \"p0\"): prompt has 2 tokens, more than max_prompt_tokens 1"},
+        Case{"PromptTokenOutOfVocab",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(0)->set_prompt_tokens(1, 100);
+             },
+             "group 0 (prompt_id \"p0\"): prompt token 1 is 100, outside the vocabulary [0, 100)"},
+        Case{"NegativeToken",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(1)->mutable_responses(2)->set_tokens(0, -1);
+             },
+             "group 1 (prompt_id \"p1\") response 2: response token 0 is -1"},
+        Case{"GroupOfOne",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(1)->mutable_responses()->DeleteSubrange(1, 2);
+             },
+             "group 1 (prompt_id \"p1\"): group has 1 responses; group size must be in [2, 4]"},
+        Case{"GroupTooLarge", [](v1::RolloutBatch* b, BatchLimits* l) { l->max_group_size = 2; },
+             "group 0 (prompt_id \"p0\"): group has 3 responses; group size must be in [2, 2]"},
+        Case{"EmptyResponse",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(0)->mutable_responses(1)->clear_tokens();
+             },
+             "group 0 (prompt_id \"p0\") response 1: response has no tokens"},
+        Case{"LongResponse",
+             [](v1::RolloutBatch* b, BatchLimits* l) { l->max_response_tokens = 1; },
+             "response 0: response has 2 tokens, more than max_response_tokens 1"},
+        Case{"NanReward",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(1)->mutable_responses(0)->set_reward(NAN);
+             },
+             "group 1 (prompt_id \"p1\") response 0: reward is nan; rewards must be finite"},
+        Case{"InfReward",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(0)->mutable_responses(2)->set_reward(-INFINITY);
+             },
+             "response 2: reward is -inf"},
+        Case{"MissingBehaviorLogProbs",
+             [](v1::RolloutBatch* b, BatchLimits* l) { l->require_behavior_logprobs = true; },
+             "group 0 (prompt_id \"p0\") response 0: behavior_logprobs missing"},
+        Case{"BehaviorLogProbsWrongLength",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(0)->mutable_responses(1)->add_behavior_logprobs(-0.5f);
+             },
+             "behavior_logprobs has 1 values for 2 tokens"},
+        Case{"PositiveBehaviorLogProb",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               auto* r = b->mutable_groups(0)->mutable_responses(1);
+               r->add_behavior_logprobs(-0.5f);
+               r->add_behavior_logprobs(0.25f);
+             },
+             "behavior_logprobs[1] is 0.25; a log-probability must be finite and <= 0"}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+TEST(BatchValidationTest, AcceptsAValidBatch) {
+  EXPECT_TRUE(ValidateRolloutBatch(ValidBatch(), Limits()).ok());
+}
+
+TEST(BatchValidationTest, AcceptsBehaviorLogProbsWhenWellFormed) {
+  v1::RolloutBatch b = ValidBatch();
+  BatchLimits l = Limits();
+  l.require_behavior_logprobs = true;
+  for (auto& g : *b.mutable_groups()) {
+    for (auto& r : *g.mutable_responses()) {
+      r.add_behavior_logprobs(-1.0f);
+      r.add_behavior_logprobs(0.0f);
+    }
+  }
+  EXPECT_TRUE(ValidateRolloutBatch(b, l).ok());
+}
+
+TEST(BatchValidationTest, EscapesUntrustedPromptIdsInMessages) {
+  v1::RolloutBatch b = ValidBatch();
+  b.mutable_groups(0)->set_prompt_id("a\n\"b");
+  b.mutable_groups(0)->mutable_responses(0)->set_reward(NAN);
+  const absl::Status s = ValidateRolloutBatch(b, Limits());
+  EXPECT_THAT(std::string(s.message()), HasSubstr("prompt_id \"a\\n\\\"b\""));
+}
+
+TEST(BatchValidationTest, ChecksTheLimitsThemselves) {
+  BatchLimits l = Limits();
+  l.min_group_size = 1;
+  EXPECT_THAT(std::string(ValidateBatchLimits(l).message()),
+              HasSubstr("min_group_size must be at least 2"));
+  l = Limits();
+  l.max_group_size = 1;
+  EXPECT_THAT(std::string(ValidateBatchLimits(l).message()),
+              HasSubstr("max_group_size 1 is below min_group_size 2"));
+  l = Limits();
+  l.vocab_size = 0;
+  EXPECT_THAT(std::string(ValidateBatchLimits(l).message()),
+              HasSubstr("vocab_size must be positive"));
+  EXPECT_TRUE(ValidateBatchLimits(Limits()).ok());
+}
+
+TEST(BatchValidationTest, CountsGroupsResponsesAndTokens) {
+  const BatchCounts c = CountBatch(ValidBatch());
+  EXPECT_EQ(c.groups, 2);
+  EXPECT_EQ(c.responses, 6);
+  EXPECT_EQ(c.prompt_tokens, 4);
+  EXPECT_EQ(c.response_tokens, 12);
+}
+
+}  // namespace
+}  // namespace asympo
