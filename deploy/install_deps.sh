@@ -12,7 +12,7 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
-  libopenblas0-pthread libpcre2-dev
+  libopenblas0-pthread libpcre2-dev nlohmann-json3-dev
   python3
 )
 

@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Runs the benchmark programs and prints their Markdown tables; paste them
+# into docs/benchmarks.md with the date and machine. Build first:
+#   cmake --build build -j"$(nproc)"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build_dir=${BUILD_DIR:-build}
+echo "<!-- $(date -u +%Y-%m-%d) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) -->"
+"$build_dir/bench/loss_bench" --reps "${REPS:-9}"
