@@ -60,3 +60,97 @@ PaddedSequences PadSequences(const std::vector<std::vector<int32_t>>& sequences,
 }
 
 }  // namespace asympo::learner
+
+#include <torch/csrc/autograd/custom_function.h>
+
+namespace asympo::learner {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Forward saves only the (M,) log-normalizers; backward recomputes logits
+// chunk by chunk. d logp_i / d logits_i = onehot(target_i) - softmax_i.
+class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbsFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
+                            const at::Tensor& weight, const at::Tensor& targets, int64_t chunk) {
+    const int64_t m = hidden.size(0);
+    at::Tensor out = at::empty({m}, hidden.options().dtype(at::kFloat));
+    at::Tensor lse = at::empty({m}, hidden.options().dtype(at::kFloat));
+    for (int64_t start = 0; start < m; start += chunk) {
+      const int64_t n = std::min(chunk, m - start);
+      // logits: (n, V) float32
+      const at::Tensor logits = at::linear(hidden.narrow(0, start, n), weight).to(at::kFloat);
+      const at::Tensor l = at::logsumexp(logits, {1});
+      lse.narrow(0, start, n).copy_(l);
+      out.narrow(0, start, n)
+          .copy_(logits.gather(1, targets.narrow(0, start, n).unsqueeze(1)).squeeze(1) - l);
+    }
+    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->saved_data["chunk"] = chunk;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& hidden = saved[0];
+    const at::Tensor& weight = saved[1];
+    const at::Tensor& targets = saved[2];
+    const at::Tensor& lse = saved[3];
+    const int64_t chunk = ctx->saved_data["chunk"].toInt();
+    const at::Tensor g = grad_outputs[0].to(at::kFloat);  // (M,)
+    const int64_t m = hidden.size(0);
+    at::Tensor grad_hidden = at::zeros_like(hidden);
+    at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    for (int64_t start = 0; start < m; start += chunk) {
+      const int64_t n = std::min(chunk, m - start);
+      const at::Tensor h = hidden.narrow(0, start, n);
+      const at::Tensor gc = g.narrow(0, start, n).unsqueeze(1);  // (n, 1)
+      // grad_logits = g * (onehot - softmax), built in one (n, V) buffer.
+      at::Tensor grad_logits = at::linear(h, weight).to(at::kFloat);
+      grad_logits.sub_(lse.narrow(0, start, n).unsqueeze(1)).exp_().mul_(-gc);
+      grad_logits.scatter_add_(1, targets.narrow(0, start, n).unsqueeze(1), gc);
+      const at::Tensor gl = grad_logits.to(hidden.scalar_type());
+      grad_hidden.narrow(0, start, n).copy_(at::matmul(gl, weight));
+      grad_weight.addmm_(grad_logits.t(), h.to(at::kFloat));
+    }
+    return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const at::Tensor& weight,
+                                                const at::Tensor& targets, int64_t chunk_rows) {
+  if (!hidden.defined() || hidden.dim() != 2 || !at::isFloatingType(hidden.scalar_type())) {
+    return absl::InvalidArgumentError("hidden must be a floating (M, H) tensor");
+  }
+  if (!weight.defined() || weight.dim() != 2 || weight.size(1) != hidden.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("weight must be (V, ", hidden.size(1), ")"));
+  }
+  if (!targets.defined() || targets.dim() != 1 || targets.size(0) != hidden.size(0) ||
+      targets.scalar_type() != at::kLong) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("targets must be int64 (", hidden.size(0), ",) to match hidden"));
+  }
+  if (chunk_rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_rows must be positive, got ", chunk_rows));
+  }
+  if (targets.numel() > 0) {
+    const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
+    if (lo < 0 || hi >= weight.size(0)) {
+      return absl::InvalidArgumentError(absl::StrCat("target id ", lo < 0 ? lo : hi,
+                                                     " is outside the vocabulary [0, ",
+                                                     weight.size(0), ")"));
+    }
+  }
+  return ChunkedLogProbsFunction::apply(hidden, weight, targets, chunk_rows);
+}
+
+int64_t ChunkedLogProbsPeakBytes(int64_t rows, int64_t vocab, int64_t chunk_rows) {
+  const int64_t c = std::min(rows, chunk_rows);
+  return 2 * c * vocab * 4 + rows * 4;
+}
+
+}  // namespace asympo::learner

@@ -35,3 +35,29 @@ PaddedSequences PadSequences(const std::vector<std::vector<int32_t>>& sequences,
                              int64_t pad_id = 0);
 
 }  // namespace asympo::learner
+
+namespace asympo::learner {
+
+// Log-probs of `targets` under logits = hidden @ weight^T, computed in chunks
+// of `chunk_rows` rows so that full (rows, V) logits never exist at once:
+// neither in the forward nor in the backward, which recomputes each chunk's
+// logits instead of saving them.
+//   hidden:  (M, H) the hidden state that predicts each target
+//   weight:  (V, H) the output projection (lm_head / tied embeddings)
+//   targets: (M,) int64 in [0, V)
+// Returns (M,) float32 log-probs, differentiable w.r.t. hidden and weight.
+//
+// Peak memory beyond the inputs, their gradients and the (M,) outputs, for
+// float32 inputs (ChunkedLogProbsPeakBytes): forward and backward each hold
+// at most two (chunk_rows, V) float32 buffers at a time, plus one saved (M,)
+// float32 log-normalizer:
+//     peak_extra = 2 * chunk_rows * V * 4 + M * 4 bytes.
+// The unchunked path holds (M, V) logits and the same-size softmax for the
+// backward: 2 * M * V * 4 bytes.
+absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const at::Tensor& weight,
+                                                const at::Tensor& targets, int64_t chunk_rows);
+
+// The bound stated above, in bytes.
+int64_t ChunkedLogProbsPeakBytes(int64_t rows, int64_t vocab, int64_t chunk_rows);
+
+}  // namespace asympo::learner
