@@ -1,0 +1,103 @@
+#include "learner_server/adamw.h"
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+namespace asympo::learner {
+
+absl::Status ValidateAdamWOptions(const AdamWOptions& o) {
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("beta1 is ", o.beta1, "; it must be in [0, 1)"));
+  }
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("beta2 is ", o.beta2, "; it must be in [0, 1)"));
+  }
+  if (!(o.eps > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("eps is ", o.eps, "; it must be positive"));
+  }
+  if (!(o.weight_decay >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_decay is ", o.weight_decay, "; it must be >= 0"));
+  }
+  return absl::OkStatus();
+}
+
+AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
+    : params_(std::move(params)),
+      exp_avg_(params_.size()),
+      exp_avg_sq_(params_.size()),
+      options_(options) {}
+
+void AdamW::Step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bias1 = 1 - std::pow(b1, static_cast<double>(step_));
+  const double bias2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(step_)));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor& p = params_[i];
+    const at::Tensor& g = p.grad();
+    if (!g.defined()) continue;
+    if (!exp_avg_[i].defined()) {
+      exp_avg_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+      exp_avg_sq_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
+    }
+    if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
+    exp_avg_[i].mul_(b1).add_(g, 1 - b1);
+    exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1 - b2);
+    const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
+    p.addcdiv_(exp_avg_[i], denom, -lr / bias1);
+  }
+}
+
+void AdamW::ZeroGrad() {
+  for (at::Tensor& p : params_) p.mutable_grad().reset();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> AdamW::StateTensors() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!exp_avg_[i].defined()) continue;
+    out.emplace_back(absl::StrCat("exp_avg.", i), exp_avg_[i]);
+    out.emplace_back(absl::StrCat("exp_avg_sq.", i), exp_avg_sq_[i]);
+  }
+  return out;
+}
+
+absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                              int64_t step_count) {
+  std::vector<at::Tensor> avg(params_.size()), sq(params_.size());
+  for (const auto& [name, t] : state) {
+    const bool is_avg = name.rfind("exp_avg.", 0) == 0;
+    const bool is_sq = name.rfind("exp_avg_sq.", 0) == 0;
+    const std::string index = name.substr(name.find('.') + 1);
+    char* end = nullptr;
+    const long i = std::strtol(index.c_str(), &end, 10);
+    if ((!is_avg && !is_sq) || end == index.c_str() || *end != '\0' || i < 0 ||
+        static_cast<size_t>(i) >= params_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state entry \"", name,
+                                                     "\" is not one of this optimizer's"));
+    }
+    if (t.sizes() != params_[i].sizes()) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state entry \"", name,
+                                                     "\" has the wrong shape"));
+    }
+    (is_avg ? avg : sq)[i] = t.to(params_[i].options()).clone();
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (avg[i].defined() != sq[i].defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state for parameter ", i, " has one moment but not the other"));
+    }
+  }
+  exp_avg_ = std::move(avg);
+  exp_avg_sq_ = std::move(sq);
+  step_ = step_count;
+  return absl::OkStatus();
+}
+
+}  // namespace asympo::learner

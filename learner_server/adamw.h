@@ -1,0 +1,59 @@
+// AdamW (decoupled weight decay; Loshchilov & Hutter), the same update as
+// torch.optim.AdamW, over a fixed list of parameters.
+//
+// The state (step count, first and second moments) is plain tensors so that
+// checkpoints can save and restore it bit-exactly. Not thread-safe: the
+// trainer owns it and calls Step() between backward passes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include <ATen/core/Tensor.h>
+
+namespace asympo::learner {
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+// Checks 0 <= beta < 1, eps > 0, weight_decay >= 0; names the bad option.
+absl::Status ValidateAdamWOptions(const AdamWOptions& options);
+
+class AdamW {
+ public:
+  // `params` are updated in place; their .grad() is read by Step().
+  AdamW(std::vector<at::Tensor> params, AdamWOptions options);
+
+  // One update with learning rate `lr` from the current gradients.
+  // Parameters without a gradient are skipped (their state does not move).
+  void Step(double lr);
+
+  // Sets every parameter's gradient to undefined.
+  void ZeroGrad();
+
+  int64_t step_count() const { return step_; }
+  const AdamWOptions& options() const { return options_; }
+
+  // The moments, in parameter order, for checkpoints: "exp_avg.<i>" and
+  // "exp_avg_sq.<i>" (undefined entries are omitted).
+  std::vector<std::pair<std::string, at::Tensor>> StateTensors() const;
+  // Restores what StateTensors() returned (and the step count). Shapes must
+  // match; errors name the entry. On error nothing changes.
+  absl::Status LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
+                         int64_t step_count);
+
+ private:
+  std::vector<at::Tensor> params_;
+  std::vector<at::Tensor> exp_avg_, exp_avg_sq_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace asympo::learner
