@@ -83,7 +83,8 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
   at::Generator gen = at::detail::createCPUGenerator(options.seed);
   const double std = options.init_std;
   auto normal = [&](std::vector<int64_t> shape) {
-    return at::empty(shape, at::kFloat).normal_(0.0, std, gen);
+    at::Tensor t = at::empty(shape, at::kFloat);
+    return options.random_init ? t.normal_(0.0, std, gen) : t;
   };
   const ModelConfig& c = config;
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,

@@ -28,6 +28,8 @@ struct ModelOptions {
   // Random initialization: N(0, init_std) for matrices, 1 for norms.
   uint64_t seed = 0;
   double init_std = 0.02;
+  // False leaves parameters uninitialized (for loading a checkpoint next).
+  bool random_init = true;
 };
 
 // Keys and values of past positions, per layer, for incremental decoding.
@@ -40,7 +42,8 @@ struct KvCache {
 
 class PolicyModel {
  public:
-  // A randomly initialized model (deterministic for a given seed).
+  // A randomly initialized model (deterministic for a given seed), or an
+  // uninitialized one when options.random_init is false.
   static absl::StatusOr<std::unique_ptr<PolicyModel>> CreateRandom(const ModelConfig& config,
                                                                    const ModelOptions& options);
 

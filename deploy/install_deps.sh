@@ -12,8 +12,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
-  libopenblas0-pthread libpcre2-dev nlohmann-json3-dev
-  python3
+  libopenblas0-pthread libpcre2-dev nlohmann-json3-dev libicu-dev
+  python3 python3-torch
 )
 
 missing=()
