@@ -230,11 +230,13 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   out = at::scaled_dot_product_attention(q, ke, ve, allowed.unsqueeze(1));
 #else
   // Grouped heads share keys: q as (B, nkv, groups, T, d) against (B, nkv, 1, Tk, d).
-  const at::Tensor qg = q.view({b, nkv, groups, t, d});
-  at::Tensor scores =
-      at::matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * (1.0 / std::sqrt(static_cast<double>(d)));
-  scores = scores.masked_fill(allowed.view({b, 1, 1, t, tk}).logical_not(),
-                              -std::numeric_limits<float>::infinity());
+  // The 1/sqrt(d) scale goes on q (T x d) rather than on the (T x Tk)
+  // scores, and the mask is applied in place: the score-sized passes are
+  // what dominate small models.
+  const at::Tensor qg = (q * (1.0 / std::sqrt(static_cast<double>(d)))).view({b, nkv, groups, t, d});
+  at::Tensor scores = at::matmul(qg, k.unsqueeze(2).transpose(-1, -2));
+  scores.masked_fill_(allowed.view({b, 1, 1, t, tk}).logical_not(),
+                      -std::numeric_limits<float>::infinity());
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
   out = at::matmul(probs, v.unsqueeze(2)).view({b, nh, t, d});
 #endif
