@@ -17,10 +17,11 @@ namespace {
 
 constexpr double kPi = 3.14159265358979323846;
 
-// HF's rotate_half: (x1, x2) -> (-x2, x1) over the last dimension halves.
-at::Tensor RotateHalf(const at::Tensor& x) {
-  const int64_t half = x.size(-1) / 2;
-  return at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+// Rotary embedding x * cos + rotate_half(x) * sin, with HF's rotate_half
+// (x1, x2) -> (-x2, x1) written as roll(x, d/2) times a sign folded into
+// `signed_sin` = (-sin_1, sin_2): two kernels instead of five.
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
+  return at::addcmul(x * cos, x.roll(x.size(-1) / 2, -1), signed_sin);
 }
 
 // RMSNorm computed in float32, as Hugging Face does, then cast back.
@@ -190,8 +191,12 @@ KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
 std::pair<at::Tensor, at::Tensor> PolicyModel::Rotary(const at::Tensor& positions) const {
   // freqs: (B, T, head_dim / 2); emb: (B, 1, T, head_dim)
   const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
-  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(1);
-  return {emb.cos(), emb.sin()};
+  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(2);  // (B, T, 1, d)
+  // sin with the first half negated, for ApplyRotary.
+  const int64_t half = freqs.size(-1);
+  at::Tensor signed_sin = emb.sin();
+  signed_sin.narrow(-1, 0, half).neg_();
+  return {emb.cos(), signed_sin};
 }
 
 at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::Tensor& x,
@@ -199,8 +204,9 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
                                   const at::Tensor& allowed, KvCache* cache) const {
   const ModelConfig& c = config_;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
-  // q: (B, nh, T, d); k, v: (B, nkv, T, d)
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
+  // q: (B, T, nh, d); k, v: (B, T, nkv, d). Query head h uses key head
+  // h / groups (Hugging Face's repeat_kv).
   at::Tensor q = at::linear(x, layer.q_proj, layer.q_bias).view({b, t, nh, d});
   at::Tensor k = at::linear(x, layer.k_proj, layer.k_bias).view({b, t, nkv, d});
   at::Tensor v = at::linear(x, layer.v_proj, layer.v_bias).view({b, t, nkv, d});
@@ -208,12 +214,10 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
     q = RmsNorm(q, layer.q_norm, c.rms_norm_eps);
     k = RmsNorm(k, layer.k_norm, c.rms_norm_eps);
   }
-  q = q.transpose(1, 2);
-  k = k.transpose(1, 2);
-  v = v.transpose(1, 2);
   const at::Tensor cq = cos.to(q.scalar_type()), sq = sin.to(q.scalar_type());
-  q = q * cq + RotateHalf(q) * sq;
-  k = k * cq + RotateHalf(k) * sq;
+  q = ApplyRotary(q, cq, sq);
+  k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
+  v = v.transpose(1, 2);                         // (B, nkv, T, d)
   if (cache != nullptr) {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, t).copy_(k);
@@ -221,26 +225,37 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
     k = cache->keys[index].narrow(2, 0, past + t);
     v = cache->values[index].narrow(2, 0, past + t);
   }
-  const int64_t tk = k.size(2), groups = nh / nkv;
-  at::Tensor out;  // (B, nh, T, d)
+  at::Tensor out;  // (B, T, nh * d)
 #if TORCH_VERSION_MAJOR >= 2
-  // Fused attention where LibTorch has it (2.x).
+  // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.
   const at::Tensor ke = groups > 1 ? k.repeat_interleave(groups, 1) : k;
   const at::Tensor ve = groups > 1 ? v.repeat_interleave(groups, 1) : v;
-  out = at::scaled_dot_product_attention(q, ke, ve, allowed.unsqueeze(1));
+  out = at::scaled_dot_product_attention(q.transpose(1, 2), ke, ve, allowed.unsqueeze(1))
+            .transpose(1, 2)
+            .reshape({b, t, nh * d});
 #else
-  // Grouped heads share keys: q as (B, nkv, groups, T, d) against (B, nkv, 1, Tk, d).
-  // The 1/sqrt(d) scale goes on q (T x d) rather than on the (T x Tk)
-  // scores, and the mask is applied in place: the score-sized passes are
-  // what dominate small models.
-  const at::Tensor qg = (q * (1.0 / std::sqrt(static_cast<double>(d)))).view({b, nkv, groups, t, d});
-  at::Tensor scores = at::matmul(qg, k.unsqueeze(2).transpose(-1, -2));
-  scores.masked_fill_(allowed.view({b, 1, 1, t, tk}).logical_not(),
-                      -std::numeric_limits<float>::infinity());
+  // The `groups` query heads of a key head and the T positions form one
+  // matrix, so each (batch, key head) pair is one GEMM against its keys,
+  // with no copy of the keys per query head:
+  //   qg (B, nkv, T * groups, d) @ k^T (B, nkv, d, Tk) -> (B, nkv, T * groups, Tk)
+  // The 1/sqrt(d) scale goes on q (T x d) rather than on the scores, and the
+  // mask is an additive 0 / -inf bias `allowed` (B, 1, T, 1, Tk) added in
+  // place: its backward passes the gradient through untouched. Score-sized
+  // passes are what dominate small models.
+  const int64_t tk = k.size(2);
+  const at::Tensor qg = (q * (1.0 / std::sqrt(static_cast<double>(d))))
+                            .view({b, t, nkv, groups, d})
+                            .permute({0, 2, 1, 3, 4})
+                            .reshape({b, nkv, t * groups, d});
+  at::Tensor scores = at::matmul(qg, k.transpose(-1, -2));
+  scores.view({b, nkv, t, groups, tk}).add_(allowed);
   const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  out = at::matmul(probs, v.unsqueeze(2)).view({b, nh, t, d});
+  out = at::matmul(probs, v)                    // (B, nkv, T * groups, d)
+            .view({b, nkv, t, groups, d})
+            .permute({0, 2, 1, 3, 4})
+            .reshape({b, t, nh * d});
 #endif
-  return at::linear(out.transpose(1, 2).reshape({b, t, nh * d}), layer.o_proj);
+  return at::linear(out, layer.o_proj);
 }
 
 at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positions,
@@ -257,9 +272,18 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   const at::Tensor kslot = at::arange(past + t, at::TensorOptions().dtype(at::kLong).device(dev));
   const at::Tensor causal = kslot.unsqueeze(0) <= qslot.unsqueeze(1);  // (T, P+T)
   const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
-  const at::Tensor allowed =
+  const at::Tensor allowed_bool =
       at::logical_or(at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)),
                      self.unsqueeze(0));
+#if TORCH_VERSION_MAJOR >= 2
+  const at::Tensor allowed = allowed_bool;  // SDPA takes the boolean mask
+#else
+  // Additive bias (B, 1, T, 1, P + T): 0 where allowed, -inf elsewhere.
+  const at::Tensor allowed =
+      at::zeros(allowed_bool.sizes(), at::TensorOptions().dtype(options_.dtype).device(dev))
+          .masked_fill_(allowed_bool.logical_not(), -std::numeric_limits<float>::infinity())
+          .view({allowed_bool.size(0), 1, t, 1, past + t});
+#endif
   const auto [cos, sin] = Rotary(positions);
   at::Tensor x = at::embedding(embed_, ids);
   for (size_t i = 0; i < layers_.size(); ++i) {

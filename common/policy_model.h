@@ -93,7 +93,7 @@ class PolicyModel {
 
   PolicyModel(ModelConfig config, ModelOptions options);
   at::Tensor& AddParameter(const std::string& name, at::Tensor t);
-  // cos, sin: (B, 1, T, head_dim) in float32.
+  // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
   std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;
   at::Tensor Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,

@@ -7,7 +7,7 @@
 #include "common/status_macros.h"
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <torch/csrc/autograd/grad_mode.h>
+#include <c10/core/InferenceMode.h>
 
 namespace asympo::rollout {
 
@@ -85,7 +85,9 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Generate(
     most_new = std::max<int64_t>(most_new, r.params.max_new_tokens);
   }
 
-  at::NoGradGuard no_grad;
+  // No autograd bookkeeping at all: small decode steps are dominated by
+  // per-operator overhead.
+  c10::InferenceMode inference_mode;
   const auto device = model_->options().device;
   const auto long_opts = at::TensorOptions().dtype(at::kLong);
   // Left-padded prompts: ids, key mask and positions, (B, longest).
@@ -128,10 +130,14 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Generate(
       return r.params.return_logprobs;
     });
     const at::Tensor logp = any_logprobs ? at::log_softmax(logits.to(at::kFloat), 1) : at::Tensor();
+    // Greedy rows share one argmax over the batch.
+    const at::Tensor argmax = logits.argmax(1);
+    const auto argmax_a = argmax.accessor<int64_t, 1>();
     for (int64_t i = 0; i < b; ++i) {
       if (done[i]) continue;
       const SamplingParams& p = requests[i].params;
-      const int32_t tok = SampleToken(logits[i], p, gens[i]);
+      const int32_t tok = p.temperature == 0 ? static_cast<int32_t>(argmax_a[i])
+                                             : SampleToken(logits[i], p, gens[i]);
       GenerationResult& res = results[i];
       res.tokens.push_back(tok);
       if (p.return_logprobs) res.logprobs.push_back(logp[i][tok].item<float>());

@@ -1,0 +1,46 @@
+// Model configurations the benchmarks use, and the FLOP count of one
+// training step, shared by bench/model_bench.cc (the Python twin,
+// bench/model_bench.py, repeats the same numbers).
+#pragma once
+
+#include <string>
+
+#include "common/model_config.h"
+
+namespace asympo::bench {
+
+// "tiny": the built-in test model with a 512-token vocabulary.
+// "100m": 12 layers, hidden 768, 12 heads (4 KV heads), FFN 2048, vocabulary
+// 32000, tied embeddings: 100.3M parameters.
+inline ModelConfig BenchConfig(const std::string& name) {
+  if (name == "100m") {
+    ModelConfig c = ModelConfig::Tiny(32000);
+    c.hidden_size = 768;
+    c.intermediate_size = 2048;
+    c.num_hidden_layers = 12;
+    c.num_attention_heads = 12;
+    c.num_key_value_heads = 4;
+    c.head_dim = 64;
+    c.max_position_embeddings = 2048;
+    return c;
+  }
+  return ModelConfig::Tiny(512);
+}
+
+// Matmul FLOPs of one training step (forward + backward = 3x forward) on
+// `batch` sequences of `seq` tokens whose last `response` tokens are scored:
+// projections 2 * tokens * params, attention scores and values
+// 2 * 2 * seq^2 * heads * head_dim per layer and sequence (full square, as
+// computed), the output projection only for scored tokens.
+inline double TrainStepFlops(const ModelConfig& c, int64_t batch, int64_t seq, int64_t response) {
+  const double h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+               kv = c.num_key_value_heads * c.head_dim, ff = c.intermediate_size;
+  const double layer_params = h * q + 2 * h * kv + q * h + 3 * h * ff;
+  const double tokens = static_cast<double>(batch * seq);
+  const double forward = 2 * tokens * layer_params * c.num_hidden_layers +
+                         4.0 * batch * seq * seq * q * c.num_hidden_layers +
+                         2.0 * batch * response * h * c.vocab_size;
+  return 3 * forward;
+}
+
+}  // namespace asympo::bench

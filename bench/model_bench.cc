@@ -1,0 +1,142 @@
+// Training-step and generation throughput of the policy model on CPU, and
+// the machine's matmul FLOP/s. bench/model_bench.py is the equivalent
+// PyTorch program; bench/run_model_bench.sh runs both side by side.
+//
+//   model_bench --config tiny|100m --mode train|generate|matmul
+//               [--batch 8] [--seq 256] [--response 192] [--new_tokens 64]
+//               [--reps 5] [--threads 2] [--profile trace.json]
+// Prints one JSON object per run: {"mode", "config", "median_s", "tokens_per_s", ...}.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/profiler_legacy.h>
+#include <torch/types.h>
+
+#include "bench/bench_models.h"
+#include "common/policy_model.h"
+#include "learner_server/adamw.h"
+#include "learner_server/token_logprobs.h"
+#include "rollout_server/generation.h"
+
+namespace {
+
+std::string FlagS(int argc, char** argv, const char* name, const char* def) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return def;
+}
+int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
+  const std::string v = FlagS(argc, argv, name, "");
+  return v.empty() ? def : std::atoll(v.c_str());
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Time(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string config_name = FlagS(argc, argv, "--config", "tiny");
+  const std::string mode = FlagS(argc, argv, "--mode", "train");
+  const int64_t batch = Flag(argc, argv, "--batch", 8);
+  const int64_t seq = Flag(argc, argv, "--seq", 256);
+  const int64_t response = Flag(argc, argv, "--response", 192);
+  const int64_t new_tokens = Flag(argc, argv, "--new_tokens", 64);
+  const int reps = static_cast<int>(Flag(argc, argv, "--reps", 5));
+  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  torch::manual_seed(0);
+
+  if (mode == "matmul") {
+    const int64_t n = Flag(argc, argv, "--n", 2048);
+    const torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
+    std::vector<double> ts;
+    at::matmul(a, b);
+    for (int i = 0; i < reps; ++i) ts.push_back(Time([&] { at::matmul(a, b); }));
+    const double s = Median(ts);
+    std::printf("{\"mode\": \"matmul\", \"n\": %lld, \"median_s\": %.6f, \"flops\": %.4e}\n",
+                static_cast<long long>(n), s, 2.0 * n * n * n / s);
+    return 0;
+  }
+
+  const asympo::ModelConfig cfg = asympo::bench::BenchConfig(config_name);
+  asympo::ModelOptions mo;
+  mo.seed = 1;
+  auto model = asympo::PolicyModel::CreateRandom(cfg, mo).value();
+  std::vector<double> ts;
+
+  if (mode == "train") {
+    const int64_t prompt = seq - response;
+    const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {batch, seq}, torch::kLong);
+    const torch::Tensor pos =
+        torch::arange(seq, torch::kLong).unsqueeze(0).expand({batch, seq}).contiguous();
+    const torch::Tensor key_mask = torch::ones({batch, seq}, torch::kBool);
+    const torch::Tensor targets = ids.narrow(1, prompt, response).reshape({-1});
+    const torch::Tensor adv = torch::randn({batch, 1}).expand({batch, response}).reshape({-1});
+    asympo::learner::AdamW opt(model->parameters(), {});
+    auto step = [&] {
+      opt.ZeroGrad();
+      const torch::Tensor hidden = model->Forward(ids, pos, key_mask);
+      // Hidden states that predict the response tokens: (B * R, H).
+      const torch::Tensor h = hidden.narrow(1, prompt - 1, response).reshape({-1, cfg.hidden_size});
+      const torch::Tensor logp =
+          asympo::learner::ChunkedTokenLogProbs(h, model->lm_head_weight(), targets, 1024).value();
+      (-(logp * adv).mean()).backward();
+      opt.Step(1e-5);
+    };
+    step();
+    const std::string trace = FlagS(argc, argv, "--profile", "");
+    if (!trace.empty()) {
+      // One profiled step, written as a Chrome trace.
+      torch::autograd::profiler::RecordProfile guard(trace);
+      step();
+    }
+    for (int i = 0; i < reps; ++i) ts.push_back(Time(step));
+    const double s = Median(ts);
+    std::printf(
+        "{\"mode\": \"train\", \"config\": \"%s\", \"params\": %lld, \"median_s\": %.6f, "
+        "\"tokens_per_s\": %.1f, \"flops\": %.4e}\n",
+        config_name.c_str(), static_cast<long long>(cfg.NumParameters()), s, batch * seq / s,
+        asympo::bench::TrainStepFlops(cfg, batch, seq, response) / s);
+  } else if (mode == "generate") {
+    asympo::rollout::GenerationEngine engine(model.get());
+    std::vector<asympo::rollout::GenerationRequest> reqs(batch);
+    for (int64_t i = 0; i < batch; ++i) {
+      const torch::Tensor p = torch::randint(0, cfg.vocab_size, {16}, torch::kLong);
+      reqs[i].prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + 16);
+      reqs[i].params.temperature = 0;
+      reqs[i].params.max_new_tokens = static_cast<int32_t>(new_tokens);
+    }
+    auto gen = [&] { engine.Generate(reqs).value(); };
+    gen();
+    const std::string trace = FlagS(argc, argv, "--profile", "");
+    if (!trace.empty()) {
+      torch::autograd::profiler::RecordProfile guard(trace);
+      gen();
+    }
+    for (int i = 0; i < reps; ++i) ts.push_back(Time(gen));
+    const double s = Median(ts);
+    std::printf("{\"mode\": \"generate\", \"config\": \"%s\", \"median_s\": %.6f, "
+                "\"tokens_per_s\": %.1f}\n",
+                config_name.c_str(), s, batch * new_tokens / s);
+  } else {
+    std::fprintf(stderr, "unknown --mode %s (train, generate or matmul)\n", mode.c_str());
+    return 2;
+  }
+  return 0;
+}
