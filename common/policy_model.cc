@@ -4,13 +4,13 @@
 #include <limits>
 #include <map>
 
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/version.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#include <torch/version.h>
-#include <torch/csrc/autograd/grad_mode.h>
 
 namespace asympo {
 namespace {
@@ -76,8 +76,7 @@ at::Tensor& PolicyModel::AddParameter(const std::string& name, at::Tensor t) {
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
     const ModelConfig& config, const ModelOptions& options) {
   ASYMPO_RETURN_IF_ERROR(config.Validate());
-  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16 &&
-      options.dtype != at::kHalf) {
+  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16 && options.dtype != at::kHalf) {
     return absl::InvalidArgumentError("model dtype must be float32, bfloat16 or float16");
   }
   std::unique_ptr<PolicyModel> m(new PolicyModel(config, options));
@@ -217,8 +216,13 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   const at::Tensor cq = cos.to(q.scalar_type()), sq = sin.to(q.scalar_type());
   q = ApplyRotary(q, cq, sq);
   k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
-  v = v.transpose(1, 2);                         // (B, nkv, T, d)
-  if (cache != nullptr) {
+  v = v.transpose(1, 2);                       // (B, nkv, T, d)
+  if (cache == nullptr) {
+    // Dense (B, nkv, T, d) so that the GEMMs below read k^T and v as plain
+    // (transposed) matrices, in the forward and in the backward.
+    k = k.contiguous();
+    v = v.contiguous();
+  } else {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, t).copy_(k);
     cache->values[index].narrow(2, past, t).copy_(v);
@@ -239,18 +243,21 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   // with no copy of the keys per query head:
   //   qg (B, nkv, T * groups, d) @ k^T (B, nkv, d, Tk) -> (B, nkv, T * groups, Tk)
   // The 1/sqrt(d) scale goes on q (T x d) rather than on the scores, and the
-  // mask is an additive 0 / -inf bias `allowed` (B, 1, T, 1, Tk) added in
-  // place: its backward passes the gradient through untouched. Score-sized
-  // passes are what dominate small models.
+  // mask is an additive 0 / -inf bias `allowed` (B, 1, T, 1, Tk): its
+  // backward passes the gradient through untouched. Score-sized passes are
+  // what dominate small models.
   const int64_t tk = k.size(2);
   const at::Tensor qg = (q * (1.0 / std::sqrt(static_cast<double>(d))))
                             .view({b, t, nkv, groups, d})
                             .permute({0, 2, 1, 3, 4})
                             .reshape({b, nkv, t * groups, d});
-  at::Tensor scores = at::matmul(qg, k.transpose(-1, -2));
-  scores.view({b, nkv, t, groups, tk}).add_(allowed);
-  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
-  out = at::matmul(probs, v)                    // (B, nkv, T * groups, d)
+  // Out of place: an in-place add on a view would cost a CopySlices (a
+  // score-sized copy) in the backward; this add's backward is the identity.
+  const at::Tensor scores =
+      at::matmul(qg, k.transpose(-1, -2)).view({b, nkv, t, groups, tk}) + allowed;
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(q.scalar_type()).view({b, nkv, t * groups, tk});
+  out = at::matmul(probs, v)  // (B, nkv, T * groups, d)
             .view({b, nkv, t, groups, d})
             .permute({0, 2, 1, 3, 4})
             .reshape({b, t, nh * d});
@@ -268,13 +275,13 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   // allowed: (B, T, P + T) = key is real and not in the future; a query
   // always sees itself so that padded rows stay finite.
   const auto dev = ids.device();
-  const at::Tensor qslot = at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(dev));
+  const at::Tensor qslot =
+      at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(dev));
   const at::Tensor kslot = at::arange(past + t, at::TensorOptions().dtype(at::kLong).device(dev));
   const at::Tensor causal = kslot.unsqueeze(0) <= qslot.unsqueeze(1);  // (T, P+T)
   const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
-  const at::Tensor allowed_bool =
-      at::logical_or(at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)),
-                     self.unsqueeze(0));
+  const at::Tensor allowed_bool = at::logical_or(
+      at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)), self.unsqueeze(0));
 #if TORCH_VERSION_MAJOR >= 2
   const at::Tensor allowed = allowed_bool;  // SDPA takes the boolean mask
 #else
@@ -288,8 +295,8 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   at::Tensor x = at::embedding(embed_, ids);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
-    x = x + Attention(layer, static_cast<int64_t>(i), RmsNorm(x, layer.input_norm, config_.rms_norm_eps),
-                      cos, sin, allowed, cache);
+    x = x + Attention(layer, static_cast<int64_t>(i),
+                      RmsNorm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, allowed, cache);
     const at::Tensor hn = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
     x = x + at::linear(at::silu(at::linear(hn, layer.gate_proj)) * at::linear(hn, layer.up_proj),
                        layer.down_proj);

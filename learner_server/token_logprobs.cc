@@ -69,25 +69,24 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-// Forward saves only the (M,) log-normalizers; backward recomputes logits
-// chunk by chunk. d logp_i / d logits_i = onehot(target_i) - softmax_i.
+// Forward saves nothing beyond its inputs; backward recomputes each chunk's
+// logits. d logp_i / d logits_i = onehot(target_i) - softmax_i.
 class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbsFunction> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden,
                             const at::Tensor& weight, const at::Tensor& targets, int64_t chunk) {
     const int64_t m = hidden.size(0);
     at::Tensor out = at::empty({m}, hidden.options().dtype(at::kFloat));
-    at::Tensor lse = at::empty({m}, hidden.options().dtype(at::kFloat));
     for (int64_t start = 0; start < m; start += chunk) {
       const int64_t n = std::min(chunk, m - start);
       // logits: (n, V) float32
+      // logits and their log_softmax: the two (n, V) buffers of the bound.
       const at::Tensor logits = at::linear(hidden.narrow(0, start, n), weight).to(at::kFloat);
-      const at::Tensor l = at::logsumexp(logits, {1});
-      lse.narrow(0, start, n).copy_(l);
-      out.narrow(0, start, n)
-          .copy_(logits.gather(1, targets.narrow(0, start, n).unsqueeze(1)).squeeze(1) - l);
+      const at::Tensor index = targets.narrow(0, start, n).unsqueeze(1);
+      const at::Tensor picked = at::log_softmax(logits, 1).gather(1, index).squeeze(1);
+      out.narrow(0, start, n).copy_(picked);
     }
-    ctx->save_for_backward({hidden, weight, targets, lse});
+    ctx->save_for_backward({hidden, weight, targets});
     ctx->saved_data["chunk"] = chunk;
     return out;
   }
@@ -97,7 +96,6 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
     const at::Tensor& hidden = saved[0];
     const at::Tensor& weight = saved[1];
     const at::Tensor& targets = saved[2];
-    const at::Tensor& lse = saved[3];
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const at::Tensor g = grad_outputs[0].to(at::kFloat);  // (M,)
     const int64_t m = hidden.size(0);
@@ -107,9 +105,10 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
       const int64_t n = std::min(chunk, m - start);
       const at::Tensor h = hidden.narrow(0, start, n);
       const at::Tensor gc = g.narrow(0, start, n).unsqueeze(1);  // (n, 1)
-      // grad_logits = g * (onehot - softmax), built in one (n, V) buffer.
-      at::Tensor grad_logits = at::linear(h, weight).to(at::kFloat);
-      grad_logits.sub_(lse.narrow(0, start, n).unsqueeze(1)).exp_().mul_(-gc);
+      // grad_logits = g * (onehot - softmax): the recomputed logits and their
+      // softmax are the two (n, V) buffers of the bound.
+      at::Tensor grad_logits = at::softmax(at::linear(h, weight).to(at::kFloat), 1);
+      grad_logits.mul_(-gc);
       grad_logits.scatter_add_(1, targets.narrow(0, start, n).unsqueeze(1), gc);
       const at::Tensor gl = grad_logits.to(hidden.scalar_type());
       grad_hidden.narrow(0, start, n).copy_(at::matmul(gl, weight));
@@ -150,7 +149,7 @@ absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const 
 
 int64_t ChunkedLogProbsPeakBytes(int64_t rows, int64_t vocab, int64_t chunk_rows) {
   const int64_t c = std::min(rows, chunk_rows);
-  return 2 * c * vocab * 4 + rows * 4;
+  return 2 * c * vocab * 4;
 }
 
 }  // namespace asympo::learner

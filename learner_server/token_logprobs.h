@@ -48,11 +48,12 @@ namespace asympo::learner {
 // Returns (M,) float32 log-probs, differentiable w.r.t. hidden and weight.
 //
 // Peak memory beyond the inputs, their gradients and the (M,) outputs, for
-// float32 inputs (ChunkedLogProbsPeakBytes): forward and backward each hold
-// at most two (chunk_rows, V) float32 buffers at a time, plus one saved (M,)
-// float32 log-normalizer:
-//     peak_extra = 2 * chunk_rows * V * 4 + M * 4 bytes.
-// The unchunked path holds (M, V) logits and the same-size softmax for the
+// float32 inputs (ChunkedLogProbsPeakBytes): the forward and the backward
+// each hold at most two (chunk_rows, V) float32 buffers at a time (a chunk's
+// logits and their log_softmax, or softmax in the backward), and nothing is
+// saved between them but the inputs:
+//     peak_extra = 2 * min(M, chunk_rows) * V * 4 bytes.
+// The unchunked path holds (M, V) logits and a same-size log_softmax for the
 // backward: 2 * M * V * 4 bytes.
 absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const at::Tensor& weight,
                                                 const at::Tensor& targets, int64_t chunk_rows);
