@@ -3,9 +3,9 @@
 #include <cmath>
 #include <map>
 
-#include "absl/strings/str_cat.h"
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
+#include "absl/strings/str_cat.h"
 
 namespace asympo::learner {
 
@@ -79,12 +79,12 @@ absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tenso
     const long i = std::strtol(index.c_str(), &end, 10);
     if ((!is_avg && !is_sq) || end == index.c_str() || *end != '\0' || i < 0 ||
         static_cast<size_t>(i) >= params_.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer state entry \"", name,
-                                                     "\" is not one of this optimizer's"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state entry \"", name, "\" is not one of this optimizer's"));
     }
     if (t.sizes() != params_[i].sizes()) {
-      return absl::InvalidArgumentError(absl::StrCat("optimizer state entry \"", name,
-                                                     "\" has the wrong shape"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer state entry \"", name, "\" has the wrong shape"));
     }
     (is_avg ? avg : sq)[i] = t.to(params_[i].options()).clone();
   }

@@ -11,8 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/status/status.h"
 #include <ATen/core/Tensor.h>
+#include "absl/status/status.h"
 
 namespace asympo::learner {
 

@@ -134,14 +134,14 @@ absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const 
         absl::StrCat("targets must be int64 (", hidden.size(0), ",) to match hidden"));
   }
   if (chunk_rows <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk_rows must be positive, got ", chunk_rows));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_rows must be positive, got ", chunk_rows));
   }
   if (targets.numel() > 0) {
     const int64_t lo = targets.min().item<int64_t>(), hi = targets.max().item<int64_t>();
     if (lo < 0 || hi >= weight.size(0)) {
-      return absl::InvalidArgumentError(absl::StrCat("target id ", lo < 0 ? lo : hi,
-                                                     " is outside the vocabulary [0, ",
-                                                     weight.size(0), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", weight.size(0), ")"));
     }
   }
   return ChunkedLogProbsFunction::apply(hidden, weight, targets, chunk_rows);

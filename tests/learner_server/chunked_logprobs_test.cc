@@ -3,8 +3,8 @@
 #include <atomic>
 #include <memory>
 
-#include <c10/core/Allocator.h>
 #include <ATen/Parallel.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -26,8 +26,8 @@ TEST(ChunkedLogProbsTest, EqualsUnchunkedValuesAndGradients) {
     const torch::Tensor targets = torch::randint(0, v, {m}, torch::kLong);
     const torch::Tensor w = torch::randn({m}, torch::kDouble);
     const torch::Tensor chunked = ChunkedTokenLogProbs(hidden, weight, targets, chunk).value();
-    const auto g1 = torch::autograd::grad({(chunked.to(torch::kDouble) * w).sum()},
-                                          {hidden, weight});
+    const auto g1 =
+        torch::autograd::grad({(chunked.to(torch::kDouble) * w).sum()}, {hidden, weight});
     const torch::Tensor ref =
         torch::log_softmax(torch::matmul(hidden, weight.t()), 1).gather(1, targets.unsqueeze(1));
     const auto g2 = torch::autograd::grad({(ref.squeeze(1) * w).sum()}, {hidden, weight});
@@ -41,19 +41,19 @@ TEST(ChunkedLogProbsTest, EqualsUnchunkedValuesAndGradients) {
 TEST(ChunkedLogProbsTest, RejectsBadInputs) {
   const torch::Tensor hidden = torch::randn({4, 8});
   const torch::Tensor weight = torch::randn({10, 8});
-  EXPECT_THAT(std::string(ChunkedTokenLogProbs(hidden, weight, torch::tensor({1, 2, 3, 10}), 2)
-                              .status()
-                              .message()),
-              HasSubstr("target id 10 is outside the vocabulary [0, 10)"));
+  EXPECT_THAT(
+      std::string(
+          ChunkedTokenLogProbs(hidden, weight, torch::tensor({1, 2, 3, 10}), 2).status().message()),
+      HasSubstr("target id 10 is outside the vocabulary [0, 10)"));
   EXPECT_THAT(std::string(ChunkedTokenLogProbs(hidden, torch::randn({10, 7}),
                                                torch::tensor({1, 2, 3, 4}), 2)
                               .status()
                               .message()),
               HasSubstr("weight must be (V, 8)"));
-  EXPECT_THAT(std::string(ChunkedTokenLogProbs(hidden, weight, torch::tensor({1, 2, 3, 4}), 0)
-                              .status()
-                              .message()),
-              HasSubstr("chunk_rows must be positive"));
+  EXPECT_THAT(
+      std::string(
+          ChunkedTokenLogProbs(hidden, weight, torch::tensor({1, 2, 3, 4}), 0).status().message()),
+      HasSubstr("chunk_rows must be positive"));
 }
 
 // Wraps the CPU allocator to track live and peak bytes.

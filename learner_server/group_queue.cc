@@ -1,0 +1,185 @@
+#include "learner_server/group_queue.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+
+namespace asympo::learner {
+namespace {
+
+void RunAll(std::vector<std::pair<GroupQueue::PushDone, absl::Status>>* done) {
+  for (auto& [fn, status] : *done) fn(status);
+  done->clear();
+}
+
+}  // namespace
+
+GroupQueue::GroupQueue(GroupQueueOptions options)
+    : options_(options), timer_([this] { TimerLoop(); }) {}
+
+GroupQueue::~GroupQueue() {
+  Close();
+  timer_.join();
+}
+
+void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
+  accepted_groups_ += static_cast<int64_t>(groups->size());
+  for (QueuedGroup& g : *groups) queue_.push_back(std::move(g));
+  groups->clear();
+}
+
+uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline,
+                               PushDone done) {
+  const int64_t n = static_cast<int64_t>(groups.size());
+  absl::Status status;
+  uint64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) {
+      status = absl::UnavailableError("the learner is shutting down and accepts no more batches");
+    } else if (n > options_.capacity_groups) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("batch has ", n, " groups, more than the learner's queue capacity ",
+                       options_.capacity_groups, "; send smaller batches"));
+    } else if (waiters_.empty() &&
+               static_cast<int64_t>(queue_.size()) + n <= options_.capacity_groups) {
+      Enqueue(&groups);
+      status = absl::OkStatus();
+    } else if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiting_pushes) {
+      status = absl::ResourceExhaustedError(absl::StrCat(
+          "the learner's queue is full (", queue_.size(), " of ", options_.capacity_groups,
+          " groups) and ", waiters_.size(), " submissions are already waiting; retry later"));
+    } else if (deadline <= absl::Now()) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("the learner's queue is full (", queue_.size(), " of ",
+                       options_.capacity_groups, " groups); retry later"));
+    } else {
+      ticket = next_ticket_++;
+      waiters_.push_back(Waiter{ticket, std::move(groups), deadline, std::move(done)});
+      ++waiters_generation_;
+      return ticket;  // `done` runs later
+    }
+  }
+  done(status);
+  return 0;
+}
+
+absl::Status GroupQueue::Push(std::vector<QueuedGroup> groups, absl::Time deadline) {
+  absl::Notification finished;
+  absl::Status result;
+  PushAsync(std::move(groups), deadline, [&](const absl::Status& s) {
+    result = s;
+    finished.Notify();
+  });
+  finished.WaitForNotification();
+  return result;
+}
+
+void GroupQueue::CancelPush(uint64_t ticket) {
+  PushDone done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = std::find_if(waiters_.begin(), waiters_.end(),
+                           [&](const Waiter& w) { return w.ticket == ticket; });
+    if (it == waiters_.end()) return;
+    done = std::move(it->done);
+    waiters_.erase(it);
+    ++waiters_generation_;
+  }
+  done(absl::CancelledError("the submission was cancelled while waiting for queue room"));
+}
+
+void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
+  while (!waiters_.empty()) {
+    Waiter& w = waiters_.front();
+    if (static_cast<int64_t>(queue_.size() + w.groups.size()) > options_.capacity_groups) break;
+    Enqueue(&w.groups);
+    done->emplace_back(std::move(w.done), absl::OkStatus());
+    waiters_.pop_front();
+    ++waiters_generation_;
+  }
+}
+
+std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline) {
+  std::vector<QueuedGroup> out;
+  std::vector<Completion> done;
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return static_cast<int64_t>(queue_.size()) >= count || closed_;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+    const int64_t n = std::min<int64_t>(count, static_cast<int64_t>(queue_.size()));
+    if (static_cast<int64_t>(queue_.size()) >= count || closed_) {
+      out.reserve(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) {
+        out.push_back(std::move(queue_.front()));
+        queue_.pop_front();
+      }
+      popped_groups_ += n;
+      AdmitWaitersLocked(&done);
+    }
+  }
+  RunAll(&done);
+  return out;
+}
+
+void GroupQueue::Close() {
+  std::vector<Completion> done;
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    for (Waiter& w : waiters_) {
+      done.emplace_back(std::move(w.done),
+                        absl::UnavailableError("the learner is shutting down; the batch was not "
+                                               "queued"));
+    }
+    waiters_.clear();
+  }
+  RunAll(&done);
+}
+
+void GroupQueue::TimerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!closed_) {
+    absl::Time next = absl::InfiniteFuture();
+    for (const Waiter& w : waiters_) next = std::min(next, w.deadline);
+    // Wakes on the earliest deadline, or when the waiter list or closed_
+    // changes.
+    const uint64_t seen = waiters_generation_;
+    auto changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return closed_ || waiters_generation_ != seen;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), next);
+    std::vector<Completion> done;
+    const absl::Time now = absl::Now();
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->deadline <= now) {
+        done.emplace_back(std::move(it->done),
+                          absl::ResourceExhaustedError(absl::StrCat(
+                              "the learner's queue stayed full (", queue_.size(), " of ",
+                              options_.capacity_groups,
+                              " groups) until the deadline; nothing of the batch was queued")));
+        it = waiters_.erase(it);
+        ++waiters_generation_;
+      } else {
+        ++it;
+      }
+    }
+    if (!done.empty()) {
+      mu_.Unlock();
+      RunAll(&done);
+      mu_.Lock();
+    }
+  }
+}
+
+GroupQueueStats GroupQueue::Stats() const {
+  absl::MutexLock lock(&mu_);
+  return {static_cast<int64_t>(queue_.size()), options_.capacity_groups,
+          static_cast<int64_t>(waiters_.size()), accepted_groups_, popped_groups_};
+}
+
+}  // namespace asympo::learner

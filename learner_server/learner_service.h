@@ -1,0 +1,92 @@
+// The Learner gRPC service (proto/asympo/v1/learner.proto) on gRPC's
+// callback API: validates every batch, queues it whole in the GroupQueue or
+// rejects it whole, and reports status.
+//
+// Reactors never block: a submission that finds the queue full waits inside
+// the queue (GroupQueue::PushAsync) and its reactor finishes when the queue
+// admits it or its deadline passes. On a stream the next message is read
+// only after the previous one was queued, so a full queue pauses the sender
+// through HTTP/2 flow control. Thread-safe; the service must outlive the
+// server that serves it.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "asympo/v1/learner.grpc.pb.h"
+#include "common/batch_validation.h"
+#include "learner_server/group_queue.h"
+
+namespace asympo::learner {
+
+// Counters shared by the service and the trainer (all monotonic except
+// version, which only grows too).
+struct LearnerCounters {
+  std::atomic<uint64_t> version{0};
+  std::atomic<uint64_t> steps{0};
+  std::atomic<uint64_t> accepted_batches{0};
+  std::atomic<uint64_t> accepted_groups{0};
+  std::atomic<uint64_t> accepted_responses{0};
+  std::atomic<uint64_t> rejected_invalid_batches{0};
+  std::atomic<uint64_t> rejected_full_batches{0};
+  std::atomic<uint64_t> trained_groups{0};
+};
+
+// Hooks for metrics; every method may be called from many threads.
+class SubmitObserver {
+ public:
+  virtual ~SubmitObserver() = default;
+  // result: "accepted", "invalid", "full" or "unavailable".
+  virtual void OnBatch(const std::string& result, int64_t groups, int64_t responses,
+                       int64_t bytes) = 0;
+};
+
+struct LearnerServiceOptions {
+  BatchLimits limits;
+  // How long a submission may wait for queue room before
+  // RESOURCE_EXHAUSTED (capped by the client's own deadline).
+  absl::Duration full_queue_timeout = absl::Seconds(30);
+  // Suggested back-off sent with RESOURCE_EXHAUSTED as trailing metadata
+  // "asympo-retry-after-ms".
+  absl::Duration retry_after = absl::Seconds(1);
+  // Reported by GetStatus.
+  std::string objective;
+};
+
+class LearnerService final : public v1::Learner::CallbackService {
+ public:
+  // `queue` and `counters` must outlive the service; `observer` may be null.
+  LearnerService(LearnerServiceOptions options, GroupQueue* queue, LearnerCounters* counters,
+                 SubmitObserver* observer = nullptr);
+
+  grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
+                                   const v1::RolloutBatch* request,
+                                   v1::SubmitResponse* response) override;
+  grpc::ServerReadReactor<v1::RolloutBatch>* SubmitStream(grpc::CallbackServerContext* context,
+                                                          v1::SubmitResponse* response) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
+                                      const v1::GetStatusRequest* request,
+                                      v1::LearnerStatus* response) override;
+
+  // Validates `batch` and converts it to queue entries (moving its groups
+  // out). INVALID_ARGUMENT as in ValidateRolloutBatch.
+  absl::Status Prepare(v1::RolloutBatch* batch, std::vector<QueuedGroup>* groups) const;
+
+  const LearnerServiceOptions& options() const { return options_; }
+  GroupQueue* queue() const { return queue_; }
+  LearnerCounters* counters() const { return counters_; }
+  SubmitObserver* observer() const { return observer_; }
+
+ private:
+  LearnerServiceOptions options_;
+  GroupQueue* queue_;
+  LearnerCounters* counters_;
+  SubmitObserver* observer_;
+};
+
+// absl::Status -> grpc::Status, keeping code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace asympo::learner

@@ -1,0 +1,113 @@
+// The trainer: one optimizer step from a step's prompt groups.
+//
+// A step's groups are packed whole into micro-batches under a token budget;
+// each micro-batch runs the policy on prompt + response, takes the response
+// tokens' log-probs (chunked), applies the objective with the step's totals
+// (so micro-batch gradients add up to the whole step's), and backpropagates.
+// Then gradients are clipped, AdamW steps with the scheduled learning rate,
+// the version increments and the new weights go to the WeightPublisher.
+//
+// Not thread-safe: one trainer thread owns it (and the model's weights).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/policy_model.h"
+#include "learner_server/adamw.h"
+#include "learner_server/group_queue.h"
+#include "learner_server/lr_schedule.h"
+#include "learner_server/policy_loss.h"
+
+namespace asympo::learner {
+
+// Where each new version of the weights goes (the weight broadcaster in the
+// daemon). Publish is called on the trainer thread after every step; it
+// must not keep references to the model's tensors beyond the call.
+class WeightPublisher {
+ public:
+  virtual ~WeightPublisher() = default;
+  virtual void Publish(uint64_t version, const PolicyModel& model) = 0;
+};
+
+// Keeps a copy of the latest published weights, for tests and for an
+// in-process rollout.
+class InProcessPublisher : public WeightPublisher {
+ public:
+  void Publish(uint64_t version, const PolicyModel& model) override;
+  uint64_t version() const { return version_; }
+  int64_t publishes() const { return publishes_; }
+  const std::vector<std::pair<std::string, at::Tensor>>& weights() const { return weights_; }
+
+ private:
+  uint64_t version_ = 0;
+  int64_t publishes_ = 0;
+  std::vector<std::pair<std::string, at::Tensor>> weights_;
+};
+
+struct TrainerOptions {
+  PolicyLossOptions loss;
+  LrScheduleOptions lr;
+  AdamWOptions adamw;
+  // Clip the global gradient norm to this value; <= 0 disables clipping.
+  double max_grad_norm = 1.0;
+  // Padded tokens (sequences x longest sequence) per micro-batch. A group
+  // larger than the budget forms a micro-batch of its own.
+  int64_t micro_batch_tokens = 16384;
+  // Rows of logits computed at once by the chunked log-prob path.
+  int64_t logprob_chunk_rows = 1024;
+  int64_t pad_token_id = 0;
+};
+
+absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+struct StepResult {
+  uint64_t version = 0;         // after the step
+  LossDiagnostics diagnostics;  // pooled over the step's micro-batches
+  double grad_norm = 0;         // before clipping
+  double learning_rate = 0;
+  int64_t micro_batches = 0;
+  int64_t tokens = 0;  // prompt + response tokens processed
+  double seconds = 0;
+  std::vector<uint64_t> staleness;  // per group: version at use - arrival
+};
+
+class Trainer {
+ public:
+  // `model` must outlive the trainer; `publisher` may be null.
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options, PolicyModel* model,
+                                                         WeightPublisher* publisher);
+
+  // Trains one step on `groups` (at least one). On error (bad data that
+  // slipped past validation, a non-finite loss) the weights and the
+  // optimizer are unchanged and the version does not move.
+  absl::StatusOr<StepResult> Step(std::vector<QueuedGroup> groups);
+
+  // The first half of Step: zeroes and then accumulates the step's
+  // gradients in the model's parameters, micro-batch by micro-batch, and
+  // returns the pooled diagnostics (version, learning rate and grad norm
+  // unset). Leaves the weights and the optimizer untouched.
+  absl::StatusOr<StepResult> ComputeGradients(const std::vector<QueuedGroup>& groups);
+
+  uint64_t version() const { return version_; }
+  // For restoring from a checkpoint.
+  void set_version(uint64_t version) { version_ = version; }
+  AdamW& optimizer() { return optimizer_; }
+  const TrainerOptions& options() const { return options_; }
+  const PolicyLoss& loss() const { return loss_; }
+  PolicyModel& model() { return *model_; }
+
+ private:
+  Trainer(TrainerOptions options, PolicyLoss loss, PolicyModel* model, WeightPublisher* publisher);
+
+  TrainerOptions options_;
+  PolicyLoss loss_;
+  PolicyModel* model_;
+  WeightPublisher* publisher_;
+  AdamW optimizer_;
+  uint64_t version_ = 0;
+};
+
+}  // namespace asympo::learner

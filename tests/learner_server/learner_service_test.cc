@@ -1,0 +1,244 @@
+// The Learner service with a real gRPC server on a loopback port and a real
+// client.
+#include "learner_server/learner_service.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+namespace asympo::learner {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::RolloutBatch Batch(int groups, int responses = 3, const std::string& tag = "p") {
+  v1::RolloutBatch b;
+  b.set_source("test");
+  for (int g = 0; g < groups; ++g) {
+    v1::PromptGroup* pg = b.add_groups();
+    pg->set_prompt_id(tag + std::to_string(g));
+    pg->add_prompt_tokens(1);
+    pg->add_prompt_tokens(2);
+    for (int r = 0; r < responses; ++r) {
+      v1::Response* resp = pg->add_responses();
+      resp->add_tokens(3 + r);
+      resp->set_reward(static_cast<float>(r));
+    }
+  }
+  return b;
+}
+
+std::string Trailing(const grpc::ClientContext& ctx, const std::string& key) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(key);
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
+class LearnerServiceTest : public ::testing::Test {
+ protected:
+  void Start(int64_t capacity, absl::Duration full_timeout = absl::Seconds(5)) {
+    queue_ = std::make_unique<GroupQueue>(GroupQueueOptions{capacity, 64});
+    LearnerServiceOptions o;
+    o.limits.vocab_size = 100;
+    o.limits.max_group_size = 8;
+    o.limits.max_groups_per_batch = 16;
+    o.full_queue_timeout = full_timeout;
+    o.retry_after = absl::Milliseconds(750);
+    o.objective = "asympo";
+    service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    stub_ = v1::Learner::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                     grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (queue_) queue_->Close();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+
+  grpc::Status Submit(const v1::RolloutBatch& b, v1::SubmitResponse* r,
+                      grpc::ClientContext* ctx = nullptr) {
+    grpc::ClientContext own;
+    return stub_->Submit(ctx ? ctx : &own, b, r);
+  }
+
+  LearnerCounters counters_;
+  std::unique_ptr<GroupQueue> queue_;
+  std::unique_ptr<LearnerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Learner::Stub> stub_;
+};
+
+TEST_F(LearnerServiceTest, QueuesAValidBatch) {
+  Start(8);
+  v1::SubmitResponse r;
+  const grpc::Status s = Submit(Batch(2), &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.accepted_groups(), 2u);
+  EXPECT_EQ(r.accepted_responses(), 6u);
+  EXPECT_EQ(r.queue_depth_groups(), 2u);
+  const auto groups = queue_->Pop(2, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[1].group.prompt_id(), "p1");
+  EXPECT_EQ(groups[0].tokens, 3 * 3);  // 3 responses x (2 prompt + 1 response) tokens
+}
+
+TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {
+  Start(8);
+  struct Case {
+    std::function<void(v1::RolloutBatch*)> mutate;
+    const char* message;
+  };
+  const Case cases[] = {
+      {[](v1::RolloutBatch* b) { b->mutable_groups(1)->mutable_responses(0)->set_tokens(0, 100); },
+       "group 1 (prompt_id \"p1\") response 0: response token 0 is 100"},
+      {[](v1::RolloutBatch* b) {
+         b->mutable_groups(1)->mutable_responses(2)->set_reward(std::nanf(""));
+       },
+       "response 2: reward is nan"},
+      {[](v1::RolloutBatch* b) { b->mutable_groups(0)->mutable_responses()->DeleteSubrange(1, 2); },
+       "group 0 (prompt_id \"p0\"): group has 1 responses"},
+      {[](v1::RolloutBatch* b) { b->mutable_groups(1)->mutable_responses(1)->clear_tokens(); },
+       "response 1: response has no tokens"},
+      {[](v1::RolloutBatch* b) { b->clear_groups(); }, "batch has no groups"},
+  };
+  for (const Case& c : cases) {
+    v1::RolloutBatch b = Batch(2);
+    c.mutate(&b);
+    v1::SubmitResponse r;
+    const grpc::Status s = Submit(b, &r);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message));
+  }
+  EXPECT_EQ(queue_->Stats().depth_groups, 0);  // nothing of any of them
+  EXPECT_EQ(counters_.rejected_invalid_batches.load(), 5u);
+}
+
+TEST_F(LearnerServiceTest, AFullQueueHoldsTheProducerThenReturnsResourceExhausted) {
+  Start(2, absl::Milliseconds(300));
+  v1::SubmitResponse r;
+  ASSERT_TRUE(Submit(Batch(2), &r).ok());
+  grpc::ClientContext ctx;
+  const absl::Time start = absl::Now();
+  const grpc::Status s = Submit(Batch(1, 3, "late"), &r, &ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(290));  // held, not refused at once
+  EXPECT_EQ(Trailing(ctx, "asympo-retry-after-ms"), "750");
+  EXPECT_EQ(queue_->Stats().depth_groups, 2);
+  EXPECT_EQ(counters_.rejected_full_batches.load(), 1u);
+}
+
+TEST_F(LearnerServiceTest, AHeldProducerIsAdmittedWhenTheTrainerFreesRoom) {
+  Start(2, absl::Seconds(10));
+  v1::SubmitResponse r;
+  ASSERT_TRUE(Submit(Batch(2), &r).ok());
+  std::thread trainer([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    queue_->Pop(2, absl::Now() + absl::Seconds(1));
+  });
+  const grpc::Status s = Submit(Batch(2, 3, "second"), &r);
+  trainer.join();
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(queue_->Stats().depth_groups, 2);
+}
+
+TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) {
+  Start(16);
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto writer = stub_->SubmitStream(&ctx, &r);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer->Write(Batch(1, 2, "ok" + std::to_string(i))));
+  v1::RolloutBatch bad = Batch(1);
+  bad.mutable_groups(0)->mutable_responses(0)->set_reward(INFINITY);
+  writer->Write(bad);
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("batch 3: group 0"));
+  EXPECT_EQ(Trailing(ctx, "asympo-accepted-batches"), "3");
+  EXPECT_EQ(queue_->Stats().depth_groups, 3);
+}
+
+TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
+  Start(4, absl::Seconds(10));
+  std::atomic<int> popped{0};
+  std::atomic<bool> stop{false};
+  std::thread trainer([&] {
+    while (!stop) {
+      absl::SleepFor(absl::Milliseconds(5));
+      popped += static_cast<int>(queue_->Pop(1, absl::Now() + absl::Milliseconds(50)).size());
+    }
+  });
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto writer = stub_->SubmitStream(&ctx, &r);
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(writer->Write(Batch(2, 2, "s")));
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  stop = true;
+  trainer.join();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.accepted_batches(), 40u);
+  EXPECT_EQ(r.accepted_groups(), 80u);
+  EXPECT_EQ(popped.load() + queue_->Stats().depth_groups, 80);
+  EXPECT_LE(queue_->Stats().depth_groups, 4);
+}
+
+TEST_F(LearnerServiceTest, ConcurrentSubmittersAreAccountedExactly) {
+  Start(8, absl::Seconds(20));
+  std::atomic<bool> stop{false};
+  std::atomic<int> trained{0};
+  std::thread trainer([&] {
+    while (!stop)
+      trained += static_cast<int>(queue_->Pop(1, absl::Now() + absl::Milliseconds(20)).size());
+  });
+  std::vector<std::thread> clients;
+  std::atomic<int> accepted{0};
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&, c] {
+      for (int i = 0; i < 25; ++i) {
+        v1::SubmitResponse r;
+        grpc::ClientContext ctx;
+        if (stub_->Submit(&ctx, Batch(1 + i % 3, 2, "c" + std::to_string(c)), &r).ok()) {
+          accepted += static_cast<int>(r.accepted_groups());
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  stop = true;
+  trainer.join();
+  EXPECT_EQ(accepted.load(), 4 * (8 * 6 + 1));  // 25 batches of 1, 2, 3, 1, 2, 3, ... groups
+  EXPECT_EQ(accepted.load(), trained.load() + queue_->Stats().depth_groups);
+  EXPECT_EQ(counters_.accepted_groups.load(), static_cast<uint64_t>(accepted.load()));
+}
+
+TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
+  Start(8);
+  v1::SubmitResponse r;
+  ASSERT_TRUE(Submit(Batch(3), &r).ok());
+  counters_.version = 7;
+  grpc::ClientContext ctx;
+  v1::LearnerStatus st;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st).ok());
+  EXPECT_EQ(st.version(), 7u);
+  EXPECT_EQ(st.queue_depth_groups(), 3u);
+  EXPECT_EQ(st.queue_capacity_groups(), 8u);
+  EXPECT_EQ(st.accepted_batches(), 1u);
+  EXPECT_EQ(st.objective(), "asympo");
+  EXPECT_FALSE(st.wants_behavior_logprobs());
+  EXPECT_EQ(st.limits().vocab_size(), 100);
+  EXPECT_EQ(st.limits().min_group_size(), 2);
+}
+
+}  // namespace
+}  // namespace asympo::learner

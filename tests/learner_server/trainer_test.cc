@@ -1,0 +1,141 @@
+#include "learner_server/trainer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+namespace asympo::learner {
+namespace {
+
+std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 3) {
+  ModelOptions o;
+  o.seed = seed;
+  return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
+}
+
+// Groups whose first response is rewarded: the policy should move toward it.
+std::vector<QueuedGroup> FixedGroups(int n, uint64_t arrival = 0) {
+  std::vector<QueuedGroup> out;
+  for (int g = 0; g < n; ++g) {
+    QueuedGroup q;
+    q.arrival_version = arrival;
+    q.group.set_prompt_id("g" + std::to_string(g));
+    for (int t = 0; t < 3 + g % 2; ++t) q.group.add_prompt_tokens(1 + (g + t) % 20);
+    for (int r = 0; r < 4; ++r) {
+      v1::Response* resp = q.group.add_responses();
+      for (int t = 0; t < 2 + (r + g) % 4; ++t) resp->add_tokens(5 + (3 * r + t + g) % 25);
+      resp->set_reward(r == 0 ? 1.0f : 0.0f);
+      for (int t = 0; t < resp->tokens_size(); ++t) resp->add_behavior_logprobs(-3.0f);
+      q.tokens += q.group.prompt_tokens_size() + resp->tokens_size();
+    }
+    out.push_back(q);
+  }
+  return out;
+}
+
+TrainerOptions Options(Objective objective) {
+  TrainerOptions o;
+  o.loss.objective = objective;
+  o.lr.peak_lr = 1e-2;
+  o.max_grad_norm = 1.0;
+  return o;
+}
+
+TEST(TrainerTest, ATrainingStepLowersTheLossOnAFixedBatch) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kNaive), model.get(), nullptr).value();
+  const auto first = trainer->Step(FixedGroups(6)).value();
+  double last = first.diagnostics.loss;
+  for (int i = 0; i < 4; ++i) last = trainer->Step(FixedGroups(6)).value().diagnostics.loss;
+  EXPECT_LT(last, first.diagnostics.loss);
+  EXPECT_EQ(trainer->version(), 5u);
+}
+
+TEST(TrainerTest, AsympoRaisesRewardedAndLowersUnrewardedLogProbs) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), nullptr).value();
+  const auto before = trainer->Step(FixedGroups(6)).value();
+  StepResult after;
+  for (int i = 0; i < 5; ++i) after = trainer->Step(FixedGroups(6)).value();
+  // The forward loss is 0 every step, but the scales move: the rewarded
+  // responses' NLL falls relative to the others'.
+  EXPECT_NEAR(after.diagnostics.loss, 0.0, 1e-6);
+  EXPECT_LT(after.diagnostics.s_pos, before.diagnostics.s_pos);
+  EXPECT_GT(after.diagnostics.s_neg - after.diagnostics.s_pos,
+            before.diagnostics.s_neg - before.diagnostics.s_pos);
+}
+
+TEST(TrainerTest, MicroBatchingGivesTheSameGradientsAsOneBatch) {
+  auto a = Tiny(), b = Tiny();
+  TrainerOptions small = Options(Objective::kAsympo), large = small;
+  small.micro_batch_tokens = 20;  // one group per micro-batch
+  large.micro_batch_tokens = 1 << 20;
+  auto ta = Trainer::Create(small, a.get(), nullptr).value();
+  auto tb = Trainer::Create(large, b.get(), nullptr).value();
+  const auto ra = ta->ComputeGradients(FixedGroups(5)).value();
+  const auto rb = tb->ComputeGradients(FixedGroups(5)).value();
+  EXPECT_EQ(ra.micro_batches, 5);
+  EXPECT_EQ(rb.micro_batches, 1);
+  EXPECT_NEAR(ra.diagnostics.s_pos, rb.diagnostics.s_pos, 1e-5);
+  EXPECT_NEAR(ra.diagnostics.imbalance, rb.diagnostics.imbalance, 1e-5);
+  EXPECT_EQ(ra.diagnostics.tokens, rb.diagnostics.tokens);
+  for (size_t i = 0; i < a->named_parameters().size(); ++i) {
+    const torch::Tensor ga = a->named_parameters()[i].second.grad();
+    const torch::Tensor gb = b->named_parameters()[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined());
+    EXPECT_TRUE(torch::allclose(ga, gb, 1e-4, 1e-7)) << a->named_parameters()[i].first;
+  }
+}
+
+TEST(TrainerTest, PublishesEveryVersionAndMeasuresStaleness) {
+  auto model = Tiny();
+  InProcessPublisher publisher;
+  auto trainer = Trainer::Create(Options(Objective::kSpo), model.get(), &publisher).value();
+  ASSERT_TRUE(trainer->Step(FixedGroups(2)).ok());
+  ASSERT_TRUE(trainer->Step(FixedGroups(2)).ok());
+  const auto r = trainer->Step(FixedGroups(3, /*arrival=*/1)).value();
+  EXPECT_EQ(publisher.version(), 3u);
+  EXPECT_EQ(publisher.publishes(), 3);
+  EXPECT_EQ(r.staleness, std::vector<uint64_t>({1, 1, 1}));  // arrived at v1, used at v2
+  EXPECT_TRUE(torch::equal(publisher.weights()[0].second, model->named_parameters()[0].second));
+}
+
+TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kGrpo), model.get(), nullptr).value();
+  const auto r = trainer->Step(FixedGroups(3));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_GT(r->diagnostics.clip_high_fraction + r->diagnostics.clip_low_fraction, 0.0);
+}
+
+TEST(TrainerTest, RejectsBadOptionsByName) {
+  auto model = Tiny();
+  TrainerOptions o = Options(Objective::kAsympo);
+  o.micro_batch_tokens = 0;
+  EXPECT_THAT(std::string(Trainer::Create(o, model.get(), nullptr).status().message()),
+              ::testing::HasSubstr("micro_batch_tokens is 0"));
+  o = Options(Objective::kAsympo);
+  o.lr.kind = "linear";
+  EXPECT_THAT(std::string(Trainer::Create(o, model.get(), nullptr).status().message()),
+              ::testing::HasSubstr("lr schedule \"linear\" is unknown"));
+}
+
+TEST(LrScheduleTest, WarmsUpThenDecaysAlongACosine) {
+  LrScheduleOptions o;
+  o.peak_lr = 1.0;
+  o.warmup_steps = 4;
+  o.kind = "cosine";
+  o.total_steps = 14;
+  o.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 0), 0.25);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 3), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 4), 1.0);
+  EXPECT_NEAR(LearningRate(o, 9), 0.55, 1e-12);  // half way: 0.1 + 0.9 * 0.5
+  EXPECT_NEAR(LearningRate(o, 14), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRate(o, 100), 0.1, 1e-12);
+  o.kind = "constant";
+  EXPECT_DOUBLE_EQ(LearningRate(o, 50), 1.0);
+}
+
+}  // namespace
+}  // namespace asympo::learner
