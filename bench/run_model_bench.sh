@@ -4,7 +4,8 @@
 # python3-torch, the same LibTorch 1.13 underneath). Runs are interleaved,
 # ROUNDS times each, and the table reports medians and their ratios.
 #
-#   bench/run_model_bench.sh [ROUNDS=3] [THREADS=1]
+#   ROUNDS=3 THREADS=1 ONLY=tiny bench/run_model_bench.sh
+# ONLY keeps the cases whose name contains it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${ROUNDS:-3}
@@ -29,6 +30,7 @@ echo "| case | C++ tokens/s | PyTorch tokens/s | ratio | C++ FLOP/s |"
 echo "| --- | ---: | ---: | ---: | ---: |"
 for c in "${cases[@]}"; do
   IFS='|' read -r name config mode extra <<<"$c"
+  [[ -n ${ONLY:-} && $name != *"$ONLY"* ]] && continue
   cpp=(); pyt=(); flops=()
   for ((r = 0; r < rounds; r++)); do
     # shellcheck disable=SC2086

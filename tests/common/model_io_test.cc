@@ -13,17 +13,21 @@
 #include <torch/types.h>
 
 #include "common/safetensors.h"
+#include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string TempDir(const std::string& name) {
-  std::string dir = ::testing::TempDir() + "/model_io_" + name + "_" + std::to_string(::getpid());
-  std::system(("rm -rf '" + dir + "'").c_str());
-  return dir;
-}
+// Model directories of one test, removed at its end.
+class Dirs {
+ public:
+  std::string New(const std::string& name) { return tmp_.Path(name); }
+
+ private:
+  asympo::testing::ScopedTempDir tmp_{"model_io_test"};
+};
 
 std::unique_ptr<PolicyModel> Random(const ModelConfig& c, uint64_t seed) {
   ModelOptions o;
@@ -49,9 +53,10 @@ ModelConfig LlamaStyle() {
 }
 
 TEST(ModelIoTest, ExportThenLoadRoundTripsEveryParameter) {
+  Dirs dirs;
   for (const ModelConfig& c : {ModelConfig::Tiny(64), LlamaStyle()}) {
     const auto m = Random(c, 5);
-    const std::string dir = TempDir(c.model_type);
+    const std::string dir = dirs.New(c.model_type);
     ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
     const auto loaded = LoadPolicyModel(dir, {});
     ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -66,8 +71,9 @@ TEST(ModelIoTest, ExportThenLoadRoundTripsEveryParameter) {
 }
 
 TEST(ModelIoTest, LoadsShardedCheckpointsAndBfloat16) {
+  Dirs dirs;
   const auto m = Random(ModelConfig::Tiny(64), 6);
-  const std::string dir = TempDir("sharded");
+  const std::string dir = dirs.New("sharded");
   ASSERT_TRUE(ExportPolicyModel(*m, dir, /*max_shard_bytes=*/40000).ok());
   std::ifstream index(dir + "/model.safetensors.index.json");
   ASSERT_TRUE(index.good());
@@ -81,8 +87,9 @@ TEST(ModelIoTest, LoadsShardedCheckpointsAndBfloat16) {
 }
 
 TEST(ModelIoTest, NamesMissingOrMisShapedTensors) {
+  Dirs dirs;
   const auto m = Random(ModelConfig::Tiny(64), 7);
-  const std::string dir = TempDir("broken");
+  const std::string dir = dirs.New("broken");
   ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
   auto params = m->named_parameters();
   params.erase(params.begin() + 4);  // drop one tensor
@@ -93,7 +100,7 @@ TEST(ModelIoTest, NamesMissingOrMisShapedTensors) {
   ASSERT_FALSE(loaded.ok());
   EXPECT_THAT(std::string(loaded.status().message()),
               HasSubstr(m->named_parameters()[4].first));
-  EXPECT_FALSE(LoadPolicyModel(TempDir("absent"), {}).ok());
+  EXPECT_FALSE(LoadPolicyModel(dirs.New("absent"), {}).ok());
 }
 
 // Writes ids, runs the Python reference, returns its logits (1, T, V).
@@ -117,12 +124,13 @@ torch::Tensor ReferenceLogits(const std::string& dir, const std::vector<int64_t>
 }
 
 TEST(ModelIoTest, LogitsMatchAnIndependentPyTorchImplementation) {
+  Dirs dirs;
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
     GTEST_SKIP() << "python3-torch is not installed (deploy/install_deps.sh installs it)";
   }
   for (const ModelConfig& c : {ModelConfig::Tiny(64), LlamaStyle()}) {
     const auto m = Random(c, 8);
-    const std::string dir = TempDir("ref_" + c.model_type);
+    const std::string dir = dirs.New("ref_" + c.model_type);
     ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
     // Long enough to cross the llama3 scaling bands (original context 32).
     std::vector<int64_t> ids;

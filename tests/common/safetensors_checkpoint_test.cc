@@ -12,11 +12,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include "absl/strings/str_cat.h"
+#include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
 
 namespace fs = std::filesystem;
+using ::asympo::testing::DirEntries;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -29,24 +31,13 @@ std::string ReadText(const std::string& path) {
   return out.str();
 }
 
-std::vector<std::string> DirEntries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class SafetensorsCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "safetensors_checkpoint_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/99);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::string Path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  std::string Path(const std::string& name) const { return tmp_.Path(name); }
   at::Tensor Randn(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {
     return at::randn(shape, gen_, at::TensorOptions().dtype(at::kFloat)).to(dtype);
   }
@@ -59,7 +50,8 @@ class SafetensorsCheckpointTest : public ::testing::Test {
             {"model.norm.weight", Randn({16})}};
   }
 
-  std::string dir_;
+  asympo::testing::ScopedTempDir tmp_{"safetensors_checkpoint_test"};
+  const std::string dir_ = tmp_.path();
   at::Generator gen_;
 };
 

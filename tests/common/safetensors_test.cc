@@ -12,11 +12,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include "absl/strings/str_cat.h"
+#include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
 
 namespace fs = std::filesystem;
+using ::asympo::testing::DirEntries;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
@@ -45,24 +47,13 @@ std::string RawFile(const std::string& header, const std::string& data) {
   return Le64(header.size()) + header + data;
 }
 
-std::vector<std::string> DirEntries(const std::string& dir) {
-  std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
 class SafetensorsTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "safetensors_test_XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/1234);
   }
-  void TearDown() override { fs::remove_all(dir_); }
 
-  std::string Path(const std::string& name) const { return (fs::path(dir_) / name).string(); }
+  std::string Path(const std::string& name) const { return tmp_.Path(name); }
   at::Tensor Randn(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {
     return at::randn(shape, gen_, at::TensorOptions().dtype(at::kFloat)).to(dtype);
   }
@@ -73,7 +64,8 @@ class SafetensorsTest : public ::testing::Test {
     return SafetensorsFile::Open(Path(name)).status();
   }
 
-  std::string dir_;
+  asympo::testing::ScopedTempDir tmp_{"safetensors_test"};
+  const std::string dir_ = tmp_.path();
   at::Generator gen_;
 };
 
