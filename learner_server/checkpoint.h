@@ -1,0 +1,50 @@
+// Learner checkpoints: the policy weights, the optimizer's moments and step
+// count, the version, the CPU random-generator state and the learner's
+// configuration, written atomically and found again at start-up.
+//
+// Layout: <root>/ckpt-<version, 12 digits>/{state.safetensors, meta.json}.
+// A checkpoint is written into a temporary directory, every file fsynced,
+// then renamed into place (and the root fsynced), so a crash leaves either
+// the whole checkpoint or none. meta.json carries the CRC-32C of
+// state.safetensors, so a truncated or corrupted checkpoint is detected;
+// LoadLatestCheckpoint logs and skips it and falls back to an older one.
+// Functions are thread-compatible; the trainer thread calls them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/policy_model.h"
+#include "learner_server/adamw.h"
+
+namespace asympo::learner {
+
+struct CheckpointInfo {
+  std::string path;  // the checkpoint directory
+  uint64_t version = 0;
+  int64_t optimizer_steps = 0;
+  // Free-form configuration text saved with it (the learner's flags).
+  std::string config;
+};
+
+// Saves into <root>/ckpt-<version>, creating `root`; keeps the newest
+// `keep_last` checkpoints (0 keeps all) and removes older ones.
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
+                                              const PolicyModel& model, const AdamW& optimizer,
+                                              const std::string& config, int keep_last = 3);
+
+// Restores the newest valid checkpoint under `root` into `model` and
+// `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged
+// and skipped. Returns nullopt when there is none (or `root` is absent).
+// Only an unreadable root is an error.
+absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
+                                                                   PolicyModel* model,
+                                                                   AdamW* optimizer);
+
+// Checkpoint directories under `root`, newest first (by version).
+std::vector<std::string> ListCheckpoints(const std::string& root);
+
+}  // namespace asympo::learner

@@ -1,0 +1,121 @@
+#include "learner_server/checkpoint.h"
+
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "learner_server/trainer.h"
+#include "tests/testing/temp_dir.h"
+
+namespace asympo::learner {
+namespace {
+
+std::unique_ptr<PolicyModel> Tiny(uint64_t seed) {
+  ModelOptions o;
+  o.seed = seed;
+  return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
+}
+
+std::vector<QueuedGroup> Groups() {
+  std::vector<QueuedGroup> out;
+  for (int g = 0; g < 3; ++g) {
+    QueuedGroup q;
+    q.group.add_prompt_tokens(1 + g);
+    for (int r = 0; r < 3; ++r) {
+      v1::Response* resp = q.group.add_responses();
+      resp->add_tokens(4 + r + g);
+      resp->add_tokens(9);
+      resp->set_reward(r == g % 3 ? 1.0f : 0.0f);
+    }
+    out.push_back(q);
+  }
+  return out;
+}
+
+TrainerOptions Options() {
+  TrainerOptions o;
+  o.lr.peak_lr = 1e-2;
+  return o;
+}
+
+void ExpectSameWeights(const PolicyModel& a, const PolicyModel& b) {
+  for (size_t i = 0; i < a.named_parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(a.named_parameters()[i].second, b.named_parameters()[i].second))
+        << a.named_parameters()[i].first;
+  }
+}
+
+TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  // Run A: two steps, checkpoint, two more steps.
+  auto a = Tiny(1);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  ASSERT_TRUE(ta->Step(Groups()).ok());
+  ASSERT_TRUE(ta->Step(Groups()).ok());
+  const auto saved =
+      SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "--objective=asympo");
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  const torch::Tensor draw_a = torch::rand({4});  // the CPU generator moves on after the save
+  ASSERT_TRUE(ta->Step(Groups()).ok());
+  ASSERT_TRUE(ta->Step(Groups()).ok());
+
+  // Run B: a fresh process would start from other weights; restore, replay.
+  auto b = Tiny(99);
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_TRUE(loaded->has_value());
+  EXPECT_EQ((*loaded)->version, 2u);
+  EXPECT_EQ((*loaded)->config, "--objective=asympo");
+  tb->set_version((*loaded)->version);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), draw_a));  // RNG state restored
+  ASSERT_TRUE(tb->Step(Groups()).ok());
+  ASSERT_TRUE(tb->Step(Groups()).ok());
+  EXPECT_EQ(tb->version(), ta->version());
+  ExpectSameWeights(*a, *b);
+  EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
+}
+
+TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  auto t = Trainer::Create(Options(), m.get(), nullptr).value();
+  ASSERT_TRUE(t->Step(Groups()).ok());
+  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, t->optimizer(), "").ok());
+  auto snapshot = Tiny(1);
+  ASSERT_TRUE(snapshot->LoadParameters(m->named_parameters()).ok());
+  ASSERT_TRUE(t->Step(Groups()).ok());
+  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, t->optimizer(), "").value();
+  // Flip one byte in the middle of the newest state file.
+  {
+    std::fstream f(newest.path + "/state.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2000);
+    f.put('\x7f');
+  }
+  auto restored = Tiny(5);
+  AdamW opt(restored->parameters(), {});
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), restored.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 1u);
+  ExpectSameWeights(*restored, *snapshot);
+}
+
+TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  for (uint64_t v = 1; v <= 4; ++v) ASSERT_TRUE(SaveCheckpoint(tmp.path(), v, *m, opt, "", 2).ok());
+  const auto all = ListCheckpoints(tmp.path());
+  ASSERT_EQ(all.size(), 2u);  // keep_last = 2
+  std::filesystem::resize_file(all[0] + "/state.safetensors", 100);
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 3u);
+  EXPECT_FALSE(LoadLatestCheckpoint(tmp.Path("none"), m.get(), &opt).value().has_value());
+}
+
+}  // namespace
+}  // namespace asympo::learner
