@@ -1,0 +1,165 @@
+#include "learner_server/learner_daemon.h"
+
+#include <chrono>
+
+#include <glog/logging.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/model_io.h"
+#include "common/status_macros.h"
+#include "learner_server/checkpoint.h"
+
+namespace asympo::learner {
+
+LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(options)) {}
+
+LearnerDaemon::~LearnerDaemon() {
+  Shutdown();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaemonOptions o) {
+  if (o.prompts_per_step <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompts_per_step is ", o.prompts_per_step, "; it must be positive"));
+  }
+  if (o.queue.capacity_groups < o.prompts_per_step) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("queue capacity ", o.queue.capacity_groups, " is below prompts_per_step ",
+                     o.prompts_per_step, "; a step could never be filled"));
+  }
+  if (o.limits.max_groups_per_batch > o.queue.capacity_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_groups_per_batch ", o.limits.max_groups_per_batch, " exceeds the queue capacity ",
+        o.queue.capacity_groups, "; such a batch could never be queued"));
+  }
+  ASYMPO_RETURN_IF_ERROR(ValidateCollapseOptions(o.collapse));
+  ASYMPO_RETURN_IF_ERROR(ValidateTrainerOptions(o.trainer));
+  std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(o));
+
+  if (o.model == "tiny") {
+    ASYMPO_ASSIGN_OR_RETURN(d->model_, PolicyModel::CreateRandom(
+                                           ModelConfig::Tiny(o.tiny_vocab_size), o.model_options));
+  } else {
+    ASYMPO_ASSIGN_OR_RETURN(d->model_, LoadPolicyModel(o.model, o.model_options));
+  }
+  d->options_.limits.vocab_size = static_cast<int32_t>(d->model_->config().vocab_size);
+  d->options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
+  ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(d->options_.limits));
+  ASYMPO_ASSIGN_OR_RETURN(d->trainer_, Trainer::Create(o.trainer, d->model_.get(), nullptr));
+
+  if (!o.checkpoint_dir.empty()) {
+    ASYMPO_ASSIGN_OR_RETURN(
+        std::optional<CheckpointInfo> ckpt,
+        LoadLatestCheckpoint(o.checkpoint_dir, d->model_.get(), &d->trainer_->optimizer()));
+    if (ckpt.has_value()) {
+      d->trainer_->set_version(ckpt->version);
+      d->counters_.version = ckpt->version;
+      LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version;
+    } else {
+      LOG(INFO) << "no checkpoint under " << o.checkpoint_dir << "; starting from version 0";
+    }
+  }
+
+  d->registry_ = std::make_shared<prometheus::Registry>();
+  d->metrics_ = std::make_unique<LearnerMetrics>(*d->registry_, o.collapse);
+  if (!o.metrics_address.empty()) {
+    ASYMPO_ASSIGN_OR_RETURN(d->metrics_server_,
+                            MetricsHttpServer::Start(o.metrics_address, d->registry_));
+  }
+
+  d->queue_ = std::make_unique<GroupQueue>(o.queue);
+  LearnerServiceOptions so;
+  so.limits = d->options_.limits;
+  so.full_queue_timeout = o.full_queue_timeout;
+  so.retry_after = o.retry_after;
+  so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
+  d->service_ =
+      std::make_unique<LearnerService>(so, d->queue_.get(), &d->counters_, d->metrics_.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &d->port_);
+  builder.RegisterService(d->service_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  d->server_ = builder.BuildAndStart();
+  if (d->server_ == nullptr || d->port_ == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address));
+  }
+  d->metrics_->ObserveQueue(d->queue_->Stats());
+  LOG(INFO) << "learner serving on port " << d->port_ << " (objective " << so.objective
+            << ", model " << o.model << ", " << d->model_->config().NumParameters()
+            << " parameters, queue " << o.queue.capacity_groups << " groups)";
+  return d;
+}
+
+int LearnerDaemon::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+
+void LearnerDaemon::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  if (queue_) queue_->Close();  // refuses new batches, fails waiting ones
+}
+
+absl::Status LearnerDaemon::Checkpoint() {
+  if (!options_.checkpoint_dir.empty()) {
+    ASYMPO_ASSIGN_OR_RETURN(
+        CheckpointInfo info,
+        SaveCheckpoint(options_.checkpoint_dir, trainer_->version(), *model_, trainer_->optimizer(),
+                       options_.config_text, options_.keep_checkpoints));
+    LOG(INFO) << "checkpoint " << info.path;
+  }
+  if (!options_.export_dir.empty()) {
+    ASYMPO_RETURN_IF_ERROR(ExportPolicyModel(*model_, options_.export_dir));
+    LOG(INFO) << "exported the policy to " << options_.export_dir;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> LearnerDaemon::Run() {
+  int64_t steps = 0, untrained = 0;
+  while (true) {
+    std::vector<QueuedGroup> groups =
+        queue_->Pop(options_.prompts_per_step, absl::Now() + absl::Milliseconds(200));
+    if (stopping_.load()) {
+      untrained += static_cast<int64_t>(groups.size());
+      break;
+    }
+    if (groups.empty()) continue;
+    absl::StatusOr<StepResult> step = trainer_->Step(std::move(groups));
+    if (!step.ok()) {
+      LOG(ERROR) << "step skipped: " << step.status();
+      continue;
+    }
+    ++steps;
+    counters_.version = step->version;
+    counters_.steps.fetch_add(1);
+    counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));
+    const GroupQueueStats q = queue_->Stats();
+    metrics_->ObserveStep(*step, q);
+    const LossDiagnostics& d = step->diagnostics;
+    LOG(INFO) << absl::StrFormat(
+        "step %d version %d reward %.4f loss %.5f S_P %.3f S_N %.3f grad %.3f lr %.2e "
+        "tokens/s %.0f queue %d/%d%s",
+        steps, step->version, d.reward_mean, d.loss, d.s_pos, d.s_neg, step->grad_norm,
+        step->learning_rate, step->seconds > 0 ? step->tokens / step->seconds : 0.0, q.depth_groups,
+        q.capacity_groups, metrics_->collapse().suspected() ? " COLLAPSE SUSPECTED" : "");
+    if (options_.checkpoint_every > 0 &&
+        step->version % static_cast<uint64_t>(options_.checkpoint_every) == 0) {
+      absl::Status s = Checkpoint();
+      if (!s.ok()) LOG(ERROR) << "checkpoint failed: " << s;
+    }
+    if (options_.max_steps > 0 && steps >= options_.max_steps) {
+      Shutdown();
+      break;
+    }
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  untrained += queue_->Stats().depth_groups;
+  absl::Status s = Checkpoint();
+  LOG(INFO) << "stopped after " << steps << " steps at version " << trainer_->version() << "; "
+            << untrained << " queued groups were left untrained";
+  if (!s.ok()) return s;
+  return steps;
+}
+
+}  // namespace asympo::learner

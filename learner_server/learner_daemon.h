@@ -1,0 +1,97 @@
+// The learner daemon: the model, the bounded queue, the gRPC service, the
+// trainer loop, checkpoints and the metrics endpoint, wired together.
+// learner_server/main.cc turns flags into LearnerDaemonOptions.
+//
+// Run() blocks on the calling thread, training step after step, until
+// Shutdown() (from any thread, e.g. a signal handler thread) or max_steps.
+// Shutdown stops accepting batches, lets the current step finish, writes a
+// checkpoint and logs how many queued groups were left untrained.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <prometheus/registry.h>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+#include "common/batch_validation.h"
+#include "common/metrics_http_server.h"
+#include "common/policy_model.h"
+#include "learner_server/group_queue.h"
+#include "learner_server/learner_metrics.h"
+#include "learner_server/learner_service.h"
+#include "learner_server/trainer.h"
+
+namespace asympo::learner {
+
+struct LearnerDaemonOptions {
+  // gRPC address to serve the Learner service on ("host:port"; port 0
+  // picks a free one, see port()).
+  std::string listen_address = "127.0.0.1:50051";
+  // "tiny" for the built-in model, or a Hugging Face model directory.
+  std::string model = "tiny";
+  int64_t tiny_vocab_size = 64;
+  ModelOptions model_options;
+  TrainerOptions trainer;
+  BatchLimits limits;  // vocab_size is taken from the model
+  int64_t prompts_per_step = 8;
+  GroupQueueOptions queue;
+  absl::Duration full_queue_timeout = absl::Seconds(30);
+  absl::Duration retry_after = absl::Seconds(1);
+  // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
+  // (empty: none); the newest valid one is restored at start.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 50;
+  int keep_checkpoints = 3;
+  // When set, the policy is also written there as a Hugging Face directory
+  // with every checkpoint and at shutdown.
+  std::string export_dir;
+  // Prometheus endpoint ("host:port", port 0 picks one, empty disables).
+  std::string metrics_address = "127.0.0.1:9464";
+  CollapseOptions collapse;
+  // Stop after this many steps of this run (0: run until Shutdown).
+  int64_t max_steps = 0;
+  // Text stored in checkpoints (the flags the daemon was started with).
+  std::string config_text;
+};
+
+class LearnerDaemon {
+ public:
+  // Builds everything, restores the newest checkpoint, starts the gRPC
+  // server and the metrics endpoint. Errors name the bad option or file.
+  static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options);
+  ~LearnerDaemon();
+
+  // Trains until Shutdown() or max_steps; then checkpoints. Returns the
+  // number of steps this run trained.
+  absl::StatusOr<int64_t> Run();
+  void Shutdown();
+
+  int port() const { return port_; }
+  int metrics_port() const;
+  uint64_t version() const { return counters_.version.load(); }
+  prometheus::Registry& registry() { return *registry_; }
+
+ private:
+  explicit LearnerDaemon(LearnerDaemonOptions options);
+  absl::Status Checkpoint();
+
+  LearnerDaemonOptions options_;
+  std::unique_ptr<PolicyModel> model_;
+  std::unique_ptr<Trainer> trainer_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<MetricsHttpServer> metrics_server_;
+  std::unique_ptr<LearnerMetrics> metrics_;
+  std::unique_ptr<GroupQueue> queue_;
+  LearnerCounters counters_;
+  std::unique_ptr<LearnerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace asympo::learner

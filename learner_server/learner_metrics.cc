@@ -1,0 +1,160 @@
+#include "learner_server/learner_metrics.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace asympo::learner {
+namespace {
+
+prometheus::Gauge& G(prometheus::Registry& r, const std::string& name, const std::string& help,
+                     const prometheus::Labels& labels = {}) {
+  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
+}
+
+prometheus::Counter& C(prometheus::Registry& r, const std::string& name, const std::string& help) {
+  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
+}
+
+}  // namespace
+
+absl::Status ValidateCollapseOptions(const CollapseOptions& o) {
+  if (!(o.ema_alpha > 0 && o.ema_alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collapse ema_alpha is ", o.ema_alpha, "; it must be in (0, 1]"));
+  }
+  if (o.warmup_steps < 0) {
+    return absl::InvalidArgumentError("collapse warmup_steps must be >= 0");
+  }
+  if (!(o.drop_fraction > 0 && o.drop_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collapse drop_fraction is ", o.drop_fraction, "; it must be in (0, 1)"));
+  }
+  return absl::OkStatus();
+}
+
+bool CollapseDetector::Observe(double reward_mean) {
+  ema_ = steps_ == 0 ? reward_mean
+                     : (1 - options_.ema_alpha) * ema_ + options_.ema_alpha * reward_mean;
+  ++steps_;
+  if (steps_ <= options_.warmup_steps) {
+    peak_ = ema_;  // the peak counts only from the end of warm-up
+    suspected_ = false;
+    return false;
+  }
+  peak_ = std::max(peak_, ema_);
+  suspected_ = ema_ < peak_ - options_.drop_fraction * std::abs(peak_);
+  return suspected_;
+}
+
+LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse)
+    : collapse_(collapse),
+      version_(G(r, "asympo_learner_version", "Policy version: optimizer steps applied.")),
+      reward_mean_(G(r, "asympo_learner_reward_mean", "Mean reward of the last step's responses.")),
+      reward_std_(G(r, "asympo_learner_reward_std", "Std of the last step's rewards.")),
+      reward_ema_(
+          G(r, "asympo_learner_reward_ema", "Exponential moving average of the step reward.")),
+      reward_peak_(
+          G(r, "asympo_learner_reward_ema_peak", "Running peak of the reward EMA since warm-up.")),
+      loss_(G(r, "asympo_learner_loss", "Objective value of the last step.")),
+      s_pos_(G(r, "asympo_learner_scale_positive",
+               "S_P: advantage-weighted mean NLL of positive responses.")),
+      s_neg_(G(r, "asympo_learner_scale_negative",
+               "S_N: advantage-weighted mean NLL of negative responses.")),
+      ratio_(G(r, "asympo_learner_naive_ratio", "R = S_N / S_P.")),
+      imbalance_(G(r, "asympo_learner_imbalance", "Mean over groups of sum_g A_g S_g.")),
+      clip_low_(G(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
+                  {{"bound", "low"}})),
+      clip_high_(G(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
+                   {{"bound", "high"}})),
+      grad_norm_(G(r, "asympo_learner_grad_norm", "Global gradient norm before clipping.")),
+      lr_(G(r, "asympo_learner_learning_rate", "Learning rate of the last step.")),
+      tokens_per_second_(G(r, "asympo_learner_tokens_per_second",
+                           "Prompt + response tokens per second of the last step.")),
+      queue_depth_(G(r, "asympo_learner_queue_depth_groups", "Groups waiting in the queue.")),
+      queue_capacity_(G(r, "asympo_learner_queue_capacity_groups", "Queue capacity K in groups.")),
+      queue_waiting_(G(r, "asympo_learner_queue_waiting_submissions",
+                       "Submissions held while the queue is full.")),
+      collapse_gauge_(G(r, "asympo_learner_collapse_suspected",
+                        "1 when the reward EMA fell the set fraction below its peak.")),
+      length_(G(r, "asympo_learner_mean_response_length_tokens", "Mean response length.")),
+      nll_(G(r, "asympo_learner_mean_nll", "Mean token NLL (an entropy proxy).")),
+      degenerate_(G(r, "asympo_learner_degenerate_group_fraction",
+                    "Fraction of groups whose rewards are all equal.")),
+      gpg_alpha_(G(r, "asympo_learner_gpg_alpha", "GPG's gradient correction B/(B-M).")),
+      steps_(C(r, "asympo_learner_steps_total", "Training steps completed.")),
+      tokens_(C(r, "asympo_learner_tokens_total", "Prompt + response tokens trained on.")),
+      trained_groups_(C(r, "asympo_learner_trained_groups_total", "Groups trained on.")),
+      groups_in_(C(r, "asympo_learner_accepted_groups_total", "Groups accepted.")),
+      responses_in_(C(r, "asympo_learner_accepted_responses_total", "Responses accepted.")),
+      bytes_in_(C(r, "asympo_learner_received_bytes_total", "Bytes of submitted batches.")),
+      staleness_(prometheus::BuildHistogram()
+                     .Name("asympo_learner_staleness_versions")
+                     .Help("Learner versions between a group's arrival and its use in a step.")
+                     .Register(r)
+                     .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16,
+                                                                      32, 64})),
+      step_seconds_(prometheus::BuildHistogram()
+                        .Name("asympo_learner_step_duration_seconds")
+                        .Help("Wall time of a training step.")
+                        .Register(r)
+                        .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3,
+                                                                         10, 30, 100, 300})) {
+  auto& batches = prometheus::BuildCounter()
+                      .Name("asympo_learner_batches_total")
+                      .Help("Submitted batches by result: accepted, invalid, full, unavailable.")
+                      .Register(r);
+  for (const char* result : {"accepted", "invalid", "full", "unavailable"}) {
+    batches_[result] = &batches.Add({{"result", result}});
+  }
+}
+
+void LearnerMetrics::ObserveQueue(const GroupQueueStats& q) {
+  queue_depth_.Set(static_cast<double>(q.depth_groups));
+  queue_capacity_.Set(static_cast<double>(q.capacity_groups));
+  queue_waiting_.Set(static_cast<double>(q.waiting_pushes));
+}
+
+void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q) {
+  const LossDiagnostics& d = s.diagnostics;
+  version_.Set(static_cast<double>(s.version));
+  steps_.Increment();
+  tokens_.Increment(static_cast<double>(s.tokens));
+  trained_groups_.Increment(static_cast<double>(d.groups));
+  reward_mean_.Set(d.reward_mean);
+  reward_std_.Set(d.reward_std);
+  collapse_gauge_.Set(collapse_.Observe(d.reward_mean) ? 1 : 0);
+  reward_ema_.Set(collapse_.ema());
+  reward_peak_.Set(collapse_.peak());
+  loss_.Set(d.loss);
+  s_pos_.Set(d.s_pos);
+  s_neg_.Set(d.s_neg);
+  ratio_.Set(d.naive_ratio);
+  imbalance_.Set(d.imbalance);
+  clip_low_.Set(d.clip_low_fraction);
+  clip_high_.Set(d.clip_high_fraction);
+  grad_norm_.Set(s.grad_norm);
+  lr_.Set(s.learning_rate);
+  tokens_per_second_.Set(s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0);
+  length_.Set(d.mean_response_length);
+  nll_.Set(d.mean_nll);
+  degenerate_.Set(d.degenerate_group_fraction);
+  gpg_alpha_.Set(d.gpg_alpha);
+  for (uint64_t v : s.staleness) staleness_.Observe(static_cast<double>(v));
+  step_seconds_.Observe(s.seconds);
+  ObserveQueue(q);
+}
+
+void LearnerMetrics::OnBatch(const std::string& result, int64_t groups, int64_t responses,
+                             int64_t bytes) {
+  auto it = batches_.find(result);
+  if (it != batches_.end()) it->second->Increment();
+  bytes_in_.Increment(static_cast<double>(bytes));
+  if (result == "accepted") {
+    groups_in_.Increment(static_cast<double>(groups));
+    responses_in_.Increment(static_cast<double>(responses));
+  }
+}
+
+}  // namespace asympo::learner

@@ -1,0 +1,83 @@
+// The learner's Prometheus metrics (docs/metrics.md lists every name; they
+// are a contract for dashboards and alerts) and the reward-collapse
+// detector behind asympo_learner_collapse_suspected.
+//
+// The caller owns the registry; families are built once in the constructor,
+// never on the hot path. Thread-safe: prometheus-cpp metrics are atomic, and
+// ObserveStep is called by the one trainer thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "learner_server/group_queue.h"
+#include "learner_server/learner_service.h"
+#include "learner_server/trainer.h"
+
+namespace asympo::learner {
+
+struct CollapseOptions {
+  // Weight of the newest step in the reward EMA.
+  double ema_alpha = 0.1;
+  // Steps before the detector may fire (the EMA and its peak settle).
+  int64_t warmup_steps = 20;
+  // Fires when the EMA is this fraction below its running peak.
+  double drop_fraction = 0.3;
+};
+
+absl::Status ValidateCollapseOptions(const CollapseOptions& options);
+
+// Reward collapse = the reward EMA falls `drop_fraction` below its running
+// peak after warm-up. With rewards that can be negative, the drop is
+// measured against the peak's magnitude.
+class CollapseDetector {
+ public:
+  explicit CollapseDetector(CollapseOptions options) : options_(options) {}
+  // Feeds one step's mean reward; returns whether collapse is suspected.
+  bool Observe(double reward_mean);
+  double ema() const { return ema_; }
+  double peak() const { return peak_; }
+  bool suspected() const { return suspected_; }
+
+ private:
+  CollapseOptions options_;
+  int64_t steps_ = 0;
+  double ema_ = 0, peak_ = 0;
+  bool suspected_ = false;
+};
+
+class LearnerMetrics : public SubmitObserver {
+ public:
+  LearnerMetrics(prometheus::Registry& registry, CollapseOptions collapse);
+
+  // After every training step.
+  void ObserveStep(const StepResult& step, const GroupQueueStats& queue);
+  // Queue gauges (also refreshed by ObserveStep).
+  void ObserveQueue(const GroupQueueStats& queue);
+  // SubmitObserver: one finished submission.
+  void OnBatch(const std::string& result, int64_t groups, int64_t responses,
+               int64_t bytes) override;
+
+  const CollapseDetector& collapse() const { return collapse_; }
+
+ private:
+  CollapseDetector collapse_;
+  prometheus::Gauge &version_, &reward_mean_, &reward_std_, &reward_ema_, &reward_peak_, &loss_,
+      &s_pos_, &s_neg_, &ratio_, &imbalance_, &clip_low_, &clip_high_, &grad_norm_, &lr_,
+      &tokens_per_second_, &queue_depth_, &queue_capacity_, &queue_waiting_, &collapse_gauge_,
+      &length_, &nll_, &degenerate_, &gpg_alpha_;
+  prometheus::Counter &steps_, &tokens_, &trained_groups_;
+  std::map<std::string, prometheus::Counter*> batches_;  // by result
+  prometheus::Counter &groups_in_, &responses_in_, &bytes_in_;
+  prometheus::Histogram &staleness_, &step_seconds_;
+};
+
+}  // namespace asympo::learner

@@ -1,0 +1,229 @@
+// asympo-learner: the learner daemon. Accepts rollout batches over gRPC,
+// trains the policy with the chosen objective, checkpoints, and exports
+// Prometheus metrics. Every flag is described by --help; --flagfile=FILE
+// reads flags from a file.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "learner_server/learner_daemon.h"
+
+// Service.
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC address (host:port) for the Learner service.");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "Address of the Prometheus /metrics endpoint; empty disables it.");
+// Model.
+ABSL_FLAG(std::string, model, "tiny",
+          "\"tiny\" for the built-in test model, or a Hugging Face model directory "
+          "(config.json + safetensors).");
+ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
+ABSL_FLAG(std::string, dtype, "float32", "Parameter dtype: float32 or bfloat16.");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of the random initialization and of the CPU generator.");
+ABSL_FLAG(int32_t, threads, 1,
+          "Intra-op threads for LibTorch (1 suits small models on few cores).");
+// Objective.
+ABSL_FLAG(std::string, objective, "asympo",
+          "Training objective: naive, spo, asympo, asympo_stable, grpo or gpg (docs/method.md).");
+ABSL_FLAG(std::string, advantage, "mean",
+          "Group advantage: mean, or mean_std (divide by the group std).");
+ABSL_FLAG(double, spo_alpha, 0.2, "spo: weight of negative advantages, in [0, 1].");
+ABSL_FLAG(double, p_low, 1e-3, "asympo_stable: lower probability bound for A < 0 tokens.");
+ABSL_FLAG(double, p_high, 0.99, "asympo_stable: upper probability bound for A >= 0 tokens.");
+ABSL_FLAG(double, scale_floor, 1e-2, "asympo_stable: floor of the response scale (nats).");
+ABSL_FLAG(double, clip_eps_low, 0.2, "grpo: lower clip range (ratio >= 1 - eps).");
+ABSL_FLAG(double, clip_eps_high, 0.2, "grpo: upper clip range (ratio <= 1 + eps).");
+ABSL_FLAG(bool, gpg_gradient_correction, true, "gpg: apply alpha = B / (B - M).");
+// Batches.
+ABSL_FLAG(int32_t, min_group_size, 2, "Fewest responses per group (at least 2).");
+ABSL_FLAG(int32_t, max_group_size, 64, "Most responses per group.");
+ABSL_FLAG(int32_t, max_prompt_tokens, 4096, "Most tokens per prompt.");
+ABSL_FLAG(int32_t, max_response_tokens, 4096, "Most tokens per response.");
+ABSL_FLAG(int32_t, max_groups_per_batch, 64, "Most groups per submitted batch.");
+// Steps.
+ABSL_FLAG(int64_t, prompts_per_step, 8, "Prompt groups per optimizer step.");
+ABSL_FLAG(int64_t, micro_batch_tokens, 16384,
+          "Padded tokens per micro-batch (gradient accumulation).");
+ABSL_FLAG(int64_t, logprob_chunk_rows, 1024,
+          "Rows of logits computed at once for token log-probs.");
+ABSL_FLAG(double, lr, 1e-6, "Peak learning rate.");
+ABSL_FLAG(std::string, lr_schedule, "constant", "constant or cosine (after warm-up).");
+ABSL_FLAG(int64_t, warmup_steps, 0, "Linear warm-up steps.");
+ABSL_FLAG(int64_t, total_steps, 0, "Steps of the cosine schedule.");
+ABSL_FLAG(double, min_lr_ratio, 0.1,
+          "Final learning rate of the cosine schedule, relative to --lr.");
+ABSL_FLAG(double, adam_beta1, 0.9, "AdamW beta1.");
+ABSL_FLAG(double, adam_beta2, 0.999, "AdamW beta2.");
+ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon.");
+ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
+ABSL_FLAG(double, max_grad_norm, 1.0, "Clip the global gradient norm to this (<= 0 disables).");
+ABSL_FLAG(int64_t, max_steps, 0, "Stop after this many steps (0: run until SIGINT/SIGTERM).");
+// Queue.
+ABSL_FLAG(int64_t, queue_capacity, 64, "K: the most prompt groups waiting to be trained.");
+ABSL_FLAG(int64_t, max_waiting_submissions, 64, "Most submissions held while the queue is full.");
+ABSL_FLAG(absl::Duration, full_queue_timeout, absl::Seconds(30),
+          "How long a submission waits for queue room before RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
+          "Back-off suggested with RESOURCE_EXHAUSTED.");
+// Checkpoints.
+ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no checkpoints).");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
+ABSL_FLAG(int32_t, keep_checkpoints, 3, "Checkpoints kept (0: all).");
+ABSL_FLAG(std::string, export_dir, "",
+          "Also write the policy here as a Hugging Face directory at each checkpoint and at exit.");
+// Collapse alert.
+ABSL_FLAG(double, collapse_ema_alpha, 0.1, "Weight of the newest step in the reward EMA.");
+ABSL_FLAG(int64_t, collapse_warmup_steps, 20, "Steps before collapse detection starts.");
+ABSL_FLAG(double, collapse_drop_fraction, 0.3,
+          "Collapse is suspected when the reward EMA is this fraction below its peak.");
+
+namespace {
+
+using asympo::learner::LearnerDaemonOptions;
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnSignal(int sig) {
+  const char c = static_cast<char>(sig);
+  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
+}
+
+int Fail(const std::string& message) {
+  std::cerr << "asympo-learner: " << message << "\n";
+  return 2;
+}
+
+absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
+  LearnerDaemonOptions o;
+  o.listen_address = absl::GetFlag(FLAGS_listen);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype == "bfloat16") {
+    o.model_options.dtype = at::kBFloat16;
+  } else if (dtype != "float32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
+  }
+  o.model_options.seed = absl::GetFlag(FLAGS_seed);
+  auto objective = asympo::learner::ParseObjective(absl::GetFlag(FLAGS_objective));
+  if (!objective.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--objective: ", objective.status().message()));
+  auto& loss = o.trainer.loss;
+  loss.objective = *objective;
+  auto adv = asympo::learner::ParseAdvantageNormalization(absl::GetFlag(FLAGS_advantage));
+  if (!adv.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--advantage: ", adv.status().message()));
+  loss.advantage.normalization = *adv;
+  loss.spo_alpha = absl::GetFlag(FLAGS_spo_alpha);
+  loss.p_low = absl::GetFlag(FLAGS_p_low);
+  loss.p_high = absl::GetFlag(FLAGS_p_high);
+  loss.scale_floor = absl::GetFlag(FLAGS_scale_floor);
+  loss.clip_eps_low = absl::GetFlag(FLAGS_clip_eps_low);
+  loss.clip_eps_high = absl::GetFlag(FLAGS_clip_eps_high);
+  loss.gpg_gradient_correction = absl::GetFlag(FLAGS_gpg_gradient_correction);
+  o.limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
+  o.limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
+  o.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  o.limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
+  o.limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o.prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
+  o.trainer.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
+  o.trainer.logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
+  o.trainer.lr.peak_lr = absl::GetFlag(FLAGS_lr);
+  o.trainer.lr.kind = absl::GetFlag(FLAGS_lr_schedule);
+  o.trainer.lr.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  o.trainer.lr.total_steps = absl::GetFlag(FLAGS_total_steps);
+  o.trainer.lr.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  o.trainer.adamw.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  o.trainer.adamw.beta2 = absl::GetFlag(FLAGS_adam_beta2);
+  o.trainer.adamw.eps = absl::GetFlag(FLAGS_adam_eps);
+  o.trainer.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  o.trainer.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  o.max_steps = absl::GetFlag(FLAGS_max_steps);
+  o.queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
+  o.queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
+  if (o.queue.max_waiting_pushes <= 0) {
+    return absl::InvalidArgumentError("--max_waiting_submissions must be positive");
+  }
+  o.full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
+  o.retry_after = absl::GetFlag(FLAGS_retry_after);
+  if (o.full_queue_timeout < absl::ZeroDuration() || o.retry_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--full_queue_timeout and --retry_after must be >= 0");
+  }
+  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o.export_dir = absl::GetFlag(FLAGS_export_dir);
+  o.collapse.ema_alpha = absl::GetFlag(FLAGS_collapse_ema_alpha);
+  o.collapse.warmup_steps = absl::GetFlag(FLAGS_collapse_warmup_steps);
+  o.collapse.drop_fraction = absl::GetFlag(FLAGS_collapse_drop_fraction);
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // SIGINT and SIGTERM: a handler (whichever thread runs it; some are
+  // started by libraries before main) writes to a pipe that one thread
+  // reads to ask the daemon to stop.
+  if (::pipe(g_signal_pipe) != 0) return Fail("cannot create the signal pipe");
+  struct sigaction action {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  absl::SetProgramUsageMessage(
+      "asympo-learner: the ASymPO-RL learner daemon.\n"
+      "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
+      "Flags can also come from --flagfile=FILE.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "learner_server/main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument \"", args[1], "\""));
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) return Fail("--threads must be positive");
+  at::set_num_threads(threads);
+  at::manual_seed(absl::GetFlag(FLAGS_seed));
+
+  absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
+
+  absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
+      asympo::learner::LearnerDaemon::Create(*std::move(options));
+  if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
+  std::thread signal_thread([&] {
+    char sig = 0;
+    while (::read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
+    }
+    LOG(INFO) << "signal " << static_cast<int>(sig) << ": stopping";
+    (*daemon)->Shutdown();
+  });
+  signal_thread.detach();
+  absl::StatusOr<int64_t> steps = (*daemon)->Run();
+  if (!steps.ok()) return Fail(std::string(steps.status().message()));
+  return 0;
+}
