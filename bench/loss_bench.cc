@@ -36,8 +36,8 @@ double MedianMs(int reps, const std::function<void()>& fn) {
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
   return ms[ms.size() / 2];
@@ -69,10 +69,11 @@ int main(int argc, char** argv) {
   const torch::Tensor logp_data = -torch::rand({n, t}) * 4;
   const torch::Tensor behavior = logp_data + (torch::rand({n, t}) - 0.5) * 0.1;
 
-  std::printf("# loss_bench: %lld responses x %lld tokens (groups of %lld), %d threads, "
-              "median of %d\n\n",
-              static_cast<long long>(n), static_cast<long long>(t),
-              static_cast<long long>(group_size), at::get_num_threads(), reps);
+  std::printf(
+      "# loss_bench: %lld responses x %lld tokens (groups of %lld), %d threads, "
+      "median of %d\n\n",
+      static_cast<long long>(n), static_cast<long long>(t), static_cast<long long>(group_size),
+      at::get_num_threads(), reps);
 
   // Reference: token log-probs from logits for a slice of the batch (the
   // full (N, T, V) tensor would not fit), scaled to the whole batch.
@@ -80,12 +81,14 @@ int main(int argc, char** argv) {
   const torch::Tensor logits = torch::randn({slice, t, v}).requires_grad_(true);
   const torch::Tensor targets = torch::randint(0, v, {slice, t}, torch::kLong);
   const double gather_ms =
-      MedianMs(reps, [&] {
-        const torch::Tensor l =
-            asympo::learner::TokenLogProbs(logits, targets, mask.narrow(0, 0, slice)).value();
-        l.sum().backward();
-        logits.mutable_grad().reset();
-      }) *
+      MedianMs(
+          reps,
+          [&] {
+            const torch::Tensor l =
+                asympo::learner::TokenLogProbs(logits, targets, mask.narrow(0, 0, slice)).value();
+            l.sum().backward();
+            logits.mutable_grad().reset();
+          }) *
       static_cast<double>(n) / static_cast<double>(slice);
   std::printf("| step | median ms (fwd+bwd) | share of the token log-prob step (V=%lld) |\n",
               static_cast<long long>(v));

@@ -131,9 +131,10 @@ int main(int argc, char** argv) {
     }
     for (int i = 0; i < reps; ++i) ts.push_back(Time(gen));
     const double s = Median(ts);
-    std::printf("{\"mode\": \"generate\", \"config\": \"%s\", \"median_s\": %.6f, "
-                "\"tokens_per_s\": %.1f}\n",
-                config_name.c_str(), s, batch * new_tokens / s);
+    std::printf(
+        "{\"mode\": \"generate\", \"config\": \"%s\", \"median_s\": %.6f, "
+        "\"tokens_per_s\": %.1f}\n",
+        config_name.c_str(), s, batch * new_tokens / s);
   } else {
     std::fprintf(stderr, "unknown --mode %s (train, generate or matmul)\n", mode.c_str());
     return 2;

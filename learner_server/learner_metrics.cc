@@ -88,7 +88,8 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
       trained_groups_(C(r, "asympo_learner_trained_groups_total", "Groups trained on.")),
       groups_in_(C(r, "asympo_learner_accepted_groups_total", "Groups accepted.")),
       responses_in_(C(r, "asympo_learner_accepted_responses_total", "Responses accepted.")),
-      bytes_in_(C(r, "asympo_learner_received_bytes_total", "Bytes of submitted batches.")),
+      tokens_in_(C(r, "asympo_learner_received_tokens_total",
+                   "Prompt + response tokens of submitted batches, whatever their result.")),
       staleness_(prometheus::BuildHistogram()
                      .Name("asympo_learner_staleness_versions")
                      .Help("Learner versions between a group's arrival and its use in a step.")
@@ -147,10 +148,10 @@ void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q) 
 }
 
 void LearnerMetrics::OnBatch(const std::string& result, int64_t groups, int64_t responses,
-                             int64_t bytes) {
+                             int64_t tokens) {
   auto it = batches_.find(result);
   if (it != batches_.end()) it->second->Increment();
-  bytes_in_.Increment(static_cast<double>(bytes));
+  tokens_in_.Increment(static_cast<double>(tokens));
   if (result == "accepted") {
     groups_in_.Increment(static_cast<double>(groups));
     responses_in_.Increment(static_cast<double>(responses));

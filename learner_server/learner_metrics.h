@@ -64,7 +64,7 @@ class LearnerMetrics : public SubmitObserver {
   void ObserveQueue(const GroupQueueStats& queue);
   // SubmitObserver: one finished submission.
   void OnBatch(const std::string& result, int64_t groups, int64_t responses,
-               int64_t bytes) override;
+               int64_t tokens) override;
 
   const CollapseDetector& collapse() const { return collapse_; }
 
@@ -76,7 +76,7 @@ class LearnerMetrics : public SubmitObserver {
       &length_, &nll_, &degenerate_, &gpg_alpha_;
   prometheus::Counter &steps_, &tokens_, &trained_groups_;
   std::map<std::string, prometheus::Counter*> batches_;  // by result
-  prometheus::Counter &groups_in_, &responses_in_, &bytes_in_;
+  prometheus::Counter &groups_in_, &responses_in_, &tokens_in_;
   prometheus::Histogram &staleness_, &step_seconds_;
 };
 

@@ -28,8 +28,7 @@ std::string ResultOf(const absl::Status& s) {
 }
 
 // Counts one finished batch in counters and metrics.
-void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts& c,
-             int64_t bytes) {
+void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts& c) {
   LearnerCounters* k = svc.counters();
   if (s.ok()) {
     k->accepted_batches.fetch_add(1);
@@ -40,7 +39,10 @@ void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts
   } else if (s.code() == absl::StatusCode::kResourceExhausted) {
     k->rejected_full_batches.fetch_add(1);
   }
-  if (svc.observer() != nullptr) svc.observer()->OnBatch(ResultOf(s), c.groups, c.responses, bytes);
+  if (svc.observer() != nullptr) {
+    svc.observer()->OnBatch(ResultOf(s), c.groups, c.responses,
+                            c.prompt_tokens + c.response_tokens);
+  }
 }
 
 void AddRetryHint(grpc::CallbackServerContext* ctx, const absl::Status& s,
@@ -101,7 +103,6 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       : svc_(svc), ctx_(ctx), response_(response) {
     v1::RolloutBatch batch = *request;
     counts_ = CountBatch(batch);
-    bytes_ = static_cast<int64_t>(request->ByteSizeLong());
     std::vector<QueuedGroup> groups;
     absl::Status s = svc_->Prepare(&batch, &groups);
     if (!s.ok()) {
@@ -121,7 +122,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
  private:
   void Complete(const absl::Status& s) {
     push_.Completed();
-    Account(*svc_, s, counts_, bytes_);
+    Account(*svc_, s, counts_);
     if (s.ok()) {
       response_->set_accepted_batches(1);
       response_->set_accepted_groups(static_cast<uint64_t>(counts_.groups));
@@ -137,7 +138,6 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* ctx_;
   v1::SubmitResponse* response_;
   BatchCounts counts_;
-  int64_t bytes_ = 0;
   PushTracker push_;
 };
 
@@ -158,7 +158,6 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
       return;
     }
     counts_ = CountBatch(batch_);
-    bytes_ = static_cast<int64_t>(batch_.ByteSizeLong());
     std::vector<QueuedGroup> groups;
     absl::Status s = svc_->Prepare(&batch_, &groups);
     if (!s.ok()) {
@@ -182,7 +181,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
       Fail(s);
       return;
     }
-    Account(*svc_, s, counts_, bytes_);
+    Account(*svc_, s, counts_);
     ++accepted_;
     response_->set_accepted_batches(accepted_);
     response_->set_accepted_groups(response_->accepted_groups() +
@@ -194,7 +193,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
   }
 
   void Fail(const absl::Status& s) {
-    Account(*svc_, s, counts_, bytes_);
+    Account(*svc_, s, counts_);
     AddRetryHint(ctx_, s, svc_->options().retry_after);
     ctx_->AddTrailingMetadata(kAcceptedBatchesKey, std::to_string(accepted_));
     Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
@@ -206,7 +205,6 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
   v1::SubmitResponse* response_;
   v1::RolloutBatch batch_;
   BatchCounts counts_;
-  int64_t bytes_ = 0;
   uint64_t accepted_ = 0;
   PushTracker push_;
 };

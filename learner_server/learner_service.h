@@ -38,9 +38,10 @@ struct LearnerCounters {
 class SubmitObserver {
  public:
   virtual ~SubmitObserver() = default;
-  // result: "accepted", "invalid", "full" or "unavailable".
+  // result: "accepted", "invalid", "full" or "unavailable"; tokens counts
+  // prompt and response tokens.
   virtual void OnBatch(const std::string& result, int64_t groups, int64_t responses,
-                       int64_t bytes) = 0;
+                       int64_t tokens) = 0;
 };
 
 struct LearnerServiceOptions {
