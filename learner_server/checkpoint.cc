@@ -167,6 +167,13 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::st
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint root ", root, " is not a directory"));
   }
+  // Temporary directories of saves that a crash interrupted.
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    if (e.path().filename().string().rfind(".tmp-ckpt-", 0) == 0) {
+      LOG(WARNING) << "removing the unfinished checkpoint " << e.path().string();
+      fs::remove_all(e.path(), ec);
+    }
+  }
   for (const std::string& dir : ListCheckpoints(root)) {
     CheckpointInfo info;
     const absl::Status s = Restore(dir, model, optimizer, &info);

@@ -111,9 +111,11 @@ TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
   const auto all = ListCheckpoints(tmp.path());
   ASSERT_EQ(all.size(), 2u);  // keep_last = 2
   std::filesystem::resize_file(all[0] + "/state.safetensors", 100);
+  std::filesystem::create_directories(tmp.Path(".tmp-ckpt-000000000005-1"));  // a crashed save
   const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->version, 3u);
+  EXPECT_FALSE(std::filesystem::exists(tmp.Path(".tmp-ckpt-000000000005-1")));
   EXPECT_FALSE(LoadLatestCheckpoint(tmp.Path("none"), m.get(), &opt).value().has_value());
 }
 
