@@ -9,33 +9,11 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
-import time
 
-try:
-    import grpc
-    from grpc_tools import protoc
-except ImportError as e:  # pragma: no cover
-    print("SKIP: python3-grpcio / python3-grpc-tools missing:", e)
-    sys.exit(77)
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+from learner_client import check, free_port, generate_stubs, grpc
 
 
 def tensors(path):
@@ -51,11 +29,7 @@ def tensors(path):
 def main():
     proto_dir, binary, work = sys.argv[1], sys.argv[2], sys.argv[3]
     shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    protoc.main(["protoc", "-I" + proto_dir, "--python_out=" + work, "--grpc_python_out=" + work] +
-                [os.path.join(proto_dir, p) for p in ["asympo/v1/rollout.proto", "asympo/v1/learner.proto"]])
-    sys.path.insert(0, work)
-    from asympo.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+    learner_pb2, learner_pb2_grpc, rollout_pb2 = generate_stubs(proto_dir, work)
 
     ckpt, export = os.path.join(work, "ckpt"), os.path.join(work, "export")
 

@@ -7,43 +7,15 @@ Exit 0 on success, 1 on a failed check, 77 when grpc/grpc_tools are missing.
 """
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 
-try:
-    import grpc
-    from grpc_tools import protoc
-except ImportError as e:  # pragma: no cover
-    print("SKIP: python3-grpcio / python3-grpc-tools missing:", e)
-    sys.exit(77)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def check(cond, what):
-    if not cond:
-        print("FAIL:", what)
-        sys.exit(1)
-    print("ok:", what)
+from learner_client import check, free_port, generate_stubs, grpc
 
 
 def main():
     proto_dir, binary, work = sys.argv[1], sys.argv[2], sys.argv[3]
-    os.makedirs(work, exist_ok=True)
-    protos = ["asympo/v1/rollout.proto", "asympo/v1/learner.proto"]
-    rc = protoc.main(["protoc", "-I" + proto_dir, "--python_out=" + work, "--grpc_python_out=" + work] +
-                     [os.path.join(proto_dir, p) for p in protos])
-    check(rc == 0, "stubs generated from proto/")
-    sys.path.insert(0, work)
-    from asympo.v1 import learner_pb2, learner_pb2_grpc, rollout_pb2
+    learner_pb2, learner_pb2_grpc, rollout_pb2 = generate_stubs(proto_dir, work)
 
     port = free_port()
     log = open(os.path.join(work, "learner.log"), "w")
