@@ -165,14 +165,9 @@ absl::Status PolicyModel::LoadParameters(
     return absl::InvalidArgumentError(absl::StrCat("unexpected tensors: ", list(extra)));
   }
   at::NoGradGuard no_grad;
-  for (auto& [name, t] : params_) {
-    for (const auto& [src_name, src] : source) {
-      if (src_name == name) {
-        t.copy_(src);
-        break;
-      }
-    }
-  }
+  std::map<std::string, const at::Tensor*> all;
+  for (const auto& [name, t] : source) all[name] = &t;
+  for (auto& [name, t] : params_) t.copy_(*all.at(name));
   return absl::OkStatus();
 }
 
