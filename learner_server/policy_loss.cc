@@ -21,6 +21,7 @@ struct Prepared {
   at::Tensor adv;      // (N,) advantages in the log-probs' dtype
   at::Tensor group;    // (N,) int64 group of each response
   at::Tensor weight;   // (N,) 1 / (groups * G_p): mean over prompts, then group
+  at::Tensor mass;     // (P,) float64 B_p, sum of positive advantages (0: degenerate)
   GroupLayout layout;
   int64_t tokens = 0;  // real tokens in this call
   StepTotals totals;   // of the step (this call's own when not given)
@@ -96,9 +97,9 @@ absl::StatusOr<Prepared> Prepare(const LossInputs& in, const PolicyLossOptions& 
   p.tokens = lengths.sum().item<int64_t>();
 
   // Groups with no positive advantage have all-equal rewards.
-  const at::Tensor group_pos_mass =
+  p.mass =
       at::zeros({in.num_groups}, p.adv64.options()).index_add_(0, p.group, p.adv64.clamp_min(0));
-  const at::Tensor degenerate = group_pos_mass == 0;
+  const at::Tensor degenerate = p.mass == 0;
   const int64_t degenerate_responses =
       p.layout.sizes.to(device).masked_select(degenerate).sum().item<double>();
   StepTotals own{in.num_groups, n, p.tokens, degenerate_responses};
@@ -133,7 +134,7 @@ void FillDiagnostics(const Prepared& p, const at::Tensor& rewards, LossDiagnosti
   const at::Tensor as = a * s;
   const auto zeros = [&] { return at::zeros({groups}, a.options()); };
   const at::Tensor pos = a > 0, neg = a < 0;
-  const at::Tensor mass = zeros().index_add_(0, p.group, a.clamp_min(0));
+  const at::Tensor& mass = p.mass;
   const at::Tensor pos_sum = zeros().index_add_(0, p.group, as.masked_fill(pos.logical_not(), 0));
   const at::Tensor neg_sum =
       zeros().index_add_(0, p.group, (-as).masked_fill(neg.logical_not(), 0));
