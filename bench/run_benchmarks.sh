@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 echo "<!-- $(date -u +%Y-%m-%d) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs) -->"
 "$build_dir/bench/loss_bench" --reps "${REPS:-9}"
+"$build_dir/bench/broadcast_bench" --reps "${REPS:-5}"
+"$build_dir/bench/broadcast_bench" --reps "${REPS:-5}" --malloc_tuned 1

@@ -33,15 +33,7 @@ else()
   find_program(ASYMPO_GRPC_PLUGIN grpc_cpp_plugin REQUIRED)
 endif()
 
-# NCCL is optional and never linked: weight_broadcaster loads libnccl.so at
-# run time (dlopen) when a GPU is present, so one binary starts everywhere.
-# Only the header is needed at build time; without it the NCCL transport is
-# compiled out.
-find_path(ASYMPO_NCCL_INCLUDE_DIR nccl.h
-  HINTS $ENV{NCCL_HOME} $ENV{CUDA_HOME} /usr/local/cuda
-  PATH_SUFFIXES include)
-if(ASYMPO_NCCL_INCLUDE_DIR)
-  message(STATUS "ASymPO-RL: nccl.h found in ${ASYMPO_NCCL_INCLUDE_DIR} (NCCL transport built, loaded at run time)")
-else()
-  message(STATUS "ASymPO-RL: nccl.h not found (NCCL transport not built; gRPC transport only)")
-endif()
+# NCCL is never linked and needs no header: weight_broadcaster declares the
+# few NCCL/CUDA types it uses and opens libnccl / libcudart at run time
+# (dlopen), so one binary starts everywhere. -DASYMPO_NCCL=OFF leaves the
+# NCCL transport out (weight_broadcaster/CMakeLists.txt).

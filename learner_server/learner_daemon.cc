@@ -1,6 +1,8 @@
 #include "learner_server/learner_daemon.h"
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 
 #include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
@@ -10,14 +12,41 @@
 #include "common/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/checkpoint.h"
+#include "weight_broadcaster/model_snapshot.h"
 
 namespace asympo::learner {
+namespace {
+
+// Publishes every `every`-th version through the broadcaster.
+class BroadcastPublisher : public WeightPublisher {
+ public:
+  BroadcastPublisher(broadcast::BroadcastSender* sender, int64_t every)
+      : sender_(sender), every_(static_cast<uint64_t>(every)) {}
+
+  void Publish(uint64_t version, const PolicyModel& model) override {
+    if (every_ == 0 || version % every_ != 0) return;
+    absl::Status s = PublishNow(version, model);
+    if (!s.ok()) LOG(ERROR) << "publishing version " << version << " failed: " << s;
+  }
+
+  absl::Status PublishNow(uint64_t version, const PolicyModel& model) {
+    std::vector<at::Tensor> staging;
+    return sender_->Publish(version, broadcast::ModelTensorViews(model, &staging));
+  }
+
+ private:
+  broadcast::BroadcastSender* sender_;
+  uint64_t every_;
+};
+
+}  // namespace
 
 LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(options)) {}
 
 LearnerDaemon::~LearnerDaemon() {
   Shutdown();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (step_csv_ != nullptr) std::fclose(step_csv_);
 }
 
 absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaemonOptions o) {
@@ -48,7 +77,16 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaem
   d->options_.limits.vocab_size = static_cast<int32_t>(d->model_->config().vocab_size);
   d->options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(d->options_.limits));
-  ASYMPO_ASSIGN_OR_RETURN(d->trainer_, Trainer::Create(o.trainer, d->model_.get(), nullptr));
+  if (o.broadcast_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
+  }
+  d->registry_ = std::make_shared<prometheus::Registry>();
+  d->sender_ = std::make_unique<broadcast::BroadcastSender>(
+      o.broadcast, broadcast::ModelSignatureOf(*d->model_), d->registry_.get());
+  d->publisher_ = std::make_unique<BroadcastPublisher>(d->sender_.get(), o.broadcast_every);
+  ASYMPO_ASSIGN_OR_RETURN(d->trainer_,
+                          Trainer::Create(o.trainer, d->model_.get(), d->publisher_.get()));
 
   if (!o.checkpoint_dir.empty()) {
     ASYMPO_ASSIGN_OR_RETURN(
@@ -63,7 +101,24 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaem
     }
   }
 
-  d->registry_ = std::make_shared<prometheus::Registry>();
+  // Late joiners and restarted rollouts get the current weights at once.
+  ASYMPO_RETURN_IF_ERROR(static_cast<BroadcastPublisher*>(d->publisher_.get())
+                             ->PublishNow(d->trainer_->version(), *d->model_));
+  if (!o.step_csv_path.empty()) {
+    d->step_csv_ = std::fopen(o.step_csv_path.c_str(), "a");
+    if (d->step_csv_ == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot open step_csv_path ", o.step_csv_path, ": ", std::strerror(errno)));
+    }
+    if (std::ftell(d->step_csv_) == 0) {
+      std::fputs(
+          "time_s,step,version,reward_mean,reward_std,loss,s_pos,s_neg,grad_norm,lr,"
+          "tokens_per_s,queue_depth,staleness_mean,mean_response_length\n",
+          d->step_csv_);
+      std::fflush(d->step_csv_);
+    }
+  }
+  d->start_time_ = absl::Now();
   d->metrics_ = std::make_unique<LearnerMetrics>(*d->registry_, o.collapse);
   if (!o.metrics_address.empty()) {
     ASYMPO_ASSIGN_OR_RETURN(d->metrics_server_,
@@ -81,12 +136,18 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaem
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &d->port_);
   builder.RegisterService(d->service_.get());
+  builder.RegisterService(d->sender_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
+  // Rollouts' weight receivers send keepalive pings every 20 s on their
+  // announcement streams; allow them (and idle ones) without a GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   d->server_ = builder.BuildAndStart();
   if (d->server_ == nullptr || d->port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address));
   }
   d->metrics_->ObserveQueue(d->queue_->Stats());
+  d->metrics_->SetVersion(d->trainer_->version());
   LOG(INFO) << "learner serving on port " << d->port_ << " (objective " << so.objective
             << ", model " << o.model << ", " << d->model_->config().NumParameters()
             << " parameters, queue " << o.queue.capacity_groups << " groups)";
@@ -98,6 +159,23 @@ int LearnerDaemon::metrics_port() const { return metrics_server_ ? metrics_serve
 void LearnerDaemon::Shutdown() {
   if (stopping_.exchange(true)) return;
   if (queue_) queue_->Close();  // refuses new batches, fails waiting ones
+  if (sender_) sender_->Shutdown();  // ends the rollouts' subscriptions
+}
+
+void LearnerDaemon::WriteStepCsv(const StepResult& step, const GroupQueueStats& queue) {
+  if (step_csv_ == nullptr) return;
+  double staleness = 0;
+  for (uint64_t s : step.staleness) staleness += static_cast<double>(s);
+  if (!step.staleness.empty()) staleness /= static_cast<double>(step.staleness.size());
+  const LossDiagnostics& d = step.diagnostics;
+  std::fprintf(step_csv_, "%.3f,%lld,%llu,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.1f,%d,%.3f,%.3f\n",
+               absl::ToDoubleSeconds(absl::Now() - start_time_),
+               static_cast<long long>(counters_.steps.load()),
+               static_cast<unsigned long long>(step.version), d.reward_mean, d.reward_std, d.loss,
+               d.s_pos, d.s_neg, step.grad_norm, step.learning_rate,
+               step.seconds > 0 ? static_cast<double>(step.tokens) / step.seconds : 0.0,
+               static_cast<int>(queue.depth_groups), staleness, d.mean_response_length);
+  std::fflush(step_csv_);
 }
 
 absl::Status LearnerDaemon::Checkpoint() {
@@ -136,6 +214,7 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
     counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));
     const GroupQueueStats q = queue_->Stats();
     metrics_->ObserveStep(*step, q);
+    WriteStepCsv(*step, q);
     const LossDiagnostics& d = step->diagnostics;
     LOG(INFO) << absl::StrFormat(
         "step %d version %d reward %.4f loss %.5f S_P %.3f S_N %.3f grad %.3f lr %.2e "

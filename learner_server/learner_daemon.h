@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstdio>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -25,6 +26,7 @@
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
 #include "learner_server/trainer.h"
+#include "weight_broadcaster/broadcast_sender.h"
 
 namespace asympo::learner {
 
@@ -53,6 +55,14 @@ struct LearnerDaemonOptions {
   // Prometheus endpoint ("host:port", port 0 picks one, empty disables).
   std::string metrics_address = "127.0.0.1:9464";
   CollapseOptions collapse;
+  // Weight broadcast (the WeightBroadcast service shares the gRPC port):
+  // every `broadcast_every` versions the weights are published to the
+  // rollout daemons; the current version is published at start.
+  int64_t broadcast_every = 1;
+  broadcast::BroadcastSenderOptions broadcast;
+  // When set, one CSV row per step (time, version, reward, loss, ...) is
+  // appended there.
+  std::string step_csv_path;
   // Stop after this many steps of this run (0: run until Shutdown).
   int64_t max_steps = 0;
   // Text stored in checkpoints (the flags the daemon was started with).
@@ -75,13 +85,17 @@ class LearnerDaemon {
   int metrics_port() const;
   uint64_t version() const { return counters_.version.load(); }
   prometheus::Registry& registry() { return *registry_; }
+  broadcast::BroadcastSender& broadcaster() { return *sender_; }
 
  private:
   explicit LearnerDaemon(LearnerDaemonOptions options);
   absl::Status Checkpoint();
+  void WriteStepCsv(const StepResult& step, const GroupQueueStats& queue);
 
   LearnerDaemonOptions options_;
   std::unique_ptr<PolicyModel> model_;
+  std::unique_ptr<broadcast::BroadcastSender> sender_;
+  std::unique_ptr<WeightPublisher> publisher_;
   std::unique_ptr<Trainer> trainer_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<MetricsHttpServer> metrics_server_;
@@ -92,6 +106,8 @@ class LearnerDaemon {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::FILE* step_csv_ = nullptr;
+  absl::Time start_time_;
 };
 
 }  // namespace asympo::learner

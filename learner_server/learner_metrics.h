@@ -61,6 +61,8 @@ class LearnerMetrics : public SubmitObserver {
   // After every training step.
   void ObserveStep(const StepResult& step, const GroupQueueStats& queue);
   // Queue gauges (also refreshed by ObserveStep).
+  // The version at start (restored from a checkpoint), before any step.
+  void SetVersion(uint64_t version) { version_.Set(static_cast<double>(version)); }
   void ObserveQueue(const GroupQueueStats& queue);
   // SubmitObserver: one finished submission.
   void OnBatch(const std::string& result, int64_t groups, int64_t responses,

@@ -2,25 +2,23 @@
 // trains the policy with the chosen objective, checkpoints, and exports
 // Prometheus metrics. Every flag is described by --help; --flagfile=FILE
 // reads flags from a file.
-#include <signal.h>
-#include <unistd.h>
 
-#include <cerrno>
 
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/daemon_main.h"
 #include "learner_server/learner_daemon.h"
 
 // Service.
@@ -91,17 +89,23 @@ ABSL_FLAG(double, collapse_ema_alpha, 0.1, "Weight of the newest step in the rew
 ABSL_FLAG(int64_t, collapse_warmup_steps, 20, "Steps before collapse detection starts.");
 ABSL_FLAG(double, collapse_drop_fraction, 0.3,
           "Collapse is suspected when the reward EMA is this fraction below its peak.");
+// Weight broadcast and run log.
+ABSL_FLAG(int64_t, broadcast_every, 1,
+          "Publish the weights to the rollout daemons every N versions (0: only at start).");
+ABSL_FLAG(int64_t, broadcast_bucket_mb, 256, "Snapshot bucket size in MiB.");
+ABSL_FLAG(int64_t, broadcast_chunk_kb, 4096,
+          "Chunk size of gRPC snapshot transfers when a receiver does not ask for one.");
+ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
+// Fault injection, for tests and drills.
+ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
+          "Testing only: corrupt one byte of these versions' snapshots in transit "
+          "(receivers must detect it and keep their weights).");
+ABSL_FLAG(absl::Duration, fault_broadcast_chunk_delay, absl::ZeroDuration(),
+          "Testing only: sleep this long before sending each snapshot chunk.");
 
 namespace {
 
 using asympo::learner::LearnerDaemonOptions;
-
-int g_signal_pipe[2] = {-1, -1};
-
-void OnSignal(int sig) {
-  const char c = static_cast<char>(sig);
-  [[maybe_unused]] ssize_t n = ::write(g_signal_pipe[1], &c, 1);
-}
 
 int Fail(const std::string& message) {
   std::cerr << "asympo-learner: " << message << "\n";
@@ -174,31 +178,44 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   o.collapse.ema_alpha = absl::GetFlag(FLAGS_collapse_ema_alpha);
   o.collapse.warmup_steps = absl::GetFlag(FLAGS_collapse_warmup_steps);
   o.collapse.drop_fraction = absl::GetFlag(FLAGS_collapse_drop_fraction);
+  o.broadcast_every = absl::GetFlag(FLAGS_broadcast_every);
+  const int64_t bucket_mb = absl::GetFlag(FLAGS_broadcast_bucket_mb);
+  if (bucket_mb <= 0 || bucket_mb > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--broadcast_bucket_mb=", bucket_mb, ": expected 1..4096"));
+  }
+  o.broadcast.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;
+  const int64_t chunk_kb = absl::GetFlag(FLAGS_broadcast_chunk_kb);
+  if (chunk_kb <= 0 || (chunk_kb << 10) > o.broadcast.max_chunk_bytes_cap) {
+    return absl::InvalidArgumentError(absl::StrCat("--broadcast_chunk_kb=", chunk_kb, ": expected 1..",
+                                                   o.broadcast.max_chunk_bytes_cap >> 10));
+  }
+  o.broadcast.default_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
+  for (const std::string& v : absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions)) {
+    uint64_t version = 0;
+    if (!absl::SimpleAtoi(v, &version)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--fault_corrupt_broadcast_versions: \"", v, "\" is not a version"));
+    }
+    o.broadcast.corrupt_versions.push_back(version);
+  }
+  o.broadcast.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
+  if (o.broadcast.chunk_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--fault_broadcast_chunk_delay must be >= 0");
+  }
+  o.step_csv_path = absl::GetFlag(FLAGS_step_csv);
   return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  // SIGINT and SIGTERM: a handler (whichever thread runs it; some are
-  // started by libraries before main) writes to a pipe that one thread
-  // reads to ask the daemon to stop.
-  if (::pipe(g_signal_pipe) != 0) return Fail("cannot create the signal pipe");
-  struct sigaction action {};
-  action.sa_handler = OnSignal;
-  sigemptyset(&action.sa_mask);
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
-  absl::SetProgramUsageMessage(
+  if (!asympo::InstallStopSignalHandler()) return Fail("cannot create the signal pipe");
+  asympo::SetDaemonUsage(
       "asympo-learner: the ASymPO-RL learner daemon.\n"
       "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
-      "Flags can also come from --flagfile=FILE.");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "learner_server/main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
+      "Flags can also come from --flagfile=FILE.",
+      "learner_server/main.cc");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() > 1) return Fail(absl::StrCat("unexpected argument \"", args[1], "\""));
   FLAGS_logtostderr = true;
@@ -215,14 +232,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
       asympo::learner::LearnerDaemon::Create(*std::move(options));
   if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
-  std::thread signal_thread([&] {
-    char sig = 0;
-    while (::read(g_signal_pipe[0], &sig, 1) < 0 && errno == EINTR) {
-    }
-    LOG(INFO) << "signal " << static_cast<int>(sig) << ": stopping";
-    (*daemon)->Shutdown();
-  });
-  signal_thread.detach();
+  asympo::RunOnStopSignal([&] { (*daemon)->Shutdown(); });
   absl::StatusOr<int64_t> steps = (*daemon)->Run();
   if (!steps.ok()) return Fail(std::string(steps.status().message()));
   return 0;

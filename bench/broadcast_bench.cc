@@ -1,0 +1,313 @@
+// Weight broadcast transfer over gRPC against a bare TCP copy of as many
+// bytes, side by side in one process on loopback.
+//
+// For each snapshot size (float32 parameters) and receiver count: the
+// BroadcastSender publishes a new version and WeightReceivers (one channel
+// each) fetch it into fresh buffers and check every bucket's CRC-32C; then a
+// plain socket server writes the same buckets to as many client sockets,
+// which read them into a buffer. Rounds alternate gRPC / TCP; each cell is a
+// median over the rounds. Bytes/s counts the bytes delivered to all
+// receivers; the ratio column is the median over rounds of each round's
+// TCP time / gRPC time. (TCP sends the tensors' bytes unpacked: with
+// 64-byte-aligned tensors of 4M parameters the packed snapshot has the same
+// size.)
+//
+//   broadcast_bench [--params_m 100,500] [--receivers 1,2] [--reps 3]
+//                   [--bucket_mib 256] [--chunk_kib 0] [--tensor_m 4]
+//                   [--malloc_tuned 0] [--tcp 1]
+#include <malloc.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_split.h"
+#include "weight_broadcaster/broadcast_receiver.h"
+#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/crc32c.h"
+
+namespace {
+
+namespace bc = asympo::broadcast;
+namespace v1 = asympo::v1;
+using Clock = std::chrono::steady_clock;
+
+const char* FlagValue(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return nullptr;
+}
+
+int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
+  const char* v = FlagValue(argc, argv, name);
+  return v == nullptr ? def : std::atoll(v);
+}
+
+std::vector<int64_t> ListFlag(int argc, char** argv, const char* name, const char* def) {
+  const char* v = FlagValue(argc, argv, name);
+  std::vector<int64_t> out;
+  for (absl::string_view s : absl::StrSplit(v == nullptr ? def : v, ',')) {
+    out.push_back(std::atoll(std::string(s).c_str()));
+  }
+  return out;
+}
+
+double Seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// A model of `params` float32 parameters in tensors of `per_tensor`.
+struct Model {
+  std::vector<bc::TensorSpec> specs;
+  std::vector<std::vector<float>> data;
+
+  Model(int64_t params, int64_t per_tensor) {
+    uint64_t x = 0x243F6A8885A308D3ull;
+    for (int64_t done = 0, i = 0; done < params; ++i) {
+      const int64_t n = std::min(per_tensor, params - done);
+      specs.push_back({"model.layers." + std::to_string(i) + ".weight", v1::DTYPE_F32, {n}});
+      std::vector<float> t(static_cast<size_t>(n));
+      for (float& f : t) {  // xorshift: incompressible, cheap
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        f = static_cast<float>(x >> 40) * 1e-7f;
+      }
+      data.push_back(std::move(t));
+      done += n;
+    }
+  }
+  std::vector<bc::TensorView> Views() const {
+    std::vector<bc::TensorView> v;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      v.push_back({specs[i], data[i].data(), data[i].size() * sizeof(float)});
+    }
+    return v;
+  }
+  // Changes one value so that each published version differs.
+  void Touch(uint64_t version) { data[0][0] = static_cast<float>(version); }
+};
+
+// --- bare TCP: one thread per client writes every bucket to its socket. ---
+
+struct TcpServer {
+  int fd = -1;
+  int port = 0;
+  TcpServer() {
+    fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd, 16) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      std::perror("tcp server");
+      std::exit(1);
+    }
+    port = ntohs(a.sin_port);
+  }
+  ~TcpServer() { ::close(fd); }
+};
+
+struct Span {
+  const char* data;
+  size_t size;
+};
+
+// Sends `spans` (the model's bytes) to `clients` sockets at once; each client
+// reads the stream into its bucket-sized sink, wrapping around. Returns the
+// seconds from the first connect to the last byte read.
+double TcpTransfer(const TcpServer& server, const std::vector<Span>& spans, int clients,
+                   std::vector<std::string>* sinks) {
+  size_t total = 0;
+  for (const Span& s : spans) total += s.size;
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in a{};
+      a.sin_family = AF_INET;
+      a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      a.sin_port = htons(static_cast<uint16_t>(server.port));
+      if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) std::exit(2);
+      std::string& sink = (*sinks)[static_cast<size_t>(c)];
+      size_t at = 0;
+      for (size_t got = 0; got < total;) {
+        if (at == sink.size()) at = 0;
+        const ssize_t n = ::read(s, sink.data() + at, std::min(sink.size() - at, total - got));
+        if (n <= 0) std::exit(3);
+        got += static_cast<size_t>(n);
+        at += static_cast<size_t>(n);
+      }
+      ::close(s);
+    });
+  }
+  for (int c = 0; c < clients; ++c) {
+    const int conn = ::accept(server.fd, nullptr, nullptr);
+    threads.emplace_back([&, conn] {
+      for (const Span& b : spans) {
+        size_t sent = 0;
+        while (sent < b.size) {
+          const ssize_t n = ::write(conn, b.data + sent, b.size - sent);
+          if (n <= 0) std::exit(4);
+          sent += static_cast<size_t>(n);
+        }
+      }
+      ::close(conn);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return Seconds(t0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::vector<int64_t> sizes_m = ListFlag(argc, argv, "--params_m", "100,500");
+  const std::vector<int64_t> receiver_counts = ListFlag(argc, argv, "--receivers", "1,2");
+  const int reps = static_cast<int>(Flag(argc, argv, "--reps", 3));
+  const int64_t bucket_mib = Flag(argc, argv, "--bucket_mib", 256);
+  const int64_t chunk_kib = Flag(argc, argv, "--chunk_kib", 0);
+  const int64_t tensor_m = Flag(argc, argv, "--tensor_m", 4);
+  const bool tcp_baseline = Flag(argc, argv, "--tcp", 1) != 0;  // 0: gRPC only (profiling)
+  // 1: keep freed heap memory instead of returning it to the kernel at once
+  // (what a rollout daemon can set with mallopt or GLIBC_TUNABLES): gRPC's
+  // receive buffers then stop costing page faults.
+  const bool malloc_tuned = Flag(argc, argv, "--malloc_tuned", 0) != 0;
+  if (malloc_tuned) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
+
+  // What the receiver's checksum costs on its own (one thread, one pass).
+  double crc_bps;
+  {
+    std::string block(256u << 20, '\x5a');
+    std::vector<double> crc_s;
+    uint32_t sink = 0;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = Clock::now();
+      sink ^= bc::Crc32c(block.data(), block.size());
+      crc_s.push_back(Seconds(t0));
+    }
+    crc_bps = block.size() / Median(crc_s);
+    std::printf(
+        "# broadcast_bench: float32 snapshots, %lld MiB buckets, chunk %s, %d rounds, "
+        "malloc %s; CRC-32C alone %.0f MB/s on one thread (%s)%s\n\n",
+        static_cast<long long>(bucket_mib),
+        chunk_kib == 0 ? "default (4 MiB)" : (std::to_string(chunk_kib) + " KiB").c_str(), reps,
+        malloc_tuned ? "tuned" : "default", crc_bps / 1e6,
+        bc::Crc32cIsHardwareAccelerated() ? "SSE4.2" : "table", sink == 1 ? " " : "");
+  }
+  std::printf(
+      "| snapshot | receivers | gRPC MB/s | TCP MB/s | gRPC / TCP | CRC share of a receiver's "
+      "time | publish s |\n"
+      "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (const int64_t m : sizes_m) {
+    Model model(m * 1000000, tensor_m * 1000000);
+    bc::BroadcastSenderOptions so;
+    so.packing.bucket_bytes = static_cast<uint64_t>(bucket_mib) << 20;
+    const std::string signature = bc::ModelSignature(model.specs);
+    bc::BroadcastSender sender(so, signature, nullptr);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&sender);
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    uint64_t version = 0;
+    for (const int64_t n : receiver_counts) {
+      std::vector<std::unique_ptr<bc::WeightReceiver>> receivers;
+      for (int64_t i = 0; i < n; ++i) {
+        bc::WeightReceiverOptions ro;
+        ro.target = "127.0.0.1:" + std::to_string(port);
+        ro.receiver_id = "bench-" + std::to_string(i);
+        ro.model_signature = signature;
+        ro.max_chunk_bytes = static_cast<uint32_t>(chunk_kib << 10);
+        receivers.push_back(*bc::WeightReceiver::Start(ro));
+      }
+      // New receivers first fetch the version already published (untimed).
+      for (auto& rx : receivers) {
+        while (!rx->connected()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        if (version > 0 &&
+            (!rx->WaitForPending(absl::Minutes(5)) || rx->TakePending()->version() != version)) {
+          return 1;
+        }
+      }
+      TcpServer tcp;
+      std::vector<Span> spans;  // TCP sends the tensors' bytes as they are
+      for (const auto& t : model.data) {
+        spans.push_back({reinterpret_cast<const char*>(t.data()), t.size() * sizeof(float)});
+      }
+      std::vector<std::string> sinks(static_cast<size_t>(n),
+                                     std::string(static_cast<size_t>(bucket_mib) << 20, '\0'));
+      std::vector<double> grpc_s, tcp_s, ratios, publish_s;
+      uint64_t total = 0;
+      // Round 0 is a warm-up, left out of the medians: the sender and the
+      // receivers then work in buffers of earlier versions, as they do in a
+      // running system (first touches of fresh memory are very slow on VMs).
+      for (int r = -1; r < reps; ++r) {
+        model.Touch(++version);
+        const auto p0 = Clock::now();
+        if (!sender.Publish(version, model.Views()).ok()) return 1;
+        publish_s.push_back(Seconds(p0));
+        const auto t0 = Clock::now();
+        std::vector<std::shared_ptr<const bc::ReceivedSnapshot>> got;
+        for (auto& rx : receivers) {
+          if (!rx->WaitForPending(absl::Minutes(5))) {
+            std::fprintf(stderr, "receiver got nothing (failures %lld)\n",
+                         static_cast<long long>(rx->failures()));
+            return 1;
+          }
+          got.push_back(rx->TakePending());
+        }
+        grpc_s.push_back(Seconds(t0));
+        total = got[0]->manifest.total_bytes();
+        for (const auto& g : got) {  // untimed: every byte arrived as sent
+          if (g->version() != version) return 1;
+          for (int t = 0; r <= 0 && t < g->manifest.tensors_size(); ++t) {
+            const std::string_view b = g->TensorBytes(g->manifest.tensors(t));
+            if (b.size() != spans[static_cast<size_t>(t)].size ||
+                std::memcmp(b.data(), spans[static_cast<size_t>(t)].data, b.size()) != 0) {
+              std::fprintf(stderr, "tensor %d differs\n", t);
+              return 1;
+            }
+          }
+        }
+        got.clear();
+        tcp_s.push_back(tcp_baseline ? TcpTransfer(tcp, spans, static_cast<int>(n), &sinks) : 1e9);
+        ratios.push_back(tcp_s.back() / grpc_s.back());
+        if (r < 0) grpc_s.clear(), tcp_s.clear(), ratios.clear(), publish_s.clear();
+      }
+      const double grpc_bps = static_cast<double>(total) * n / Median(grpc_s);
+      const double tcp_bps = static_cast<double>(total) * n / Median(tcp_s);
+      const double crc_share = (static_cast<double>(total) / crc_bps) / Median(grpc_s);
+      std::printf("| %lldM params (%.0f MB) | %lld | %.0f | %.0f | %.2f | %.0f%% | %.3f |\n",
+                  static_cast<long long>(m), total / 1e6, static_cast<long long>(n), grpc_bps / 1e6,
+                  tcp_bps / 1e6, Median(ratios), 100 * crc_share, Median(publish_s));
+      std::fflush(stdout);
+    }
+    sender.Shutdown();
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+  return 0;
+}

@@ -1,0 +1,270 @@
+#!/usr/bin/env python3
+"""One asynchronous RL run on this machine: one asympo-learner and N
+asympo-rollout daemons on loopback, with the built-in tiny model and a
+synthetic task. Prints live progress, then a summary, and writes the run's
+logs, a per-step CSV and a reward-curve PNG into the run directory.
+
+Usually started through deploy/local_run.sh, which installs and builds
+first. Ctrl-C stops every process cleanly and still writes the summary.
+"""
+import argparse
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port):
+    """Returns {metric{labels}: value} from a /metrics endpoint, or None."""
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=1) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        try:
+            out[name] = float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def mean(xs):
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.procs = []  # (name, Popen, log file)
+        self.stopping = False
+
+    def start(self, name, cmd):
+        log = open(os.path.join(self.args.out, name + ".log"), "w")
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.procs.append((name, p, log))
+        return p
+
+    def stop_all(self, timeout=20):
+        """SIGTERM to the rollouts, then the learner (it checkpoints), then
+        SIGKILL whatever is still running after `timeout` seconds."""
+        for name, p, _ in reversed(self.procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + timeout
+        for name, p, log in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                print("%s did not stop in %d s; killing it" % (name, timeout))
+                p.kill()
+                p.wait()
+            log.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build_dir", default="build", help="where asympo-learner and asympo-rollout were built")
+    ap.add_argument("--out", default="", help="run directory (default runs/<date-time>)")
+    ap.add_argument("--minutes", type=float, default=8.0, help="wall-clock length of the run")
+    ap.add_argument("--max_steps", type=int, default=0, help="stop after this many learner steps (0: by time)")
+    ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
+    ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
+    ap.add_argument("--objective", default="asympo", help="naive, spo, asympo, asympo_stable, grpo, gpg")
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--group_size", type=int, default=8)
+    ap.add_argument("--prompts_per_step", type=int, default=8)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines")
+    ap.add_argument("--check_rise", type=float, default=None,
+                    help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
+    args = ap.parse_args()
+
+    learner_bin = os.path.join(args.build_dir, "learner_server", "asympo-learner")
+    rollout_bin = os.path.join(args.build_dir, "rollout_server", "asympo-rollout")
+    for b in (learner_bin, rollout_bin):
+        if not os.access(b, os.X_OK):
+            sys.exit("local_run: %s not found; build first (deploy/local_run.sh does)" % b)
+    if not args.out:
+        args.out = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    os.makedirs(args.out, exist_ok=True)
+    steps_csv = os.path.join(args.out, "steps.csv")
+    if os.path.exists(steps_csv):
+        os.remove(steps_csv)
+
+    run = Run(args)
+    interrupted = []
+
+    def on_signal(sig, frame):
+        interrupted.append(sig)
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    port, learner_metrics = free_port(), free_port()
+    rollout_metrics = [free_port() for _ in range(args.rollouts)]
+    run.start("learner", [
+        learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
+        "--model=tiny", "--seed=%d" % args.seed, "--threads=1", "--objective=" + args.objective,
+        "--lr=%g" % args.lr, "--prompts_per_step=%d" % args.prompts_per_step,
+        "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
+        "--max_group_size=%d" % max(args.group_size, 2),
+        "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
+        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps])
+    for i in range(args.rollouts):
+        run.start("rollout-%d" % i, [
+            rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
+            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--model=tiny", "--threads=1",
+            "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
+            "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
+            "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),
+            "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
+            "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)])
+
+    print("local_run: learner on 127.0.0.1:%d, %d rollouts, task %s, objective %s; logs and results in %s"
+          % (port, args.rollouts, args.task, args.objective, args.out))
+    print("local_run: metrics at http://127.0.0.1:%d/metrics (learner) and ports %s (rollouts); Ctrl-C stops"
+          % (learner_metrics, ",".join(map(str, rollout_metrics))))
+    print("%7s %6s %7s %8s %8s %9s %7s %9s %s" % ("time", "step", "version", "reward", "accuracy",
+                                                 "tokens/s", "queue", "staleness", "versions in use"))
+    progress = []
+    start = time.time()
+    last = {"responses": 0.0, "correct": 0.0, "reward": 0.0}
+    next_print = start + args.interval
+    failed = None
+    while True:
+        time.sleep(0.2)
+        now = time.time()
+        for name, p, _ in run.procs:
+            if p.poll() is not None and not (name == "learner" and args.max_steps and p.returncode == 0):
+                failed = "%s exited with status %d (see %s)" % (name, p.returncode,
+                                                               os.path.join(args.out, name + ".log"))
+        learner_done = run.procs[0][1].poll() is not None
+        if interrupted or failed or learner_done or now - start >= args.minutes * 60:
+            break
+        if now < next_print:
+            continue
+        next_print += args.interval
+        lm = scrape(learner_metrics) or {}
+        rms = [scrape(p) or {} for p in rollout_metrics]
+        responses = sum(m.get("asympo_rollout_responses_total", 0) for m in rms)
+        correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in rms)
+        reward = sum(m.get("asympo_rollout_reward_sum_total", 0) for m in rms)
+        dn = responses - last["responses"]
+        acc = (correct - last["correct"]) / dn if dn > 0 else float("nan")
+        rwd = (reward - last["reward"]) / dn if dn > 0 else float("nan")
+        last = {"responses": responses, "correct": correct, "reward": reward}
+        versions = sorted({int(m["asympo_rollout_weight_version"]) for m in rms if "asympo_rollout_weight_version" in m})
+        sc = lm.get("asympo_learner_staleness_versions_count", 0)
+        stale = lm.get("asympo_learner_staleness_versions_sum", 0) / sc if sc else float("nan")
+        row = {
+            "time_s": round(now - start, 1), "step": int(lm.get("asympo_learner_steps_total", 0)),
+            "version": int(lm.get("asympo_learner_version", 0)),
+            "learner_reward_ema": lm.get("asympo_learner_reward_ema", float("nan")),
+            "rollout_reward": rwd, "rollout_accuracy": acc,
+            "tokens_per_s": lm.get("asympo_learner_tokens_per_second", 0),
+            "queue_depth": int(lm.get("asympo_learner_queue_depth_groups", 0)),
+            "staleness_mean": stale, "versions_in_use": " ".join(map(str, versions)),
+        }
+        progress.append(row)
+        print("%6.0fs %6d %7d %8.3f %8.3f %9.0f %3d/%-3d %9.2f %s" % (
+            row["time_s"], row["step"], row["version"], row["learner_reward_ema"], acc, row["tokens_per_s"],
+            row["queue_depth"], args.queue_capacity, stale, ",".join(map(str, versions)) or "-"), flush=True)
+
+    if interrupted:
+        print("local_run: interrupted; stopping every process")
+    final_rollout = [scrape(p) or {} for p in rollout_metrics]
+    run.stop_all()
+    for name, p, _ in run.procs:
+        if p.returncode not in (0, -signal.SIGTERM) and not failed:
+            failed = "%s exited with status %d (see %s)" % (name, p.returncode, os.path.join(args.out, name + ".log"))
+
+    with open(os.path.join(args.out, "progress.csv"), "w", newline="") as f:
+        if progress:
+            w = csv.DictWriter(f, fieldnames=list(progress[0].keys()))
+            w.writeheader()
+            w.writerows(progress)
+    steps = []
+    if os.path.exists(steps_csv):
+        with open(steps_csv) as f:
+            steps = list(csv.DictReader(f))
+    rewards = [float(r["reward_mean"]) for r in steps]
+    first, last20 = mean(rewards[:20]), mean(rewards[-20:])
+    plot = os.path.join(args.out, "reward.png")
+    plotted = make_plot(steps, progress, plot, args)
+    responses = sum(m.get("asympo_rollout_responses_total", 0) for m in final_rollout)
+    correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in final_rollout)
+    dropped = sum(v for m in final_rollout for k, v in m.items() if k.startswith("asympo_rollout_groups_dropped_total"))
+    accs = [r["rollout_accuracy"] for r in progress if r["rollout_accuracy"] == r["rollout_accuracy"]]
+    print()
+    print("summary")
+    print("  steps trained            %d in %.0f s (task %s, objective %s)" % (len(steps), time.time() - start, args.task, args.objective))
+    print("  reward, first 20 steps   %.3f" % first)
+    print("  reward, last 20 steps    %.3f" % last20)
+    if accs:
+        print("  accuracy, first interval %.3f   last interval %.3f" % (accs[0], accs[-1]))
+    print("  responses sampled        %d (%.1f%% exact)" % (responses, 100 * correct / responses if responses else 0))
+    print("  groups dropped           %d" % dropped)
+    print("  per-step CSV             %s" % steps_csv)
+    print("  progress CSV             %s" % os.path.join(args.out, "progress.csv"))
+    print("  reward curve             %s" % (plot if plotted else "(not drawn: python3-matplotlib missing)"))
+    print("  logs                     %s/{learner,rollout-*}.log" % args.out)
+    if failed:
+        print("local_run: " + failed)
+        return 1
+    if args.check_rise is not None and not (last20 > first + args.check_rise):
+        print("local_run: reward did not rise by %.3f (first %.3f, last %.3f)" % (args.check_rise, first, last20))
+        return 1
+    return 0
+
+
+def make_plot(steps, progress, path, args):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    if steps:
+        x = [int(r["step"]) for r in steps]
+        y = [float(r["reward_mean"]) for r in steps]
+        ax.plot(x, y, color="#9ecae1", linewidth=0.8, label="reward per step")
+        k = 20
+        ma = [mean(y[max(0, i - k + 1):i + 1]) for i in range(len(y))]
+        ax.plot(x, ma, color="#08519c", linewidth=2, label="reward, %d-step mean" % k)
+    if progress:
+        ax.plot([r["step"] for r in progress], [r["rollout_accuracy"] for r in progress], color="#d94801",
+                linewidth=1.5, linestyle="--", label="exact-match accuracy (rollouts)")
+    ax.set_xlabel("learner step")
+    ax.set_ylabel("reward / accuracy")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.set_title("ASymPO-RL local run: task %s, objective %s, %d rollouts" % (args.task, args.objective, args.rollouts))
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())

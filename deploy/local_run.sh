@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The main job on one machine: installs the Debian packages that are missing,
+# builds the two daemons, then runs one asympo-learner and two asympo-rollout
+# daemons on loopback with the built-in tiny model and a synthetic task
+# (deploy/local_run.py; its flags pass through, see --help).
+#
+#   deploy/local_run.sh                  # about 8 minutes of training
+#   deploy/local_run.sh --minutes 3 --task copy --objective spo
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/install_deps.sh
+build_dir=${BUILD_DIR:-build}
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build "$build_dir" -j "$(nproc)" --target asympo-learner asympo-rollout
+exec /usr/bin/python3 deploy/local_run.py --build_dir "$build_dir" "$@"

@@ -1,0 +1,157 @@
+// asympo-rollout: the rollout daemon. Samples groups of responses with the
+// newest policy snapshot from the learner, scores them with a task's
+// verifier and submits them to the learner over gRPC. Every flag is
+// described by --help; --flagfile=FILE reads flags from a file.
+#include <malloc.h>
+
+#include <iostream>
+#include <string>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <glog/logging.h>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/daemon_main.h"
+#include "rollout_server/rollout_daemon.h"
+
+// Learner and identity.
+ABSL_FLAG(std::string, learner, "127.0.0.1:50051",
+          "The learner's gRPC address (Learner and WeightBroadcast services).");
+ABSL_FLAG(std::string, id, "rollout-0", "This daemon's name (batch source, receiver id).");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9465",
+          "Address of the Prometheus /metrics endpoint; empty disables it.");
+// Model.
+ABSL_FLAG(std::string, model, "tiny",
+          "\"tiny\" for the built-in test model, or a Hugging Face model directory; must be the "
+          "learner's model (its weights are replaced by the learner's snapshots).");
+ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
+ABSL_FLAG(std::string, dtype, "float32", "Parameter dtype: float32 or bfloat16.");
+ABSL_FLAG(uint64_t, seed, 0, "Seed of prompt order and sampling.");
+ABSL_FLAG(int32_t, threads, 1,
+          "Intra-op threads for LibTorch (1 suits small models on few cores).");
+// Task.
+ABSL_FLAG(std::string, task, "copy", "Task to sample prompts from; --list_tasks lists them.");
+ABSL_FLAG(bool, list_tasks, false, "Print the built-in tasks and exit.");
+ABSL_FLAG(std::string, task_data, "", "math: JSONL file of {\"prompt\", \"answer\"} rows.");
+ABSL_FLAG(std::string, tokenizer, "", "math: the model's tokenizer.json.");
+ABSL_FLAG(std::string, prompt_template, "",
+          "math: template with {prompt} where the question goes (empty: the default chat "
+          "template, docs/tasks.md).");
+ABSL_FLAG(std::string, stop_token, "", "math: token that ends a response (empty: the EOS).");
+// Sampling.
+ABSL_FLAG(int32_t, group_size, 8, "Responses sampled per prompt (G).");
+ABSL_FLAG(int32_t, prompts_per_generation, 8, "Prompts sampled together in one batch.");
+ABSL_FLAG(double, temperature, 1.0, "Sampling temperature (0: greedy).");
+ABSL_FLAG(int32_t, top_k, 0, "Keep the k most likely tokens (0: all).");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (1: all).");
+ABSL_FLAG(int32_t, max_new_tokens, 0, "Most tokens per response (0: the task's default).");
+// Submission.
+ABSL_FLAG(int64_t, max_buffered_groups, 64,
+          "Most groups held before the learner accepts them; generation pauses when full.");
+ABSL_FLAG(int32_t, max_groups_per_batch, 16, "Most groups per submitted batch.");
+ABSL_FLAG(absl::Duration, min_backoff, absl::Milliseconds(100), "First reconnection delay.");
+ABSL_FLAG(absl::Duration, max_backoff, absl::Seconds(5), "Longest reconnection delay.");
+ABSL_FLAG(absl::Duration, submit_timeout, absl::Seconds(60), "Deadline of one Submit call.");
+ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(2),
+          "At shutdown, how long buffered groups may still be sent.");
+ABSL_FLAG(int64_t, weight_chunk_kb, 0, "Weight transfer chunk size (0: the learner's default).");
+ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::cerr << "asympo-rollout: " << message << "\n";
+  return 2;
+}
+
+absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
+  asympo::rollout::RolloutDaemonOptions o;
+  o.learner_address = absl::GetFlag(FLAGS_learner);
+  o.rollout_id = absl::GetFlag(FLAGS_id);
+  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
+  o.model = absl::GetFlag(FLAGS_model);
+  o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype == "bfloat16") {
+    o.model_options.dtype = at::kBFloat16;
+  } else if (dtype != "float32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
+  }
+  o.seed = absl::GetFlag(FLAGS_seed);
+  o.task.name = absl::GetFlag(FLAGS_task);
+  o.task.data_path = absl::GetFlag(FLAGS_task_data);
+  o.task.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  o.task.prompt_template = absl::GetFlag(FLAGS_prompt_template);
+  o.task.stop_token = absl::GetFlag(FLAGS_stop_token);
+  o.group_size = absl::GetFlag(FLAGS_group_size);
+  o.prompts_per_generation = absl::GetFlag(FLAGS_prompts_per_generation);
+  o.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  o.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  o.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  o.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (o.sampling.max_new_tokens < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
+  if (o.sampling.max_new_tokens > 0) o.task.math_max_new_tokens = o.sampling.max_new_tokens;
+  o.max_buffered_groups = absl::GetFlag(FLAGS_max_buffered_groups);
+  o.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o.min_backoff = absl::GetFlag(FLAGS_min_backoff);
+  o.max_backoff = absl::GetFlag(FLAGS_max_backoff);
+  o.submit_timeout = absl::GetFlag(FLAGS_submit_timeout);
+  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  if (o.submit_timeout <= absl::ZeroDuration() || o.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--submit_timeout must be > 0 and --drain_timeout >= 0");
+  }
+  const int64_t chunk_kb = absl::GetFlag(FLAGS_weight_chunk_kb);
+  if (chunk_kb < 0 || chunk_kb > (1 << 20)) {
+    return absl::InvalidArgumentError("--weight_chunk_kb must be in [0, 1048576]");
+  }
+  o.weight_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
+  o.max_groups = absl::GetFlag(FLAGS_max_groups);
+  if (o.max_groups < 0) return absl::InvalidArgumentError("--max_groups must be >= 0");
+  return o;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // gRPC frees each received weight chunk's buffer; with glibc's default
+  // thresholds that memory goes back to the kernel and must be faulted in
+  // again for the next chunk, which costs about a third of the transfer rate
+  // (docs/benchmarks.md, "Weight broadcast transfer").
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  if (!asympo::InstallStopSignalHandler()) return Fail("cannot create the signal pipe");
+  asympo::SetDaemonUsage(
+      "asympo-rollout: the ASymPO-RL rollout daemon.\n"
+      "  asympo-rollout --learner=127.0.0.1:50051 --id=rollout-0 --task=copy\n"
+      "Flags can also come from --flagfile=FILE.",
+      "rollout_server/main.cc");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument \"", args[1], "\""));
+  if (absl::GetFlag(FLAGS_list_tasks)) {
+    for (const auto& [name, description] : asympo::rollout::TaskNames()) {
+      std::cout << name << "\t" << description << "\n";
+    }
+    return 0;
+  }
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  const int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) return Fail("--threads must be positive");
+  at::set_num_threads(threads);
+
+  absl::StatusOr<asympo::rollout::RolloutDaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) return Fail(std::string(options.status().message()));
+  absl::StatusOr<std::unique_ptr<asympo::rollout::RolloutDaemon>> daemon =
+      asympo::rollout::RolloutDaemon::Create(*std::move(options));
+  if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
+  asympo::RunOnStopSignal([&] { (*daemon)->Shutdown(); });
+  absl::StatusOr<int64_t> accepted = (*daemon)->Run();
+  if (!accepted.ok()) return Fail(std::string(accepted.status().message()));
+  return 0;
+}

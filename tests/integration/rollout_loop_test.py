@@ -1,0 +1,251 @@
+"""The whole loop with real processes on loopback: asympo-learner and two
+asympo-rollout daemons. Scenarios (one per run, chosen by the first
+argument):
+
+  train      versions reach both rollouts, their groups train the learner
+  corrupt    snapshots corrupted in transit are refused; the rollouts keep
+             their old weights, report the failure, and load the next one
+  kill       a rollout killed mid-transfer leaves the learner and the other
+             rollout unaffected; restarted, it catches up to the latest version
+  restart    the learner restarted from its checkpoint is rejoined by the
+             rollouts, which follow its restored version and train on
+
+    python3 rollout_loop_test.py SCENARIO LEARNER_BINARY ROLLOUT_BINARY WORK_DIR
+Exit 0 on success, 1 on a failed check.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def check(cond, what, quiet=False):
+    if not cond:
+        print("FAIL:", what)
+        raise SystemExit(1)
+    if not quiet:
+        print("ok:", what)
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def scrape(port):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            try:
+                out[name] = float(value)
+            except ValueError:
+                pass
+    return out
+
+
+def wait_for(what, pred, timeout=60, poll=0.1):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    check(False, what + " (timed out after %d s)" % timeout)
+
+
+class Cluster:
+    def __init__(self, learner_bin, rollout_bin, work):
+        self.learner_bin, self.rollout_bin, self.work = learner_bin, rollout_bin, work
+        self.port = free_port()
+        self.learner_metrics = free_port()
+        self.rollout_metrics = [free_port(), free_port()]
+        self.procs = {}
+        self.learner_args = []
+
+    def start_learner(self, extra=()):
+        self.learner_args = list(extra)
+        log = open(os.path.join(self.work, "learner.log"), "a")
+        self.procs["learner"] = subprocess.Popen(
+            [self.learner_bin, "--listen=127.0.0.1:%d" % self.port,
+             "--metrics_address=127.0.0.1:%d" % self.learner_metrics, "--prompts_per_step=2",
+             "--queue_capacity=8", "--max_groups_per_batch=8", "--lr=1e-3", "--checkpoint_dir=" + os.path.join(self.work, "ckpt"),
+             "--checkpoint_every=2", "--broadcast_every=1"] + list(extra),
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def start_rollout(self, i, extra=()):
+        log = open(os.path.join(self.work, "rollout-%d.log" % i), "a")
+        self.procs["rollout-%d" % i] = subprocess.Popen(
+            [self.rollout_bin, "--learner=127.0.0.1:%d" % self.port, "--id=rollout-%d" % i,
+             "--metrics_address=127.0.0.1:%d" % self.rollout_metrics[i], "--seed=%d" % i,
+             "--group_size=4", "--prompts_per_generation=2", "--max_buffered_groups=4",
+             "--min_backoff=50ms", "--max_backoff=500ms"] + list(extra),
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def learner(self):
+        p = self.procs.get("learner")
+        check(p is None or p.poll() is None, "the learner is running", quiet=True)
+        return scrape(self.learner_metrics)
+
+    def rollout(self, i):
+        p = self.procs.get("rollout-%d" % i)
+        check(p is None or p.poll() is None, "rollout-%d is running" % i, quiet=True)
+        return scrape(self.rollout_metrics[i])
+
+    def version(self):
+        return int(self.learner().get("asympo_learner_version", -1))
+
+    def rollout_version(self, i):
+        return int(self.rollout(i).get("asympo_rollout_weight_version", -1))
+
+    def stop(self, name, sig=signal.SIGTERM, timeout=20):
+        p = self.procs.pop(name)
+        p.send_signal(sig)
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            check(False, "%s stops within %d s of signal %d" % (name, timeout, sig))
+        return rc
+
+    def stop_all(self):
+        for name in list(self.procs):
+            if self.procs[name].poll() is None:
+                self.stop(name)
+
+
+def scenario_train(c):
+    c.start_learner()
+    c.start_rollout(0)
+    c.start_rollout(1)
+    wait_for("the learner trains 6 steps", lambda: c.version() >= 6)
+    target = c.version()
+    for i in (0, 1):
+        wait_for("rollout-%d samples with version >= %d" % (i, target),
+                 lambda: c.rollout_version(i) >= target)
+        wait_for("rollout-%d's groups are accepted" % i,
+                 lambda: c.rollout(i).get("asympo_rollout_groups_sent_total", 0) > 0)
+        check(c.rollout(i).get("asympo_rollout_weight_failures_total", 0) == 0,
+              "rollout-%d had no failed transfer" % i)
+    lm = c.learner()
+    check(lm.get("asympo_broadcast_receivers", 0) == 2, "the learner counts 2 receivers")
+    check(lm.get("asympo_broadcast_version", -1) >= target, "the broadcast version follows the learner")
+    for i in (0, 1):
+        rc = c.stop("rollout-%d" % i, signal.SIGINT)
+        check(rc == 0, "rollout-%d exits 0 on SIGINT" % i)
+    check(c.stop("learner", signal.SIGINT) == 0, "the learner exits 0 on SIGINT")
+
+
+def scenario_corrupt(c):
+    # Versions 3 to 40 are corrupted in transit; 0-2 and 41+ are intact. The
+    # range is wide so that a rollout that connects late still meets some.
+    bad = set(range(3, 41))
+    c.start_learner(["--fault_corrupt_broadcast_versions=" + ",".join(map(str, sorted(bad))), "--checkpoint_every=0"])
+    c.start_rollout(0)
+    c.start_rollout(1)
+    seen = {0: set(), 1: set()}
+
+    def progress():
+        for i in (0, 1):
+            seen[i].add(c.rollout_version(i))
+        return all(max(seen[i]) >= 42 for i in (0, 1))
+
+    wait_for("both rollouts reach version 42 past the corrupt versions", progress, timeout=120, poll=0.05)
+    for i in (0, 1):
+        check(not (seen[i] & bad), "rollout-%d never sampled with a corrupt version (saw %s)" % (i, sorted(seen[i] - {-1})[:12]))
+        m = c.rollout(i)
+        check(m.get("asympo_rollout_weight_failures_total", 0) >= 1,
+              "rollout-%d counted %d failed transfers" % (i, m.get("asympo_rollout_weight_failures_total", 0)))
+    check(c.learner().get("asympo_broadcast_failures_total", 0) >= 1, "the learner counted the reported failures")
+    c.stop_all()
+    log = open(os.path.join(c.work, "rollout-0.log")).read().lower()
+    check("crc" in log or "checksum" in log, "the rollout log names the checksum failure")
+
+
+def scenario_kill(c):
+    # Small, slow chunks: every transfer takes about a second, so a rollout is
+    # almost always in the middle of one.
+    c.start_learner(["--broadcast_chunk_kb=16", "--fault_broadcast_chunk_delay=40ms"])
+    c.start_rollout(0)
+    c.start_rollout(1)
+    wait_for("both rollouts load a snapshot", lambda: c.rollout_version(0) >= 0 and c.rollout_version(1) >= 0)
+    wait_for("the learner trains 3 steps", lambda: c.version() >= 3, timeout=90)
+    failures_before = c.learner().get("asympo_broadcast_failures_total", 0)
+    time.sleep(0.5)
+    check(c.stop("rollout-1", signal.SIGKILL) == -signal.SIGKILL, "rollout-1 killed with SIGKILL")
+    wait_for("the learner sees the interrupted transfer",
+             lambda: c.learner().get("asympo_broadcast_failures_total", 0) > failures_before, timeout=10)
+    v, r0 = c.version(), c.rollout_version(0)
+    sent0 = c.rollout(0).get("asympo_rollout_groups_sent_total", 0)
+    wait_for("the learner keeps training with rollout-0 alone", lambda: c.version() >= v + 3, timeout=90)
+    check(c.rollout(0).get("asympo_rollout_groups_sent_total", 0) > sent0, "rollout-0 kept sending groups")
+    wait_for("rollout-0 keeps receiving versions", lambda: c.rollout_version(0) > r0, timeout=30)
+    c.start_rollout(1)
+    target = c.version()
+    wait_for("restarted rollout-1 catches up to version >= %d" % target,
+             lambda: c.rollout_version(1) >= target, timeout=90)
+    c.stop_all()
+
+
+def scenario_restart(c):
+    c.start_learner()
+    c.start_rollout(0)
+    c.start_rollout(1)
+    wait_for("the learner trains 5 steps", lambda: c.version() >= 5)
+    check(c.stop("learner", signal.SIGKILL) == -signal.SIGKILL, "learner killed with SIGKILL")
+    wait_for("the rollouts notice the learner is gone",
+             lambda: all(c.rollout(i).get("asympo_rollout_learner_connected", 1) == 0 or
+                         c.rollout(i).get("asympo_rollout_weight_connected", 1) == 0 for i in (0, 1)), timeout=30)
+    time.sleep(1.0)  # the rollouts back off and retry meanwhile
+    c.start_learner(c.learner_args)
+    restored = wait_for("the restarted learner serves metrics", lambda: c.learner().get("asympo_learner_version"))
+    restored = int(restored)
+    check(restored >= 4, "the learner resumed from its checkpoint at version %d" % restored)
+    for i in (0, 1):
+        wait_for("rollout-%d reconnects and follows the restored learner" % i,
+                 lambda: c.rollout_version(i) >= restored + 2 or
+                 (c.rollout_version(i) == restored and c.version() > restored))
+    wait_for("training goes on with the rollouts' groups", lambda: c.version() >= restored + 4, timeout=90)
+    steps = c.learner().get("asympo_learner_steps_total", 0)
+    check(steps >= 4, "the restarted learner trained %d steps" % steps)
+    c.stop_all()
+
+
+def main():
+    scenario, learner_bin, rollout_bin, work = sys.argv[1:5]
+    work = os.path.join(work, scenario)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    c = Cluster(learner_bin, rollout_bin, work)
+    try:
+        {"train": scenario_train, "corrupt": scenario_corrupt, "kill": scenario_kill,
+         "restart": scenario_restart}[scenario](c)
+    except SystemExit as e:
+        for name in sorted(os.listdir(work)):
+            if name.endswith(".log"):
+                print("---- %s (last 25 lines)" % name)
+                print("".join(open(os.path.join(work, name)).readlines()[-25:]))
+        c.stop_all()
+        raise
+    finally:
+        for p in c.procs.values():
+            if p.poll() is None:
+                p.kill()
+    print("PASS", scenario)
+
+
+if __name__ == "__main__":
+    main()

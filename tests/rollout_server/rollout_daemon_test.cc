@@ -1,0 +1,270 @@
+// The rollout daemon against a scripted learner: a fake Learner service that
+// answers Submit as told, and the real weight broadcaster serving the tiny
+// model's weights. Covers the buffer bound while the learner refuses, the
+// retry after RESOURCE_EXHAUSTED, the counted drop of rejected batches and
+// of groups left at shutdown, and behavior log-probs only for grpo.
+#include "rollout_server/rollout_daemon.h"
+
+#include <atomic>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <prometheus/text_serializer.h>
+
+#include "asympo/v1/learner.grpc.pb.h"
+#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/model_snapshot.h"
+
+namespace asympo::rollout {
+namespace {
+
+// Answers Submit with the scripted codes in order, then `then`; records
+// every batch it accepted.
+class FakeLearner final : public v1::Learner::Service {
+ public:
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::LearnerStatus* status) override {
+    status->set_objective(wants_logprobs ? "grpo" : "asympo");
+    status->set_wants_behavior_logprobs(wants_logprobs);
+    auto* l = status->mutable_limits();
+    l->set_vocab_size(64);
+    l->set_min_group_size(2);
+    l->set_max_group_size(64);
+    l->set_max_prompt_tokens(4096);
+    l->set_max_response_tokens(4096);
+    l->set_max_groups_per_batch(64);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Submit(grpc::ServerContext* ctx, const v1::RolloutBatch* batch,
+                      v1::SubmitResponse*) override {
+    std::lock_guard<std::mutex> lock(mu);
+    ++calls;
+    grpc::StatusCode code = then;
+    if (!script.empty()) {
+      code = script.front();
+      script.pop_front();
+    }
+    if (code == grpc::StatusCode::OK) {
+      accepted.push_back(*batch);
+      return grpc::Status::OK;
+    }
+    if (code == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+      ctx->AddTrailingMetadata("asympo-retry-after-ms", "300");
+      refused_at.push_back(absl::Now());
+    }
+    return grpc::Status(code, "scripted");
+  }
+
+  int64_t AcceptedGroups() {
+    std::lock_guard<std::mutex> lock(mu);
+    int64_t n = 0;
+    for (const auto& b : accepted) n += b.groups_size();
+    return n;
+  }
+
+  std::mutex mu;
+  std::deque<grpc::StatusCode> script;
+  grpc::StatusCode then = grpc::StatusCode::OK;
+  std::vector<v1::RolloutBatch> accepted;
+  std::vector<absl::Time> refused_at;
+  int calls = 0;
+  std::atomic<bool> wants_logprobs{false};
+};
+
+double Metric(prometheus::Registry& registry, const std::string& name,
+              const std::string& label_value = "") {
+  for (const auto& family : registry.Collect()) {
+    if (family.name != name) continue;
+    for (const auto& m : family.metric) {
+      if (!label_value.empty() &&
+          (m.label.empty() || m.label[0].value != label_value)) {
+        continue;
+      }
+      if (family.type == prometheus::MetricType::Counter) return m.counter.value;
+      if (family.type == prometheus::MetricType::Gauge) return m.gauge.value;
+    }
+  }
+  return -1;
+}
+
+template <typename Pred>
+bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(30)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return pred();
+}
+
+class RolloutDaemonTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto model = PolicyModel::CreateRandom(ModelConfig::Tiny(64), {});
+    ASSERT_TRUE(model.ok());
+    model_ = *std::move(model);
+    sender_ = std::make_unique<broadcast::BroadcastSender>(
+        broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), nullptr);
+    std::vector<at::Tensor> staging;
+    ASSERT_TRUE(sender_->Publish(7, broadcast::ModelTensorViews(*model_, &staging)).ok());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&learner_);
+    builder.RegisterService(sender_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port_, 0);
+  }
+
+  void TearDown() override {
+    if (daemon_) daemon_->Shutdown();
+    if (run_.joinable()) run_.join();
+    daemon_.reset();
+    sender_->Shutdown();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+
+  void Start(int64_t max_buffered, absl::Duration drain = absl::Seconds(2)) {
+    RolloutDaemonOptions o;
+    o.learner_address = absl::StrCat("127.0.0.1:", port_);
+    o.metrics_address = "";
+    o.task.name = "copy";
+    o.group_size = 4;
+    o.prompts_per_generation = 2;
+    o.max_buffered_groups = max_buffered;
+    o.max_groups_per_batch = 4;
+    o.min_backoff = absl::Milliseconds(20);
+    o.max_backoff = absl::Milliseconds(100);
+    o.drain_timeout = drain;
+    auto d = RolloutDaemon::Create(o);
+    ASSERT_TRUE(d.ok()) << d.status();
+    daemon_ = *std::move(d);
+    run_ = std::thread([this] { result_ = daemon_->Run(); });
+  }
+
+  double M(const std::string& name, const std::string& label = "") {
+    return Metric(daemon_->registry(), name, label);
+  }
+
+  FakeLearner learner_;
+  std::unique_ptr<PolicyModel> model_;
+  std::unique_ptr<broadcast::BroadcastSender> sender_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::unique_ptr<RolloutDaemon> daemon_;
+  std::thread run_;
+  absl::StatusOr<int64_t> result_ = absl::UnknownError("not run");
+};
+
+TEST_F(RolloutDaemonTest, SamplesWithTheLearnersSnapshotAndSubmits) {
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 6; }));
+  EXPECT_EQ(daemon_->weight_version(), 7u);
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  const v1::RolloutBatch& b = learner_.accepted.front();
+  EXPECT_EQ(b.source(), "rollout-0");
+  for (const auto& g : b.groups()) {
+    EXPECT_EQ(g.responses_size(), 4);
+    for (const auto& r : g.responses()) {
+      EXPECT_FALSE(r.tokens().empty());
+      EXPECT_GE(r.reward(), 0.0f);
+      EXPECT_LE(r.reward(), 1.0f);
+      EXPECT_TRUE(r.behavior_logprobs().empty()) << "asympo needs no behavior log-probs";
+    }
+  }
+}
+
+TEST_F(RolloutDaemonTest, SendsBehaviorLogprobsOnlyWhenTheLearnerWantsThem) {
+  learner_.wants_logprobs = true;
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 2; }));
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  for (const auto& g : learner_.accepted.front().groups()) {
+    for (const auto& r : g.responses()) {
+      ASSERT_EQ(r.behavior_logprobs_size(), r.tokens_size());
+      for (float lp : r.behavior_logprobs()) EXPECT_LE(lp, 0.0f);
+    }
+  }
+}
+
+TEST_F(RolloutDaemonTest, HoldsAtMostTheBufferWhileRefusedAndLosesNothing) {
+  learner_.then = grpc::StatusCode::UNAVAILABLE;
+  Start(6);
+  ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_groups_generated_total") >= 6; }));
+  ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_learner_connected") == 0; }));
+  absl::SleepFor(absl::Milliseconds(500));  // would generate many more if unbounded
+  EXPECT_EQ(M("asympo_rollout_groups_generated_total"), 6);
+  EXPECT_LE(M("asympo_rollout_buffer_groups"), 6);
+  EXPECT_EQ(learner_.AcceptedGroups(), 0);
+  {
+    std::lock_guard<std::mutex> lock(learner_.mu);
+    learner_.then = grpc::StatusCode::OK;
+  }
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 12; }));
+  // Every group generated reaches the learner exactly once: none was lost
+  // while refused, none is left after the drain at shutdown.
+  daemon_->Shutdown();
+  run_.join();
+  ASSERT_TRUE(result_.ok()) << result_.status();
+  EXPECT_EQ(learner_.AcceptedGroups(), M("asympo_rollout_groups_generated_total"));
+  EXPECT_EQ(*result_, learner_.AcceptedGroups());
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "shutdown"), 0);
+}
+
+TEST_F(RolloutDaemonTest, WaitsTheRetryHintAfterResourceExhausted) {
+  learner_.script = {grpc::StatusCode::RESOURCE_EXHAUSTED, grpc::StatusCode::RESOURCE_EXHAUSTED};
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  ASSERT_EQ(learner_.refused_at.size(), 2u);
+  EXPECT_GE(learner_.refused_at[1] - learner_.refused_at[0], absl::Milliseconds(290));
+  EXPECT_EQ(M("asympo_rollout_submit_errors_total", "RESOURCE_EXHAUSTED"), 2);
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
+}
+
+TEST_F(RolloutDaemonTest, CountsRejectedBatchesAsDropped) {
+  learner_.script = {grpc::StatusCode::INVALID_ARGUMENT};
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  const double dropped = M("asympo_rollout_groups_dropped_total", "rejected");
+  EXPECT_GE(dropped, 1);
+  EXPECT_LE(dropped, 4);
+}
+
+TEST_F(RolloutDaemonTest, CountsGroupsLeftAtShutdown) {
+  learner_.then = grpc::StatusCode::UNAVAILABLE;
+  Start(4, absl::Milliseconds(100));
+  ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_groups_generated_total") >= 4; }));
+  daemon_->Shutdown();
+  run_.join();
+  ASSERT_TRUE(result_.ok()) << result_.status();
+  EXPECT_EQ(*result_, 0);
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "shutdown"), 4);
+}
+
+TEST(RolloutDaemonOptionsTest, RejectsBadOptionsByName) {
+  RolloutDaemonOptions o;
+  o.metrics_address = "";
+  o.group_size = 1;
+  auto d = RolloutDaemon::Create(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("group_size"), std::string::npos);
+  o.group_size = 4;
+  o.max_buffered_groups = 2;
+  o.prompts_per_generation = 4;
+  d = RolloutDaemon::Create(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("max_buffered_groups"), std::string::npos);
+  o.max_buffered_groups = 8;
+  o.task.name = "no-such-task";
+  d = RolloutDaemon::Create(o);
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("no-such-task"), std::string::npos) << d.status();
+}
+
+}  // namespace
+}  // namespace asympo::rollout

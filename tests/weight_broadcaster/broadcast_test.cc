@@ -1,0 +1,442 @@
+// BroadcastSender and WeightReceiver end to end: a real gRPC server on a
+// loopback port, receivers with their own channels.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/weight_broadcaster/broadcast_test_util.h"
+
+namespace asympo::broadcast {
+namespace {
+
+using ::testing::ElementsAre;
+using testing::ExpectWeightsOf;
+using ::testing::HasSubstr;
+using testing::MetricValue;
+using ::testing::Pair;
+using testing::ReceiverOptions;
+using testing::SenderServer;
+using testing::WaitUntil;
+
+BroadcastSenderOptions SmallBuckets() {
+  BroadcastSenderOptions o;
+  o.packing = testing::TestPacking();
+  return o;
+}
+
+struct Rx {
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<WeightReceiver> receiver;
+
+  Rx(WeightReceiverOptions o) {
+    o.registry = registry.get();
+    receiver = *WeightReceiver::Start(std::move(o));
+  }
+  WeightReceiver* operator->() { return receiver.get(); }
+  double Metric(const std::string& name) { return MetricValue(*registry, name); }
+  // Waits for a pending snapshot of `version`, checks its bytes and loads it.
+  void ExpectAndLoad(uint64_t version) {
+    ASSERT_TRUE(receiver->WaitForPending(absl::Seconds(2))) << "no version " << version;
+    std::shared_ptr<const ReceivedSnapshot> s = receiver->TakePending();
+    ASSERT_NE(s, nullptr);
+    ExpectWeightsOf(*s, version);
+    receiver->ReportLoaded(version);
+  }
+};
+
+TEST(BroadcastTest, TwoReceiversGetEveryVersionByteExact) {
+  SenderServer server(SmallBuckets());
+  Rx a(ReceiverOptions(server.target(), "rollout-0"));
+  Rx b(ReceiverOptions(server.target(), "rollout-1"));
+  ASSERT_TRUE(WaitUntil([&] { return a->connected() && b->connected(); }));
+  EXPECT_EQ(server.sender().active_receivers(), 2);
+
+  for (uint64_t v : {1, 2}) {
+    ASSERT_TRUE(server.Publish(v).ok());
+    a.ExpectAndLoad(v);
+    b.ExpectAndLoad(v);
+  }
+  ASSERT_TRUE(WaitUntil([&] {
+    return server.sender().receiver_versions() ==
+           std::vector<std::pair<std::string, uint64_t>>{{"rollout-0", 2}, {"rollout-1", 2}};
+  }));
+  EXPECT_EQ(a->latest_announced(), 2u);
+  EXPECT_EQ(a->failures(), 0);
+
+  const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 2, testing::TestPacking());
+  ASSERT_EQ(m.buckets_size(), 3);  // the test model does span buckets
+  EXPECT_EQ(server.Metric("asympo_broadcast_version"), 2);
+  EXPECT_EQ(server.Metric("asympo_broadcast_bytes_total"), 4.0 * m.total_bytes());
+  EXPECT_EQ(server.Metric("asympo_broadcast_publish_seconds"), 2);
+  EXPECT_EQ(server.Metric("asympo_broadcast_transfer_seconds"), 4);
+  EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 0);
+  EXPECT_EQ(server.Metric("asympo_broadcast_receivers"), 2);
+  EXPECT_EQ(server.Metric("asympo_broadcast_versions_in_use"), 1);
+  EXPECT_EQ(server.Metric("asympo_broadcast_oldest_receiver_version"), 2);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_version"), 2);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_connected"), 1);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_fetch_seconds"), 2);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_fetch_bytes_total"), 2.0 * m.total_bytes());
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_failures_total"), 0);
+}
+
+TEST(BroadcastTest, LateJoinerGetsOnlyTheLatestVersion) {
+  SenderServer server(SmallBuckets());
+  for (uint64_t v : {3, 4, 7}) ASSERT_TRUE(server.Publish(v).ok());
+  Rx late(ReceiverOptions(server.target(), "late"));
+  late.ExpectAndLoad(7);
+  EXPECT_EQ(late.Metric("asympo_rollout_weight_fetch_seconds"), 1);  // 3 and 4 never fetched
+  EXPECT_EQ(late->latest_announced(), 7u);
+}
+
+// Subscribes directly with `after_version`; the first announcement's
+// version, or -1 when none comes within 200 ms.
+int64_t FirstAnnouncement(SenderServer& server, uint64_t after_version) {
+  auto stub = server.NewStub();
+  v1::RegisterRequest reg;
+  reg.set_receiver_id("direct");
+  reg.set_model_signature(ModelSignature(testing::TestSpecs()));
+  v1::RegisterResponse resp;
+  grpc::ClientContext rctx;
+  if (!stub->Register(&rctx, reg, &resp).ok()) return -2;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  v1::SubscribeRequest req;
+  req.set_session_id(resp.session_id());
+  req.set_after_version(after_version);
+  auto reader = stub->Subscribe(&ctx, req);
+  v1::SnapshotAnnouncement a;
+  return reader->Read(&a) ? static_cast<int64_t>(a.manifest().version()) : -1;
+}
+
+TEST(BroadcastTest, AFreshLearnersVersionZeroReachesReceivers) {
+  SenderServer server(SmallBuckets());
+  Rx early(ReceiverOptions(server.target(), "early"));
+  ASSERT_TRUE(WaitUntil([&] { return early->connected(); }));
+  ASSERT_TRUE(server.Publish(0).ok());  // the initial weights
+  early.ExpectAndLoad(0);
+  Rx late(ReceiverOptions(server.target(), "late"));
+  late.ExpectAndLoad(0);
+  // after_version 0 announces the latest whatever its version.
+  EXPECT_EQ(FirstAnnouncement(server, 0), 0);
+
+  ASSERT_TRUE(server.Publish(1).ok());
+  early.ExpectAndLoad(1);
+  late.ExpectAndLoad(1);
+  EXPECT_EQ(FirstAnnouncement(server, 0), 1);
+  EXPECT_EQ(FirstAnnouncement(server, 1), -1);  // only newer than 1
+}
+
+TEST(BroadcastTest, PublishRejectsOldVersionsAndWrongTensors) {
+  SenderServer server(SmallBuckets());
+  ASSERT_TRUE(server.Publish(5).ok());
+  EXPECT_EQ(server.Publish(5).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(server.Publish(4).code(), absl::StatusCode::kInvalidArgument);
+
+  std::vector<std::string> w = testing::Weights(6);
+  std::vector<TensorView> views = testing::Views(w);
+  views[1].size_bytes -= 2;
+  absl::Status s = server.sender().Publish(6, views);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("model.layers.0.mlp.up_proj.weight"));
+
+  views = testing::Views(w);
+  views[3].spec.shape = {10, 100};  // another architecture
+  s = server.sender().Publish(6, views);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("signature"));
+  EXPECT_EQ(server.sender().latest_version(), 5u);
+}
+
+TEST(BroadcastTest, CorruptTransferIsCountedAndOldWeightsKept) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.corrupt_versions = {2};
+  SenderServer server(o);
+  Rx a(ReceiverOptions(server.target(), "rollout-0"));
+  Rx b(ReceiverOptions(server.target(), "rollout-1"));
+  ASSERT_TRUE(server.Publish(1).ok());
+  a.ExpectAndLoad(1);
+  b.ExpectAndLoad(1);
+
+  ASSERT_TRUE(server.Publish(2).ok());
+  ASSERT_TRUE(WaitUntil([&] { return a->failures() == 1 && b->failures() == 1; }));
+  EXPECT_EQ(a->TakePending(), nullptr);
+  EXPECT_EQ(b->TakePending(), nullptr);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_failures_total"), 1);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_version"), 1);
+  // Both receivers report the checksum failure; they still sample with 1.
+  ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_failures_total") == 2; }));
+  EXPECT_THAT(server.sender().receiver_versions(),
+              ElementsAre(Pair("rollout-0", 1), Pair("rollout-1", 1)));
+
+  ASSERT_TRUE(server.Publish(3).ok());
+  a.ExpectAndLoad(3);
+  b.ExpectAndLoad(3);
+  EXPECT_EQ(a->failures(), 1);
+}
+
+TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
+  SenderServer server(SmallBuckets());
+  auto stub = server.NewStub();
+  v1::RegisterRequest req;
+  req.set_receiver_id("rollout-0");
+  req.set_model_signature("4-deadbeef");
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub->Register(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("4-deadbeef"));
+  EXPECT_THAT(s.error_message(), HasSubstr(ModelSignature(testing::TestSpecs())));
+
+  req.set_model_signature(ModelSignature(testing::TestSpecs()));
+  for (const std::string& id : {std::string(), std::string(129, 'r')}) {
+    req.set_receiver_id(id);
+    grpc::ClientContext c;
+    EXPECT_EQ(stub->Register(&c, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  req.set_receiver_id(std::string(128, 'r'));
+  grpc::ClientContext c;
+  ASSERT_TRUE(stub->Register(&c, req, &resp).ok());
+  EXPECT_EQ(resp.transport(), v1::TRANSPORT_GRPC);
+  EXPECT_FALSE(resp.session_id().empty());
+
+  // A receiver of another model never connects, never loads, keeps trying.
+  WeightReceiverOptions o = ReceiverOptions(server.target(), "other-model");
+  o.model_signature = "4-deadbeef";
+  Rx other(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  EXPECT_FALSE(other->WaitForPending(absl::Milliseconds(150)));
+  EXPECT_FALSE(other->connected());
+  EXPECT_EQ(server.sender().active_receivers(), 0);
+}
+
+TEST(BroadcastTest, UnknownSessionIsRefusedOnEveryCall) {
+  SenderServer server(SmallBuckets());
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  {
+    grpc::ClientContext ctx;
+    v1::SubscribeRequest req;
+    req.set_session_id("no-such-session");
+    auto reader = stub->Subscribe(&ctx, req);
+    v1::SnapshotAnnouncement a;
+    EXPECT_FALSE(reader->Read(&a));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::FetchSnapshotRequest req;
+    req.set_session_id("no-such-session");
+    req.set_version(1);
+    auto reader = stub->FetchSnapshot(&ctx, req);
+    v1::WeightChunk c;
+    EXPECT_FALSE(reader->Read(&c));
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ReportVersionRequest req;
+    req.set_session_id("no-such-session");
+    v1::ReportVersionResponse resp;
+    EXPECT_EQ(stub->ReportVersion(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+}
+
+// Registers directly and fetches `version` with `max_chunk`, returning the
+// chunks (or the status when the fetch fails).
+struct Fetched {
+  grpc::Status status;
+  std::vector<v1::WeightChunk> chunks;
+};
+
+std::string RegisterDirect(v1::WeightBroadcast::Stub* stub, const std::string& id) {
+  v1::RegisterRequest req;
+  req.set_receiver_id(id);
+  req.set_model_signature(ModelSignature(testing::TestSpecs()));
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(stub->Register(&ctx, req, &resp).ok());
+  return resp.session_id();
+}
+
+Fetched FetchDirect(v1::WeightBroadcast::Stub* stub, const std::string& session, uint64_t version,
+                    uint32_t max_chunk) {
+  grpc::ClientContext ctx;
+  v1::FetchSnapshotRequest req;
+  req.set_session_id(session);
+  req.set_version(version);
+  req.set_max_chunk_bytes(max_chunk);
+  auto reader = stub->FetchSnapshot(&ctx, req);
+  Fetched f;
+  v1::WeightChunk c;
+  while (reader->Read(&c)) f.chunks.push_back(c);
+  f.status = reader->Finish();
+  return f;
+}
+
+TEST(BroadcastTest, FetchOfAVersionNotHeldIsNotFound) {
+  SenderServer server(SmallBuckets());
+  auto stub = server.NewStub();
+  const std::string session = RegisterDirect(stub.get(), "direct");
+  EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);  // nothing published yet
+  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_TRUE(server.Publish(2).ok());
+  EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);  // replaced
+  EXPECT_EQ(FetchDirect(stub.get(), session, 3, 0).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);  // not yet
+  EXPECT_TRUE(FetchDirect(stub.get(), session, 2, 0).status.ok());
+  EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 0);  // refusals are no failures
+}
+
+TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.default_chunk_bytes = 1000;
+  o.max_chunk_bytes_cap = 3000;
+  SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
+  auto stub = server.NewStub();
+  const std::string session = RegisterDirect(stub.get(), "direct");
+
+  // (requested, expected chunk size): 0 takes the default; big asks are capped.
+  for (auto [ask, size] : std::vector<std::pair<uint32_t, uint64_t>>{
+           {1, 1}, {7, 7}, {0, 1000}, {4096, 3000}, {1u << 30, 3000}}) {
+    SCOPED_TRACE(ask);
+    Fetched f = FetchDirect(stub.get(), session, 1, ask);
+    ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+    uint64_t expected_chunks = 0;
+    for (const auto& b : m.buckets()) expected_chunks += (b.size_bytes() + size - 1) / size;
+    EXPECT_EQ(f.chunks.size(), expected_chunks);
+    std::vector<uint64_t> next(static_cast<size_t>(m.buckets_size()), 0);
+    for (const v1::WeightChunk& c : f.chunks) {
+      EXPECT_EQ(c.version(), 1u);
+      ASSERT_LT(c.bucket(), next.size());
+      EXPECT_EQ(c.offset(), next[c.bucket()]);  // in order, no gap
+      EXPECT_LE(c.data().size(), size);
+      next[c.bucket()] += c.data().size();
+    }
+    for (int b = 0; b < m.buckets_size(); ++b) EXPECT_EQ(next[b], m.buckets(b).size_bytes());
+  }
+
+  // Receivers asking for 1-byte chunks and for chunks larger than any
+  // bucket both reassemble the snapshot exactly.
+  WeightReceiverOptions tiny = ReceiverOptions(server.target(), "tiny-chunks");
+  tiny.max_chunk_bytes = 1;
+  WeightReceiverOptions huge = ReceiverOptions(server.target(), "huge-chunks");
+  huge.max_chunk_bytes = 1u << 20;
+  Rx a(tiny), b(huge);
+  a.ExpectAndLoad(1);
+  b.ExpectAndLoad(1);
+}
+
+TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
+  auto first = std::make_unique<SenderServer>(SmallBuckets());
+  const int port = first->port();
+  Rx a(ReceiverOptions(first->target(), "rollout-0"));
+  Rx b(ReceiverOptions(first->target(), "rollout-1"));
+  ASSERT_TRUE(first->Publish(5).ok());
+  a.ExpectAndLoad(5);
+  b.ExpectAndLoad(5);
+
+  // Shutdown ends the streams: the receivers notice at once.
+  first->sender().Shutdown();
+  ASSERT_TRUE(WaitUntil([&] { return !a->connected() && !b->connected(); }));
+  EXPECT_EQ(first->sender().active_receivers(), 0);
+  first.reset();
+
+  // The learner comes back on the same port from an older checkpoint.
+  SenderServer second(SmallBuckets(), port);
+  ASSERT_EQ(second.port(), port);
+  ASSERT_TRUE(WaitUntil([&] { return second.sender().active_receivers() == 2; }));
+  // Registration carried the version each receiver samples with.
+  EXPECT_THAT(second.sender().receiver_versions(),
+              ElementsAre(Pair("rollout-0", 5), Pair("rollout-1", 5)));
+  ASSERT_TRUE(second.Publish(3).ok());
+  a.ExpectAndLoad(3);
+  b.ExpectAndLoad(3);
+  ASSERT_TRUE(second.Publish(4).ok());
+  a.ExpectAndLoad(4);
+  EXPECT_EQ(a->failures(), 0);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_connected"), 1);
+}
+
+TEST(BroadcastTest, RegisteringAgainReplacesTheOldSession) {
+  SenderServer server(SmallBuckets());
+  auto stub = server.NewStub();
+  const std::string old_session = RegisterDirect(stub.get(), "rollout-0");
+  const std::string new_session = RegisterDirect(stub.get(), "rollout-0");
+  EXPECT_NE(old_session, new_session);
+  ASSERT_TRUE(server.Publish(1).ok());
+  EXPECT_EQ(FetchDirect(stub.get(), old_session, 1, 0).status.error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(FetchDirect(stub.get(), new_session, 1, 0).status.ok());
+  EXPECT_EQ(server.sender().receiver_versions().size(), 1u);
+}
+
+TEST(BroadcastTest, SlowReceiverSkipsToTheNewestVersion) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.default_chunk_bytes = 512;
+  o.chunk_delay = absl::Milliseconds(15);  // ~20 chunks: each fetch takes ~0.3 s
+  SenderServer server(o);
+  Rx a(ReceiverOptions(server.target(), "slow"));
+  ASSERT_TRUE(WaitUntil([&] { return a->connected(); }));
+  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_bytes_total") > 0; }));
+  for (uint64_t v : {2, 3, 4}) ASSERT_TRUE(server.Publish(v).ok());  // while 1 is in flight
+  ASSERT_TRUE(WaitUntil([&] { return a.Metric("asympo_rollout_weight_fetch_seconds") == 2; }));
+  a.ExpectAndLoad(4);  // 1 was replaced while pending; 2 and 3 were never fetched
+  EXPECT_EQ(a->failures(), 0);
+}
+
+TEST(BroadcastTest, StopIsPromptDuringAFetchAndTheSenderCountsTheCancel) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.default_chunk_bytes = 64;  // ~140 chunks, 0.2 s apart: the fetch is far from done
+  o.chunk_delay = absl::Milliseconds(200);
+  SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  Rx a(ReceiverOptions(server.target(), "stopped"));
+  ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_bytes_total") > 0; }));
+  const auto t0 = std::chrono::steady_clock::now();
+  a->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+  EXPECT_EQ(a->failures(), 0);  // stopping is not a failed transfer
+  ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_failures_total") == 1; }));
+  EXPECT_EQ(server.Metric("asympo_broadcast_transfer_seconds"), 0);
+}
+
+TEST(BroadcastTest, StopIsPromptWhileTheLearnerIsDown) {
+  int port;
+  {
+    SenderServer gone;
+    port = gone.port();
+  }
+  WeightReceiverOptions o = ReceiverOptions("127.0.0.1:" + std::to_string(port), "orphan");
+  o.min_backoff = absl::Seconds(5);  // it is sleeping in its backoff when stopped
+  o.max_backoff = absl::Seconds(30);
+  Rx a(o);
+  EXPECT_FALSE(a->WaitForPending(absl::Milliseconds(50)));
+  EXPECT_FALSE(a->connected());
+  const auto t0 = std::chrono::steady_clock::now();
+  a->Stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(300));
+}
+
+TEST(BroadcastTest, ReceiverRejectsBadOptions) {
+  WeightReceiverOptions o = ReceiverOptions("127.0.0.1:1", "");
+  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ReceiverOptions("127.0.0.1:1", "r");
+  o.max_backoff = absl::Milliseconds(1);
+  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = ReceiverOptions("", "r");
+  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace asympo::broadcast

@@ -1,0 +1,325 @@
+#include "weight_broadcaster/broadcast_sender.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "weight_broadcaster/crc32c.h"
+#include "weight_broadcaster/sender_internal.h"
+#include "weight_broadcaster/wire_format.h"
+
+namespace asympo::broadcast {
+namespace {
+
+using internal::Buffer;
+using internal::SenderState;
+using internal::Snapshot;
+using internal::SubscribeReactor;
+
+constexpr size_t kMaxReceiverIdBytes = 128;
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+grpc::Status UnknownSession(const std::string& session_id) {
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("unknown session \"", session_id, "\" (expired or replaced); register again"));
+}
+
+// Starts a session for `request`, ending the receiver's previous one.
+void CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
+                         v1::RegisterResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  const std::string& id = request.receiver_id();
+  std::string session_id = absl::StrFormat("%016x%016x", st.rng(), st.rng());
+  auto old = st.session_of.find(id);
+  if (old != st.session_of.end()) {
+    auto s = st.sessions.find(old->second);
+    if (s != st.sessions.end()) {
+      if (s->second.stream != nullptr) {
+        s->second.stream->End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                           "session replaced: the receiver registered again"));
+      }
+      st.sessions.erase(s);
+    }
+    LOG(INFO) << "receiver " << id << " registered again; its previous session ends";
+  }
+  st.session_of[id] = session_id;
+  SenderState::Session& session = st.sessions[session_id];
+  session.receiver_id = id;
+  session.version = request.current_version();
+  response->set_session_id(session_id);
+  response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
+  st.UpdateReceiverGauges();
+}
+
+}  // namespace
+
+struct BroadcastSender::State : SenderState {
+  using SenderState::SenderState;
+};
+
+BroadcastSender::BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
+                                 prometheus::Registry* registry)
+    : state_(std::make_unique<State>(std::move(options), std::move(model_signature), registry)) {}
+
+BroadcastSender::~BroadcastSender() { Shutdown(); }
+
+absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors) {
+  State& st = *state_;
+  absl::MutexLock publish_lock(&st.publish_mu);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&st.mu);
+    if (st.latest != nullptr && version <= st.latest->version()) {
+      return absl::InvalidArgumentError(absl::StrCat("version ", version,
+                                                     " is not greater than the latest published, ",
+                                                     st.latest->version()));
+    }
+  }
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const TensorView& t : tensors) specs.push_back(t.spec);
+  absl::StatusOr<v1::SnapshotManifest> planned = PlanSnapshot(specs, version, st.options.packing);
+  if (!planned.ok()) return planned.status();
+  v1::SnapshotManifest& m = *planned;
+  if (m.model_signature() != st.model_signature) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the tensors' model signature ", m.model_signature(),
+                     " differs from the sender's ", st.model_signature));
+  }
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const TensorView& t = tensors[static_cast<size_t>(i)];
+    if (t.size_bytes != m.tensors(i).size_bytes() || (t.size_bytes > 0 && t.data == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.spec.name, "\" has ", t.size_bytes, " bytes",
+                       t.data == nullptr ? " (null data)" : "", "; its shape and dtype need ",
+                       m.tensors(i).size_bytes()));
+    }
+  }
+
+  // Pack into the buffers of a released snapshot where the sizes match (the
+  // usual case: every version has the same layout), fresh ones otherwise.
+  auto snapshot = std::make_shared<Snapshot>();
+  snapshot->pool = st.pool;
+  std::vector<Buffer> reuse;
+  {
+    absl::MutexLock lock(&st.pool->mu);
+    reuse.swap(st.pool->buffers);
+  }
+  for (int b = 0; b < m.buckets_size(); ++b) {
+    const uint64_t size = m.buckets(b).size_bytes();
+    const size_t i = static_cast<size_t>(b);
+    if (i < reuse.size() && reuse[i].size == size) {
+      snapshot->buckets.push_back(std::move(reuse[i]));
+    } else {
+      snapshot->buckets.push_back(
+          {std::unique_ptr<char[]>(new char[std::max<uint64_t>(size, 1)]), size});
+    }
+  }
+  reuse.clear();
+  // Copy each tensor to its offset; zero the alignment gaps so that the
+  // checksum does not depend on stale memory.
+  std::vector<uint64_t> filled(static_cast<size_t>(m.buckets_size()), 0);
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const v1::TensorEntry& e = m.tensors(i);
+    char* bucket = snapshot->buckets[e.bucket()].data.get();
+    uint64_t& end = filled[e.bucket()];
+    if (e.offset() > end) std::memset(bucket + end, 0, e.offset() - end);
+    if (e.size_bytes() > 0) {
+      std::memcpy(bucket + e.offset(), tensors[static_cast<size_t>(i)].data, e.size_bytes());
+    }
+    end = e.offset() + e.size_bytes();
+  }
+  for (int b = 0; b < m.buckets_size(); ++b) {
+    v1::BucketInfo* info = m.mutable_buckets(b);
+    CHECK_EQ(filled[static_cast<size_t>(b)], info->size_bytes()) << "PlanSnapshot left a gap";
+    info->set_crc32c(
+        Crc32c(snapshot->buckets[static_cast<size_t>(b)].data.get(), info->size_bytes()));
+  }
+  auto announcement = std::make_shared<v1::SnapshotAnnouncement>();
+  *announcement->mutable_manifest() = std::move(m);
+  snapshot->announcement = announcement;
+
+  {
+    absl::MutexLock lock(&st.mu);
+    st.latest = snapshot;
+    for (auto& [id, s] : st.sessions) {
+      if (s.stream != nullptr) s.stream->Offer(announcement);
+    }
+  }
+  if (st.metrics) {
+    st.metrics->publish_seconds.Observe(SecondsSince(t0));
+    st.metrics->version.Set(static_cast<double>(version));
+    st.metrics->snapshot_bytes.Set(static_cast<double>(announcement->manifest().total_bytes()));
+  }
+  VLOG(1) << "published version " << version << ": " << announcement->manifest().total_bytes()
+          << " bytes in " << announcement->manifest().buckets_size() << " buckets";
+  return absl::OkStatus();
+}
+
+void BroadcastSender::Shutdown() {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  st.shut_down = true;
+  for (auto& [id, s] : st.sessions) {
+    if (s.stream != nullptr) {
+      s.stream->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
+    }
+  }
+}
+
+uint64_t BroadcastSender::latest_version() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->latest == nullptr ? 0 : state_->latest->version();
+}
+
+int BroadcastSender::active_receivers() const {
+  absl::MutexLock lock(&state_->mu);
+  int n = 0;
+  for (const auto& [id, s] : state_->sessions) n += s.stream != nullptr ? 1 : 0;
+  return n;
+}
+
+std::vector<std::pair<std::string, uint64_t>> BroadcastSender::receiver_versions() const {
+  absl::MutexLock lock(&state_->mu);
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (const auto& [id, s] : state_->sessions) out.emplace_back(s.receiver_id, s.version);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext* ctx,
+                                                    const v1::RegisterRequest* request,
+                                                    v1::RegisterResponse* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  State& st = *state_;
+  const std::string& id = request->receiver_id();
+  if (id.empty() || id.size() > kMaxReceiverIdBytes) {
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes, " bytes, got ", id.size())));
+    return reactor;
+  }
+  if (request->model_signature() != st.model_signature) {
+    reactor->Finish(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     absl::StrCat("receiver \"", id, "\" has model signature \"",
+                                  request->model_signature(), "\" but the learner's is \"",
+                                  st.model_signature, "\"; both must run the same architecture")));
+    return reactor;
+  }
+  // gRPC is always available. The NCCL transport, when built and when the
+  // receiver lists TRANSPORT_NCCL first, is chosen here: the reply then also
+  // carries the communicator's unique id, the rank and the world size.
+  const v1::Transport transport = v1::TRANSPORT_GRPC;
+
+  grpc::Status status = grpc::Status::OK;
+  {
+    absl::MutexLock lock(&st.mu);
+    if (st.shut_down) {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+    } else {
+      CreateSessionLocked(st, *request, response);
+    }
+  }
+  if (status.ok()) {
+    response->set_transport(transport);
+    VLOG(1) << "registered receiver " << id << " at version " << request->current_version();
+  }
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* BroadcastSender::Subscribe(
+    grpc::CallbackServerContext* ctx, const v1::SubscribeRequest* request) {
+  State& st = *state_;
+  absl::MutexLock lock(&st.mu);
+  if (st.shut_down) {
+    return new SubscribeReactor(
+        &st, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
+  }
+  auto it = st.sessions.find(request->session_id());
+  if (it == st.sessions.end()) {
+    return new SubscribeReactor(&st, UnknownSession(request->session_id()));
+  }
+  State::Session& session = it->second;
+  if (session.stream != nullptr) {
+    session.stream->End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                     "replaced by a newer Subscribe on the same session"));
+  }
+  ctx->AddInitialMetadata(kSubscribedMetadataKey, "1");
+  auto* stream = new SubscribeReactor(&st, request->session_id(), request->after_version());
+  session.stream = stream;
+  if (st.latest != nullptr) stream->Offer(st.latest->announcement);
+  st.UpdateReceiverGauges();
+  return stream;
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
+    grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* raw_request) {
+  State& st = *state_;
+  v1::FetchSnapshotRequest parsed;
+  grpc::ByteBuffer copy(*raw_request);  // shares the slices
+  if (!grpc::SerializationTraits<v1::FetchSnapshotRequest>::Deserialize(&copy, &parsed).ok()) {
+    return internal::RefuseFetch(&st, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                                   "FetchSnapshotRequest does not parse"));
+  }
+  const v1::FetchSnapshotRequest* request = &parsed;
+  std::shared_ptr<const Snapshot> snapshot;
+  {
+    absl::MutexLock lock(&st.mu);
+    if (!st.sessions.contains(request->session_id())) {
+      return internal::RefuseFetch(&st, UnknownSession(request->session_id()));
+    }
+    // Only the newest snapshot is served. An older one stays alive while
+    // fetches that started before it was replaced finish, but a new fetch
+    // for it is refused: the receiver has a newer announcement waiting.
+    if (st.latest == nullptr || st.latest->version() != request->version()) {
+      return internal::RefuseFetch(
+          &st,
+          grpc::Status(grpc::StatusCode::NOT_FOUND,
+                       absl::StrCat("version ", request->version(), " is not held; the latest is ",
+                                    st.latest == nullptr ? 0 : st.latest->version())));
+    }
+    snapshot = st.latest;
+  }
+  uint64_t chunk =
+      request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
+  chunk = std::max<uint64_t>(1, std::min<uint64_t>(chunk, st.options.max_chunk_bytes_cap));
+  return internal::StartFetch(&st, std::move(snapshot), chunk);
+}
+
+grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerContext* ctx,
+                                                         const v1::ReportVersionRequest* request,
+                                                         v1::ReportVersionResponse* /*response*/) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  State& st = *state_;
+  std::string receiver_id;
+  {
+    absl::MutexLock lock(&st.mu);
+    auto it = st.sessions.find(request->session_id());
+    if (it == st.sessions.end()) {
+      reactor->Finish(UnknownSession(request->session_id()));
+      return reactor;
+    }
+    it->second.version = request->version();
+    receiver_id = it->second.receiver_id;
+    st.UpdateReceiverGauges();
+  }
+  if (!request->error().empty()) {
+    st.CountFailure();
+    LOG(WARNING) << "receiver " << receiver_id << " (still at version " << request->version()
+                 << ") reports: " << request->error();
+  }
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+}  // namespace asympo::broadcast

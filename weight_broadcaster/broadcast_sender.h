@@ -1,0 +1,130 @@
+// The sender side of the weight broadcaster: the WeightBroadcast gRPC
+// service that lives in the learner (DESIGN.md section 5).
+//
+// The learner calls Publish(version, tensors) on its trainer thread; the
+// sender packs the tensors into large buckets (PlanSnapshot), stamps each
+// bucket's CRC-32C, keeps the snapshot as the latest one, and announces it to
+// every subscriber. Receivers fetch it as chunks (FetchSnapshot). Only the
+// latest snapshot is served: a snapshot that is still being fetched stays
+// alive until its last fetch ends, even after a newer one replaces it, but a
+// fetch that starts after the replacement gets NOT_FOUND (the receiver has
+// the newer announcement waiting).
+//
+// Subscribe announces the latest snapshot at once if its version is greater
+// than after_version, then every newer one. after_version 0 means "from the
+// start": the latest is announced whatever its version, so that version 0
+// (a fresh learner's initial weights) reaches new receivers too.
+//
+// Sessions: Register returns a session id; registering again with the same
+// receiver id ends the old session. A session ends with its Subscribe
+// stream, and calls naming an unknown or ended session get
+// FAILED_PRECONDITION (the receiver registers again).
+//
+// Memory: the latest snapshot, plus the buckets of the previous one kept
+// for the next Publish to pack into (memory already faulted in), plus any
+// older snapshot a fetch still reads: about two to three snapshots.
+//
+// Torch-free: tensors arrive as raw byte views. Thread-safe; the gRPC
+// callbacks never block on the trainer. The sender must outlive the server
+// that serves it; call Shutdown() before the server's Shutdown(), which
+// otherwise waits for the Subscribe streams that never end by themselves.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <prometheus/registry.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "asympo/v1/weight_broadcast.grpc.pb.h"
+#include "weight_broadcaster/snapshot_manifest.h"
+
+namespace asympo::broadcast {
+
+// One tensor to publish: its spec and its bytes (size must equal
+// product(shape) * DTypeSize(dtype)). The bytes are copied during Publish.
+struct TensorView {
+  TensorSpec spec;
+  const void* data = nullptr;
+  uint64_t size_bytes = 0;
+};
+
+struct BroadcastSenderOptions {
+  PackingOptions packing;
+  // Chunk size used when a fetch does not ask for one (max_chunk_bytes 0);
+  // requests are capped at max_chunk_bytes_cap. A chunk message is the data
+  // plus at most 44 bytes, so a client that keeps gRPC's default 4 MiB
+  // receive limit must ask for a little less than 4 MiB.
+  uint32_t default_chunk_bytes = 4u << 20;
+  uint32_t max_chunk_bytes_cap = 32u << 20;
+  // Fault injection, for tests and drills only: flip one byte of the first
+  // chunk sent for each of these versions (after the checksum was taken), and
+  // sleep this long before each chunk.
+  std::vector<uint64_t> corrupt_versions;
+  absl::Duration chunk_delay = absl::ZeroDuration();
+};
+
+// The callback service with FetchSnapshot served raw (grpc::ByteBuffer): its
+// chunks are written as a small header plus a slice that points into the
+// snapshot, never copied through a WeightChunk message (wire_format.h). On
+// the wire they are ordinary WeightChunk messages.
+using WeightBroadcastServiceBase = v1::WeightBroadcast::WithCallbackMethod_Register<
+    v1::WeightBroadcast::WithCallbackMethod_Subscribe<
+        v1::WeightBroadcast::WithRawCallbackMethod_FetchSnapshot<
+            v1::WeightBroadcast::WithCallbackMethod_ReportVersion<v1::WeightBroadcast::Service>>>>;
+
+class BroadcastSender final : public WeightBroadcastServiceBase {
+ public:
+  // `model_signature` is ModelSignature() of the tensors every Publish will
+  // carry; Register refuses receivers with another one. `registry` may be
+  // null (no metrics).
+  BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
+                  prometheus::Registry* registry);
+  ~BroadcastSender() override;
+
+  // Packs and announces version `version`. INVALID_ARGUMENT when the
+  // tensors' signature differs from model_signature, a view's size is wrong,
+  // or `version` is not greater than the latest published one (the first
+  // Publish may use any version, e.g. the one restored from a checkpoint).
+  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors);
+
+  // Ends every open Subscribe stream (the daemon calls it before shutting
+  // the server down) and refuses new registrations and subscriptions with
+  // UNAVAILABLE. Fetches in flight run on.
+  void Shutdown();
+
+  uint64_t latest_version() const;
+  // Receivers registered and still subscribed.
+  int active_receivers() const;
+  // Version each registered receiver last reported (at Register or with
+  // ReportVersion), sorted by receiver id.
+  std::vector<std::pair<std::string, uint64_t>> receiver_versions() const;
+
+  // WeightBroadcast. Register: INVALID_ARGUMENT for a receiver_id that is
+  // empty or over 128 bytes, FAILED_PRECONDITION naming both signatures for
+  // another model. ReportVersion: an error in the request is logged and
+  // counted in asympo_broadcast_failures_total.
+  grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
+                                     const v1::RegisterRequest* request,
+                                     v1::RegisterResponse* response) override;
+  grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* Subscribe(
+      grpc::CallbackServerContext* ctx, const v1::SubscribeRequest* request) override;
+  // `request` is a serialized v1::FetchSnapshotRequest; the reactor writes
+  // serialized v1::WeightChunk messages.
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchSnapshot(
+      grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* ReportVersion(grpc::CallbackServerContext* ctx,
+                                          const v1::ReportVersionRequest* request,
+                                          v1::ReportVersionResponse* response) override;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace asympo::broadcast

@@ -1,0 +1,133 @@
+// Internals of BroadcastSender shared by broadcast_sender.cc (the service
+// calls and Publish) and sender_streams.cc (the Subscribe and FetchSnapshot
+// reactors). Not part of the public API.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "asympo/v1/weight_broadcast.pb.h"
+#include "weight_broadcaster/broadcast_metrics.h"
+#include "weight_broadcaster/broadcast_sender.h"
+
+namespace asympo::broadcast::internal {
+
+struct Buffer {
+  std::unique_ptr<char[]> data;
+  uint64_t size = 0;
+};
+
+// The buckets of the last snapshot that nobody references any more, lent to
+// the next Publish: it then packs into memory that is already faulted in.
+struct BufferPool {
+  absl::Mutex mu;
+  std::vector<Buffer> buffers ABSL_GUARDED_BY(mu);
+};
+
+// A published snapshot. The announcement (manifest only) is shared
+// separately so that a slow subscriber never pins the bytes; the bytes live
+// while the sender holds the snapshot as its latest or a fetch (or a chunk
+// inside gRPC) still reads them.
+struct Snapshot {
+  ~Snapshot();  // gives the buckets to `pool`, if it is still there and empty
+
+  std::shared_ptr<const v1::SnapshotAnnouncement> announcement;
+  std::vector<Buffer> buckets;  // buckets[i]: manifest bucket i's bytes
+  std::weak_ptr<BufferPool> pool;
+
+  const v1::SnapshotManifest& manifest() const { return announcement->manifest(); }
+  uint64_t version() const { return manifest().version(); }
+};
+
+class SubscribeReactor;
+
+// BroadcastSender's state (BroadcastSender::State derives from it).
+struct SenderState {
+  SenderState(BroadcastSenderOptions o, std::string signature, prometheus::Registry* registry);
+
+  // One registration. A session ends when its Subscribe stream ends or when
+  // its receiver registers again.
+  struct Session {
+    std::string receiver_id;
+    uint64_t version = 0;  // what the receiver samples with, as last reported
+    SubscribeReactor* stream = nullptr;
+  };
+
+  void UpdateReceiverGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Called by a Subscribe stream's OnDone: drops its session.
+  void StreamDone(const std::string& session_id, SubscribeReactor* stream);
+  void CountFailure() {
+    if (metrics) metrics->failures.Increment();
+  }
+
+  const BroadcastSenderOptions options;
+  const std::string model_signature;
+  const absl::flat_hash_set<uint64_t> corrupt_versions;
+  std::unique_ptr<SenderMetrics> metrics;  // null without a registry
+  const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
+
+  absl::Mutex publish_mu;  // serializes Publish calls
+  mutable absl::Mutex mu;
+  std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
+  bool shut_down ABSL_GUARDED_BY(mu) = false;
+  absl::flat_hash_map<std::string, Session> sessions ABSL_GUARDED_BY(mu);  // by session id
+  absl::flat_hash_map<std::string, std::string> session_of
+      ABSL_GUARDED_BY(mu);  // receiver -> session
+  std::mt19937_64 rng ABSL_GUARDED_BY(mu);
+};
+
+// Subscribe: writes announcements as they are offered. Keeps at most one
+// waiting announcement (the newest): a slow subscriber skips versions rather
+// than queueing them. Deletes itself in OnDone.
+class SubscribeReactor final : public grpc::ServerWriteReactor<v1::SnapshotAnnouncement> {
+ public:
+  // A stream refused at once.
+  SubscribeReactor(SenderState* state, const grpc::Status& refusal);
+  // An accepted stream; the caller registers it with its session.
+  // after_version 0 accepts every version, 0 included (see BroadcastSender).
+  SubscribeReactor(SenderState* state, std::string session_id, uint64_t after_version);
+
+  // Queues `a` unless it is not newer than what this stream already carries.
+  void Offer(std::shared_ptr<const v1::SnapshotAnnouncement> a);
+  // Finishes the stream with `status` once the write in flight completes.
+  void End(grpc::Status status);
+
+  void OnSendInitialMetadataDone(bool ok) override;
+  void OnWriteDone(bool ok) override;
+  void OnCancel() override;
+  void OnDone() override;
+
+ private:
+  void PumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  SenderState* const state_;
+  const std::string session_id_;  // empty for a refused stream
+  absl::Mutex mu_;
+  // Announced versions must exceed this; none for a stream that asked for
+  // everything (after_version 0) and has not been sent anything yet.
+  std::optional<uint64_t> floor_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const v1::SnapshotAnnouncement> writing_ ABSL_GUARDED_BY(mu_);  // in flight
+  std::shared_ptr<const v1::SnapshotAnnouncement> next_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// FetchSnapshot reactors (sender_streams.cc): one that finishes at once with
+// `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`.
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
+                                                        const grpc::Status& refusal);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+                                                       std::shared_ptr<const Snapshot> snapshot,
+                                                       uint64_t chunk_bytes);
+
+}  // namespace asympo::broadcast::internal

@@ -1,0 +1,272 @@
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <string>
+#include <utility>
+
+#include <grpcpp/alarm.h>
+#include <grpcpp/support/byte_buffer.h>
+
+#include "weight_broadcaster/sender_internal.h"
+#include "weight_broadcaster/wire_format.h"
+
+namespace asympo::broadcast::internal {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Releases the snapshot reference a chunk's data slice holds.
+void ReleaseSnapshot(void* ref) { delete static_cast<std::shared_ptr<const Snapshot>*>(ref); }
+
+// FetchSnapshot: streams one snapshot's buckets as chunks, one write at a
+// time (HTTP/2 flow control paces it). Each chunk is a small encoded header
+// and a slice of the bucket itself; the slice holds a reference to the
+// snapshot for as long as gRPC holds the slice.
+class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  FetchReactor(SenderState* state, const grpc::Status& refusal) : state_(state) {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(refusal);
+  }
+
+  FetchReactor(SenderState* state, std::shared_ptr<const Snapshot> snapshot, uint64_t chunk_bytes)
+      : state_(state),
+        snapshot_(std::move(snapshot)),
+        chunk_bytes_(chunk_bytes),
+        corrupt_(state->corrupt_versions.contains(snapshot_->version())),
+        start_(std::chrono::steady_clock::now()) {
+    absl::MutexLock lock(&mu_);
+    NextLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "receiver went away"));
+      return;
+    }
+    if (state_->metrics) state_->metrics->bytes.Increment(static_cast<double>(last_size_));
+    NextLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    cancelled_ = true;
+    // A write in flight fails by itself; a pending delay must be cut short.
+    if (delaying_) alarm_.Cancel();
+  }
+
+  void OnDone() override {
+    bool failed;
+    {
+      absl::MutexLock lock(&mu_);
+      failed = snapshot_ != nullptr && !succeeded_;
+    }
+    if (failed) state_->CountFailure();
+    delete this;
+  }
+
+ private:
+  // Builds and writes the next chunk, or finishes after the last one.
+  void NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancelled_) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      return;
+    }
+    const v1::SnapshotManifest& m = snapshot_->manifest();
+    while (bucket_ < m.buckets_size() && offset_ >= m.buckets(bucket_).size_bytes()) {
+      ++bucket_;
+      offset_ = 0;
+    }
+    if (bucket_ >= m.buckets_size()) {
+      succeeded_ = true;
+      if (state_->metrics) state_->metrics->transfer_seconds.Observe(SecondsSince(start_));
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    const uint64_t n = std::min(chunk_bytes_, m.buckets(bucket_).size_bytes() - offset_);
+    char* data = snapshot_->buckets[static_cast<size_t>(bucket_)].data.get() + offset_;
+    grpc::Slice slices[2] = {grpc::Slice(EncodeChunkHeader(
+                                 snapshot_->version(), static_cast<uint32_t>(bucket_), offset_, n)),
+                             grpc::Slice()};
+    if (corrupt_ && !corrupted_) {
+      // Fault injection: a private copy with one byte flipped, after the
+      // checksum was taken.
+      std::string bad(data, n);
+      bad[0] ^= 0x5a;
+      slices[1] = grpc::Slice(bad);
+      corrupted_ = true;
+    } else {
+      slices[1] =
+          grpc::Slice(data, n, &ReleaseSnapshot, new std::shared_ptr<const Snapshot>(snapshot_));
+    }
+    chunk_ = grpc::ByteBuffer(slices, 2);
+    last_size_ = n;
+    offset_ += n;
+    if (state_->options.chunk_delay > absl::ZeroDuration()) {
+      delaying_ = true;
+      alarm_.Set(absl::ToChronoTime(absl::Now() + state_->options.chunk_delay),
+                 [this](bool fired) { AfterDelay(fired); });
+      return;
+    }
+    StartWrite(&chunk_);
+  }
+
+  void AfterDelay(bool fired) {
+    absl::MutexLock lock(&mu_);
+    delaying_ = false;
+    if (!fired || cancelled_) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "fetch cancelled"));
+      return;
+    }
+    StartWrite(&chunk_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  SenderState* const state_;
+  const std::shared_ptr<const Snapshot> snapshot_;  // null for a refused fetch
+  const uint64_t chunk_bytes_ = 0;
+  const bool corrupt_ = false;
+  const std::chrono::steady_clock::time_point start_;
+  absl::Mutex mu_;
+  grpc::ByteBuffer chunk_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_size_ ABSL_GUARDED_BY(mu_) = 0;
+  int bucket_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t offset_ ABSL_GUARDED_BY(mu_) = 0;
+  grpc::Alarm alarm_;
+  bool delaying_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool corrupted_ ABSL_GUARDED_BY(mu_) = false;
+  bool succeeded_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+Snapshot::~Snapshot() {
+  std::shared_ptr<BufferPool> p = pool.lock();
+  if (p == nullptr) return;
+  absl::MutexLock lock(&p->mu);
+  if (p->buffers.empty()) p->buffers = std::move(buckets);
+}
+
+SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
+                         prometheus::Registry* registry)
+    : options(std::move(o)),
+      model_signature(std::move(signature)),
+      corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
+      rng(std::random_device{}()) {
+  if (registry != nullptr) metrics = std::make_unique<SenderMetrics>(*registry);
+}
+
+void SenderState::UpdateReceiverGauges() {
+  if (!metrics) return;
+  int active = 0;
+  std::set<uint64_t> versions;
+  for (const auto& [id, s] : sessions) {
+    if (s.stream == nullptr) continue;
+    ++active;
+    versions.insert(s.version);
+  }
+  metrics->receivers.Set(active);
+  metrics->versions_in_use.Set(static_cast<double>(versions.size()));
+  metrics->oldest_version.Set(versions.empty() ? 0.0 : static_cast<double>(*versions.begin()));
+}
+
+void SenderState::StreamDone(const std::string& session_id, SubscribeReactor* stream) {
+  absl::MutexLock lock(&mu);
+  auto it = sessions.find(session_id);
+  if (it == sessions.end() || it->second.stream != stream) return;
+  auto r = session_of.find(it->second.receiver_id);
+  if (r != session_of.end() && r->second == session_id) session_of.erase(r);
+  sessions.erase(it);
+  UpdateReceiverGauges();
+}
+
+SubscribeReactor::SubscribeReactor(SenderState* state, const grpc::Status& refusal)
+    : state_(state) {
+  absl::MutexLock lock(&mu_);
+  finished_ = true;
+  Finish(refusal);
+}
+
+SubscribeReactor::SubscribeReactor(SenderState* state, std::string session_id,
+                                   uint64_t after_version)
+    : state_(state), session_id_(std::move(session_id)) {
+  if (after_version > 0) floor_ = after_version;
+  // Tells the receiver it is subscribed even before the first announcement.
+  StartSendInitialMetadata();
+}
+
+void SubscribeReactor::Offer(std::shared_ptr<const v1::SnapshotAnnouncement> a) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || end_.has_value()) return;
+  const uint64_t v = a->manifest().version();
+  if ((floor_.has_value() && v <= *floor_) || (next_ && v <= next_->manifest().version())) return;
+  next_ = std::move(a);
+  PumpLocked();
+}
+
+void SubscribeReactor::End(grpc::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (finished_ || end_.has_value()) return;
+  end_ = std::move(status);
+  next_.reset();
+  PumpLocked();
+}
+
+void SubscribeReactor::OnSendInitialMetadataDone(bool ok) {
+  if (!ok) End(grpc::Status(grpc::StatusCode::CANCELLED, "subscriber went away"));
+}
+
+void SubscribeReactor::OnWriteDone(bool ok) {
+  absl::MutexLock lock(&mu_);
+  writing_.reset();
+  if (!ok && !end_.has_value()) {
+    end_ = grpc::Status(grpc::StatusCode::CANCELLED, "subscriber went away");
+    next_.reset();
+  }
+  PumpLocked();
+}
+
+void SubscribeReactor::OnCancel() { End(grpc::Status::CANCELLED); }
+
+void SubscribeReactor::OnDone() {
+  if (!session_id_.empty()) state_->StreamDone(session_id_, this);
+  delete this;
+}
+
+// Starts the next write, or finishes. gRPC never runs OnWriteDone or OnDone
+// inline in StartWrite/Finish, so holding mu_ here is safe.
+void SubscribeReactor::PumpLocked() {
+  if (finished_ || writing_) return;
+  if (end_.has_value()) {
+    finished_ = true;
+    Finish(*end_);
+    return;
+  }
+  if (!next_) return;
+  writing_ = std::move(next_);
+  floor_ = writing_->manifest().version();
+  StartWrite(writing_.get());
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
+                                                        const grpc::Status& refusal) {
+  return new FetchReactor(state, refusal);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+                                                       std::shared_ptr<const Snapshot> snapshot,
+                                                       uint64_t chunk_bytes) {
+  return new FetchReactor(state, std::move(snapshot), chunk_bytes);
+}
+
+}  // namespace asympo::broadcast::internal

@@ -1,0 +1,64 @@
+// One snapshot transfer on the receiver side: FetchSnapshot read raw, each
+// chunk's data copied from gRPC's receive slices straight into its bucket
+// (wire_format.h) and checksummed on the way, every byte of every bucket
+// accounted for, every bucket's CRC-32C checked.
+//
+// Buckets are recycled: when the caller drops a snapshot this fetcher
+// produced, its buffers go to the next Fetch (one snapshot's worth is kept),
+// so that a steady stream of versions costs no page faults or zeroing.
+// Fetch may run on one thread at a time; releasing snapshots is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <prometheus/counter.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "asympo/v1/weight_broadcast.pb.h"
+#include "weight_broadcaster/broadcast_receiver.h"
+
+namespace asympo::broadcast {
+
+class SnapshotFetcher {
+ public:
+  // `bytes` (may be null) counts the data bytes received.
+  SnapshotFetcher(std::shared_ptr<grpc::Channel> channel, uint32_t max_chunk_bytes,
+                  prometheus::Counter* bytes);
+
+  // Fetches manifest.version() under `session_id` on `ctx` (whose deadline
+  // and cancellation are the caller's). Errors: the manifest's own
+  // (INVALID_ARGUMENT from ValidateManifest, FAILED_PRECONDITION for another
+  // model signature than `model_signature`), the call's status (NOT_FOUND
+  // when the sender no longer holds the version), DATA_LOSS for a chunk of
+  // another version, outside its bucket or out of order, a bucket left
+  // incomplete, or a checksum mismatch. Messages name the bucket.
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Fetch(grpc::ClientContext* ctx,
+                                                          const std::string& session_id,
+                                                          const v1::SnapshotManifest& manifest,
+                                                          const std::string& model_signature);
+
+ private:
+  struct Pool {
+    absl::Mutex mu;
+    std::vector<std::string> buckets ABSL_GUARDED_BY(mu);
+  };
+
+  // A snapshot with buckets sized for `manifest`, on recycled buffers.
+  std::shared_ptr<ReceivedSnapshot> NewSnapshot(const v1::SnapshotManifest& manifest);
+
+  const std::shared_ptr<grpc::Channel> channel_;
+  const uint32_t max_chunk_bytes_;
+  prometheus::Counter* const bytes_;
+  const std::shared_ptr<Pool> pool_ = std::make_shared<Pool>();
+  // FetchSnapshot called raw, with a method object built as the generated
+  // stub builds its own.
+  const grpc::internal::RpcMethod method_{"/asympo.v1.WeightBroadcast/FetchSnapshot",
+                                          grpc::internal::RpcMethod::SERVER_STREAMING};
+};
+
+}  // namespace asympo::broadcast

@@ -1,0 +1,161 @@
+#include "weight_broadcaster/wire_format.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "weight_broadcaster/crc32c.h"
+
+namespace asympo::broadcast {
+namespace {
+
+// WeightChunk's field numbers and protobuf wire types.
+constexpr uint32_t kVersion = 1, kBucket = 2, kOffset = 3, kData = 4;
+constexpr uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
+
+void PutVarint(uint64_t v, std::string* out) {
+  while (v >= 0x80) {
+    out->push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out->push_back(static_cast<char>(v));
+}
+
+// Reads bytes across slice boundaries.
+class Cursor {
+ public:
+  explicit Cursor(const std::vector<grpc::Slice>& slices) : slices_(slices) { SkipEmpty(); }
+
+  bool AtEnd() const { return slice_ == slices_.size(); }
+  size_t slice() const { return slice_; }
+  size_t pos() const { return pos_; }
+
+  bool Byte(uint8_t* b) {
+    if (AtEnd()) return false;
+    *b = slices_[slice_].begin()[pos_];
+    ++pos_;
+    SkipEmpty();
+    return true;
+  }
+
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      uint8_t b;
+      if (!Byte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;  // more than 10 bytes
+  }
+
+  bool Skip(uint64_t n) {
+    while (n > 0) {
+      if (AtEnd()) return false;
+      const size_t step = static_cast<size_t>(std::min<uint64_t>(n, slices_[slice_].size() - pos_));
+      pos_ += step;
+      n -= step;
+      SkipEmpty();
+    }
+    return true;
+  }
+
+ private:
+  void SkipEmpty() {
+    while (slice_ < slices_.size() && pos_ == slices_[slice_].size()) {
+      ++slice_;
+      pos_ = 0;
+    }
+  }
+
+  const std::vector<grpc::Slice>& slices_;
+  size_t slice_ = 0;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeChunkHeader(uint64_t version, uint32_t bucket, uint64_t offset,
+                              uint64_t data_size) {
+  std::string h;
+  h.reserve(44);
+  if (version != 0) {
+    PutVarint(kVersion << 3 | kVarint, &h);
+    PutVarint(version, &h);
+  }
+  if (bucket != 0) {
+    PutVarint(kBucket << 3 | kVarint, &h);
+    PutVarint(bucket, &h);
+  }
+  if (offset != 0) {
+    PutVarint(kOffset << 3 | kVarint, &h);
+    PutVarint(offset, &h);
+  }
+  if (data_size != 0) {
+    PutVarint(kData << 3 | kLengthDelimited, &h);
+    PutVarint(data_size, &h);
+  }
+  return h;
+}
+
+absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
+  ChunkView c;
+  Cursor in(slices);
+  while (!in.AtEnd()) {
+    uint64_t key;
+    if (!in.Varint(&key)) return absl::DataLossError("truncated field key in a chunk");
+    const uint64_t field = key >> 3;
+    const uint32_t type = static_cast<uint32_t>(key & 7);
+    uint64_t value = 0;
+    switch (type) {
+      case kVarint:
+        if (!in.Varint(&value)) return absl::DataLossError("truncated varint in a chunk");
+        if (field == kVersion) c.version = value;
+        if (field == kBucket) c.bucket = static_cast<uint32_t>(value);
+        if (field == kOffset) c.offset = value;
+        break;
+      case kLengthDelimited:
+        if (!in.Varint(&value)) return absl::DataLossError("truncated length in a chunk");
+        if (field == kData) {
+          c.size = value;
+          c.slice = in.slice();
+          c.pos = in.pos();
+        }
+        if (!in.Skip(value)) {
+          return absl::DataLossError(absl::StrCat("field ", field, " of a chunk declares ", value,
+                                                  " bytes beyond the message's end"));
+        }
+        break;
+      case kFixed64:
+        if (!in.Skip(8)) return absl::DataLossError("truncated fixed64 in a chunk");
+        break;
+      case kFixed32:
+        if (!in.Skip(4)) return absl::DataLossError("truncated fixed32 in a chunk");
+        break;
+      default:
+        return absl::DataLossError(absl::StrCat("wire type ", type, " in a chunk"));
+    }
+    if ((field == kVersion || field == kBucket || field == kOffset) && type != kVarint) {
+      return absl::DataLossError(absl::StrCat("chunk field ", field, " has wire type ", type));
+    }
+    if (field == kData && type != kLengthDelimited) {
+      return absl::DataLossError(absl::StrCat("chunk data has wire type ", type));
+    }
+  }
+  return c;
+}
+
+void CopyChunkData(const std::vector<grpc::Slice>& slices, const ChunkView& chunk, char* dest,
+                   uint32_t* crc) {
+  uint64_t left = chunk.size;
+  size_t pos = chunk.pos;
+  for (size_t s = chunk.slice; left > 0; ++s, pos = 0) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(left, slices[s].size() - pos));
+    std::memcpy(dest, slices[s].begin() + pos, n);
+    *crc = Crc32c(dest, n, *crc);  // just written: still in cache
+    dest += n;
+    left -= n;
+  }
+}
+
+}  // namespace asympo::broadcast
