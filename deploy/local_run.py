@@ -87,8 +87,10 @@ def main():
     ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
     ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
     ap.add_argument("--objective", default="asympo", help="naive, spo, asympo, asympo_stable, grpo, gpg")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--group_size", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=16,
+                    help="vocabulary of the built-in tiny model (synthetic tasks need 8 + 4 ids)")
+    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--group_size", type=int, default=16)
     ap.add_argument("--prompts_per_step", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
@@ -123,7 +125,8 @@ def main():
     rollout_metrics = [free_port() for _ in range(args.rollouts)]
     run.start("learner", [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
-        "--model=tiny", "--seed=%d" % args.seed, "--threads=1", "--objective=" + args.objective,
+        "--model=tiny", "--tiny_vocab_size=%d" % args.vocab, "--seed=%d" % args.seed, "--threads=1",
+        "--objective=" + args.objective,
         "--lr=%g" % args.lr, "--prompts_per_step=%d" % args.prompts_per_step,
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
@@ -132,7 +135,8 @@ def main():
     for i in range(args.rollouts):
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
-            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--model=tiny", "--threads=1",
+            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--model=tiny",
+            "--tiny_vocab_size=%d" % args.vocab, "--threads=1",
             "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
             "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
             "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),

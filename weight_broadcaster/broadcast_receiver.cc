@@ -255,6 +255,10 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(DeadlineIn(kRegisterTimeout));
+  // Wait for the channel to connect (up to the deadline) instead of failing
+  // at once while gRPC backs off between connection attempts: a learner that
+  // is still starting is then joined as soon as it listens.
+  ctx.set_wait_for_ready(true);
   if (!BeginCall(&ctx)) return absl::CancelledError("stopped");
   v1::RegisterResponse response;
   const grpc::Status s = stub->Register(&ctx, request, &response);
