@@ -4,7 +4,7 @@
 # daemons on loopback with the built-in tiny model and a synthetic task
 # (deploy/local_run.py; its flags pass through, see --help).
 #
-#   deploy/local_run.sh                  # about 8 minutes of training
+#   deploy/local_run.sh                  # 6 minutes of training
 #   deploy/local_run.sh --minutes 3 --task copy --objective spo
 set -euo pipefail
 cd "$(dirname "$0")/.."
