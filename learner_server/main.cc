@@ -95,6 +95,13 @@ ABSL_FLAG(int64_t, broadcast_every, 1,
 ABSL_FLAG(int64_t, broadcast_bucket_mb, 256, "Snapshot bucket size in MiB.");
 ABSL_FLAG(int64_t, broadcast_chunk_kb, 4096,
           "Chunk size of gRPC snapshot transfers when a receiver does not ask for one.");
+ABSL_FLAG(int64_t, broadcast_nccl_world_size, 0,
+          "NCCL weight transport: the learner plus this many minus one rollout daemons that "
+          "ask for NCCL (--weight_transport=nccl) form one communicator, fixed at start. "
+          "0: gRPC only. Needs libnccl, libcudart and a GPU; falls back to gRPC without them.");
+ABSL_FLAG(absl::Duration, broadcast_nccl_timeout, absl::Seconds(60),
+          "NCCL watchdog: the longest one NCCL wait may take before the communicator is "
+          "aborted and every receiver falls back to gRPC.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
 // Fault injection, for tests and drills.
 ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
@@ -202,6 +209,17 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   o.broadcast.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
   if (o.broadcast.chunk_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fault_broadcast_chunk_delay must be >= 0");
+  }
+  const int64_t nccl_world = absl::GetFlag(FLAGS_broadcast_nccl_world_size);
+  if (nccl_world != 0 && (nccl_world < 2 || nccl_world > 4096)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--broadcast_nccl_world_size=", nccl_world,
+                     ": expected 0 (gRPC only) or 2..4096 (the learner plus the NCCL receivers)"));
+  }
+  o.broadcast.nccl_world_size = static_cast<int>(nccl_world);
+  o.broadcast.nccl.timeout = absl::GetFlag(FLAGS_broadcast_nccl_timeout);
+  if (o.broadcast.nccl.timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--broadcast_nccl_timeout must be > 0");
   }
   o.step_csv_path = absl::GetFlag(FLAGS_step_csv);
   return o;

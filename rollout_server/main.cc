@@ -60,6 +60,10 @@ ABSL_FLAG(absl::Duration, submit_timeout, absl::Seconds(60), "Deadline of one Su
 ABSL_FLAG(absl::Duration, drain_timeout, absl::Seconds(2),
           "At shutdown, how long buffered groups may still be sent.");
 ABSL_FLAG(int64_t, weight_chunk_kb, 0, "Weight transfer chunk size (0: the learner's default).");
+ABSL_FLAG(std::string, weight_transport, "grpc",
+          "How weights arrive: grpc, or nccl (ask the learner for a rank of its NCCL "
+          "communicator, --broadcast_nccl_world_size; gRPC when none is free or NCCL fails).");
+ABSL_FLAG(int32_t, cuda_device, 0, "CUDA device of the NCCL weight transport.");
 ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
 
 namespace {
@@ -111,6 +115,14 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
     return absl::InvalidArgumentError("--weight_chunk_kb must be in [0, 1048576]");
   }
   o.weight_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
+  const std::string transport = absl::GetFlag(FLAGS_weight_transport);
+  if (transport != "grpc" && transport != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_transport=", transport, ": expected grpc or nccl"));
+  }
+  o.weight_transport_nccl = transport == "nccl";
+  o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  if (o.cuda_device < 0) return absl::InvalidArgumentError("--cuda_device must be >= 0");
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
   if (o.max_groups < 0) return absl::InvalidArgumentError("--max_groups must be >= 0");
   return o;

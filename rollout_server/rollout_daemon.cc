@@ -402,6 +402,8 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(RolloutDaem
   ro.receiver_id = o.rollout_id;
   ro.model_signature = broadcast::ModelSignatureOf(*im.models[0]);
   ro.max_chunk_bytes = o.weight_chunk_bytes;
+  ro.prefer_nccl = o.weight_transport_nccl;
+  ro.nccl_device = o.cuda_device;
   ro.min_backoff = o.min_backoff;
   ro.max_backoff = o.max_backoff;
   ro.registry = d->registry_.get();

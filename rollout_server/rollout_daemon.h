@@ -66,6 +66,10 @@ struct RolloutDaemonOptions {
   absl::Duration drain_timeout = absl::Seconds(2);
   // Largest weight chunk asked for (0: the learner's default).
   uint32_t weight_chunk_bytes = 0;
+  // Ask the learner for the NCCL weight transport (on CUDA device
+  // cuda_device) before gRPC; see WeightReceiverOptions::prefer_nccl.
+  bool weight_transport_nccl = false;
+  int cuda_device = 0;
   // Prometheus endpoint ("host:port", port 0 picks one, empty disables).
   std::string metrics_address = "127.0.0.1:9465";
   // Stop after generating this many groups (0: until Shutdown).

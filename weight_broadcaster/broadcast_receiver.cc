@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
 #include "weight_broadcaster/broadcast_metrics.h"
+#include "weight_broadcaster/nccl_snapshot.h"
 #include "weight_broadcaster/snapshot_fetch.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -81,6 +82,28 @@ struct ReceiverState {
   // Returns whether the stream was ever accepted.
   bool RunSession(const std::string& session_id);
   void HandleAnnouncement(const v1::SnapshotManifest& manifest, const std::string& session_id);
+  // NCCL: joins the communicator of `reg` (failure: stays on gRPC), and
+  // drops it.
+  void JoinNccl(const v1::RegisterResponse& reg);
+  void DropNccl() {
+    {
+      absl::MutexLock lock(&mu);
+      nccl_live = nullptr;
+    }
+    nccl.reset();  // aborts the communicator
+  }
+  // Counts a failed transfer, logs it and reports it to the learner.
+  void TransferFailed(const std::string& error) {
+    uint64_t loaded;
+    {
+      absl::MutexLock lock(&mu);
+      ++failures;
+      loaded = loaded_version;
+    }
+    if (metrics) metrics->failures.Increment();
+    LOG(WARNING) << error << "; keeping version " << loaded;
+    SendReport(loaded, error);
+  }
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Fetch(const v1::SnapshotManifest& manifest,
                                                           const std::string& session_id) {
     grpc::ClientContext ctx;
@@ -131,6 +154,12 @@ struct ReceiverState {
   std::unique_ptr<SnapshotFetcher> fetcher;
   std::thread thread;
   absl::Mutex stop_mu;  // serializes Stop
+  // The worker thread's: the NCCL assignment of the current registration,
+  // and the communicator joined for the current session.
+  std::optional<v1::RegisterResponse> nccl_assignment;
+  // Shared only so that its deleter is bound where it is made: without
+  // ASYMPO_NCCL nothing here names ~NcclBroadcaster.
+  std::shared_ptr<NcclBroadcaster> nccl;
 
   mutable absl::Mutex mu;
   absl::CondVar cv;  // signalled on every change below
@@ -151,6 +180,8 @@ struct ReceiverState {
   std::shared_ptr<const ReceivedSnapshot> pending ABSL_GUARDED_BY(mu);
   bool report_in_flight ABSL_GUARDED_BY(mu) = false;
   std::optional<v1::ReportVersionRequest> next_report ABSL_GUARDED_BY(mu);
+  NcclBroadcaster* nccl_live ABSL_GUARDED_BY(mu) = nullptr;  // `nccl`, for Stop's Cancel
+  int64_t nccl_versions ABSL_GUARDED_BY(mu) = 0;
 };
 
 // The Subscribe stream: hands every announcement to the worker thread, which
@@ -235,6 +266,8 @@ void ReceiverState::Run() {
     }
     if (outage_logged) LOG(INFO) << "registered with the learner at " << options.target;
     outage_logged = false;
+    nccl_assignment.reset();
+    if (reg->transport() == v1::TRANSPORT_NCCL) nccl_assignment = *reg;
     if (RunSession(reg->session_id())) {
       backoff = options.min_backoff;
     } else {  // registered but not subscribed: do not spin
@@ -247,6 +280,9 @@ void ReceiverState::Run() {
 absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   v1::RegisterRequest request;
   request.set_receiver_id(options.receiver_id);
+#ifdef ASYMPO_WITH_NCCL
+  if (options.prefer_nccl) request.add_transports(v1::TRANSPORT_NCCL);
+#endif
   request.add_transports(v1::TRANSPORT_GRPC);
   request.set_model_signature(options.model_signature);
   {
@@ -264,7 +300,9 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   const grpc::Status s = stub->Register(&ctx, request, &response);
   EndCall();
   if (!s.ok()) return FromGrpc(s, "Register");
-  if (response.transport() != v1::TRANSPORT_GRPC) {
+  const bool nccl_offered = request.transports(0) == v1::TRANSPORT_NCCL;
+  if (response.transport() != v1::TRANSPORT_GRPC &&
+      !(nccl_offered && response.transport() == v1::TRANSPORT_NCCL)) {
     return absl::FailedPreconditionError(absl::StrCat("the learner chose transport ",
                                                       v1::Transport_Name(response.transport()),
                                                       ", which this receiver did not offer"));
@@ -285,6 +323,7 @@ bool ReceiverState::RunSession(const std::string& id) {
     stream_ctx = stream.context();
   }
   stream.Start(id);
+  if (nccl_assignment.has_value()) JoinNccl(*nccl_assignment);
   while (true) {
     v1::SnapshotManifest manifest;
     {
@@ -296,6 +335,7 @@ bool ReceiverState::RunSession(const std::string& id) {
     }
     HandleAnnouncement(manifest, id);
   }
+  DropNccl();
   absl::MutexLock lock(&mu);
   if (!stream_done) stream_ctx->TryCancel();
   while (!stream_done) cv.Wait(&mu);
@@ -304,20 +344,78 @@ bool ReceiverState::RunSession(const std::string& id) {
   return session_connected;
 }
 
+void ReceiverState::JoinNccl(const v1::RegisterResponse& reg) {
+#ifdef ASYMPO_WITH_NCCL
+  LOG(INFO) << "joining the learner's NCCL communicator as rank " << reg.nccl_rank() << " of "
+            << reg.nccl_world_size();
+  absl::StatusOr<std::unique_ptr<NcclBroadcaster>> created = NcclBroadcaster::Create(
+      reg.nccl_unique_id(), reg.nccl_rank(), reg.nccl_world_size(), options.nccl_device,
+      options.nccl);
+  if (!created.ok()) {
+    if (!Stopping()) {
+      TransferFailed(absl::StrCat("joining the NCCL communicator failed (weights come over gRPC): ",
+                                  created.status().message()));
+    }
+    return;
+  }
+  absl::MutexLock lock(&mu);
+  if (stop) return;  // destroyed with the unique_ptr
+  nccl = std::shared_ptr<NcclBroadcaster>(*std::move(created));
+  nccl_live = nccl.get();
+#else
+  (void)reg;
+#endif
+}
+
 void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest,
                                        const std::string& id) {
   const uint64_t version = manifest.version();
+  bool wanted;
   {
     absl::MutexLock lock(&mu);
     // Until a snapshot is held, any version is wanted (version 0 too). The
     // first announcement of a session is followed even backwards (a learner
     // restarted from an older checkpoint); later ones only forwards.
-    const bool wanted = !held_version.has_value() ||
-                        (first_in_session ? version != *held_version : version > *held_version);
+    wanted = !held_version.has_value() ||
+             (first_in_session ? version != *held_version : version > *held_version);
     first_in_session = false;
-    if (!wanted) return;
   }
   const auto t0 = std::chrono::steady_clock::now();
+#ifdef ASYMPO_WITH_NCCL
+  if (nccl != nullptr) {
+    // Every announced version is broadcast to every rank: take part even
+    // when it is not wanted.
+    absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
+        ReceiveSnapshotOverNccl(*nccl, manifest, options.model_signature);
+    if (received.ok() ||
+        (nccl->healthy() && received.status().code() != absl::StatusCode::kInvalidArgument)) {
+      absl::MutexLock lock(&mu);
+      ++nccl_versions;  // every broadcast took place
+    }
+    if (received.ok()) {
+      if (!wanted) return;
+      if (metrics) {
+        metrics->fetch_seconds.Observe(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      VLOG(1) << "received version " << version << " over NCCL";
+      absl::MutexLock lock(&mu);
+      pending = *std::move(received);
+      held_version = version;
+      cv.SignalAll();
+      return;
+    }
+    if (Stopping()) return;
+    const bool dead = !nccl->healthy() ||
+                      received.status().code() == absl::StatusCode::kInvalidArgument;
+    TransferFailed(absl::StrCat("NCCL broadcast of version ", version, " failed",
+                                dead ? " (weights now come over gRPC)" : "", ": ",
+                                received.status().message()));
+    if (!dead) return;
+    DropNccl();
+  }
+#endif
+  if (!wanted) return;
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> snapshot = Fetch(manifest, id);
   if (snapshot.ok()) {
     const double seconds =
@@ -338,17 +436,8 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest,
     VLOG(1) << "version " << version << " was superseded before it was fetched";
     return;
   }
-  uint64_t loaded;
-  {
-    absl::MutexLock lock(&mu);
-    ++failures;
-    loaded = loaded_version;
-  }
-  if (metrics) metrics->failures.Increment();
-  const std::string error =
-      absl::StrCat("fetch of version ", version, " failed: ", snapshot.status().message());
-  LOG(WARNING) << error << "; keeping version " << loaded;
-  SendReport(loaded, error);
+  TransferFailed(
+      absl::StrCat("fetch of version ", version, " failed: ", snapshot.status().message()));
 }
 
 void ReceiverState::SendReport(uint64_t version, std::string error) {
@@ -493,6 +582,16 @@ uint64_t WeightReceiver::latest_announced() const {
   return state_->latest_announced;
 }
 
+bool WeightReceiver::using_nccl() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->nccl_live != nullptr;
+}
+
+int64_t WeightReceiver::nccl_versions() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->nccl_versions;
+}
+
 void WeightReceiver::Stop() {
   State& st = *state_;
   absl::MutexLock stop_lock(&st.stop_mu);
@@ -502,6 +601,9 @@ void WeightReceiver::Stop() {
     for (grpc::ClientContext* ctx : {st.call, st.stream_ctx, st.report_ctx}) {
       if (ctx != nullptr) ctx->TryCancel();
     }
+#ifdef ASYMPO_WITH_NCCL
+    if (st.nccl_live != nullptr) st.nccl_live->Cancel();
+#endif
     st.cv.SignalAll();
   }
   if (st.thread.joinable()) st.thread.join();

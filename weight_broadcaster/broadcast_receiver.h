@@ -39,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "weight_broadcaster/nccl_transport.h"
 
 namespace asympo::broadcast {
 
@@ -67,6 +68,16 @@ struct WeightReceiverOptions {
   absl::Duration fetch_timeout = absl::Minutes(10);
   // May be null (no metrics).
   prometheus::Registry* registry = nullptr;
+  // NCCL (off by default; see "NCCL" in docs/protocol.md): offer
+  // TRANSPORT_NCCL before gRPC. When the learner hands out a rank, the
+  // receiver joins its communicator on CUDA device nccl_device after
+  // subscribing (Create blocks up to nccl.init_timeout, which Stop does not
+  // shorten) and then takes part in the broadcast of every announced
+  // version, wanted or not. A failed broadcast is counted and reported, the
+  // communicator is dropped, and that version and later ones come over gRPC.
+  bool prefer_nccl = false;
+  int nccl_device = 0;
+  NcclBroadcasterOptions nccl;
 };
 
 class WeightReceiver {
@@ -99,6 +110,10 @@ class WeightReceiver {
   // Version of the most recent announcement (0 before the first); it goes
   // down when a restarted learner announces an older checkpoint.
   uint64_t latest_announced() const;
+  // Whether this session receives over NCCL, and how many versions came
+  // over NCCL so far (verified or not).
+  bool using_nccl() const;
+  int64_t nccl_versions() const;
 
   // Cancels the calls in flight, ends the thread and waits for it; returns
   // promptly even in the middle of a backoff or a transfer. Idempotent.

@@ -34,8 +34,9 @@ grpc::Status UnknownSession(const std::string& session_id) {
 }
 
 // Starts a session for `request`, ending the receiver's previous one.
-void CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
-                         v1::RegisterResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
+                                          v1::RegisterResponse* response)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
   const std::string& id = request.receiver_id();
   std::string session_id = absl::StrFormat("%016x%016x", st.rng(), st.rng());
   auto old = st.session_of.find(id);
@@ -57,9 +58,20 @@ void CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
   response->set_session_id(session_id);
   response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
   st.UpdateReceiverGauges();
+  return session;
 }
 
 }  // namespace
+
+#ifndef ASYMPO_WITH_NCCL
+namespace internal {
+void StartNccl(SenderState& /*st*/) {
+  LOG(WARNING) << "built without the NCCL transport (ASYMPO_NCCL=OFF); weights go over gRPC";
+}
+int AssignNcclRankLocked(SenderState& /*st*/, SenderState::Session& /*session*/) { return 0; }
+void CancelNcclLocked(SenderState& /*st*/) {}
+}  // namespace internal
+#endif
 
 struct BroadcastSender::State : SenderState {
   using SenderState::SenderState;
@@ -67,9 +79,21 @@ struct BroadcastSender::State : SenderState {
 
 BroadcastSender::BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
                                  prometheus::Registry* registry)
-    : state_(std::make_unique<State>(std::move(options), std::move(model_signature), registry)) {}
+    : state_(std::make_unique<State>(std::move(options), std::move(model_signature), registry)) {
+  State& st = *state_;
+  const int world = st.options.nccl_world_size;
+  if (world <= 0) return;
+  if (world == 1) {
+    LOG(WARNING) << "NCCL world size 1 has no receivers; weights go over gRPC";
+    return;
+  }
+  internal::StartNccl(st);
+}
 
-BroadcastSender::~BroadcastSender() { Shutdown(); }
+BroadcastSender::~BroadcastSender() {
+  Shutdown();
+  if (state_->nccl_thread.joinable()) state_->nccl_thread.join();
+}
 
 absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors) {
   State& st = *state_;
@@ -151,8 +175,9 @@ absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<Tensor
     absl::MutexLock lock(&st.mu);
     st.latest = snapshot;
     for (auto& [id, s] : st.sessions) {
-      if (s.stream != nullptr) s.stream->Offer(announcement);
+      if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(announcement);
     }
+    st.nccl_cv.SignalAll();
   }
   if (st.metrics) {
     st.metrics->publish_seconds.Observe(SecondsSince(t0));
@@ -168,6 +193,8 @@ void BroadcastSender::Shutdown() {
   State& st = *state_;
   absl::MutexLock lock(&st.mu);
   st.shut_down = true;
+  st.nccl_cv.SignalAll();
+  internal::CancelNcclLocked(st);
   for (auto& [id, s] : st.sessions) {
     if (s.stream != nullptr) {
       s.stream->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
@@ -185,6 +212,16 @@ int BroadcastSender::active_receivers() const {
   int n = 0;
   for (const auto& [id, s] : state_->sessions) n += s.stream != nullptr ? 1 : 0;
   return n;
+}
+
+bool BroadcastSender::nccl_active() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->nccl_phase == SenderState::NcclPhase::kRunning;
+}
+
+int64_t BroadcastSender::nccl_versions_sent() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->nccl_versions;
 }
 
 std::vector<std::pair<std::string, uint64_t>> BroadcastSender::receiver_versions() const {
@@ -215,23 +252,34 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
                                   st.model_signature, "\"; both must run the same architecture")));
     return reactor;
   }
-  // gRPC is always available. The NCCL transport, when built and when the
-  // receiver lists TRANSPORT_NCCL first, is chosen here: the reply then also
-  // carries the communicator's unique id, the rank and the world size.
-  const v1::Transport transport = v1::TRANSPORT_GRPC;
-
+  // gRPC is always available. The NCCL transport is chosen while ranks are
+  // still free and when the receiver lists TRANSPORT_NCCL first: the reply
+  // then also carries the communicator's unique id, the rank and the world
+  // size.
+  const bool wants_nccl =
+      request->transports_size() > 0 && request->transports(0) == v1::TRANSPORT_NCCL;
+  v1::Transport transport = v1::TRANSPORT_GRPC;
   grpc::Status status = grpc::Status::OK;
   {
     absl::MutexLock lock(&st.mu);
     if (st.shut_down) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
     } else {
-      CreateSessionLocked(st, *request, response);
+      SenderState::Session& session = CreateSessionLocked(st, *request, response);
+      if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {
+        transport = v1::TRANSPORT_NCCL;
+        response->set_nccl_unique_id(st.nccl_unique_id);
+        response->set_nccl_rank(session.nccl_rank);
+        response->set_nccl_world_size(st.options.nccl_world_size);
+      }
     }
   }
   if (status.ok()) {
     response->set_transport(transport);
-    VLOG(1) << "registered receiver " << id << " at version " << request->current_version();
+    VLOG(1) << "registered receiver " << id << " at version " << request->current_version()
+            << (transport == v1::TRANSPORT_NCCL
+                    ? absl::StrCat(" as NCCL rank ", response->nccl_rank())
+                    : std::string(" on gRPC"));
   }
   reactor->Finish(status);
   return reactor;
@@ -257,7 +305,8 @@ grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* BroadcastSender::Subscribe(
   ctx->AddInitialMetadata(kSubscribedMetadataKey, "1");
   auto* stream = new SubscribeReactor(&st, request->session_id(), request->after_version());
   session.stream = stream;
-  if (st.latest != nullptr) stream->Offer(st.latest->announcement);
+  if (st.latest != nullptr && !st.UsesNcclLocked(session)) stream->Offer(st.latest->announcement);
+  st.nccl_cv.SignalAll();
   st.UpdateReceiverGauges();
   return stream;
 }

@@ -20,6 +20,12 @@
 // stream, and calls naming an unknown or ended session get
 // FAILED_PRECONDITION (the receiver registers again).
 //
+// NCCL (opt-in, BroadcastSenderOptions::nccl_world_size; sender_nccl.cc):
+// receivers given an NCCL rank in Register are not announced anything by
+// Publish or Subscribe; a thread of the sender announces each version to
+// them and broadcasts its buckets, one version at a time. When the
+// communicator fails, everyone is on gRPC from then on.
+//
 // Memory: the latest snapshot, plus the buckets of the previous one kept
 // for the next Publish to pack into (memory already faulted in), plus any
 // older snapshot a fetch still reads: about two to three snapshots.
@@ -42,6 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
+#include "weight_broadcaster/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::broadcast {
@@ -67,6 +74,19 @@ struct BroadcastSenderOptions {
   // sleep this long before each chunk.
   std::vector<uint64_t> corrupt_versions;
   absl::Duration chunk_delay = absl::ZeroDuration();
+
+  // The NCCL transport (off by default; see "NCCL" in docs/protocol.md).
+  // With nccl_world_size N >= 2 the sender is rank 0 of an N-rank
+  // communicator: the first N - 1 receivers that list TRANSPORT_NCCL first
+  // get ranks 1..N-1; once all have registered, the sender joins on a thread
+  // of its own and then broadcasts every version it announces to them over
+  // NCCL. 0 (or 1) keeps every receiver on gRPC. Also gRPC when the NCCL or
+  // CUDA libraries cannot be loaded or no GPU is visible (logged), for late
+  // joiners once the world is full, and for everyone after the communicator
+  // fails (watchdog, a rank gone): the sender never builds a second one.
+  int nccl_world_size = 0;
+  int nccl_device = 0;  // CUDA device of rank 0
+  NcclBroadcasterOptions nccl;
 };
 
 // The callback service with FetchSnapshot served raw (grpc::ByteBuffer): its
@@ -104,6 +124,10 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   // Version each registered receiver last reported (at Register or with
   // ReportVersion), sorted by receiver id.
   std::vector<std::pair<std::string, uint64_t>> receiver_versions() const;
+  // NCCL: whether the communicator is up and in use, and how many versions
+  // it has broadcast.
+  bool nccl_active() const;
+  int64_t nccl_versions_sent() const;
 
   // WeightBroadcast. Register: INVALID_ARGUMENT for a receiver_id that is
   // empty or over 128 bytes, FAILED_PRECONDITION naming both signatures for

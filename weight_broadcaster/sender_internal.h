@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -61,7 +62,12 @@ struct SenderState {
     std::string receiver_id;
     uint64_t version = 0;  // what the receiver samples with, as last reported
     SubscribeReactor* stream = nullptr;
+    int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
   };
+
+  // The NCCL transport's life: off (never configured or unavailable),
+  // handing out ranks, broadcasting, or failed (gRPC for all, for good).
+  enum class NcclPhase { kOff, kCollecting, kRunning, kFailed };
 
   void UpdateReceiverGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Called by a Subscribe stream's OnDone: drops its session.
@@ -84,6 +90,22 @@ struct SenderState {
   absl::flat_hash_map<std::string, std::string> session_of
       ABSL_GUARDED_BY(mu);  // receiver -> session
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
+
+  // NCCL (broadcast_sender.cc). While the phase is kCollecting or kRunning,
+  // sessions with an NCCL rank get announcements only from nccl_thread,
+  // one version at a time, right before its buckets are broadcast.
+  std::string nccl_unique_id;  // set before nccl_thread starts
+  NcclPhase nccl_phase ABSL_GUARDED_BY(mu) = NcclPhase::kOff;
+  std::vector<std::string> nccl_receivers ABSL_GUARDED_BY(mu);  // [r - 1]: rank r's receiver
+  NcclBroadcaster* nccl_comm ABSL_GUARDED_BY(mu) = nullptr;     // while running, for Cancel
+  int64_t nccl_versions ABSL_GUARDED_BY(mu) = 0;
+  absl::CondVar nccl_cv;  // with mu: registrations, publishes, shutdown
+  std::thread nccl_thread;
+
+  bool UsesNcclLocked(const Session& s) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return s.nccl_rank > 0 &&
+           (nccl_phase == NcclPhase::kCollecting || nccl_phase == NcclPhase::kRunning);
+  }
 };
 
 // Subscribe: writes announcements as they are offered. Keeps at most one
@@ -121,6 +143,18 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<v1::SnapshotAnnou
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// The NCCL transport (sender_nccl.cc; stubs without ASYMPO_NCCL).
+// StartNccl, from the constructor: checks that NCCL and a GPU are usable,
+// makes the unique id and starts st.nccl_thread (or logs why not and leaves
+// the phase kOff). AssignNcclRankLocked: gives `session` an NCCL rank while
+// ranks are being handed out (its receiver's earlier rank if it registers
+// again, else the next free one); returns the rank, or 0 (gRPC).
+// CancelNcclLocked: aborts a broadcast in progress (Shutdown).
+void StartNccl(SenderState& st);
+int AssignNcclRankLocked(SenderState& st, SenderState::Session& session)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
+void CancelNcclLocked(SenderState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 
 // FetchSnapshot reactors (sender_streams.cc): one that finishes at once with
 // `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`.

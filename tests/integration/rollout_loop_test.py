@@ -150,20 +150,21 @@ def scenario_train(c):
 
 
 def scenario_corrupt(c):
-    # Versions 3 to 40 are corrupted in transit; 0-2 and 41+ are intact. The
-    # range is wide so that a rollout that connects late still meets some.
-    bad = set(range(3, 41))
-    c.start_learner(["--fault_corrupt_broadcast_versions=" + ",".join(map(str, sorted(bad))), "--checkpoint_every=0"])
+    # Versions 3 to 60 are corrupted in transit; 0-2 and 61+ are intact. The
+    # rollouts start first and join the learner as soon as it listens; the
+    # range is wide so that a rollout that still connects late meets some.
+    bad = set(range(3, 61))
     c.start_rollout(0)
     c.start_rollout(1)
+    c.start_learner(["--fault_corrupt_broadcast_versions=" + ",".join(map(str, sorted(bad))), "--checkpoint_every=0"])
     seen = {0: set(), 1: set()}
 
     def progress():
         for i in (0, 1):
             seen[i].add(c.rollout_version(i))
-        return all(max(seen[i]) >= 42 for i in (0, 1))
+        return all(max(seen[i]) >= 62 for i in (0, 1))
 
-    wait_for("both rollouts reach version 42 past the corrupt versions", progress, timeout=120, poll=0.05)
+    wait_for("both rollouts reach version 62 past the corrupt versions", progress, timeout=150, poll=0.05)
     for i in (0, 1):
         check(not (seen[i] & bad), "rollout-%d never sampled with a corrupt version (saw %s)" % (i, sorted(seen[i] - {-1})[:12]))
         m = c.rollout(i)

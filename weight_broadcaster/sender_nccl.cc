@@ -1,0 +1,186 @@
+// BroadcastSender's NCCL transport (sender_internal.h): rank assignment in
+// Register, and the thread that joins the communicator as rank 0 and
+// broadcasts each announced version. Built only with ASYMPO_NCCL.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "weight_broadcaster/nccl_loader.h"
+#include "weight_broadcaster/sender_internal.h"
+
+namespace asympo::broadcast::internal {
+namespace {
+
+// The communicator failed or could not be built: every receiver goes back
+// to gRPC, and those that were on NCCL are announced the latest version.
+void NcclFail(SenderState& st, const absl::Status& status) {
+  absl::MutexLock lock(&st.mu);
+  st.nccl_comm = nullptr;
+  if (st.shut_down) return;
+  LOG(ERROR) << "NCCL weight transport failed; every receiver falls back to gRPC: " << status;
+  st.CountFailure();
+  st.nccl_phase = SenderState::NcclPhase::kFailed;
+  if (st.latest == nullptr) return;
+  for (auto& [id, s] : st.sessions) {
+    if (s.stream != nullptr && s.nccl_rank > 0) s.stream->Offer(st.latest->announcement);
+  }
+}
+
+// Waits until every rank's session is subscribed (so that the announcement
+// reaches it). An error when a rank's session is gone or `deadline` passes.
+absl::Status WaitForNcclRanksLocked(SenderState& st, absl::Time deadline)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  const int ranks = static_cast<int>(st.nccl_receivers.size());
+  while (!st.shut_down) {
+    std::vector<int> state(static_cast<size_t>(ranks) + 1, 0);  // 1 registered, 2 subscribed
+    for (const auto& [id, s] : st.sessions) {
+      if (s.nccl_rank > 0) state[static_cast<size_t>(s.nccl_rank)] = s.stream != nullptr ? 2 : 1;
+    }
+    bool all = true;
+    for (int r = 1; r <= ranks; ++r) {
+      if (state[static_cast<size_t>(r)] == 0) {
+        return absl::UnavailableError(absl::StrCat("the session of NCCL rank ", r, " (receiver ",
+                                                   st.nccl_receivers[static_cast<size_t>(r - 1)],
+                                                   ") ended"));
+      }
+      all = all && state[static_cast<size_t>(r)] == 2;
+    }
+    if (all) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError("an NCCL rank did not subscribe in time");
+    }
+    st.nccl_cv.WaitWithTimeout(&st.mu, absl::Milliseconds(10));
+  }
+  return absl::CancelledError("shutting down");
+}
+
+// Rank 0: waits for the ranks, joins the communicator, then announces and
+// broadcasts the latest snapshot whenever it changes, one at a time.
+void NcclLoop(SenderState& st) {
+  const int world = st.options.nccl_world_size;
+  {
+    absl::MutexLock lock(&st.mu);
+    while (!st.shut_down && static_cast<int>(st.nccl_receivers.size()) + 1 < world) {
+      st.nccl_cv.Wait(&st.mu);
+    }
+    if (st.shut_down) return;
+  }
+  LOG(INFO) << "all " << world - 1 << " NCCL receivers registered; joining the communicator";
+  absl::StatusOr<std::unique_ptr<NcclBroadcaster>> created =
+      NcclBroadcaster::Create(st.nccl_unique_id, 0, world, st.options.nccl_device, st.options.nccl);
+  if (!created.ok()) {
+    NcclFail(st, created.status());
+    return;
+  }
+  std::unique_ptr<NcclBroadcaster> comm = *std::move(created);
+  {
+    absl::MutexLock lock(&st.mu);
+    if (st.shut_down) return;
+    st.nccl_comm = comm.get();
+    st.nccl_phase = SenderState::NcclPhase::kRunning;
+  }
+  LOG(INFO) << "NCCL weight transport up: " << world << " ranks, "
+            << comm->piece_bytes() << " bytes per collective";
+  std::optional<uint64_t> sent;
+  while (true) {
+    std::shared_ptr<const Snapshot> snapshot;
+    absl::Status ready;
+    {
+      absl::MutexLock lock(&st.mu);
+      while (!st.shut_down &&
+             (st.latest == nullptr || (sent.has_value() && st.latest->version() == *sent))) {
+        st.nccl_cv.Wait(&st.mu);
+      }
+      if (st.shut_down) break;
+      snapshot = st.latest;
+      ready = WaitForNcclRanksLocked(st, absl::Now() + st.options.nccl.timeout);
+      if (st.shut_down) break;
+      if (ready.ok()) {
+        for (auto& [id, s] : st.sessions) {
+          if (s.nccl_rank > 0 && s.stream != nullptr) s.stream->Offer(snapshot->announcement);
+        }
+      }
+    }
+    if (!ready.ok()) {
+      NcclFail(st, ready);
+      return;
+    }
+    const v1::SnapshotManifest& m = snapshot->manifest();
+    absl::Status status;
+    for (int b = 0; b < m.buckets_size() && status.ok(); ++b) {
+      const Buffer& bucket = snapshot->buckets[static_cast<size_t>(b)];
+      if (bucket.size == 0) continue;  // every rank skips empty buckets
+      status = comm->Broadcast(bucket.data.get(), bucket.size);
+    }
+    if (!status.ok()) {
+      NcclFail(st, absl::Status(status.code(), absl::StrCat("broadcast of version ",
+                                                            snapshot->version(), ": ",
+                                                            status.message())));
+      return;
+    }
+    sent = snapshot->version();
+    absl::MutexLock lock(&st.mu);
+    ++st.nccl_versions;
+    VLOG(1) << "broadcast version " << *sent << " over NCCL";
+  }
+  absl::MutexLock lock(&st.mu);
+  st.nccl_comm = nullptr;
+}
+
+}  // namespace
+
+int AssignNcclRankLocked(SenderState& st, SenderState::Session& session) {
+  if (st.nccl_phase != SenderState::NcclPhase::kCollecting) return 0;
+  auto it = std::find(st.nccl_receivers.begin(), st.nccl_receivers.end(), session.receiver_id);
+  if (it == st.nccl_receivers.end()) {
+    if (static_cast<int>(st.nccl_receivers.size()) + 1 >= st.options.nccl_world_size) return 0;
+    st.nccl_receivers.push_back(session.receiver_id);
+    it = st.nccl_receivers.end() - 1;
+    st.nccl_cv.SignalAll();
+  }
+  session.nccl_rank = static_cast<int>(it - st.nccl_receivers.begin()) + 1;
+  return session.nccl_rank;
+}
+
+void StartNccl(SenderState& st) {
+  const int world = st.options.nccl_world_size;
+  absl::Status usable = absl::OkStatus();
+  absl::StatusOr<const NcclApi*> api = LoadNccl(st.options.nccl.load);
+  if (!api.ok()) {
+    usable = api.status();
+  } else if (absl::StatusOr<int> devices = CudaDeviceCount(**api); !devices.ok()) {
+    usable = devices.status();
+  } else if (*devices <= st.options.nccl_device) {
+    usable = absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", st.options.nccl_device, " requested, ", *devices, " visible"));
+  } else if (absl::StatusOr<std::string> id = NewNcclUniqueId(st.options.nccl.load); !id.ok()) {
+    usable = id.status();
+  } else {
+    st.nccl_unique_id = *std::move(id);
+  }
+  if (!usable.ok()) {
+    LOG(WARNING) << "NCCL weight transport unavailable, using gRPC for every receiver: " << usable;
+    return;
+  }
+  {
+    absl::MutexLock lock(&st.mu);
+    st.nccl_phase = SenderState::NcclPhase::kCollecting;
+  }
+  LOG(INFO) << "NCCL weight transport: waiting for " << world - 1 << " receivers (NCCL "
+            << NcclVersionString((*api)->nccl_version) << ")";
+  st.nccl_thread = std::thread([&st] { NcclLoop(st); });
+}
+
+void CancelNcclLocked(SenderState& st) {
+  if (st.nccl_comm != nullptr) st.nccl_comm->Cancel();
+}
+
+}  // namespace asympo::broadcast::internal
