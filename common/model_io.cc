@@ -78,4 +78,18 @@ absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
   return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
 }
 
+absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,
+                                                                     int64_t tiny_vocab_size,
+                                                                     const ModelOptions& options) {
+  if (model == "tiny") return PolicyModel::CreateRandom(ModelConfig::Tiny(tiny_vocab_size), options);
+  return LoadPolicyModel(model, options);
+}
+
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype) {
+  if (dtype == "float32") return at::kFloat;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
+}
+
 }  // namespace asympo

@@ -19,6 +19,18 @@ namespace asympo {
 absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& dir,
                                                              const ModelOptions& options);
 
+// What the daemons' --model flag names: "tiny" builds the built-in tiny
+// model (ModelConfig::Tiny(tiny_vocab_size), random weights from
+// options.seed); anything else is a Hugging Face directory for
+// LoadPolicyModel.
+absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,
+                                                                     int64_t tiny_vocab_size,
+                                                                     const ModelOptions& options);
+
+// Parses a --dtype flag value: "float32" or "bfloat16". INVALID_ARGUMENT
+// naming the value otherwise.
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype);
+
 // Writes config.json and the weights (in the model's dtype) to `dir`,
 // creating it; shards above `max_shard_bytes`. The result loads with
 // LoadPolicyModel and with Hugging Face transformers.

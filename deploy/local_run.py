@@ -26,10 +26,10 @@ def free_port():
     return port
 
 
-def scrape(port):
+def scrape(port, timeout=1):
     """Returns {metric{labels}: value} from a /metrics endpoint, or None."""
     try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=1) as r:
+        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=timeout) as r:
             text = r.read().decode()
     except OSError:
         return None

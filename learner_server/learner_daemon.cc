@@ -68,12 +68,8 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaem
   ASYMPO_RETURN_IF_ERROR(ValidateTrainerOptions(o.trainer));
   std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(o));
 
-  if (o.model == "tiny") {
-    ASYMPO_ASSIGN_OR_RETURN(d->model_, PolicyModel::CreateRandom(
-                                           ModelConfig::Tiny(o.tiny_vocab_size), o.model_options));
-  } else {
-    ASYMPO_ASSIGN_OR_RETURN(d->model_, LoadPolicyModel(o.model, o.model_options));
-  }
+  ASYMPO_ASSIGN_OR_RETURN(d->model_,
+                          CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
   d->options_.limits.vocab_size = static_cast<int32_t>(d->model_->config().vocab_size);
   d->options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(d->options_.limits));

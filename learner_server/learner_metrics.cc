@@ -4,18 +4,14 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/metric_builders.h"
 
 namespace asympo::learner {
 namespace {
 
-prometheus::Gauge& G(prometheus::Registry& r, const std::string& name, const std::string& help,
-                     const prometheus::Labels& labels = {}) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add(labels);
-}
-
-prometheus::Counter& C(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
+using metrics::AddCounter;
+using metrics::AddGauge;
+using metrics::AddHistogram;
 
 }  // namespace
 
@@ -50,58 +46,57 @@ bool CollapseDetector::Observe(double reward_mean) {
 
 LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse)
     : collapse_(collapse),
-      version_(G(r, "asympo_learner_version", "Policy version: optimizer steps applied.")),
-      reward_mean_(G(r, "asympo_learner_reward_mean", "Mean reward of the last step's responses.")),
-      reward_std_(G(r, "asympo_learner_reward_std", "Std of the last step's rewards.")),
-      reward_ema_(
-          G(r, "asympo_learner_reward_ema", "Exponential moving average of the step reward.")),
-      reward_peak_(
-          G(r, "asympo_learner_reward_ema_peak", "Running peak of the reward EMA since warm-up.")),
-      loss_(G(r, "asympo_learner_loss", "Objective value of the last step.")),
-      s_pos_(G(r, "asympo_learner_scale_positive",
-               "S_P: advantage-weighted mean NLL of positive responses.")),
-      s_neg_(G(r, "asympo_learner_scale_negative",
-               "S_N: advantage-weighted mean NLL of negative responses.")),
-      ratio_(G(r, "asympo_learner_naive_ratio", "R = S_N / S_P.")),
-      imbalance_(G(r, "asympo_learner_imbalance", "Mean over groups of sum_g A_g S_g.")),
-      clip_low_(G(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
-                  {{"bound", "low"}})),
-      clip_high_(G(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
-                   {{"bound", "high"}})),
-      grad_norm_(G(r, "asympo_learner_grad_norm", "Global gradient norm before clipping.")),
-      lr_(G(r, "asympo_learner_learning_rate", "Learning rate of the last step.")),
-      tokens_per_second_(G(r, "asympo_learner_tokens_per_second",
-                           "Prompt + response tokens per second of the last step.")),
-      queue_depth_(G(r, "asympo_learner_queue_depth_groups", "Groups waiting in the queue.")),
-      queue_capacity_(G(r, "asympo_learner_queue_capacity_groups", "Queue capacity K in groups.")),
-      queue_waiting_(G(r, "asympo_learner_queue_waiting_submissions",
-                       "Submissions held while the queue is full.")),
-      collapse_gauge_(G(r, "asympo_learner_collapse_suspected",
-                        "1 when the reward EMA fell the set fraction below its peak.")),
-      length_(G(r, "asympo_learner_mean_response_length_tokens", "Mean response length.")),
-      nll_(G(r, "asympo_learner_mean_nll", "Mean token NLL (an entropy proxy).")),
-      degenerate_(G(r, "asympo_learner_degenerate_group_fraction",
-                    "Fraction of groups whose rewards are all equal.")),
-      gpg_alpha_(G(r, "asympo_learner_gpg_alpha", "GPG's gradient correction B/(B-M).")),
-      steps_(C(r, "asympo_learner_steps_total", "Training steps completed.")),
-      tokens_(C(r, "asympo_learner_tokens_total", "Prompt + response tokens trained on.")),
-      trained_groups_(C(r, "asympo_learner_trained_groups_total", "Groups trained on.")),
-      groups_in_(C(r, "asympo_learner_accepted_groups_total", "Groups accepted.")),
-      responses_in_(C(r, "asympo_learner_accepted_responses_total", "Responses accepted.")),
-      tokens_in_(C(r, "asympo_learner_received_tokens_total",
-                   "Prompt + response tokens of submitted batches, whatever their result.")),
-      staleness_(prometheus::BuildHistogram()
-                     .Name("asympo_learner_staleness_versions")
-                     .Help("Learner versions between a group's arrival and its use in a step.")
-                     .Register(r)
-                     .Add({}, prometheus::Histogram::BucketBoundaries{0, 1, 2, 3, 4, 6, 8, 12, 16,
-                                                                      32, 64})),
-      step_seconds_(prometheus::BuildHistogram()
-                        .Name("asympo_learner_step_duration_seconds")
-                        .Help("Wall time of a training step.")
-                        .Register(r)
-                        .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3,
-                                                                         10, 30, 100, 300})) {
+      version_(AddGauge(r, "asympo_learner_version", "Policy version: optimizer steps applied.")),
+      reward_mean_(
+          AddGauge(r, "asympo_learner_reward_mean", "Mean reward of the last step's responses.")),
+      reward_std_(AddGauge(r, "asympo_learner_reward_std", "Std of the last step's rewards.")),
+      reward_ema_(AddGauge(r, "asympo_learner_reward_ema",
+                           "Exponential moving average of the step reward.")),
+      reward_peak_(AddGauge(r, "asympo_learner_reward_ema_peak",
+                            "Running peak of the reward EMA since warm-up.")),
+      loss_(AddGauge(r, "asympo_learner_loss", "Objective value of the last step.")),
+      s_pos_(AddGauge(r, "asympo_learner_scale_positive",
+                      "S_P: advantage-weighted mean NLL of positive responses.")),
+      s_neg_(AddGauge(r, "asympo_learner_scale_negative",
+                      "S_N: advantage-weighted mean NLL of negative responses.")),
+      ratio_(AddGauge(r, "asympo_learner_naive_ratio", "R = S_N / S_P.")),
+      imbalance_(AddGauge(r, "asympo_learner_imbalance", "Mean over groups of sum_g A_g S_g.")),
+      clip_low_(AddGauge(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
+                         {{"bound", "low"}})),
+      clip_high_(AddGauge(r, "asympo_learner_clip_fraction", "Fraction of tokens at a clip bound.",
+                          {{"bound", "high"}})),
+      grad_norm_(AddGauge(r, "asympo_learner_grad_norm", "Global gradient norm before clipping.")),
+      lr_(AddGauge(r, "asympo_learner_learning_rate", "Learning rate of the last step.")),
+      tokens_per_second_(AddGauge(r, "asympo_learner_tokens_per_second",
+                                  "Prompt + response tokens per second of the last step.")),
+      queue_depth_(
+          AddGauge(r, "asympo_learner_queue_depth_groups", "Groups waiting in the queue.")),
+      queue_capacity_(
+          AddGauge(r, "asympo_learner_queue_capacity_groups", "Queue capacity K in groups.")),
+      queue_waiting_(AddGauge(r, "asympo_learner_queue_waiting_submissions",
+                              "Submissions held while the queue is full.")),
+      collapse_gauge_(AddGauge(r, "asympo_learner_collapse_suspected",
+                               "1 when the reward EMA fell the set fraction below its peak.")),
+      length_(AddGauge(r, "asympo_learner_mean_response_length_tokens", "Mean response length.")),
+      nll_(AddGauge(r, "asympo_learner_mean_nll", "Mean token NLL (an entropy proxy).")),
+      degenerate_(AddGauge(r, "asympo_learner_degenerate_group_fraction",
+                           "Fraction of groups whose rewards are all equal.")),
+      gpg_alpha_(AddGauge(r, "asympo_learner_gpg_alpha", "GPG's gradient correction B/(B-M).")),
+      steps_(AddCounter(r, "asympo_learner_steps_total", "Training steps completed.")),
+      tokens_(AddCounter(r, "asympo_learner_tokens_total", "Prompt + response tokens trained on.")),
+      trained_groups_(AddCounter(r, "asympo_learner_trained_groups_total", "Groups trained on.")),
+      groups_in_(AddCounter(r, "asympo_learner_accepted_groups_total", "Groups accepted.")),
+      responses_in_(
+          AddCounter(r, "asympo_learner_accepted_responses_total", "Responses accepted.")),
+      tokens_in_(
+          AddCounter(r, "asympo_learner_received_tokens_total",
+                     "Prompt + response tokens of submitted batches, whatever their result.")),
+      staleness_(AddHistogram(r, "asympo_learner_staleness_versions",
+                              "Learner versions between a group's arrival and its use in a step.",
+                              {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
+      step_seconds_(AddHistogram(r, "asympo_learner_step_duration_seconds",
+                                 "Wall time of a training step.",
+                                 {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})) {
   auto& batches = prometheus::BuildCounter()
                       .Name("asympo_learner_batches_total")
                       .Help("Submitted batches by result: accepted, invalid, full, unavailable.")

@@ -19,6 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon_main.h"
+#include "common/model_io.h"
+#include "common/status_macros.h"
 #include "learner_server/learner_daemon.h"
 
 // Service.
@@ -125,13 +127,7 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.model = absl::GetFlag(FLAGS_model);
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype == "bfloat16") {
-    o.model_options.dtype = at::kBFloat16;
-  } else if (dtype != "float32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
-  }
+  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
   o.model_options.seed = absl::GetFlag(FLAGS_seed);
   auto objective = asympo::learner::ParseObjective(absl::GetFlag(FLAGS_objective));
   if (!objective.ok())

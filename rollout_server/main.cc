@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon_main.h"
+#include "common/model_io.h"
+#include "common/status_macros.h"
 #include "rollout_server/rollout_daemon.h"
 
 // Learner and identity.
@@ -80,13 +82,7 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.model = absl::GetFlag(FLAGS_model);
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype == "bfloat16") {
-    o.model_options.dtype = at::kBFloat16;
-  } else if (dtype != "float32") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
-  }
+  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.task.name = absl::GetFlag(FLAGS_task);
   o.task.data_path = absl::GetFlag(FLAGS_task_data);

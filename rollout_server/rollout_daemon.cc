@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "asympo/v1/learner.grpc.pb.h"
+#include "common/metric_builders.h"
 #include "common/model_io.h"
 #include "common/status_macros.h"
 #include "weight_broadcaster/broadcast_receiver.h"
@@ -25,31 +26,23 @@
 namespace asympo::rollout {
 namespace {
 
-prometheus::Gauge& G(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Counter& C(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Histogram& H(prometheus::Registry& r, const std::string& name, const std::string& help,
-                         prometheus::Histogram::BucketBoundaries buckets) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add({}, std::move(buckets));
-}
+using metrics::AddCounter;
+using metrics::AddGauge;
+using metrics::AddHistogram;
 
 struct RolloutMetrics {
   explicit RolloutMetrics(prometheus::Registry& r)
-      : tokens(C(r, "asympo_rollout_tokens_generated_total", "Response tokens sampled.")),
-        groups_generated(
-            C(r, "asympo_rollout_groups_generated_total", "Prompt groups sampled and scored.")),
-        groups_sent(C(r, "asympo_rollout_groups_sent_total", "Groups the learner accepted.")),
-        responses(C(r, "asympo_rollout_responses_total", "Responses sampled and scored.")),
-        correct(C(r, "asympo_rollout_correct_responses_total",
-                  "Responses the task's verifier scored as an exact match.")),
-        reward_sum(C(r, "asympo_rollout_reward_sum_total",
-                     "Sum of the rewards of all scored responses (divide by "
-                     "asympo_rollout_responses_total for the mean).")),
+      : tokens(AddCounter(r, "asympo_rollout_tokens_generated_total", "Response tokens sampled.")),
+        groups_generated(AddCounter(r, "asympo_rollout_groups_generated_total",
+                                    "Prompt groups sampled and scored.")),
+        groups_sent(
+            AddCounter(r, "asympo_rollout_groups_sent_total", "Groups the learner accepted.")),
+        responses(AddCounter(r, "asympo_rollout_responses_total", "Responses sampled and scored.")),
+        correct(AddCounter(r, "asympo_rollout_correct_responses_total",
+                           "Responses the task's verifier scored as an exact match.")),
+        reward_sum(AddCounter(r, "asympo_rollout_reward_sum_total",
+                              "Sum of the rewards of all scored responses (divide by "
+                              "asympo_rollout_responses_total for the mean).")),
         dropped(prometheus::BuildCounter()
                     .Name("asympo_rollout_groups_dropped_total")
                     .Help("Groups dropped without reaching the learner, by reason: rejected (the "
@@ -62,17 +55,17 @@ struct RolloutMetrics {
                           .Name("asympo_rollout_submit_errors_total")
                           .Help("Submit and status calls that failed, by gRPC status code.")
                           .Register(r)),
-        generation_seconds(H(r, "asympo_rollout_generation_seconds",
-                             "Time of one batched generation (prompts x G responses).",
-                             {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100})),
-        buffer_groups(G(r, "asympo_rollout_buffer_groups",
-                        "Groups generated and not yet accepted by the learner.")),
+        generation_seconds(AddHistogram(r, "asympo_rollout_generation_seconds",
+                                        "Time of one batched generation (prompts x G responses).",
+                                        {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100})),
+        buffer_groups(AddGauge(r, "asympo_rollout_buffer_groups",
+                               "Groups generated and not yet accepted by the learner.")),
         buffer_capacity(
-            G(r, "asympo_rollout_buffer_capacity_groups", "Bound of the rollout buffer.")),
-        connected(G(r, "asympo_rollout_learner_connected",
-                    "1 while the learner answers, 0 while the daemon reconnects.")),
-        flips(C(r, "asympo_rollout_weight_flips_total",
-                "Snapshots loaded into the spare model and flipped to.")) {}
+            AddGauge(r, "asympo_rollout_buffer_capacity_groups", "Bound of the rollout buffer.")),
+        connected(AddGauge(r, "asympo_rollout_learner_connected",
+                           "1 while the learner answers, 0 while the daemon reconnects.")),
+        flips(AddCounter(r, "asympo_rollout_weight_flips_total",
+                         "Snapshots loaded into the spare model and flipped to.")) {}
 
   prometheus::Counter& tokens;
   prometheus::Counter& groups_generated;
@@ -148,13 +141,12 @@ struct RolloutDaemon::Impl {
   void SubmitLoop();
   // Sleeps `d`, or only briefly once stopping (while draining the buffer).
   void SleepUnlessStopping(absl::Duration d) {
-    std::unique_lock<std::mutex> lock(mu);
-    if (stopping) d = std::min(d, absl::Milliseconds(50));
-    cv.wait_for(lock, absl::ToChronoMilliseconds(d), [&] { return stopping; });
-    if (stopping) {
-      lock.unlock();
-      std::this_thread::sleep_for(absl::ToChronoMilliseconds(std::min(d, absl::Milliseconds(50))));
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, absl::ToChronoMilliseconds(d), [&] { return stopping; })) return;
     }
+    // Stopping: the buffer is being drained; pause briefly between attempts.
+    std::this_thread::sleep_for(absl::ToChronoMilliseconds(std::min(d, absl::Milliseconds(50))));
   }
   absl::Status CheckAgainstLimits(const v1::LearnerStatus& s) const;
 };
@@ -173,9 +165,9 @@ absl::Status RolloutDaemon::Impl::CheckAgainstLimits(const v1::LearnerStatus& s)
                      l.min_group_size(), ", ", l.max_group_size(), "]"));
   }
   if (l.max_response_tokens() != 0 && sampling.max_new_tokens > l.max_response_tokens()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--max_new_tokens=", sampling.max_new_tokens,
-                     " exceeds the learner's max_response_tokens ", l.max_response_tokens()));
+    return absl::FailedPreconditionError(absl::StrCat("--max_new_tokens=", sampling.max_new_tokens,
+                                                      " exceeds the learner's max_response_tokens ",
+                                                      l.max_response_tokens()));
   }
   return absl::OkStatus();
 }
@@ -209,8 +201,8 @@ void RolloutDaemon::Impl::SubmitLoop() {
       if (!s.ok()) {
         error(s.error_code());
         metrics->connected.Set(0);
-        LOG_EVERY_N(WARNING, 10) << "learner at " << options.learner_address
-                                 << " unavailable (" << s.error_message() << "); retrying in "
+        LOG_EVERY_N(WARNING, 10) << "learner at " << options.learner_address << " unavailable ("
+                                 << s.error_message() << "); retrying in "
                                  << absl::FormatDuration(backoff);
         SleepUnlessStopping(backoff);
         backoff = std::min(backoff * 2, options.max_backoff);
@@ -237,12 +229,12 @@ void RolloutDaemon::Impl::SubmitLoop() {
     v1::RolloutBatch batch;
     {
       std::unique_lock<std::mutex> lock(mu);
-      cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return !buffer.empty() || stopping; });
+      cv.wait_for(lock, std::chrono::milliseconds(200),
+                  [&] { return !buffer.empty() || stopping; });
       const int max_groups =
-          std::min<int>(options.max_groups_per_batch,
-                        status.limits().max_groups_per_batch() > 0
-                            ? status.limits().max_groups_per_batch()
-                            : options.max_groups_per_batch);
+          std::min<int>(options.max_groups_per_batch, status.limits().max_groups_per_batch() > 0
+                                                          ? status.limits().max_groups_per_batch()
+                                                          : options.max_groups_per_batch);
       while (!buffer.empty() && batch.groups_size() < max_groups) {
         *batch.add_groups() = std::move(buffer.front());
         buffer.pop_front();
@@ -291,8 +283,7 @@ void RolloutDaemon::Impl::SubmitLoop() {
       auto it = ctx.GetServerTrailingMetadata().find("asympo-retry-after-ms");
       if (it != ctx.GetServerTrailingMetadata().end()) {
         int64_t v = 0;
-        if (absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &v) &&
-            v >= 0) {
+        if (absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &v) && v >= 0) {
           retry_ms = std::min<int64_t>(v, 60000);
         }
       }
@@ -341,16 +332,16 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(RolloutDaem
         absl::StrCat("group_size is ", o.group_size, "; a group needs at least 2 responses"));
   }
   if (o.prompts_per_generation <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("prompts_per_generation is ",
-                                                   o.prompts_per_generation, "; it must be > 0"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompts_per_generation is ", o.prompts_per_generation, "; it must be > 0"));
   }
   if (o.max_groups_per_batch <= 0) {
     return absl::InvalidArgumentError("max_groups_per_batch must be positive");
   }
   if (o.max_buffered_groups < o.prompts_per_generation) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_buffered_groups ", o.max_buffered_groups,
-                     " is below prompts_per_generation ", o.prompts_per_generation));
+    return absl::InvalidArgumentError(absl::StrCat("max_buffered_groups ", o.max_buffered_groups,
+                                                   " is below prompts_per_generation ",
+                                                   o.prompts_per_generation));
   }
   if (o.min_backoff <= absl::ZeroDuration() || o.max_backoff < o.min_backoff) {
     return absl::InvalidArgumentError("backoff: need 0 < min_backoff <= max_backoff");
@@ -363,12 +354,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(RolloutDaem
   Impl& im = *d->impl_;
   im.options = o;
   for (auto& m : im.models) {
-    if (o.model == "tiny") {
-      ASYMPO_ASSIGN_OR_RETURN(
-          m, PolicyModel::CreateRandom(ModelConfig::Tiny(o.tiny_vocab_size), o.model_options));
-    } else {
-      ASYMPO_ASSIGN_OR_RETURN(m, LoadPolicyModel(o.model, o.model_options));
-    }
+    ASYMPO_ASSIGN_OR_RETURN(m, CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
   }
   TaskOptions to = o.task;
   to.vocab_size = im.models[0]->config().vocab_size;
@@ -450,10 +436,9 @@ absl::StatusOr<int64_t> RolloutDaemon::Run() {
       // Room for a generation's groups, and the learner's wishes known.
       std::unique_lock<std::mutex> lock(im.mu);
       im.cv.wait(lock, [&] {
-        return im.stopping ||
-               (im.have_status && static_cast<int64_t>(im.buffer.size()) + im.in_flight +
-                                          o.prompts_per_generation <=
-                                      o.max_buffered_groups);
+        return im.stopping || (im.have_status && static_cast<int64_t>(im.buffer.size()) +
+                                                         im.in_flight + o.prompts_per_generation <=
+                                                     o.max_buffered_groups);
       });
       if (im.stopping) break;
       wants_logprobs = im.status.wants_behavior_logprobs();
@@ -493,7 +478,8 @@ absl::StatusOr<int64_t> RolloutDaemon::Run() {
         resp->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
         resp->set_reward(static_cast<float>(score.reward));
         resp->set_finish_reason(r.finish_reason);
-        if (wants_logprobs) resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
+        if (wants_logprobs)
+          resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
         im.metrics->tokens.Increment(static_cast<double>(r.tokens.size()));
         im.metrics->responses.Increment();
         im.metrics->reward_sum.Increment(std::max(0.0, score.reward));

@@ -2,56 +2,58 @@
 
 #include <string>
 
+#include "common/metric_builders.h"
+
 namespace asympo::broadcast {
 namespace {
 
-prometheus::Gauge& G(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return prometheus::BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
+using metrics::AddCounter;
+using metrics::AddGauge;
 
-prometheus::Counter& C(prometheus::Registry& r, const std::string& name, const std::string& help) {
-  return prometheus::BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
-
-prometheus::Histogram& H(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return prometheus::BuildHistogram().Name(name).Help(help).Register(r).Add(
-      {},
-      prometheus::Histogram::BucketBoundaries{0.001, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300});
+prometheus::Histogram& AddSecondsHistogram(prometheus::Registry& r, const std::string& name,
+                                           const std::string& help) {
+  return metrics::AddHistogram(r, name, help,
+                               {0.001, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300});
 }
 
 }  // namespace
 
 SenderMetrics::SenderMetrics(prometheus::Registry& r)
-    : version(G(r, "asympo_broadcast_version", "Newest published snapshot version.")),
-      snapshot_bytes(G(r, "asympo_broadcast_snapshot_bytes",
-                       "Packed size of the newest snapshot (sum of its buckets).")),
-      bytes(C(r, "asympo_broadcast_bytes_total", "Snapshot bytes sent in FetchSnapshot chunks.")),
-      failures(C(r, "asympo_broadcast_failures_total",
-                 "Fetches that ended with an error or a cancel, plus transfer and load errors "
-                 "reported by receivers.")),
-      receivers(G(r, "asympo_broadcast_receivers",
-                  "Registered receivers with an open Subscribe stream.")),
-      versions_in_use(G(r, "asympo_broadcast_versions_in_use",
-                        "Distinct versions that subscribed receivers report sampling with.")),
-      oldest_version(G(r, "asympo_broadcast_oldest_receiver_version",
-                       "Oldest version a subscribed receiver samples with (0 when none).")),
-      publish_seconds(H(r, "asympo_broadcast_publish_seconds",
-                        "Time Publish takes to pack and checksum a snapshot.")),
-      transfer_seconds(H(r, "asympo_broadcast_transfer_seconds",
-                         "Duration of each FetchSnapshot stream that sent every chunk.")) {}
+    : version(AddGauge(r, "asympo_broadcast_version", "Newest published snapshot version.")),
+      snapshot_bytes(AddGauge(r, "asympo_broadcast_snapshot_bytes",
+                              "Packed size of the newest snapshot (sum of its buckets).")),
+      bytes(AddCounter(r, "asympo_broadcast_bytes_total",
+                       "Snapshot bytes sent in FetchSnapshot chunks.")),
+      failures(
+          AddCounter(r, "asympo_broadcast_failures_total",
+                     "Fetches that ended with an error or a cancel, plus transfer and load errors "
+                     "reported by receivers.")),
+      receivers(AddGauge(r, "asympo_broadcast_receivers",
+                         "Registered receivers with an open Subscribe stream.")),
+      versions_in_use(
+          AddGauge(r, "asympo_broadcast_versions_in_use",
+                   "Distinct versions that subscribed receivers report sampling with.")),
+      oldest_version(AddGauge(r, "asympo_broadcast_oldest_receiver_version",
+                              "Oldest version a subscribed receiver samples with (0 when none).")),
+      publish_seconds(AddSecondsHistogram(r, "asympo_broadcast_publish_seconds",
+                                          "Time Publish takes to pack and checksum a snapshot.")),
+      transfer_seconds(
+          AddSecondsHistogram(r, "asympo_broadcast_transfer_seconds",
+                              "Duration of each FetchSnapshot stream that sent every chunk.")) {}
 
 ReceiverMetrics::ReceiverMetrics(prometheus::Registry& r)
-    : version(G(r, "asympo_rollout_weight_version",
-                "Weight version the rollout daemon samples with (as it reported last).")),
-      connected(G(r, "asympo_rollout_weight_connected",
-                  "1 while registered with the learner's broadcaster and subscribed.")),
-      fetch_bytes(C(r, "asympo_rollout_weight_fetch_bytes_total",
-                    "Snapshot bytes received in FetchSnapshot chunks.")),
-      failures(C(r, "asympo_rollout_weight_failures_total",
-                 "Snapshot transfers that failed (network, timeout, checksum, bad manifest).")),
-      fetch_seconds(H(r, "asympo_rollout_weight_fetch_seconds",
-                      "Duration of each verified snapshot fetch, first chunk request to last "
-                      "checksum.")) {}
+    : version(AddGauge(r, "asympo_rollout_weight_version",
+                       "Weight version the rollout daemon samples with (as it reported last).")),
+      connected(AddGauge(r, "asympo_rollout_weight_connected",
+                         "1 while registered with the learner's broadcaster and subscribed.")),
+      fetch_bytes(AddCounter(r, "asympo_rollout_weight_fetch_bytes_total",
+                             "Snapshot bytes received in FetchSnapshot chunks.")),
+      failures(
+          AddCounter(r, "asympo_rollout_weight_failures_total",
+                     "Snapshot transfers that failed (network, timeout, checksum, bad manifest).")),
+      fetch_seconds(AddSecondsHistogram(
+          r, "asympo_rollout_weight_fetch_seconds",
+          "Duration of each verified snapshot fetch, first chunk request to last "
+          "checksum.")) {}
 
 }  // namespace asympo::broadcast

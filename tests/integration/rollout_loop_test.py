@@ -16,11 +16,19 @@ Exit 0 on success, 1 on a failed check.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
+
+# The launcher's /metrics scraper and free-port helper.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+import local_run  # noqa: E402
+
+free_port = local_run.free_port
+
+
+def scrape(port):
+    return local_run.scrape(port, timeout=2) or {}
 
 
 def check(cond, what, quiet=False):
@@ -29,31 +37,6 @@ def check(cond, what, quiet=False):
         raise SystemExit(1)
     if not quiet:
         print("ok:", what)
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-def scrape(port):
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=2) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = float(value)
-            except ValueError:
-                pass
-    return out
 
 
 def wait_for(what, pred, timeout=60, poll=0.1):
