@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/model_config.h"
+#include "common/model/model_config.h"
 
 namespace asympo::bench {
 

@@ -37,7 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 
 namespace {
 
@@ -207,7 +207,7 @@ int main(int argc, char** argv) {
     uint32_t sink = 0;
     for (int r = 0; r < 5; ++r) {
       const auto t0 = Clock::now();
-      sink ^= bc::Crc32c(block.data(), block.size());
+      sink ^= asympo::Crc32c(block.data(), block.size());
       crc_s.push_back(Seconds(t0));
     }
     crc_bps = block.size() / Median(crc_s);
@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(bucket_mib),
         chunk_kib == 0 ? "default (4 MiB)" : (std::to_string(chunk_kib) + " KiB").c_str(), reps,
         malloc_tuned ? "tuned" : "default", crc_bps / 1e6,
-        bc::Crc32cIsHardwareAccelerated() ? "SSE4.2" : "table", sink == 1 ? " " : "");
+        asympo::Crc32cIsHardwareAccelerated() ? "SSE4.2" : "table", sink == 1 ? " " : "");
   }
   std::printf(
       "| snapshot | receivers | gRPC MB/s | TCP MB/s | gRPC / TCP | CRC share of a receiver's "

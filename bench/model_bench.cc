@@ -20,7 +20,7 @@
 #include <torch/types.h>
 
 #include "bench/bench_models.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 #include "learner_server/token_logprobs.h"
 #include "rollout_server/generation.h"

@@ -25,8 +25,8 @@
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 
-#include "common/model_config.h"
-#include "common/policy_model.h"
+#include "common/model/model_config.h"
+#include "common/model/policy_model.h"
 #include "learner_server/trainer.h"
 #include "rollout_server/generation.h"
 #include "rollout_server/tasks.h"

@@ -17,6 +17,15 @@ pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 find_package(Torch REQUIRED)
 message(STATUS "ASymPO-RL: LibTorch ${Torch_VERSION} at ${Torch_DIR}")
 
+# libstdc++ first in every binary's list of shared libraries. The LibTorch
+# inside PyTorch >= 2.5 wheels exports its own statically linked copies of
+# libstdc++'s std::filesystem functions (pytorch/pytorch#133437); the dynamic
+# linker binds a call to the first library in that list that defines the
+# symbol, which was libtorch_cpu, and every std::filesystem call then
+# crashed (seen on a GPU node with PyTorch 2.11, docs/operations.md). Named
+# first, libstdc++ provides them. Harmless with Debian's LibTorch.
+add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
+
 if(ASYMPO_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()
@@ -33,7 +42,6 @@ else()
   find_program(ASYMPO_GRPC_PLUGIN grpc_cpp_plugin REQUIRED)
 endif()
 
-# NCCL is never linked and needs no header: weight_broadcaster declares the
-# few NCCL/CUDA types it uses and opens libnccl / libcudart at run time
-# (dlopen), so one binary starts everywhere. -DASYMPO_NCCL=OFF leaves the
-# NCCL transport out (weight_broadcaster/CMakeLists.txt).
+# NCCL is never linked and needs no header: weight_broadcaster/nccl declares
+# the few NCCL/CUDA types it uses and opens libnccl / libcudart at run time
+# (dlopen), so one binary starts everywhere, with or without a GPU.

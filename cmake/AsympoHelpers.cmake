@@ -26,15 +26,19 @@ function(asympo_use_torch_pch target)
 endfunction()
 
 # asympo_add_gtest(NAME name SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TORCH])
-# Builds one test executable and registers each TEST with ctest.
+# Builds one test executable and registers each TEST with ctest. TORCH
+# tests use the LibTorch PCH and a main() that sets one intra-op thread
+# (tests/testing/torch_test_main.cc).
 function(asympo_add_gtest)
   cmake_parse_arguments(ARG "TORCH" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gmock GTest::gtest_main)
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
   asympo_set_warnings(${ARG_NAME})
   if(ARG_TORCH)
+    target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} asympo_torch_test_main GTest::gmock)
     asympo_use_torch_pch(${ARG_NAME})
+  else()
+    target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gmock GTest::gtest_main)
   endif()
   gtest_discover_tests(${ARG_NAME}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}

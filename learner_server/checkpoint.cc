@@ -17,10 +17,11 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/safetensors.h"
-#include "common/safetensors_io.h"
+#include "common/crc32c.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_io.h"
+#include "common/model/torch_errors.h"
 #include "common/status_macros.h"
-#include "weight_broadcaster/crc32c.h"
 
 namespace asympo::learner {
 namespace {
@@ -33,7 +34,7 @@ constexpr char kOptimizerPrefix[] = "__optimizer__.";
 
 absl::StatusOr<uint32_t> FileCrc(const std::string& path) {
   ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
-  return broadcast::Crc32c(m->data(), m->size());
+  return Crc32c(m->data(), m->size());
 }
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
@@ -109,9 +110,11 @@ std::vector<std::string> ListCheckpoints(const std::string& root) {
   return out;
 }
 
-absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
-                                              const PolicyModel& model, const AdamW& optimizer,
-                                              const std::string& config, int keep_last) {
+namespace {
+
+absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
+                                             const PolicyModel& model, const AdamW& optimizer,
+                                             const std::string& config, int keep_last) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -158,9 +161,9 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t 
   return info;
 }
 
-absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
-                                                                   PolicyModel* model,
-                                                                   AdamW* optimizer) {
+absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::string& root,
+                                                                  PolicyModel* model,
+                                                                  AdamW* optimizer) {
   std::error_code ec;
   if (!fs::exists(root, ec)) return std::optional<CheckpointInfo>();
   if (!fs::is_directory(root, ec)) {
@@ -181,6 +184,23 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::st
     LOG(WARNING) << "skipping checkpoint " << dir << ": " << s;
   }
   return std::optional<CheckpointInfo>();
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
+                                              const PolicyModel& model, const AdamW& optimizer,
+                                              const std::string& config, int keep_last) {
+  return GuardTorch(absl::StrCat("checkpoint of version ", version, " into ", root), [&] {
+    return SaveUnguarded(root, version, model, optimizer, config, keep_last);
+  });
+}
+
+absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
+                                                                   PolicyModel* model,
+                                                                   AdamW* optimizer) {
+  return GuardTorch(absl::StrCat("restoring a checkpoint from ", root),
+                    [&] { return LoadLatestUnguarded(root, model, optimizer); });
 }
 
 }  // namespace asympo::learner

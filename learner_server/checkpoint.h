@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 
 namespace asympo::learner {

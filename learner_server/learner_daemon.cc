@@ -9,13 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model_io.h"
+#include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/checkpoint.h"
-#include "weight_broadcaster/model_snapshot.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
-namespace {
 
 // Publishes every `every`-th version through the broadcaster.
 class BroadcastPublisher : public WeightPublisher {
@@ -31,7 +30,9 @@ class BroadcastPublisher : public WeightPublisher {
 
   absl::Status PublishNow(uint64_t version, const PolicyModel& model) {
     std::vector<at::Tensor> staging;
-    return sender_->Publish(version, broadcast::ModelTensorViews(model, &staging));
+    ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views,
+                            broadcast::ModelTensorViews(model, &staging));
+    return sender_->Publish(version, views);
   }
 
  private:
@@ -39,17 +40,9 @@ class BroadcastPublisher : public WeightPublisher {
   uint64_t every_;
 };
 
-}  // namespace
+namespace {
 
-LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(options)) {}
-
-LearnerDaemon::~LearnerDaemon() {
-  Shutdown();
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  if (step_csv_ != nullptr) std::fclose(step_csv_);
-}
-
-absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaemonOptions o) {
+absl::Status ValidateOptions(const LearnerDaemonOptions& o) {
   if (o.prompts_per_step <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("prompts_per_step is ", o.prompts_per_step, "; it must be positive"));
@@ -64,93 +57,115 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(LearnerDaem
         "max_groups_per_batch ", o.limits.max_groups_per_batch, " exceeds the queue capacity ",
         o.queue.capacity_groups, "; such a batch could never be queued"));
   }
-  ASYMPO_RETURN_IF_ERROR(ValidateCollapseOptions(o.collapse));
-  ASYMPO_RETURN_IF_ERROR(ValidateTrainerOptions(o.trainer));
-  std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(o));
-
-  ASYMPO_ASSIGN_OR_RETURN(d->model_,
-                          CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
-  d->options_.limits.vocab_size = static_cast<int32_t>(d->model_->config().vocab_size);
-  d->options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
-  ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(d->options_.limits));
   if (o.broadcast_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
   }
-  d->registry_ = std::make_shared<prometheus::Registry>();
-  d->sender_ = std::make_unique<broadcast::BroadcastSender>(
-      o.broadcast, broadcast::ModelSignatureOf(*d->model_), d->registry_.get());
-  d->publisher_ = std::make_unique<BroadcastPublisher>(d->sender_.get(), o.broadcast_every);
-  ASYMPO_ASSIGN_OR_RETURN(d->trainer_,
-                          Trainer::Create(o.trainer, d->model_.get(), d->publisher_.get()));
+  ASYMPO_RETURN_IF_ERROR(ValidateCollapseOptions(o.collapse));
+  return ValidateTrainerOptions(o.trainer);
+}
 
-  if (!o.checkpoint_dir.empty()) {
-    ASYMPO_ASSIGN_OR_RETURN(
-        std::optional<CheckpointInfo> ckpt,
-        LoadLatestCheckpoint(o.checkpoint_dir, d->model_.get(), &d->trainer_->optimizer()));
-    if (ckpt.has_value()) {
-      d->trainer_->set_version(ckpt->version);
-      d->counters_.version = ckpt->version;
-      LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version;
-    } else {
-      LOG(INFO) << "no checkpoint under " << o.checkpoint_dir << "; starting from version 0";
-    }
-  }
+}  // namespace
 
+LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(options)) {}
+
+LearnerDaemon::~LearnerDaemon() {
+  Shutdown();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (step_csv_ != nullptr) std::fclose(step_csv_);
+}
+
+absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
+    LearnerDaemonOptions o, prometheus::Registry& registry) {
+  ASYMPO_RETURN_IF_ERROR(ValidateOptions(o));
+  std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(std::move(o)));
+  ASYMPO_RETURN_IF_ERROR(d->BuildModelAndTrainer(registry));
+  ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
   // Late joiners and restarted rollouts get the current weights at once.
-  ASYMPO_RETURN_IF_ERROR(static_cast<BroadcastPublisher*>(d->publisher_.get())
-                             ->PublishNow(d->trainer_->version(), *d->model_));
-  if (!o.step_csv_path.empty()) {
-    d->step_csv_ = std::fopen(o.step_csv_path.c_str(), "a");
-    if (d->step_csv_ == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cannot open step_csv_path ", o.step_csv_path, ": ", std::strerror(errno)));
-    }
-    if (std::ftell(d->step_csv_) == 0) {
-      std::fputs(
-          "time_s,step,version,reward_mean,reward_std,loss,s_pos,s_neg,grad_norm,lr,"
-          "tokens_per_s,queue_depth,staleness_mean,mean_response_length\n",
-          d->step_csv_);
-      std::fflush(d->step_csv_);
-    }
-  }
+  ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(d->trainer_->version(), *d->model_));
+  ASYMPO_RETURN_IF_ERROR(d->OpenStepCsv());
   d->start_time_ = absl::Now();
-  d->metrics_ = std::make_unique<LearnerMetrics>(*d->registry_, o.collapse);
-  if (!o.metrics_address.empty()) {
-    ASYMPO_ASSIGN_OR_RETURN(d->metrics_server_,
-                            MetricsHttpServer::Start(o.metrics_address, d->registry_));
-  }
+  ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
+  return d;
+}
 
-  d->queue_ = std::make_unique<GroupQueue>(o.queue);
+absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry) {
+  const LearnerDaemonOptions& o = options_;
+  ASYMPO_ASSIGN_OR_RETURN(model_,
+                          CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
+  options_.limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
+  options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
+  ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(options_.limits));
+  sender_ = std::make_unique<broadcast::BroadcastSender>(
+      o.broadcast, broadcast::ModelSignatureOf(*model_), &registry);
+  publisher_ = std::make_unique<BroadcastPublisher>(sender_.get(), o.broadcast_every);
+  ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), publisher_.get()));
+  metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
+  skipped_ = std::make_unique<SkippedSteps>(registry);
+  return absl::OkStatus();
+}
+
+absl::Status LearnerDaemon::RestoreCheckpoint() {
+  if (options_.checkpoint_dir.empty()) return absl::OkStatus();
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::optional<CheckpointInfo> ckpt,
+      LoadLatestCheckpoint(options_.checkpoint_dir, model_.get(), &trainer_->optimizer()));
+  if (!ckpt.has_value()) {
+    LOG(INFO) << "no checkpoint under " << options_.checkpoint_dir << "; starting from version 0";
+    return absl::OkStatus();
+  }
+  trainer_->set_version(ckpt->version);
+  LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version;
+  return absl::OkStatus();
+}
+
+absl::Status LearnerDaemon::OpenStepCsv() {
+  if (options_.step_csv_path.empty()) return absl::OkStatus();
+  step_csv_ = std::fopen(options_.step_csv_path.c_str(), "a");
+  if (step_csv_ == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot open step_csv_path ", options_.step_csv_path, ": ", std::strerror(errno)));
+  }
+  if (std::ftell(step_csv_) == 0) {
+    std::fputs(
+        "time_s,step,version,reward_mean,reward_std,loss,s_pos,s_neg,grad_norm,lr,"
+        "tokens_per_s,queue_depth,staleness_mean,mean_response_length\n",
+        step_csv_);
+    std::fflush(step_csv_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
+  const LearnerDaemonOptions& o = options_;
+  queue_ = std::make_unique<GroupQueue>(o.queue);
   LearnerServiceOptions so;
-  so.limits = d->options_.limits;
+  so.limits = o.limits;
   so.full_queue_timeout = o.full_queue_timeout;
   so.retry_after = o.retry_after;
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
-  d->service_ =
-      std::make_unique<LearnerService>(so, d->queue_.get(), &d->counters_, d->metrics_.get());
+  so.version = [trainer = trainer_.get()] { return trainer->version(); };
+  service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &d->port_);
-  builder.RegisterService(d->service_.get());
-  builder.RegisterService(d->sender_.get());
+  builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &port_);
+  builder.RegisterService(service_.get());
+  builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   // Rollouts' weight receivers send keepalive pings every 20 s on their
   // announcement streams; allow them (and idle ones) without a GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  d->server_ = builder.BuildAndStart();
-  if (d->server_ == nullptr || d->port_ == 0) {
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || port_ == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address));
   }
-  d->metrics_->ObserveQueue(d->queue_->Stats());
-  d->metrics_->SetVersion(d->trainer_->version());
-  LOG(INFO) << "learner serving on port " << d->port_ << " (objective " << so.objective
-            << ", model " << o.model << ", " << d->model_->config().NumParameters()
-            << " parameters, queue " << o.queue.capacity_groups << " groups)";
-  return d;
+  metrics_->ObserveQueue(queue_->Stats());
+  metrics_->SetVersion(trainer_->version());
+  LOG(INFO) << "learner serving on port " << port_ << " (objective " << so.objective << ", model "
+            << o.model << ", " << model_->config().NumParameters() << " parameters, queue "
+            << o.queue.capacity_groups << " groups)";
+  return absl::OkStatus();
 }
-
-int LearnerDaemon::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
 void LearnerDaemon::Shutdown() {
   if (stopping_.exchange(true)) return;
@@ -189,40 +204,48 @@ absl::Status LearnerDaemon::Checkpoint() {
   return absl::OkStatus();
 }
 
+void LearnerDaemon::LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& q) {
+  const LossDiagnostics& d = step.diagnostics;
+  LOG(INFO) << absl::StrFormat(
+      "step %d version %d reward %.4f loss %.5f S_P %.3f S_N %.3f grad %.3f lr %.2e "
+      "tokens/s %.0f queue %d/%d%s",
+      steps, step.version, d.reward_mean, d.loss, d.s_pos, d.s_neg, step.grad_norm,
+      step.learning_rate, step.seconds > 0 ? step.tokens / step.seconds : 0.0, q.depth_groups,
+      q.capacity_groups, metrics_->collapse().suspected() ? " COLLAPSE SUSPECTED" : "");
+}
+
+bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
+  std::vector<QueuedGroup> groups =
+      queue_->Pop(options_.prompts_per_step, absl::Now() + absl::Milliseconds(200));
+  if (stopping_.load()) {
+    *untrained += static_cast<int64_t>(groups.size());
+    return false;
+  }
+  if (groups.empty()) return true;
+  const int64_t n = static_cast<int64_t>(groups.size());
+  absl::StatusOr<StepResult> step = trainer_->Step(std::move(groups));
+  if (!step.ok()) {
+    skipped_->Record(step.status(), n);
+    return true;
+  }
+  ++*steps;
+  counters_.steps.fetch_add(1);
+  counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));
+  const GroupQueueStats q = queue_->Stats();
+  metrics_->ObserveStep(*step, q);
+  WriteStepCsv(*step, q);
+  LogStep(*steps, *step, q);
+  if (options_.checkpoint_every > 0 &&
+      step->version % static_cast<uint64_t>(options_.checkpoint_every) == 0) {
+    absl::Status s = Checkpoint();
+    if (!s.ok()) LOG(ERROR) << "checkpoint failed: " << s;
+  }
+  return true;
+}
+
 absl::StatusOr<int64_t> LearnerDaemon::Run() {
   int64_t steps = 0, untrained = 0;
-  while (true) {
-    std::vector<QueuedGroup> groups =
-        queue_->Pop(options_.prompts_per_step, absl::Now() + absl::Milliseconds(200));
-    if (stopping_.load()) {
-      untrained += static_cast<int64_t>(groups.size());
-      break;
-    }
-    if (groups.empty()) continue;
-    absl::StatusOr<StepResult> step = trainer_->Step(std::move(groups));
-    if (!step.ok()) {
-      LOG(ERROR) << "step skipped: " << step.status();
-      continue;
-    }
-    ++steps;
-    counters_.version = step->version;
-    counters_.steps.fetch_add(1);
-    counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));
-    const GroupQueueStats q = queue_->Stats();
-    metrics_->ObserveStep(*step, q);
-    WriteStepCsv(*step, q);
-    const LossDiagnostics& d = step->diagnostics;
-    LOG(INFO) << absl::StrFormat(
-        "step %d version %d reward %.4f loss %.5f S_P %.3f S_N %.3f grad %.3f lr %.2e "
-        "tokens/s %.0f queue %d/%d%s",
-        steps, step->version, d.reward_mean, d.loss, d.s_pos, d.s_neg, step->grad_norm,
-        step->learning_rate, step->seconds > 0 ? step->tokens / step->seconds : 0.0, q.depth_groups,
-        q.capacity_groups, metrics_->collapse().suspected() ? " COLLAPSE SUSPECTED" : "");
-    if (options_.checkpoint_every > 0 &&
-        step->version % static_cast<uint64_t>(options_.checkpoint_every) == 0) {
-      absl::Status s = Checkpoint();
-      if (!s.ok()) LOG(ERROR) << "checkpoint failed: " << s;
-    }
+  while (TrainOneStep(&steps, &untrained)) {
     if (options_.max_steps > 0 && steps >= options_.max_steps) {
       Shutdown();
       break;

@@ -1,11 +1,14 @@
 // The learner daemon: the model, the bounded queue, the gRPC service, the
-// trainer loop, checkpoints and the metrics endpoint, wired together.
-// learner_server/main.cc turns flags into LearnerDaemonOptions.
+// trainer loop, checkpoints and metrics, wired together.
+// learner_server/main.cc turns flags into LearnerDaemonOptions and owns the
+// metrics registry and its endpoint.
 //
 // Run() blocks on the calling thread, training step after step, until
 // Shutdown() (from any thread, e.g. a signal handler thread) or max_steps.
-// Shutdown stops accepting batches, lets the current step finish, writes a
-// checkpoint and logs how many queued groups were left untrained.
+// A step that fails is skipped and counted by reason (SkippedSteps); its
+// groups are not trained on, and training goes on. Shutdown stops accepting
+// batches, lets the current step finish, writes a checkpoint and logs how
+// many queued groups were left untrained.
 #pragma once
 
 #include <atomic>
@@ -20,11 +23,11 @@
 
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
-#include "common/metrics_http_server.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
+#include "learner_server/skipped_steps.h"
 #include "learner_server/trainer.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -52,8 +55,6 @@ struct LearnerDaemonOptions {
   // When set, the policy is also written there as a Hugging Face directory
   // with every checkpoint and at shutdown.
   std::string export_dir;
-  // Prometheus endpoint ("host:port", port 0 picks one, empty disables).
-  std::string metrics_address = "127.0.0.1:9464";
   CollapseOptions collapse;
   // Weight broadcast (the WeightBroadcast service shares the gRPC port):
   // every `broadcast_every` versions the weights are published to the
@@ -69,37 +70,52 @@ struct LearnerDaemonOptions {
   std::string config_text;
 };
 
+class BroadcastPublisher;
+
 class LearnerDaemon {
  public:
-  // Builds everything, restores the newest checkpoint, starts the gRPC
-  // server and the metrics endpoint. Errors name the bad option or file.
-  static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options);
+  // Builds everything, restores the newest checkpoint and starts the gRPC
+  // server; metrics go to `registry`, which must outlive the daemon. Errors
+  // name the bad option or file.
+  static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options,
+                                                              prometheus::Registry& registry);
   ~LearnerDaemon();
 
   // Trains until Shutdown() or max_steps; then checkpoints. Returns the
   // number of steps this run trained.
   absl::StatusOr<int64_t> Run();
+  // Any thread; Run returns after the current step.
   void Shutdown();
 
   int port() const { return port_; }
-  int metrics_port() const;
-  uint64_t version() const { return counters_.version.load(); }
-  prometheus::Registry& registry() { return *registry_; }
+  // The policy version (the trainer's). Any thread.
+  uint64_t version() const { return trainer_->version(); }
   broadcast::BroadcastSender& broadcaster() { return *sender_; }
+  const SkippedSteps& skipped_steps() const { return *skipped_; }
 
  private:
   explicit LearnerDaemon(LearnerDaemonOptions options);
+  // The parts of Create.
+  absl::Status BuildModelAndTrainer(prometheus::Registry& registry);
+  absl::Status RestoreCheckpoint();
+  absl::Status OpenStepCsv();
+  absl::Status StartServer(prometheus::Registry& registry);
+  // One step from the queue: false once stopping (its groups counted in
+  // `untrained`).
+  bool TrainOneStep(int64_t* steps, int64_t* untrained);
+  void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
   absl::Status Checkpoint();
   void WriteStepCsv(const StepResult& step, const GroupQueueStats& queue);
 
+  // Declared in dependency order: what is used by another member comes
+  // first, so that it is destroyed after it.
   LearnerDaemonOptions options_;
   std::unique_ptr<PolicyModel> model_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
-  std::unique_ptr<WeightPublisher> publisher_;
+  std::unique_ptr<BroadcastPublisher> publisher_;
   std::unique_ptr<Trainer> trainer_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsHttpServer> metrics_server_;
   std::unique_ptr<LearnerMetrics> metrics_;
+  std::unique_ptr<SkippedSteps> skipped_;
   std::unique_ptr<GroupQueue> queue_;
   LearnerCounters counters_;
   std::unique_ptr<LearnerService> service_;

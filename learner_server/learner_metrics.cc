@@ -4,7 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "common/metric_builders.h"
+#include "common/daemon/metric_builders.h"
 
 namespace asympo::learner {
 namespace {

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/grpc_status.h"
 
 namespace asympo::learner {
 namespace {
@@ -127,7 +128,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       response_->set_accepted_batches(1);
       response_->set_accepted_groups(static_cast<uint64_t>(counts_.groups));
       response_->set_accepted_responses(static_cast<uint64_t>(counts_.responses));
-      response_->set_learner_version(svc_->counters()->version.load());
+      response_->set_learner_version(svc_->version());
       response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
     }
     AddRetryHint(ctx_, s, svc_->options().retry_after);
@@ -152,7 +153,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // the client half-closed: every batch was queued
-      response_->set_learner_version(svc_->counters()->version.load());
+      response_->set_learner_version(svc_->version());
       response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
       Finish(grpc::Status::OK);
       return;
@@ -196,8 +197,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
     Account(*svc_, s, counts_);
     AddRetryHint(ctx_, s, svc_->options().retry_after);
     ctx_->AddTrailingMetadata(kAcceptedBatchesKey, std::to_string(accepted_));
-    Finish(grpc::Status(static_cast<grpc::StatusCode>(s.code()),
-                        absl::StrCat("batch ", accepted_, ": ", s.message())));
+    Finish(ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
   }
 
   const LearnerService* svc_;
@@ -211,11 +211,6 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
 
 }  // namespace
 
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
-}
-
 LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
                                LearnerCounters* counters, SubmitObserver* observer)
     : options_(std::move(options)), queue_(queue), counters_(counters), observer_(observer) {}
@@ -224,7 +219,7 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
                                      std::vector<QueuedGroup>* groups) const {
   absl::Status s = ValidateRolloutBatch(*batch, options_.limits);
   if (!s.ok()) return s;
-  const uint64_t version = counters_->version.load();
+  const uint64_t version = this->version();
   groups->reserve(static_cast<size_t>(batch->groups_size()));
   for (v1::PromptGroup& g : *batch->mutable_groups()) {
     QueuedGroup q;
@@ -259,7 +254,7 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
                                                     v1::LearnerStatus* response) {
   const GroupQueueStats q = queue_->Stats();
   const LearnerCounters& k = *counters_;
-  response->set_version(k.version.load());
+  response->set_version(version());
   response->set_steps(k.steps.load());
   response->set_queue_depth_groups(static_cast<uint32_t>(q.depth_groups));
   response->set_queue_capacity_groups(static_cast<uint32_t>(q.capacity_groups));

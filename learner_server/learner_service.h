@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -21,10 +22,10 @@
 
 namespace asympo::learner {
 
-// Counters shared by the service and the trainer (all monotonic except
-// version, which only grows too).
+// Counters shared by the service and the trainer loop, all monotonic. The
+// policy version is not among them: the trainer owns it
+// (LearnerServiceOptions::version reads it).
 struct LearnerCounters {
-  std::atomic<uint64_t> version{0};
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> accepted_batches{0};
   std::atomic<uint64_t> accepted_groups{0};
@@ -54,6 +55,10 @@ struct LearnerServiceOptions {
   absl::Duration retry_after = absl::Seconds(1);
   // Reported by GetStatus.
   std::string objective;
+  // The current policy version (the trainer's), for GetStatus, Submit's
+  // reply and each queued group's arrival version. Called from gRPC
+  // threads. Empty: always 0.
+  std::function<uint64_t()> version;
 };
 
 class LearnerService final : public v1::Learner::CallbackService {
@@ -79,6 +84,7 @@ class LearnerService final : public v1::Learner::CallbackService {
   GroupQueue* queue() const { return queue_; }
   LearnerCounters* counters() const { return counters_; }
   SubmitObserver* observer() const { return observer_; }
+  uint64_t version() const { return options_.version ? options_.version() : 0; }
 
  private:
   LearnerServiceOptions options_;
@@ -86,8 +92,5 @@ class LearnerService final : public v1::Learner::CallbackService {
   LearnerCounters* counters_;
   SubmitObserver* observer_;
 };
-
-// absl::Status -> grpc::Status, keeping code and message.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace asympo::learner

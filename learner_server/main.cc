@@ -5,6 +5,7 @@
 
 
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -18,8 +19,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/daemon_main.h"
-#include "common/model_io.h"
+#include "common/daemon/daemon_runtime.h"
+#include "common/daemon/flag_usage.h"
+#include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/learner_daemon.h"
 
@@ -111,6 +113,12 @@ ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
           "(receivers must detect it and keep their weights).");
 ABSL_FLAG(absl::Duration, fault_broadcast_chunk_delay, absl::ZeroDuration(),
           "Testing only: sleep this long before sending each snapshot chunk.");
+ABSL_FLAG(std::vector<std::string>, fault_nonfinite_loss_steps, {},
+          "Testing only: the training step attempts of this process (1-based) whose loss is made "
+          "NaN (the step must be skipped and counted, the weights kept).");
+ABSL_FLAG(std::vector<std::string>, fault_exception_steps, {},
+          "Testing only: the training step attempts of this process (1-based) that throw a "
+          "LibTorch error after their first micro-batch (skipped and counted, weights kept).");
 
 namespace {
 
@@ -121,89 +129,121 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
-  LearnerDaemonOptions o;
-  o.listen_address = absl::GetFlag(FLAGS_listen);
-  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
-  o.model = absl::GetFlag(FLAGS_model);
-  o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  o.model_options.seed = absl::GetFlag(FLAGS_seed);
+// Parses a list flag of integers >= `min`.
+template <typename T>
+absl::Status ParseList(const std::vector<std::string>& values, const char* flag,
+                       std::vector<T>* out, T min = 1) {
+  for (const std::string& v : values) {
+    T x{};
+    if (!absl::SimpleAtoi(v, &x) || x < min) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": \"", v, "\" is not an integer >= ", min));
+    }
+    out->push_back(x);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelFlags(LearnerDaemonOptions* o) {
+  o->listen_address = absl::GetFlag(FLAGS_listen);
+  o->model = absl::GetFlag(FLAGS_model);
+  o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.dtype,
+                          asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  o->model_options.seed = absl::GetFlag(FLAGS_seed);
+  return absl::OkStatus();
+}
+
+absl::Status ObjectiveFlags(asympo::learner::PolicyLossOptions* loss) {
   auto objective = asympo::learner::ParseObjective(absl::GetFlag(FLAGS_objective));
-  if (!objective.ok())
+  if (!objective.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--objective: ", objective.status().message()));
-  auto& loss = o.trainer.loss;
-  loss.objective = *objective;
+  }
+  loss->objective = *objective;
   auto adv = asympo::learner::ParseAdvantageNormalization(absl::GetFlag(FLAGS_advantage));
-  if (!adv.ok())
+  if (!adv.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--advantage: ", adv.status().message()));
-  loss.advantage.normalization = *adv;
-  loss.spo_alpha = absl::GetFlag(FLAGS_spo_alpha);
-  loss.p_low = absl::GetFlag(FLAGS_p_low);
-  loss.p_high = absl::GetFlag(FLAGS_p_high);
-  loss.scale_floor = absl::GetFlag(FLAGS_scale_floor);
-  loss.clip_eps_low = absl::GetFlag(FLAGS_clip_eps_low);
-  loss.clip_eps_high = absl::GetFlag(FLAGS_clip_eps_high);
-  loss.gpg_gradient_correction = absl::GetFlag(FLAGS_gpg_gradient_correction);
-  o.limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
-  o.limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
-  o.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
-  o.limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
-  o.limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
-  o.prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
-  o.trainer.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
-  o.trainer.logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
-  o.trainer.lr.peak_lr = absl::GetFlag(FLAGS_lr);
-  o.trainer.lr.kind = absl::GetFlag(FLAGS_lr_schedule);
-  o.trainer.lr.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  o.trainer.lr.total_steps = absl::GetFlag(FLAGS_total_steps);
-  o.trainer.lr.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
-  o.trainer.adamw.beta1 = absl::GetFlag(FLAGS_adam_beta1);
-  o.trainer.adamw.beta2 = absl::GetFlag(FLAGS_adam_beta2);
-  o.trainer.adamw.eps = absl::GetFlag(FLAGS_adam_eps);
-  o.trainer.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  o.trainer.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
-  o.max_steps = absl::GetFlag(FLAGS_max_steps);
-  o.queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
-  o.queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
-  if (o.queue.max_waiting_pushes <= 0) {
+  }
+  loss->advantage.normalization = *adv;
+  loss->spo_alpha = absl::GetFlag(FLAGS_spo_alpha);
+  loss->p_low = absl::GetFlag(FLAGS_p_low);
+  loss->p_high = absl::GetFlag(FLAGS_p_high);
+  loss->scale_floor = absl::GetFlag(FLAGS_scale_floor);
+  loss->clip_eps_low = absl::GetFlag(FLAGS_clip_eps_low);
+  loss->clip_eps_high = absl::GetFlag(FLAGS_clip_eps_high);
+  loss->gpg_gradient_correction = absl::GetFlag(FLAGS_gpg_gradient_correction);
+  return absl::OkStatus();
+}
+
+absl::Status StepFlags(LearnerDaemonOptions* o) {
+  o->limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
+  o->limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
+  o->limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  o->limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
+  o->limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
+  asympo::learner::TrainerOptions& t = o->trainer;
+  t.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
+  t.logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
+  t.lr.peak_lr = absl::GetFlag(FLAGS_lr);
+  t.lr.kind = absl::GetFlag(FLAGS_lr_schedule);
+  t.lr.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  t.lr.total_steps = absl::GetFlag(FLAGS_total_steps);
+  t.lr.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  t.adamw.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  t.adamw.beta2 = absl::GetFlag(FLAGS_adam_beta2);
+  t.adamw.eps = absl::GetFlag(FLAGS_adam_eps);
+  t.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  t.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  o->max_steps = absl::GetFlag(FLAGS_max_steps);
+  ASYMPO_RETURN_IF_ERROR(ParseList(absl::GetFlag(FLAGS_fault_nonfinite_loss_steps),
+                                   "fault_nonfinite_loss_steps", &t.fault_nonfinite_loss_steps));
+  return ParseList(absl::GetFlag(FLAGS_fault_exception_steps), "fault_exception_steps",
+                   &t.fault_exception_steps);
+}
+
+absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
+  o->queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
+  o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
+  if (o->queue.max_waiting_pushes <= 0) {
     return absl::InvalidArgumentError("--max_waiting_submissions must be positive");
   }
-  o.full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
-  o.retry_after = absl::GetFlag(FLAGS_retry_after);
-  if (o.full_queue_timeout < absl::ZeroDuration() || o.retry_after < absl::ZeroDuration()) {
+  o->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
+  o->retry_after = absl::GetFlag(FLAGS_retry_after);
+  if (o->full_queue_timeout < absl::ZeroDuration() || o->retry_after < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--full_queue_timeout and --retry_after must be >= 0");
   }
-  o.checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
-  o.checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
-  o.keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
-  o.export_dir = absl::GetFlag(FLAGS_export_dir);
-  o.collapse.ema_alpha = absl::GetFlag(FLAGS_collapse_ema_alpha);
-  o.collapse.warmup_steps = absl::GetFlag(FLAGS_collapse_warmup_steps);
-  o.collapse.drop_fraction = absl::GetFlag(FLAGS_collapse_drop_fraction);
-  o.broadcast_every = absl::GetFlag(FLAGS_broadcast_every);
+  o->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
+  o->checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
+  o->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
+  o->export_dir = absl::GetFlag(FLAGS_export_dir);
+  o->collapse.ema_alpha = absl::GetFlag(FLAGS_collapse_ema_alpha);
+  o->collapse.warmup_steps = absl::GetFlag(FLAGS_collapse_warmup_steps);
+  o->collapse.drop_fraction = absl::GetFlag(FLAGS_collapse_drop_fraction);
+  o->step_csv_path = absl::GetFlag(FLAGS_step_csv);
+  return absl::OkStatus();
+}
+
+absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
+  o->broadcast_every = absl::GetFlag(FLAGS_broadcast_every);
+  asympo::broadcast::BroadcastSenderOptions& b = o->broadcast;
   const int64_t bucket_mb = absl::GetFlag(FLAGS_broadcast_bucket_mb);
   if (bucket_mb <= 0 || bucket_mb > 4096) {
     return absl::InvalidArgumentError(
         absl::StrCat("--broadcast_bucket_mb=", bucket_mb, ": expected 1..4096"));
   }
-  o.broadcast.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;
+  b.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;
   const int64_t chunk_kb = absl::GetFlag(FLAGS_broadcast_chunk_kb);
-  if (chunk_kb <= 0 || (chunk_kb << 10) > o.broadcast.max_chunk_bytes_cap) {
-    return absl::InvalidArgumentError(absl::StrCat("--broadcast_chunk_kb=", chunk_kb, ": expected 1..",
-                                                   o.broadcast.max_chunk_bytes_cap >> 10));
+  if (chunk_kb <= 0 || (chunk_kb << 10) > b.max_chunk_bytes_cap) {
+    return absl::InvalidArgumentError(absl::StrCat("--broadcast_chunk_kb=", chunk_kb,
+                                                   ": expected 1..", b.max_chunk_bytes_cap >> 10));
   }
-  o.broadcast.default_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
-  for (const std::string& v : absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions)) {
-    uint64_t version = 0;
-    if (!absl::SimpleAtoi(v, &version)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--fault_corrupt_broadcast_versions: \"", v, "\" is not a version"));
-    }
-    o.broadcast.corrupt_versions.push_back(version);
-  }
-  o.broadcast.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
-  if (o.broadcast.chunk_delay < absl::ZeroDuration()) {
+  b.default_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
+  ASYMPO_RETURN_IF_ERROR(ParseList(absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions),
+                                   "fault_corrupt_broadcast_versions", &b.corrupt_versions,
+                                   uint64_t{0}));
+  b.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
+  if (b.chunk_delay < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--fault_broadcast_chunk_delay must be >= 0");
   }
   const int64_t nccl_world = absl::GetFlag(FLAGS_broadcast_nccl_world_size);
@@ -212,20 +252,32 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
         absl::StrCat("--broadcast_nccl_world_size=", nccl_world,
                      ": expected 0 (gRPC only) or 2..4096 (the learner plus the NCCL receivers)"));
   }
-  o.broadcast.nccl_world_size = static_cast<int>(nccl_world);
-  o.broadcast.nccl.timeout = absl::GetFlag(FLAGS_broadcast_nccl_timeout);
-  if (o.broadcast.nccl.timeout <= absl::ZeroDuration()) {
+  b.nccl_world_size = static_cast<int>(nccl_world);
+  b.nccl.timeout = absl::GetFlag(FLAGS_broadcast_nccl_timeout);
+  if (b.nccl.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--broadcast_nccl_timeout must be > 0");
   }
-  o.step_csv_path = absl::GetFlag(FLAGS_step_csv);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
+  LearnerDaemonOptions o;
+  ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(ObjectiveFlags(&o.trainer.loss));
+  ASYMPO_RETURN_IF_ERROR(StepFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(QueueAndCheckpointFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(BroadcastFlags(&o));
   return o;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (!asympo::InstallStopSignalHandler()) return Fail("cannot create the signal pipe");
-  asympo::SetDaemonUsage(
+  // Before any thread starts, so that every thread inherits the handlers.
+  absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
+      asympo::daemon::DaemonRuntime::Install();
+  if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
+  asympo::daemon::SetDaemonUsage(
       "asympo-learner: the ASymPO-RL learner daemon.\n"
       "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
       "Flags can also come from --flagfile=FILE.",
@@ -243,11 +295,16 @@ int main(int argc, char** argv) {
   if (!options.ok()) return Fail(std::string(options.status().message()));
   for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
 
+  // main owns the registry and the endpoint (in the runtime, declared
+  // before the daemon): both outlive the daemon.
+  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
-      asympo::learner::LearnerDaemon::Create(*std::move(options));
+      asympo::learner::LearnerDaemon::Create(*std::move(options), (*runtime)->registry());
   if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
-  asympo::RunOnStopSignal([&] { (*daemon)->Shutdown(); });
-  absl::StatusOr<int64_t> steps = (*daemon)->Run();
+  const absl::StatusOr<int64_t> steps = (*runtime)->RunUntilStopped<absl::StatusOr<int64_t>>(
+      [&daemon] { (*daemon)->Shutdown(); }, [&daemon] { return (*daemon)->Run(); });
   if (!steps.ok()) return Fail(std::string(steps.status().message()));
   return 0;
 }

@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include "absl/strings/str_cat.h"
+#include "common/model/torch_errors.h"
 
 namespace asympo::learner {
 
@@ -34,10 +35,12 @@ absl::StatusOr<at::Tensor> TokenLogProbs(const at::Tensor& logits, const at::Ten
           absl::StrCat("target id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", v, ")"));
     }
   }
-  // picked, lse: (N, T)
-  const at::Tensor picked = logits.gather(2, ids.unsqueeze(2)).squeeze(2);
-  const at::Tensor lse = at::logsumexp(logits, {2});
-  return (picked - lse).masked_fill(m.logical_not(), 0.0);
+  return GuardTorch("token log-probs", [&]() -> absl::StatusOr<at::Tensor> {
+    // picked, lse: (N, T)
+    const at::Tensor picked = logits.gather(2, ids.unsqueeze(2)).squeeze(2);
+    const at::Tensor lse = at::logsumexp(logits, {2});
+    return (picked - lse).masked_fill(m.logical_not(), 0.0);
+  });
 }
 
 PaddedSequences PadSequences(const std::vector<std::vector<int32_t>>& sequences, int64_t pad_id) {
@@ -144,7 +147,9 @@ absl::StatusOr<at::Tensor> ChunkedTokenLogProbs(const at::Tensor& hidden, const 
           "target id ", lo < 0 ? lo : hi, " is outside the vocabulary [0, ", weight.size(0), ")"));
     }
   }
-  return ChunkedLogProbsFunction::apply(hidden, weight, targets, chunk_rows);
+  return GuardTorch("chunked token log-probs", [&]() -> absl::StatusOr<at::Tensor> {
+    return ChunkedLogProbsFunction::apply(hidden, weight, targets, chunk_rows);
+  });
 }
 
 int64_t ChunkedLogProbsPeakBytes(int64_t rows, int64_t vocab, int64_t chunk_rows) {

@@ -46,6 +46,9 @@ namespace asympo::learner {
 //   weight:  (V, H) the output projection (lm_head / tied embeddings)
 //   targets: (M,) int64 in [0, V)
 // Returns (M,) float32 log-probs, differentiable w.r.t. hidden and weight.
+// INVALID_ARGUMENT for bad shapes or ids; an exception from LibTorch in the
+// forward (mixed dtypes, out-of-memory) comes back as a status
+// (common/model/torch_errors.h); one in the backward is thrown by backward().
 //
 // Peak memory beyond the inputs, their gradients and the (M,) outputs, for
 // float32 inputs (ChunkedLogProbsPeakBytes): the forward and the backward

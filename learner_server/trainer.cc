@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include <ATen/ATen.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include "absl/strings/str_cat.h"
+#include "common/model/torch_errors.h"
 #include "common/status_macros.h"
 #include "learner_server/token_logprobs.h"
 
@@ -151,18 +155,168 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(TrainerOptions options,
       new Trainer(std::move(options), std::move(loss), model, publisher));
 }
 
+namespace {
+
+constexpr char kSkipReasonUrl[] = "type.asympo/learner.skip_reason";
+
+// `status` with the skip reason attached.
+absl::Status WithReason(absl::Status status, absl::string_view reason) {
+  status.SetPayload(kSkipReasonUrl, absl::Cord(reason));
+  return status;
+}
+
+// A reason for statuses that did not get one where they were made: an
+// out-of-memory error, bad input, or any other LibTorch error.
+absl::Status WithDefaultReason(absl::Status status) {
+  if (status.GetPayload(kSkipReasonUrl).has_value()) return status;
+  switch (status.code()) {
+    case absl::StatusCode::kResourceExhausted:
+      return WithReason(std::move(status), kSkipOutOfMemory);
+    case absl::StatusCode::kInvalidArgument:
+      return WithReason(std::move(status), kSkipInvalidBatch);
+    default:
+      return WithReason(std::move(status), kSkipTorchError);
+  }
+}
+
+bool Contains(const std::vector<int64_t>& v, int64_t x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+}  // namespace
+
+std::string StepSkipReason(const absl::Status& status) {
+  const auto reason = status.GetPayload(kSkipReasonUrl);
+  return reason.has_value() ? std::string(*reason) : std::string("error");
+}
+
+// One micro-batch of whole groups, padded to its longest sequence. Per
+// response: prompt + response ids; the hidden state at position P - 1 + j
+// predicts response token j.
+struct MicroBatch {
+  int64_t rows = 0;              // N: responses
+  int64_t longest = 0;           // T: longest prompt + response
+  int64_t longest_response = 0;  // R
+  int64_t groups = 0;
+  at::Tensor ids;            // (N, T) int64, padded
+  at::Tensor key_mask;       // (N, T) bool, true on real tokens
+  at::Tensor response_mask;  // (N, R) bool
+  at::Tensor rewards;        // (N,) float
+  at::Tensor group_index;    // (N,) int64 in [0, groups)
+  at::Tensor behavior;       // (N, R) float; grpo only
+  std::vector<int64_t> hidden_rows;  // (M,) flat N*T index of each response token's predictor
+  std::vector<int64_t> targets;      // (M,) the response tokens
+};
+
+namespace {
+
+// Lays `groups` out as a MicroBatch. INVALID_ARGUMENT for a token outside
+// the vocabulary.
+absl::StatusOr<MicroBatch> BuildMicroBatch(const std::vector<const QueuedGroup*>& groups,
+                                           int64_t vocab, bool grpo, int64_t pad_token_id) {
+  MicroBatch mb;
+  mb.groups = static_cast<int64_t>(groups.size());
+  for (const QueuedGroup* q : groups) {
+    mb.rows += q->group.responses_size();
+    mb.longest = std::max(mb.longest, LongestSequence(q->group));
+    for (const v1::Response& r : q->group.responses()) {
+      mb.longest_response = std::max<int64_t>(mb.longest_response, r.tokens_size());
+    }
+  }
+  const int64_t n = mb.rows, t = mb.longest, rl = mb.longest_response;
+  mb.ids = at::full({n, t}, pad_token_id, at::kLong);
+  mb.key_mask = at::zeros({n, t}, at::kBool);
+  mb.response_mask = at::zeros({n, rl}, at::kBool);
+  mb.rewards = at::empty({n}, at::kFloat);
+  mb.group_index = at::empty({n}, at::kLong);
+  if (grpo) mb.behavior = at::zeros({n, rl}, at::kFloat);
+  auto ids = mb.ids.accessor<int64_t, 2>();
+  auto keys = mb.key_mask.accessor<bool, 2>();
+  auto resp = mb.response_mask.accessor<bool, 2>();
+  auto rewards = mb.rewards.accessor<float, 1>();
+  auto group_index = mb.group_index.accessor<int64_t, 1>();
+  float* behavior = grpo ? mb.behavior.data_ptr<float>() : nullptr;
+  int64_t i = 0;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const v1::PromptGroup& pg = groups[g]->group;
+    const int64_t p = pg.prompt_tokens_size();
+    for (const v1::Response& r : pg.responses()) {
+      for (int64_t k = 0; k < p; ++k) ids[i][k] = pg.prompt_tokens(static_cast<int>(k));
+      for (int j = 0; j < r.tokens_size(); ++j) {
+        const int32_t tok = r.tokens(j);
+        if (tok < 0 || tok >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("token ", tok, " is outside the model's vocabulary of ", vocab));
+        }
+        ids[i][p + j] = tok;
+        resp[i][j] = true;
+        mb.hidden_rows.push_back(i * t + p - 1 + j);
+        mb.targets.push_back(tok);
+        if (grpo) behavior[i * rl + j] = r.behavior_logprobs(j);
+      }
+      for (int64_t k = 0; k < p + r.tokens_size(); ++k) keys[i][k] = true;
+      rewards[i] = r.reward();
+      group_index[i] = static_cast<int64_t>(g);
+      ++i;
+    }
+  }
+  return mb;
+}
+
+// The whole step's totals, so that micro-batch losses add up to the step's.
+StepTotals TotalsOf(const std::vector<QueuedGroup>& groups) {
+  StepTotals totals;
+  for (const QueuedGroup& q : groups) {
+    const int64_t n = q.group.responses_size();
+    totals.groups += 1;
+    totals.responses += n;
+    for (const v1::Response& r : q.group.responses()) totals.tokens += r.tokens_size();
+    if (AllRewardsEqual(q.group)) totals.degenerate_responses += n;
+  }
+  return totals;
+}
+
+}  // namespace
+
 absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
+  ++step_calls_;
+  inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
+  inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
+  absl::StatusOr<StepResult> result =
+      GuardTorch("training step", [&] { return StepUnguarded(groups); });
+  if (!result.ok()) {
+    optimizer_.ZeroGrad();
+    return WithDefaultReason(result.status());
+  }
+  return result;
+}
+
+absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>& groups) {
   const auto start = std::chrono::steady_clock::now();
-  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ComputeGradients(groups));
-  // Global gradient norm, then clipping.
+  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ComputeGradientsUnguarded(groups));
+  ASYMPO_ASSIGN_OR_RETURN(const double norm, ClipGradients());
+  // The commit point: nothing before it changed the weights or the moments.
+  result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version_.load()));
+  optimizer_.Step(result.learning_rate);
+  optimizer_.ZeroGrad();
+  const uint64_t version = version_.fetch_add(1) + 1;
+  for (const QueuedGroup& q : groups) result.staleness.push_back(version - 1 - q.arrival_version);
+  if (publisher_ != nullptr) publisher_->Publish(version, *model_);
+  result.version = version;
+  result.grad_norm = norm;
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return result;
+}
+
+absl::StatusOr<double> Trainer::ClipGradients() {
   double sq = 0;
   for (const at::Tensor& p : model_->parameters()) {
     if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
   }
   const double norm = std::sqrt(sq);
   if (!std::isfinite(norm)) {
-    optimizer_.ZeroGrad();
-    return absl::InternalError("the gradient is not finite; the step was skipped");
+    return WithReason(absl::InternalError("the gradient is not finite; the step was skipped"),
+                      kSkipNonFiniteGradient);
   }
   if (options_.max_grad_norm > 0 && norm > options_.max_grad_norm) {
     at::NoGradGuard no_grad;
@@ -171,117 +325,80 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
       if (p.grad().defined()) p.grad().mul_(scale);
     }
   }
-  result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version_));
-  optimizer_.Step(result.learning_rate);
-  optimizer_.ZeroGrad();
-  ++version_;
-  for (const QueuedGroup& q : groups) result.staleness.push_back(version_ - 1 - q.arrival_version);
-  if (publisher_ != nullptr) publisher_->Publish(version_, *model_);
-  result.version = version_;
-  result.grad_norm = norm;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return result;
+  return norm;
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradients(const std::vector<QueuedGroup>& groups) {
-  if (groups.empty()) return absl::InvalidArgumentError("a step needs at least one group");
-  const bool grpo = loss_.needs_behavior_logprobs();
-  const int64_t vocab = model_->config().vocab_size;
-  StepTotals totals;
-  int64_t all_tokens = 0;
-  for (const QueuedGroup& q : groups) {
-    const int64_t n = q.group.responses_size();
-    totals.groups += 1;
-    totals.responses += n;
-    for (const v1::Response& r : q.group.responses()) totals.tokens += r.tokens_size();
-    if (AllRewardsEqual(q.group)) totals.degenerate_responses += n;
-    all_tokens += q.tokens;
+  absl::StatusOr<StepResult> result =
+      GuardTorch("computing gradients", [&] { return ComputeGradientsUnguarded(groups); });
+  if (!result.ok()) {
+    optimizer_.ZeroGrad();
+    return WithDefaultReason(result.status());
   }
+  return result;
+}
 
+absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
+    const std::vector<QueuedGroup>& groups) {
+  if (groups.empty()) {
+    return WithReason(absl::InvalidArgumentError("a step needs at least one group"),
+                      kSkipInvalidBatch);
+  }
+  const StepTotals totals = TotalsOf(groups);
   StepResult result;
+  for (const QueuedGroup& q : groups) result.tokens += q.tokens;
   DiagnosticsPool pool;
   optimizer_.ZeroGrad();
   for (const auto& micro : Pack(groups, options_.micro_batch_tokens)) {
-    // Per response: prompt + response ids; the hidden state at position
-    // P - 1 + j predicts response token j.
-    int64_t n = 0, longest = 0, longest_response = 0;
-    for (const QueuedGroup* q : micro) {
-      n += q->group.responses_size();
-      longest = std::max(longest, LongestSequence(q->group));
-      for (const v1::Response& r : q->group.responses()) {
-        longest_response = std::max<int64_t>(longest_response, r.tokens_size());
-      }
-    }
-    at::Tensor ids = at::full({n, longest}, options_.pad_token_id, at::kLong);
-    at::Tensor key_mask = at::zeros({n, longest}, at::kBool);
-    at::Tensor resp_mask = at::zeros({n, longest_response}, at::kBool);
-    at::Tensor rewards = at::empty({n}, at::kFloat);
-    at::Tensor group_index = at::empty({n}, at::kLong);
-    at::Tensor behavior = grpo ? at::zeros({n, longest_response}, at::kFloat) : at::Tensor();
-    std::vector<int64_t> rows, targets;
-    {
-      auto ids_a = ids.accessor<int64_t, 2>();
-      auto key_a = key_mask.accessor<bool, 2>();
-      auto resp_a = resp_mask.accessor<bool, 2>();
-      auto rew_a = rewards.accessor<float, 1>();
-      auto grp_a = group_index.accessor<int64_t, 1>();
-      float* beh = grpo ? behavior.data_ptr<float>() : nullptr;
-      int64_t i = 0;
-      for (size_t g = 0; g < micro.size(); ++g) {
-        const v1::PromptGroup& pg = micro[g]->group;
-        const int64_t p = pg.prompt_tokens_size();
-        for (const v1::Response& r : pg.responses()) {
-          for (int64_t t = 0; t < p; ++t) ids_a[i][t] = pg.prompt_tokens(static_cast<int>(t));
-          for (int j = 0; j < r.tokens_size(); ++j) {
-            const int32_t tok = r.tokens(j);
-            if (tok < 0 || tok >= vocab) {
-              return absl::InvalidArgumentError(
-                  absl::StrCat("token ", tok, " is outside the model's vocabulary of ", vocab));
-            }
-            ids_a[i][p + j] = tok;
-            resp_a[i][j] = true;
-            rows.push_back(i * longest + p - 1 + j);
-            targets.push_back(tok);
-            if (grpo) beh[i * longest_response + j] = r.behavior_logprobs(j);
-          }
-          for (int64_t t = 0; t < p + r.tokens_size(); ++t) key_a[i][t] = true;
-          rew_a[i] = r.reward();
-          grp_a[i] = static_cast<int64_t>(g);
-          ++i;
-        }
-      }
-    }
-    const at::Tensor positions =
-        at::arange(longest, at::kLong).unsqueeze(0).expand({n, longest}).contiguous();
-    const at::Tensor hidden = model_->Forward(ids, positions, key_mask);  // (N, T, H)
-    const at::Tensor picked = hidden.reshape({-1, hidden.size(2)})
-                                  .index_select(0, at::tensor(rows, at::kLong));  // (M, H)
-    ASYMPO_ASSIGN_OR_RETURN(at::Tensor logp, ChunkedTokenLogProbs(picked, model_->lm_head_weight(),
-                                                                  at::tensor(targets, at::kLong),
-                                                                  options_.logprob_chunk_rows));
-    LossInputs in;
-    in.token_logprobs =
-        at::zeros({n, longest_response}, at::kFloat).masked_scatter(resp_mask, logp);
-    in.mask = resp_mask;
-    in.rewards = rewards;
-    in.group_index = group_index;
-    in.num_groups = static_cast<int64_t>(micro.size());
-    if (grpo) in.behavior_logprobs = behavior;
-    in.step_totals = totals;
-    absl::StatusOr<LossOutput> out = loss_.Compute(in);
-    if (!out.ok() || !std::isfinite(out->diagnostics.loss)) {
-      optimizer_.ZeroGrad();
-      return out.ok() ? absl::InternalError("the loss is not finite; the step was skipped")
-                      : out.status();
-    }
-    out->loss.backward();
-    pool.Add(out->diagnostics);
+    absl::StatusOr<MicroBatch> batch = BuildMicroBatch(
+        micro, model_->config().vocab_size, loss_.needs_behavior_logprobs(), options_.pad_token_id);
+    if (!batch.ok()) return WithReason(batch.status(), kSkipInvalidBatch);
+    ASYMPO_ASSIGN_OR_RETURN(LossDiagnostics diagnostics, BackwardMicroBatch(*batch, totals));
+    pool.Add(diagnostics);
     ++result.micro_batches;
+    if (inject_exception_) TORCH_CHECK(false, "injected fault (--fault_exception_steps)");
   }
-
   result.diagnostics = pool.Result();
-  result.tokens = all_tokens;
   return result;
+}
+
+absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb,
+                                                            const StepTotals& totals) {
+  const at::Tensor positions =
+      at::arange(mb.longest, at::kLong).unsqueeze(0).expand({mb.rows, mb.longest}).contiguous();
+  const at::Tensor hidden = model_->Forward(mb.ids, positions, mb.key_mask);  // (N, T, H)
+  const at::Tensor picked = hidden.reshape({-1, hidden.size(2)})
+                                .index_select(0, at::tensor(mb.hidden_rows, at::kLong));  // (M, H)
+  ASYMPO_ASSIGN_OR_RETURN(at::Tensor logp,
+                          ChunkedTokenLogProbs(picked, model_->lm_head_weight(),
+                                               at::tensor(mb.targets, at::kLong),
+                                               options_.logprob_chunk_rows));  // (M,)
+  // Overflowing weights or activations, not bad data: a non-finite loss.
+  if (!at::isfinite(logp).all().item<bool>()) {
+    return WithReason(absl::InternalError("token log-probs are not finite; the step was skipped"),
+                      kSkipNonFiniteLoss);
+  }
+  LossInputs in;
+  in.token_logprobs = at::zeros({mb.rows, mb.longest_response}, at::kFloat)
+                          .masked_scatter(mb.response_mask, logp);  // (N, R)
+  in.mask = mb.response_mask;
+  in.rewards = mb.rewards;
+  in.group_index = mb.group_index;
+  in.num_groups = mb.groups;
+  if (mb.behavior.defined()) in.behavior_logprobs = mb.behavior;
+  in.step_totals = totals;
+  absl::StatusOr<LossOutput> out = loss_.Compute(in);
+  if (!out.ok()) return WithReason(out.status(), kSkipInvalidBatch);
+  if (inject_nan_) {
+    out->loss = out->loss * std::numeric_limits<double>::quiet_NaN();
+    out->diagnostics.loss = std::numeric_limits<double>::quiet_NaN();
+  }
+  if (!std::isfinite(out->diagnostics.loss)) {
+    return WithReason(absl::InternalError("the loss is not finite; the step was skipped"),
+                      kSkipNonFiniteLoss);
+  }
+  out->loss.backward();
+  return out->diagnostics;
 }
 
 }  // namespace asympo::learner

@@ -7,15 +7,23 @@
 // Then gradients are clipped, AdamW steps with the scheduled learning rate,
 // the version increments and the new weights go to the WeightPublisher.
 //
-// Not thread-safe: one trainer thread owns it (and the model's weights).
+// A step that fails (a non-finite loss or gradient, bad data that slipped
+// past validation, a LibTorch error such as out-of-memory) leaves the
+// weights, the optimizer state and the version as they were, and its
+// status carries the reason for the metric label (StepSkipReason).
+//
+// Not thread-safe: one trainer thread owns it (and the model's weights),
+// except version(), which any thread may read.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/lr_schedule.h"
@@ -59,7 +67,24 @@ struct TrainerOptions {
   // Rows of logits computed at once by the chunked log-prob path.
   int64_t logprob_chunk_rows = 1024;
   int64_t pad_token_id = 0;
+  // Fault injection, for tests and drills only: the Nth call of Step()
+  // (1-based, counted by this trainer) gets a NaN loss
+  // (nonfinite_loss_steps) or a c10::Error thrown after its first
+  // micro-batch's backward pass (exception_steps).
+  std::vector<int64_t> fault_nonfinite_loss_steps;
+  std::vector<int64_t> fault_exception_steps;
 };
+
+// Why a step was skipped, the label of asympo_learner_steps_skipped_total.
+inline constexpr char kSkipNonFiniteLoss[] = "nonfinite_loss";
+inline constexpr char kSkipNonFiniteGradient[] = "nonfinite_gradient";
+inline constexpr char kSkipInvalidBatch[] = "invalid_batch";
+inline constexpr char kSkipOutOfMemory[] = "out_of_memory";
+inline constexpr char kSkipTorchError[] = "torch_error";
+
+// The reason carried by a status from Trainer::Step (one of the kSkip*
+// names; "error" for a status without one).
+std::string StepSkipReason(const absl::Status& status);
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 
@@ -74,6 +99,9 @@ struct StepResult {
   std::vector<uint64_t> staleness;  // per group: version at use - arrival
 };
 
+// One micro-batch as tensors (trainer.cc).
+struct MicroBatch;
+
 class Trainer {
  public:
   // `model` must outlive the trainer; `publisher` may be null.
@@ -81,17 +109,20 @@ class Trainer {
                                                          WeightPublisher* publisher);
 
   // Trains one step on `groups` (at least one). On error (bad data that
-  // slipped past validation, a non-finite loss) the weights and the
-  // optimizer are unchanged and the version does not move.
+  // slipped past validation, a non-finite loss or gradient, an exception
+  // from LibTorch) the weights and the optimizer are unchanged, the
+  // gradients are cleared, the version does not move, and the status
+  // carries its StepSkipReason. Never throws.
   absl::StatusOr<StepResult> Step(std::vector<QueuedGroup> groups);
 
   // The first half of Step: zeroes and then accumulates the step's
   // gradients in the model's parameters, micro-batch by micro-batch, and
   // returns the pooled diagnostics (version, learning rate and grad norm
-  // unset). Leaves the weights and the optimizer untouched.
+  // unset). Leaves the weights and the optimizer untouched. Never throws.
   absl::StatusOr<StepResult> ComputeGradients(const std::vector<QueuedGroup>& groups);
 
-  uint64_t version() const { return version_; }
+  // The policy version: optimizer steps applied. Any thread.
+  uint64_t version() const { return version_.load(); }
   // For restoring from a checkpoint.
   void set_version(uint64_t version) { version_ = version; }
   AdamW& optimizer() { return optimizer_; }
@@ -101,13 +132,23 @@ class Trainer {
 
  private:
   Trainer(TrainerOptions options, PolicyLoss loss, PolicyModel* model, WeightPublisher* publisher);
+  // Step and ComputeGradients without the exception guard.
+  absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
+  absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups);
+  // Forward, loss and backward of one micro-batch; adds to the gradients.
+  absl::StatusOr<LossDiagnostics> BackwardMicroBatch(const MicroBatch& batch,
+                                                     const StepTotals& totals);
+  // Clips the gradients to max_grad_norm; returns the norm before clipping.
+  absl::StatusOr<double> ClipGradients();
 
   TrainerOptions options_;
   PolicyLoss loss_;
   PolicyModel* model_;
   WeightPublisher* publisher_;
   AdamW optimizer_;
-  uint64_t version_ = 0;
+  std::atomic<uint64_t> version_{0};
+  int64_t step_calls_ = 0;  // for fault injection
+  bool inject_nan_ = false, inject_exception_ = false;  // this step's faults
 };
 
 }  // namespace asympo::learner

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include <google/protobuf/io/coded_stream.h>
+
 namespace asympo::rollout {
 
 BatchAssembler::BatchAssembler(BatchAssemblerOptions options) : options_(std::move(options)) {
@@ -10,20 +12,19 @@ BatchAssembler::BatchAssembler(BatchAssemblerOptions options) : options_(std::mo
   pending_.set_source(options_.source);
 }
 
-std::optional<v1::RolloutBatch> BatchAssembler::Add(v1::PromptGroup group) {
-  // A repeated message field costs its size plus a tag and a length prefix.
-  const size_t bytes = group.ByteSizeLong() + 6;
-  std::optional<v1::RolloutBatch> closed;
-  if (pending_.groups_size() > 0 && pending_bytes_ + bytes > options_.max_bytes) {
-    closed = Flush();
+bool BatchAssembler::TryAdd(v1::PromptGroup* group) {
+  // A repeated message field costs its size plus a one-byte tag and the
+  // varint of its length.
+  const size_t size = group->ByteSizeLong();
+  const size_t bytes =
+      size + 1 + google::protobuf::io::CodedOutputStream::VarintSize64(static_cast<uint64_t>(size));
+  if (pending_.groups_size() > 0 && (pending_.groups_size() >= options_.max_groups ||
+                                     pending_bytes_ + bytes > options_.max_bytes)) {
+    return false;
   }
-  *pending_.add_groups() = std::move(group);
+  *pending_.add_groups() = std::move(*group);
   pending_bytes_ += bytes;
-  if (!closed.has_value() &&
-      (pending_.groups_size() >= options_.max_groups || pending_bytes_ >= options_.max_bytes)) {
-    closed = Flush();
-  }
-  return closed;
+  return true;
 }
 
 std::optional<v1::RolloutBatch> BatchAssembler::Flush() {

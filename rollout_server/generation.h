@@ -17,7 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "asympo/v1/rollout.pb.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
 #include <ATen/core/Tensor.h>
 
 namespace asympo::rollout {
@@ -70,11 +70,16 @@ class GenerationEngine {
 
   // Generates one result per request, in order. INVALID_ARGUMENT for an
   // empty prompt, a token outside the vocabulary, bad sampling parameters or
-  // a prompt plus max_new_tokens beyond max_position_embeddings.
+  // a prompt plus max_new_tokens beyond max_position_embeddings; an error
+  // from LibTorch (e.g. out of memory) as a status naming "generation".
   absl::StatusOr<std::vector<GenerationResult>> Generate(
       const std::vector<GenerationRequest>& requests) const;
 
  private:
+  // The prefill and the decode loop for validated requests (may throw).
+  std::vector<GenerationResult> Decode(const std::vector<GenerationRequest>& requests,
+                                       int64_t longest, int64_t most_new) const;
+
   const PolicyModel* model_;
   GenerationOptions options_;
 };

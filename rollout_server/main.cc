@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <iostream>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -16,8 +17,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/daemon_main.h"
-#include "common/model_io.h"
+#include "common/daemon/daemon_runtime.h"
+#include "common/daemon/flag_usage.h"
+#include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "rollout_server/rollout_daemon.h"
 
@@ -79,7 +81,6 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   asympo::rollout::RolloutDaemonOptions o;
   o.learner_address = absl::GetFlag(FLAGS_learner);
   o.rollout_id = absl::GetFlag(FLAGS_id);
-  o.metrics_address = absl::GetFlag(FLAGS_metrics_address);
   o.model = absl::GetFlag(FLAGS_model);
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
@@ -133,8 +134,11 @@ int main(int argc, char** argv) {
   // (docs/benchmarks.md, "Weight broadcast transfer").
   mallopt(M_MMAP_THRESHOLD, 32 << 20);
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  if (!asympo::InstallStopSignalHandler()) return Fail("cannot create the signal pipe");
-  asympo::SetDaemonUsage(
+  // Before any thread starts, so that every thread inherits the handlers.
+  absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
+      asympo::daemon::DaemonRuntime::Install();
+  if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
+  asympo::daemon::SetDaemonUsage(
       "asympo-rollout: the ASymPO-RL rollout daemon.\n"
       "  asympo-rollout --learner=127.0.0.1:50051 --id=rollout-0 --task=copy\n"
       "Flags can also come from --flagfile=FILE.",
@@ -155,11 +159,16 @@ int main(int argc, char** argv) {
 
   absl::StatusOr<asympo::rollout::RolloutDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return Fail(std::string(options.status().message()));
+  // main owns the registry and the endpoint (in the runtime, declared
+  // before the daemon): both outlive the daemon.
+  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   absl::StatusOr<std::unique_ptr<asympo::rollout::RolloutDaemon>> daemon =
-      asympo::rollout::RolloutDaemon::Create(*std::move(options));
+      asympo::rollout::RolloutDaemon::Create(*std::move(options), (*runtime)->registry());
   if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
-  asympo::RunOnStopSignal([&] { (*daemon)->Shutdown(); });
-  absl::StatusOr<int64_t> accepted = (*daemon)->Run();
+  const absl::StatusOr<int64_t> accepted = (*runtime)->RunUntilStopped<absl::StatusOr<int64_t>>(
+      [&daemon] { (*daemon)->Shutdown(); }, [&daemon] { return (*daemon)->Run(); });
   if (!accepted.ok()) return Fail(std::string(accepted.status().message()));
   return 0;
 }

@@ -1,37 +1,37 @@
 // The rollout daemon: samples groups of responses with the newest policy
-// snapshot, scores them with a task's verifier and streams them to the
+// snapshot, scores them with a task's verifier and sends them to the
 // learner (DESIGN.md section 2). rollout_server/main.cc turns flags into
-// RolloutDaemonOptions.
+// RolloutDaemonOptions and owns the metrics registry and endpoint.
 //
 // Threads:
-//  - the generation thread (Run): between two generations it takes the
-//    newest verified snapshot from the weight receiver, loads it into the
-//    spare model and flips (double buffering), so every group is sampled by
-//    exactly one version; then it draws prompts, samples G responses per
-//    prompt, scores them and puts the groups into a bounded buffer;
-//  - the submit thread: sends buffered groups to the learner. When the
-//    learner is away it reconnects with exponential backoff; on
-//    RESOURCE_EXHAUSTED it waits the suggested time. Groups stay in the
-//    buffer until the learner accepted them, and the generation thread waits
-//    while the buffer is full, so nothing is lost to backpressure. Groups
-//    the learner rejects as invalid, and groups still buffered when the
-//    daemon stops, are dropped and counted by reason.
+//  - the generation thread (Run): between two generations it flips to the
+//    newest verified snapshot (DoubleBufferedPolicy), then draws prompts,
+//    samples G responses per prompt, scores them and hands the groups to
+//    the submit client, waiting while its buffer is full;
+//  - the submit thread (SubmitClient): sends buffered groups to the
+//    learner, with reconnection, backoff and the learner's retry hint;
+//    nothing is lost to backpressure, and drops are counted by reason;
 //  - the weight receiver's thread (weight_broadcaster/broadcast_receiver.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/metrics_http_server.h"
-#include "common/policy_model.h"
+#include "common/model/policy_model.h"
+#include "rollout_server/double_buffered_policy.h"
 #include "rollout_server/generation.h"
+#include "rollout_server/rollout_metrics.h"
+#include "rollout_server/submit_client.h"
 #include "rollout_server/tasks.h"
+#include "weight_broadcaster/broadcast_receiver.h"
 
 namespace asympo::rollout {
 
@@ -70,38 +70,48 @@ struct RolloutDaemonOptions {
   // cuda_device) before gRPC; see WeightReceiverOptions::prefer_nccl.
   bool weight_transport_nccl = false;
   int cuda_device = 0;
-  // Prometheus endpoint ("host:port", port 0 picks one, empty disables).
-  std::string metrics_address = "127.0.0.1:9465";
   // Stop after generating this many groups (0: until Shutdown).
   int64_t max_groups = 0;
 };
 
 class RolloutDaemon {
  public:
-  // Loads the model and the task, starts the weight receiver, the submit
-  // thread and the metrics endpoint. Errors name the bad option or file.
-  static absl::StatusOr<std::unique_ptr<RolloutDaemon>> Create(RolloutDaemonOptions options);
+  // Loads the model and the task, starts the weight receiver and the submit
+  // thread; metrics go to `registry`, which must outlive the daemon. Errors
+  // name the bad option or file.
+  static absl::StatusOr<std::unique_ptr<RolloutDaemon>> Create(RolloutDaemonOptions options,
+                                                              prometheus::Registry& registry);
   ~RolloutDaemon();
 
   // Generates until Shutdown() or max_groups, then drains the buffer for up
   // to drain_timeout. Returns the number of groups the learner accepted.
   absl::StatusOr<int64_t> Run();
+  // Any thread; Run returns soon after.
   void Shutdown();
 
-  int metrics_port() const;
-  uint64_t weight_version() const { return weight_version_.load(); }
-  prometheus::Registry& registry() { return *registry_; }
-
-  struct Impl;
+  // The snapshot version generation samples with (0 before the first).
+  uint64_t weight_version() const { return policy_ ? policy_->version() : 0; }
 
  private:
   explicit RolloutDaemon(RolloutDaemonOptions options);
+  // The groups of one generation: prompts_per_generation prompts, G
+  // responses each, scored (behavior log-probs when the learner wants them).
+  absl::StatusOr<std::vector<v1::PromptGroup>> GenerateGroups(bool with_logprobs);
+  // Builds the task and the sampling parameters (after the models).
+  absl::Status SetUpTask(int64_t vocab_size);
+  // Waits for room in the submit buffer, timing how long generation was held.
+  std::optional<v1::LearnerStatus> WaitForRoom();
 
-  RolloutDaemonOptions options_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<MetricsHttpServer> metrics_server_;
-  std::unique_ptr<Impl> impl_;
-  std::atomic<uint64_t> weight_version_{0};
+  const RolloutDaemonOptions options_;
+  std::unique_ptr<RolloutMetrics> metrics_;
+  std::unique_ptr<SubmitMetrics> submit_metrics_;
+  std::unique_ptr<Task> task_;
+  SamplingParams sampling_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<broadcast::WeightReceiver> receiver_;
+  std::unique_ptr<DoubleBufferedPolicy> policy_;
+  std::unique_ptr<SubmitClient> submit_;
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace asympo::rollout

@@ -14,7 +14,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
-#include "common/tokenizer.h"
+#include "common/tokenizer/tokenizer.h"
 #include "rollout_server/math_verifier.h"
 
 namespace asympo::rollout {

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "common/metric_builders.h"
+#include "common/daemon/metric_builders.h"
 
 namespace asympo::broadcast {
 namespace {

@@ -13,111 +13,97 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
+#include "common/grpc_status.h"
+#include "weight_broadcaster/announcement_stream.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/nccl_snapshot.h"
 #include "weight_broadcaster/snapshot_fetch.h"
-#include "weight_broadcaster/wire_format.h"
+#include "weight_broadcaster/version_reporter.h"
 
 namespace asympo::broadcast {
 namespace {
 
 constexpr absl::Duration kRegisterTimeout = absl::Seconds(10);
-constexpr absl::Duration kReportTimeout = absl::Seconds(10);
 constexpr size_t kMaxReceiverIdBytes = 128;
-
-absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-std::chrono::system_clock::time_point DeadlineIn(absl::Duration d) {
-  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
-}
 
 int Millis(absl::Duration d) {
   return static_cast<int>(std::clamp<int64_t>(absl::ToInt64Milliseconds(d), 1, INT_MAX));
 }
 
-// One ReportVersion call in flight.
-struct ReportCall {
-  grpc::ClientContext ctx;
-  v1::ReportVersionRequest request;
-  v1::ReportVersionResponse response;
-};
+double SecondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
 
-// WeightReceiver::State, declared out here so that the reactor below may name
-// it.
+// The receiver's channel: a subchannel of its own (not shared with other
+// receivers in the process), reconnecting on the receiver's own backoff
+// schedule, with keepalive pings.
+std::shared_ptr<grpc::Channel> ReceiverChannel(const WeightReceiverOptions& o) {
+  grpc::ChannelArguments args;
+  const int64_t max_message =
+      std::max<int64_t>(64 << 20, o.max_chunk_bytes) + (1 << 20);  // + manifest headroom
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(o.min_backoff));
+  // Also gRPC's minimum connect timeout: below a second, a handshake with a
+  // learner that is busy starting up times out again and again.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(o.max_backoff));
+  // A learner host that vanishes without closing the connection ends the
+  // announcement stream within about 30 s (the learner permits pings every
+  // 10 s, learner_daemon.cc).
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+}
+
 struct ReceiverState {
-  explicit ReceiverState(WeightReceiverOptions o) : options(std::move(o)) {
-    if (options.registry != nullptr) metrics = std::make_unique<ReceiverMetrics>(*options.registry);
-    grpc::ChannelArguments args;
-    const int64_t max_message =
-        std::max<int64_t>(64 << 20, options.max_chunk_bytes) + (1 << 20);  // + manifest headroom
-    args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(max_message, INT_MAX)));
-    // A channel of its own (not shared with other receivers in the process),
-    // reconnecting on the receiver's own backoff schedule.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, Millis(options.min_backoff));
-    // Also gRPC's minimum connect timeout: below a second, a handshake with a
-    // learner that is busy starting up times out again and again.
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, Millis(options.max_backoff));
-    // Keepalive pings: a learner host that vanishes without closing the
-    // connection ends the announcement stream within about 30 s (the learner
-    // permits pings every 10 s, learner_daemon.cc).
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 20000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-    channel = grpc::CreateCustomChannel(options.target, grpc::InsecureChannelCredentials(), args);
-    stub = v1::WeightBroadcast::NewStub(channel);
-    fetcher = std::make_unique<SnapshotFetcher>(channel, options.max_chunk_bytes,
-                                                metrics ? &metrics->fetch_bytes : nullptr);
-  }
+  explicit ReceiverState(WeightReceiverOptions o)
+      : options(std::move(o)),
+        metrics(options.registry ? std::make_unique<ReceiverMetrics>(*options.registry) : nullptr),
+        channel(ReceiverChannel(options)),
+        stub(v1::WeightBroadcast::NewStub(channel)),
+        fetcher(channel, options.max_chunk_bytes, metrics ? &metrics->fetch_bytes : nullptr),
+        reporter(stub.get()) {}
 
   void Run();
   absl::StatusOr<v1::RegisterResponse> Register();
+  // The announcement stream's callbacks (gRPC threads).
+  void Subscribed() {
+    absl::MutexLock lock(&mu);
+    SetConnected(true);
+    cv.SignalAll();
+  }
+  void Announced(v1::SnapshotManifest manifest) {
+    absl::MutexLock lock(&mu);
+    latest_announced = manifest.version();
+    announced = std::move(manifest);
+    cv.SignalAll();
+  }
+  void StreamDone(const grpc::Status& s) {
+    if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
+      LOG(INFO) << "weight announcements from " << options.target << " ended: " << s.error_message();
+    }
+    absl::MutexLock lock(&mu);
+    SetConnected(false);
+    stream_done = true;
+    cv.SignalAll();
+  }
   // Subscribes and handles announcements until the stream ends or Stop.
   // Returns whether the stream was ever accepted.
-  bool RunSession(const std::string& session_id);
-  void HandleAnnouncement(const v1::SnapshotManifest& manifest, const std::string& session_id);
-  // NCCL: joins the communicator of `reg` (failure: stays on gRPC), and
-  // drops it.
-  void JoinNccl(const v1::RegisterResponse& reg);
-  void DropNccl() {
-    {
-      absl::MutexLock lock(&mu);
-      nccl_live = nullptr;
-    }
-    nccl.reset();  // aborts the communicator
-  }
+  bool RunSession(const v1::RegisterResponse& registration);
+  void HandleAnnouncement(const v1::SnapshotManifest& manifest);
+  // Whether `version` is worth having, given what is held.
+  bool Wanted(uint64_t version);
+  // A verified snapshot becomes the pending one.
+  void Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double seconds);
+  // NCCL: joins the communicator of `registration` (on failure the session
+  // stays on gRPC), and drops it.
+  void JoinNccl(const v1::RegisterResponse& registration);
+  void DropNccl();
   // Counts a failed transfer, logs it and reports it to the learner.
-  void TransferFailed(const std::string& error) {
-    uint64_t loaded;
-    {
-      absl::MutexLock lock(&mu);
-      ++failures;
-      loaded = loaded_version;
-    }
-    if (metrics) metrics->failures.Increment();
-    LOG(WARNING) << error << "; keeping version " << loaded;
-    SendReport(loaded, error);
-  }
-  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Fetch(const v1::SnapshotManifest& manifest,
-                                                          const std::string& session_id) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(DeadlineIn(options.fetch_timeout));
-    if (!BeginCall(&ctx)) return absl::CancelledError("stopped");
-    auto snapshot = fetcher->Fetch(&ctx, session_id, manifest, options.model_signature);
-    EndCall();
-    return snapshot;
-  }
-  // ReportVersion, asynchronously: one call in flight, and of the reports
-  // made meanwhile only the newest is sent after it.
-  void SendReport(uint64_t version, std::string error);
-  void StartReport(v1::ReportVersionRequest request);
-  void ReportDone(ReportCall* call, const grpc::Status& s);
+  void TransferFailed(const std::string& error);
 
   // Makes `ctx` the blocking call that Stop cancels; false after Stop.
   bool BeginCall(grpc::ClientContext* ctx) {
@@ -148,26 +134,25 @@ struct ReceiverState {
   }
 
   const WeightReceiverOptions options;
-  std::unique_ptr<ReceiverMetrics> metrics;  // null without a registry
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::WeightBroadcast::Stub> stub;
-  std::unique_ptr<SnapshotFetcher> fetcher;
+  const std::unique_ptr<ReceiverMetrics> metrics;  // null without a registry
+  const std::shared_ptr<grpc::Channel> channel;
+  const std::unique_ptr<v1::WeightBroadcast::Stub> stub;
+  SnapshotFetcher fetcher;  // keeps its buffers across sessions
+  VersionReporter reporter;
   std::thread thread;
   absl::Mutex stop_mu;  // serializes Stop
-  // The worker thread's: the NCCL assignment of the current registration,
-  // and the communicator joined for the current session.
-  std::optional<v1::RegisterResponse> nccl_assignment;
-  // Shared only so that its deleter is bound where it is made: without
-  // ASYMPO_NCCL nothing here names ~NcclBroadcaster.
-  std::shared_ptr<NcclBroadcaster> nccl;
+
+  // The worker thread's: the transports of the current session.
+  std::unique_ptr<GrpcSnapshotTransport> grpc_transport;
+  std::unique_ptr<NcclSnapshotTransport> nccl_transport;
 
   mutable absl::Mutex mu;
   absl::CondVar cv;  // signalled on every change below
   bool stop ABSL_GUARDED_BY(mu) = false;
-  grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;        // Register or FetchSnapshot
+  grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;        // Register
   grpc::ClientContext* stream_ctx ABSL_GUARDED_BY(mu) = nullptr;  // Subscribe
-  grpc::ClientContext* report_ctx ABSL_GUARDED_BY(mu) = nullptr;  // ReportVersion
-  std::string session_id ABSL_GUARDED_BY(mu);
+  // The current session's transports, for Stop's Cancel.
+  SnapshotTransport* live_transports[2] ABSL_GUARDED_BY(mu) = {nullptr, nullptr};
   bool connected ABSL_GUARDED_BY(mu) = false;
   bool session_connected ABSL_GUARDED_BY(mu) = false;
   bool stream_done ABSL_GUARDED_BY(mu) = false;
@@ -178,67 +163,8 @@ struct ReceiverState {
   uint64_t loaded_version ABSL_GUARDED_BY(mu) = 0;           // as ReportLoaded said
   int64_t failures ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<const ReceivedSnapshot> pending ABSL_GUARDED_BY(mu);
-  bool report_in_flight ABSL_GUARDED_BY(mu) = false;
-  std::optional<v1::ReportVersionRequest> next_report ABSL_GUARDED_BY(mu);
-  NcclBroadcaster* nccl_live ABSL_GUARDED_BY(mu) = nullptr;  // `nccl`, for Stop's Cancel
+  bool using_nccl ABSL_GUARDED_BY(mu) = false;
   int64_t nccl_versions ABSL_GUARDED_BY(mu) = 0;
-};
-
-// The Subscribe stream: hands every announcement to the worker thread, which
-// keeps only the newest one it has not handled yet.
-class SubscribeStream final : public grpc::ClientReadReactor<v1::SnapshotAnnouncement> {
- public:
-  explicit SubscribeStream(ReceiverState* state) : state_(state) {}
-
-  grpc::ClientContext* context() { return &ctx_; }
-
-  void Start(const std::string& session_id) {
-    request_.set_session_id(session_id);
-    request_.set_after_version(0);
-    state_->stub->async()->Subscribe(&ctx_, &request_, this);
-    StartRead(&message_);
-    StartCall();
-  }
-
-  void OnReadInitialMetadataDone(bool ok) override {
-    if (!ok) return;
-    const auto& md = ctx_.GetServerInitialMetadata();
-    if (md.find(kSubscribedMetadataKey) == md.end()) return;
-    absl::MutexLock lock(&state_->mu);
-    state_->SetConnected(true);
-    state_->cv.SignalAll();
-  }
-
-  void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows
-    {
-      absl::MutexLock lock(&state_->mu);
-      state_->latest_announced = message_.manifest().version();
-      state_->announced = std::move(*message_.mutable_manifest());
-      state_->cv.SignalAll();
-    }
-    message_.Clear();
-    StartRead(&message_);
-  }
-
-  // gRPC touches neither this object nor ctx_ after OnDone, so the worker
-  // may destroy both as soon as it sees stream_done.
-  void OnDone(const grpc::Status& s) override {
-    if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-      LOG(INFO) << "weight announcements from " << state_->options.target
-                << " ended: " << s.error_message();
-    }
-    absl::MutexLock lock(&state_->mu);
-    state_->SetConnected(false);
-    state_->stream_done = true;
-    state_->cv.SignalAll();
-  }
-
- private:
-  ReceiverState* const state_;
-  grpc::ClientContext ctx_;
-  v1::SubscribeRequest request_;
-  v1::SnapshotAnnouncement message_;
 };
 
 void ReceiverState::Run() {
@@ -266,9 +192,7 @@ void ReceiverState::Run() {
     }
     if (outage_logged) LOG(INFO) << "registered with the learner at " << options.target;
     outage_logged = false;
-    nccl_assignment.reset();
-    if (reg->transport() == v1::TRANSPORT_NCCL) nccl_assignment = *reg;
-    if (RunSession(reg->session_id())) {
+    if (RunSession(*reg)) {
       backoff = options.min_backoff;
     } else {  // registered but not subscribed: do not spin
       Sleep(backoff);
@@ -280,9 +204,7 @@ void ReceiverState::Run() {
 absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   v1::RegisterRequest request;
   request.set_receiver_id(options.receiver_id);
-#ifdef ASYMPO_WITH_NCCL
   if (options.prefer_nccl) request.add_transports(v1::TRANSPORT_NCCL);
-#endif
   request.add_transports(v1::TRANSPORT_GRPC);
   request.set_model_signature(options.model_signature);
   {
@@ -290,7 +212,7 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
     request.set_current_version(loaded_version);
   }
   grpc::ClientContext ctx;
-  ctx.set_deadline(DeadlineIn(kRegisterTimeout));
+  ctx.set_deadline(GrpcDeadline(kRegisterTimeout));
   // Wait for the channel to connect (up to the deadline) instead of failing
   // at once while gRPC backs off between connection attempts: a learner that
   // is still starting is then joined as soon as it listens.
@@ -299,7 +221,7 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   v1::RegisterResponse response;
   const grpc::Status s = stub->Register(&ctx, request, &response);
   EndCall();
-  if (!s.ok()) return FromGrpc(s, "Register");
+  if (!s.ok()) return FromGrpcStatus(s, "Register");
   const bool nccl_offered = request.transports(0) == v1::TRANSPORT_NCCL;
   if (response.transport() != v1::TRANSPORT_GRPC &&
       !(nccl_offered && response.transport() == v1::TRANSPORT_NCCL)) {
@@ -310,20 +232,28 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   return response;
 }
 
-bool ReceiverState::RunSession(const std::string& id) {
-  SubscribeStream stream(this);
+bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
+  const std::string& id = registration.session_id();
+  grpc_transport = std::make_unique<GrpcSnapshotTransport>(&fetcher, id, options.model_signature,
+                                                           options.fetch_timeout);
+  // The stream hands every announcement to this thread, which keeps only
+  // the newest one it has not handled yet.
+  AnnouncementStream stream(stub.get(), {[this] { Subscribed(); },
+                                         [this](v1::SnapshotManifest m) { Announced(std::move(m)); },
+                                         [this](const grpc::Status& s) { StreamDone(s); }});
   {
     absl::MutexLock lock(&mu);
     if (stop) return false;
-    session_id = id;
     stream_done = false;
     session_connected = false;
     first_in_session = true;
     announced.reset();
     stream_ctx = stream.context();
+    live_transports[0] = grpc_transport.get();
   }
+  reporter.SetSession(id);
   stream.Start(id);
-  if (nccl_assignment.has_value()) JoinNccl(*nccl_assignment);
+  if (registration.transport() == v1::TRANSPORT_NCCL) JoinNccl(registration);
   while (true) {
     v1::SnapshotManifest manifest;
     {
@@ -333,165 +263,117 @@ bool ReceiverState::RunSession(const std::string& id) {
       manifest = std::move(*announced);
       announced.reset();
     }
-    HandleAnnouncement(manifest, id);
+    HandleAnnouncement(manifest);
   }
   DropNccl();
+  reporter.SetSession("");
   absl::MutexLock lock(&mu);
   if (!stream_done) stream_ctx->TryCancel();
   while (!stream_done) cv.Wait(&mu);
   stream_ctx = nullptr;
-  session_id.clear();
+  live_transports[0] = nullptr;
   return session_connected;
 }
 
-void ReceiverState::JoinNccl(const v1::RegisterResponse& reg) {
-#ifdef ASYMPO_WITH_NCCL
-  LOG(INFO) << "joining the learner's NCCL communicator as rank " << reg.nccl_rank() << " of "
-            << reg.nccl_world_size();
-  absl::StatusOr<std::unique_ptr<NcclBroadcaster>> created = NcclBroadcaster::Create(
-      reg.nccl_unique_id(), reg.nccl_rank(), reg.nccl_world_size(), options.nccl_device,
-      options.nccl);
-  if (!created.ok()) {
+void ReceiverState::JoinNccl(const v1::RegisterResponse& registration) {
+  absl::StatusOr<std::unique_ptr<NcclSnapshotTransport>> joined = NcclSnapshotTransport::Join(
+      registration, options.nccl_device, options.nccl, options.model_signature);
+  if (!joined.ok()) {
     if (!Stopping()) {
       TransferFailed(absl::StrCat("joining the NCCL communicator failed (weights come over gRPC): ",
-                                  created.status().message()));
+                                  joined.status().message()));
     }
     return;
   }
   absl::MutexLock lock(&mu);
   if (stop) return;  // destroyed with the unique_ptr
-  nccl = std::shared_ptr<NcclBroadcaster>(*std::move(created));
-  nccl_live = nccl.get();
-#else
-  (void)reg;
-#endif
+  nccl_transport = *std::move(joined);
+  live_transports[1] = nccl_transport.get();
+  using_nccl = true;
 }
 
-void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest,
-                                       const std::string& id) {
-  const uint64_t version = manifest.version();
-  bool wanted;
+void ReceiverState::DropNccl() {
   {
     absl::MutexLock lock(&mu);
-    // Until a snapshot is held, any version is wanted (version 0 too). The
-    // first announcement of a session is followed even backwards (a learner
-    // restarted from an older checkpoint); later ones only forwards.
-    wanted = !held_version.has_value() ||
-             (first_in_session ? version != *held_version : version > *held_version);
-    first_in_session = false;
+    live_transports[1] = nullptr;
+    using_nccl = false;
   }
+  nccl_transport.reset();  // aborts the communicator
+}
+
+bool ReceiverState::Wanted(uint64_t version) {
+  absl::MutexLock lock(&mu);
+  // Until a snapshot is held, any version is wanted (version 0 too). The
+  // first announcement of a session is followed even backwards (a learner
+  // restarted from an older checkpoint); later ones only forwards.
+  const bool wanted = !held_version.has_value() ||
+                      (first_in_session ? version != *held_version : version > *held_version);
+  first_in_session = false;
+  return wanted;
+}
+
+void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double seconds) {
+  if (metrics) metrics->fetch_seconds.Observe(seconds);
+  VLOG(1) << "received version " << snapshot->version() << " ("
+          << snapshot->manifest.total_bytes() << " bytes) in " << seconds << " s";
+  absl::MutexLock lock(&mu);
+  held_version = snapshot->version();
+  pending = std::move(snapshot);
+  cv.SignalAll();
+}
+
+void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
+  const uint64_t version = manifest.version();
+  const bool wanted = Wanted(version);
   const auto t0 = std::chrono::steady_clock::now();
-#ifdef ASYMPO_WITH_NCCL
-  if (nccl != nullptr) {
-    // Every announced version is broadcast to every rank: take part even
-    // when it is not wanted.
+  if (nccl_transport != nullptr) {
+    // Every announced version is broadcast to every rank: it takes part even
+    // when the version is not wanted.
     absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
-        ReceiveSnapshotOverNccl(*nccl, manifest, options.model_signature);
-    if (received.ok() ||
-        (nccl->healthy() && received.status().code() != absl::StatusCode::kInvalidArgument)) {
+        nccl_transport->Receive(manifest, wanted);
+    if (received.ok() || nccl_transport->usable()) {
       absl::MutexLock lock(&mu);
       ++nccl_versions;  // every broadcast took place
     }
     if (received.ok()) {
-      if (!wanted) return;
-      if (metrics) {
-        metrics->fetch_seconds.Observe(
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      }
-      VLOG(1) << "received version " << version << " over NCCL";
-      absl::MutexLock lock(&mu);
-      pending = *std::move(received);
-      held_version = version;
-      cv.SignalAll();
+      if (*received != nullptr) Accept(*std::move(received), SecondsSince(t0));
       return;
     }
     if (Stopping()) return;
-    const bool dead = !nccl->healthy() ||
-                      received.status().code() == absl::StatusCode::kInvalidArgument;
+    const bool dead = !nccl_transport->usable();
     TransferFailed(absl::StrCat("NCCL broadcast of version ", version, " failed",
                                 dead ? " (weights now come over gRPC)" : "", ": ",
                                 received.status().message()));
     if (!dead) return;
     DropNccl();
   }
-#endif
-  if (!wanted) return;
-  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> snapshot = Fetch(manifest, id);
-  if (snapshot.ok()) {
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (metrics) metrics->fetch_seconds.Observe(seconds);
-    VLOG(1) << "fetched version " << version << " (" << manifest.total_bytes() << " bytes) in "
-            << seconds << " s";
-    absl::MutexLock lock(&mu);
-    pending = *std::move(snapshot);
-    held_version = version;
-    cv.SignalAll();
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> fetched =
+      grpc_transport->Receive(manifest, wanted);
+  if (fetched.ok()) {
+    if (*fetched != nullptr) Accept(*std::move(fetched), SecondsSince(t0));
     return;
   }
   if (Stopping()) return;
-  if (snapshot.status().code() == absl::StatusCode::kNotFound) {
+  if (fetched.status().code() == absl::StatusCode::kNotFound) {
     // Replaced by a newer version between announcement and fetch; its
     // announcement is on the way.
     VLOG(1) << "version " << version << " was superseded before it was fetched";
     return;
   }
   TransferFailed(
-      absl::StrCat("fetch of version ", version, " failed: ", snapshot.status().message()));
+      absl::StrCat("fetch of version ", version, " failed: ", fetched.status().message()));
 }
 
-void ReceiverState::SendReport(uint64_t version, std::string error) {
-  v1::ReportVersionRequest request;
-  request.set_version(version);
-  request.set_error(std::move(error));
+void ReceiverState::TransferFailed(const std::string& error) {
+  uint64_t loaded;
   {
     absl::MutexLock lock(&mu);
-    // Without a session the version travels with the next Register.
-    if (stop || session_id.empty()) return;
-    request.set_session_id(session_id);
-    if (report_in_flight) {  // only the newest report matters
-      next_report = std::move(request);
-      return;
-    }
-    report_in_flight = true;
+    ++failures;
+    loaded = loaded_version;
   }
-  StartReport(std::move(request));
-}
-
-void ReceiverState::StartReport(v1::ReportVersionRequest request) {
-  auto* call = new ReportCall;
-  call->request = std::move(request);
-  call->ctx.set_deadline(DeadlineIn(kReportTimeout));
-  {
-    absl::MutexLock lock(&mu);
-    if (stop) {
-      report_in_flight = false;
-      cv.SignalAll();
-      delete call;
-      return;
-    }
-    report_ctx = &call->ctx;
-  }
-  stub->async()->ReportVersion(&call->ctx, &call->request, &call->response,
-                               [this, call](grpc::Status s) { ReportDone(call, s); });
-}
-
-void ReceiverState::ReportDone(ReportCall* call, const grpc::Status& s) {
-  if (!s.ok()) VLOG(1) << "ReportVersion failed: " << s.error_message();
-  std::optional<v1::ReportVersionRequest> next;
-  {
-    absl::MutexLock lock(&mu);
-    report_ctx = nullptr;
-    if (!stop && next_report.has_value()) {
-      next = std::move(next_report);
-    } else {
-      report_in_flight = false;
-      cv.SignalAll();
-    }
-    next_report.reset();
-  }
-  delete call;
-  if (next.has_value()) StartReport(*std::move(next));
+  if (metrics) metrics->failures.Increment();
+  LOG(WARNING) << error << "; keeping version " << loaded;
+  reporter.Report(loaded, error);
 }
 
 }  // namespace
@@ -552,7 +434,7 @@ void WeightReceiver::ReportLoaded(uint64_t version) {
     state_->loaded_version = version;
   }
   if (state_->metrics) state_->metrics->version.Set(static_cast<double>(version));
-  state_->SendReport(version, "");
+  state_->reporter.Report(version, "");
 }
 
 void WeightReceiver::ReportLoadFailure(uint64_t version, std::string_view error) {
@@ -564,7 +446,7 @@ void WeightReceiver::ReportLoadFailure(uint64_t version, std::string_view error)
   const std::string message = absl::StrCat(
       "loading version ", version, " failed: ", absl::string_view(error.data(), error.size()));
   LOG(WARNING) << message << "; keeping version " << loaded;
-  state_->SendReport(loaded, message);
+  state_->reporter.Report(loaded, message);
 }
 
 bool WeightReceiver::connected() const {
@@ -584,7 +466,7 @@ uint64_t WeightReceiver::latest_announced() const {
 
 bool WeightReceiver::using_nccl() const {
   absl::MutexLock lock(&state_->mu);
-  return state_->nccl_live != nullptr;
+  return state_->using_nccl;
 }
 
 int64_t WeightReceiver::nccl_versions() const {
@@ -598,17 +480,16 @@ void WeightReceiver::Stop() {
   {
     absl::MutexLock lock(&st.mu);
     st.stop = true;
-    for (grpc::ClientContext* ctx : {st.call, st.stream_ctx, st.report_ctx}) {
+    for (grpc::ClientContext* ctx : {st.call, st.stream_ctx}) {
       if (ctx != nullptr) ctx->TryCancel();
     }
-#ifdef ASYMPO_WITH_NCCL
-    if (st.nccl_live != nullptr) st.nccl_live->Cancel();
-#endif
+    for (SnapshotTransport* t : st.live_transports) {
+      if (t != nullptr) t->Cancel();
+    }
     st.cv.SignalAll();
   }
   if (st.thread.joinable()) st.thread.join();
-  absl::MutexLock lock(&st.mu);
-  while (st.report_in_flight) st.cv.Wait(&st.mu);
+  st.reporter.Stop();
 }
 
 }  // namespace asympo::broadcast

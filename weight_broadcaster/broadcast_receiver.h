@@ -32,26 +32,16 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <vector>
 
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.pb.h"
-#include "weight_broadcaster/nccl_transport.h"
+#include "weight_broadcaster/nccl/nccl_transport.h"
+#include "weight_broadcaster/snapshot_transport.h"
 
 namespace asympo::broadcast {
-
-// A complete, verified snapshot in host memory.
-struct ReceivedSnapshot {
-  v1::SnapshotManifest manifest;
-  std::vector<std::string> buckets;  // buckets[i] holds bucket i's bytes
-
-  uint64_t version() const { return manifest.version(); }
-  // The bytes of tensor `entry` (an entry of manifest.tensors()).
-  std::string_view TensorBytes(const v1::TensorEntry& entry) const;
-};
 
 struct WeightReceiverOptions {
   // The learner's gRPC address, "host:port".

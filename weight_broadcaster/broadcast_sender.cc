@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -17,6 +17,7 @@ namespace asympo::broadcast {
 namespace {
 
 using internal::Buffer;
+using internal::BufferPool;
 using internal::SenderState;
 using internal::Snapshot;
 using internal::SubscribeReactor;
@@ -61,17 +62,83 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   return session;
 }
 
+// INVALID_ARGUMENT unless the planned tensors carry `signature` and every
+// view has the bytes its shape and dtype need.
+absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorView>& tensors,
+                        const std::string& signature) {
+  if (m.model_signature() != signature) {
+    return absl::InvalidArgumentError(absl::StrCat("the tensors' model signature ",
+                                                   m.model_signature(), " differs from the sender's ",
+                                                   signature));
+  }
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const TensorView& t = tensors[static_cast<size_t>(i)];
+    if (t.size_bytes != m.tensors(i).size_bytes() || (t.size_bytes > 0 && t.data == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.spec.name, "\" has ", t.size_bytes, " bytes",
+                       t.data == nullptr ? " (null data)" : "", "; its shape and dtype need ",
+                       m.tensors(i).size_bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Buffers for `m`'s buckets: those of a released snapshot where the sizes
+// match (the usual case: every version has the same layout), fresh ones
+// otherwise.
+std::vector<Buffer> BucketBuffers(const v1::SnapshotManifest& m, BufferPool& pool) {
+  std::vector<Buffer> reuse;
+  {
+    absl::MutexLock lock(&pool.mu);
+    reuse.swap(pool.buffers);
+  }
+  std::vector<Buffer> buckets;
+  for (int b = 0; b < m.buckets_size(); ++b) {
+    const uint64_t size = m.buckets(b).size_bytes();
+    const size_t i = static_cast<size_t>(b);
+    if (i < reuse.size() && reuse[i].size == size) {
+      buckets.push_back(std::move(reuse[i]));
+    } else {
+      buckets.push_back({std::unique_ptr<char[]>(new char[std::max<uint64_t>(size, 1)]), size});
+    }
+  }
+  return buckets;
+}
+
+// Packs `tensors` into buckets at the manifest's offsets and stamps every
+// bucket's CRC-32C into the manifest.
+std::shared_ptr<Snapshot> Pack(v1::SnapshotManifest m, const std::vector<TensorView>& tensors,
+                               const std::shared_ptr<BufferPool>& pool) {
+  auto snapshot = std::make_shared<Snapshot>();
+  snapshot->pool = pool;
+  snapshot->buckets = BucketBuffers(m, *pool);
+  // Copy each tensor to its offset; zero the alignment gaps so that the
+  // checksum does not depend on stale memory.
+  std::vector<uint64_t> filled(static_cast<size_t>(m.buckets_size()), 0);
+  for (int i = 0; i < m.tensors_size(); ++i) {
+    const v1::TensorEntry& e = m.tensors(i);
+    char* bucket = snapshot->buckets[e.bucket()].data.get();
+    uint64_t& end = filled[e.bucket()];
+    if (e.offset() > end) std::memset(bucket + end, 0, e.offset() - end);
+    if (e.size_bytes() > 0) {
+      std::memcpy(bucket + e.offset(), tensors[static_cast<size_t>(i)].data, e.size_bytes());
+    }
+    end = e.offset() + e.size_bytes();
+  }
+  for (int b = 0; b < m.buckets_size(); ++b) {
+    v1::BucketInfo* info = m.mutable_buckets(b);
+    CHECK_EQ(filled[static_cast<size_t>(b)], info->size_bytes()) << "PlanSnapshot left a gap";
+    info->set_crc32c(
+        Crc32c(snapshot->buckets[static_cast<size_t>(b)].data.get(), info->size_bytes()));
+  }
+  auto announcement = std::make_shared<v1::SnapshotAnnouncement>();
+  *announcement->mutable_manifest() = std::move(m);
+  snapshot->announcement = std::move(announcement);
+  return snapshot;
+}
+
 }  // namespace
 
-#ifndef ASYMPO_WITH_NCCL
-namespace internal {
-void StartNccl(SenderState& /*st*/) {
-  LOG(WARNING) << "built without the NCCL transport (ASYMPO_NCCL=OFF); weights go over gRPC";
-}
-int AssignNcclRankLocked(SenderState& /*st*/, SenderState::Session& /*session*/) { return 0; }
-void CancelNcclLocked(SenderState& /*st*/) {}
-}  // namespace internal
-#endif
 
 struct BroadcastSender::State : SenderState {
   using SenderState::SenderState;
@@ -112,80 +179,24 @@ absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<Tensor
   for (const TensorView& t : tensors) specs.push_back(t.spec);
   absl::StatusOr<v1::SnapshotManifest> planned = PlanSnapshot(specs, version, st.options.packing);
   if (!planned.ok()) return planned.status();
-  v1::SnapshotManifest& m = *planned;
-  if (m.model_signature() != st.model_signature) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the tensors' model signature ", m.model_signature(),
-                     " differs from the sender's ", st.model_signature));
-  }
-  for (int i = 0; i < m.tensors_size(); ++i) {
-    const TensorView& t = tensors[static_cast<size_t>(i)];
-    if (t.size_bytes != m.tensors(i).size_bytes() || (t.size_bytes > 0 && t.data == nullptr)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor \"", t.spec.name, "\" has ", t.size_bytes, " bytes",
-                       t.data == nullptr ? " (null data)" : "", "; its shape and dtype need ",
-                       m.tensors(i).size_bytes()));
-    }
-  }
-
-  // Pack into the buffers of a released snapshot where the sizes match (the
-  // usual case: every version has the same layout), fresh ones otherwise.
-  auto snapshot = std::make_shared<Snapshot>();
-  snapshot->pool = st.pool;
-  std::vector<Buffer> reuse;
-  {
-    absl::MutexLock lock(&st.pool->mu);
-    reuse.swap(st.pool->buffers);
-  }
-  for (int b = 0; b < m.buckets_size(); ++b) {
-    const uint64_t size = m.buckets(b).size_bytes();
-    const size_t i = static_cast<size_t>(b);
-    if (i < reuse.size() && reuse[i].size == size) {
-      snapshot->buckets.push_back(std::move(reuse[i]));
-    } else {
-      snapshot->buckets.push_back(
-          {std::unique_ptr<char[]>(new char[std::max<uint64_t>(size, 1)]), size});
-    }
-  }
-  reuse.clear();
-  // Copy each tensor to its offset; zero the alignment gaps so that the
-  // checksum does not depend on stale memory.
-  std::vector<uint64_t> filled(static_cast<size_t>(m.buckets_size()), 0);
-  for (int i = 0; i < m.tensors_size(); ++i) {
-    const v1::TensorEntry& e = m.tensors(i);
-    char* bucket = snapshot->buckets[e.bucket()].data.get();
-    uint64_t& end = filled[e.bucket()];
-    if (e.offset() > end) std::memset(bucket + end, 0, e.offset() - end);
-    if (e.size_bytes() > 0) {
-      std::memcpy(bucket + e.offset(), tensors[static_cast<size_t>(i)].data, e.size_bytes());
-    }
-    end = e.offset() + e.size_bytes();
-  }
-  for (int b = 0; b < m.buckets_size(); ++b) {
-    v1::BucketInfo* info = m.mutable_buckets(b);
-    CHECK_EQ(filled[static_cast<size_t>(b)], info->size_bytes()) << "PlanSnapshot left a gap";
-    info->set_crc32c(
-        Crc32c(snapshot->buckets[static_cast<size_t>(b)].data.get(), info->size_bytes()));
-  }
-  auto announcement = std::make_shared<v1::SnapshotAnnouncement>();
-  *announcement->mutable_manifest() = std::move(m);
-  snapshot->announcement = announcement;
-
+  if (absl::Status s = CheckViews(*planned, tensors, st.model_signature); !s.ok()) return s;
+  std::shared_ptr<Snapshot> snapshot = Pack(std::move(*planned), tensors, st.pool);
   {
     absl::MutexLock lock(&st.mu);
     st.latest = snapshot;
     for (auto& [id, s] : st.sessions) {
-      if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(announcement);
+      if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(snapshot->announcement);
     }
     st.nccl_cv.SignalAll();
   }
+  const v1::SnapshotManifest& m = snapshot->manifest();
   if (st.metrics) {
     st.metrics->publish_seconds.Observe(SecondsSince(t0));
     st.metrics->version.Set(static_cast<double>(version));
-    st.metrics->snapshot_bytes.Set(static_cast<double>(announcement->manifest().total_bytes()));
+    st.metrics->snapshot_bytes.Set(static_cast<double>(m.total_bytes()));
   }
-  VLOG(1) << "published version " << version << ": " << announcement->manifest().total_bytes()
-          << " bytes in " << announcement->manifest().buckets_size() << " buckets";
+  VLOG(1) << "published version " << version << ": " << m.total_bytes() << " bytes in "
+          << m.buckets_size() << " buckets";
   return absl::OkStatus();
 }
 

@@ -48,7 +48,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
-#include "weight_broadcaster/nccl_transport.h"
+#include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::broadcast {

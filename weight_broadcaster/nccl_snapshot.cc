@@ -2,8 +2,10 @@
 
 #include <cstdint>
 
+#include <glog/logging.h>
+
 #include "absl/strings/str_cat.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::broadcast {
@@ -38,5 +40,42 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> ReceiveSnapshotOverNccl(
   }
   return snapshot;
 }
+
+absl::StatusOr<std::unique_ptr<NcclSnapshotTransport>> NcclSnapshotTransport::Join(
+    const v1::RegisterResponse& registration, int device, const NcclBroadcasterOptions& options,
+    std::string model_signature) {
+  LOG(INFO) << "joining the learner's NCCL communicator as rank " << registration.nccl_rank()
+            << " of " << registration.nccl_world_size();
+  absl::StatusOr<std::unique_ptr<NcclBroadcaster>> comm =
+      NcclBroadcaster::Create(registration.nccl_unique_id(), registration.nccl_rank(),
+                              registration.nccl_world_size(), device, options);
+  if (!comm.ok()) return comm.status();
+  return std::unique_ptr<NcclSnapshotTransport>(
+      new NcclSnapshotTransport(*std::move(comm), std::move(model_signature)));
+}
+
+NcclSnapshotTransport::NcclSnapshotTransport(std::unique_ptr<NcclBroadcaster> comm,
+                                             std::string model_signature)
+    : comm_(std::move(comm)), model_signature_(std::move(model_signature)) {}
+
+NcclSnapshotTransport::~NcclSnapshotTransport() = default;
+
+absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> NcclSnapshotTransport::Receive(
+    const v1::SnapshotManifest& manifest, bool wanted) {
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
+      ReceiveSnapshotOverNccl(*comm_, manifest, model_signature_);
+  if (!received.ok()) {
+    // No collective was issued for a bad manifest: this rank is now out of
+    // step with the others and cannot take part again.
+    if (received.status().code() == absl::StatusCode::kInvalidArgument) out_of_step_ = true;
+    return received.status();
+  }
+  if (!wanted) return nullptr;
+  return received;
+}
+
+bool NcclSnapshotTransport::usable() const { return comm_->healthy() && !out_of_step_.load(); }
+
+void NcclSnapshotTransport::Cancel() { comm_->Cancel(); }
 
 }  // namespace asympo::broadcast

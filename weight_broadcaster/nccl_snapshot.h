@@ -1,16 +1,18 @@
-// The receiving end of one version on the NCCL transport (DESIGN.md
-// section 5): the bucket broadcasts a non-root rank takes part in after an
-// announcement, and the same checks as a gRPC fetch. Built only with
-// ASYMPO_NCCL. Thread-compatible (as NcclBroadcaster::Broadcast).
+// The receiving end of the NCCL transport (DESIGN.md section 5): the bucket
+// broadcasts a non-root rank takes part in after each announcement, with
+// the same checks as a gRPC fetch, and the SnapshotTransport that wraps
+// them for the WeightReceiver. Thread-compatible (as
+// NcclBroadcaster::Broadcast), except Cancel.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "asympo/v1/weight_broadcast.pb.h"
-#include "weight_broadcaster/broadcast_receiver.h"
-#include "weight_broadcaster/nccl_transport.h"
+#include "weight_broadcaster/nccl/nccl_transport.h"
+#include "weight_broadcaster/snapshot_transport.h"
 
 namespace asympo::broadcast {
 
@@ -27,5 +29,33 @@ namespace asympo::broadcast {
 absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> ReceiveSnapshotOverNccl(
     NcclBroadcaster& comm, const v1::SnapshotManifest& manifest,
     const std::string& model_signature);
+
+// Every announced version over one communicator: unwanted versions are
+// received too (every rank takes part in every broadcast) and dropped.
+// Unusable once the communicator is dead or out of step.
+class NcclSnapshotTransport final : public SnapshotTransport {
+ public:
+  // Joins the communicator the learner assigned in `registration` (its
+  // nccl_unique_id, nccl_rank and nccl_world_size) on CUDA device `device`.
+  // Blocks up to options.init_timeout. Errors as NcclBroadcaster::Create.
+  static absl::StatusOr<std::unique_ptr<NcclSnapshotTransport>> Join(
+      const v1::RegisterResponse& registration, int device, const NcclBroadcasterOptions& options,
+      std::string model_signature);
+  // Aborts the communicator.
+  ~NcclSnapshotTransport() override;
+
+  const char* name() const override { return "nccl"; }
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(const v1::SnapshotManifest& manifest,
+                                                            bool wanted) override;
+  bool usable() const override;
+  void Cancel() override;
+
+ private:
+  NcclSnapshotTransport(std::unique_ptr<NcclBroadcaster> comm, std::string model_signature);
+
+  const std::unique_ptr<NcclBroadcaster> comm_;
+  const std::string model_signature_;
+  std::atomic<bool> out_of_step_{false};
+};
 
 }  // namespace asympo::broadcast

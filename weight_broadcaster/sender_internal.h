@@ -144,7 +144,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<v1::SnapshotAnnou
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// The NCCL transport (sender_nccl.cc; stubs without ASYMPO_NCCL).
+// The NCCL transport (sender_nccl.cc).
 // StartNccl, from the constructor: checks that NCCL and a GPU are usable,
 // makes the unique id and starts st.nccl_thread (or logs why not and leaves
 // the phase kOff). AssignNcclRankLocked: gives `session` an NCCL rank while

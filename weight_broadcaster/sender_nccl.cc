@@ -1,6 +1,6 @@
 // BroadcastSender's NCCL transport (sender_internal.h): rank assignment in
 // Register, and the thread that joins the communicator as rank 0 and
-// broadcasts each announced version. Built only with ASYMPO_NCCL.
+// broadcasts each announced version.
 #include <algorithm>
 #include <memory>
 #include <optional>
@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "weight_broadcaster/nccl_loader.h"
+#include "weight_broadcaster/nccl/nccl_loader.h"
 #include "weight_broadcaster/sender_internal.h"
 
 namespace asympo::broadcast::internal {

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"  // protobuf serialization for the request
+#include "common/grpc_status.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -100,10 +101,7 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> SnapshotFetcher::Fetch(
   }
   const grpc::Status status = reader->Finish();
   if (!bad.ok()) return bad;
-  if (!status.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat("FetchSnapshot: ", status.error_message()));
-  }
+  if (!status.ok()) return FromGrpcStatus(status, "FetchSnapshot");
   for (size_t b = 0; b < n; ++b) {
     const v1::BucketInfo& info = manifest.buckets(static_cast<int>(b));
     if (received[b] != info.size_bytes()) {
@@ -116,6 +114,36 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> SnapshotFetcher::Fetch(
     }
   }
   return snapshot;
+}
+
+GrpcSnapshotTransport::GrpcSnapshotTransport(SnapshotFetcher* fetcher, std::string session_id,
+                                             std::string model_signature,
+                                             absl::Duration fetch_timeout)
+    : fetcher_(fetcher),
+      session_id_(std::move(session_id)),
+      model_signature_(std::move(model_signature)),
+      fetch_timeout_(fetch_timeout) {}
+
+absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> GrpcSnapshotTransport::Receive(
+    const v1::SnapshotManifest& manifest, bool wanted) {
+  if (!wanted) return nullptr;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(GrpcDeadline(fetch_timeout_));
+  {
+    absl::MutexLock lock(&mu_);
+    if (cancelled_) return absl::CancelledError("the receiver is stopping");
+    call_ = &ctx;
+  }
+  auto snapshot = fetcher_->Fetch(&ctx, session_id_, manifest, model_signature_);
+  absl::MutexLock lock(&mu_);
+  call_ = nullptr;
+  return snapshot;
+}
+
+void GrpcSnapshotTransport::Cancel() {
+  absl::MutexLock lock(&mu_);
+  cancelled_ = true;
+  if (call_ != nullptr) call_->TryCancel();
 }
 
 }  // namespace asympo::broadcast

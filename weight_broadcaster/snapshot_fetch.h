@@ -7,6 +7,9 @@
 // produced, its buffers go to the next Fetch (one snapshot's worth is kept),
 // so that a steady stream of versions costs no page faults or zeroing.
 // Fetch may run on one thread at a time; releasing snapshots is thread-safe.
+//
+// GrpcSnapshotTransport is the SnapshotTransport of one receiver session on
+// top of a fetcher that outlives the sessions (and keeps its buffers).
 #pragma once
 
 #include <cstdint>
@@ -20,7 +23,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
-#include "weight_broadcaster/broadcast_receiver.h"
+#include "absl/time/time.h"
+#include "weight_broadcaster/snapshot_transport.h"
 
 namespace asympo::broadcast {
 
@@ -59,6 +63,33 @@ class SnapshotFetcher {
   // stub builds its own.
   const grpc::internal::RpcMethod method_{"/asympo.v1.WeightBroadcast/FetchSnapshot",
                                           grpc::internal::RpcMethod::SERVER_STREAMING};
+};
+
+// Fetches each wanted version over gRPC (FetchSnapshot) under one session.
+class GrpcSnapshotTransport final : public SnapshotTransport {
+ public:
+  // `fetcher` must outlive the transport. A fetch that takes longer than
+  // `fetch_timeout` fails with DEADLINE_EXCEEDED.
+  GrpcSnapshotTransport(SnapshotFetcher* fetcher, std::string session_id,
+                        std::string model_signature, absl::Duration fetch_timeout);
+
+  const char* name() const override { return "grpc"; }
+  // Unwanted versions are not fetched. Errors as SnapshotFetcher::Fetch;
+  // CANCELLED after Cancel().
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(const v1::SnapshotManifest& manifest,
+                                                            bool wanted) override;
+  // A failed fetch does not hurt the next one.
+  bool usable() const override { return true; }
+  void Cancel() override;
+
+ private:
+  SnapshotFetcher* const fetcher_;
+  const std::string session_id_;
+  const std::string model_signature_;
+  const absl::Duration fetch_timeout_;
+  absl::Mutex mu_;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 }  // namespace asympo::broadcast

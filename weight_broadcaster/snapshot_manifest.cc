@@ -7,7 +7,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 
 namespace asympo::broadcast {
 namespace {

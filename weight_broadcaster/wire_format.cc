@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 
 namespace asympo::broadcast {
 namespace {

@@ -1,12 +1,8 @@
 // The learner daemon end to end in one process: a real gRPC server on a
 // loopback port, a real client, the trainer loop, checkpoints, a restart,
-// and a real HTTP scrape of /metrics (checked with promtool when present).
+// a real HTTP scrape of /metrics (checked with promtool when present), and
+// failed steps that are skipped and counted while training goes on.
 #include "learner_server/learner_daemon.h"
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -16,34 +12,16 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "absl/synchronization/notification.h"
+#include "common/daemon/metrics_endpoint.h"
 #include "learner_server/checkpoint.h"
+#include "tests/testing/http.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string req = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
-  ::send(fd, req.data(), req.size(), 0);
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
-    out.append(buf, static_cast<size_t>(n));
-  ::close(fd);
-  const size_t body = out.find("\r\n\r\n");
-  return body == std::string::npos ? "" : out.substr(body + 4);
-}
 
 v1::RolloutBatch Batch(int groups, int seed) {
   v1::RolloutBatch b;
@@ -63,7 +41,6 @@ v1::RolloutBatch Batch(int groups, int seed) {
 LearnerDaemonOptions Options(const std::string& ckpt, int64_t max_steps) {
   LearnerDaemonOptions o;
   o.listen_address = "127.0.0.1:0";
-  o.metrics_address = "127.0.0.1:0";
   o.prompts_per_step = 2;
   o.queue.capacity_groups = 8;
   o.limits.max_groups_per_batch = 8;
@@ -75,49 +52,67 @@ LearnerDaemonOptions Options(const std::string& ckpt, int64_t max_steps) {
   return o;
 }
 
-// Submits batches until the daemon stops accepting them.
-void Feed(int port, std::atomic<bool>* stop) {
+// Submits batches until `stop`; after a refusal it waits a little (or
+// until `stop`) before the next.
+void Feed(int port, absl::Notification* stop) {
   auto stub = v1::Learner::NewStub(
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
-  for (int i = 0; !stop->load(); ++i) {
+  for (int i = 0; !stop->HasBeenNotified(); ++i) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
     v1::SubmitResponse r;
-    if (!stub->Submit(&ctx, Batch(2, i), &r).ok()) absl::SleepFor(absl::Milliseconds(20));
+    if (!stub->Submit(&ctx, Batch(2, i), &r).ok()) {
+      stop->WaitForNotificationWithTimeout(absl::Milliseconds(20));
+    }
   }
 }
+
+// A daemon with its registry and metrics endpoint, as main() makes them.
+struct Learner {
+  explicit Learner(LearnerDaemonOptions o) {
+    auto e = daemon::MetricsEndpoint::Start("127.0.0.1:0", registry);
+    EXPECT_TRUE(e.ok()) << e.status();
+    if (e.ok()) endpoint = *std::move(e);
+    auto d = LearnerDaemon::Create(std::move(o), *registry);
+    status = d.status();
+    if (d.ok()) daemon = *std::move(d);
+  }
+  // Trains to max_steps while a client feeds it.
+  absl::StatusOr<int64_t> RunFed() {
+    absl::Notification stop;
+    std::thread feeder(Feed, daemon->port(), &stop);
+    absl::StatusOr<int64_t> steps = daemon->Run();
+    stop.Notify();
+    feeder.join();
+    return steps;
+  }
+  std::string Scrape() {
+    return asympo::testing::HttpBody(
+        asympo::testing::HttpGet("127.0.0.1", endpoint->port(), "/metrics"));
+  }
+
+  std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<daemon::MetricsEndpoint> endpoint;
+  absl::Status status;
+  std::unique_ptr<LearnerDaemon> daemon;
+};
 
 TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
   asympo::testing::ScopedTempDir tmp("learner_daemon_test");
   const std::string ckpt = tmp.Path("ckpt");
   uint64_t version_after_first_run = 0;
   {
-    auto daemon = LearnerDaemon::Create(Options(ckpt, 4));
-    ASSERT_TRUE(daemon.ok()) << daemon.status();
-    const int metrics_port = (*daemon)->metrics_port();
-    ASSERT_GT(metrics_port, 0);
-    std::atomic<bool> stop{false};
-    std::thread feeder(Feed, (*daemon)->port(), &stop);
-    std::string scrape;
-    std::thread scraper([&] {
-      // Scrape while the daemon runs, once it has trained at least a step.
-      for (int i = 0; i < 400; ++i) {
-        absl::SleepFor(absl::Milliseconds(25));
-        scrape = HttpGet(metrics_port, "/metrics");
-        if (scrape.find("asympo_learner_steps_total ") != std::string::npos &&
-            scrape.find("asympo_learner_steps_total 0\n") == std::string::npos) {
-          break;
-        }
-      }
-    });
-    const auto steps = (*daemon)->Run();
-    scraper.join();
-    stop = true;
-    feeder.join();
+    Learner learner(Options(ckpt, 4));
+    ASSERT_TRUE(learner.status.ok()) << learner.status;
+    const auto steps = learner.RunFed();
     ASSERT_TRUE(steps.ok()) << steps.status();
     EXPECT_EQ(*steps, 4);
-    version_after_first_run = (*daemon)->version();
+    version_after_first_run = learner.daemon->version();
     EXPECT_EQ(version_after_first_run, 4u);
+    // The registry belongs to main (here the test): it is scraped over HTTP
+    // after the run as during it.
+    const std::string scrape = learner.Scrape();
+    EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_total 4"));
     for (const char* name :
          {"asympo_learner_version", "asympo_learner_steps_total", "asympo_learner_reward_mean",
           "asympo_learner_reward_ema", "asympo_learner_loss", "asympo_learner_scale_positive",
@@ -127,7 +122,9 @@ TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
           "asympo_learner_queue_depth_groups", "asympo_learner_queue_capacity_groups",
           "asympo_learner_staleness_versions_bucket",
           "asympo_learner_batches_total{result=\"accepted\"}",
-          "asympo_learner_step_duration_seconds_bucket", "asympo_learner_collapse_suspected"}) {
+          "asympo_learner_step_duration_seconds_bucket", "asympo_learner_collapse_suspected",
+          "asympo_learner_steps_skipped_total{reason=\"nonfinite_loss\"} 0",
+          "asympo_broadcast_version"}) {
       EXPECT_THAT(scrape, HasSubstr(name));
     }
     // promtool (Debian package prometheus) lints the exposition format.
@@ -140,23 +137,43 @@ TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
   ASSERT_EQ(ListCheckpoints(ckpt).size(), 2u);  // versions 4 and 2 (keep_checkpoints = 3)
 
   // Restart: the newest checkpoint is restored.
-  auto again = LearnerDaemon::Create(Options(ckpt, 1));
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ((*again)->version(), version_after_first_run);
-  (*again)->Shutdown();
-  const auto steps = (*again)->Run();
+  Learner again(Options(ckpt, 1));
+  ASSERT_TRUE(again.status.ok()) << again.status;
+  EXPECT_EQ(again.daemon->version(), version_after_first_run);
+  again.daemon->Shutdown();
+  const auto steps = again.daemon->Run();
   ASSERT_TRUE(steps.ok());
   EXPECT_EQ(*steps, 0);
 }
 
+TEST(LearnerDaemonTest, FailedStepsAreSkippedCountedAndTrainingGoesOn) {
+  LearnerDaemonOptions o = Options("", 4);
+  o.trainer.fault_nonfinite_loss_steps = {2};
+  o.trainer.fault_exception_steps = {3, 5};
+  Learner learner(o);
+  ASSERT_TRUE(learner.status.ok()) << learner.status;
+  const auto steps = learner.RunFed();
+  ASSERT_TRUE(steps.ok()) << steps.status();
+  EXPECT_EQ(*steps, 4) << "max_steps counts the steps that trained";
+  EXPECT_EQ(learner.daemon->version(), 4u);
+  EXPECT_EQ(learner.daemon->skipped_steps().count(kSkipNonFiniteLoss), 1);
+  EXPECT_EQ(learner.daemon->skipped_steps().count(kSkipTorchError), 2);
+  const std::string scrape = learner.Scrape();
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_skipped_total{reason=\"nonfinite_loss\"} 1"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_skipped_total{reason=\"torch_error\"} 2"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_skipped_groups_total 6"));  // 3 steps x 2 groups
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_total 4"));
+}
+
 TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {
   LearnerDaemonOptions o = Options("", 1);
+  prometheus::Registry registry;
   o.prompts_per_step = 10;  // above the queue capacity of 8
-  EXPECT_THAT(std::string(LearnerDaemon::Create(o).status().message()),
+  EXPECT_THAT(std::string(LearnerDaemon::Create(o, registry).status().message()),
               HasSubstr("queue capacity 8 is below prompts_per_step 10"));
   o = Options("", 1);
   o.model = "/nonexistent/model";
-  EXPECT_THAT(std::string(LearnerDaemon::Create(o).status().message()),
+  EXPECT_THAT(std::string(LearnerDaemon::Create(o, registry).status().message()),
               HasSubstr("/nonexistent/model"));
 }
 

@@ -1,6 +1,7 @@
 // ChunkedTokenLogProbs equals the unchunked computation and stays within its
 // stated peak-memory bound.
 #include <atomic>
+#include <cstring>
 #include <memory>
 
 #include <ATen/Parallel.h>
@@ -9,6 +10,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
+#include <torch/version.h>
 
 #include "learner_server/token_logprobs.h"
 
@@ -60,7 +62,16 @@ TEST(ChunkedLogProbsTest, RejectsBadInputs) {
 class TrackingAllocator : public c10::Allocator {
  public:
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
-  c10::DataPtr allocate(size_t n) const override {
+// LibTorch 2.3 made Allocator::allocate non-const and added copy_data.
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
+  c10::DataPtr Allocate(size_t n) const {
     c10::DataPtr inner = base_->allocate(n);
     void* data = inner.get();
     auto* ctx = new Ctx{std::move(inner), n, this};

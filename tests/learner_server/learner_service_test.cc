@@ -11,9 +11,12 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/wait.h"
+
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::WaitFor;
 using ::testing::HasSubstr;
 
 v1::RolloutBatch Batch(int groups, int responses = 3, const std::string& tag = "p") {
@@ -50,6 +53,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.full_queue_timeout = full_timeout;
     o.retry_after = absl::Milliseconds(750);
     o.objective = "asympo";
+    o.version = [this] { return version_.load(); };
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -72,6 +76,7 @@ class LearnerServiceTest : public ::testing::Test {
   }
 
   LearnerCounters counters_;
+  std::atomic<uint64_t> version_{0};  // the trainer's, in the daemon
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -142,7 +147,8 @@ TEST_F(LearnerServiceTest, AHeldProducerIsAdmittedWhenTheTrainerFreesRoom) {
   v1::SubmitResponse r;
   ASSERT_TRUE(Submit(Batch(2), &r).ok());
   std::thread trainer([&] {
-    absl::SleepFor(absl::Milliseconds(200));
+    // Frees room only once the producer is held.
+    ASSERT_TRUE(WaitFor([&] { return queue_->Stats().waiting_pushes == 1; }));
     queue_->Pop(2, absl::Now() + absl::Seconds(1));
   });
   const grpc::Status s = Submit(Batch(2, 3, "second"), &r);
@@ -172,10 +178,15 @@ TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
   Start(4, absl::Seconds(10));
   std::atomic<int> popped{0};
   std::atomic<bool> stop{false};
+  std::atomic<int> pops_while_held{0};
   std::thread trainer([&] {
+    // Takes a group only while the stream is held at the full queue, so
+    // that every batch after the first four waits for room.
     while (!stop) {
-      absl::SleepFor(absl::Milliseconds(5));
+      if (!WaitFor([&] { return stop || queue_->Stats().waiting_pushes > 0; })) continue;
+      if (stop) break;
       popped += static_cast<int>(queue_->Pop(1, absl::Now() + absl::Milliseconds(50)).size());
+      ++pops_while_held;
     }
   });
   grpc::ClientContext ctx;
@@ -191,6 +202,7 @@ TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
   EXPECT_EQ(r.accepted_groups(), 80u);
   EXPECT_EQ(popped.load() + queue_->Stats().depth_groups, 80);
   EXPECT_LE(queue_->Stats().depth_groups, 4);
+  EXPECT_GE(pops_while_held.load(), 76) << "the stream was not held by the full queue";
 }
 
 TEST_F(LearnerServiceTest, ConcurrentSubmittersAreAccountedExactly) {
@@ -226,7 +238,7 @@ TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   Start(8);
   v1::SubmitResponse r;
   ASSERT_TRUE(Submit(Batch(3), &r).ok());
-  counters_.version = 7;
+  version_ = 7;
   grpc::ClientContext ctx;
   v1::LearnerStatus st;
   ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st).ok());

@@ -16,37 +16,49 @@ v1::PromptGroup Group(int id, int tokens) {
   return g;
 }
 
-TEST(BatchAssemblerTest, ClosesABatchAtMaxGroupsKeepingOrder) {
+TEST(BatchAssemblerTest, FillsUpToMaxGroupsKeepingOrder) {
   BatchAssembler a({"rollout-0", 3, 1 << 20});
-  EXPECT_FALSE(a.Add(Group(0, 4)).has_value());
-  EXPECT_FALSE(a.Add(Group(1, 4)).has_value());
-  auto batch = a.Add(Group(2, 4));
+  for (int i = 0; i < 3; ++i) {
+    v1::PromptGroup g = Group(i, 4);
+    EXPECT_TRUE(a.TryAdd(&g));
+  }
+  v1::PromptGroup fourth = Group(3, 4);
+  EXPECT_FALSE(a.TryAdd(&fourth));
+  EXPECT_EQ(fourth.prompt_id(), "p3") << "a group that does not fit is left untouched";
+  auto batch = a.Flush();
   ASSERT_TRUE(batch.has_value());
   ASSERT_EQ(batch->groups_size(), 3);
   EXPECT_EQ(batch->source(), "rollout-0");
   for (int i = 0; i < 3; ++i) EXPECT_EQ(batch->groups(i).prompt_id(), "p" + std::to_string(i));
   EXPECT_EQ(a.pending_groups(), 0);
+  EXPECT_EQ(a.pending_bytes(), 0u);
+  EXPECT_TRUE(a.TryAdd(&fourth));
 }
 
-TEST(BatchAssemblerTest, ClosesABatchBeforeItWouldExceedMaxBytes) {
-  const size_t group_bytes = Group(0, 100).ByteSizeLong() + 6;
-  BatchAssembler a({"r", 100, group_bytes * 2 + 10});
-  EXPECT_FALSE(a.Add(Group(0, 100)).has_value());
-  EXPECT_FALSE(a.Add(Group(1, 100)).has_value());
-  auto batch = a.Add(Group(2, 100));  // a third would pass max_bytes
+TEST(BatchAssemblerTest, StopsBeforeItWouldExceedMaxBytesAndCountsTheWireSize) {
+  v1::RolloutBatch probe;
+  *probe.add_groups() = Group(0, 100);
+  *probe.add_groups() = Group(1, 100);
+  const size_t two = probe.ByteSizeLong();  // exactly what two groups cost on the wire
+  BatchAssembler a({"", 100, two});
+  v1::PromptGroup g0 = Group(0, 100), g1 = Group(1, 100), g2 = Group(2, 100);
+  EXPECT_TRUE(a.TryAdd(&g0));
+  EXPECT_TRUE(a.TryAdd(&g1));
+  EXPECT_EQ(a.pending_bytes(), two);
+  EXPECT_FALSE(a.TryAdd(&g2));  // a third would pass max_bytes
+  auto batch = a.Flush();
   ASSERT_TRUE(batch.has_value());
   EXPECT_EQ(batch->groups_size(), 2);
-  EXPECT_LE(batch->ByteSizeLong(), group_bytes * 2 + 10);
-  EXPECT_EQ(a.pending_groups(), 1);
-  auto rest = a.Flush();
-  ASSERT_TRUE(rest.has_value());
-  EXPECT_EQ(rest->groups(0).prompt_id(), "p2");
+  EXPECT_LE(batch->ByteSizeLong(), two);
   EXPECT_FALSE(a.Flush().has_value());
 }
 
 TEST(BatchAssemblerTest, ALoneOversizeGroupFormsItsOwnBatch) {
   BatchAssembler a({"r", 100, 64});
-  auto batch = a.Add(Group(0, 200));
+  v1::PromptGroup big = Group(0, 200), small = Group(1, 1);
+  EXPECT_TRUE(a.TryAdd(&big));
+  EXPECT_FALSE(a.TryAdd(&small));
+  auto batch = a.Flush();
   ASSERT_TRUE(batch.has_value());
   EXPECT_EQ(batch->groups_size(), 1);
 }

@@ -140,5 +140,26 @@ TEST(GenerationTest, RejectsBadRequests) {
               HasSubstr("exceeds max_position_embeddings 512"));
 }
 
+TEST(GenerationTest, ALibTorchErrorComesBackAsAStatus) {
+  const auto m = Tiny();
+  {
+    // A weight of the wrong shape makes the forward pass throw c10::Error.
+    at::NoGradGuard no_grad;
+    for (const auto& [name, t] : m->named_parameters()) {
+      if (name.find("q_proj.weight") != std::string::npos) t.set_(torch::zeros({3, 5}));
+    }
+  }
+  const GenerationEngine engine(m.get());
+  GenerationRequest r;
+  r.prompt = {1, 2, 3};
+  r.params.max_new_tokens = 4;
+  absl::StatusOr<std::vector<GenerationResult>> out = engine.Generate({r});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(std::string(out.status().message()), HasSubstr("generation: "));
+  EXPECT_THAT(std::string(out.status().message()), ::testing::Not(HasSubstr("frame #")))
+      << "LibTorch's backtrace stays out of the message";
+}
+
 }  // namespace
 }  // namespace asympo::rollout

@@ -15,8 +15,10 @@
 #include <prometheus/text_serializer.h>
 
 #include "asympo/v1/learner.grpc.pb.h"
+#include "tests/testing/metrics.h"
+#include "tests/testing/wait.h"
 #include "weight_broadcaster/broadcast_sender.h"
-#include "weight_broadcaster/model_snapshot.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::rollout {
 namespace {
@@ -75,31 +77,8 @@ class FakeLearner final : public v1::Learner::Service {
   std::atomic<bool> wants_logprobs{false};
 };
 
-double Metric(prometheus::Registry& registry, const std::string& name,
-              const std::string& label_value = "") {
-  for (const auto& family : registry.Collect()) {
-    if (family.name != name) continue;
-    for (const auto& m : family.metric) {
-      if (!label_value.empty() &&
-          (m.label.empty() || m.label[0].value != label_value)) {
-        continue;
-      }
-      if (family.type == prometheus::MetricType::Counter) return m.counter.value;
-      if (family.type == prometheus::MetricType::Gauge) return m.gauge.value;
-    }
-  }
-  return -1;
-}
-
-template <typename Pred>
-bool WaitFor(Pred pred, absl::Duration timeout = absl::Seconds(30)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return pred();
-}
+using ::asympo::testing::MetricValue;
+using ::asympo::testing::WaitFor;
 
 class RolloutDaemonTest : public ::testing::Test {
  protected:
@@ -110,7 +89,9 @@ class RolloutDaemonTest : public ::testing::Test {
     sender_ = std::make_unique<broadcast::BroadcastSender>(
         broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), nullptr);
     std::vector<at::Tensor> staging;
-    ASSERT_TRUE(sender_->Publish(7, broadcast::ModelTensorViews(*model_, &staging)).ok());
+    auto views = broadcast::ModelTensorViews(*model_, &staging);
+    ASSERT_TRUE(views.ok()) << views.status();
+    ASSERT_TRUE(sender_->Publish(7, *views).ok());
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&learner_);
@@ -130,7 +111,6 @@ class RolloutDaemonTest : public ::testing::Test {
   void Start(int64_t max_buffered, absl::Duration drain = absl::Seconds(2)) {
     RolloutDaemonOptions o;
     o.learner_address = absl::StrCat("127.0.0.1:", port_);
-    o.metrics_address = "";
     o.task.name = "copy";
     o.group_size = 4;
     o.prompts_per_generation = 2;
@@ -139,17 +119,23 @@ class RolloutDaemonTest : public ::testing::Test {
     o.min_backoff = absl::Milliseconds(20);
     o.max_backoff = absl::Milliseconds(100);
     o.drain_timeout = drain;
-    auto d = RolloutDaemon::Create(o);
+    auto d = RolloutDaemon::Create(o, *registry_);
     ASSERT_TRUE(d.ok()) << d.status();
     daemon_ = *std::move(d);
     run_ = std::thread([this] { result_ = daemon_->Run(); });
   }
 
   double M(const std::string& name, const std::string& label = "") {
-    return Metric(daemon_->registry(), name, label);
+    return MetricValue(*registry_, name, label);
+  }
+  int Calls() {
+    std::lock_guard<std::mutex> lock(learner_.mu);
+    return learner_.calls;
   }
 
   FakeLearner learner_;
+  // As in main: the registry outlives the daemon.
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<PolicyModel> model_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<grpc::Server> server_;
@@ -195,7 +181,12 @@ TEST_F(RolloutDaemonTest, HoldsAtMostTheBufferWhileRefusedAndLosesNothing) {
   Start(6);
   ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_groups_generated_total") >= 6; }));
   ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_learner_connected") == 0; }));
-  absl::SleepFor(absl::Milliseconds(500));  // would generate many more if unbounded
+  // Generation is held at the full buffer while the learner goes on
+  // refusing: unbounded, it would go on generating.
+  ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_generation_blocked") == 1; }));
+  const int calls = Calls();
+  ASSERT_TRUE(WaitFor([&] { return Calls() >= calls + 3; }));
+  EXPECT_EQ(M("asympo_rollout_generation_blocked"), 1);
   EXPECT_EQ(M("asympo_rollout_groups_generated_total"), 6);
   EXPECT_LE(M("asympo_rollout_buffer_groups"), 6);
   EXPECT_EQ(learner_.AcceptedGroups(), 0);
@@ -247,21 +238,21 @@ TEST_F(RolloutDaemonTest, CountsGroupsLeftAtShutdown) {
 }
 
 TEST(RolloutDaemonOptionsTest, RejectsBadOptionsByName) {
+  prometheus::Registry registry;
   RolloutDaemonOptions o;
-  o.metrics_address = "";
   o.group_size = 1;
-  auto d = RolloutDaemon::Create(o);
+  auto d = RolloutDaemon::Create(o, registry);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("group_size"), std::string::npos);
   o.group_size = 4;
   o.max_buffered_groups = 2;
   o.prompts_per_generation = 4;
-  d = RolloutDaemon::Create(o);
+  d = RolloutDaemon::Create(o, registry);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("max_buffered_groups"), std::string::npos);
   o.max_buffered_groups = 8;
   o.task.name = "no-such-task";
-  d = RolloutDaemon::Create(o);
+  d = RolloutDaemon::Create(o, registry);
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("no-such-task"), std::string::npos) << d.status();
 }

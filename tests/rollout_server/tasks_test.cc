@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer.h"
-#include "common/tokenizer_text.h"
+#include "common/tokenizer/tokenizer.h"
+#include "common/tokenizer/tokenizer_text.h"
 #include "nlohmann/json.hpp"
 #include "rollout_server/math_verifier.h"
 #include "tests/testing/temp_dir.h"

@@ -10,7 +10,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 
 namespace asympo::broadcast {
 namespace {

@@ -19,6 +19,8 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "tests/testing/metrics.h"
+#include "tests/testing/wait.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
 #include "weight_broadcaster/snapshot_manifest.h"
@@ -86,33 +88,10 @@ inline void ExpectWeightsOf(const ReceivedSnapshot& s, uint64_t version) {
 // Polls `done` until it holds or `timeout` passes.
 inline bool WaitUntil(const std::function<bool()>& done,
                       absl::Duration timeout = absl::Seconds(2)) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (!done()) {
-    if (absl::Now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  return true;
+  return ::asympo::testing::WaitFor(done, timeout);
 }
 
-// The value of the unlabelled metric `name` (a histogram gives its sample
-// count); NaN when absent.
-inline double MetricValue(prometheus::Registry& r, const std::string& name) {
-  for (const prometheus::MetricFamily& f : r.Collect()) {
-    if (f.name != name || f.metric.empty()) continue;
-    const prometheus::ClientMetric& m = f.metric[0];
-    switch (f.type) {
-      case prometheus::MetricType::Counter:
-        return m.counter.value;
-      case prometheus::MetricType::Gauge:
-        return m.gauge.value;
-      case prometheus::MetricType::Histogram:
-        return static_cast<double>(m.histogram.sample_count);
-      default:
-        return std::numeric_limits<double>::quiet_NaN();
-    }
-  }
-  return std::numeric_limits<double>::quiet_NaN();
-}
+using ::asympo::testing::MetricValue;
 
 // A BroadcastSender served on a loopback port (0: any free one).
 class SenderServer {

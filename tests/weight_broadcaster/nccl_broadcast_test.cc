@@ -12,7 +12,7 @@
 #include <prometheus/registry.h>
 
 #include "tests/weight_broadcaster/broadcast_test_util.h"
-#include "tests/weight_broadcaster/fake_nccl.h"
+#include "tests/weight_broadcaster/nccl/fake_nccl.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -124,7 +124,10 @@ TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   grpc_only.ExpectVersion(2);
 
   EXPECT_TRUE(server.sender().nccl_active());
-  EXPECT_EQ(server.sender().nccl_versions_sent(), 2);
+  // The sender counts a version once its last bucket's broadcast returns on
+  // rank 0, which may be after the receivers have it.
+  EXPECT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 2; }))
+      << server.sender().nccl_versions_sent();
   for (Receiver* r : {&a, &b}) {
     EXPECT_TRUE(r->receiver->using_nccl());
     EXPECT_EQ(r->receiver->nccl_versions(), 2);
@@ -133,10 +136,11 @@ TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   }
   EXPECT_FALSE(grpc_only.receiver->using_nccl());
   EXPECT_GT(grpc_only.FetchedBytes(), 0);
+  // Handshake plus three buckets per version, on each of the three ranks.
+  EXPECT_TRUE(WaitUntil([&] { return Stats().completed == 3 * (1 + 2 * 3); }))
+      << Stats().completed;
   const AsympoFakeNcclStats stats = Stats();
   EXPECT_EQ(stats.inits, 3);
-  // Handshake plus three buckets per version, on each of the three ranks.
-  EXPECT_EQ(stats.completed, 3 * (1 + 2 * 3));
   EXPECT_EQ(stats.count_mismatches, 0);
   EXPECT_EQ(stats.use_after_abort, 0);
 

@@ -11,7 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "asympo/v1/weight_broadcast.pb.h"
-#include "weight_broadcaster/crc32c.h"
+#include "common/crc32c.h"
 
 namespace asympo::broadcast {
 namespace {

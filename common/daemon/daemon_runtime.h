@@ -1,0 +1,61 @@
+// What a daemon's main() sets up around the daemon itself, in the order it
+// must: the stop signals first (before any thread starts), the Prometheus
+// registry and its /metrics endpoint, and a run that a signal can stop.
+//
+//   auto runtime = DaemonRuntime::Install();            // first in main
+//   ... parse flags ...
+//   runtime->ServeMetrics(flag);                       // optional
+//   auto daemon = Daemon::Create(options, runtime->registry());
+//   return runtime->RunUntilStopped([&] { daemon->Shutdown(); },
+//                                   [&] { return daemon->Run(); });
+//
+// Declare the runtime before the daemon: it then outlives it, and so do the
+// registry and the endpoint the daemon's metrics live in. Not thread-safe;
+// main's thread calls it.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <prometheus/registry.h>
+
+#include "absl/status/statusor.h"
+#include "common/daemon/metrics_endpoint.h"
+#include "common/daemon/stop_signals.h"
+
+namespace asympo::daemon {
+
+class DaemonRuntime {
+ public:
+  // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors).
+  static absl::StatusOr<std::unique_ptr<DaemonRuntime>> Install();
+
+  // Serves the registry on `address` (MetricsEndpoint::Start); an empty
+  // address serves nothing. Errors name the flag.
+  absl::Status ServeMetrics(const std::string& address);
+
+  prometheus::Registry& registry() { return *registry_; }
+  // 0 without an endpoint.
+  int metrics_port() const { return endpoint_ ? endpoint_->port() : 0; }
+
+  // Calls run(); the first SIGINT or SIGTERM meanwhile calls shutdown() on
+  // the signal watcher's thread. When this returns the watcher is gone, so
+  // `shutdown` may capture the daemon, which may then be destroyed.
+  template <typename Result>
+  Result RunUntilStopped(std::function<void()> shutdown, const std::function<Result()>& run) {
+    signals_->OnStop(std::move(shutdown));
+    Result result = run();
+    signals_.reset();
+    return result;
+  }
+
+ private:
+  DaemonRuntime() = default;
+
+  std::unique_ptr<StopSignals> signals_;
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  std::unique_ptr<MetricsEndpoint> endpoint_;
+};
+
+}  // namespace asympo::daemon

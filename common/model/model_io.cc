@@ -1,0 +1,110 @@
+#include "common/model/model_io.h"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/safetensors_checkpoint.h"
+#include "common/model/safetensors_io.h"
+#include "common/model/torch_errors.h"
+#include "common/status_macros.h"
+#include <ATen/ATen.h>
+
+namespace asympo {
+namespace {
+
+absl::Status MakeDirs(const std::string& dir) {
+  std::string path;
+  for (size_t i = 0; i <= dir.size(); ++i) {
+    if (i == dir.size() || dir[i] == '/') {
+      if (!path.empty() && ::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+        return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+      }
+    }
+    if (i < dir.size()) path.push_back(dir[i]);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> LoadUnguarded(const std::string& dir,
+                                                           const ModelOptions& options) {
+  ASYMPO_ASSIGN_OR_RETURN(ModelConfig config, ModelConfig::FromFile(dir + "/config.json"));
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsCheckpoint> ckpt,
+                          SafetensorsCheckpoint::Open(dir));
+  ModelOptions o = options;
+  o.random_init = false;
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> model, PolicyModel::CreateRandom(config, o));
+  std::map<std::string, std::vector<int64_t>> expected;
+  for (const auto& [name, t] : model->named_parameters()) {
+    expected[name] = std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
+  }
+  // Tied checkpoints sometimes also store lm_head.weight; it must match.
+  if (config.tie_word_embeddings && ckpt->Contains("lm_head.weight")) {
+    expected["lm_head.weight"] = {config.vocab_size, config.hidden_size};
+  }
+  absl::Status check = ckpt->CheckTensors(expected);
+  if (!check.ok()) {
+    return absl::Status(check.code(), absl::StrCat(dir, ": ", check.message()));
+  }
+  std::vector<std::pair<std::string, at::Tensor>> weights;
+  for (const auto& [name, t] : model->named_parameters()) {
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor w, ckpt->Get(name, options.dtype));
+    weights.emplace_back(name, std::move(w));
+  }
+  ASYMPO_RETURN_IF_ERROR(model->LoadParameters(weights));
+  return model;
+}
+
+absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
+                             int64_t max_shard_bytes) {
+  ASYMPO_RETURN_IF_ERROR(MakeDirs(dir));
+  ModelConfig config = model.config();
+  config.torch_dtype = model.options().dtype == at::kBFloat16 ? "bfloat16"
+                       : model.options().dtype == at::kHalf   ? "float16"
+                                                              : "float32";
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out,
+                          AtomicFileWriter::Create(dir + "/config.json"));
+  ASYMPO_RETURN_IF_ERROR(out->Append(config.ToJson() + "\n"));
+  ASYMPO_RETURN_IF_ERROR(out->Commit());
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : model.named_parameters()) {
+    tensors.emplace_back(name, t.detach().cpu().contiguous());
+  }
+  return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& dir,
+                                                             const ModelOptions& options) {
+  return GuardTorch(absl::StrCat("loading the model ", dir),
+                    [&] { return LoadUnguarded(dir, options); });
+}
+
+absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
+                               int64_t max_shard_bytes) {
+  return GuardTorch(absl::StrCat("exporting the model to ", dir),
+                    [&] { return ExportUnguarded(model, dir, max_shard_bytes); });
+}
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,
+                                                                     int64_t tiny_vocab_size,
+                                                                     const ModelOptions& options) {
+  if (model != "tiny") return LoadPolicyModel(model, options);
+  return GuardTorch("building the tiny model", [&] {
+    return PolicyModel::CreateRandom(ModelConfig::Tiny(tiny_vocab_size), options);
+  });
+}
+
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype) {
+  if (dtype == "float32") return at::kFloat;
+  if (dtype == "bfloat16") return at::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype=", dtype, ": expected float32 or bfloat16"));
+}
+
+}  // namespace asympo

@@ -1,0 +1,40 @@
+// Loading and exporting the policy as a Hugging Face model directory:
+// config.json plus model.safetensors, or shards with
+// model.safetensors.index.json. Functions are thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/policy_model.h"
+
+namespace asympo {
+
+// Reads `dir`/config.json and the checkpoint beside it. Every parameter must
+// be present with its exact shape; missing, extra or mis-shaped tensors are
+// INVALID_ARGUMENT naming them, like a bad config key or a corrupt file.
+// Weights are converted to options.dtype.
+absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& dir,
+                                                             const ModelOptions& options);
+
+// What the daemons' --model flag names: "tiny" builds the built-in tiny
+// model (ModelConfig::Tiny(tiny_vocab_size), random weights from
+// options.seed); anything else is a Hugging Face directory for
+// LoadPolicyModel.
+absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,
+                                                                     int64_t tiny_vocab_size,
+                                                                     const ModelOptions& options);
+
+// Parses a --dtype flag value: "float32" or "bfloat16". INVALID_ARGUMENT
+// naming the value otherwise.
+absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype);
+
+// Writes config.json and the weights (in the model's dtype) to `dir`,
+// creating it; shards above `max_shard_bytes`. The result loads with
+// LoadPolicyModel and with Hugging Face transformers.
+absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
+                               int64_t max_shard_bytes = int64_t{5} << 30);
+
+}  // namespace asympo

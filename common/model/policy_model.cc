@@ -1,0 +1,317 @@
+#include "common/model/policy_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/version.h>
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/torch_errors.h"
+#include "common/status_macros.h"
+
+namespace asympo {
+namespace {
+
+constexpr double kPi = 3.14159265358979323846;
+
+// Rotary embedding x * cos + rotate_half(x) * sin, with HF's rotate_half
+// (x1, x2) -> (-x2, x1) written as roll(x, d/2) times a sign folded into
+// `signed_sin` = (-sin_1, sin_2): two kernels instead of five.
+at::Tensor ApplyRotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& signed_sin) {
+  return at::addcmul(x * cos, x.roll(x.size(-1) / 2, -1), signed_sin);
+}
+
+// RMSNorm computed in float32, as Hugging Face does, then cast back.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor normed = xf * at::rsqrt(xf.pow(2).mean({-1}, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+// Inverse frequencies (head_dim / 2,), with the configured rope scaling.
+at::Tensor InverseFrequencies(const ModelConfig& c) {
+  const int64_t half = c.head_dim / 2;
+  std::vector<double> f(half);
+  for (int64_t i = 0; i < half; ++i) {
+    f[i] = 1.0 / std::pow(c.rope_theta, static_cast<double>(2 * i) / c.head_dim);
+  }
+  const RopeScaling& s = c.rope_scaling;
+  if (s.type == "linear") {
+    for (double& x : f) x /= s.factor;
+  } else if (s.type == "llama3") {
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_wavelen = old_ctx / s.low_freq_factor;
+    const double high_wavelen = old_ctx / s.high_freq_factor;
+    for (double& x : f) {
+      const double wavelen = 2 * kPi / x;
+      if (wavelen < high_wavelen) continue;  // high frequencies: unchanged
+      if (wavelen > low_wavelen) {
+        x /= s.factor;  // low frequencies: scaled
+      } else {
+        const double smooth =
+            (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        x = (1 - smooth) * x / s.factor + smooth * x;
+      }
+    }
+  }
+  at::Tensor out = at::empty({half}, at::kDouble);
+  std::copy(f.begin(), f.end(), out.data_ptr<double>());
+  return out.to(at::kFloat);
+}
+
+}  // namespace
+
+PolicyModel::PolicyModel(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(options) {}
+
+at::Tensor& PolicyModel::AddParameter(const std::string& name, at::Tensor t) {
+  t = t.to(options_.device, options_.dtype).set_requires_grad(true);
+  params_.emplace_back(name, t);
+  return params_.back().second;
+}
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
+    const ModelConfig& config, const ModelOptions& options) {
+  ASYMPO_RETURN_IF_ERROR(config.Validate());
+  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16 && options.dtype != at::kHalf) {
+    return absl::InvalidArgumentError("model dtype must be float32, bfloat16 or float16");
+  }
+  std::unique_ptr<PolicyModel> m(new PolicyModel(config, options));
+  at::Generator gen = at::detail::createCPUGenerator(options.seed);
+  const double std = options.init_std;
+  auto normal = [&](std::vector<int64_t> shape) {
+    at::Tensor t = at::empty(shape, at::kFloat);
+    return options.random_init ? t.normal_(0.0, std, gen) : t;
+  };
+  const ModelConfig& c = config;
+  const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
+                kv = c.num_key_value_heads * c.head_dim, ff = c.intermediate_size;
+  const std::string p = "model.";
+  m->embed_ = m->AddParameter(p + "embed_tokens.weight", normal({c.vocab_size, h}));
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const std::string l = absl::StrCat(p, "layers.", i, ".");
+    Layer layer;
+    layer.input_norm = m->AddParameter(l + "input_layernorm.weight", at::ones({h}));
+    layer.q_proj = m->AddParameter(l + "self_attn.q_proj.weight", normal({q, h}));
+    layer.k_proj = m->AddParameter(l + "self_attn.k_proj.weight", normal({kv, h}));
+    layer.v_proj = m->AddParameter(l + "self_attn.v_proj.weight", normal({kv, h}));
+    if (c.attention_bias) {
+      layer.q_bias = m->AddParameter(l + "self_attn.q_proj.bias", at::zeros({q}));
+      layer.k_bias = m->AddParameter(l + "self_attn.k_proj.bias", at::zeros({kv}));
+      layer.v_bias = m->AddParameter(l + "self_attn.v_proj.bias", at::zeros({kv}));
+    }
+    layer.o_proj = m->AddParameter(l + "self_attn.o_proj.weight", normal({h, q}));
+    if (c.qk_norm) {
+      layer.q_norm = m->AddParameter(l + "self_attn.q_norm.weight", at::ones({c.head_dim}));
+      layer.k_norm = m->AddParameter(l + "self_attn.k_norm.weight", at::ones({c.head_dim}));
+    }
+    layer.post_norm = m->AddParameter(l + "post_attention_layernorm.weight", at::ones({h}));
+    layer.gate_proj = m->AddParameter(l + "mlp.gate_proj.weight", normal({ff, h}));
+    layer.up_proj = m->AddParameter(l + "mlp.up_proj.weight", normal({ff, h}));
+    layer.down_proj = m->AddParameter(l + "mlp.down_proj.weight", normal({h, ff}));
+    m->layers_.push_back(layer);
+  }
+  m->final_norm_ = m->AddParameter(p + "norm.weight", at::ones({h}));
+  m->lm_head_ = c.tie_word_embeddings
+                    ? m->embed_
+                    : m->AddParameter("lm_head.weight", normal({c.vocab_size, h}));
+  m->inv_freq_ = InverseFrequencies(c).to(options.device);
+  return m;
+}
+
+std::vector<at::Tensor> PolicyModel::parameters() const {
+  std::vector<at::Tensor> out;
+  out.reserve(params_.size());
+  for (const auto& [name, t] : params_) out.push_back(t);
+  return out;
+}
+
+absl::Status PolicyModel::LoadParameters(
+    const std::vector<std::pair<std::string, at::Tensor>>& source) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : source) by_name[name] = &t;
+  std::vector<std::string> missing, mis_shaped;
+  for (const auto& [name, t] : params_) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      missing.push_back(name);
+    } else if (it->second->sizes() != t.sizes()) {
+      mis_shaped.push_back(absl::StrCat(name, " (expected [", absl::StrJoin(t.sizes(), ", "),
+                                        "], got [", absl::StrJoin(it->second->sizes(), ", "),
+                                        "])"));
+    }
+    by_name.erase(name);
+  }
+  // A tied model may be given a redundant lm_head equal to the embeddings.
+  if (config_.tie_word_embeddings) by_name.erase("lm_head.weight");
+  const auto list = [](const std::vector<std::string>& v) {
+    const size_t shown = std::min<size_t>(v.size(), 5);
+    std::string s = absl::StrJoin(v.begin(), v.begin() + static_cast<ptrdiff_t>(shown), ", ");
+    if (v.size() > shown) absl::StrAppend(&s, ", ... (", v.size(), " in all)");
+    return s;
+  };
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("missing tensors: ", list(missing)));
+  }
+  if (!mis_shaped.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("mis-shaped tensors: ", list(mis_shaped)));
+  }
+  if (!by_name.empty()) {
+    std::vector<std::string> extra;
+    for (const auto& [name, t] : by_name) extra.push_back(name);
+    return absl::InvalidArgumentError(absl::StrCat("unexpected tensors: ", list(extra)));
+  }
+  return GuardTorch("loading parameters", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    std::map<std::string, const at::Tensor*> all;
+    for (const auto& [name, t] : source) all[name] = &t;
+    // Converted first (dtype, device), so that a failure changes nothing.
+    std::vector<at::Tensor> converted;
+    converted.reserve(params_.size());
+    for (const auto& [name, t] : params_) {
+      converted.push_back(all.at(name)->to(t.device(), t.scalar_type()));
+    }
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].second.copy_(converted[i]);
+    return absl::OkStatus();
+  });
+}
+
+KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
+  KvCache cache;
+  const auto opts = at::TensorOptions().dtype(options_.dtype).device(options_.device);
+  for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
+    cache.keys.push_back(
+        at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));
+    cache.values.push_back(at::zeros_like(cache.keys.back()));
+  }
+  return cache;
+}
+
+std::pair<at::Tensor, at::Tensor> PolicyModel::Rotary(const at::Tensor& positions) const {
+  // freqs: (B, T, head_dim / 2); emb: (B, 1, T, head_dim)
+  const at::Tensor freqs = positions.to(at::kFloat).unsqueeze(-1) * inv_freq_;
+  const at::Tensor emb = at::cat({freqs, freqs}, -1).unsqueeze(2);  // (B, T, 1, d)
+  // sin with the first half negated, for ApplyRotary.
+  const int64_t half = freqs.size(-1);
+  at::Tensor signed_sin = emb.sin();
+  signed_sin.narrow(-1, 0, half).neg_();
+  return {emb.cos(), signed_sin};
+}
+
+at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::Tensor& x,
+                                  const at::Tensor& cos, const at::Tensor& sin,
+                                  const at::Tensor& allowed, KvCache* cache) const {
+  const ModelConfig& c = config_;
+  const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
+  // q: (B, T, nh, d); k, v: (B, T, nkv, d). Query head h uses key head
+  // h / groups (Hugging Face's repeat_kv).
+  at::Tensor q = at::linear(x, layer.q_proj, layer.q_bias).view({b, t, nh, d});
+  at::Tensor k = at::linear(x, layer.k_proj, layer.k_bias).view({b, t, nkv, d});
+  at::Tensor v = at::linear(x, layer.v_proj, layer.v_bias).view({b, t, nkv, d});
+  if (c.qk_norm) {
+    q = RmsNorm(q, layer.q_norm, c.rms_norm_eps);
+    k = RmsNorm(k, layer.k_norm, c.rms_norm_eps);
+  }
+  const at::Tensor cq = cos.to(q.scalar_type()), sq = sin.to(q.scalar_type());
+  q = ApplyRotary(q, cq, sq);
+  k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
+  v = v.transpose(1, 2);                       // (B, nkv, T, d)
+  if (cache == nullptr) {
+    // Dense (B, nkv, T, d) so that the GEMMs below read k^T and v as plain
+    // (transposed) matrices, in the forward and in the backward.
+    k = k.contiguous();
+    v = v.contiguous();
+  } else {
+    const int64_t past = cache->length;
+    cache->keys[index].narrow(2, past, t).copy_(k);
+    cache->values[index].narrow(2, past, t).copy_(v);
+    k = cache->keys[index].narrow(2, 0, past + t);
+    v = cache->values[index].narrow(2, 0, past + t);
+  }
+  at::Tensor out;  // (B, T, nh * d)
+#if TORCH_VERSION_MAJOR >= 2
+  // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.
+  const at::Tensor ke = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+  const at::Tensor ve = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  out = at::scaled_dot_product_attention(q.transpose(1, 2), ke, ve, allowed.unsqueeze(1))
+            .transpose(1, 2)
+            .reshape({b, t, nh * d});
+#else
+  // The `groups` query heads of a key head and the T positions form one
+  // matrix, so each (batch, key head) pair is one GEMM against its keys,
+  // with no copy of the keys per query head:
+  //   qg (B, nkv, T * groups, d) @ k^T (B, nkv, d, Tk) -> (B, nkv, T * groups, Tk)
+  // The 1/sqrt(d) scale goes on q (T x d) rather than on the scores, and the
+  // mask is an additive 0 / -inf bias `allowed` (B, 1, T, 1, Tk): its
+  // backward passes the gradient through untouched. Score-sized passes are
+  // what dominate small models.
+  const int64_t tk = k.size(2);
+  const at::Tensor qg = (q * (1.0 / std::sqrt(static_cast<double>(d))))
+                            .view({b, t, nkv, groups, d})
+                            .permute({0, 2, 1, 3, 4})
+                            .reshape({b, nkv, t * groups, d});
+  // Out of place: an in-place add on a view would cost a CopySlices (a
+  // score-sized copy) in the backward; this add's backward is the identity.
+  const at::Tensor scores =
+      at::matmul(qg, k.transpose(-1, -2)).view({b, nkv, t, groups, tk}) + allowed;
+  const at::Tensor probs =
+      at::softmax(scores, -1, at::kFloat).to(q.scalar_type()).view({b, nkv, t * groups, tk});
+  out = at::matmul(probs, v)  // (B, nkv, T * groups, d)
+            .view({b, nkv, t, groups, d})
+            .permute({0, 2, 1, 3, 4})
+            .reshape({b, t, nh * d});
+#endif
+  return at::linear(out, layer.o_proj);
+}
+
+at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positions,
+                                const at::Tensor& key_mask, KvCache* cache) const {
+  const int64_t t = ids.size(1);
+  const int64_t past = cache != nullptr ? cache->length : 0;
+  TORCH_CHECK(cache == nullptr || past + t <= cache->capacity(), "KV cache capacity ",
+              cache == nullptr ? 0 : cache->capacity(), " exceeded");
+  TORCH_CHECK(key_mask.size(1) == past + t, "key_mask must cover ", past + t, " positions");
+  // allowed: (B, T, P + T) = key is real and not in the future; a query
+  // always sees itself so that padded rows stay finite.
+  const auto dev = ids.device();
+  const at::Tensor qslot =
+      at::arange(past, past + t, at::TensorOptions().dtype(at::kLong).device(dev));
+  const at::Tensor kslot = at::arange(past + t, at::TensorOptions().dtype(at::kLong).device(dev));
+  const at::Tensor causal = kslot.unsqueeze(0) <= qslot.unsqueeze(1);  // (T, P+T)
+  const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
+  const at::Tensor allowed_bool = at::logical_or(
+      at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)), self.unsqueeze(0));
+#if TORCH_VERSION_MAJOR >= 2
+  const at::Tensor allowed = allowed_bool;  // SDPA takes the boolean mask
+#else
+  // Additive bias (B, 1, T, 1, P + T): 0 where allowed, -inf elsewhere.
+  const at::Tensor allowed =
+      at::zeros(allowed_bool.sizes(), at::TensorOptions().dtype(options_.dtype).device(dev))
+          .masked_fill_(allowed_bool.logical_not(), -std::numeric_limits<float>::infinity())
+          .view({allowed_bool.size(0), 1, t, 1, past + t});
+#endif
+  const auto [cos, sin] = Rotary(positions);
+  at::Tensor x = at::embedding(embed_, ids);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const Layer& layer = layers_[i];
+    x = x + Attention(layer, static_cast<int64_t>(i),
+                      RmsNorm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, allowed, cache);
+    const at::Tensor hn = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
+    x = x + at::linear(at::silu(at::linear(hn, layer.gate_proj)) * at::linear(hn, layer.up_proj),
+                       layer.down_proj);
+  }
+  if (cache != nullptr) cache->length += t;
+  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
+}
+
+at::Tensor PolicyModel::Logits(const at::Tensor& hidden) const {
+  return at::linear(hidden, lm_head_);
+}
+
+}  // namespace asympo

@@ -1,0 +1,110 @@
+// The policy: a decoder-only transformer matching Hugging Face Llama and
+// Qwen3 (RMSNorm, rotary embeddings with rope_theta and Llama-3 scaling,
+// grouped-query attention, SwiGLU MLP, Qwen3's per-head q/k RMSNorm, tied
+// embeddings), built from a ModelConfig.
+//
+// Parameters use the checkpoint's names ("model.layers.0.self_attn.q_proj.
+// weight", ...) so that safetensors files load and export one to one.
+// Forward passes are const and may run concurrently; changing parameters
+// (an optimizer step, loading weights) must be serialized by the caller.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/model_config.h"
+#include <ATen/core/Tensor.h>
+
+namespace asympo {
+
+struct ModelOptions {
+  // Parameter dtype: float32 (CPU default) or bfloat16 where supported.
+  at::ScalarType dtype = at::kFloat;
+  at::Device device = at::kCPU;
+  // Random initialization: N(0, init_std) for matrices, 1 for norms.
+  uint64_t seed = 0;
+  double init_std = 0.02;
+  // False leaves parameters uninitialized (for loading a checkpoint next).
+  bool random_init = true;
+};
+
+// Keys and values of past positions, per layer, for incremental decoding.
+struct KvCache {
+  std::vector<at::Tensor> keys;    // per layer: (B, n_kv, capacity, head_dim)
+  std::vector<at::Tensor> values;  // per layer: (B, n_kv, capacity, head_dim)
+  int64_t length = 0;              // positions filled so far
+  int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
+};
+
+class PolicyModel {
+ public:
+  // A randomly initialized model (deterministic for a given seed), or an
+  // uninitialized one when options.random_init is false.
+  static absl::StatusOr<std::unique_ptr<PolicyModel>> CreateRandom(const ModelConfig& config,
+                                                                   const ModelOptions& options);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelOptions& options() const { return options_; }
+
+  // Every trainable tensor with its checkpoint name, in a fixed order. With
+  // tied embeddings "lm_head.weight" is absent (it is embed_tokens).
+  const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const {
+    return params_;
+  }
+  std::vector<at::Tensor> parameters() const;
+  // The (V, H) output projection (embed_tokens when tied).
+  const at::Tensor& lm_head_weight() const { return lm_head_; }
+
+  // Replaces every parameter's values from `source` (name -> tensor), which
+  // must hold exactly the model's names with matching shapes; converted to
+  // the model's dtype and device. Errors name missing, extra or mis-shaped
+  // tensors; on error nothing is changed.
+  absl::Status LoadParameters(const std::vector<std::pair<std::string, at::Tensor>>& source);
+
+  // Runs the transformer and returns the final-normed hidden states
+  // (B, T, H).
+  //   ids:       (B, T) int64 token ids.
+  //   positions: (B, T) int64 rotary positions of those tokens.
+  //   key_mask:  (B, P + T) bool, true where a key is a real token (false on
+  //              padding), P = cache->length (0 without a cache). A query
+  //              attends to real keys at or before its own slot.
+  //   cache:     when non-null, keys/values of the T new tokens are written
+  //              at slots [P, P + T) and cache->length advances by T.
+  at::Tensor Forward(const at::Tensor& ids, const at::Tensor& positions,
+                     const at::Tensor& key_mask, KvCache* cache = nullptr) const;
+
+  // (B, T, V) logits from hidden states (B, T, H).
+  at::Tensor Logits(const at::Tensor& hidden) const;
+
+  // An empty cache for `batch` sequences of up to `capacity` positions.
+  KvCache NewCache(int64_t batch, int64_t capacity) const;
+
+ private:
+  struct Layer {
+    at::Tensor input_norm, q_proj, k_proj, v_proj, o_proj;
+    at::Tensor q_bias, k_bias, v_bias;  // undefined without attention_bias
+    at::Tensor q_norm, k_norm;          // undefined without qk_norm
+    at::Tensor post_norm, gate_proj, up_proj, down_proj;
+  };
+
+  PolicyModel(ModelConfig config, ModelOptions options);
+  at::Tensor& AddParameter(const std::string& name, at::Tensor t);
+  // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
+  std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;
+  at::Tensor Attention(const Layer& layer, int64_t index, const at::Tensor& x,
+                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,
+                       KvCache* cache) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  at::Tensor embed_, final_norm_, lm_head_;
+  std::vector<Layer> layers_;
+  at::Tensor inv_freq_;  // (head_dim / 2) float32
+};
+
+}  // namespace asympo

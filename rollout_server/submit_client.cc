@@ -1,0 +1,277 @@
+#include "rollout_server/submit_client.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <glog/logging.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "rollout_server/batch_assembler.h"
+
+namespace asympo::rollout {
+namespace {
+
+constexpr char kRetryAfterKey[] = "asympo-retry-after-ms";
+constexpr absl::Duration kDefaultRetryAfter = absl::Seconds(1);
+constexpr absl::Duration kMaxRetryAfter = absl::Seconds(60);
+// How long TakeBatch waits for a group before the loop looks around again.
+constexpr absl::Duration kTakeWait = absl::Milliseconds(200);
+
+// The learner's retry hint from the trailing metadata of a refused call.
+absl::Duration RetryAfter(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(kRetryAfterKey);
+  int64_t ms = 0;
+  if (it == md.end() || !absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms) ||
+      ms < 0) {
+    return kDefaultRetryAfter;
+  }
+  return std::min(absl::Milliseconds(ms), kMaxRetryAfter);
+}
+
+std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(o.min_backoff)));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
+  return grpc::CreateCustomChannel(o.learner_address, grpc::InsecureChannelCredentials(), args);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SubmitClient>> SubmitClient::Start(SubmitClientOptions o,
+                                                                  SubmitMetrics* metrics) {
+  if (o.learner_address.empty()) return absl::InvalidArgumentError("learner address is empty");
+  if (o.max_buffered_groups <= 0 || o.max_groups_per_batch <= 0 || o.max_batch_bytes == 0) {
+    return absl::InvalidArgumentError(
+        "max_buffered_groups, max_groups_per_batch and max_batch_bytes must be positive");
+  }
+  if (o.min_backoff <= absl::ZeroDuration() || o.max_backoff < o.min_backoff) {
+    return absl::InvalidArgumentError("backoff: need 0 < min_backoff <= max_backoff");
+  }
+  if (o.submit_timeout <= absl::ZeroDuration() || o.status_timeout <= absl::ZeroDuration() ||
+      o.drain_timeout < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "submit_timeout and status_timeout must be > 0 and drain_timeout >= 0");
+  }
+  std::unique_ptr<SubmitClient> client(new SubmitClient(std::move(o), metrics));
+  client->thread_ = std::thread([c = client.get()] { c->Loop(); });
+  return client;
+}
+
+SubmitClient::SubmitClient(SubmitClientOptions options, SubmitMetrics* metrics)
+    : options_(std::move(options)),
+      metrics_(metrics),
+      channel_(LearnerChannel(options_)),
+      stub_(v1::Learner::NewStub(channel_)),
+      backoff_(options_.min_backoff) {
+  metrics_->buffer_capacity.Set(static_cast<double>(options_.max_buffered_groups));
+  metrics_->connected.Set(0);
+}
+
+SubmitClient::~SubmitClient() { Finish().IgnoreError(); }
+
+std::optional<v1::LearnerStatus> SubmitClient::WaitForRoom(int64_t groups) {
+  absl::MutexLock lock(&mu_);
+  const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ ||
+           (status_.has_value() && static_cast<int64_t>(buffer_.size()) + in_flight_ + groups <=
+                                       options_.max_buffered_groups);
+  };
+  mu_.Await(absl::Condition(&ready));
+  if (stopping_) return std::nullopt;
+  return status_;
+}
+
+void SubmitClient::Add(std::vector<v1::PromptGroup> groups) {
+  absl::MutexLock lock(&mu_);
+  for (auto& g : groups) buffer_.push_back(std::move(g));
+  UpdateBufferGaugeLocked();
+}
+
+void SubmitClient::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  if (!stopping_) drain_deadline_ = absl::Now() + options_.drain_timeout;
+  stopping_ = true;
+}
+
+absl::Status SubmitClient::Finish() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) drain_deadline_ = absl::Now() + options_.drain_timeout;
+    stopping_ = true;
+    producer_done_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  return refused_;
+}
+
+bool SubmitClient::stopping() const {
+  absl::MutexLock lock(&mu_);
+  return stopping_;
+}
+
+int64_t SubmitClient::accepted_groups() const {
+  absl::MutexLock lock(&mu_);
+  return accepted_groups_;
+}
+
+void SubmitClient::UpdateBufferGaugeLocked() {
+  metrics_->buffer_groups.Set(static_cast<double>(static_cast<int64_t>(buffer_.size()) + in_flight_));
+}
+
+void SubmitClient::CountError(grpc::StatusCode code) {
+  metrics_->submit_errors.Add({{"code", GrpcCodeName(code)}}).Increment();
+}
+
+bool SubmitClient::Done() {
+  absl::MutexLock lock(&mu_);
+  return stopping_ && (absl::Now() >= drain_deadline_ || (buffer_.empty() && producer_done_));
+}
+
+void SubmitClient::Pause(absl::Duration d) {
+  absl::MutexLock lock(&mu_);
+  if (!stopping_) {
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+    if (!stopping_) return;
+  }
+  // Stopping: the buffer is being drained; pause briefly between attempts.
+  mu_.Unlock();
+  absl::SleepFor(std::min(d, absl::Milliseconds(50)));
+  mu_.Lock();
+}
+
+void SubmitClient::Loop() {
+  while (!Done()) {
+    if (!connected_) {
+      const Outcome o = Connect();
+      if (o == Outcome::kStop) break;
+      if (o == Outcome::kRetry) continue;
+    }
+    std::optional<v1::RolloutBatch> batch = TakeBatch();
+    if (batch.has_value()) Send(*std::move(batch));
+  }
+  absl::MutexLock lock(&mu_);
+  const int64_t left = static_cast<int64_t>(buffer_.size());
+  if (left > 0) {
+    metrics_->dropped_shutdown.Increment(static_cast<double>(left));
+    LOG(WARNING) << left << " generated groups were not sent before shutdown (counted in "
+                 << "asympo_rollout_groups_dropped_total{reason=\"shutdown\"})";
+    buffer_.clear();
+  }
+  UpdateBufferGaugeLocked();
+}
+
+SubmitClient::Outcome SubmitClient::Connect() {
+  grpc::ClientContext ctx;
+  // Waits for the channel to connect (up to the deadline) rather than
+  // failing at once while gRPC backs off between connection attempts.
+  ctx.set_wait_for_ready(true);
+  ctx.set_deadline(GrpcDeadline(options_.status_timeout));
+  v1::LearnerStatus status;
+  const grpc::Status s = stub_->GetStatus(&ctx, v1::GetStatusRequest(), &status);
+  if (!s.ok()) {
+    CountError(s.error_code());
+    metrics_->connected.Set(0);
+    LOG_EVERY_N(WARNING, 10) << "learner at " << options_.learner_address << " unavailable ("
+                             << s.error_message() << "); retrying in "
+                             << absl::FormatDuration(backoff_);
+    Pause(backoff_);
+    NextBackoff();
+    return Outcome::kRetry;
+  }
+  const absl::Status accepted = options_.check_status ? options_.check_status(status)
+                                                      : absl::OkStatus();
+  absl::MutexLock lock(&mu_);
+  if (!accepted.ok()) {
+    refused_ = accepted;
+    stopping_ = true;
+    drain_deadline_ = absl::Now();
+    return Outcome::kStop;
+  }
+  status_ = status;
+  connected_ = true;
+  backoff_ = options_.min_backoff;
+  metrics_->connected.Set(1);
+  LOG(INFO) << "connected to the learner at " << options_.learner_address << " (version "
+            << status.version() << ", objective " << status.objective() << ")";
+  return Outcome::kSent;
+}
+
+std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
+  absl::MutexLock lock(&mu_);
+  const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !buffer_.empty() || stopping_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), kTakeWait);
+  const int32_t learner_max =
+      status_.has_value() ? status_->limits().max_groups_per_batch() : int32_t{0};
+  BatchAssembler assembler(
+      {options_.source,
+       learner_max > 0 ? std::min(options_.max_groups_per_batch, learner_max)
+                       : options_.max_groups_per_batch,
+       options_.max_batch_bytes});
+  while (!buffer_.empty() && assembler.TryAdd(&buffer_.front())) buffer_.pop_front();
+  std::optional<v1::RolloutBatch> batch = assembler.Flush();
+  in_flight_ = batch.has_value() ? batch->groups_size() : 0;
+  return batch;
+}
+
+void SubmitClient::Requeue(v1::RolloutBatch* batch) {
+  absl::MutexLock lock(&mu_);
+  for (int i = batch->groups_size() - 1; i >= 0; --i) {
+    buffer_.push_front(std::move(*batch->mutable_groups(i)));
+  }
+  in_flight_ = 0;
+  UpdateBufferGaugeLocked();
+}
+
+void SubmitClient::Send(v1::RolloutBatch batch) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(GrpcDeadline(options_.submit_timeout));
+  v1::SubmitResponse response;
+  const grpc::Status s = stub_->Submit(&ctx, batch, &response);
+  const int n = batch.groups_size();
+  if (s.ok()) {
+    metrics_->groups_sent.Increment(n);
+    absl::MutexLock lock(&mu_);
+    accepted_groups_ += n;
+    in_flight_ = 0;
+    UpdateBufferGaugeLocked();
+    return;
+  }
+  CountError(s.error_code());
+  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    // The learner will never accept these groups (for example it switched
+    // to grpo and wants behavior log-probs): drop and count them, and read
+    // its status (objective, limits) again.
+    LOG(ERROR) << "the learner rejected a batch of " << n << " groups: " << s.error_message();
+    metrics_->dropped_rejected.Increment(n);
+    connected_ = false;
+    absl::MutexLock lock(&mu_);
+    in_flight_ = 0;
+    UpdateBufferGaugeLocked();
+    return;
+  }
+  Requeue(&batch);  // not accepted: back to the front, in order
+  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+    const absl::Duration wait = RetryAfter(ctx);
+    VLOG(1) << "learner queue full; retrying in " << absl::FormatDuration(wait);
+    Pause(wait);
+    return;
+  }
+  LOG(WARNING) << "submit failed (" << GrpcCodeName(s.error_code()) << ": " << s.error_message()
+               << "); reconnecting";
+  connected_ = false;
+  metrics_->connected.Set(0);
+  Pause(backoff_);
+  NextBackoff();
+}
+
+}  // namespace asympo::rollout

@@ -1,0 +1,133 @@
+// The rollout daemon's submit client: a bounded buffer of scored groups and
+// a thread that sends them to the learner (Learner.Submit) in batches.
+//
+// - Connection: it reads GetStatus first (and again after a rejected
+//   batch). check_status may refuse the learner's status for good (a
+//   configuration the learner can never accept, such as another group size
+//   bound); the client then stops and Finish() returns that error.
+// - Outages: while the learner is away it reconnects with exponential
+//   backoff (min_backoff doubling up to max_backoff). On RESOURCE_EXHAUSTED
+//   it waits the learner's asympo-retry-after-ms hint (1 s without one).
+// - Nothing is lost to backpressure or outages: groups stay in the buffer
+//   until the learner accepted them (a batch that failed goes back to the
+//   front, in order), and WaitForRoom holds the producer while the buffer
+//   is full. Groups the learner rejects as invalid, and groups still
+//   buffered when the drain after Finish runs out, are dropped and counted
+//   by reason (asympo_rollout_groups_dropped_total).
+//
+// Thread-safe: one producer calls WaitForRoom/Add, any thread may call
+// Shutdown.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "asympo/v1/learner.grpc.pb.h"
+#include "rollout_server/rollout_metrics.h"
+
+namespace asympo::rollout {
+
+struct SubmitClientOptions {
+  // The learner's gRPC address.
+  std::string learner_address;
+  // RolloutBatch.source of every batch.
+  std::string source;
+  // The most groups held (buffered or being sent).
+  int64_t max_buffered_groups = 64;
+  // The most groups and serialized bytes per batch; the learner's own
+  // max_groups_per_batch caps the first. The learner receives up to 64 MiB.
+  int32_t max_groups_per_batch = 16;
+  size_t max_batch_bytes = 16 << 20;
+  absl::Duration min_backoff = absl::Milliseconds(100);
+  absl::Duration max_backoff = absl::Seconds(5);
+  // Deadlines of one Submit call and of one GetStatus call.
+  absl::Duration submit_timeout = absl::Seconds(60);
+  absl::Duration status_timeout = absl::Seconds(5);
+  // After Finish, how long buffered groups may still be sent.
+  absl::Duration drain_timeout = absl::Seconds(2);
+  // Checks each status the learner reports on connecting; an error stops
+  // the client (see above). May be empty.
+  std::function<absl::Status(const v1::LearnerStatus&)> check_status;
+};
+
+class SubmitClient {
+ public:
+  // Starts the submit thread. INVALID_ARGUMENT for bad options. `metrics`
+  // must outlive the client.
+  static absl::StatusOr<std::unique_ptr<SubmitClient>> Start(SubmitClientOptions options,
+                                                             SubmitMetrics* metrics);
+  ~SubmitClient();  // Finish()
+
+  // Blocks until the learner's status is known and `groups` more groups fit
+  // in the buffer; returns that status. nullopt once the client stops
+  // (Shutdown, Finish, or a refused status).
+  std::optional<v1::LearnerStatus> WaitForRoom(int64_t groups);
+  // Buffers `groups`, in order, for sending.
+  void Add(std::vector<v1::PromptGroup> groups);
+  // Stops taking new work: WaitForRoom returns nullopt from now on, and
+  // the drain clock starts. Any thread; idempotent.
+  void Shutdown();
+  // No more groups will come: sends what is buffered for up to
+  // drain_timeout, drops the rest (counted) and joins the thread. Returns
+  // the error that refused the learner's status, if any. Idempotent.
+  absl::Status Finish();
+
+  bool stopping() const;
+  int64_t accepted_groups() const;
+
+ private:
+  enum class Outcome { kSent, kRetry, kStop };
+
+  SubmitClient(SubmitClientOptions options, SubmitMetrics* metrics);
+  void Loop();
+  // GetStatus and check_status.
+  Outcome Connect();
+  // The next batch from the front of the buffer (waits briefly for one).
+  std::optional<v1::RolloutBatch> TakeBatch();
+  // Sends `batch` and handles the answer.
+  void Send(v1::RolloutBatch batch);
+  // Puts a batch that was not accepted back at the front of the buffer.
+  void Requeue(v1::RolloutBatch* batch);
+  // The drain deadline passed, or nothing is left to send after Finish.
+  bool Done();
+  // Sleeps `d`, or only briefly once stopping (while draining).
+  void Pause(absl::Duration d);
+  void CountError(grpc::StatusCode code);
+  void NextBackoff() { backoff_ = std::min(backoff_ * 2, options_.max_backoff); }
+  void UpdateBufferGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const SubmitClientOptions options_;
+  SubmitMetrics* const metrics_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Learner::Stub> stub_;
+  std::thread thread_;
+  // The submit thread's own.
+  bool connected_ = false;
+  absl::Duration backoff_;
+
+  mutable absl::Mutex mu_;
+  std::deque<v1::PromptGroup> buffer_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // taken by the thread, not yet settled
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool producer_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::optional<v1::LearnerStatus> status_ ABSL_GUARDED_BY(mu_);
+  absl::Status refused_ ABSL_GUARDED_BY(mu_);
+  int64_t accepted_groups_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace asympo::rollout

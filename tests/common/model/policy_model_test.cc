@@ -1,0 +1,175 @@
+#include "common/model/policy_model.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+namespace asympo {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 1, int64_t vocab = 64) {
+  ModelOptions o;
+  o.seed = seed;
+  o.init_std = 0.2;  // larger than usual so that attention is far from uniform
+  return PolicyModel::CreateRandom(ModelConfig::Tiny(vocab), o).value();
+}
+
+torch::Tensor Positions(int64_t b, int64_t t) {
+  return torch::arange(t, torch::kLong).unsqueeze(0).expand({b, t}).contiguous();
+}
+
+TEST(PolicyModelTest, UsesCheckpointNamesAndCountsParameters) {
+  const auto m = Tiny();
+  const auto& p = m->named_parameters();
+  EXPECT_EQ(p.front().first, "model.embed_tokens.weight");
+  EXPECT_EQ(p.back().first, "model.norm.weight");  // tied: no lm_head.weight
+  int64_t count = 0;
+  bool has_q_norm = false;
+  for (const auto& [name, t] : p) {
+    count += t.numel();
+    has_q_norm |= name == "model.layers.1.self_attn.q_norm.weight";
+    EXPECT_TRUE(t.requires_grad()) << name;
+  }
+  EXPECT_TRUE(has_q_norm);
+  EXPECT_EQ(count, m->config().NumParameters());
+  EXPECT_TRUE(m->lm_head_weight().is_same(p.front().second));
+}
+
+TEST(PolicyModelTest, RandomInitIsDeterministicPerSeed) {
+  const auto a = Tiny(7), b = Tiny(7), c = Tiny(8);
+  for (size_t i = 0; i < a->named_parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(a->named_parameters()[i].second, b->named_parameters()[i].second));
+  }
+  EXPECT_FALSE(torch::equal(a->named_parameters()[0].second, c->named_parameters()[0].second));
+}
+
+TEST(PolicyModelTest, CachedForwardEqualsFullRecompute) {
+  const auto m = Tiny();
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  const int64_t b = 3, t = 12, prompt = 5;
+  const torch::Tensor ids = torch::randint(0, 64, {b, t}, torch::kLong);
+  const torch::Tensor full =
+      m->Forward(ids, Positions(b, t), torch::ones({b, t}, torch::kBool));
+  KvCache cache = m->NewCache(b, t);
+  const torch::Tensor pre = m->Forward(ids.narrow(1, 0, prompt), Positions(b, prompt),
+                                       torch::ones({b, prompt}, torch::kBool), &cache);
+  EXPECT_TRUE(torch::allclose(pre, full.narrow(1, 0, prompt), 1e-5, 1e-5));
+  for (int64_t i = prompt; i < t; ++i) {
+    const torch::Tensor step =
+        m->Forward(ids.narrow(1, i, 1), torch::full({b, 1}, i, torch::kLong),
+                   torch::ones({b, i + 1}, torch::kBool), &cache);
+    EXPECT_TRUE(torch::allclose(step, full.narrow(1, i, 1), 1e-5, 1e-5)) << "position " << i;
+  }
+  EXPECT_EQ(cache.length, t);
+}
+
+TEST(PolicyModelTest, LeftPaddingDoesNotChangeRealTokens) {
+  const auto m = Tiny();
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::tensor({{5, 9, 2, 33, 7}}, torch::kLong);
+  const torch::Tensor ref = m->Forward(ids, Positions(1, 5), torch::ones({1, 5}, torch::kBool));
+  // Same sequence behind three pad tokens (id 0), positions starting at 0
+  // on the first real token.
+  const torch::Tensor padded = torch::cat({torch::zeros({1, 3}, torch::kLong), ids}, 1);
+  const torch::Tensor mask = torch::cat({torch::zeros({1, 3}, torch::kBool),
+                                         torch::ones({1, 5}, torch::kBool)}, 1);
+  const torch::Tensor pos = (mask.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
+  const torch::Tensor out = m->Forward(padded, pos, mask);
+  EXPECT_TRUE(torch::allclose(out.narrow(1, 3, 5), ref, 1e-5, 1e-5));
+  EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+}
+
+TEST(PolicyModelTest, IsCausal) {
+  const auto m = Tiny();
+  torch::NoGradGuard no_grad;
+  torch::Tensor ids = torch::tensor({{1, 2, 3, 4, 5, 6}}, torch::kLong);
+  const torch::Tensor a = m->Forward(ids, Positions(1, 6), torch::ones({1, 6}, torch::kBool));
+  ids[0][5] = 40;
+  const torch::Tensor b = m->Forward(ids, Positions(1, 6), torch::ones({1, 6}, torch::kBool));
+  EXPECT_TRUE(torch::equal(a.narrow(1, 0, 5), b.narrow(1, 0, 5)));
+  EXPECT_FALSE(torch::allclose(a.narrow(1, 5, 1), b.narrow(1, 5, 1)));
+}
+
+TEST(PolicyModelTest, GradientsReachEveryParameter) {
+  const auto m = Tiny();
+  const torch::Tensor ids = torch::randint(0, 64, {2, 6}, torch::kLong);
+  const torch::Tensor logits =
+      m->Logits(m->Forward(ids, Positions(2, 6), torch::ones({2, 6}, torch::kBool)));
+  EXPECT_EQ(logits.sizes(), torch::IntArrayRef({2, 6, 64}));
+  logits.logsumexp(-1).sum().backward();
+  for (const auto& [name, t] : m->named_parameters()) {
+    ASSERT_TRUE(t.grad().defined()) << name;
+    EXPECT_GT(t.grad().abs().sum().item<double>(), 0.0) << name;
+  }
+}
+
+TEST(PolicyModelTest, LoadParametersChecksNamesAndShapes) {
+  const auto m = Tiny(1), other = Tiny(2);
+  auto params = other->named_parameters();
+  ASSERT_TRUE(m->LoadParameters(params).ok());
+  EXPECT_TRUE(torch::equal(m->named_parameters()[3].second, params[3].second));
+  auto missing = params;
+  missing.erase(missing.begin() + 2);
+  EXPECT_THAT(std::string(m->LoadParameters(missing).message()),
+              HasSubstr("missing tensors: model.layers.0.self_attn.q_proj.weight"));
+  auto extra = params;
+  extra.emplace_back("model.layers.9.mlp.up_proj.weight", torch::zeros({1}));
+  EXPECT_THAT(std::string(m->LoadParameters(extra).message()),
+              HasSubstr("unexpected tensors: model.layers.9.mlp.up_proj.weight"));
+  auto shaped = params;
+  shaped[1].second = torch::zeros({3, 3});
+  EXPECT_THAT(std::string(m->LoadParameters(shaped).message()),
+              HasSubstr("mis-shaped tensors: model.layers.0.input_layernorm.weight (expected "
+                        "[64], got [3, 3])"));
+}
+
+TEST(ModelConfigTest, ParsesLlamaAndQwen3ConfigJson) {
+  const auto llama = ModelConfig::FromJson(R"({
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 3072,
+    "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
+    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0, "tie_word_embeddings": true, "eos_token_id": [128001, 128008],
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  EXPECT_EQ(llama->rope_scaling.type, "llama3");
+  EXPECT_FALSE(llama->qk_norm);
+  EXPECT_EQ(llama->eos_token_ids.size(), 2u);
+  // Llama-3.2-3B has about 3.21 billion parameters.
+  EXPECT_NEAR(llama->NumParameters() / 1e9, 3.21, 0.01);
+  const auto qwen = ModelConfig::FromJson(R"({
+    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2048,
+    "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
+    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000,
+    "tie_word_embeddings": true, "eos_token_id": 151643})");
+  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  EXPECT_TRUE(qwen->qk_norm);
+  // Qwen3-1.7B: about 1.72 billion parameters.
+  EXPECT_NEAR(qwen->NumParameters() / 1e9, 1.72, 0.01);
+  const auto round = ModelConfig::FromJson(qwen->ToJson());
+  ASSERT_TRUE(round.ok());
+  EXPECT_EQ(round->NumParameters(), qwen->NumParameters());
+}
+
+TEST(ModelConfigTest, RejectsUnsupportedConfigsByKey) {
+  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "gpt2"})").status().message()),
+              HasSubstr("model_type \"gpt2\" is not supported"));
+  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama"})").status().message()),
+              HasSubstr("\"vocab_size\" is missing"));
+  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 3,
+    "num_key_value_heads": 2})").status().message()),
+              HasSubstr("num_attention_heads 3 is not a multiple of num_key_value_heads 2"));
+  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
+    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
+    "rope_scaling": {"rope_type": "yarn", "factor": 4}})").status().message()),
+              HasSubstr("rope_scaling type \"yarn\" is not supported"));
+  EXPECT_THAT(std::string(ModelConfig::FromJson("[1, 2]").status().message()),
+              HasSubstr("not a JSON object"));
+}
+
+}  // namespace
+}  // namespace asympo

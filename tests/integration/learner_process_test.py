@@ -1,0 +1,133 @@
+"""A real asympo-learner process, in two scenarios:
+
+kill_restart: kill -9 and restart; the restarted learner resumes from the
+  newest checkpoint, and its weights are the checkpoint's bit for bit
+  (compared through --export_dir).
+skipped_steps: steps that fail (a NaN loss, a LibTorch exception, injected
+  with the --fault_* flags) are skipped and counted by reason on /metrics,
+  logged once per reason, and training goes on to a clean exit.
+
+    python3 learner_process_test.py SCENARIO PROTO_DIR LEARNER_BINARY WORK_DIR
+Exit 0 on success, 1 on a failed check, 77 when grpc/grpc_tools are missing.
+"""
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import urllib.request
+
+from learner_client import check, free_port, generate_stubs, grpc
+
+
+def tensors(path):
+    """name -> raw bytes of every tensor in a safetensors file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {k: data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]
+            for k, v in header.items() if k != "__metadata__"}
+
+
+class Learner:
+    """Starts asympo-learner processes and talks to them."""
+
+    def __init__(self, proto_dir, binary, work):
+        self.binary, self.work = binary, work
+        shutil.rmtree(work, ignore_errors=True)
+        self.pb2, self.pb2_grpc, self.rollout_pb2 = generate_stubs(proto_dir, work)
+        self.ckpt = os.path.join(work, "ckpt")
+
+    def start(self, port, extra, metrics_address=""):
+        self.log_path = os.path.join(self.work, "learner-%d.log" % port)
+        log = open(self.log_path, "w")
+        return subprocess.Popen([self.binary, "--listen=127.0.0.1:%d" % port,
+                                 "--metrics_address=" + metrics_address,
+                                 "--prompts_per_step=2", "--checkpoint_every=1", "--lr=1e-3",
+                                 "--checkpoint_dir=" + self.ckpt] + extra,
+                                stdout=log, stderr=subprocess.STDOUT)
+
+    def stub_for(self, port):
+        channel = grpc.insecure_channel("127.0.0.1:%d" % port)
+        grpc.channel_ready_future(channel).result(timeout=60)
+        return self.pb2_grpc.LearnerStub(channel)
+
+    def feed_until(self, stub, version):
+        """Submits one-group batches until the learner reaches `version`."""
+        i = 0
+        while stub.GetStatus(self.pb2.GetStatusRequest()).version < version:
+            stub.Submit(self.rollout_pb2.RolloutBatch(groups=[self.rollout_pb2.PromptGroup(
+                prompt_id="p%d" % i, prompt_tokens=[1, 2, 3 + i % 50], responses=[
+                    self.rollout_pb2.Response(tokens=[5 + (i + r) % 50, 9], reward=float(r == i % 3))
+                    for r in range(3)])]))
+            i += 1
+
+
+def metric(text, name):
+    """The value of the sample `name` (with its labels) in a scrape."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def skipped_steps(learner):
+    port, metrics_port = free_port(), free_port()
+    proc = learner.start(port, ["--fault_nonfinite_loss_steps=2,4", "--fault_exception_steps=3"],
+                         "127.0.0.1:%d" % metrics_port)
+    learner.feed_until(learner.stub_for(port), 3)
+    scrape = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read()
+    scrape = scrape.decode()
+    skipped = 'asympo_learner_steps_skipped_total{reason="%s"}'
+    check(metric(scrape, skipped % "nonfinite_loss") == 2, "two NaN-loss steps counted")
+    check(metric(scrape, skipped % "torch_error") == 1, "one LibTorch-exception step counted")
+    check(metric(scrape, "asympo_learner_skipped_groups_total") == 6, "their 6 groups counted")
+    check(metric(scrape, "asympo_learner_steps_total") >= 3, "training went on")
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+    log = open(learner.log_path).read()
+    check(log.count("step skipped (nonfinite_loss)") == 1,
+          "the second NaN loss within a minute is not logged again")
+    check(log.count("step skipped (torch_error)") == 1, "the exception is logged")
+    check("frame #" not in log, "no LibTorch backtrace in the log")
+
+
+def kill_restart(learner):
+    port = free_port()
+    proc = learner.start(port, [])
+    learner.feed_until(learner.stub_for(port), 4)
+    ckpt, export = learner.ckpt, os.path.join(learner.work, "export")
+    learner_pb2 = learner.pb2
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    ckpts = sorted(d for d in os.listdir(ckpt) if d.startswith("ckpt-"))
+    check(len(ckpts) >= 1, "checkpoints written before the kill: %s" % ckpts)
+    newest = ckpts[-1]
+    version = int(newest[5:])
+
+    # Restart, then stop at once: the export holds the restored weights.
+    port = free_port()
+    proc = learner.start(port, ["--export_dir=" + export])
+    status = learner.stub_for(port).GetStatus(learner_pb2.GetStatusRequest())
+    check(status.version == version, "restart resumed version %d" % version)
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+    saved = tensors(os.path.join(ckpt, newest, "state.safetensors"))
+    exported = tensors(os.path.join(export, "model.safetensors"))
+    check(len(exported) > 0 and all(saved[k] == v for k, v in exported.items()),
+          "restored weights equal the checkpoint's bit for bit (%d tensors)" % len(exported))
+    check(any(k.startswith("__optimizer__.") for k in saved), "the checkpoint carries optimizer state")
+
+
+def main():
+    scenario, proto_dir, binary, work = sys.argv[1:5]
+    scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps}
+    check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
+    scenarios[scenario](Learner(proto_dir, binary, work))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""The house: one room (folder) per component, one CMake library per room,
+and an include graph between rooms without cycles or upward arrows.
+
+    house.py check ROOT   exit 1 naming every broken rule (a ctest test)
+    house.py draw ROOT    print the Markdown that docs/architecture.md
+                          carries between its "house" markers
+
+Rules checked:
+- every .h/.cc under a source folder belongs to a room below;
+- each room's CMakeLists.txt defines exactly one library;
+- every quoted #include names a file of the project (or a generated
+  asympo/v1/*.pb.h) and points to the same room or to a room of a lower
+  level: no cycles, no upward or sideways arrows;
+- a room links the library of every room it includes (directly or through
+  the libraries it links);
+- tests mirror the tree: every folder under tests/ is a room's mirror or one
+  of the test-only folders, and tests include only rooms and tests/testing;
+- docs/architecture.md shows the current drawing.
+"""
+import os
+import re
+import sys
+
+# Rooms, their libraries and levels: a room may include rooms of lower
+# levels only. The order here is the order of the drawing.
+ROOMS = [
+    ("proto", "asympo_proto", 0),
+    ("common", "asympo_common", 1),
+    ("common/tokenizer", "asympo_tokenizer", 2),
+    ("common/model", "asympo_model", 2),
+    ("common/daemon", "asympo_daemon", 2),
+    ("weight_broadcaster/nccl", "asympo_nccl", 2),
+    ("weight_broadcaster", "asympo_broadcast", 3),
+    ("weight_broadcaster/model_weights", "asympo_weights", 4),
+    ("learner_server", "asympo_learner", 5),
+    ("rollout_server", "asympo_rollout", 5),
+]
+SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaster"]
+TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference",
+             "tests/common/tokenizer/reference"]
+BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
+
+
+def room_of(path):
+    """The deepest room holding `path` (relative to the root), or None."""
+    best = None
+    for name, _, _ in ROOMS:
+        if path == name or path.startswith(name + "/"):
+            if best is None or len(name) > len(best):
+                best = name
+    return best
+
+
+def sources(root, top):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__")]
+        for f in sorted(filenames):
+            if f.endswith((".h", ".cc")):
+                yield os.path.relpath(os.path.join(dirpath, f), root)
+
+
+def includes(root, path):
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        return INCLUDE.findall(f.read())
+
+
+def target_of_include(root, inc):
+    """The room an include points to; None for third-party headers."""
+    if inc.startswith("asympo/v1/"):
+        return "proto"
+    if os.path.exists(os.path.join(root, inc)):
+        return room_of(inc) or ("tests" if inc.startswith("tests/") else None)
+    return None
+
+
+def cmake_libraries(root, room):
+    """(libraries defined, asympo_* libraries each links) in the room's CMakeLists.txt."""
+    path = os.path.join(root, room, "CMakeLists.txt")
+    if not os.path.exists(path):
+        return [], {}
+    text = re.sub(r"#[^\n]*", "", open(path, encoding="utf-8").read())
+    defined = re.findall(r"add_library\(\s*([A-Za-z0-9_]+)", text)
+    links = {}
+    for target, body in re.findall(r"target_link_libraries\(\s*([A-Za-z0-9_-]+)([^)]*)\)", text):
+        links.setdefault(target, set()).update(re.findall(r"\b(asympo_[a-z0-9_]+)", body))
+    return defined, links
+
+
+def cmake_description(root, room):
+    """The first sentence of the leading comment of the room's CMakeLists.txt."""
+    path = os.path.join(root, room, "CMakeLists.txt")
+    lines = []
+    for line in open(path, encoding="utf-8"):
+        if not line.startswith("#"):
+            break
+        lines.append(line[1:].strip())
+    text = " ".join(lines)
+    text = re.sub(r"^asympo_[a-z_]+:\s*", "", text)
+    m = re.match(r"(.+?\.)(\s|$)", text)
+    return (m.group(1) if m else text).rstrip(".")
+
+
+def graph(root):
+    """room -> set of rooms it includes, and the list of broken rules."""
+    errors, edges = [], {name: set() for name, _, _ in ROOMS}
+    level = {name: lvl for name, _, lvl in ROOMS}
+    for top in SOURCE_ROOTS:
+        for path in sources(root, top):
+            room = room_of(path)
+            if room is None:
+                errors.append("%s belongs to no room" % path)
+                continue
+            for inc in includes(root, path):
+                target = target_of_include(root, inc)
+                if target is None:
+                    if inc.startswith(tuple(r + "/" for r in SOURCE_ROOTS)):
+                        errors.append('%s includes "%s", which does not exist' % (path, inc))
+                    continue
+                if target == "tests":
+                    errors.append('%s includes the test file "%s"' % (path, inc))
+                    continue
+                if target == room:
+                    continue
+                edges[room].add(target)
+                if level[target] >= level[room]:
+                    errors.append('%s (room %s, level %d) includes "%s" of room %s (level %d): '
+                                  "an arrow that is not downward" %
+                                  (path, room, level[room], inc, target, level[target]))
+    return edges, errors
+
+
+def check_cmake(root, edges):
+    errors = []
+    lib_of = {name: lib for name, lib, _ in ROOMS}
+    links = {}
+    for name, lib, _ in ROOMS:
+        if name == "proto":
+            continue
+        defined, room_links = cmake_libraries(root, name)
+        if defined != [lib]:
+            errors.append("%s/CMakeLists.txt defines %s; one library, %s, expected" %
+                          (name, defined or "no library", lib))
+        links[lib] = room_links.get(lib, set())
+
+    def closure(lib, seen=None):
+        seen = set() if seen is None else seen
+        for dep in links.get(lib, ()):
+            if dep not in seen:
+                seen.add(dep)
+                closure(dep, seen)
+        return seen
+
+    for room, targets in edges.items():
+        if room == "proto":
+            continue
+        reach = closure(lib_of[room])
+        for t in sorted(targets):
+            if lib_of[t] not in reach:
+                errors.append("%s includes room %s but %s does not link %s" %
+                              (room, t, lib_of[room], lib_of[t]))
+    return errors
+
+
+def check_tests(root):
+    errors = []
+    rooms = {name for name, _, _ in ROOMS}
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, "tests")):
+        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__")]
+        rel = os.path.relpath(dirpath, root)
+        if rel == "tests":
+            continue
+        mirrored = rel[len("tests/"):]
+        if mirrored not in rooms and not any(rel == t or rel.startswith(t + "/") for t in TEST_ONLY):
+            if not any(r.startswith(mirrored + "/") for r in rooms):
+                errors.append("%s mirrors no room" % rel)
+        for f in filenames:
+            if not f.endswith((".h", ".cc")):
+                continue
+            path = os.path.join(rel, f)
+            for inc in includes(root, path):
+                if inc.startswith("tests/") and not inc.startswith(("tests/testing/", os.path.dirname(path) + "/")):
+                    if not os.path.dirname(inc).startswith(os.path.dirname(path)):
+                        errors.append('%s includes "%s" from another test folder' % (path, inc))
+    return errors
+
+
+def drawing(root, edges):
+    lines = [BEGIN, "",
+             "| room (folder) | library | level | what it holds | includes |",
+             "| --- | --- | --- | --- | --- |"]
+    for name, lib, lvl in ROOMS:
+        what = "the `.proto` files; generated messages and stubs" if name == "proto" else \
+            cmake_description(root, name)
+        deps = ", ".join("`%s`" % d for d in sorted(edges[name], key=lambda r: [n for n, _, _ in ROOMS].index(r)))
+        lines.append("| `%s/` | `%s` | %d | %s | %s |" % (name, lib, lvl, what, deps or "-"))
+    lines += ["", "```"]
+    by_level = {}
+    for name, _, lvl in ROOMS:
+        by_level.setdefault(lvl, []).append(name)
+    for lvl in sorted(by_level, reverse=True):
+        lines.append("level %d  %s" % (lvl, "   ".join("[%s]" % n for n in by_level[lvl])))
+        if lvl:
+            lines.append("            |  every arrow points down")
+    lines += ["```", "", "Generated by `python3 tests/layout/house.py draw .` from the include",
+              "graph; the `LayoutIncludeGraph` test fails when this drawing is stale.", END]
+    return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) != 3 or sys.argv[1] not in ("check", "draw"):
+        print(__doc__)
+        return 2
+    root = os.path.abspath(sys.argv[2])
+    edges, errors = graph(root)
+    if sys.argv[1] == "draw":
+        print(drawing(root, edges))
+        return 0
+    errors += check_cmake(root, edges)
+    errors += check_tests(root)
+    doc = open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8").read()
+    m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), doc, re.S)
+    if m is None or m.group(0) != drawing(root, edges):
+        errors.append("docs/architecture.md does not show the current house: "
+                      "run python3 tests/layout/house.py draw . and paste it between the markers")
+    for e in errors:
+        print("FAIL:", e)
+    if not errors:
+        print("ok: %d rooms, %d arrows, all downward; one library per room; tests mirror the tree"
+              % (len(ROOMS), sum(len(v) for v in edges.values())))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+// The NCCL broadcaster against the real libnccl and libcudart, one rank on
+// one GPU (ctest label "gpu"; deploy/gpu_check.sh runs them on a GPU node).
+// Each test skips itself, with the reason, where no GPU or NCCL is found,
+// except the one that checks a clean failure on a machine without them.
+#include <random>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "weight_broadcaster/nccl/nccl_loader.h"
+#include "weight_broadcaster/nccl/nccl_transport.h"
+
+namespace asympo::broadcast {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+TEST(NcclTransportWithoutGpuTest, CreateFailsCleanlyWhereNoGpuOrNcclIsPresent) {
+  if (GpuAvailable()) GTEST_SKIP() << "this machine has a GPU; NcclTransportGpuTest covers it";
+  absl::StatusOr<std::unique_ptr<NcclBroadcaster>> b =
+      NcclBroadcaster::Create(std::string(128, '\0'), 0, 1, 0);
+  ASSERT_FALSE(b.ok());
+  EXPECT_THAT(b.status().code(),
+              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kNotFound,
+                               absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(std::string(b.status().message()),
+              ::testing::AnyOf(HasSubstr("NCCL"), HasSubstr("CUDA")));
+}
+
+// Skips with the reason unless the real NCCL and a CUDA device are here.
+#define SKIP_WITHOUT_GPU()                                                                  \
+  do {                                                                                      \
+    absl::StatusOr<const NcclApi*> api = LoadNccl();                                        \
+    if (!api.ok()) GTEST_SKIP() << "NCCL or the CUDA runtime is missing: " << api.status(); \
+    absl::StatusOr<int> devices = CudaDeviceCount(**api);                                   \
+    if (!devices.ok() || *devices == 0) {                                                   \
+      GTEST_SKIP() << (devices.ok() ? "no CUDA device: cudaGetDeviceCount returned 0"       \
+                                    : std::string(devices.status().message()));             \
+    }                                                                                       \
+  } while (0)
+
+TEST(NcclTransportGpuTest, OneRankBroadcastsAndReadsBackSeveralMiB) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclBroadcasterOptions options;
+  options.staging_bytes = 2 << 20;  // 1 MiB pieces: a 5 MiB bucket takes 6
+  options.timeout = absl::Seconds(30);
+  auto b = NcclBroadcaster::Create(*id, 0, 1, 0, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*b)->piece_bytes(), 1u << 20);
+  std::string src((5 << 20) + 123, '\0');
+  std::mt19937 rng(6);
+  for (char& c : src) c = static_cast<char>(rng());
+  std::string copy = src;
+  ASSERT_TRUE((*b)->Broadcast(copy.data(), copy.size()).ok());
+  EXPECT_TRUE(copy == src);
+  std::string readback(src.size(), '\0');
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()).ok());
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_TRUE(readback == src);
+  RecordProperty("readback_seconds", absl::StrCat(absl::ToDoubleSeconds(took)));
+  EXPECT_TRUE((*b)->healthy());
+}
+
+TEST(NcclTransportGpuTest, InitWatchdogFiresWhenThePeerNeverJoins) {
+  SKIP_WITHOUT_GPU();
+  absl::StatusOr<std::string> id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclBroadcasterOptions options;
+  options.init_timeout = absl::Seconds(3);
+  const absl::Time start = absl::Now();
+  auto b = NcclBroadcaster::Create(*id, 0, 2, 0, options);  // rank 1 never comes
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded) << b.status();
+  EXPECT_THAT(b.status().message(),
+              AllOf(HasSubstr("communicator init"), HasSubstr("rank 0 of 2")));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(60));
+}
+
+}  // namespace
+}  // namespace asympo::broadcast
