@@ -180,134 +180,239 @@ double TcpTransfer(const TcpServer& server, const std::vector<Span>& spans, int 
   return Seconds(t0);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const std::vector<int64_t> sizes_m = ListFlag(argc, argv, "--params_m", "100,500");
-  const std::vector<int64_t> receiver_counts = ListFlag(argc, argv, "--receivers", "1,2");
-  const int reps = static_cast<int>(Flag(argc, argv, "--reps", 3));
-  const int64_t bucket_mib = Flag(argc, argv, "--bucket_mib", 256);
-  const int64_t chunk_kib = Flag(argc, argv, "--chunk_kib", 0);
-  const int64_t tensor_m = Flag(argc, argv, "--tensor_m", 4);
-  const bool tcp_baseline = Flag(argc, argv, "--tcp", 1) != 0;  // 0: gRPC only (profiling)
-  // 1: keep freed heap memory instead of returning it to the kernel at once
+// The command line; defaults as in the usage at the top of this file.
+struct Args {
+  std::vector<int64_t> sizes_m;
+  std::vector<int64_t> receiver_counts;
+  int reps;
+  int64_t bucket_mib;
+  int64_t chunk_kib;
+  int64_t tensor_m;
+  bool tcp_baseline;  // false: gRPC only (profiling)
+  // Keep freed heap memory instead of returning it to the kernel at once
   // (what a rollout daemon can set with mallopt or GLIBC_TUNABLES): gRPC's
   // receive buffers then stop costing page faults.
-  const bool malloc_tuned = Flag(argc, argv, "--malloc_tuned", 0) != 0;
-  if (malloc_tuned) {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  }
+  bool malloc_tuned;
+};
 
-  // What the receiver's checksum costs on its own (one thread, one pass).
-  double crc_bps;
-  {
-    std::string block(256u << 20, '\x5a');
-    std::vector<double> crc_s;
-    uint32_t sink = 0;
-    for (int r = 0; r < 5; ++r) {
-      const auto t0 = Clock::now();
-      sink ^= asympo::Crc32c(block.data(), block.size());
-      crc_s.push_back(Seconds(t0));
-    }
-    crc_bps = block.size() / Median(crc_s);
-    std::printf(
-        "# broadcast_bench: float32 snapshots, %lld MiB buckets, chunk %s, %d rounds, "
-        "malloc %s; CRC-32C alone %.0f MB/s on one thread (%s)%s\n\n",
-        static_cast<long long>(bucket_mib),
-        chunk_kib == 0 ? "default (4 MiB)" : (std::to_string(chunk_kib) + " KiB").c_str(), reps,
-        malloc_tuned ? "tuned" : "default", crc_bps / 1e6,
-        asympo::Crc32cIsHardwareAccelerated() ? "SSE4.2" : "table", sink == 1 ? " " : "");
+Args ParseArgs(int argc, char** argv) {
+  Args args;
+  args.sizes_m = ListFlag(argc, argv, "--params_m", "100,500");
+  args.receiver_counts = ListFlag(argc, argv, "--receivers", "1,2");
+  args.reps = static_cast<int>(Flag(argc, argv, "--reps", 3));
+  args.bucket_mib = Flag(argc, argv, "--bucket_mib", 256);
+  args.chunk_kib = Flag(argc, argv, "--chunk_kib", 0);
+  args.tensor_m = Flag(argc, argv, "--tensor_m", 4);
+  args.tcp_baseline = Flag(argc, argv, "--tcp", 1) != 0;
+  args.malloc_tuned = Flag(argc, argv, "--malloc_tuned", 0) != 0;
+  return args;
+}
+
+// What the receiver's checksum costs on its own (one thread, one pass), in
+// bytes per second. The checksums go to `sink` so that they stay computed.
+double CrcBytesPerSecond(uint32_t* sink) {
+  std::string block(256u << 20, '\x5a');
+  std::vector<double> crc_s;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    *sink ^= asympo::Crc32c(block.data(), block.size());
+    crc_s.push_back(Seconds(t0));
   }
+  return block.size() / Median(crc_s);
+}
+
+// The settings and the CRC-32C rate, then the table's header.
+void PrintHeader(const Args& args, double crc_bps, uint32_t crc_sink) {
+  std::printf(
+      "# broadcast_bench: float32 snapshots, %lld MiB buckets, chunk %s, %d rounds, "
+      "malloc %s; CRC-32C alone %.0f MB/s on one thread (%s)%s\n\n",
+      static_cast<long long>(args.bucket_mib),
+      args.chunk_kib == 0 ? "default (4 MiB)" : (std::to_string(args.chunk_kib) + " KiB").c_str(),
+      args.reps, args.malloc_tuned ? "tuned" : "default", crc_bps / 1e6,
+      asympo::Crc32cIsHardwareAccelerated() ? "SSE4.2" : "table", crc_sink == 1 ? " " : "");
   std::printf(
       "| snapshot | receivers | gRPC MB/s | TCP MB/s | gRPC / TCP | CRC share of a receiver's "
       "time | publish s |\n"
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  for (const int64_t m : sizes_m) {
-    Model model(m * 1000000, tensor_m * 1000000);
-    bc::BroadcastSenderOptions so;
-    so.packing.bucket_bytes = static_cast<uint64_t>(bucket_mib) << 20;
-    const std::string signature = bc::ModelSignature(model.specs);
-    bc::BroadcastSender sender(so, signature, nullptr);
+}
+
+bc::BroadcastSenderOptions SenderOptions(const Args& args) {
+  bc::BroadcastSenderOptions so;
+  so.packing.bucket_bytes = static_cast<uint64_t>(args.bucket_mib) << 20;
+  return so;
+}
+
+// The gRPC side of one snapshot size: the model, the sender that publishes
+// it and the server that the receivers fetch from. Members are destroyed in
+// reverse order: the server before the sender it serves.
+struct Publisher {
+  Model model;
+  std::string signature;
+  bc::BroadcastSender sender;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  uint64_t version = 0;  // the last one published
+
+  Publisher(const Args& args, int64_t params_m)
+      : model(params_m * 1000000, args.tensor_m * 1000000),
+        signature(bc::ModelSignature(model.specs)),
+        sender(SenderOptions(args), signature, nullptr) {
     grpc::ServerBuilder builder;
-    int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&sender);
-    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    uint64_t version = 0;
-    for (const int64_t n : receiver_counts) {
-      std::vector<std::unique_ptr<bc::WeightReceiver>> receivers;
-      for (int64_t i = 0; i < n; ++i) {
-        bc::WeightReceiverOptions ro;
-        ro.target = "127.0.0.1:" + std::to_string(port);
-        ro.receiver_id = "bench-" + std::to_string(i);
-        ro.model_signature = signature;
-        ro.max_chunk_bytes = static_cast<uint32_t>(chunk_kib << 10);
-        receivers.push_back(*bc::WeightReceiver::Start(ro));
-      }
-      // New receivers first fetch the version already published (untimed).
-      for (auto& rx : receivers) {
-        while (!rx->connected()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        if (version > 0 &&
-            (!rx->WaitForPending(absl::Minutes(5)) || rx->TakePending()->version() != version)) {
-          return 1;
-        }
-      }
-      TcpServer tcp;
-      std::vector<Span> spans;  // TCP sends the tensors' bytes as they are
-      for (const auto& t : model.data) {
-        spans.push_back({reinterpret_cast<const char*>(t.data()), t.size() * sizeof(float)});
-      }
-      std::vector<std::string> sinks(static_cast<size_t>(n),
-                                     std::string(static_cast<size_t>(bucket_mib) << 20, '\0'));
-      std::vector<double> grpc_s, tcp_s, ratios, publish_s;
-      uint64_t total = 0;
-      // Round 0 is a warm-up, left out of the medians: the sender and the
-      // receivers then work in buffers of earlier versions, as they do in a
-      // running system (first touches of fresh memory are very slow on VMs).
-      for (int r = -1; r < reps; ++r) {
-        model.Touch(++version);
-        const auto p0 = Clock::now();
-        if (!sender.Publish(version, model.Views()).ok()) return 1;
-        publish_s.push_back(Seconds(p0));
-        const auto t0 = Clock::now();
-        std::vector<std::shared_ptr<const bc::ReceivedSnapshot>> got;
-        for (auto& rx : receivers) {
-          if (!rx->WaitForPending(absl::Minutes(5))) {
-            std::fprintf(stderr, "receiver got nothing (failures %lld)\n",
-                         static_cast<long long>(rx->failures()));
-            return 1;
-          }
-          got.push_back(rx->TakePending());
-        }
-        grpc_s.push_back(Seconds(t0));
-        total = got[0]->manifest.total_bytes();
-        for (const auto& g : got) {  // untimed: every byte arrived as sent
-          if (g->version() != version) return 1;
-          for (int t = 0; r <= 0 && t < g->manifest.tensors_size(); ++t) {
-            const std::string_view b = g->TensorBytes(g->manifest.tensors(t));
-            if (b.size() != spans[static_cast<size_t>(t)].size ||
-                std::memcmp(b.data(), spans[static_cast<size_t>(t)].data, b.size()) != 0) {
-              std::fprintf(stderr, "tensor %d differs\n", t);
-              return 1;
-            }
-          }
-        }
-        got.clear();
-        tcp_s.push_back(tcp_baseline ? TcpTransfer(tcp, spans, static_cast<int>(n), &sinks) : 1e9);
-        ratios.push_back(tcp_s.back() / grpc_s.back());
-        if (r < 0) grpc_s.clear(), tcp_s.clear(), ratios.clear(), publish_s.clear();
-      }
-      const double grpc_bps = static_cast<double>(total) * n / Median(grpc_s);
-      const double tcp_bps = static_cast<double>(total) * n / Median(tcp_s);
-      const double crc_share = (static_cast<double>(total) / crc_bps) / Median(grpc_s);
-      std::printf("| %lldM params (%.0f MB) | %lld | %.0f | %.0f | %.2f | %.0f%% | %.3f |\n",
-                  static_cast<long long>(m), total / 1e6, static_cast<long long>(n), grpc_bps / 1e6,
-                  tcp_bps / 1e6, Median(ratios), 100 * crc_share, Median(publish_s));
-      std::fflush(stdout);
-    }
+    server = builder.BuildAndStart();
+  }
+
+  void Shutdown() {
     sender.Shutdown();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+};
+
+using Receivers = std::vector<std::unique_ptr<bc::WeightReceiver>>;
+using Snapshots = std::vector<std::shared_ptr<const bc::ReceivedSnapshot>>;
+
+// Starts `n` receivers, one channel each. New receivers first fetch the
+// version already published (untimed). False if one fetches anything else.
+bool StartReceivers(const Args& args, const Publisher& publisher, int64_t n, Receivers* receivers) {
+  for (int64_t i = 0; i < n; ++i) {
+    bc::WeightReceiverOptions ro;
+    ro.target = "127.0.0.1:" + std::to_string(publisher.port);
+    ro.receiver_id = "bench-" + std::to_string(i);
+    ro.model_signature = publisher.signature;
+    ro.max_chunk_bytes = static_cast<uint32_t>(args.chunk_kib << 10);
+    receivers->push_back(*bc::WeightReceiver::Start(ro));
+  }
+  const uint64_t version = publisher.version;
+  for (auto& rx : *receivers) {
+    while (!rx->connected()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (version > 0 &&
+        (!rx->WaitForPending(absl::Minutes(5)) || rx->TakePending()->version() != version)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Waits for every receiver's copy of the version just published.
+bool TakeFromAll(Receivers* receivers, Snapshots* got) {
+  for (auto& rx : *receivers) {
+    if (!rx->WaitForPending(absl::Minutes(5))) {
+      std::fprintf(stderr, "receiver got nothing (failures %lld)\n",
+                   static_cast<long long>(rx->failures()));
+      return false;
+    }
+    got->push_back(rx->TakePending());
+  }
+  return true;
+}
+
+// Every receiver got `version`; with `compare_bytes`, every byte as sent.
+bool CheckSnapshots(const Snapshots& got, uint64_t version, const std::vector<Span>& spans,
+                    bool compare_bytes) {
+  for (const auto& g : got) {
+    if (g->version() != version) return false;
+    for (int t = 0; compare_bytes && t < g->manifest.tensors_size(); ++t) {
+      const std::string_view b = g->TensorBytes(g->manifest.tensors(t));
+      if (b.size() != spans[static_cast<size_t>(t)].size ||
+          std::memcmp(b.data(), spans[static_cast<size_t>(t)].data, b.size()) != 0) {
+        std::fprintf(stderr, "tensor %d differs\n", t);
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Each round's seconds for one table cell, and the snapshot's bytes.
+struct CellTimes {
+  std::vector<double> grpc_s, tcp_s, ratios, publish_s;
+  uint64_t total = 0;
+};
+
+// --reps rounds, each a gRPC publish and fetch by all receivers, then the
+// same bytes over TCP to as many clients.
+bool RunRounds(const Args& args, Publisher* publisher, Receivers* receivers, CellTimes* times) {
+  const int64_t n = static_cast<int64_t>(receivers->size());
+  Model& model = publisher->model;
+  TcpServer tcp;
+  std::vector<Span> spans;  // TCP sends the tensors' bytes as they are
+  for (const auto& t : model.data) {
+    spans.push_back({reinterpret_cast<const char*>(t.data()), t.size() * sizeof(float)});
+  }
+  std::vector<std::string> sinks(static_cast<size_t>(n),
+                                 std::string(static_cast<size_t>(args.bucket_mib) << 20, '\0'));
+  // Round 0 is a warm-up, left out of the medians: the sender and the
+  // receivers then work in buffers of earlier versions, as they do in a
+  // running system (first touches of fresh memory are very slow on VMs).
+  for (int r = -1; r < args.reps; ++r) {
+    const uint64_t version = ++publisher->version;
+    model.Touch(version);
+    const auto p0 = Clock::now();
+    if (!publisher->sender.Publish(version, model.Views()).ok()) return false;
+    times->publish_s.push_back(Seconds(p0));
+    const auto t0 = Clock::now();
+    Snapshots got;
+    if (!TakeFromAll(receivers, &got)) return false;
+    times->grpc_s.push_back(Seconds(t0));
+    times->total = got[0]->manifest.total_bytes();
+    // Untimed: every byte arrived as sent.
+    if (!CheckSnapshots(got, version, spans, /*compare_bytes=*/r <= 0)) return false;
+    got.clear();
+    times->tcp_s.push_back(args.tcp_baseline ? TcpTransfer(tcp, spans, static_cast<int>(n), &sinks)
+                                             : 1e9);
+    times->ratios.push_back(times->tcp_s.back() / times->grpc_s.back());
+    if (r < 0) {
+      times->grpc_s.clear();
+      times->tcp_s.clear();
+      times->ratios.clear();
+      times->publish_s.clear();
+    }
+  }
+  return true;
+}
+
+// One table row: medians over the rounds.
+void PrintRow(int64_t params_m, int64_t n, const CellTimes& times, double crc_bps) {
+  const double total = static_cast<double>(times.total);
+  const double grpc_bps = total * n / Median(times.grpc_s);
+  const double tcp_bps = total * n / Median(times.tcp_s);
+  const double crc_share = (total / crc_bps) / Median(times.grpc_s);
+  std::printf("| %lldM params (%.0f MB) | %lld | %.0f | %.0f | %.2f | %.0f%% | %.3f |\n",
+              static_cast<long long>(params_m), times.total / 1e6, static_cast<long long>(n),
+              grpc_bps / 1e6, tcp_bps / 1e6, Median(times.ratios), 100 * crc_share,
+              Median(times.publish_s));
+  std::fflush(stdout);
+}
+
+// The rows of one snapshot size, one per receiver count, all served by one
+// sender.
+bool BenchSnapshotSize(const Args& args, int64_t params_m, double crc_bps) {
+  Publisher publisher(args, params_m);
+  for (const int64_t n : args.receiver_counts) {
+    Receivers receivers;
+    if (!StartReceivers(args, publisher, n, &receivers)) return false;
+    CellTimes times;
+    if (!RunRounds(args, &publisher, &receivers, &times)) return false;
+    PrintRow(params_m, n, times, crc_bps);
+  }
+  publisher.Shutdown();
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = ParseArgs(argc, argv);
+  if (args.malloc_tuned) {
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
+  uint32_t crc_sink = 0;
+  const double crc_bps = CrcBytesPerSecond(&crc_sink);
+  PrintHeader(args, crc_bps, crc_sink);
+  for (const int64_t m : args.sizes_m) {
+    if (!BenchSnapshotSize(args, m, crc_bps)) return 1;
   }
   return 0;
 }

@@ -8,12 +8,14 @@
 //                [--tokens 256] [--queue 256]
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,9 @@ using asympo::learner::GroupQueue;
 using asympo::learner::LearnerCounters;
 using asympo::learner::LearnerService;
 namespace v1 = asympo::v1;
+
+// Qwen3's embedding rows: token ids as wide as the learner's real ones.
+constexpr int kVocab = 151936;
 
 int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
   for (int i = 1; i + 1 < argc; ++i) {
@@ -115,87 +120,126 @@ int64_t RssBytes() {
   return rss * sysconf(_SC_PAGESIZE);
 }
 
-}  // namespace
+// The command line; defaults as in the usage at the top of this file.
+struct Args {
+  int clients;
+  int batches;
+  int groups;
+  int responses;
+  int tokens;
+  int64_t capacity;  // --queue: the learner's queue bound, in groups
+};
 
-int main(int argc, char** argv) {
-  const int clients = static_cast<int>(Flag(argc, argv, "--clients", 4));
-  const int batches = static_cast<int>(Flag(argc, argv, "--batches", 400));
-  const int groups = static_cast<int>(Flag(argc, argv, "--groups", 16));
-  const int responses = static_cast<int>(Flag(argc, argv, "--responses", 8));
-  const int tokens = static_cast<int>(Flag(argc, argv, "--tokens", 256));
-  const int64_t capacity = Flag(argc, argv, "--queue", 256);
-  const int vocab = 151936;
-  const v1::RolloutBatch batch = MakeBatch(groups, responses, tokens, vocab);
+Args ParseArgs(int argc, char** argv) {
+  Args args;
+  args.clients = static_cast<int>(Flag(argc, argv, "--clients", 4));
+  args.batches = static_cast<int>(Flag(argc, argv, "--batches", 400));
+  args.groups = static_cast<int>(Flag(argc, argv, "--groups", 16));
+  args.responses = static_cast<int>(Flag(argc, argv, "--responses", 8));
+  args.tokens = static_cast<int>(Flag(argc, argv, "--tokens", 256));
+  args.capacity = Flag(argc, argv, "--queue", 256);
+  return args;
+}
 
-  GroupQueue queue({capacity, 64});
-  LearnerCounters counters;
+// Limits that admit the bench's batches and nothing bigger.
+asympo::learner::LearnerServiceOptions ServiceOptions(const Args& args) {
   asympo::learner::LearnerServiceOptions so;
-  so.limits.vocab_size = vocab;
-  so.limits.max_groups_per_batch = groups;
-  so.limits.max_group_size = responses;
-  // With the daemon's metrics observer, as asympo-learner runs it.
-  auto registry = std::make_shared<prometheus::Registry>();
-  asympo::learner::LearnerMetrics metrics(*registry, {});
-  LearnerService service(so, &queue, &counters, &metrics);
-  BareSink bare;
-  int learner_port = 0, bare_port = 0;
-  grpc::ServerBuilder lb, bb;
-  lb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &learner_port);
-  lb.RegisterService(&service);
-  lb.SetMaxReceiveMessageSize(64 << 20);
-  bb.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &bare_port);
-  bb.RegisterService(&bare);
-  bb.SetMaxReceiveMessageSize(64 << 20);
-  auto learner_server = lb.BuildAndStart();
-  auto bare_server = bb.BuildAndStart();
+  so.limits.vocab_size = kVocab;
+  so.limits.max_groups_per_batch = args.groups;
+  so.limits.max_group_size = args.responses;
+  return so;
+}
 
-  // The trainer's side: drain the queue as fast as groups arrive.
-  std::atomic<bool> stop{false};
-  std::thread drain([&] {
-    while (!stop) queue.Pop(groups, absl::Now() + absl::Milliseconds(20));
-  });
-  std::printf(
-      "# ingest_bench: %d clients x %d batches of %d groups x %d responses x %d tokens "
-      "(%zu bytes per batch)\n\n",
-      clients, batches, groups, responses, tokens, batch.ByteSizeLong());
+// Serves `service` on a free loopback port, which it writes to `port`.
+std::unique_ptr<grpc::Server> StartServer(grpc::Service* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  return builder.BuildAndStart();
+}
+
+// The run of median duration.
+Result MedianRun(std::vector<Result> runs) {
+  std::sort(runs.begin(), runs.end(),
+            [](const Result& a, const Result& b) { return a.seconds < b.seconds; });
+  return runs[runs.size() / 2];
+}
+
+// Three rounds that alternate the sinks, so that both see the same machine
+// state, then the table of medians.
+void CompareSinks(const Args& args, const v1::RolloutBatch& batch, int bare_port,
+                  int learner_port) {
   std::printf("| sink | responses/s | MB/s | ratio |\n| --- | ---: | ---: | ---: |\n");
   std::vector<Result> bare_runs, learner_runs;
   for (int round = 0; round < 3; ++round) {
-    bare_runs.push_back(Stream(bare_port, clients, batches, batch));
-    learner_runs.push_back(Stream(learner_port, clients, batches, batch));
+    bare_runs.push_back(Stream(bare_port, args.clients, args.batches, batch));
+    learner_runs.push_back(Stream(learner_port, args.clients, args.batches, batch));
   }
-  auto median = [](std::vector<Result> v) {
-    std::sort(v.begin(), v.end(),
-              [](const Result& a, const Result& b) { return a.seconds < b.seconds; });
-    return v[v.size() / 2];
-  };
-  const Result b = median(bare_runs), l = median(learner_runs);
+  const Result b = MedianRun(bare_runs), l = MedianRun(learner_runs);
   const double bare_bps = b.bytes / b.seconds, learner_bps = l.bytes / l.seconds;
   std::printf("| bare gRPC stream (reads, discards) | %.0f | %.1f | 1.00 |\n",
               b.responses / b.seconds, bare_bps / 1e6);
   std::printf("| Learner: validate + queue (+ drain) | %.0f | %.1f | %.2f |\n",
               l.responses / l.seconds, learner_bps / 1e6, learner_bps / bare_bps);
-  stop = true;
-  drain.join();
+}
 
-  // Memory with a full queue: fill K groups and compare with the bound.
+// Memory with a full queue: fills the queue through the service's own
+// validation, K groups, and compares the growth with the documented bound.
+// False if the service rejects the batch.
+bool MeasureFullQueue(const Args& args, const v1::RolloutBatch& batch, LearnerService* service,
+                      GroupQueue* queue) {
   const int64_t before = RssBytes();
-  while (queue.Stats().depth_groups + groups <= capacity) {
+  while (queue->Stats().depth_groups + args.groups <= args.capacity) {
     std::vector<asympo::learner::QueuedGroup> gs;
     v1::RolloutBatch copy = batch;
-    if (!service.Prepare(&copy, &gs).ok()) return 1;
-    if (!queue.Push(std::move(gs), absl::Now()).ok()) break;
+    if (!service->Prepare(&copy, &gs).ok()) return false;
+    if (!queue->Push(std::move(gs), absl::Now()).ok()) break;
   }
   const int64_t after = RssBytes();
   // Bound (docs/protocol.md): K groups x (prompt + G x response tokens) x 4
   // bytes for the ids, plus at most 128 bytes of message and allocator
   // overhead per response and 512 per group.
-  const int64_t per_group = (64 + responses * tokens) * 4 + responses * 128 + 512;
+  const int64_t per_group = (64 + args.responses * args.tokens) * 4 + args.responses * 128 + 512;
   std::printf(
       "\nfull queue: %lld groups, resident memory +%.3f MB; bound %.3f MB "
       "(%lld bytes per group x K)\n",
-      static_cast<long long>(queue.Stats().depth_groups), (after - before) / 1e6,
-      static_cast<double>(per_group * capacity) / 1e6, static_cast<long long>(per_group));
+      static_cast<long long>(queue->Stats().depth_groups), (after - before) / 1e6,
+      static_cast<double>(per_group * args.capacity) / 1e6, static_cast<long long>(per_group));
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args args = ParseArgs(argc, argv);
+  const v1::RolloutBatch batch = MakeBatch(args.groups, args.responses, args.tokens, kVocab);
+
+  GroupQueue queue({args.capacity, 64});
+  LearnerCounters counters;
+  // With the daemon's metrics observer, as asympo-learner runs it.
+  auto registry = std::make_shared<prometheus::Registry>();
+  asympo::learner::LearnerMetrics metrics(*registry, {});
+  LearnerService service(ServiceOptions(args), &queue, &counters, &metrics);
+  BareSink bare;
+  int learner_port = 0, bare_port = 0;
+  auto learner_server = StartServer(&service, &learner_port);
+  auto bare_server = StartServer(&bare, &bare_port);
+
+  // The trainer's side: drain the queue as fast as groups arrive.
+  std::atomic<bool> stop{false};
+  std::thread drain([&] {
+    while (!stop) queue.Pop(args.groups, absl::Now() + absl::Milliseconds(20));
+  });
+  std::printf(
+      "# ingest_bench: %d clients x %d batches of %d groups x %d responses x %d tokens "
+      "(%zu bytes per batch)\n\n",
+      args.clients, args.batches, args.groups, args.responses, args.tokens, batch.ByteSizeLong());
+  CompareSinks(args, batch, bare_port, learner_port);
+  stop = true;
+  drain.join();
+
+  if (!MeasureFullQueue(args, batch, &service, &queue)) return 1;
   learner_server->Shutdown();
   bare_server->Shutdown();
   return 0;

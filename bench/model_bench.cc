@@ -49,94 +49,128 @@ double Time(const std::function<void()>& fn) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The command line; defaults as in the usage at the top of this file.
+struct Args {
+  std::string config_name;
+  std::string mode;
+  int64_t batch;
+  int64_t seq;
+  int64_t response;
+  int64_t new_tokens;
+  int reps;
+  int threads;
+  int64_t n;            // matmul: the matrices' side
+  std::string profile;  // train, generate: where to write a Chrome trace
+};
+
+Args ParseArgs(int argc, char** argv) {
+  Args args;
+  args.config_name = FlagS(argc, argv, "--config", "tiny");
+  args.mode = FlagS(argc, argv, "--mode", "train");
+  args.batch = Flag(argc, argv, "--batch", 8);
+  args.seq = Flag(argc, argv, "--seq", 256);
+  args.response = Flag(argc, argv, "--response", 192);
+  args.new_tokens = Flag(argc, argv, "--new_tokens", 64);
+  args.reps = static_cast<int>(Flag(argc, argv, "--reps", 5));
+  args.threads = static_cast<int>(Flag(argc, argv, "--threads", 2));
+  args.n = Flag(argc, argv, "--n", 2048);
+  args.profile = FlagS(argc, argv, "--profile", "");
+  return args;
+}
+
+// Median seconds of `reps` runs of `fn`, after one untimed warm-up run and,
+// with a `trace` path, one profiled run written there as a Chrome trace.
+double MedianSeconds(const std::function<void()>& fn, int reps, const std::string& trace) {
+  fn();
+  if (!trace.empty()) {
+    torch::autograd::profiler::RecordProfile guard(trace);
+    fn();
+  }
+  std::vector<double> ts;
+  for (int i = 0; i < reps; ++i) ts.push_back(Time(fn));
+  return Median(ts);
+}
+
+// The machine's FLOP/s on one square matmul, for scale.
+void BenchMatmul(const Args& args) {
+  const int64_t n = args.n;
+  const torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
+  const double s = MedianSeconds([&] { at::matmul(a, b); }, args.reps, /*trace=*/"");
+  std::printf("{\"mode\": \"matmul\", \"n\": %lld, \"median_s\": %.6f, \"flops\": %.4e}\n",
+              static_cast<long long>(n), s, 2.0 * n * n * n / s);
+}
+
+// A policy-gradient training step shaped like the learner's: forward,
+// chunked log-probs of the response tokens, backward and AdamW, on random
+// tokens and advantages.
+void BenchTrain(const Args& args, const asympo::ModelConfig& cfg, asympo::PolicyModel* model) {
+  const int64_t batch = args.batch, seq = args.seq, response = args.response;
+  const int64_t prompt = seq - response;
+  const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {batch, seq}, torch::kLong);
+  const torch::Tensor pos =
+      torch::arange(seq, torch::kLong).unsqueeze(0).expand({batch, seq}).contiguous();
+  const torch::Tensor key_mask = torch::ones({batch, seq}, torch::kBool);
+  const torch::Tensor targets = ids.narrow(1, prompt, response).reshape({-1});
+  const torch::Tensor adv = torch::randn({batch, 1}).expand({batch, response}).reshape({-1});
+  asympo::learner::AdamW opt(model->parameters(), {});
+  auto step = [&] {
+    opt.ZeroGrad();
+    const torch::Tensor hidden = model->Forward(ids, pos, key_mask);
+    // Hidden states that predict the response tokens: (B * R, H).
+    const torch::Tensor h = hidden.narrow(1, prompt - 1, response).reshape({-1, cfg.hidden_size});
+    const torch::Tensor logp =
+        asympo::learner::ChunkedTokenLogProbs(h, model->lm_head_weight(), targets, 1024).value();
+    (-(logp * adv).mean()).backward();
+    opt.Step(1e-5);
+  };
+  const double s = MedianSeconds(step, args.reps, args.profile);
+  std::printf(
+      "{\"mode\": \"train\", \"config\": \"%s\", \"params\": %lld, \"median_s\": %.6f, "
+      "\"tokens_per_s\": %.1f, \"flops\": %.4e}\n",
+      args.config_name.c_str(), static_cast<long long>(cfg.NumParameters()), s, batch * seq / s,
+      asympo::bench::TrainStepFlops(cfg, batch, seq, response) / s);
+}
+
+// Greedy generation of --new_tokens tokens after 16-token random prompts,
+// the whole batch in one call.
+void BenchGenerate(const Args& args, const asympo::ModelConfig& cfg,
+                   const asympo::PolicyModel* model) {
+  asympo::rollout::GenerationEngine engine(model);
+  std::vector<asympo::rollout::GenerationRequest> reqs(args.batch);
+  for (int64_t i = 0; i < args.batch; ++i) {
+    const torch::Tensor p = torch::randint(0, cfg.vocab_size, {16}, torch::kLong);
+    reqs[i].prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + 16);
+    reqs[i].params.temperature = 0;
+    reqs[i].params.max_new_tokens = static_cast<int32_t>(args.new_tokens);
+  }
+  const double s = MedianSeconds([&] { engine.Generate(reqs).value(); }, args.reps, args.profile);
+  std::printf(
+      "{\"mode\": \"generate\", \"config\": \"%s\", \"median_s\": %.6f, "
+      "\"tokens_per_s\": %.1f}\n",
+      args.config_name.c_str(), s, args.batch * args.new_tokens / s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string config_name = FlagS(argc, argv, "--config", "tiny");
-  const std::string mode = FlagS(argc, argv, "--mode", "train");
-  const int64_t batch = Flag(argc, argv, "--batch", 8);
-  const int64_t seq = Flag(argc, argv, "--seq", 256);
-  const int64_t response = Flag(argc, argv, "--response", 192);
-  const int64_t new_tokens = Flag(argc, argv, "--new_tokens", 64);
-  const int reps = static_cast<int>(Flag(argc, argv, "--reps", 5));
-  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  const Args args = ParseArgs(argc, argv);
+  at::set_num_threads(args.threads);
   torch::manual_seed(0);
 
-  if (mode == "matmul") {
-    const int64_t n = Flag(argc, argv, "--n", 2048);
-    const torch::Tensor a = torch::randn({n, n}), b = torch::randn({n, n});
-    std::vector<double> ts;
-    at::matmul(a, b);
-    for (int i = 0; i < reps; ++i) ts.push_back(Time([&] { at::matmul(a, b); }));
-    const double s = Median(ts);
-    std::printf("{\"mode\": \"matmul\", \"n\": %lld, \"median_s\": %.6f, \"flops\": %.4e}\n",
-                static_cast<long long>(n), s, 2.0 * n * n * n / s);
+  if (args.mode == "matmul") {
+    BenchMatmul(args);
     return 0;
   }
-
-  const asympo::ModelConfig cfg = asympo::bench::BenchConfig(config_name);
+  const asympo::ModelConfig cfg = asympo::bench::BenchConfig(args.config_name);
   asympo::ModelOptions mo;
   mo.seed = 1;
   auto model = asympo::PolicyModel::CreateRandom(cfg, mo).value();
-  std::vector<double> ts;
-
-  if (mode == "train") {
-    const int64_t prompt = seq - response;
-    const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {batch, seq}, torch::kLong);
-    const torch::Tensor pos =
-        torch::arange(seq, torch::kLong).unsqueeze(0).expand({batch, seq}).contiguous();
-    const torch::Tensor key_mask = torch::ones({batch, seq}, torch::kBool);
-    const torch::Tensor targets = ids.narrow(1, prompt, response).reshape({-1});
-    const torch::Tensor adv = torch::randn({batch, 1}).expand({batch, response}).reshape({-1});
-    asympo::learner::AdamW opt(model->parameters(), {});
-    auto step = [&] {
-      opt.ZeroGrad();
-      const torch::Tensor hidden = model->Forward(ids, pos, key_mask);
-      // Hidden states that predict the response tokens: (B * R, H).
-      const torch::Tensor h = hidden.narrow(1, prompt - 1, response).reshape({-1, cfg.hidden_size});
-      const torch::Tensor logp =
-          asympo::learner::ChunkedTokenLogProbs(h, model->lm_head_weight(), targets, 1024).value();
-      (-(logp * adv).mean()).backward();
-      opt.Step(1e-5);
-    };
-    step();
-    const std::string trace = FlagS(argc, argv, "--profile", "");
-    if (!trace.empty()) {
-      // One profiled step, written as a Chrome trace.
-      torch::autograd::profiler::RecordProfile guard(trace);
-      step();
-    }
-    for (int i = 0; i < reps; ++i) ts.push_back(Time(step));
-    const double s = Median(ts);
-    std::printf(
-        "{\"mode\": \"train\", \"config\": \"%s\", \"params\": %lld, \"median_s\": %.6f, "
-        "\"tokens_per_s\": %.1f, \"flops\": %.4e}\n",
-        config_name.c_str(), static_cast<long long>(cfg.NumParameters()), s, batch * seq / s,
-        asympo::bench::TrainStepFlops(cfg, batch, seq, response) / s);
-  } else if (mode == "generate") {
-    asympo::rollout::GenerationEngine engine(model.get());
-    std::vector<asympo::rollout::GenerationRequest> reqs(batch);
-    for (int64_t i = 0; i < batch; ++i) {
-      const torch::Tensor p = torch::randint(0, cfg.vocab_size, {16}, torch::kLong);
-      reqs[i].prompt.assign(p.data_ptr<int64_t>(), p.data_ptr<int64_t>() + 16);
-      reqs[i].params.temperature = 0;
-      reqs[i].params.max_new_tokens = static_cast<int32_t>(new_tokens);
-    }
-    auto gen = [&] { engine.Generate(reqs).value(); };
-    gen();
-    const std::string trace = FlagS(argc, argv, "--profile", "");
-    if (!trace.empty()) {
-      torch::autograd::profiler::RecordProfile guard(trace);
-      gen();
-    }
-    for (int i = 0; i < reps; ++i) ts.push_back(Time(gen));
-    const double s = Median(ts);
-    std::printf(
-        "{\"mode\": \"generate\", \"config\": \"%s\", \"median_s\": %.6f, "
-        "\"tokens_per_s\": %.1f}\n",
-        config_name.c_str(), s, batch * new_tokens / s);
+  if (args.mode == "train") {
+    BenchTrain(args, cfg, model.get());
+  } else if (args.mode == "generate") {
+    BenchGenerate(args, cfg, model.get());
   } else {
-    std::fprintf(stderr, "unknown --mode %s (train, generate or matmul)\n", mode.c_str());
+    std::fprintf(stderr, "unknown --mode %s (train, generate or matmul)\n", args.mode.c_str());
     return 2;
   }
   return 0;

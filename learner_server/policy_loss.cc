@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/torch_errors.h"
 #include "common/status_macros.h"
 
 namespace asympo::learner {
@@ -180,13 +181,10 @@ absl::StatusOr<Objective> ParseObjective(std::string_view name) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == name) return static_cast<Objective>(i);
   }
-  std::string expected;
-  for (std::string_view n : names) {
-    if (!expected.empty()) expected += ", ";
-    expected += n;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown objective \"", std::string(name), "\"; expected one of ", expected));
+  return absl::InvalidArgumentError(absl::StrCat("unknown objective \"", std::string(name),
+                                                 "\"; expected one of ", absl::StrJoin(names, ", ", [](std::string* out, std::string_view n) {
+                                                   out->append(n.data(), n.size());
+                                                 })));
 }
 
 absl::StatusOr<PolicyLoss> PolicyLoss::Create(const PolicyLossOptions& o) {
@@ -220,14 +218,79 @@ absl::StatusOr<PolicyLoss> PolicyLoss::Create(const PolicyLossOptions& o) {
   return PolicyLoss(o);
 }
 
+namespace {
+
+// A_g S_g / sg(S_g): forward value A_g, gradient (A_g / S_g) grad S_g.
+at::Tensor AsympoLoss(const Prepared& p) {
+  // The floor only matters when S_g underflows to 0, where grad S_g = 0.
+  const at::Tensor denom =
+      p.scale.detach().clamp_min(static_cast<double>(std::numeric_limits<float>::min()));
+  // S_g / sg(S_g) first: its forward value is exactly 1, so the loss is
+  // exactly sum of weight * A (0 for zero-sum advantages, up to the
+  // rounding of the advantages themselves).
+  return (p.weight * p.adv * (p.scale / denom)).sum();
+}
+
+// asympo with token log-probs clipped at the bounds: clamp_max / clamp_min
+// pass no gradient past the bound, but the clipped value still enters the
+// scale. Sets the clip fractions.
+at::Tensor AsympoStableLoss(const Prepared& p, const PolicyLossOptions& o, LossDiagnostics* d) {
+  const at::Tensor adv_col = p.adv.unsqueeze(1);  // (N, 1)
+  const double log_high = std::log(o.p_high), log_low = std::log(o.p_low);
+  const at::Tensor clipped =
+      at::where(adv_col >= 0, p.logp.clamp_max(log_high), p.logp.clamp_min(log_low))
+          .masked_fill(p.mask.logical_not(), 0.0);
+  const at::Tensor scale_hat = -clipped.sum(1) / p.lengths;  // (N,)
+  const at::Tensor logp = p.logp.detach();
+  d->clip_high_fraction =
+      Fraction(at::logical_and(at::logical_and(adv_col > 0, logp > log_high), p.mask), p.tokens);
+  d->clip_low_fraction =
+      Fraction(at::logical_and(at::logical_and(adv_col < 0, logp < log_low), p.mask), p.tokens);
+  return (p.weight * p.adv * (scale_hat / scale_hat.detach().clamp_min(o.scale_floor))).sum();
+}
+
+// PPO-clip on token ratios, response-mean then group-mean. Sets the clip
+// fractions.
+at::Tensor GrpoLoss(const Prepared& p, const at::Tensor& behavior_logprobs,
+                    const PolicyLossOptions& o, LossDiagnostics* d) {
+  const at::Tensor not_mask = p.mask.logical_not();
+  const at::Tensor adv_col = p.adv.unsqueeze(1);  // (N, 1)
+  const at::Tensor behavior =
+      behavior_logprobs.to(p.logp.device(), p.logp.scalar_type()).masked_fill(not_mask, 0.0);
+  const at::Tensor ratio = at::exp(p.logp - behavior);  // (N, T), 1 on padding
+  const at::Tensor clipped_ratio = ratio.clamp(1.0 - o.clip_eps_low, 1.0 + o.clip_eps_high);
+  const at::Tensor surrogate = at::minimum(ratio * adv_col, clipped_ratio * adv_col);
+  const at::Tensor per_response = -surrogate.masked_fill(not_mask, 0.0).sum(1) / p.lengths;
+  const at::Tensor r = ratio.detach();
+  d->clip_high_fraction = Fraction(
+      at::logical_and(at::logical_and(adv_col > 0, r > 1.0 + o.clip_eps_high), p.mask), p.tokens);
+  d->clip_low_fraction = Fraction(
+      at::logical_and(at::logical_and(adv_col < 0, r < 1.0 - o.clip_eps_low), p.mask), p.tokens);
+  return (p.weight * per_response).sum();
+}
+
+// -alpha * sum_{g,t} A_g l_gt / (tokens in the step), alpha = B/(B-M).
+// Sets gpg_alpha.
+at::Tensor GpgLoss(const Prepared& p, const PolicyLossOptions& o, LossDiagnostics* d) {
+  const int64_t valid = p.totals.responses - p.totals.degenerate_responses;
+  d->gpg_alpha = (o.gpg_gradient_correction && valid > 0)
+                     ? static_cast<double>(p.totals.responses) / static_cast<double>(valid)
+                     : 1.0;
+  return -(p.adv.unsqueeze(1) * p.logp).sum() *
+         (d->gpg_alpha / static_cast<double>(p.totals.tokens));
+}
+
+}  // namespace
+
 absl::StatusOr<LossOutput> PolicyLoss::Compute(const LossInputs& in) const {
+  return GuardTorch("policy loss", [&] { return ComputeUnguarded(in); });
+}
+
+absl::StatusOr<LossOutput> PolicyLoss::ComputeUnguarded(const LossInputs& in) const {
   ASYMPO_ASSIGN_OR_RETURN(Prepared p, Prepare(in, options_, needs_behavior_logprobs()));
   const PolicyLossOptions& o = options_;
   LossOutput out;
   LossDiagnostics& d = out.diagnostics;
-  const at::Tensor not_mask = p.mask.logical_not();
-  const at::Tensor adv_col = p.adv.unsqueeze(1);  // (N, 1)
-
   switch (o.objective) {
     case Objective::kNaive:
       // (1/G) sum_g A_g S_g per group, mean over groups.
@@ -238,61 +301,18 @@ absl::StatusOr<LossOutput> PolicyLoss::Compute(const LossInputs& in) const {
       out.loss = (p.weight * shaped * p.scale).sum();
       break;
     }
-    case Objective::kAsympo: {
-      // A_g S_g / sg(S_g): forward value A_g, gradient (A_g / S_g) grad S_g.
-      // The floor only matters when S_g underflows to 0, where grad S_g = 0.
-      const at::Tensor denom =
-          p.scale.detach().clamp_min(static_cast<double>(std::numeric_limits<float>::min()));
-      // S_g / sg(S_g) first: its forward value is exactly 1, so the loss is
-      // exactly sum of weight * A (0 for zero-sum advantages, up to the
-      // rounding of the advantages themselves).
-      out.loss = (p.weight * p.adv * (p.scale / denom)).sum();
+    case Objective::kAsympo:
+      out.loss = AsympoLoss(p);
       break;
-    }
-    case Objective::kAsympoStable: {
-      // clamp_max / clamp_min pass no gradient past the bound, but the
-      // clipped value still enters the scale.
-      const double log_high = std::log(o.p_high), log_low = std::log(o.p_low);
-      const at::Tensor positive = adv_col >= 0;  // (N, 1)
-      const at::Tensor clipped =
-          at::where(positive, p.logp.clamp_max(log_high), p.logp.clamp_min(log_low))
-              .masked_fill(not_mask, 0.0);
-      const at::Tensor scale_hat = -clipped.sum(1) / p.lengths;  // (N,)
-      out.loss =
-          (p.weight * p.adv * (scale_hat / scale_hat.detach().clamp_min(o.scale_floor))).sum();
-      const at::Tensor logp = p.logp.detach();
-      d.clip_high_fraction = Fraction(
-          at::logical_and(at::logical_and(adv_col > 0, logp > log_high), p.mask), p.tokens);
-      d.clip_low_fraction =
-          Fraction(at::logical_and(at::logical_and(adv_col < 0, logp < log_low), p.mask), p.tokens);
+    case Objective::kAsympoStable:
+      out.loss = AsympoStableLoss(p, o, &d);
       break;
-    }
-    case Objective::kGrpo: {
-      const at::Tensor behavior = in.behavior_logprobs->to(p.logp.device(), p.logp.scalar_type())
-                                      .masked_fill(not_mask, 0.0);
-      const at::Tensor ratio = at::exp(p.logp - behavior);  // (N, T), 1 on padding
-      const at::Tensor clipped_ratio = ratio.clamp(1.0 - o.clip_eps_low, 1.0 + o.clip_eps_high);
-      const at::Tensor surrogate = at::minimum(ratio * adv_col, clipped_ratio * adv_col);
-      const at::Tensor per_response = -surrogate.masked_fill(not_mask, 0.0).sum(1) / p.lengths;
-      out.loss = (p.weight * per_response).sum();
-      const at::Tensor r = ratio.detach();
-      d.clip_high_fraction =
-          Fraction(at::logical_and(at::logical_and(adv_col > 0, r > 1.0 + o.clip_eps_high), p.mask),
-                   p.tokens);
-      d.clip_low_fraction =
-          Fraction(at::logical_and(at::logical_and(adv_col < 0, r < 1.0 - o.clip_eps_low), p.mask),
-                   p.tokens);
+    case Objective::kGrpo:
+      out.loss = GrpoLoss(p, *in.behavior_logprobs, o, &d);
       break;
-    }
-    case Objective::kGpg: {
-      // -alpha * sum_{g,t} A_g l_gt / (tokens in the step), alpha = B/(B-M).
-      const int64_t valid = p.totals.responses - p.totals.degenerate_responses;
-      d.gpg_alpha = (o.gpg_gradient_correction && valid > 0)
-                        ? static_cast<double>(p.totals.responses) / static_cast<double>(valid)
-                        : 1.0;
-      out.loss = -(adv_col * p.logp).sum() * (d.gpg_alpha / static_cast<double>(p.totals.tokens));
+    case Objective::kGpg:
+      out.loss = GpgLoss(p, o, &d);
       break;
-    }
   }
   FillDiagnostics(p, in.rewards, &d);
   d.loss = out.loss.detach().item<double>();

@@ -130,7 +130,8 @@ class PolicyLoss {
   // Validates the inputs (shapes, finiteness of rewards and of log-probs on
   // masked-in tokens, group sizes, empty responses, behavior log-probs when
   // needed) and returns the loss with its diagnostics. Errors name the
-  // response, group or tensor at fault and never modify the inputs.
+  // response, group or tensor at fault and never modify the inputs. A
+  // LibTorch exception comes back as a status too.
   absl::StatusOr<LossOutput> Compute(const LossInputs& inputs) const;
 
   const PolicyLossOptions& options() const { return options_; }
@@ -139,6 +140,7 @@ class PolicyLoss {
 
  private:
   explicit PolicyLoss(const PolicyLossOptions& options) : options_(options) {}
+  absl::StatusOr<LossOutput> ComputeUnguarded(const LossInputs& inputs) const;
   PolicyLossOptions options_;
 };
 

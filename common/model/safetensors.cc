@@ -160,15 +160,17 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   return file;
 }
 
-absl::Status SafetensorsFile::ParseHeader() {
-  const std::string prefix = absl::StrCat("safetensors file '", path_, "': ");
-  const uint64_t file_size = mapping_->size();
+namespace {
+
+// The little-endian u64 header length at bytes 0-7, checked against the file.
+absl::StatusOr<uint64_t> HeaderLength(const std::string& prefix, const FileMapping& mapping) {
+  const uint64_t file_size = mapping.size();
   if (file_size < 8) {
     return absl::InvalidArgumentError(absl::StrCat(
         prefix, "file is ", file_size, " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_length = 0;
-  std::memcpy(&header_length, mapping_->data(), 8);  // little-endian u64
+  std::memcpy(&header_length, mapping.data(), 8);
   if (header_length > file_size - 8) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "header length ", header_length, " (bytes 0-7) runs past the end of ",
@@ -179,11 +181,13 @@ absl::Status SafetensorsFile::ParseHeader() {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "header length ", header_length,
                                                    " exceeds the limit of ", kMaxHeaderBytes));
   }
-  data_start_ = 8 + header_length;
-  const uint64_t data_size = file_size - data_start_;
+  return header_length;
+}
 
-  // Names seen at the top level, to refuse duplicates (a JSON object would
-  // silently keep the last one).
+// The header at bytes [8, 8 + length) as a JSON object whose top-level names
+// are all distinct (a JSON object would silently keep the last of two).
+absl::StatusOr<Json> ParseHeaderJson(const std::string& prefix, const FileMapping& mapping,
+                                     uint64_t length) {
   std::set<std::string> top_keys;
   std::string duplicate;
   const Json::parser_callback_t on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
@@ -193,13 +197,13 @@ absl::Status SafetensorsFile::ParseHeader() {
     }
     return true;
   };
-  const char* begin = reinterpret_cast<const char*>(mapping_->data()) + 8;
+  const char* begin = reinterpret_cast<const char*>(mapping.data()) + 8;
   Json header;
   try {
-    header = Json::parse(begin, begin + header_length, on_event);
+    header = Json::parse(begin, begin + length, on_event);
   } catch (const Json::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(prefix, "header (byte offsets 8 to ",
-                                                   data_start_, ") is not valid JSON: ", e.what()));
+                                                   8 + length, ") is not valid JSON: ", e.what()));
   }
   if (!header.is_object()) {
     return absl::InvalidArgumentError(
@@ -209,36 +213,34 @@ absl::Status SafetensorsFile::ParseHeader() {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "header names '", duplicate, "' more than once"));
   }
-  for (const auto& [name, entry] : header.items()) {
-    if (name == kMetadataKey) {
-      if (!entry.is_object()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(prefix, "\"__metadata__\" must be an object of strings"));
-      }
-      for (const auto& [key, value] : entry.items()) {
-        if (!value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(prefix, "\"__metadata__\" value for '",
-                                                         key, "' must be a string, got ",
-                                                         value.dump()));
-        }
-        metadata_[key] = value.get<std::string>();
-      }
-      continue;
-    }
-    ASYMPO_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, ParseTensorEntry(prefix, name, entry));
-    if (info.end > data_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "tensor '", name, "' (data_offsets [", info.begin, ", ", info.end,
-                       "]) ends at byte offset ", data_start_ + info.end,
-                       ", past the end of the file (size ", file_size, ")"));
-    }
-    tensors_.emplace(name, std::move(info));
-  }
+  return header;
+}
 
-  // The tensors must tile the data region exactly, as the reference reader
-  // requires: sorted by offset, each begins where the previous one ended.
+// "__metadata__": an object of strings.
+absl::Status ParseMetadata(const std::string& prefix, const Json& entry,
+                           std::map<std::string, std::string>* metadata) {
+  if (!entry.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "\"__metadata__\" must be an object of strings"));
+  }
+  for (const auto& [key, value] : entry.items()) {
+    if (!value.is_string()) {
+      return absl::InvalidArgumentError(absl::StrCat(prefix, "\"__metadata__\" value for '", key,
+                                                     "' must be a string, got ", value.dump()));
+    }
+    (*metadata)[key] = value.get<std::string>();
+  }
+  return absl::OkStatus();
+}
+
+// The tensors must tile the data region exactly, as the reference reader
+// requires: sorted by offset, each begins where the previous one ended.
+absl::Status CheckTiling(const std::string& prefix,
+                         const std::map<std::string, SafetensorsTensorInfo>& tensors,
+                         uint64_t data_start, uint64_t file_size) {
+  const uint64_t data_size = file_size - data_start;
   std::vector<const std::pair<const std::string, SafetensorsTensorInfo>*> by_offset;
-  for (const auto& item : tensors_) by_offset.push_back(&item);
+  for (const auto& item : tensors) by_offset.push_back(&item);
   std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
     return std::tie(a->second.begin, a->second.end) < std::tie(b->second.begin, b->second.end);
   });
@@ -247,15 +249,15 @@ absl::Status SafetensorsFile::ParseHeader() {
   for (const auto* item : by_offset) {
     const SafetensorsTensorInfo& info = item->second;
     if (info.begin < position) {
-      const SafetensorsTensorInfo& other = tensors_.at(*previous);
+      const SafetensorsTensorInfo& other = tensors.at(*previous);
       return absl::InvalidArgumentError(absl::StrCat(
           prefix, "tensors '", *previous, "' (data_offsets [", other.begin, ", ", other.end,
           "]) and '", item->first, "' (data_offsets [", info.begin, ", ", info.end, "]) overlap"));
     }
     if (info.begin > position) {
       return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "data bytes at byte offsets ", data_start_ + position, " to ",
-                       data_start_ + info.begin, " belong to no tensor (a gap before tensor '",
+          absl::StrCat(prefix, "data bytes at byte offsets ", data_start + position, " to ",
+                       data_start + info.begin, " belong to no tensor (a gap before tensor '",
                        item->first, "')"));
     }
     position = info.end;
@@ -263,10 +265,35 @@ absl::Status SafetensorsFile::ParseHeader() {
   }
   if (position != data_size) {
     return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "tensors end at byte offset ", data_start_ + position, " but the file has ",
+        prefix, "tensors end at byte offset ", data_start + position, " but the file has ",
         file_size, " bytes (", data_size - position, " trailing bytes belong to no tensor)"));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SafetensorsFile::ParseHeader() {
+  const std::string prefix = absl::StrCat("safetensors file '", path_, "': ");
+  const uint64_t file_size = mapping_->size();
+  ASYMPO_ASSIGN_OR_RETURN(const uint64_t header_length, HeaderLength(prefix, *mapping_));
+  data_start_ = 8 + header_length;
+  ASYMPO_ASSIGN_OR_RETURN(const Json header, ParseHeaderJson(prefix, *mapping_, header_length));
+  for (const auto& [name, entry] : header.items()) {
+    if (name == kMetadataKey) {
+      ASYMPO_RETURN_IF_ERROR(ParseMetadata(prefix, entry, &metadata_));
+      continue;
+    }
+    ASYMPO_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, ParseTensorEntry(prefix, name, entry));
+    if (info.end > file_size - data_start_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(prefix, "tensor '", name, "' (data_offsets [", info.begin, ", ", info.end,
+                       "]) ends at byte offset ", data_start_ + info.end,
+                       ", past the end of the file (size ", file_size, ")"));
+    }
+    tensors_.emplace(name, std::move(info));
+  }
+  return CheckTiling(prefix, tensors_, data_start_, file_size);
 }
 
 std::vector<std::string> SafetensorsFile::Names() const {
@@ -325,18 +352,12 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Get(const std::string& name,
   }
 }
 
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  const std::string prefix = absl::StrCat("writing safetensors file '", path, "': ");
-  struct Entry {
-    const std::string* name;
-    const at::Tensor* tensor;
-    std::string dtype;
-    size_t element_size;
-    uint64_t nbytes;
-  };
-  std::vector<Entry> entries;
+namespace {
+
+}  // namespace
+
+absl::Status CheckTensorsToWrite(const std::string& prefix,
+                                 const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::set<std::string_view> names;
   for (const auto& [name, tensor] : tensors) {
     if (name.empty() || name == kMetadataKey) {
@@ -350,20 +371,47 @@ absl::Status WriteSafetensors(const std::string& path,
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "tensor '", name, "' must be a defined dense tensor"));
     }
-    auto dtype = ScalarTypeToSafetensorsDtype(tensor.scalar_type());
-    if (!dtype.ok()) {
+    if (auto dtype = ScalarTypeToSafetensorsDtype(tensor.scalar_type()); !dtype.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "tensor '", name, "': ", dtype.status().message()));
     }
-    const size_t element_size = c10::elementSize(tensor.scalar_type());
-    entries.push_back({&name, &tensor, *std::move(dtype), element_size,
-                       static_cast<uint64_t>(tensor.numel()) * element_size});
   }
-  // Largest elements first: with an 8-aligned data region, every tensor then
-  // starts at a multiple of its element size.
-  std::stable_sort(entries.begin(), entries.end(),
-                   [](const Entry& a, const Entry& b) { return a.element_size > b.element_size; });
+  return absl::OkStatus();
+}
 
+namespace {
+
+// One tensor to write: its bytes follow the header in `entries` order.
+struct WriteEntry {
+  const std::string* name;
+  const at::Tensor* tensor;
+  std::string dtype;
+  size_t element_size;
+  uint64_t nbytes;
+};
+
+// Checks the tensors and orders them largest elements first: with an
+// 8-aligned data region every tensor then starts at a multiple of its
+// element size.
+absl::StatusOr<std::vector<WriteEntry>> WriteEntries(
+    const std::string& prefix, const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  ASYMPO_RETURN_IF_ERROR(CheckTensorsToWrite(prefix, tensors));
+  std::vector<WriteEntry> entries;
+  for (const auto& [name, tensor] : tensors) {
+    const size_t element_size = c10::elementSize(tensor.scalar_type());
+    entries.push_back({&name, &tensor, *ScalarTypeToSafetensorsDtype(tensor.scalar_type()),
+                       element_size, static_cast<uint64_t>(tensor.numel()) * element_size});
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const WriteEntry& a, const WriteEntry& b) {
+    return a.element_size > b.element_size;
+  });
+  return entries;
+}
+
+// The JSON header, padded with spaces to a multiple of 8 bytes.
+absl::StatusOr<std::string> HeaderText(const std::string& prefix,
+                                       const std::vector<WriteEntry>& entries,
+                                       const std::map<std::string, std::string>& metadata) {
   using OrderedJson = nlohmann::ordered_json;
   OrderedJson header = OrderedJson::object();
   OrderedJson meta = OrderedJson::object();
@@ -371,7 +419,7 @@ absl::Status WriteSafetensors(const std::string& path,
   for (const auto& [key, value] : metadata) meta[key] = value;
   header[kMetadataKey] = std::move(meta);
   uint64_t offset = 0;
-  for (const Entry& e : entries) {
+  for (const WriteEntry& e : entries) {
     OrderedJson shape = OrderedJson::array();
     for (int64_t d : e.tensor->sizes()) shape.push_back(d);
     OrderedJson entry = OrderedJson::object();
@@ -381,21 +429,31 @@ absl::Status WriteSafetensors(const std::string& path,
     header[*e.name] = std::move(entry);
     offset += e.nbytes;
   }
-  std::string header_text;
+  std::string text;
   try {
-    header_text = header.dump();
+    text = header.dump();
   } catch (const OrderedJson::exception& e) {
     return absl::InvalidArgumentError(
         absl::StrCat(prefix, "a tensor name or metadata string is not valid UTF-8: ", e.what()));
   }
-  header_text.append((8 - header_text.size() % 8) % 8, ' ');
-  uint8_t length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(header_text.size() >> (8 * i));
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
 
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path,
+                              const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string prefix = absl::StrCat("writing safetensors file '", path, "': ");
+  ASYMPO_ASSIGN_OR_RETURN(const std::vector<WriteEntry> entries, WriteEntries(prefix, tensors));
+  ASYMPO_ASSIGN_OR_RETURN(const std::string header_text, HeaderText(prefix, entries, metadata));
+  uint8_t length[8];  // little-endian u64
+  for (int i = 0; i < 8; ++i) length[i] = static_cast<uint8_t>(header_text.size() >> (8 * i));
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> writer, AtomicFileWriter::Create(path));
   ASYMPO_RETURN_IF_ERROR(writer->Append(length, sizeof(length)));
   ASYMPO_RETURN_IF_ERROR(writer->Append(header_text));
-  for (const Entry& e : entries) {
+  for (const WriteEntry& e : entries) {
     if (e.nbytes == 0) continue;
     at::Tensor data;
     try {

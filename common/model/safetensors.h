@@ -106,6 +106,12 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// What WriteSafetensors requires of `tensors`: names that are not empty nor
+// "__metadata__", each once; defined dense tensors of a dtype safetensors
+// has. INVALID_ARGUMENT naming the tensor, after `prefix`.
+absl::Status CheckTensorsToWrite(const std::string& prefix,
+                                 const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+
 // Writes `tensors` to `path` in the safetensors format, atomically (a
 // temporary file in the same directory, fsync, rename, fsync of the
 // directory). Tensors may live on any device and have any strides; they are

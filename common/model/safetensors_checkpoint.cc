@@ -254,87 +254,68 @@ absl::Status SafetensorsCheckpoint::CheckTensors(
                    "' does not match the expected tensors: ", absl::StrJoin(parts, "; ")));
 }
 
-absl::Status WriteShardedSafetensors(const std::string& dir,
-                                     const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                                     int64_t max_shard_bytes,
-                                     const std::map<std::string, std::string>& metadata) {
-  const std::string prefix = absl::StrCat("writing checkpoint '", dir, "': ");
-  if (max_shard_bytes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "max_shard_bytes must be positive, got ", max_shard_bytes));
-  }
-  // Split in the order given, as transformers does.
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> shards(1);
-  std::set<std::string> names;
-  uint64_t shard_bytes = 0, total_bytes = 0;
+namespace {
+
+using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+// Splits `tensors`, in the order given (as transformers does), into shards
+// of at most max_shard_bytes (a larger tensor gets a shard of its own).
+std::vector<Tensors> PlanShards(const Tensors& tensors, uint64_t max_shard_bytes,
+                                uint64_t* total_bytes) {
+  std::vector<Tensors> shards(1);
+  uint64_t shard_bytes = 0;
+  *total_bytes = 0;
   for (const auto& [name, tensor] : tensors) {
-    // Everything WriteSafetensors would refuse is refused before any shard
-    // replaces a file of an earlier export.
-    if (!tensor.defined() || tensor.layout() != at::kStrided) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "tensor '", name, "' must be a defined dense tensor"));
-    }
-    if (const auto dtype = ScalarTypeToSafetensorsDtype(tensor.scalar_type()); !dtype.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "tensor '", name, "': ", dtype.status().message()));
-    }
-    if (name.empty() || name == "__metadata__") {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "tensor name '", name, "' is reserved or empty"));
-    }
-    if (!names.insert(name).second) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "tensor '", name, "' appears twice"));
-    }
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
-    if (!shards.back().empty() && shard_bytes + nbytes > static_cast<uint64_t>(max_shard_bytes)) {
+    if (!shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
     shards.back().emplace_back(name, tensor);
     shard_bytes += nbytes;
-    total_bytes += nbytes;
+    *total_bytes += nbytes;
   }
+  return shards;
+}
+
+// Writes several shards and then model.safetensors.index.json; adds the
+// file names to `written`.
+absl::Status WriteShards(const std::string& prefix, const std::string& dir,
+                         const std::vector<Tensors>& shards, uint64_t total_bytes,
+                         const std::map<std::string, std::string>& metadata,
+                         std::set<std::string>* written) {
+  Json weight_map = Json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string file_name = ShardFileName(i, shards.size());
+    ASYMPO_RETURN_IF_ERROR(
+        WriteSafetensors((fs::path(dir) / file_name).string(), shards[i], metadata));
+    for (const auto& item : shards[i]) weight_map[item.first] = file_name;
+    written->insert(file_name);
+  }
+  Json index = Json::object();
+  index["metadata"] = Json::object({{"total_size", total_bytes}});
+  index["weight_map"] = std::move(weight_map);
+  std::string text;
+  try {
+    text = index.dump(2) + "\n";
+  } catch (const Json::exception&) {
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "a tensor name is not valid UTF-8"));
+  }
+  // Written last: a reader that finds the index finds every shard.
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::unique_ptr<AtomicFileWriter> writer,
+      AtomicFileWriter::Create((fs::path(dir) / kSafetensorsIndexFileName).string()));
+  ASYMPO_RETURN_IF_ERROR(writer->Append(text));
+  ASYMPO_RETURN_IF_ERROR(writer->Commit());
+  written->insert(kSafetensorsIndexFileName);
+  return absl::OkStatus();
+}
+
+// Removes what an earlier export left in the other layout, so that neither
+// this reader nor transformers picks up stale weights.
+absl::Status RemoveStaleFiles(const std::string& prefix, const std::string& dir,
+                              const std::set<std::string>& written) {
   std::error_code error;
-  fs::create_directories(dir, error);
-  if (error) {
-    return absl::InternalError(
-        absl::StrCat(prefix, "cannot create the directory: ", error.message()));
-  }
-
-  std::set<std::string> written;
-  if (shards.size() == 1) {
-    ASYMPO_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / kSafetensorsSingleFileName).string(),
-                                            shards[0], metadata));
-    written.insert(kSafetensorsSingleFileName);
-  } else {
-    Json weight_map = Json::object();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      const std::string file_name = ShardFileName(i, shards.size());
-      ASYMPO_RETURN_IF_ERROR(
-          WriteSafetensors((fs::path(dir) / file_name).string(), shards[i], metadata));
-      for (const auto& item : shards[i]) weight_map[item.first] = file_name;
-      written.insert(file_name);
-    }
-    Json index = Json::object();
-    index["metadata"] = Json::object({{"total_size", total_bytes}});
-    index["weight_map"] = std::move(weight_map);
-    std::string text;
-    try {
-      text = index.dump(2) + "\n";
-    } catch (const Json::exception&) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "a tensor name is not valid UTF-8"));
-    }
-    // Written last: a reader that finds the index finds every shard.
-    ASYMPO_ASSIGN_OR_RETURN(
-        std::unique_ptr<AtomicFileWriter> writer,
-        AtomicFileWriter::Create((fs::path(dir) / kSafetensorsIndexFileName).string()));
-    ASYMPO_RETURN_IF_ERROR(writer->Append(text));
-    ASYMPO_RETURN_IF_ERROR(writer->Commit());
-    written.insert(kSafetensorsIndexFileName);
-  }
-
-  // Remove what an earlier export left in the other layout, so that neither
-  // this reader nor transformers picks up stale weights.
   std::vector<fs::path> stale;
   for (const auto& entry : fs::directory_iterator(dir, error)) {
     const std::string name = entry.path().filename().string();
@@ -354,6 +335,39 @@ absl::Status WriteShardedSafetensors(const std::string& dir,
     }
   }
   return stale.empty() ? absl::OkStatus() : SyncDirectory(dir);
+}
+
+}  // namespace
+
+absl::Status WriteShardedSafetensors(const std::string& dir, const Tensors& tensors,
+                                     int64_t max_shard_bytes,
+                                     const std::map<std::string, std::string>& metadata) {
+  const std::string prefix = absl::StrCat("writing checkpoint '", dir, "': ");
+  if (max_shard_bytes <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "max_shard_bytes must be positive, got ", max_shard_bytes));
+  }
+  // Everything WriteSafetensors would refuse is refused before any shard
+  // replaces a file of an earlier export.
+  ASYMPO_RETURN_IF_ERROR(CheckTensorsToWrite(prefix, tensors));
+  uint64_t total_bytes = 0;
+  const std::vector<Tensors> shards =
+      PlanShards(tensors, static_cast<uint64_t>(max_shard_bytes), &total_bytes);
+  std::error_code error;
+  fs::create_directories(dir, error);
+  if (error) {
+    return absl::InternalError(
+        absl::StrCat(prefix, "cannot create the directory: ", error.message()));
+  }
+  std::set<std::string> written;
+  if (shards.size() == 1) {
+    ASYMPO_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / kSafetensorsSingleFileName).string(),
+                                            shards[0], metadata));
+    written.insert(kSafetensorsSingleFileName);
+  } else {
+    ASYMPO_RETURN_IF_ERROR(WriteShards(prefix, dir, shards, total_bytes, metadata, &written));
+  }
+  return RemoveStaleFiles(prefix, dir, written);
 }
 
 }  // namespace asympo

@@ -168,7 +168,11 @@ def scenario_kill(c):
     wait_for("both rollouts load a snapshot", lambda: c.rollout_version(0) >= 0 and c.rollout_version(1) >= 0)
     wait_for("the learner trains 3 steps", lambda: c.version() >= 3, timeout=90)
     failures_before = c.learner().get("asympo_broadcast_failures_total", 0)
-    time.sleep(0.5)
+    # Kill it while bytes are arriving: in the middle of a transfer.
+    fetched = c.rollout(1).get("asympo_rollout_weight_fetch_bytes_total", 0)
+    wait_for("rollout-1 is receiving a snapshot",
+             lambda: c.rollout(1).get("asympo_rollout_weight_fetch_bytes_total", 0) > fetched,
+             timeout=30, poll=0.02)
     check(c.stop("rollout-1", signal.SIGKILL) == -signal.SIGKILL, "rollout-1 killed with SIGKILL")
     wait_for("the learner sees the interrupted transfer",
              lambda: c.learner().get("asympo_broadcast_failures_total", 0) > failures_before, timeout=10)
@@ -193,7 +197,13 @@ def scenario_restart(c):
     wait_for("the rollouts notice the learner is gone",
              lambda: all(c.rollout(i).get("asympo_rollout_learner_connected", 1) == 0 or
                          c.rollout(i).get("asympo_rollout_weight_connected", 1) == 0 for i in (0, 1)), timeout=30)
-    time.sleep(1.0)  # the rollouts back off and retry meanwhile
+    # The rollouts go on retrying against the dead learner before it returns.
+    def submit_errors(i):
+        return sum(v for k, v in c.rollout(i).items()
+                   if k.startswith("asympo_rollout_submit_errors_total"))
+    errors = [submit_errors(i) for i in (0, 1)]
+    wait_for("both rollouts retry while the learner is away",
+             lambda: all(submit_errors(i) > errors[i] for i in (0, 1)), timeout=30)
     c.start_learner(c.learner_args)
     restored = wait_for("the restarted learner serves metrics", lambda: c.learner().get("asympo_learner_version"))
     restored = int(restored)

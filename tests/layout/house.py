@@ -16,6 +16,8 @@ Rules checked:
   the libraries it links);
 - tests mirror the tree: every folder under tests/ is a room's mirror or one
   of the test-only folders, and tests include only rooms and tests/testing;
+- no function in the source rooms or bench/ reaches MAX_FUNCTION_LINES
+  lines (split it where it has parts);
 - docs/architecture.md shows the current drawing.
 """
 import os
@@ -40,6 +42,7 @@ SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaste
 TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference",
              "tests/common/tokenizer/reference"]
 BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
+MAX_FUNCTION_LINES = 80
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -186,6 +189,79 @@ def check_tests(root):
     return errors
 
 
+def strip_code(text):
+    """Comments, string and character literals blanked out (line breaks kept),
+    in one pass so that "//" in a string or a quote in a comment is no trouble."""
+    out, i, n = [], 0, len(text)
+    while i < n:
+        c = text[i]
+        if text.startswith("//", i):
+            j = text.find("\n", i)
+            i = n if j < 0 else j
+        elif text.startswith("/*", i):
+            j = text.find("*/", i + 2)
+            j = n if j < 0 else j + 2
+            out.append("\n" * text.count("\n", i, j))
+            i = j
+        elif text.startswith('R"', i) and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            k = text.find("(", i)
+            delim = ")" + text[i + 2:k] + '"'
+            j = text.find(delim, k)
+            j = n if j < 0 else j + len(delim)
+            out.append('""' + "\n" * text.count("\n", i, j))
+            i = j
+        elif c in "\"'":
+            j = i + 1
+            while j < n and text[j] != c and text[j] != "\n":
+                j += 2 if text[j] == "\\" else 1
+            out.append(c + c)
+            i = j + 1
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+def long_functions(root, path):
+    """(first line, length, signature) of each outermost function body of
+    MAX_FUNCTION_LINES lines or more. A function is a brace block opened
+    after a parameter list (not after if/for/while/switch/catch nor a lambda)."""
+    text = strip_code(open(os.path.join(root, path), encoding="utf-8").read())
+    stack, found, line, last = [], [], 1, 0
+    for i, ch in enumerate(text):
+        if ch == "\n":
+            line += 1
+        elif ch == "{":
+            head = re.sub(r"\s+", " ", text[last:i]).strip()
+            is_function = (re.search(r"\)\s*(const)?\s*(override|final)?\s*(noexcept)?$", head) or
+                           re.search(r"\)\s*:\s*[\w:]+\(.*$", head)) and \
+                not re.match(r"^(if|for|while|switch|catch|else if)\b", head) and \
+                not re.search(r"\[[^\]]*\]\s*\(", head)
+            stack.append((line, bool(is_function), head))
+            last = i + 1
+        elif ch == "}":
+            if stack:
+                start, is_function, head = stack.pop()
+                if is_function and not any(f for _, f, _ in stack):
+                    length = line - start + 1
+                    if length >= MAX_FUNCTION_LINES:
+                        found.append((start, length, head[-70:]))
+            last = i + 1
+        elif ch == ";":
+            last = i + 1
+    return found
+
+
+def check_function_lengths(root):
+    errors = []
+    for top in SOURCE_ROOTS + ["bench"]:
+        for path in sources(root, top):
+            for start, length, head in long_functions(root, path):
+                errors.append("%s:%d: a function of %d lines (%s); split it where it has parts"
+                              % (path, start, length, head))
+    return errors
+
+
 def drawing(root, edges):
     lines = [BEGIN, "",
              "| room (folder) | library | level | what it holds | includes |",
@@ -219,6 +295,7 @@ def main():
         return 0
     errors += check_cmake(root, edges)
     errors += check_tests(root)
+    errors += check_function_lengths(root)
     doc = open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8").read()
     m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), doc, re.S)
     if m is None or m.group(0) != drawing(root, edges):
@@ -227,8 +304,9 @@ def main():
     for e in errors:
         print("FAIL:", e)
     if not errors:
-        print("ok: %d rooms, %d arrows, all downward; one library per room; tests mirror the tree"
-              % (len(ROOMS), sum(len(v) for v in edges.values())))
+        print("ok: %d rooms, %d arrows, all downward; one library per room; tests mirror the "
+              "tree; no function of %d lines or more" %
+              (len(ROOMS), sum(len(v) for v in edges.values()), MAX_FUNCTION_LINES))
     return 1 if errors else 0
 
 

@@ -393,6 +393,68 @@ absl::Status NcclBroadcaster::BroadcastWithReadback(const void* src, void* readb
   return Run(src, readback, n, "broadcast with readback");
 }
 
+// One Run: the bytes, and how they are cut into pieces.
+struct NcclBroadcaster::Pipeline {
+  const char* in;  // root only
+  char* out;       // receivers, or the root's readback; null otherwise
+  size_t n;
+  absl::string_view what;
+  uint64_t piece;
+  size_t pieces;
+  bool root;
+
+  size_t offset(size_t i) const { return i * piece; }
+  size_t length(size_t i) const { return std::min<size_t>(piece, n - offset(i)); }
+  std::string Label(size_t i, absl::string_view step) const {
+    return absl::StrCat(what, " of ", n, " bytes, piece ", i + 1, " of ", pieces, " (", step, ")");
+  }
+};
+
+absl::Status NcclBroadcaster::WaitEvent(nccl::Event event, const std::string& label) {
+  return Wait(label, options_.timeout, [&]() -> absl::StatusOr<bool> {
+    const nccl::CudaError error = api_->cudaEventQuery(event);
+    if (error == nccl::kCudaErrorNotReady) return false;
+    if (error == nccl::kCudaSuccess) return true;
+    return absl::InternalError(
+        absl::StrCat("cudaEventQuery failed on ", Where(), ": ", api_->CudaErrorText(error)));
+  });
+}
+
+// Enqueues piece i: (root) host -> device, then the broadcast.
+absl::Status NcclBroadcaster::IssuePiece(const Pipeline& p, size_t i) {
+  Slot& slot = slots_[i % 2];
+  const size_t len = p.length(i);
+  ASYMPO_RETURN_IF_ERROR(WaitEvent(slot.free, p.Label(i, "staging slot reuse")));
+  if (p.root) {
+    ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaMemcpyAsync(slot.send, p.in + p.offset(i), len,
+                                                           nccl::kMemcpyHostToDevice, copy_stream_),
+                                     "cudaMemcpyAsync (host to device)"));
+    ASYMPO_RETURN_IF_ERROR(
+        CheckCuda(api_->cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord"));
+    ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaStreamWaitEvent(nccl_stream_, slot.copied, 0),
+                                     "cudaStreamWaitEvent"));
+  }
+  ASYMPO_RETURN_IF_ERROR(CheckNccl(api_->ncclBroadcast(p.root ? slot.send : slot.recv, slot.recv,
+                                                       len, nccl::kUint8, 0, comm_, nccl_stream_),
+                                   p.Label(i, "ncclBroadcast")));
+  ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaEventRecord(slot.sent, nccl_stream_), "cudaEventRecord"));
+  if (p.out == nullptr) {
+    ASYMPO_RETURN_IF_ERROR(
+        CheckCuda(api_->cudaEventRecord(slot.free, nccl_stream_), "cudaEventRecord"));
+  }
+  return absl::OkStatus();
+}
+
+// Once piece i is broadcast: device -> host into the output.
+absl::Status NcclBroadcaster::DrainPiece(const Pipeline& p, size_t i) {
+  Slot& slot = slots_[i % 2];
+  ASYMPO_RETURN_IF_ERROR(WaitEvent(slot.sent, p.Label(i, "broadcast")));
+  ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaMemcpyAsync(p.out + p.offset(i), slot.recv, p.length(i),
+                                                         nccl::kMemcpyDeviceToHost, copy_stream_),
+                                   "cudaMemcpyAsync (device to host)"));
+  return CheckCuda(api_->cudaEventRecord(slot.free, copy_stream_), "cudaEventRecord");
+}
+
 // The pipeline. Piece i uses slot i % 2:
 //   root:      [wait slot free] H2D(copy stream) -> copied -> ncclBroadcast
 //              (nccl stream) -> sent (-> free, when nothing is read back)
@@ -414,70 +476,18 @@ absl::Status NcclBroadcaster::Run(const void* src, void* dst, size_t n, absl::st
   ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaSetDevice(device_), "cudaSetDevice"));
 
   const absl::Time start = absl::Now();
-  const uint64_t piece = piece_bytes_;
-  const size_t pieces = (n + piece - 1) / piece;
-  const bool root = rank_ == 0;
-  const char* in = static_cast<const char*>(src);
-  char* out = static_cast<char*>(dst);
-  auto label = [&](size_t i, absl::string_view step) {
-    return absl::StrCat(what, " of ", n, " bytes, piece ", i + 1, " of ", pieces, " (", step, ")");
-  };
-  auto wait_event = [&](nccl::Event event, const std::string& label_text) {
-    return Wait(label_text, options_.timeout, [&]() -> absl::StatusOr<bool> {
-      const nccl::CudaError error = api_->cudaEventQuery(event);
-      if (error == nccl::kCudaErrorNotReady) return false;
-      if (error == nccl::kCudaSuccess) return true;
-      return absl::InternalError(
-          absl::StrCat("cudaEventQuery failed on ", Where(), ": ", api_->CudaErrorText(error)));
-    });
-  };
-  auto issue = [&](size_t i) -> absl::Status {
-    Slot& slot = slots_[i % 2];
-    const size_t offset = i * piece;
-    const size_t len = std::min<size_t>(piece, n - offset);
-    ASYMPO_RETURN_IF_ERROR(wait_event(slot.free, label(i, "staging slot reuse")));
-    if (root) {
-      ASYMPO_RETURN_IF_ERROR(
-          CheckCuda(api_->cudaMemcpyAsync(slot.send, in + offset, len, nccl::kMemcpyHostToDevice,
-                                          copy_stream_),
-                    "cudaMemcpyAsync (host to device)"));
-      ASYMPO_RETURN_IF_ERROR(
-          CheckCuda(api_->cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord"));
-      ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaStreamWaitEvent(nccl_stream_, slot.copied, 0),
-                                       "cudaStreamWaitEvent"));
-    }
-    ASYMPO_RETURN_IF_ERROR(CheckNccl(api_->ncclBroadcast(root ? slot.send : slot.recv, slot.recv,
-                                                         len, nccl::kUint8, 0, comm_, nccl_stream_),
-                                     label(i, "ncclBroadcast")));
-    ASYMPO_RETURN_IF_ERROR(
-        CheckCuda(api_->cudaEventRecord(slot.sent, nccl_stream_), "cudaEventRecord"));
-    if (out == nullptr) {
-      ASYMPO_RETURN_IF_ERROR(
-          CheckCuda(api_->cudaEventRecord(slot.free, nccl_stream_), "cudaEventRecord"));
-    }
-    return absl::OkStatus();
-  };
-  auto drain = [&](size_t i) -> absl::Status {
-    Slot& slot = slots_[i % 2];
-    const size_t offset = i * piece;
-    const size_t len = std::min<size_t>(piece, n - offset);
-    ASYMPO_RETURN_IF_ERROR(wait_event(slot.sent, label(i, "broadcast")));
-    ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaMemcpyAsync(out + offset, slot.recv, len,
-                                                           nccl::kMemcpyDeviceToHost, copy_stream_),
-                                     "cudaMemcpyAsync (device to host)"));
-    return CheckCuda(api_->cudaEventRecord(slot.free, copy_stream_), "cudaEventRecord");
-  };
-
-  for (size_t i = 0; i < pieces; ++i) {
-    ASYMPO_RETURN_IF_ERROR(issue(i));
-    if (out != nullptr && i > 0) ASYMPO_RETURN_IF_ERROR(drain(i - 1));
+  const Pipeline p{static_cast<const char*>(src), static_cast<char*>(dst), n, what, piece_bytes_,
+                   (n + piece_bytes_ - 1) / piece_bytes_, rank_ == 0};
+  for (size_t i = 0; i < p.pieces; ++i) {
+    ASYMPO_RETURN_IF_ERROR(IssuePiece(p, i));
+    if (p.out != nullptr && i > 0) ASYMPO_RETURN_IF_ERROR(DrainPiece(p, i - 1));
   }
-  if (out != nullptr) ASYMPO_RETURN_IF_ERROR(drain(pieces - 1));
-  for (size_t i = pieces > 2 ? pieces - 2 : 0; i < pieces; ++i) {
-    ASYMPO_RETURN_IF_ERROR(wait_event(slots_[i % 2].free, label(i, "completion")));
+  if (p.out != nullptr) ASYMPO_RETURN_IF_ERROR(DrainPiece(p, p.pieces - 1));
+  for (size_t i = p.pieces > 2 ? p.pieces - 2 : 0; i < p.pieces; ++i) {
+    ASYMPO_RETURN_IF_ERROR(WaitEvent(slots_[i % 2].free, p.Label(i, "completion")));
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  VLOG(1) << "NCCL " << what << " of " << n << " bytes on " << Where() << ": " << pieces
+  VLOG(1) << "NCCL " << what << " of " << n << " bytes on " << Where() << ": " << p.pieces
           << " pieces in " << seconds << " s ("
           << (seconds > 0 ? static_cast<double>(n) / seconds / 1e9 : 0.0) << " GB/s)";
   return absl::OkStatus();

@@ -144,6 +144,12 @@ class NcclBroadcaster {
   absl::Status AllocateSlots(uint64_t piece_bytes, bool readback);
   absl::Status Run(const void* src, void* dst, size_t n, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Run's parts: the pieces of one operation, enqueueing piece i, copying a
+  // broadcast piece out, and a watched wait for a CUDA event.
+  struct Pipeline;
+  absl::Status IssuePiece(const Pipeline& p, size_t i);
+  absl::Status DrainPiece(const Pipeline& p, size_t i);
+  absl::Status WaitEvent(nccl::Event event, const std::string& label);
 
   // Polls `ready` (true: done) every poll_interval until it is done, it
   // fails, the communicator reports an async error, Cancel() is called, or
