@@ -35,9 +35,9 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_split.h"
+#include "common/crc32c.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
-#include "common/crc32c.h"
 
 namespace {
 

@@ -38,8 +38,8 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t 
 
 // Restores the newest valid checkpoint under `root` into `model` and
 // `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged
-// and skipped; temporary directories of interrupted saves are removed. Returns nullopt when there is none (or `root` is absent).
-// Only an unreadable root is an error.
+// and skipped; temporary directories of interrupted saves are removed. Returns nullopt when there
+// is none (or `root` is absent). Only an unreadable root is an error.
 absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
                                                                    PolicyModel* model,
                                                                    AdamW* optimizer);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/checkpoint.h"
@@ -71,7 +72,7 @@ LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(
 
 LearnerDaemon::~LearnerDaemon() {
   Shutdown();
-  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (server_) server_->Shutdown(GrpcDeadline(absl::Seconds(2)));
   if (step_csv_ != nullptr) std::fclose(step_csv_);
 }
 
@@ -169,7 +170,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
 
 void LearnerDaemon::Shutdown() {
   if (stopping_.exchange(true)) return;
-  if (queue_) queue_->Close();  // refuses new batches, fails waiting ones
+  if (queue_) queue_->Close();       // refuses new batches, fails waiting ones
   if (sender_) sender_->Shutdown();  // ends the rollouts' subscriptions
 }
 
@@ -251,7 +252,7 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
       break;
     }
   }
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server_->Shutdown(GrpcDeadline(absl::Seconds(5)));
   untrained += queue_->Stats().depth_groups;
   absl::Status s = Checkpoint();
   LOG(INFO) << "stopped after " << steps << " steps at version " << trainer_->version() << "; "

@@ -12,8 +12,8 @@
 #pragma once
 
 #include <atomic>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 
@@ -78,7 +78,7 @@ class LearnerDaemon {
   // server; metrics go to `registry`, which must outlive the daemon. Errors
   // name the bad option or file.
   static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options,
-                                                              prometheus::Registry& registry);
+                                                               prometheus::Registry& registry);
   ~LearnerDaemon();
 
   // Trains until Shutdown() or max_steps; then checkpoints. Returns the

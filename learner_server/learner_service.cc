@@ -197,7 +197,8 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
     Account(*svc_, s, counts_);
     AddRetryHint(ctx_, s, svc_->options().retry_after);
     ctx_->AddTrailingMetadata(kAcceptedBatchesKey, std::to_string(accepted_));
-    Finish(ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
+    Finish(
+        ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
   }
 
   const LearnerService* svc_;

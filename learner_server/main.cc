@@ -3,7 +3,6 @@
 // Prometheus metrics. Every flag is described by --help; --flagfile=FILE
 // reads flags from a file.
 
-
 #include <iostream>
 #include <memory>
 #include <string>

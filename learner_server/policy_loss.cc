@@ -181,10 +181,11 @@ absl::StatusOr<Objective> ParseObjective(std::string_view name) {
   for (size_t i = 0; i < names.size(); ++i) {
     if (names[i] == name) return static_cast<Objective>(i);
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown objective \"", std::string(name),
-                                                 "\"; expected one of ", absl::StrJoin(names, ", ", [](std::string* out, std::string_view n) {
-                                                   out->append(n.data(), n.size());
-                                                 })));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown objective \"", std::string(name), "\"; expected one of ",
+                   absl::StrJoin(names, ", ", [](std::string* out, std::string_view n) {
+                     out->append(n.data(), n.size());
+                   })));
 }
 
 absl::StatusOr<PolicyLoss> PolicyLoss::Create(const PolicyLossOptions& o) {

@@ -15,8 +15,9 @@ SkippedSteps::SkippedSteps(prometheus::Registry& registry, absl::Duration log_in
                        "version unchanged), by reason: nonfinite_loss, nonfinite_gradient, "
                        "invalid_batch, out_of_memory, torch_error.")
                  .Register(registry)),
-      groups_(metrics::AddCounter(registry, "asympo_learner_skipped_groups_total",
-                                  "Groups taken from the queue by skipped steps (not trained on).")) {
+      groups_(
+          metrics::AddCounter(registry, "asympo_learner_skipped_groups_total",
+                              "Groups taken from the queue by skipped steps (not trained on).")) {
   // Every reason is exported from the start, at 0, so that rate() and
   // alerts see the series before the first failure.
   absl::MutexLock lock(&mu_);
@@ -39,8 +40,8 @@ void SkippedSteps::Record(const absl::Status& error, int64_t groups) {
   const absl::Time now = absl::Now();
   if (now - r.last_log < log_interval_) return;
   if (r.logged == 0) {
-    LOG(ERROR) << "step skipped (" << reason << "), " << groups << " groups not trained on: "
-               << error.message();
+    LOG(ERROR) << "step skipped (" << reason << "), " << groups
+               << " groups not trained on: " << error.message();
   } else {
     LOG(ERROR) << r.since_log << " steps skipped (" << reason << ") in the last "
                << absl::FormatDuration(now - r.last_log) << "; the latest: " << error.message();

@@ -198,12 +198,12 @@ struct MicroBatch {
   int64_t longest = 0;           // T: longest prompt + response
   int64_t longest_response = 0;  // R
   int64_t groups = 0;
-  at::Tensor ids;            // (N, T) int64, padded
-  at::Tensor key_mask;       // (N, T) bool, true on real tokens
-  at::Tensor response_mask;  // (N, R) bool
-  at::Tensor rewards;        // (N,) float
-  at::Tensor group_index;    // (N,) int64 in [0, groups)
-  at::Tensor behavior;       // (N, R) float; grpo only
+  at::Tensor ids;                    // (N, T) int64, padded
+  at::Tensor key_mask;               // (N, T) bool, true on real tokens
+  at::Tensor response_mask;          // (N, R) bool
+  at::Tensor rewards;                // (N,) float
+  at::Tensor group_index;            // (N,) int64 in [0, groups)
+  at::Tensor behavior;               // (N, R) float; grpo only
   std::vector<int64_t> hidden_rows;  // (M,) flat N*T index of each response token's predictor
   std::vector<int64_t> targets;      // (M,) the response tokens
 };
@@ -369,10 +369,10 @@ absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb
   const at::Tensor hidden = model_->Forward(mb.ids, positions, mb.key_mask);  // (N, T, H)
   const at::Tensor picked = hidden.reshape({-1, hidden.size(2)})
                                 .index_select(0, at::tensor(mb.hidden_rows, at::kLong));  // (M, H)
-  ASYMPO_ASSIGN_OR_RETURN(at::Tensor logp,
-                          ChunkedTokenLogProbs(picked, model_->lm_head_weight(),
-                                               at::tensor(mb.targets, at::kLong),
-                                               options_.logprob_chunk_rows));  // (M,)
+  ASYMPO_ASSIGN_OR_RETURN(
+      at::Tensor logp,
+      ChunkedTokenLogProbs(picked, model_->lm_head_weight(), at::tensor(mb.targets, at::kLong),
+                           options_.logprob_chunk_rows));  // (M,)
   // Overflowing weights or activations, not bad data: a non-finite loss.
   if (!at::isfinite(logp).all().item<bool>()) {
     return WithReason(absl::InternalError("token log-probs are not finite; the step was skipped"),

@@ -147,7 +147,7 @@ class Trainer {
   WeightPublisher* publisher_;
   AdamW optimizer_;
   std::atomic<uint64_t> version_{0};
-  int64_t step_calls_ = 0;  // for fault injection
+  int64_t step_calls_ = 0;                              // for fault injection
   bool inject_nan_ = false, inject_exception_ = false;  // this step's faults
 };
 

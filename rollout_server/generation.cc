@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
-#include "common/model/torch_errors.h"
-#include "common/status_macros.h"
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
+#include "absl/strings/str_cat.h"
+#include "common/model/torch_errors.h"
+#include "common/status_macros.h"
 
 namespace asympo::rollout {
 
@@ -80,10 +80,10 @@ absl::Status ValidateRequests(const std::vector<GenerationRequest>& requests,
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("request ", i, ": ", s.message()));
     const int64_t len = static_cast<int64_t>(r.prompt.size());
     if (len + r.params.max_new_tokens > cfg.max_position_embeddings) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "request ", i, ": prompt (", len, " tokens) plus max_new_tokens (",
-          r.params.max_new_tokens, ") exceeds max_position_embeddings ",
-          cfg.max_position_embeddings));
+      return absl::InvalidArgumentError(
+          absl::StrCat("request ", i, ": prompt (", len, " tokens) plus max_new_tokens (",
+                       r.params.max_new_tokens, ") exceeds max_position_embeddings ",
+                       cfg.max_position_embeddings));
     }
     *longest = std::max(*longest, len);
     *most_new = std::max<int64_t>(*most_new, r.params.max_new_tokens);
@@ -154,8 +154,8 @@ void SampleNextTokens(const at::Tensor& logits, const std::vector<GenerationRequ
     res.tokens.push_back(tok);
     if (p.return_logprobs) res.logprobs.push_back(logp[i][tok].item<float>());
     next_a[i][0] = tok;
-    const bool stop = std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) !=
-                      p.stop_token_ids.end();
+    const bool stop =
+        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
     if (stop || static_cast<int64_t>(res.tokens.size()) >= p.max_new_tokens) {
       res.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
       state->done[i] = true;
@@ -176,8 +176,8 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Generate(
   });
 }
 
-std::vector<GenerationResult> GenerationEngine::Decode(const std::vector<GenerationRequest>& requests,
-                                                       int64_t longest, int64_t most_new) const {
+std::vector<GenerationResult> GenerationEngine::Decode(
+    const std::vector<GenerationRequest>& requests, int64_t longest, int64_t most_new) const {
   // No autograd bookkeeping at all: small decode steps are dominated by
   // per-operator overhead.
   c10::InferenceMode inference_mode;

@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
 #include "asympo/v1/rollout.pb.h"
 #include "common/model/policy_model.h"
-#include <ATen/core/Tensor.h>
 
 namespace asympo::rollout {
 

@@ -83,7 +83,8 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.rollout_id = absl::GetFlag(FLAGS_id);
   o.model = absl::GetFlag(FLAGS_model);
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype,
+                          asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
   o.seed = absl::GetFlag(FLAGS_seed);
   o.task.name = absl::GetFlag(FLAGS_task);
   o.task.data_path = absl::GetFlag(FLAGS_task_data);
@@ -96,7 +97,8 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.sampling.top_k = absl::GetFlag(FLAGS_top_k);
   o.sampling.top_p = absl::GetFlag(FLAGS_top_p);
   o.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  if (o.sampling.max_new_tokens < 0) return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
+  if (o.sampling.max_new_tokens < 0)
+    return absl::InvalidArgumentError("--max_new_tokens must be >= 0");
   if (o.sampling.max_new_tokens > 0) o.task.math_max_new_tokens = o.sampling.max_new_tokens;
   o.max_buffered_groups = absl::GetFlag(FLAGS_max_buffered_groups);
   o.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);

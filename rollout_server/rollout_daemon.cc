@@ -41,13 +41,13 @@ absl::Status ValidateOptions(const RolloutDaemonOptions& o) {
 
 // Whether this daemon's settings suit the learner's limits; an error names
 // the flag to change (the learner will never accept otherwise).
-absl::Status CheckAgainstLimits(const v1::LearnerStatus& s, int64_t vocab_size,
-                                int32_t group_size, int32_t max_new_tokens) {
+absl::Status CheckAgainstLimits(const v1::LearnerStatus& s, int64_t vocab_size, int32_t group_size,
+                                int32_t max_new_tokens) {
   const v1::BatchLimits& l = s.limits();
   if (l.vocab_size() != 0 && l.vocab_size() != vocab_size) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("the learner's vocabulary has ", l.vocab_size(), " ids but this model's has ",
-                     vocab_size, ": they run different models"));
+    return absl::FailedPreconditionError(absl::StrCat("the learner's vocabulary has ",
+                                                      l.vocab_size(), " ids but this model's has ",
+                                                      vocab_size, ": they run different models"));
   }
   if (l.max_group_size() != 0 &&
       (group_size < l.min_group_size() || group_size > l.max_group_size())) {
@@ -97,7 +97,8 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
   // Two copies of the model: the active one and the spare (double buffering).
   std::unique_ptr<PolicyModel> models[2];
   for (auto& m : models) {
-    ASYMPO_ASSIGN_OR_RETURN(m, CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
+    ASYMPO_ASSIGN_OR_RETURN(m,
+                            CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
   }
   const ModelConfig config = models[0]->config();
   ASYMPO_RETURN_IF_ERROR(d->SetUpTask(config.vocab_size));
@@ -115,8 +116,8 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
   ro.max_backoff = o.max_backoff;
   ro.registry = &registry;
   ASYMPO_ASSIGN_OR_RETURN(d->receiver_, broadcast::WeightReceiver::Start(ro));
-  d->policy_ = std::make_unique<DoubleBufferedPolicy>(
-      std::move(models[0]), std::move(models[1]), d->receiver_.get(), &d->metrics_->flips);
+  d->policy_ = std::make_unique<DoubleBufferedPolicy>(std::move(models[0]), std::move(models[1]),
+                                                      d->receiver_.get(), &d->metrics_->flips);
 
   SubmitClientOptions so;
   so.learner_address = o.learner_address;
@@ -183,7 +184,8 @@ absl::StatusOr<std::vector<v1::PromptGroup>> RolloutDaemon::GenerateGroups(bool 
       resp->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
       resp->set_reward(static_cast<float>(score.reward));
       resp->set_finish_reason(r.finish_reason);
-      if (with_logprobs) resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
+      if (with_logprobs)
+        resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
       metrics_->tokens.Increment(static_cast<double>(r.tokens.size()));
       metrics_->responses.Increment();
       metrics_->reward_sum.Increment(std::max(0.0, score.reward));

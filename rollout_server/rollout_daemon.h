@@ -80,7 +80,7 @@ class RolloutDaemon {
   // thread; metrics go to `registry`, which must outlive the daemon. Errors
   // name the bad option or file.
   static absl::StatusOr<std::unique_ptr<RolloutDaemon>> Create(RolloutDaemonOptions options,
-                                                              prometheus::Registry& registry);
+                                                               prometheus::Registry& registry);
   ~RolloutDaemon();
 
   // Generates until Shutdown() or max_groups, then drains the buffer for up

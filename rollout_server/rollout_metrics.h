@@ -20,11 +20,11 @@ struct RolloutMetrics {
   prometheus::Counter& tokens;            // response tokens sampled
   prometheus::Counter& groups_generated;  // groups sampled and scored
   prometheus::Counter& responses;
-  prometheus::Counter& correct;           // exact matches by the task's verifier
+  prometheus::Counter& correct;  // exact matches by the task's verifier
   prometheus::Counter& reward_sum;
   prometheus::Histogram& generation_seconds;
-  prometheus::Counter& flips;             // snapshots loaded into the spare model
-  prometheus::Gauge& blocked;             // 1 while generation waits for buffer room
+  prometheus::Counter& flips;  // snapshots loaded into the spare model
+  prometheus::Gauge& blocked;  // 1 while generation waits for buffer room
   prometheus::Counter& blocked_seconds;
 };
 

@@ -122,7 +122,8 @@ int64_t SubmitClient::accepted_groups() const {
 }
 
 void SubmitClient::UpdateBufferGaugeLocked() {
-  metrics_->buffer_groups.Set(static_cast<double>(static_cast<int64_t>(buffer_.size()) + in_flight_));
+  metrics_->buffer_groups.Set(
+      static_cast<double>(static_cast<int64_t>(buffer_.size()) + in_flight_));
 }
 
 void SubmitClient::CountError(grpc::StatusCode code) {
@@ -185,8 +186,8 @@ SubmitClient::Outcome SubmitClient::Connect() {
     NextBackoff();
     return Outcome::kRetry;
   }
-  const absl::Status accepted = options_.check_status ? options_.check_status(status)
-                                                      : absl::OkStatus();
+  const absl::Status accepted =
+      options_.check_status ? options_.check_status(status) : absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (!accepted.ok()) {
     refused_ = accepted;
@@ -211,11 +212,10 @@ std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
   mu_.AwaitWithTimeout(absl::Condition(&ready), kTakeWait);
   const int32_t learner_max =
       status_.has_value() ? status_->limits().max_groups_per_batch() : int32_t{0};
-  BatchAssembler assembler(
-      {options_.source,
-       learner_max > 0 ? std::min(options_.max_groups_per_batch, learner_max)
-                       : options_.max_groups_per_batch,
-       options_.max_batch_bytes});
+  BatchAssembler assembler({options_.source,
+                            learner_max > 0 ? std::min(options_.max_groups_per_batch, learner_max)
+                                            : options_.max_groups_per_batch,
+                            options_.max_batch_bytes});
   while (!buffer_.empty() && assembler.TryAdd(&buffer_.front())) buffer_.pop_front();
   std::optional<v1::RolloutBatch> batch = assembler.Flush();
   in_flight_ = batch.has_value() ? batch->groups_size() : 0;

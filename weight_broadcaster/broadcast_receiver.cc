@@ -83,7 +83,8 @@ struct ReceiverState {
   }
   void StreamDone(const grpc::Status& s) {
     if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-      LOG(INFO) << "weight announcements from " << options.target << " ended: " << s.error_message();
+      LOG(INFO) << "weight announcements from " << options.target
+                << " ended: " << s.error_message();
     }
     absl::MutexLock lock(&mu);
     SetConnected(false);
@@ -238,9 +239,10 @@ bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
                                                            options.fetch_timeout);
   // The stream hands every announcement to this thread, which keeps only
   // the newest one it has not handled yet.
-  AnnouncementStream stream(stub.get(), {[this] { Subscribed(); },
-                                         [this](v1::SnapshotManifest m) { Announced(std::move(m)); },
-                                         [this](const grpc::Status& s) { StreamDone(s); }});
+  AnnouncementStream stream(
+      stub.get(),
+      {[this] { Subscribed(); }, [this](v1::SnapshotManifest m) { Announced(std::move(m)); },
+       [this](const grpc::Status& s) { StreamDone(s); }});
   {
     absl::MutexLock lock(&mu);
     if (stop) return false;
@@ -314,8 +316,8 @@ bool ReceiverState::Wanted(uint64_t version) {
 
 void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double seconds) {
   if (metrics) metrics->fetch_seconds.Observe(seconds);
-  VLOG(1) << "received version " << snapshot->version() << " ("
-          << snapshot->manifest.total_bytes() << " bytes) in " << seconds << " s";
+  VLOG(1) << "received version " << snapshot->version() << " (" << snapshot->manifest.total_bytes()
+          << " bytes) in " << seconds << " s";
   absl::MutexLock lock(&mu);
   held_version = snapshot->version();
   pending = std::move(snapshot);

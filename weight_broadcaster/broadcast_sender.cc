@@ -68,8 +68,8 @@ absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorV
                         const std::string& signature) {
   if (m.model_signature() != signature) {
     return absl::InvalidArgumentError(absl::StrCat("the tensors' model signature ",
-                                                   m.model_signature(), " differs from the sender's ",
-                                                   signature));
+                                                   m.model_signature(),
+                                                   " differs from the sender's ", signature));
   }
   for (int i = 0; i < m.tensors_size(); ++i) {
     const TensorView& t = tensors[static_cast<size_t>(i)];
@@ -138,7 +138,6 @@ std::shared_ptr<Snapshot> Pack(v1::SnapshotManifest m, const std::vector<TensorV
 }
 
 }  // namespace
-
 
 struct BroadcastSender::State : SenderState {
   using SenderState::SenderState;

@@ -34,8 +34,8 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> ReceiveSnapshotOverNccl(
   for (int b = 0; b < manifest.buckets_size(); ++b) {
     const std::string& bucket = snapshot->buckets[static_cast<size_t>(b)];
     if (Crc32c(bucket.data(), bucket.size()) != manifest.buckets(b).crc32c()) {
-      return absl::DataLossError(absl::StrCat("bucket ", b, " of version ", manifest.version(),
-                                              " fails its checksum"));
+      return absl::DataLossError(
+          absl::StrCat("bucket ", b, " of version ", manifest.version(), " fails its checksum"));
     }
   }
   return snapshot;

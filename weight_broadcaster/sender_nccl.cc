@@ -87,8 +87,8 @@ void NcclLoop(SenderState& st) {
     st.nccl_comm = comm.get();
     st.nccl_phase = SenderState::NcclPhase::kRunning;
   }
-  LOG(INFO) << "NCCL weight transport up: " << world << " ranks, "
-            << comm->piece_bytes() << " bytes per collective";
+  LOG(INFO) << "NCCL weight transport up: " << world << " ranks, " << comm->piece_bytes()
+            << " bytes per collective";
   std::optional<uint64_t> sent;
   while (true) {
     std::shared_ptr<const Snapshot> snapshot;
@@ -121,9 +121,9 @@ void NcclLoop(SenderState& st) {
       status = comm->Broadcast(bucket.data.get(), bucket.size);
     }
     if (!status.ok()) {
-      NcclFail(st, absl::Status(status.code(), absl::StrCat("broadcast of version ",
-                                                            snapshot->version(), ": ",
-                                                            status.message())));
+      NcclFail(
+          st, absl::Status(status.code(), absl::StrCat("broadcast of version ", snapshot->version(),
+                                                       ": ", status.message())));
       return;
     }
     sent = snapshot->version();
@@ -159,8 +159,8 @@ void StartNccl(SenderState& st) {
   } else if (absl::StatusOr<int> devices = CudaDeviceCount(**api); !devices.ok()) {
     usable = devices.status();
   } else if (*devices <= st.options.nccl_device) {
-    usable = absl::FailedPreconditionError(absl::StrCat(
-        "CUDA device ", st.options.nccl_device, " requested, ", *devices, " visible"));
+    usable = absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", st.options.nccl_device, " requested, ", *devices, " visible"));
   } else if (absl::StatusOr<std::string> id = NewNcclUniqueId(st.options.nccl.load); !id.ok()) {
     usable = id.status();
   } else {

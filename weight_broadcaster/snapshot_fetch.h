@@ -22,8 +22,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "asympo/v1/weight_broadcast.pb.h"
 #include "absl/time/time.h"
+#include "asympo/v1/weight_broadcast.pb.h"
 #include "weight_broadcaster/snapshot_transport.h"
 
 namespace asympo::broadcast {

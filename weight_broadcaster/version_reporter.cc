@@ -81,7 +81,8 @@ void VersionReporter::Stop() {
   stopped_ = true;
   next_.reset();
   if (in_flight_ != nullptr) in_flight_->TryCancel();
-  mu_.Await(absl::Condition(+[](bool* busy) { return !*busy; }, &busy_));
+  mu_.Await(absl::Condition(
+      +[](bool* busy) { return !*busy; }, &busy_));
 }
 
 int64_t VersionReporter::sent() const {

@@ -281,8 +281,8 @@ void MetricsEndpoint::Server::AcceptLoop() {
       // Out of descriptors or memory: the listener stays open; wait a
       // little rather than spin, and try again.
       if (accept_errors++ % 100 == 0) {
-        LOG(WARNING) << "metrics endpoint " << bound_address << ": accept: "
-                     << std::strerror(errno) << " (" << accept_errors << " so far)";
+        LOG(WARNING) << "metrics endpoint " << bound_address << ": accept: " << std::strerror(errno)
+                     << " (" << accept_errors << " so far)";
       }
       Wait(absl::Milliseconds(100));
       continue;
@@ -311,9 +311,8 @@ void MetricsEndpoint::Server::WorkerLoop() {
     {
       absl::MutexLock lock(&mu);
       mu.Await(absl::Condition(
-          +[](Server* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
-            return s->stop || !s->pending.empty();
-          },
+          +[](Server* s)
+               ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) { return s->stop || !s->pending.empty(); },
           this));
       if (stop) return;
       fd = pending.front();

@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<StopSignals>> StopSignals::Install() {
   }
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) {
-    return absl::InternalError(absl::StrCat("cannot create the signal pipe: ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("cannot create the signal pipe: ", std::strerror(errno)));
   }
   g_read_fd = fds[0];
   g_write_fd = fds[1];

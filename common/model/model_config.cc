@@ -68,8 +68,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
   if (c.num_attention_heads <= 0) {
     return absl::InvalidArgumentError("config.json: \"num_attention_heads\" must be positive");
   }
-  ASYMPO_ASSIGN_OR_RETURN(c.head_dim,
-                          GetInt(j, "head_dim", c.hidden_size / c.num_attention_heads));
+  ASYMPO_ASSIGN_OR_RETURN(c.head_dim, GetInt(j, "head_dim", c.hidden_size / c.num_attention_heads));
   ASYMPO_ASSIGN_OR_RETURN(c.max_position_embeddings,
                           GetInt(j, "max_position_embeddings", int64_t{4096}));
   ASYMPO_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, "rms_norm_eps", 1e-6));
@@ -91,8 +90,7 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
     }
     ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.factor, GetDouble(r, "factor", 1.0));
     ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.low_freq_factor, GetDouble(r, "low_freq_factor", 1.0));
-    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.high_freq_factor,
-                            GetDouble(r, "high_freq_factor", 4.0));
+    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.high_freq_factor, GetDouble(r, "high_freq_factor", 4.0));
     ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.original_max_position_embeddings,
                             GetInt(r, "original_max_position_embeddings", int64_t{8192}));
   }
@@ -147,7 +145,8 @@ ModelConfig ModelConfig::Tiny(int64_t vocab_size) {
 absl::Status ModelConfig::Validate() const {
   const auto positive = [](const char* key, int64_t v) -> absl::Status {
     if (v <= 0) {
-      return absl::InvalidArgumentError(absl::StrCat("config: ", key, " must be positive, got ", v));
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", key, " must be positive, got ", v));
     }
     return absl::OkStatus();
   };
@@ -202,12 +201,12 @@ std::string ModelConfig::ToJson() const {
   j["hidden_act"] = "silu";
   j["torch_dtype"] = torch_dtype;
   if (rope_scaling.type != "default") {
-    j["rope_scaling"] = {{"rope_type", rope_scaling.type},
-                         {"factor", rope_scaling.factor},
-                         {"low_freq_factor", rope_scaling.low_freq_factor},
-                         {"high_freq_factor", rope_scaling.high_freq_factor},
-                         {"original_max_position_embeddings",
-                          rope_scaling.original_max_position_embeddings}};
+    j["rope_scaling"] = {
+        {"rope_type", rope_scaling.type},
+        {"factor", rope_scaling.factor},
+        {"low_freq_factor", rope_scaling.low_freq_factor},
+        {"high_freq_factor", rope_scaling.high_freq_factor},
+        {"original_max_position_embeddings", rope_scaling.original_max_position_embeddings}};
   } else {
     j["rope_scaling"] = nullptr;
   }

@@ -7,12 +7,12 @@
 #include <map>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include "absl/strings/str_cat.h"
 #include "common/model/safetensors_checkpoint.h"
 #include "common/model/safetensors_io.h"
 #include "common/model/torch_errors.h"
 #include "common/status_macros.h"
-#include <ATen/ATen.h>
 
 namespace asympo {
 namespace {
@@ -22,7 +22,8 @@ absl::Status MakeDirs(const std::string& dir) {
   for (size_t i = 0; i <= dir.size(); ++i) {
     if (i == dir.size() || dir[i] == '/') {
       if (!path.empty() && ::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
-        return absl::InternalError(absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
+        return absl::InternalError(
+            absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
       }
     }
     if (i < dir.size()) path.push_back(dir[i]);
@@ -95,9 +96,7 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::
                                                                      int64_t tiny_vocab_size,
                                                                      const ModelOptions& options) {
   if (model != "tiny") return LoadPolicyModel(model, options);
-  return GuardTorch("building the tiny model", [&] {
-    return PolicyModel::CreateRandom(ModelConfig::Tiny(tiny_vocab_size), options);
-  });
+  return PolicyModel::CreateRandom(ModelConfig::Tiny(tiny_vocab_size), options);
 }
 
 absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype) {

@@ -77,6 +77,12 @@ at::Tensor& PolicyModel::AddParameter(const std::string& name, at::Tensor t) {
 
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
     const ModelConfig& config, const ModelOptions& options) {
+  // Allocating a large model can fail (out of memory).
+  return GuardTorch("building the model", [&] { return CreateRandomUnguarded(config, options); });
+}
+
+absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandomUnguarded(
+    const ModelConfig& config, const ModelOptions& options) {
   ASYMPO_RETURN_IF_ERROR(config.Validate());
   if (options.dtype != at::kFloat && options.dtype != at::kBFloat16 && options.dtype != at::kHalf) {
     return absl::InvalidArgumentError("model dtype must be float32, bfloat16 or float16");

@@ -15,9 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
 #include "common/model/model_config.h"
-#include <ATen/core/Tensor.h>
 
 namespace asympo {
 
@@ -43,7 +43,8 @@ struct KvCache {
 class PolicyModel {
  public:
   // A randomly initialized model (deterministic for a given seed), or an
-  // uninitialized one when options.random_init is false.
+  // uninitialized one when options.random_init is false. A LibTorch error
+  // (such as out of memory) is a status.
   static absl::StatusOr<std::unique_ptr<PolicyModel>> CreateRandom(const ModelConfig& config,
                                                                    const ModelOptions& options);
 
@@ -74,8 +75,8 @@ class PolicyModel {
   //              attends to real keys at or before its own slot.
   //   cache:     when non-null, keys/values of the T new tokens are written
   //              at slots [P, P + T) and cache->length advances by T.
-  at::Tensor Forward(const at::Tensor& ids, const at::Tensor& positions,
-                     const at::Tensor& key_mask, KvCache* cache = nullptr) const;
+  at::Tensor Forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask,
+                     KvCache* cache = nullptr) const;
 
   // (B, T, V) logits from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
@@ -92,6 +93,8 @@ class PolicyModel {
   };
 
   PolicyModel(ModelConfig config, ModelOptions options);
+  static absl::StatusOr<std::unique_ptr<PolicyModel>> CreateRandomUnguarded(
+      const ModelConfig& config, const ModelOptions& options);
   at::Tensor& AddParameter(const std::string& name, at::Tensor t);
   // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
   std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;

@@ -202,8 +202,8 @@ absl::StatusOr<Json> ParseHeaderJson(const std::string& prefix, const FileMappin
   try {
     header = Json::parse(begin, begin + length, on_event);
   } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "header (byte offsets 8 to ",
-                                                   8 + length, ") is not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(absl::StrCat(prefix, "header (byte offsets 8 to ", 8 + length,
+                                                   ") is not valid JSON: ", e.what()));
   }
   if (!header.is_object()) {
     return absl::InvalidArgumentError(
@@ -352,9 +352,7 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Get(const std::string& name,
   }
 }
 
-namespace {
-
-}  // namespace
+namespace {}  // namespace
 
 absl::Status CheckTensorsToWrite(const std::string& prefix,
                                  const std::vector<std::pair<std::string, at::Tensor>>& tensors) {

@@ -30,9 +30,9 @@ absl::Status StatusFromUnknownException(absl::string_view what);
 template <typename Fn>
 auto GuardTorch(absl::string_view what, Fn&& fn) -> decltype(fn()) {
   using Result = decltype(fn());
-  static_assert(std::is_same_v<Result, absl::Status> ||
-                    std::is_constructible_v<Result, absl::Status>,
-                "GuardTorch needs a function returning absl::Status or absl::StatusOr<T>");
+  static_assert(
+      std::is_same_v<Result, absl::Status> || std::is_constructible_v<Result, absl::Status>,
+      "GuardTorch needs a function returning absl::Status or absl::StatusOr<T>");
   try {
     return std::forward<Fn>(fn)();
   } catch (const std::exception& e) {

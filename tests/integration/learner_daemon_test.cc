@@ -113,18 +113,27 @@ TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
     // after the run as during it.
     const std::string scrape = learner.Scrape();
     EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_total 4"));
-    for (const char* name :
-         {"asympo_learner_version", "asympo_learner_steps_total", "asympo_learner_reward_mean",
-          "asympo_learner_reward_ema", "asympo_learner_loss", "asympo_learner_scale_positive",
-          "asympo_learner_scale_negative", "asympo_learner_naive_ratio", "asympo_learner_imbalance",
-          "asympo_learner_clip_fraction{bound=\"low\"}", "asympo_learner_grad_norm",
-          "asympo_learner_learning_rate", "asympo_learner_tokens_per_second",
-          "asympo_learner_queue_depth_groups", "asympo_learner_queue_capacity_groups",
-          "asympo_learner_staleness_versions_bucket",
-          "asympo_learner_batches_total{result=\"accepted\"}",
-          "asympo_learner_step_duration_seconds_bucket", "asympo_learner_collapse_suspected",
-          "asympo_learner_steps_skipped_total{reason=\"nonfinite_loss\"} 0",
-          "asympo_broadcast_version"}) {
+    for (const char* name : {"asympo_learner_version",
+                             "asympo_learner_steps_total",
+                             "asympo_learner_reward_mean",
+                             "asympo_learner_reward_ema",
+                             "asympo_learner_loss",
+                             "asympo_learner_scale_positive",
+                             "asympo_learner_scale_negative",
+                             "asympo_learner_naive_ratio",
+                             "asympo_learner_imbalance",
+                             "asympo_learner_clip_fraction{bound=\"low\"}",
+                             "asympo_learner_grad_norm",
+                             "asympo_learner_learning_rate",
+                             "asympo_learner_tokens_per_second",
+                             "asympo_learner_queue_depth_groups",
+                             "asympo_learner_queue_capacity_groups",
+                             "asympo_learner_staleness_versions_bucket",
+                             "asympo_learner_batches_total{result=\"accepted\"}",
+                             "asympo_learner_step_duration_seconds_bucket",
+                             "asympo_learner_collapse_suspected",
+                             "asympo_learner_steps_skipped_total{reason=\"nonfinite_loss\"} 0",
+                             "asympo_broadcast_version"}) {
       EXPECT_THAT(scrape, HasSubstr(name));
     }
     // promtool (Debian package prometheus) lints the exposition format.

@@ -1,9 +1,9 @@
 #include "rollout_server/generation.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 namespace asympo::rollout {
 namespace {

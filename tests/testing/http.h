@@ -45,7 +45,8 @@ inline std::string HttpExchange(const std::string& host, int port, const std::st
   ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string out;
   char buf[4096];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, static_cast<size_t>(n));
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;)
+    out.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return out;
 }

@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/mutex.h"
-#include "tests/weight_broadcaster/broadcast_test_util.h"
 #include "common/crc32c.h"
+#include "tests/weight_broadcaster/broadcast_test_util.h"
 
 namespace asympo::broadcast {
 namespace {

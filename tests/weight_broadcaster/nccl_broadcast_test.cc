@@ -137,8 +137,7 @@ TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   EXPECT_FALSE(grpc_only.receiver->using_nccl());
   EXPECT_GT(grpc_only.FetchedBytes(), 0);
   // Handshake plus three buckets per version, on each of the three ranks.
-  EXPECT_TRUE(WaitUntil([&] { return Stats().completed == 3 * (1 + 2 * 3); }))
-      << Stats().completed;
+  EXPECT_TRUE(WaitUntil([&] { return Stats().completed == 3 * (1 + 2 * 3); })) << Stats().completed;
   const AsympoFakeNcclStats stats = Stats();
   EXPECT_EQ(stats.inits, 3);
   EXPECT_EQ(stats.count_mismatches, 0);

@@ -50,8 +50,8 @@ class VersionReporterTest : public ::testing::Test {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_GT(port, 0);
-    stub_ = v1::WeightBroadcast::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    stub_ = v1::WeightBroadcast::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                             grpc::InsecureChannelCredentials()));
   }
   void TearDown() override {
     if (!service_.release.HasBeenNotified()) service_.release.Notify();

@@ -109,8 +109,8 @@ absl::Status LoadSnapshotUnguarded(const ReceivedSnapshot& snapshot, PolicyModel
           absl::StrCat("snapshot ", snapshot.version(), ": tensor ", e.name(), " is truncated"));
     }
     // The bytes are only read: LoadParameters copies them into the model.
-    at::Tensor view = at::from_blob(const_cast<char*>(bytes.data()), shape,
-                                    at::TensorOptions().dtype(st));
+    at::Tensor view =
+        at::from_blob(const_cast<char*>(bytes.data()), shape, at::TensorOptions().dtype(st));
     source.emplace_back(e.name(), view);
   }
   at::NoGradGuard no_grad;

@@ -431,13 +431,14 @@ absl::Status NcclBroadcaster::IssuePiece(const Pipeline& p, size_t i) {
                                      "cudaMemcpyAsync (host to device)"));
     ASYMPO_RETURN_IF_ERROR(
         CheckCuda(api_->cudaEventRecord(slot.copied, copy_stream_), "cudaEventRecord"));
-    ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaStreamWaitEvent(nccl_stream_, slot.copied, 0),
-                                     "cudaStreamWaitEvent"));
+    ASYMPO_RETURN_IF_ERROR(
+        CheckCuda(api_->cudaStreamWaitEvent(nccl_stream_, slot.copied, 0), "cudaStreamWaitEvent"));
   }
   ASYMPO_RETURN_IF_ERROR(CheckNccl(api_->ncclBroadcast(p.root ? slot.send : slot.recv, slot.recv,
                                                        len, nccl::kUint8, 0, comm_, nccl_stream_),
                                    p.Label(i, "ncclBroadcast")));
-  ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaEventRecord(slot.sent, nccl_stream_), "cudaEventRecord"));
+  ASYMPO_RETURN_IF_ERROR(
+      CheckCuda(api_->cudaEventRecord(slot.sent, nccl_stream_), "cudaEventRecord"));
   if (p.out == nullptr) {
     ASYMPO_RETURN_IF_ERROR(
         CheckCuda(api_->cudaEventRecord(slot.free, nccl_stream_), "cudaEventRecord"));
@@ -449,9 +450,10 @@ absl::Status NcclBroadcaster::IssuePiece(const Pipeline& p, size_t i) {
 absl::Status NcclBroadcaster::DrainPiece(const Pipeline& p, size_t i) {
   Slot& slot = slots_[i % 2];
   ASYMPO_RETURN_IF_ERROR(WaitEvent(slot.sent, p.Label(i, "broadcast")));
-  ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaMemcpyAsync(p.out + p.offset(i), slot.recv, p.length(i),
-                                                         nccl::kMemcpyDeviceToHost, copy_stream_),
-                                   "cudaMemcpyAsync (device to host)"));
+  ASYMPO_RETURN_IF_ERROR(
+      CheckCuda(api_->cudaMemcpyAsync(p.out + p.offset(i), slot.recv, p.length(i),
+                                      nccl::kMemcpyDeviceToHost, copy_stream_),
+                "cudaMemcpyAsync (device to host)"));
   return CheckCuda(api_->cudaEventRecord(slot.free, copy_stream_), "cudaEventRecord");
 }
 
@@ -476,8 +478,13 @@ absl::Status NcclBroadcaster::Run(const void* src, void* dst, size_t n, absl::st
   ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaSetDevice(device_), "cudaSetDevice"));
 
   const absl::Time start = absl::Now();
-  const Pipeline p{static_cast<const char*>(src), static_cast<char*>(dst), n, what, piece_bytes_,
-                   (n + piece_bytes_ - 1) / piece_bytes_, rank_ == 0};
+  const Pipeline p{static_cast<const char*>(src),
+                   static_cast<char*>(dst),
+                   n,
+                   what,
+                   piece_bytes_,
+                   (n + piece_bytes_ - 1) / piece_bytes_,
+                   rank_ == 0};
   for (size_t i = 0; i < p.pieces; ++i) {
     ASYMPO_RETURN_IF_ERROR(IssuePiece(p, i));
     if (p.out != nullptr && i > 0) ASYMPO_RETURN_IF_ERROR(DrainPiece(p, i - 1));

@@ -33,11 +33,13 @@ TEST(DaemonRuntimeTest, ASignalDuringTheRunCallsShutdownAndNothingCallsItAfter) 
   auto runtime = DaemonRuntime::Install();
   ASSERT_TRUE(runtime.ok());
   std::atomic<int> shutdowns{0};
-  const int result = (*runtime)->RunUntilStopped<int>([&] { ++shutdowns; }, [&] {
-    ::raise(SIGTERM);
-    // A daemon's Run returns once Shutdown was called.
-    return asympo::testing::WaitFor([&] { return shutdowns.load() == 1; }) ? 7 : -1;
-  });
+  const int result = (*runtime)->RunUntilStopped<int>(
+      [&] { ++shutdowns; },
+      [&] {
+        ::raise(SIGTERM);
+        // A daemon's Run returns once Shutdown was called.
+        return asympo::testing::WaitFor([&] { return shutdowns.load() == 1; }) ? 7 : -1;
+      });
   EXPECT_EQ(result, 7);
   EXPECT_EQ(shutdowns.load(), 1);
 }

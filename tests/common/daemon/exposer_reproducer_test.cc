@@ -98,7 +98,8 @@ TEST(ExposerReproducerTest, TheCauseIsTheThreadStackTooSmallForTheStaticTls) {
     pthread_attr_init(&attr);
     pthread_attr_setstacksize(&attr, stack);
     pthread_t thread;
-    const int rc = pthread_create(&thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
+    const int rc = pthread_create(
+        &thread, &attr, [](void*) -> void* { return nullptr; }, nullptr);
     pthread_attr_destroy(&attr);
     if (rc == 0) pthread_join(thread, nullptr);
     return rc;

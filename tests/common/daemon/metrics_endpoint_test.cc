@@ -61,8 +61,7 @@ TEST(MetricsEndpointTest, ServesTheRegistryInTheTextFormat) {
   // A query string is ignored, as Prometheus servers do.
   EXPECT_THAT(HttpGet("127.0.0.1", e->port(), "/metrics?x=1"), StartsWith("HTTP/1.1 200"));
   // HEAD: the head only.
-  const std::string head =
-      HttpExchange("127.0.0.1", e->port(), "HEAD /metrics HTTP/1.0\r\n\r\n");
+  const std::string head = HttpExchange("127.0.0.1", e->port(), "HEAD /metrics HTTP/1.0\r\n\r\n");
   EXPECT_THAT(head, StartsWith("HTTP/1.1 200"));
   EXPECT_EQ(HttpBody(head), "");
 }
@@ -78,9 +77,9 @@ TEST(MetricsEndpointTest, OtherPathsGet404AndOnlyTheExactPathIsServed) {
 TEST(MetricsEndpointTest, MalformedRequestsGet400AndOtherMethods405) {
   auto e = Start("127.0.0.1:0");
   ASSERT_NE(e, nullptr);
-  for (const char* req : {"garbage\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n",
-                          "GET metrics HTTP/1.0\r\n\r\n", "GET /metrics SPDY/3\r\n\r\n",
-                          "GET  /metrics HTTP/1.0\r\n\r\n"}) {
+  for (const char* req :
+       {"garbage\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET metrics HTTP/1.0\r\n\r\n",
+        "GET /metrics SPDY/3\r\n\r\n", "GET  /metrics HTTP/1.0\r\n\r\n"}) {
     EXPECT_THAT(HttpExchange("127.0.0.1", e->port(), req), StartsWith("HTTP/1.1 400")) << req;
   }
   const std::string post = HttpExchange("127.0.0.1", e->port(), "POST /metrics HTTP/1.0\r\n\r\n");

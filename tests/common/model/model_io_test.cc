@@ -62,8 +62,8 @@ TEST(ModelIoTest, ExportThenLoadRoundTripsEveryParameter) {
     ASSERT_TRUE(loaded.ok()) << loaded.status();
     ASSERT_EQ((*loaded)->named_parameters().size(), m->named_parameters().size());
     for (size_t i = 0; i < m->named_parameters().size(); ++i) {
-      EXPECT_TRUE(torch::equal((*loaded)->named_parameters()[i].second,
-                               m->named_parameters()[i].second))
+      EXPECT_TRUE(
+          torch::equal((*loaded)->named_parameters()[i].second, m->named_parameters()[i].second))
           << m->named_parameters()[i].first;
     }
     EXPECT_EQ((*loaded)->config().rope_scaling.type, c.rope_scaling.type);
@@ -98,8 +98,7 @@ TEST(ModelIoTest, NamesMissingOrMisShapedTensors) {
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
   const auto loaded = LoadPolicyModel(dir, {});
   ASSERT_FALSE(loaded.ok());
-  EXPECT_THAT(std::string(loaded.status().message()),
-              HasSubstr(m->named_parameters()[4].first));
+  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(m->named_parameters()[4].first));
   EXPECT_FALSE(LoadPolicyModel(dirs.New("absent"), {}).ok());
 }
 
@@ -139,9 +138,9 @@ TEST(ModelIoTest, LogitsMatchAnIndependentPyTorchImplementation) {
     ASSERT_TRUE(ref.defined()) << "the reference program failed";
     torch::NoGradGuard no_grad;
     const int64_t t = static_cast<int64_t>(ids.size());
-    const torch::Tensor ours = m->Logits(m->Forward(torch::tensor(ids).unsqueeze(0),
-                                                    torch::arange(t).unsqueeze(0),
-                                                    torch::ones({1, t}, torch::kBool)));
+    const torch::Tensor ours =
+        m->Logits(m->Forward(torch::tensor(ids).unsqueeze(0), torch::arange(t).unsqueeze(0),
+                             torch::ones({1, t}, torch::kBool)));
     const double max_diff = (ours - ref).abs().max().item<double>();
     EXPECT_LT(max_diff, 1e-4) << c.model_type;
     RecordProperty("max_abs_diff_" + c.model_type, std::to_string(max_diff));

@@ -51,16 +51,14 @@ TEST(PolicyModelTest, CachedForwardEqualsFullRecompute) {
   torch::manual_seed(3);
   const int64_t b = 3, t = 12, prompt = 5;
   const torch::Tensor ids = torch::randint(0, 64, {b, t}, torch::kLong);
-  const torch::Tensor full =
-      m->Forward(ids, Positions(b, t), torch::ones({b, t}, torch::kBool));
+  const torch::Tensor full = m->Forward(ids, Positions(b, t), torch::ones({b, t}, torch::kBool));
   KvCache cache = m->NewCache(b, t);
   const torch::Tensor pre = m->Forward(ids.narrow(1, 0, prompt), Positions(b, prompt),
                                        torch::ones({b, prompt}, torch::kBool), &cache);
   EXPECT_TRUE(torch::allclose(pre, full.narrow(1, 0, prompt), 1e-5, 1e-5));
   for (int64_t i = prompt; i < t; ++i) {
-    const torch::Tensor step =
-        m->Forward(ids.narrow(1, i, 1), torch::full({b, 1}, i, torch::kLong),
-                   torch::ones({b, i + 1}, torch::kBool), &cache);
+    const torch::Tensor step = m->Forward(ids.narrow(1, i, 1), torch::full({b, 1}, i, torch::kLong),
+                                          torch::ones({b, i + 1}, torch::kBool), &cache);
     EXPECT_TRUE(torch::allclose(step, full.narrow(1, i, 1), 1e-5, 1e-5)) << "position " << i;
   }
   EXPECT_EQ(cache.length, t);
@@ -74,8 +72,8 @@ TEST(PolicyModelTest, LeftPaddingDoesNotChangeRealTokens) {
   // Same sequence behind three pad tokens (id 0), positions starting at 0
   // on the first real token.
   const torch::Tensor padded = torch::cat({torch::zeros({1, 3}, torch::kLong), ids}, 1);
-  const torch::Tensor mask = torch::cat({torch::zeros({1, 3}, torch::kBool),
-                                         torch::ones({1, 5}, torch::kBool)}, 1);
+  const torch::Tensor mask =
+      torch::cat({torch::zeros({1, 3}, torch::kBool), torch::ones({1, 5}, torch::kBool)}, 1);
   const torch::Tensor pos = (mask.to(torch::kLong).cumsum(1) - 1).clamp_min(0);
   const torch::Tensor out = m->Forward(padded, pos, mask);
   EXPECT_TRUE(torch::allclose(out.narrow(1, 3, 5), ref, 1e-5, 1e-5));
@@ -161,11 +159,15 @@ TEST(ModelConfigTest, RejectsUnsupportedConfigsByKey) {
               HasSubstr("\"vocab_size\" is missing"));
   EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 3,
-    "num_key_value_heads": 2})").status().message()),
+    "num_key_value_heads": 2})")
+                              .status()
+                              .message()),
               HasSubstr("num_attention_heads 3 is not a multiple of num_key_value_heads 2"));
   EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
     "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "rope_scaling": {"rope_type": "yarn", "factor": 4}})").status().message()),
+    "rope_scaling": {"rope_type": "yarn", "factor": 4}})")
+                              .status()
+                              .message()),
               HasSubstr("rope_scaling type \"yarn\" is not supported"));
   EXPECT_THAT(std::string(ModelConfig::FromJson("[1, 2]").status().message()),
               HasSubstr("not a JSON object"));

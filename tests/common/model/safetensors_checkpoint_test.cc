@@ -33,9 +33,7 @@ std::string ReadText(const std::string& path) {
 
 class SafetensorsCheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/99);
-  }
+  void SetUp() override { gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/99); }
 
   std::string Path(const std::string& name) const { return tmp_.Path(name); }
   at::Tensor Randn(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {

@@ -49,9 +49,7 @@ std::string RawFile(const std::string& header, const std::string& data) {
 
 class SafetensorsTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/1234);
-  }
+  void SetUp() override { gen_ = at::make_generator<at::CPUGeneratorImpl>(/*seed=*/1234); }
 
   std::string Path(const std::string& name) const { return tmp_.Path(name); }
   at::Tensor Randn(at::IntArrayRef shape, at::ScalarType dtype = at::kFloat) {

@@ -16,9 +16,10 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 TEST(TorchErrorsTest, AShapeErrorBecomesInternalWithoutTheBacktrace) {
-  const absl::StatusOr<at::Tensor> r = GuardTorch("multiplying", []() -> absl::StatusOr<at::Tensor> {
-    return torch::ones({2, 3}).matmul(torch::ones({4, 5}));
-  });
+  const absl::StatusOr<at::Tensor> r =
+      GuardTorch("multiplying", []() -> absl::StatusOr<at::Tensor> {
+        return torch::ones({2, 3}).matmul(torch::ones({4, 5}));
+      });
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("multiplying: "));
@@ -34,9 +35,8 @@ TEST(TorchErrorsTest, IndexAndValueErrorsAreInvalidArguments) {
 }
 
 TEST(TorchErrorsTest, OutOfMemoryIsResourceExhausted) {
-  const absl::Status bad_alloc = GuardTorch("allocating", []() -> absl::Status {
-    throw std::bad_alloc();
-  });
+  const absl::Status bad_alloc =
+      GuardTorch("allocating", []() -> absl::Status { throw std::bad_alloc(); });
   EXPECT_EQ(bad_alloc.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(bad_alloc.message()), HasSubstr("allocating: out of memory"));
   const absl::Status c10_oom = StatusFromException(
