@@ -206,10 +206,14 @@ SubmitClient::Outcome SubmitClient::Connect() {
 
 std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
   absl::MutexLock lock(&mu_);
+  // While draining, the producer may still be finishing its last
+  // generation: wait for its groups rather than spin.
   const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return !buffer_.empty() || stopping_;
+    return !buffer_.empty() || (stopping_ && producer_done_);
   };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), kTakeWait);
+  mu_.AwaitWithTimeout(
+      absl::Condition(&ready),
+      std::min(kTakeWait, std::max(absl::ZeroDuration(), drain_deadline_ - absl::Now())));
   const int32_t learner_max =
       status_.has_value() ? status_->limits().max_groups_per_batch() : int32_t{0};
   BatchAssembler assembler({options_.source,
