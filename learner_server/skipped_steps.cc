@@ -36,7 +36,6 @@ void SkippedSteps::Record(const absl::Status& error, int64_t groups) {
   r.steps->Increment();
   ++r.count;
   ++r.since_log;
-  ++total_;
   const absl::Time now = absl::Now();
   if (now - r.last_log < log_interval_) return;
   if (r.logged == 0) {
@@ -53,7 +52,9 @@ void SkippedSteps::Record(const absl::Status& error, int64_t groups) {
 
 int64_t SkippedSteps::total() const {
   absl::MutexLock lock(&mu_);
-  return total_;
+  int64_t total = 0;
+  for (const auto& [reason, r] : reasons_) total += r.count;
+  return total;
 }
 
 int64_t SkippedSteps::count(const std::string& reason) const {

@@ -50,7 +50,6 @@ class SkippedSteps {
   prometheus::Counter& groups_;
   mutable absl::Mutex mu_;
   std::map<std::string, PerReason> reasons_ ABSL_GUARDED_BY(mu_);
-  int64_t total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace asympo::learner

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <optional>
 
@@ -165,8 +166,9 @@ absl::Status WithReason(absl::Status status, absl::string_view reason) {
   return status;
 }
 
-// A reason for statuses that did not get one where they were made: an
-// out-of-memory error, bad input, or any other LibTorch error.
+// A reason for statuses that did not get one where they were made (only the
+// non-finite ones do), from their code: out of memory, bad input, or any
+// other LibTorch error.
 absl::Status WithDefaultReason(absl::Status status) {
   if (status.GetPayload(kSkipReasonUrl).has_value()) return status;
   switch (status.code()) {
@@ -278,17 +280,21 @@ StepTotals TotalsOf(const std::vector<QueuedGroup>& groups) {
 
 }  // namespace
 
-absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
-  ++step_calls_;
-  inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
-  inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
-  absl::StatusOr<StepResult> result =
-      GuardTorch("training step", [&] { return StepUnguarded(groups); });
+absl::StatusOr<StepResult> Trainer::Guarded(
+    absl::string_view what, const std::function<absl::StatusOr<StepResult>()>& step) {
+  absl::StatusOr<StepResult> result = GuardTorch(what, step);
   if (!result.ok()) {
     optimizer_.ZeroGrad();
     return WithDefaultReason(result.status());
   }
   return result;
+}
+
+absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
+  ++step_calls_;
+  inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
+  inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
+  return Guarded("training step", [&] { return StepUnguarded(groups); });
 }
 
 absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>& groups) {
@@ -329,31 +335,23 @@ absl::StatusOr<double> Trainer::ClipGradients() {
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradients(const std::vector<QueuedGroup>& groups) {
-  absl::StatusOr<StepResult> result =
-      GuardTorch("computing gradients", [&] { return ComputeGradientsUnguarded(groups); });
-  if (!result.ok()) {
-    optimizer_.ZeroGrad();
-    return WithDefaultReason(result.status());
-  }
-  return result;
+  return Guarded("computing gradients", [&] { return ComputeGradientsUnguarded(groups); });
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
     const std::vector<QueuedGroup>& groups) {
-  if (groups.empty()) {
-    return WithReason(absl::InvalidArgumentError("a step needs at least one group"),
-                      kSkipInvalidBatch);
-  }
+  if (groups.empty()) return absl::InvalidArgumentError("a step needs at least one group");
   const StepTotals totals = TotalsOf(groups);
   StepResult result;
   for (const QueuedGroup& q : groups) result.tokens += q.tokens;
   DiagnosticsPool pool;
   optimizer_.ZeroGrad();
   for (const auto& micro : Pack(groups, options_.micro_batch_tokens)) {
-    absl::StatusOr<MicroBatch> batch = BuildMicroBatch(
-        micro, model_->config().vocab_size, loss_.needs_behavior_logprobs(), options_.pad_token_id);
-    if (!batch.ok()) return WithReason(batch.status(), kSkipInvalidBatch);
-    ASYMPO_ASSIGN_OR_RETURN(LossDiagnostics diagnostics, BackwardMicroBatch(*batch, totals));
+    ASYMPO_ASSIGN_OR_RETURN(
+        const MicroBatch batch,
+        BuildMicroBatch(micro, model_->config().vocab_size, loss_.needs_behavior_logprobs(),
+                        options_.pad_token_id));
+    ASYMPO_ASSIGN_OR_RETURN(LossDiagnostics diagnostics, BackwardMicroBatch(batch, totals));
     pool.Add(diagnostics);
     ++result.micro_batches;
     if (inject_exception_) TORCH_CHECK(false, "injected fault (--fault_exception_steps)");
@@ -387,8 +385,10 @@ absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb
   in.num_groups = mb.groups;
   if (mb.behavior.defined()) in.behavior_logprobs = mb.behavior;
   in.step_totals = totals;
+  // An error keeps its code, which WithDefaultReason turns into the reason
+  // (INVALID_ARGUMENT: bad data; RESOURCE_EXHAUSTED: out of memory).
   absl::StatusOr<LossOutput> out = loss_.Compute(in);
-  if (!out.ok()) return WithReason(out.status(), kSkipInvalidBatch);
+  if (!out.ok()) return out.status();
   if (inject_nan_) {
     out->loss = out->loss * std::numeric_limits<double>::quiet_NaN();
     out->diagnostics.loss = std::numeric_limits<double>::quiet_NaN();

@@ -18,11 +18,13 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 #include "learner_server/group_queue.h"
@@ -132,6 +134,10 @@ class Trainer {
 
  private:
   Trainer(TrainerOptions options, PolicyLoss loss, PolicyModel* model, WeightPublisher* publisher);
+  // Runs `step` under GuardTorch; on error clears the gradients and gives
+  // the status its StepSkipReason.
+  absl::StatusOr<StepResult> Guarded(absl::string_view what,
+                                     const std::function<absl::StatusOr<StepResult>()>& step);
   // Step and ComputeGradients without the exception guard.
   absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
   absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups);

@@ -67,11 +67,9 @@ absl::Status CheckAgainstLimits(const v1::LearnerStatus& s, int64_t vocab_size, 
 
 RolloutDaemon::RolloutDaemon(RolloutDaemonOptions options) : options_(std::move(options)) {}
 
-RolloutDaemon::~RolloutDaemon() {
-  Shutdown();
-  if (submit_) submit_->Finish().IgnoreError();
-  if (receiver_) receiver_->Stop();
-}
+// The members stop themselves: the submit client (declared last) drains and
+// joins its thread, then the receiver stops.
+RolloutDaemon::~RolloutDaemon() = default;
 
 void RolloutDaemon::Shutdown() {
   stopping_ = true;

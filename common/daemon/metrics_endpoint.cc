@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <glog/logging.h>
@@ -146,8 +147,8 @@ std::string Response(absl::string_view status, absl::string_view type, const std
                       "Connection: close\r\n\r\n", with_body ? body : std::string());
 }
 
-}  // namespace
-
+// Splits "host:port": the host without brackets and the port (0..65535).
+// INVALID_ARGUMENT naming `address` otherwise.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
@@ -175,6 +176,8 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
   if (host.empty()) return bad("has no host (0.0.0.0 serves every interface)");
   return std::make_pair(host, port);
 }
+
+}  // namespace
 
 struct MetricsEndpoint::Server {
   ~Server();

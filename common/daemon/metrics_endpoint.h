@@ -26,7 +26,6 @@
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <utility>
 
 #include <prometheus/registry.h>
 
@@ -72,9 +71,5 @@ class MetricsEndpoint {
 
   std::unique_ptr<Server> server_;
 };
-
-// Splits "host:port" as Start does: the host without brackets and the port
-// (0..65535). INVALID_ARGUMENT naming `address` otherwise.
-absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
 }  // namespace asympo::daemon
