@@ -16,6 +16,18 @@ pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 # No version: Debian's TorchConfig reports none.
 find_package(Torch REQUIRED)
 message(STATUS "ASymPO-RL: LibTorch ${Torch_VERSION} at ${Torch_DIR}")
+# A LibTorch built with CUDA (the one inside a CUDA PyTorch wheel) defines the
+# torch_cuda target. Then the CUDA-only pieces (CUDA graphs for the decode
+# step, rollout_server/decode_graph_cuda.cc) are compiled in, with the CUDA
+# toolkit's headers; without it the CPU build compiles its stand-ins.
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+  find_package(CUDAToolkit QUIET)
+  set(ASYMPO_WITH_CUDA ON)
+  message(STATUS "ASymPO-RL: LibTorch has CUDA; CUDA graphs on (toolkit headers: ${CUDAToolkit_INCLUDE_DIRS})")
+else()
+  set(ASYMPO_WITH_CUDA OFF)
+  message(STATUS "ASymPO-RL: LibTorch without CUDA; CPU only")
+endif()
 
 # libstdc++ first in every binary's list of shared libraries. The LibTorch
 # inside PyTorch >= 2.5 wheels exports its own statically linked copies of

@@ -4,11 +4,12 @@
 #include <cmath>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/core/InferenceMode.h>
 #include "absl/strings/str_cat.h"
 #include "common/model/torch_errors.h"
 #include "common/status_macros.h"
+#include "rollout_server/decode_graph.h"
+#include "rollout_server/sampling.h"
 
 namespace asympo::rollout {
 
@@ -30,26 +31,10 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
-int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params,
-                    at::Generator& generator) {
-  const at::Tensor row = logits.to(at::kFloat);  // (V,)
-  if (params.temperature == 0) return static_cast<int32_t>(row.argmax().item<int64_t>());
-  at::Tensor scaled = row / params.temperature;
-  const int64_t v = scaled.size(0);
-  if (params.top_k > 0 && params.top_k < v) {
-    const at::Tensor kth = std::get<0>(scaled.topk(params.top_k)).select(0, params.top_k - 1);
-    scaled = scaled.masked_fill(scaled < kth, -std::numeric_limits<float>::infinity());
-  }
-  if (params.top_p < 1.0) {
-    // Keep the most likely tokens until their mass reaches top_p (at least one).
-    const auto [sorted, order] = scaled.sort(/*dim=*/0, /*descending=*/true);
-    const at::Tensor mass_before = at::softmax(sorted, 0).cumsum(0) - at::softmax(sorted, 0);
-    const at::Tensor drop_sorted = mass_before >= params.top_p;
-    const at::Tensor drop = at::zeros_like(drop_sorted).scatter_(0, order, drop_sorted);
-    scaled = scaled.masked_fill(drop, -std::numeric_limits<float>::infinity());
-  }
-  const at::Tensor probs = at::softmax(scaled, 0);
-  return static_cast<int32_t>(at::multinomial(probs, 1, false, generator).item<int64_t>());
+int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params, int64_t step) {
+  const BatchSampler sampler({&params}, logits.device());
+  const at::Tensor s = at::full({1}, step, logits.options().dtype(at::kLong));
+  return static_cast<int32_t>(sampler.Sample(logits.unsqueeze(0), s).item<int64_t>());
 }
 
 GenerationEngine::GenerationEngine(const PolicyModel* model, GenerationOptions options)
@@ -123,45 +108,112 @@ PaddedPrompts LeftPad(const std::vector<GenerationRequest>& requests, int64_t lo
   return out;
 }
 
-// The decoding state of a batch: per-row generators, results and whether
-// each row has finished.
+// The decode loop's state, all on the model's device, with static shapes:
+// a decode step reads and writes these tensors in place (a CUDA graph
+// replays it).
 struct DecodeState {
-  std::vector<at::Generator> generators;
-  std::vector<GenerationResult> results;
-  std::vector<bool> done;
-  int64_t active = 0;
+  at::Tensor logits;     // (B, V): the logits of response token `step`
+  at::Tensor step;       // (1,) int64: the response token being sampled
+  at::Tensor slot;       // (1,) int64: the cache slot of that token
+  at::Tensor positions;  // (B, 1) int64: its rotary position
+  at::Tensor key_mask;   // (B, capacity) bool: the real keys
+  at::Tensor last;       // (B, 1) int64: the token just sampled
+  at::Tensor done;       // (B,) bool
+  at::Tensor lengths;    // (B,) int64: tokens generated per row
+  at::Tensor max_new;    // (B,) int64
+  at::Tensor stop_ids;   // (B, S) int64, padded with -1
+  at::Tensor tokens;     // (B, most_new) int64
+  at::Tensor logprobs;   // (B, most_new) float32; undefined unless asked for
+  KvCache cache;
 };
 
-// Picks the next token of every unfinished row from `logits` (B, V) on the
-// CPU, appends it to the row's result and writes it into `next` (B, 1);
-// rows that hit a stop id or their max_new_tokens finish.
-void SampleNextTokens(const at::Tensor& logits, const std::vector<GenerationRequest>& requests,
-                      DecodeState* state, at::Tensor* next) {
+DecodeState NewDecodeState(const std::vector<GenerationRequest>& requests, int64_t most_new,
+                           const PaddedPrompts& prompts, at::Device device, int32_t pad) {
   const int64_t b = static_cast<int64_t>(requests.size());
-  auto next_a = next->accessor<int64_t, 2>();
-  const bool any_logprobs = std::any_of(requests.begin(), requests.end(),
-                                        [](const auto& r) { return r.params.return_logprobs; });
-  const at::Tensor logp = any_logprobs ? at::log_softmax(logits.to(at::kFloat), 1) : at::Tensor();
-  // Greedy rows share one argmax over the batch.
-  const at::Tensor argmax = logits.argmax(1);
-  const auto argmax_a = argmax.accessor<int64_t, 1>();
+  size_t most_stops = 1;
+  bool logprobs = false;
+  for (const auto& r : requests) {
+    most_stops = std::max(most_stops, r.params.stop_token_ids.size());
+    logprobs = logprobs || r.params.return_logprobs;
+  }
+  at::Tensor max_new = at::empty({b}, at::kLong);
+  at::Tensor stops = at::full({b, static_cast<int64_t>(most_stops)}, -1, at::kLong);
   for (int64_t i = 0; i < b; ++i) {
-    if (state->done[i]) continue;
     const SamplingParams& p = requests[static_cast<size_t>(i)].params;
-    const int32_t tok = p.temperature == 0 ? static_cast<int32_t>(argmax_a[i])
-                                           : SampleToken(logits[i], p, state->generators[i]);
-    GenerationResult& res = state->results[i];
-    res.tokens.push_back(tok);
-    if (p.return_logprobs) res.logprobs.push_back(logp[i][tok].item<float>());
-    next_a[i][0] = tok;
-    const bool stop =
-        std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(), tok) != p.stop_token_ids.end();
-    if (stop || static_cast<int64_t>(res.tokens.size()) >= p.max_new_tokens) {
-      res.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
-      state->done[i] = true;
-      --state->active;
+    max_new[i] = static_cast<int64_t>(p.max_new_tokens);
+    for (size_t j = 0; j < p.stop_token_ids.size(); ++j) {
+      stops[i][static_cast<int64_t>(j)] = static_cast<int64_t>(p.stop_token_ids[j]);
     }
   }
+  const auto on = at::TensorOptions().device(device);
+  DecodeState st;
+  st.step = at::zeros({1}, on.dtype(at::kLong));
+  st.slot = at::full({1}, prompts.ids.size(1), on.dtype(at::kLong));
+  st.positions = prompts.next_pos.unsqueeze(1).to(device);
+  st.key_mask = prompts.key_mask.to(device);
+  st.last = at::full({b, 1}, pad, on.dtype(at::kLong));
+  st.done = at::zeros({b}, on.dtype(at::kBool));
+  st.lengths = at::zeros({b}, on.dtype(at::kLong));
+  st.max_new = max_new.to(device);
+  st.stop_ids = stops.to(device);
+  st.tokens = at::full({b, most_new}, pad, on.dtype(at::kLong));
+  if (logprobs) st.logprobs = at::zeros({b, most_new}, on.dtype(at::kFloat));
+  return st;
+}
+
+// Samples response token `step` of every unfinished row from st->logits
+// and records it; rows that hit a stop id or their max_new_tokens finish.
+void SampleStep(const BatchSampler& sampler, int32_t pad, DecodeState* st) {
+  const at::Tensor live = st->done.logical_not();
+  const at::Tensor tok = at::where(live, sampler.Sample(st->logits, st->step),
+                                   at::full({}, pad, st->lengths.options()));  // (B,)
+  st->tokens.index_copy_(1, st->step, tok.unsqueeze(1));
+  if (st->logprobs.defined()) {
+    const at::Tensor lp = at::log_softmax(st->logits.to(at::kFloat), 1).gather(1, tok.unsqueeze(1));
+    st->logprobs.index_copy_(1, st->step, lp);
+  }
+  st->lengths.add_(live);
+  const at::Tensor hit = at::logical_or((st->stop_ids == tok.unsqueeze(1)).any(1),
+                                        st->lengths >= st->max_new);
+  st->done.logical_or_(at::logical_and(live, hit));
+  st->last.copy_(tok.unsqueeze(1));
+}
+
+// Runs the model on the tokens just sampled (slot st->slot) and advances
+// step, slot and positions: st->logits then hold the next token's logits.
+void ForwardStep(const PolicyModel& model, DecodeState* st) {
+  // The new slot is a real key only for rows still generating.
+  st->key_mask.index_copy_(1, st->slot, st->done.logical_not().unsqueeze(1));
+  const at::Tensor hidden =
+      model.DecodeStep(st->last, st->positions, st->slot, st->key_mask, &st->cache);
+  st->logits.copy_(model.Logits(hidden.select(1, 0)));
+  st->positions.add_(1);
+  st->slot.add_(1);
+  st->step.add_(1);
+}
+
+// The host's copy of the results.
+std::vector<GenerationResult> CollectResults(const std::vector<GenerationRequest>& requests,
+                                             const DecodeState& st) {
+  const at::Tensor tokens = st.tokens.to(at::kCPU), lengths = st.lengths.to(at::kCPU);
+  const at::Tensor logprobs = st.logprobs.defined() ? st.logprobs.to(at::kCPU) : at::Tensor();
+  const auto tok = tokens.accessor<int64_t, 2>();
+  const auto len = lengths.accessor<int64_t, 1>();
+  std::vector<GenerationResult> results(requests.size());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const SamplingParams& p = requests[i].params;
+    const int64_t row = static_cast<int64_t>(i), n = len[row];
+    GenerationResult& r = results[i];
+    for (int64_t j = 0; j < n; ++j) r.tokens.push_back(static_cast<int32_t>(tok[row][j]));
+    if (p.return_logprobs) {
+      const auto lp = logprobs.accessor<float, 2>();
+      for (int64_t j = 0; j < n; ++j) r.logprobs.push_back(lp[row][j]);
+    }
+    const bool stop = n > 0 && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
+                                         r.tokens.back()) != p.stop_token_ids.end();
+    r.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
+  }
+  return results;
 }
 
 }  // namespace
@@ -176,42 +228,48 @@ absl::StatusOr<std::vector<GenerationResult>> GenerationEngine::Generate(
   });
 }
 
+int32_t GenerationEngine::StopCheckEvery() const {
+  if (options_.stop_check_every > 0) return options_.stop_check_every;
+  return model_->options().device.is_cpu() ? 1 : 8;
+}
+
 std::vector<GenerationResult> GenerationEngine::Decode(
     const std::vector<GenerationRequest>& requests, int64_t longest, int64_t most_new) const {
   // No autograd bookkeeping at all: small decode steps are dominated by
   // per-operator overhead.
   c10::InferenceMode inference_mode;
-  const int64_t b = static_cast<int64_t>(requests.size());
   const auto device = model_->options().device;
-  PaddedPrompts prompts = LeftPad(requests, longest, most_new, options_.pad_token_id);
-  at::Tensor key_mask = prompts.key_mask.to(device);
-  DecodeState state;
-  state.results.resize(static_cast<size_t>(b));
-  state.done.assign(static_cast<size_t>(b), false);
-  state.active = b;
-  for (const auto& r : requests) {
-    state.generators.push_back(at::detail::createCPUGenerator(r.params.seed));
-  }
+  const int32_t pad = options_.pad_token_id;
+  const PaddedPrompts prompts = LeftPad(requests, longest, most_new, pad);
+  std::vector<const SamplingParams*> params;
+  for (const auto& r : requests) params.push_back(&r.params);
+  const BatchSampler sampler(params, device);
+  DecodeState st = NewDecodeState(requests, most_new, prompts, device, pad);
+  st.cache = model_->NewCache(static_cast<int64_t>(requests.size()), longest + most_new);
+  const at::Tensor hidden = model_->Forward(prompts.ids.to(device), prompts.positions.to(device),
+                                            st.key_mask.narrow(1, 0, longest), &st.cache);
+  st.logits = model_->Logits(hidden.select(1, hidden.size(1) - 1)).contiguous();
 
-  KvCache cache = model_->NewCache(b, longest + most_new);
-  at::Tensor hidden = model_->Forward(prompts.ids.to(device), prompts.positions.to(device),
-                                      key_mask.narrow(1, 0, longest), &cache);
-  // logits: (B, V) for the last position of every row.
-  at::Tensor logits = model_->Logits(hidden.select(1, hidden.size(1) - 1)).to(at::kCPU);
-  for (int64_t step = 0; step < most_new && state.active > 0; ++step) {
-    at::Tensor next = at::full({b, 1}, options_.pad_token_id, at::kLong);
-    SampleNextTokens(logits, requests, &state, &next);
-    if (state.active == 0 || step + 1 == most_new) break;
-    // The new slot is a real key only for rows still generating.
-    at::Tensor live = at::empty({b}, at::kBool);
-    for (int64_t i = 0; i < b; ++i) live.accessor<bool, 1>()[i] = !state.done[i];
-    key_mask.select(1, longest + step).copy_(live);
-    hidden = model_->Forward(next.to(device), prompts.next_pos.unsqueeze(1).to(device),
-                             key_mask.narrow(1, 0, longest + step + 1), &cache);
-    prompts.next_pos += 1;
-    logits = model_->Logits(hidden.select(1, 0)).to(at::kCPU);
+  // Steps 0 .. most_new - 2 sample and run the model; the last only samples.
+  const auto step = [&] {
+    SampleStep(sampler, pad, &st);
+    ForwardStep(*model_, &st);
+  };
+  std::unique_ptr<DecodeGraph> graph;
+  const int32_t check_every = StopCheckEvery();
+  int64_t s = 0;
+  for (; s + 1 < most_new; ++s) {
+    if (graph != nullptr) {
+      graph->Replay();
+    } else if (s == 0 && options_.cuda_graphs && device.is_cuda()) {
+      graph = CaptureDecodeGraph(step, device);  // runs step 0, then captures it
+    } else {
+      step();
+    }
+    if ((s + 1) % check_every == 0 && st.done.all().item<bool>()) break;
   }
-  return std::move(state.results);
+  if (s + 1 == most_new) SampleStep(sampler, pad, &st);
+  return CollectResults(requests, st);
 }
 
 }  // namespace asympo::rollout

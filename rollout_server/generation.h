@@ -1,10 +1,14 @@
 // Batched sampling from the policy with a KV cache.
 //
-// A batch of prompts is left-padded, pre-filled once, then decoded one token
-// per step for every unfinished sequence, reusing the cached keys and values
-// of all earlier positions. Each request has its own sampling parameters and
-// its own random generator, seeded from the request, so a fixed seed gives
-// the same tokens.
+// A batch of prompts is left-padded and pre-filled once into a KV cache
+// allocated for the longest prompt plus the most new tokens; then every row
+// decodes one token per step with static shapes (PolicyModel::DecodeStep),
+// sampling on the model's device (BatchSampler), the tokens staying there
+// until the end. The host only asks every few steps whether all rows have
+// finished. On a CUDA device the step is captured once as a CUDA graph and
+// replayed. Each request has its own sampling parameters and seed, and its
+// tokens depend on nothing else (sampling.h), so a fixed seed gives the
+// same tokens in any batch.
 //
 // GenerationEngine holds a const model pointer and no mutable state:
 // Generate() may run concurrently from several threads, as long as nobody
@@ -53,15 +57,21 @@ struct GenerationResult {
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
 };
 
-// Picks the next token from one row of logits (V,) with `params`, drawing
-// from `generator`. Shared by the engine and by tests that recompute without
-// a cache.
-int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params,
-                    at::Generator& generator);
+// Picks response token `step` from one row of logits (V,) with `params`:
+// the engine's sampler (rollout_server/sampling.h) on a batch of one. For
+// tests that recompute without a cache.
+int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params, int64_t step);
 
 struct GenerationOptions {
   // Pad id used in the padded batch (never attended to).
   int32_t pad_token_id = 0;
+  // Replay the decode step as a CUDA graph on a CUDA device, where this
+  // build has CUDA (decode_graph.h); ignored on the CPU.
+  bool cuda_graphs = true;
+  // How many decode steps run between checks of whether every row has
+  // finished (the only host synchronisation of the decode loop); 0: 1 on
+  // the CPU, 8 on a GPU.
+  int32_t stop_check_every = 0;
 };
 
 class GenerationEngine {
@@ -79,6 +89,7 @@ class GenerationEngine {
   // The prefill and the decode loop for validated requests (may throw).
   std::vector<GenerationResult> Decode(const std::vector<GenerationRequest>& requests,
                                        int64_t longest, int64_t most_new) const;
+  int32_t StopCheckEvery() const;
 
   const PolicyModel* model_;
   GenerationOptions options_;

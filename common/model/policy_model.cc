@@ -67,7 +67,15 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
 }  // namespace
 
 PolicyModel::PolicyModel(ModelConfig config, ModelOptions options)
-    : config_(std::move(config)), options_(options) {}
+    : config_(std::move(config)),
+      options_(options),
+      compute_dtype_(options.compute_dtype == at::ScalarType::Undefined ? options.dtype
+                                                                         : options.compute_dtype) {}
+
+at::Tensor PolicyModel::ComputeWeight(const at::Tensor& weight) const {
+  if (!weight.defined() || weight.scalar_type() == compute_dtype_) return weight;
+  return weight.to(compute_dtype_);
+}
 
 at::Tensor& PolicyModel::AddParameter(const std::string& name, at::Tensor t) {
   t = t.to(options_.device, options_.dtype).set_requires_grad(true);
@@ -84,8 +92,14 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandomUnguarded(
     const ModelConfig& config, const ModelOptions& options) {
   ASYMPO_RETURN_IF_ERROR(config.Validate());
-  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16 && options.dtype != at::kHalf) {
+  const auto floating = [](at::ScalarType t) {
+    return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf;
+  };
+  if (!floating(options.dtype)) {
     return absl::InvalidArgumentError("model dtype must be float32, bfloat16 or float16");
+  }
+  if (options.compute_dtype != at::ScalarType::Undefined && !floating(options.compute_dtype)) {
+    return absl::InvalidArgumentError("compute dtype must be float32, bfloat16 or float16");
   }
   std::unique_ptr<PolicyModel> m(new PolicyModel(config, options));
   at::Generator gen = at::detail::createCPUGenerator(options.seed);
@@ -189,7 +203,7 @@ absl::Status PolicyModel::LoadParameters(
 
 KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
   KvCache cache;
-  const auto opts = at::TensorOptions().dtype(options_.dtype).device(options_.device);
+  const auto opts = at::TensorOptions().dtype(compute_dtype_).device(options_.device);
   for (int64_t i = 0; i < config_.num_hidden_layers; ++i) {
     cache.keys.push_back(
         at::zeros({batch, config_.num_key_value_heads, capacity, config_.head_dim}, opts));
@@ -211,18 +225,20 @@ std::pair<at::Tensor, at::Tensor> PolicyModel::Rotary(const at::Tensor& position
 
 at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                                   const at::Tensor& cos, const at::Tensor& sin,
-                                  const at::Tensor& allowed, KvCache* cache) const {
+                                  const at::Tensor& allowed, KvCache* cache,
+                                  const at::Tensor& slot) const {
   const ModelConfig& c = config_;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
   const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
   // q: (B, T, nh, d); k, v: (B, T, nkv, d). Query head h uses key head
   // h / groups (Hugging Face's repeat_kv).
-  at::Tensor q = at::linear(x, layer.q_proj, layer.q_bias).view({b, t, nh, d});
-  at::Tensor k = at::linear(x, layer.k_proj, layer.k_bias).view({b, t, nkv, d});
-  at::Tensor v = at::linear(x, layer.v_proj, layer.v_bias).view({b, t, nkv, d});
+  const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
+  at::Tensor q = at::linear(x, w(layer.q_proj), w(layer.q_bias)).view({b, t, nh, d});
+  at::Tensor k = at::linear(x, w(layer.k_proj), w(layer.k_bias)).view({b, t, nkv, d});
+  at::Tensor v = at::linear(x, w(layer.v_proj), w(layer.v_bias)).view({b, t, nkv, d});
   if (c.qk_norm) {
-    q = RmsNorm(q, layer.q_norm, c.rms_norm_eps);
-    k = RmsNorm(k, layer.k_norm, c.rms_norm_eps);
+    q = RmsNorm(q, w(layer.q_norm), c.rms_norm_eps);
+    k = RmsNorm(k, w(layer.k_norm), c.rms_norm_eps);
   }
   const at::Tensor cq = cos.to(q.scalar_type()), sq = sin.to(q.scalar_type());
   q = ApplyRotary(q, cq, sq);
@@ -233,6 +249,13 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
     // (transposed) matrices, in the forward and in the backward.
     k = k.contiguous();
     v = v.contiguous();
+  } else if (slot.defined()) {
+    // A decode step: the slot is a device tensor and the keys span the
+    // whole capacity (static shapes; the mask hides unfilled slots).
+    cache->keys[index].index_copy_(2, slot, k);
+    cache->values[index].index_copy_(2, slot, v);
+    k = cache->keys[index];
+    v = cache->values[index];
   } else {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, t).copy_(k);
@@ -243,8 +266,15 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   at::Tensor out;  // (B, T, nh * d)
 #if TORCH_VERSION_MAJOR >= 2
   // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.
-  const at::Tensor ke = groups > 1 ? k.repeat_interleave(groups, 1) : k;
-  const at::Tensor ve = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  // Query head h reads key head h / groups; expand + reshape (no host
+  // synchronisation, unlike repeat_interleave on a GPU).
+  const auto repeat = [&](const at::Tensor& kv) {
+    if (groups == 1) return kv;
+    const int64_t tk = kv.size(2);
+    return kv.unsqueeze(2).expand({b, nkv, groups, tk, d}).reshape({b, nh, tk, d});
+  };
+  const at::Tensor ke = repeat(k);
+  const at::Tensor ve = repeat(v);
   out = at::scaled_dot_product_attention(q.transpose(1, 2), ke, ve, allowed.unsqueeze(1))
             .transpose(1, 2)
             .reshape({b, t, nh * d});
@@ -273,7 +303,20 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
             .permute({0, 2, 1, 3, 4})
             .reshape({b, t, nh * d});
 #endif
-  return at::linear(out, layer.o_proj);
+  return at::linear(out, w(layer.o_proj));
+}
+
+at::Tensor PolicyModel::AttentionBias(const at::Tensor& allowed_bool) const {
+#if TORCH_VERSION_MAJOR >= 2
+  return allowed_bool;  // SDPA takes the boolean mask
+#else
+  // Additive bias (B, 1, T, 1, K): 0 where allowed, -inf elsewhere.
+  const int64_t t = allowed_bool.size(1), keys = allowed_bool.size(2);
+  return at::zeros(allowed_bool.sizes(),
+                   at::TensorOptions().dtype(compute_dtype_).device(allowed_bool.device()))
+      .masked_fill_(allowed_bool.logical_not(), -std::numeric_limits<float>::infinity())
+      .view({allowed_bool.size(0), 1, t, 1, keys});
+#endif
 }
 
 at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positions,
@@ -293,31 +336,47 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
   const at::Tensor allowed_bool = at::logical_or(
       at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)), self.unsqueeze(0));
-#if TORCH_VERSION_MAJOR >= 2
-  const at::Tensor allowed = allowed_bool;  // SDPA takes the boolean mask
-#else
-  // Additive bias (B, 1, T, 1, P + T): 0 where allowed, -inf elsewhere.
-  const at::Tensor allowed =
-      at::zeros(allowed_bool.sizes(), at::TensorOptions().dtype(options_.dtype).device(dev))
-          .masked_fill_(allowed_bool.logical_not(), -std::numeric_limits<float>::infinity())
-          .view({allowed_bool.size(0), 1, t, 1, past + t});
-#endif
+  at::Tensor hidden = Layers(ids, positions, AttentionBias(allowed_bool), cache, at::Tensor());
+  if (cache != nullptr) cache->length += t;
+  return hidden;
+}
+
+at::Tensor PolicyModel::DecodeStep(const at::Tensor& ids, const at::Tensor& positions,
+                                   const at::Tensor& slot, const at::Tensor& key_mask,
+                                   KvCache* cache) const {
+  TORCH_CHECK(cache != nullptr && key_mask.size(1) == cache->capacity(),
+              "DecodeStep needs a cache and a key_mask over its whole capacity");
+  // allowed: (B, 1, capacity): the real keys, and the query's own slot.
+  const at::Tensor kslot = at::arange(
+      cache->capacity(), at::TensorOptions().dtype(at::kLong).device(key_mask.device()));
+  const at::Tensor allowed_bool =
+      at::logical_or(key_mask.to(at::kBool), kslot.unsqueeze(0) == slot.reshape({1, 1}))
+          .unsqueeze(1);
+  return Layers(ids, positions, AttentionBias(allowed_bool), cache, slot.reshape({1}));
+}
+
+at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& positions,
+                               const at::Tensor& allowed, KvCache* cache,
+                               const at::Tensor& slot) const {
   const auto [cos, sin] = Rotary(positions);
-  at::Tensor x = at::embedding(embed_, ids);
+  const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
+  // Rows are gathered from the (float32 master) table before the cast.
+  at::Tensor x = at::embedding(embed_, ids).to(compute_dtype_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
     x = x + Attention(layer, static_cast<int64_t>(i),
-                      RmsNorm(x, layer.input_norm, config_.rms_norm_eps), cos, sin, allowed, cache);
-    const at::Tensor hn = RmsNorm(x, layer.post_norm, config_.rms_norm_eps);
-    x = x + at::linear(at::silu(at::linear(hn, layer.gate_proj)) * at::linear(hn, layer.up_proj),
-                       layer.down_proj);
+                      RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin, allowed,
+                      cache, slot);
+    const at::Tensor hn = RmsNorm(x, w(layer.post_norm), config_.rms_norm_eps);
+    x = x + at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) *
+                           at::linear(hn, w(layer.up_proj)),
+                       w(layer.down_proj));
   }
-  if (cache != nullptr) cache->length += t;
-  return RmsNorm(x, final_norm_, config_.rms_norm_eps);
+  return RmsNorm(x, w(final_norm_), config_.rms_norm_eps);
 }
 
 at::Tensor PolicyModel::Logits(const at::Tensor& hidden) const {
-  return at::linear(hidden, lm_head_);
+  return at::linear(hidden, ComputeWeight(lm_head_));
 }
 
 }  // namespace asympo

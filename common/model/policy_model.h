@@ -24,6 +24,12 @@ namespace asympo {
 struct ModelOptions {
   // Parameter dtype: float32 (CPU default) or bfloat16 where supported.
   at::ScalarType dtype = at::kFloat;
+  // The dtype of activations and matmuls. Undefined: the parameter dtype.
+  // Mixed precision (the learner on a GPU): float32 parameters (the master
+  // weights the optimizer updates) with bfloat16 compute; each forward casts
+  // the weights it uses, and the casts' backward accumulates float32
+  // gradients. RMSNorm statistics and the rotary angles stay in float32.
+  at::ScalarType compute_dtype = at::ScalarType::Undefined;
   at::Device device = at::kCPU;
   // Random initialization: N(0, init_std) for matrices, 1 for norms.
   uint64_t seed = 0;
@@ -50,6 +56,11 @@ class PolicyModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelOptions& options() const { return options_; }
+  // options().compute_dtype, or the parameter dtype where that is undefined.
+  at::ScalarType compute_dtype() const { return compute_dtype_; }
+  // `weight` in the compute dtype (itself when it already is; otherwise a
+  // differentiable cast).
+  at::Tensor ComputeWeight(const at::Tensor& weight) const;
 
   // Every trainable tensor with its checkpoint name, in a fixed order. With
   // tied embeddings "lm_head.weight" is absent (it is embed_tokens).
@@ -67,7 +78,7 @@ class PolicyModel {
   absl::Status LoadParameters(const std::vector<std::pair<std::string, at::Tensor>>& source);
 
   // Runs the transformer and returns the final-normed hidden states
-  // (B, T, H).
+  // (B, T, H), in the compute dtype.
   //   ids:       (B, T) int64 token ids.
   //   positions: (B, T) int64 rotary positions of those tokens.
   //   key_mask:  (B, P + T) bool, true where a key is a real token (false on
@@ -78,7 +89,18 @@ class PolicyModel {
   at::Tensor Forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask,
                      KvCache* cache = nullptr) const;
 
-  // (B, T, V) logits from hidden states (B, T, H).
+  // One decode step with static shapes (CUDA-graph friendly): the keys and
+  // values of `ids` go to cache slot `slot` and attention spans the whole
+  // cache capacity; cache->length is not used or changed.
+  //   ids, positions: (B, 1) int64.
+  //   slot:           (1,) int64 on the device, the cache slot to write.
+  //   key_mask:       (B, capacity) bool, true where a slot holds a real key
+  //                   the new token may see (the new slot itself is always
+  //                   visible).
+  at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& slot,
+                        const at::Tensor& key_mask, KvCache* cache) const;
+
+  // (B, T, V) logits, in the compute dtype, from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
 
   // An empty cache for `batch` sequences of up to `capacity` positions.
@@ -98,12 +120,21 @@ class PolicyModel {
   at::Tensor& AddParameter(const std::string& name, at::Tensor t);
   // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
   std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;
+  // `slot` defined: a DecodeStep (see there); undefined: append at
+  // cache->length (or no cache).
   at::Tensor Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,
-                       KvCache* cache) const;
+                       KvCache* cache, const at::Tensor& slot) const;
+  // The attention mask in the form Attention takes, from allowed (B, T, K)
+  // bool.
+  at::Tensor AttentionBias(const at::Tensor& allowed_bool) const;
+  // Embedding, the decoder layers and the final norm.
+  at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& allowed,
+                    KvCache* cache, const at::Tensor& slot) const;
 
   ModelConfig config_;
   ModelOptions options_;
+  at::ScalarType compute_dtype_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;

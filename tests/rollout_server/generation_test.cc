@@ -1,6 +1,5 @@
 #include "rollout_server/generation.h"
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
@@ -20,7 +19,6 @@ std::unique_ptr<PolicyModel> Tiny() {
 // Samples without a cache: the whole prefix is recomputed for every token.
 GenerationResult Recompute(const PolicyModel& m, const GenerationRequest& r) {
   torch::NoGradGuard no_grad;
-  at::Generator gen = at::detail::createCPUGenerator(r.params.seed);
   std::vector<int32_t> seq = r.prompt;
   GenerationResult out;
   for (int i = 0; i < r.params.max_new_tokens; ++i) {
@@ -30,7 +28,7 @@ GenerationResult Recompute(const PolicyModel& m, const GenerationRequest& r) {
     const torch::Tensor h = m.Forward(ids, torch::arange(t, torch::kLong).unsqueeze(0),
                                       torch::ones({1, t}, torch::kBool));
     const torch::Tensor logits = m.Logits(h)[0][t - 1];
-    const int32_t tok = SampleToken(logits, r.params, gen);
+    const int32_t tok = SampleToken(logits, r.params, i);
     out.tokens.push_back(tok);
     out.logprobs.push_back(torch::log_softmax(logits, 0)[tok].item<float>());
     seq.push_back(tok);
