@@ -12,7 +12,23 @@ namespace asympo::bench {
 // "tiny": the built-in test model with a 512-token vocabulary.
 // "100m": 12 layers, hidden 768, 12 heads (4 KV heads), FFN 2048, vocabulary
 // 32000, tied embeddings: 100.3M parameters.
+// "qwen3-0.6b", "qwen3-1.7b": Qwen3-0.6B's and Qwen3-1.7B's shapes (28
+// layers, 16 query and 8 KV heads of 128, vocabulary 151936, tied
+// embeddings, QK-norm), randomly initialized: the GPU benchmarks' models.
 inline ModelConfig BenchConfig(const std::string& name) {
+  if (name == "qwen3-0.6b" || name == "qwen3-1.7b") {
+    ModelConfig c = ModelConfig::Tiny(151936);
+    const bool small = name == "qwen3-0.6b";
+    c.hidden_size = small ? 1024 : 2048;
+    c.intermediate_size = small ? 3072 : 6144;
+    c.num_hidden_layers = 28;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.rope_theta = 1000000.0;
+    c.max_position_embeddings = 40960;
+    return c;
+  }
   if (name == "100m") {
     ModelConfig c = ModelConfig::Tiny(32000);
     c.hidden_size = 768;

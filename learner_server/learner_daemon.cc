@@ -10,36 +10,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/grpc_status.h"
+#include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/checkpoint.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
-
-// Publishes every `every`-th version through the broadcaster.
-class BroadcastPublisher : public WeightPublisher {
- public:
-  BroadcastPublisher(broadcast::BroadcastSender* sender, int64_t every)
-      : sender_(sender), every_(static_cast<uint64_t>(every)) {}
-
-  void Publish(uint64_t version, const PolicyModel& model) override {
-    if (every_ == 0 || version % every_ != 0) return;
-    absl::Status s = PublishNow(version, model);
-    if (!s.ok()) LOG(ERROR) << "publishing version " << version << " failed: " << s;
-  }
-
-  absl::Status PublishNow(uint64_t version, const PolicyModel& model) {
-    std::vector<at::Tensor> staging;
-    ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views,
-                            broadcast::ModelTensorViews(model, &staging));
-    return sender_->Publish(version, views);
-  }
-
- private:
-  broadcast::BroadcastSender* sender_;
-  uint64_t every_;
-};
 
 namespace {
 
@@ -98,8 +75,10 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(options_.limits));
   sender_ = std::make_unique<broadcast::BroadcastSender>(
-      o.broadcast, broadcast::ModelSignatureOf(*model_), &registry);
-  publisher_ = std::make_unique<BroadcastPublisher>(sender_.get(), o.broadcast_every);
+      o.broadcast, broadcast::ModelSignatureOf(*model_, o.publish_dtype), &registry);
+  ASYMPO_ASSIGN_OR_RETURN(publisher_,
+                          SnapshotPublisher::Create(sender_.get(), *model_, o.publish_dtype,
+                                                    o.broadcast_every, &registry));
   ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), publisher_.get()));
   metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
   skipped_ = std::make_unique<SkippedSteps>(registry);
@@ -163,8 +142,10 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(trainer_->version());
   LOG(INFO) << "learner serving on port " << port_ << " (objective " << so.objective << ", model "
-            << o.model << ", " << model_->config().NumParameters() << " parameters, queue "
-            << o.queue.capacity_groups << " groups)";
+            << o.model << ", " << model_->config().NumParameters() << " parameters on "
+            << model_->options().device << ", " << DTypeName(model_->options().dtype)
+            << " weights, " << DTypeName(model_->compute_dtype()) << " compute, broadcast as "
+            << DTypeName(o.publish_dtype) << ", queue " << o.queue.capacity_groups << " groups)";
   return absl::OkStatus();
 }
 
@@ -199,7 +180,8 @@ absl::Status LearnerDaemon::Checkpoint() {
     LOG(INFO) << "checkpoint " << info.path;
   }
   if (!options_.export_dir.empty()) {
-    ASYMPO_RETURN_IF_ERROR(ExportPolicyModel(*model_, options_.export_dir));
+    ASYMPO_RETURN_IF_ERROR(ExportPolicyModel(*model_, options_.export_dir,
+                                             int64_t{5} << 30, options_.publish_dtype));
     LOG(INFO) << "exported the policy to " << options_.export_dir;
   }
   return absl::OkStatus();

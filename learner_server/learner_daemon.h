@@ -28,6 +28,7 @@
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
 #include "learner_server/skipped_steps.h"
+#include "learner_server/snapshot_publisher.h"
 #include "learner_server/trainer.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -40,7 +41,12 @@ struct LearnerDaemonOptions {
   // "tiny" for the built-in model, or a Hugging Face model directory.
   std::string model = "tiny";
   int64_t tiny_vocab_size = 64;
+  // The learner's model: dtype float32 (master weights), compute_dtype
+  // (bfloat16 on a GPU), device.
   ModelOptions model_options;
+  // The dtype of the weights rollouts sample with: broadcast snapshots and
+  // exported directories are in it (--dtype).
+  at::ScalarType publish_dtype = at::kFloat;
   TrainerOptions trainer;
   BatchLimits limits;  // vocab_size is taken from the model
   int64_t prompts_per_step = 8;
@@ -69,8 +75,6 @@ struct LearnerDaemonOptions {
   // Text stored in checkpoints (the flags the daemon was started with).
   std::string config_text;
 };
-
-class BroadcastPublisher;
 
 class LearnerDaemon {
  public:
@@ -112,7 +116,7 @@ class LearnerDaemon {
   LearnerDaemonOptions options_;
   std::unique_ptr<PolicyModel> model_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
-  std::unique_ptr<BroadcastPublisher> publisher_;
+  std::unique_ptr<SnapshotPublisher> publisher_;
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<LearnerMetrics> metrics_;
   std::unique_ptr<SkippedSteps> skipped_;

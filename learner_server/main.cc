@@ -3,6 +3,7 @@
 // Prometheus metrics. Every flag is described by --help; --flagfile=FILE
 // reads flags from a file.
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
 #include "common/daemon/flag_usage.h"
+#include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/learner_daemon.h"
@@ -34,7 +36,16 @@ ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory "
           "(config.json + safetensors).");
 ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
-ABSL_FLAG(std::string, dtype, "float32", "Parameter dtype: float32 or bfloat16.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model, the optimizer state and the loss live: cpu, cuda (the first GPU) or "
+          "cuda:N.");
+ABSL_FLAG(std::string, compute_dtype, "auto",
+          "Activations and matmuls: auto (bfloat16 on a GPU, float32 on the CPU), float32 or "
+          "bfloat16. Master weights and AdamW moments are float32 either way; the loss and "
+          "advantages are computed in float32.");
+ABSL_FLAG(std::string, dtype, "float32",
+          "Dtype of the weights rollouts sample with: broadcast snapshots and --export_dir are "
+          "written in it (float32 or bfloat16; must match the rollouts' --dtype).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random initialization and of the CPU generator.");
 ABSL_FLAG(int32_t, threads, 1,
           "Intra-op threads for LibTorch (1 suits small models on few cores).");
@@ -147,8 +158,21 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->listen_address = absl::GetFlag(FLAGS_listen);
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  ASYMPO_ASSIGN_OR_RETURN(o->model_options.dtype,
-                          asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  absl::StatusOr<c10::Device> device = asympo::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("--device: ", device.status().message()));
+  }
+  absl::StatusOr<c10::ScalarType> compute =
+      asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), *device);
+  if (!compute.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--compute_dtype: ", compute.status().message()));
+  }
+  o->model_options.device = *device;
+  o->model_options.dtype = at::kFloat;  // master weights
+  o->model_options.compute_dtype = *compute;
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
   return absl::OkStatus();
 }
@@ -253,6 +277,10 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   }
   b.nccl_world_size = static_cast<int>(nccl_world);
   b.nccl.timeout = absl::GetFlag(FLAGS_broadcast_nccl_timeout);
+  // NCCL rank 0 is the learner's own GPU.
+  if (o->model_options.device.is_cuda()) {
+    b.nccl_device = std::max(0, int{o->model_options.device.index()});
+  }
   if (b.nccl.timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--broadcast_nccl_timeout must be > 0");
   }

@@ -80,11 +80,14 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
                             const at::Tensor& weight, const at::Tensor& targets, int64_t chunk) {
     const int64_t m = hidden.size(0);
     at::Tensor out = at::empty({m}, hidden.options().dtype(at::kFloat));
+    // Mixed precision: the matmuls run in hidden's dtype (a float32 master
+    // weight is cast once per call), the softmax in float32.
+    const at::Tensor w = weight.to(hidden.scalar_type());
     for (int64_t start = 0; start < m; start += chunk) {
       const int64_t n = std::min(chunk, m - start);
       // logits: (n, V) float32
       // logits and their log_softmax: the two (n, V) buffers of the bound.
-      const at::Tensor logits = at::linear(hidden.narrow(0, start, n), weight).to(at::kFloat);
+      const at::Tensor logits = at::linear(hidden.narrow(0, start, n), w).to(at::kFloat);
       const at::Tensor index = targets.narrow(0, start, n).unsqueeze(1);
       const at::Tensor picked = at::log_softmax(logits, 1).gather(1, index).squeeze(1);
       out.narrow(0, start, n).copy_(picked);
@@ -102,6 +105,9 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
     const int64_t chunk = ctx->saved_data["chunk"].toInt();
     const at::Tensor g = grad_outputs[0].to(at::kFloat);  // (M,)
     const int64_t m = hidden.size(0);
+    const at::Tensor w = weight.to(hidden.scalar_type());
+    const bool low_precision =
+        hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf;
     at::Tensor grad_hidden = at::zeros_like(hidden);
     at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     for (int64_t start = 0; start < m; start += chunk) {
@@ -110,12 +116,18 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
       const at::Tensor gc = g.narrow(0, start, n).unsqueeze(1);  // (n, 1)
       // grad_logits = g * (onehot - softmax): the recomputed logits and their
       // softmax are the two (n, V) buffers of the bound.
-      at::Tensor grad_logits = at::softmax(at::linear(h, weight).to(at::kFloat), 1);
+      at::Tensor grad_logits = at::softmax(at::linear(h, w).to(at::kFloat), 1);
       grad_logits.mul_(-gc);
       grad_logits.scatter_add_(1, targets.narrow(0, start, n).unsqueeze(1), gc);
       const at::Tensor gl = grad_logits.to(hidden.scalar_type());
-      grad_hidden.narrow(0, start, n).copy_(at::matmul(gl, weight));
-      grad_weight.addmm_(grad_logits.t(), h.to(at::kFloat));
+      grad_hidden.narrow(0, start, n).copy_(at::matmul(gl, w));
+      // bf16 compute: the weight gradient's GEMM in bf16 too (float32
+      // accumulation inside the GEMM), summed into a float32 buffer.
+      if (low_precision) {
+        grad_weight.add_(at::matmul(gl.t(), h));
+      } else {
+        grad_weight.addmm_(grad_logits.t(), h.to(at::kFloat));
+      }
     }
     return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor()};
   }

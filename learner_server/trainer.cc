@@ -315,11 +315,13 @@ absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>
 }
 
 absl::StatusOr<double> Trainer::ClipGradients() {
-  double sq = 0;
+  // One host synchronisation for the whole norm, not one per parameter.
+  std::vector<at::Tensor> squares;
   for (const at::Tensor& p : model_->parameters()) {
-    if (p.grad().defined()) sq += p.grad().pow(2).sum().item<double>();
+    if (p.grad().defined()) squares.push_back(p.grad().pow(2).sum().to(at::kDouble));
   }
-  const double norm = std::sqrt(sq);
+  const double norm =
+      squares.empty() ? 0.0 : std::sqrt(at::stack(squares).sum().item<double>());
   if (!std::isfinite(norm)) {
     return WithReason(absl::InternalError("the gradient is not finite; the step was skipped"),
                       kSkipNonFiniteGradient);
@@ -362,28 +364,35 @@ absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
 
 absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb,
                                                             const StepTotals& totals) {
+  // The batch is laid out on the host and goes to the model's device once.
+  const at::Device dev = model_->options().device;
+  const auto on = at::TensorOptions().dtype(at::kLong).device(dev);
   const at::Tensor positions =
-      at::arange(mb.longest, at::kLong).unsqueeze(0).expand({mb.rows, mb.longest}).contiguous();
-  const at::Tensor hidden = model_->Forward(mb.ids, positions, mb.key_mask);  // (N, T, H)
-  const at::Tensor picked = hidden.reshape({-1, hidden.size(2)})
-                                .index_select(0, at::tensor(mb.hidden_rows, at::kLong));  // (M, H)
-  ASYMPO_ASSIGN_OR_RETURN(
-      at::Tensor logp,
-      ChunkedTokenLogProbs(picked, model_->lm_head_weight(), at::tensor(mb.targets, at::kLong),
-                           options_.logprob_chunk_rows));  // (M,)
+      at::arange(mb.longest, on).unsqueeze(0).expand({mb.rows, mb.longest}).contiguous();
+  const at::Tensor hidden =
+      model_->Forward(mb.ids.to(dev), positions, mb.key_mask.to(dev));  // (N, T, H)
+  const at::Tensor picked =
+      hidden.reshape({-1, hidden.size(2)})
+          .index_select(0, at::tensor(mb.hidden_rows, at::kLong).to(dev));  // (M, H)
+  // Log-probs in float32 whatever the compute dtype; the float32 master
+  // lm_head gets a float32 gradient.
+  ASYMPO_ASSIGN_OR_RETURN(at::Tensor logp,
+                          ChunkedTokenLogProbs(picked, model_->lm_head_weight(),
+                                               at::tensor(mb.targets, at::kLong).to(dev),
+                                               options_.logprob_chunk_rows));  // (M,)
   // Overflowing weights or activations, not bad data: a non-finite loss.
   if (!at::isfinite(logp).all().item<bool>()) {
     return WithReason(absl::InternalError("token log-probs are not finite; the step was skipped"),
                       kSkipNonFiniteLoss);
   }
   LossInputs in;
-  in.token_logprobs = at::zeros({mb.rows, mb.longest_response}, at::kFloat)
-                          .masked_scatter(mb.response_mask, logp);  // (N, R)
-  in.mask = mb.response_mask;
-  in.rewards = mb.rewards;
-  in.group_index = mb.group_index;
+  in.mask = mb.response_mask.to(dev);
+  in.token_logprobs = at::zeros({mb.rows, mb.longest_response}, logp.options())
+                          .masked_scatter(in.mask, logp);  // (N, R)
+  in.rewards = mb.rewards.to(dev);
+  in.group_index = mb.group_index.to(dev);
   in.num_groups = mb.groups;
-  if (mb.behavior.defined()) in.behavior_logprobs = mb.behavior;
+  if (mb.behavior.defined()) in.behavior_logprobs = mb.behavior.to(dev);
   in.step_totals = totals;
   // An error keeps its code, which WithDefaultReason turns into the reason
   // (INVALID_ARGUMENT: bad data; RESOURCE_EXHAUSTED: out of memory).

@@ -4,6 +4,7 @@
 // described by --help; --flagfile=FILE reads flags from a file.
 #include <malloc.h>
 
+#include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -19,6 +20,7 @@
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
 #include "common/daemon/flag_usage.h"
+#include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "rollout_server/rollout_daemon.h"
@@ -34,7 +36,13 @@ ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory; must be the "
           "learner's model (its weights are replaced by the learner's snapshots).");
 ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
-ABSL_FLAG(std::string, dtype, "float32", "Parameter dtype: float32 or bfloat16.");
+ABSL_FLAG(std::string, device, "cpu",
+          "Where the model, its KV cache and sampling live: cpu, cuda (the first GPU) or cuda:N.");
+ABSL_FLAG(std::string, dtype, "float32",
+          "Dtype of the weights sampled with (float32 or bfloat16); must match the learner's "
+          "--dtype.");
+ABSL_FLAG(bool, cuda_graphs, true,
+          "On a GPU, replay each decode step as a CUDA graph (where the build has CUDA).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of prompt order and sampling.");
 ABSL_FLAG(int32_t, threads, 1,
           "Intra-op threads for LibTorch (1 suits small models on few cores).");
@@ -67,7 +75,8 @@ ABSL_FLAG(int64_t, weight_chunk_kb, 0, "Weight transfer chunk size (0: the learn
 ABSL_FLAG(std::string, weight_transport, "grpc",
           "How weights arrive: grpc, or nccl (ask the learner for a rank of its NCCL "
           "communicator, --broadcast_nccl_world_size; gRPC when none is free or NCCL fails).");
-ABSL_FLAG(int32_t, cuda_device, 0, "CUDA device of the NCCL weight transport.");
+ABSL_FLAG(int32_t, cuda_device, -1,
+          "CUDA device of the NCCL weight transport (-1: the --device GPU, or 0 on the CPU).");
 ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
 
 namespace {
@@ -85,6 +94,13 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype,
                           asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  absl::StatusOr<c10::Device> device = asympo::ParseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    return absl::Status(device.status().code(),
+                        absl::StrCat("--device: ", device.status().message()));
+  }
+  o.model_options.device = *device;
+  o.generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.task.name = absl::GetFlag(FLAGS_task);
   o.task.data_path = absl::GetFlag(FLAGS_task_data);
@@ -121,7 +137,8 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   }
   o.weight_transport_nccl = transport == "nccl";
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
-  if (o.cuda_device < 0) return absl::InvalidArgumentError("--cuda_device must be >= 0");
+  if (o.cuda_device < -1) return absl::InvalidArgumentError("--cuda_device must be >= -1");
+  if (o.cuda_device == -1) o.cuda_device = device->is_cuda() ? std::max(0, int{device->index()}) : 0;
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
   if (o.max_groups < 0) return absl::InvalidArgumentError("--max_groups must be >= 0");
   return o;

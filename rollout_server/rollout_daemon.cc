@@ -162,7 +162,7 @@ absl::StatusOr<std::vector<v1::PromptGroup>> RolloutDaemon::GenerateGroups(bool 
     }
   }
   const absl::Time t0 = absl::Now();
-  GenerationEngine engine(&policy_->active());
+  GenerationEngine engine(&policy_->active(), options_.generation);
   absl::StatusOr<std::vector<GenerationResult>> results = engine.Generate(requests);
   if (!results.ok()) {
     return absl::Status(results.status().code(),

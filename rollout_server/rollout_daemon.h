@@ -44,7 +44,8 @@ struct RolloutDaemonOptions {
   // learner's (the weights are replaced by the learner's snapshots).
   std::string model = "tiny";
   int64_t tiny_vocab_size = 64;
-  ModelOptions model_options;
+  ModelOptions model_options;  // dtype and device of the sampling weights
+  GenerationOptions generation;
   TaskOptions task;
   // Responses per prompt (G) and prompts sampled together.
   int32_t group_size = 8;

@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 #include "absl/strings/str_cat.h"
+#include "common/model/device.h"
 #include "common/model/safetensors_checkpoint.h"
 #include "common/model/safetensors_io.h"
 #include "common/model/torch_errors.h"
@@ -61,19 +62,18 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadUnguarded(const std::string& di
 }
 
 absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
-                             int64_t max_shard_bytes) {
+                             int64_t max_shard_bytes, at::ScalarType dtype) {
   ASYMPO_RETURN_IF_ERROR(MakeDirs(dir));
+  if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
   ModelConfig config = model.config();
-  config.torch_dtype = model.options().dtype == at::kBFloat16 ? "bfloat16"
-                       : model.options().dtype == at::kHalf   ? "float16"
-                                                              : "float32";
+  config.torch_dtype = DTypeName(dtype);
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out,
                           AtomicFileWriter::Create(dir + "/config.json"));
   ASYMPO_RETURN_IF_ERROR(out->Append(config.ToJson() + "\n"));
   ASYMPO_RETURN_IF_ERROR(out->Commit());
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, t] : model.named_parameters()) {
-    tensors.emplace_back(name, t.detach().cpu().contiguous());
+    tensors.emplace_back(name, t.detach().to(at::kCPU, dtype).contiguous());
   }
   return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
 }
@@ -87,9 +87,9 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& 
 }
 
 absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
-                               int64_t max_shard_bytes) {
+                               int64_t max_shard_bytes, at::ScalarType dtype) {
   return GuardTorch(absl::StrCat("exporting the model to ", dir),
-                    [&] { return ExportUnguarded(model, dir, max_shard_bytes); });
+                    [&] { return ExportUnguarded(model, dir, max_shard_bytes, dtype); });
 }
 
 absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,

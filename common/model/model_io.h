@@ -31,10 +31,12 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::
 // naming the value otherwise.
 absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype);
 
-// Writes config.json and the weights (in the model's dtype) to `dir`,
-// creating it; shards above `max_shard_bytes`. The result loads with
-// LoadPolicyModel and with Hugging Face transformers.
+// Writes config.json and the weights to `dir`, creating it; shards above
+// `max_shard_bytes`. The weights are in `dtype` (undefined: the model's),
+// on the host whatever the model's device. The result loads with
+// LoadPolicyModel (on any device) and with Hugging Face transformers.
 absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
-                               int64_t max_shard_bytes = int64_t{5} << 30);
+                               int64_t max_shard_bytes = int64_t{5} << 30,
+                               at::ScalarType dtype = at::ScalarType::Undefined);
 
 }  // namespace asympo

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include "tests/rollout_server/generation_test_util.h"
+
 namespace asympo::rollout {
 namespace {
 
@@ -14,28 +16,6 @@ std::unique_ptr<PolicyModel> Tiny() {
   o.seed = 11;
   o.init_std = 0.3;
   return PolicyModel::CreateRandom(ModelConfig::Tiny(64), o).value();
-}
-
-// Samples without a cache: the whole prefix is recomputed for every token.
-GenerationResult Recompute(const PolicyModel& m, const GenerationRequest& r) {
-  torch::NoGradGuard no_grad;
-  std::vector<int32_t> seq = r.prompt;
-  GenerationResult out;
-  for (int i = 0; i < r.params.max_new_tokens; ++i) {
-    const int64_t t = static_cast<int64_t>(seq.size());
-    const torch::Tensor ids =
-        torch::tensor(std::vector<int64_t>(seq.begin(), seq.end()), torch::kLong).unsqueeze(0);
-    const torch::Tensor h = m.Forward(ids, torch::arange(t, torch::kLong).unsqueeze(0),
-                                      torch::ones({1, t}, torch::kBool));
-    const torch::Tensor logits = m.Logits(h)[0][t - 1];
-    const int32_t tok = SampleToken(logits, r.params, i);
-    out.tokens.push_back(tok);
-    out.logprobs.push_back(torch::log_softmax(logits, 0)[tok].item<float>());
-    seq.push_back(tok);
-    const auto& stop = r.params.stop_token_ids;
-    if (std::find(stop.begin(), stop.end(), tok) != stop.end()) break;
-  }
-  return out;
 }
 
 std::vector<GenerationRequest> Requests() {

@@ -1,9 +1,13 @@
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/torch_errors.h"
+#include "common/status_macros.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -39,22 +43,80 @@ absl::Status LoadSnapshotUnguarded(const ReceivedSnapshot& snapshot, PolicyModel
 
 }  // namespace
 
-std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model) {
+std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model, at::ScalarType dtype) {
   std::vector<TensorSpec> specs;
   specs.reserve(model.named_parameters().size());
   for (const auto& [name, t] : model.named_parameters()) {
     TensorSpec s;
     s.name = name;
     // Model dtypes are float32/bfloat16/float16 (ModelOptions), all mapped.
-    s.dtype = ToDType(t.scalar_type()).value_or(v1::DTYPE_UNSPECIFIED);
+    const at::ScalarType st = dtype == at::ScalarType::Undefined ? t.scalar_type() : dtype;
+    s.dtype = ToDType(st).value_or(v1::DTYPE_UNSPECIFIED);
     s.shape.assign(t.sizes().begin(), t.sizes().end());
     specs.push_back(std::move(s));
   }
   return specs;
 }
 
-std::string ModelSignatureOf(const PolicyModel& model) {
-  return ModelSignature(ModelTensorSpecs(model));
+std::string ModelSignatureOf(const PolicyModel& model, at::ScalarType dtype) {
+  return ModelSignature(ModelTensorSpecs(model, dtype));
+}
+
+absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const PolicyModel& model,
+                                                                          at::ScalarType dtype) {
+  if (absl::StatusOr<v1::DType> wire = ToDType(dtype); !wire.ok()) return wire.status();
+  return GuardTorch("allocating the snapshot staging buffers",
+                    [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
+    std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
+    s->specs_ = ModelTensorSpecs(model, dtype);
+    // Every tensor starts 64-byte aligned.
+    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(c10::elementSize(dtype)));
+    int64_t elements = 0;
+    for (const auto& [name, t] : model.named_parameters()) {
+      s->offsets_.push_back(elements);
+      elements += (t.numel() + align - 1) / align * align;
+    }
+    const at::Device device = model.options().device;
+    s->device_ = at::empty({std::max<int64_t>(elements, 1)},
+                           at::TensorOptions().dtype(dtype).device(device));
+    s->host_ = device.is_cpu() ? at::empty_like(s->device_)
+                               : at::empty({s->device_.numel()},
+                                           at::TensorOptions().dtype(dtype).pinned_memory(true));
+    s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
+    return s;
+  });
+}
+
+absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
+  return GuardTorch("staging the weights", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    const auto& params = model.named_parameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const at::Tensor& p = params[i].second;
+      device_.narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
+  return GuardTorch("copying the weights to the host",
+                    [&]() -> absl::StatusOr<std::vector<TensorView>> {
+    host_.copy_(device_);  // one transfer; blocks until it is done
+    std::vector<TensorView> views;
+    views.reserve(specs_.size());
+    const int64_t element = static_cast<int64_t>(host_.element_size());
+    for (size_t i = 0; i < specs_.size(); ++i) {
+      TensorView v;
+      v.spec = specs_[i];
+      int64_t numel = 1;
+      for (int64_t d : v.spec.shape) numel *= d;
+      v.data = static_cast<const char*>(host_.data_ptr()) + offsets_[i] * element;
+      v.size_bytes = static_cast<uint64_t>(numel * element);
+      views.push_back(std::move(v));
+    }
+    return views;
+  });
 }
 
 absl::StatusOr<std::vector<TensorView>> ModelTensorViews(const PolicyModel& model,

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include <ATen/core/Tensor.h>
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
@@ -14,15 +15,55 @@
 
 namespace asympo::broadcast {
 
-// Names, dtypes and shapes of the model's parameters, in the model's order.
-std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model);
+// Names, dtypes and shapes of the model's parameters, in the model's order;
+// every dtype is `dtype` where that is given (the dtype rollouts sample with,
+// which may differ from the learner's float32 master weights).
+std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model,
+                                         at::ScalarType dtype = at::ScalarType::Undefined);
 
-// ModelSignature(ModelTensorSpecs(model)).
-std::string ModelSignatureOf(const PolicyModel& model);
+// ModelSignature(ModelTensorSpecs(model, dtype)).
+std::string ModelSignatureOf(const PolicyModel& model,
+                             at::ScalarType dtype = at::ScalarType::Undefined);
+
+// A consistent copy of a model's parameters in one dtype, on its way from
+// the model's device to host memory for the broadcaster, in two stages so
+// that the trainer only pays for a copy on its own device:
+//   Stage(): on the trainer thread, between optimizer steps: every parameter
+//     converted into one flat buffer on the model's device (on a GPU only
+//     kernels are enqueued, on the trainer's stream, ordered before the next
+//     step's updates);
+//   CopyToHost(): on any other thread: that buffer copied, in one transfer,
+//     into one flat host buffer (pinned when the model is on a GPU), which
+//     the returned views point into until the next CopyToHost.
+// Stage and CopyToHost must not overlap (the caller serializes them);
+// several Stage calls may precede a CopyToHost (the last wins).
+class SnapshotStaging {
+ public:
+  // Allocates both buffers. A LibTorch error (out of memory, no pinned
+  // memory) is a status.
+  static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(const PolicyModel& model,
+                                                                  at::ScalarType dtype);
+
+  absl::Status Stage(const PolicyModel& model);
+  absl::StatusOr<std::vector<TensorView>> CopyToHost();
+
+  int64_t bytes() const { return bytes_; }
+  bool pinned() const { return host_.is_pinned(); }
+
+ private:
+  SnapshotStaging() = default;
+
+  std::vector<TensorSpec> specs_;
+  std::vector<int64_t> offsets_;  // elements into the flat buffers
+  at::Tensor device_;             // flat, on the model's device (the host on a CPU)
+  at::Tensor host_;               // flat, host
+  int64_t bytes_ = 0;
+};
 
 // Host byte views of every parameter, for BroadcastSender::Publish. Tensors
 // that are not contiguous CPU tensors are copied into `staging`, which must
 // outlive the views. A LibTorch error (e.g. out of memory) is a status.
+// (Synchronous and in the model's dtype; the learner uses SnapshotStaging.)
 absl::StatusOr<std::vector<TensorView>> ModelTensorViews(const PolicyModel& model,
                                                          std::vector<at::Tensor>* staging);
 

@@ -1,0 +1,121 @@
+#include "learner_server/snapshot_publisher.h"
+
+#include <glog/logging.h>
+
+#include "common/daemon/metric_builders.h"
+#include "common/status_macros.h"
+
+namespace asympo::learner {
+
+absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
+    broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
+    int64_t every, prometheus::Registry* registry) {
+  if (every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
+  }
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<broadcast::SnapshotStaging> staging,
+                          broadcast::SnapshotStaging::Create(model, dtype));
+  return std::unique_ptr<SnapshotPublisher>(
+      new SnapshotPublisher(sender, every, std::move(staging), registry));
+}
+
+SnapshotPublisher::SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
+                                     std::unique_ptr<broadcast::SnapshotStaging> staging,
+                                     prometheus::Registry* registry)
+    : sender_(sender), every_(static_cast<uint64_t>(every)), staging_(std::move(staging)) {
+  if (registry != nullptr) {
+    coalesced_counter_ = &metrics::AddCounter(
+        *registry, "asympo_learner_snapshots_coalesced_total",
+        "Versions staged for broadcast but replaced by a newer one before the publisher thread "
+        "picked them up (it fell behind the trainer).");
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
+
+SnapshotPublisher::~SnapshotPublisher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model) {
+  if (every_ == 0 || version % every_ != 0) return;
+  absl::MutexLock lock(&mu_);
+  // The staging buffer is free once the thread has copied it out.
+  mu_.Await(absl::Condition(
+      +[](bool* copying) { return !*copying; }, &copying_));
+  if (absl::Status s = staging_->Stage(model); !s.ok()) {
+    LOG(ERROR) << "staging version " << version << " for broadcast failed: " << s;
+    staged_.reset();
+    return;
+  }
+  if (staged_.has_value()) {
+    ++coalesced_;
+    if (coalesced_counter_ != nullptr) coalesced_counter_->Increment();
+    VLOG(1) << "version " << *staged_ << " replaced by " << version << " before broadcast";
+  }
+  staged_ = version;
+}
+
+absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& model) {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !p->staged_.has_value() && !p->copying_ && !p->sending_;
+      },
+      this));
+  ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
+  ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views, staging_->CopyToHost());
+  return sender_->Publish(version, views);
+}
+
+void SnapshotPublisher::Flush() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        return !p->staged_.has_value() && !p->copying_ && !p->sending_;
+      },
+      this));
+}
+
+int64_t SnapshotPublisher::coalesced() const {
+  absl::MutexLock lock(&mu_);
+  return coalesced_;
+}
+
+void SnapshotPublisher::Loop() {
+  while (true) {
+    uint64_t version = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return p->staged_.has_value() || p->stopping_;
+          },
+          this));
+      if (!staged_.has_value()) return;  // stopping, nothing left
+      version = *staged_;
+      staged_.reset();
+      copying_ = sending_ = true;
+    }
+    absl::Status s = CopyAndSend(version);
+    if (!s.ok()) LOG(ERROR) << "publishing version " << version << " failed: " << s;
+    absl::MutexLock lock(&mu_);
+    copying_ = sending_ = false;
+  }
+}
+
+absl::Status SnapshotPublisher::CopyAndSend(uint64_t version) {
+  absl::StatusOr<std::vector<broadcast::TensorView>> views = staging_->CopyToHost();
+  {
+    absl::MutexLock lock(&mu_);
+    copying_ = false;  // the trainer may stage the next version now
+  }
+  if (!views.ok()) return views.status();
+  return sender_->Publish(version, *views);
+}
+
+}  // namespace asympo::learner

@@ -1,0 +1,79 @@
+// The learner's side of the weight broadcast: every `every`-th version goes
+// to the BroadcastSender, in the dtype rollouts sample with (--dtype), off
+// the trainer thread.
+//
+// Publish(), on the trainer thread after an optimizer step, only stages the
+// weights on the model's device (SnapshotStaging::Stage: one conversion copy,
+// enqueued kernels on a GPU) and returns. A publisher thread then copies the
+// staged buffer to (pinned) host memory in one transfer, and the sender
+// checksums it and announces it. The trainer waits only if it finishes a
+// step while that copy of the previous version is still in flight. When the
+// publisher thread falls behind (a slow CRC or a huge model), a staged
+// version that was not picked up yet is replaced by the newer one and
+// counted in asympo_learner_snapshots_coalesced_total: receivers only ever
+// want the newest weights.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "learner_server/trainer.h"
+#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
+
+namespace asympo::learner {
+
+class SnapshotPublisher : public WeightPublisher {
+ public:
+  // `sender` must outlive the publisher; `registry` may be null. The staging
+  // buffers (two snapshots' worth in `dtype`: one on the model's device, one
+  // on the host) are allocated here.
+  static absl::StatusOr<std::unique_ptr<SnapshotPublisher>> Create(
+      broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
+      int64_t every, prometheus::Registry* registry);
+  // Publishes what is staged, then stops the thread.
+  ~SnapshotPublisher() override;
+
+  // WeightPublisher: stages every `every`-th version (0: none) for the
+  // publisher thread.
+  void Publish(uint64_t version, const PolicyModel& model) override;
+
+  // Stages, copies and publishes `version` on the calling thread, after
+  // whatever is in flight (the daemon's first version, at start).
+  absl::Status PublishNow(uint64_t version, const PolicyModel& model);
+
+  // Waits until everything staged so far has been published (tests).
+  void Flush();
+
+  int64_t coalesced() const;
+
+ private:
+  SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
+                    std::unique_ptr<broadcast::SnapshotStaging> staging,
+                    prometheus::Registry* registry);
+  void Loop();
+  // Copies the staged version to the host and gives it to the sender.
+  absl::Status CopyAndSend(uint64_t version);
+
+  broadcast::BroadcastSender* const sender_;
+  const uint64_t every_;
+  const std::unique_ptr<broadcast::SnapshotStaging> staging_;
+  prometheus::Counter* coalesced_counter_ = nullptr;
+
+  mutable absl::Mutex mu_;
+  std::optional<uint64_t> staged_ ABSL_GUARDED_BY(mu_);  // waiting for the thread
+  bool copying_ ABSL_GUARDED_BY(mu_) = false;            // staging buffer being read
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;            // host buffer being read
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t coalesced_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace asympo::learner

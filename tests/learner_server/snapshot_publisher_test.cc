@@ -1,0 +1,63 @@
+#include "learner_server/snapshot_publisher.h"
+
+#include <cstring>
+
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "tests/learner_server/trainer_test_util.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
+
+namespace asympo::learner {
+namespace {
+
+TEST(SnapshotStagingTest, AStagedCopyIsConsistentAndInThePublishDtype) {
+  auto model = Tiny();
+  auto staging = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
+  std::vector<torch::Tensor> expected;
+  for (const auto& p : model->parameters()) expected.push_back(p.detach().to(torch::kBFloat16));
+  ASSERT_TRUE(staging->Stage(*model).ok());
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& p : model->parameters()) p.add_(1.0);  // the next optimizer step
+  }
+  const auto views = staging->CopyToHost().value();
+  ASSERT_EQ(views.size(), expected.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    EXPECT_EQ(views[i].spec.dtype, v1::DTYPE_BF16);
+    EXPECT_EQ(views[i].spec.name, model->named_parameters()[i].first);
+    ASSERT_EQ(views[i].size_bytes, static_cast<uint64_t>(expected[i].numel() * 2));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(views[i].data) % 64, 0u) << "64-byte aligned";
+    EXPECT_EQ(std::memcmp(views[i].data, expected[i].data_ptr(), views[i].size_bytes), 0)
+        << views[i].spec.name;
+  }
+  EXPECT_EQ(broadcast::ModelSignature(broadcast::ModelTensorSpecs(*model, at::kBFloat16)),
+            broadcast::ModelSignatureOf(*model, at::kBFloat16));
+  EXPECT_NE(broadcast::ModelSignatureOf(*model, at::kBFloat16), broadcast::ModelSignatureOf(*model));
+}
+
+TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
+  auto model = Tiny();
+  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
+                                    nullptr);
+  auto publisher =
+      SnapshotPublisher::Create(&sender, *model, at::kBFloat16, /*every=*/2, nullptr).value();
+  ASSERT_TRUE(publisher->PublishNow(0, *model).ok());
+  EXPECT_EQ(sender.latest_version(), 0u);  // synchronous
+  auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), publisher.get()).value();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(trainer->Step(FixedGroups(3)).ok());
+  publisher->Flush();
+  EXPECT_EQ(sender.latest_version(), 4u);  // 2 and 4 are published, 5 is not
+  EXPECT_GE(publisher->coalesced(), 0);
+}
+
+TEST(SnapshotPublisherTest, ADtypeThatCannotBeBroadcastIsRefusedAtCreation) {
+  auto model = Tiny();
+  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model), nullptr);
+  auto p = SnapshotPublisher::Create(&sender, *model, at::kDouble, 1, nullptr);
+  ASSERT_FALSE(p.ok());
+  EXPECT_NE(std::string(p.status().message()).find("cannot be broadcast"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace asympo::learner
