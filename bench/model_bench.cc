@@ -26,6 +26,7 @@
 #include <torch/cuda.h>
 #include <torch/types.h>
 
+#include "bench/bench_flags.h"
 #include "bench/bench_models.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -37,21 +38,10 @@
 
 namespace {
 
-std::string FlagS(int argc, char** argv, const char* name, const char* def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  }
-  return def;
-}
-int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
-  const std::string v = FlagS(argc, argv, name, "");
-  return v.empty() ? def : std::atoll(v.c_str());
-}
+using asympo::bench::Flag;
+using asympo::bench::FlagS;
+using asympo::bench::Median;
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 bool g_cuda = false;  // the benchmark runs on a GPU: wait for it before reading the clock
 

@@ -26,6 +26,7 @@
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 
+#include "bench/bench_flags.h"
 #include "common/model/model_config.h"
 #include "common/model/policy_model.h"
 #include "learner_server/trainer.h"
@@ -34,24 +35,14 @@
 
 namespace {
 
+using asympo::bench::Flag;
+using asympo::bench::FlagD;
+using asympo::bench::FlagS;
+
 namespace rollout = asympo::rollout;
 namespace learner = asympo::learner;
 using Clock = std::chrono::steady_clock;
 
-std::string FlagS(int argc, char** argv, const char* name, const char* def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  }
-  return def;
-}
-int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
-  const std::string v = FlagS(argc, argv, name, "");
-  return v.empty() ? def : std::atoll(v.c_str());
-}
-double FlagD(int argc, char** argv, const char* name, double def) {
-  const std::string v = FlagS(argc, argv, name, "");
-  return v.empty() ? def : std::atof(v.c_str());
-}
 
 double Mean(const std::vector<double>& v, size_t begin, size_t end) {
   end = std::min(end, v.size());

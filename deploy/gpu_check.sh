@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One command that checks a GPU node: builds the project against the CUDA
-# LibTorch inside the node's PyTorch wheel and runs every `gpu`-labelled test
-# (and, with --all, the whole suite), printing a short table last.
+# One command that checks a GPU node and measures every GPU figure: builds
+# the project against the CUDA LibTorch inside the node's PyTorch wheel,
+# runs every `gpu`-labelled test (and, with --all, the whole suite), runs the
+# GPU benchmarks side by side with their PyTorch/transformers twins, runs a
+# short real loop (learner + one rollout on the same GPU, tiny model), and
+# writes one report: gpu_report.md and gpu_report.json (deploy/gpu_report.py).
 #
 # The node needs CUDA, CMake, ninja and PyTorch. The Debian packages it
 # lacks (gRPC, protobuf, Abseil, prometheus-cpp, glog, GoogleTest, PCRE2,
@@ -10,11 +13,13 @@
 # unpacked with `dpkg -x` into a prefix, never installed over the system.
 #
 #   deploy/gpu_deps.sh                  # on a Debian 12 machine with apt
-#   deploy/gpu_check.sh [--all] [--deps DIR] [--prefix DIR] [--build DIR]
+#   deploy/gpu_check.sh [--all] [--no-bench] [--no-loop] [--deps DIR] [--prefix DIR] [--build DIR]
 #
-# Writes the build log and the test log under $OUT (or build-gpu/) and
-# exits non-zero when the build or a test fails. docs/operations.md, "GPU
-# nodes", explains each step.
+# Writes the logs, bench.jsonl and the report under $OUT (or build-gpu/) and
+# exits non-zero when the build or a test fails. The benchmarks need
+# transformers for their twins (skipped, and said so, without it).
+# PEAK_TFLOPS overrides the bf16 dense peak used for MFU (otherwise taken
+# from the GPU's name). docs/operations.md, "GPU nodes", explains each step.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,9 +27,13 @@ deps=.devdeps
 prefix=/opt/asympo-deps
 build=build-gpu
 all=0
+bench=1
+loop=1
 while (($#)); do
   case "$1" in
     --all) all=1 ;;
+    --no-bench) bench=0 ;;
+    --no-loop) loop=0 ;;
     --deps) deps=$2; shift ;;
     --prefix) prefix=$2; shift ;;
     --build) build=$2; shift ;;
@@ -100,13 +109,76 @@ if ((all)); then
   tail -15 "$logs/all_tests.log"
 fi
 
+# 4. Benchmarks, each C++ program beside its PyTorch twin in this one run.
+gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+if [[ -z ${PEAK_TFLOPS:-} ]]; then
+  case "$gpu_name" in
+    *H100*PCIe*) PEAK_TFLOPS=756 ;;
+    *H100* | *H200* | *H800*) PEAK_TFLOPS=989 ;;
+    *A100*) PEAK_TFLOPS=312 ;;
+    *L40S*) PEAK_TFLOPS=362 ;;
+    *) PEAK_TFLOPS=0 ;;
+  esac
+fi
+jsonl="$logs/bench.jsonl"
+: >"$jsonl"
+tag() { python3 -c 'import json,sys
+for line in sys.stdin:
+    line = line.strip()
+    if line.startswith("{"):
+        d = json.loads(line); d["case"] = sys.argv[1]; d["impl"] = sys.argv[2]; print(json.dumps(d))' "$1" "$2" >>"$jsonl"; }
+t0=$(date +%s)
+if ((bench)); then
+  mb="$build/bench/model_bench"
+  for spec in "qwen3-0.6b 8" "qwen3-1.7b 4"; do
+    read -r cfg batch <<<"$spec"
+    args=(--config "$cfg" --mode train --batch "$batch" --seq 1024 --response 768 --reps 5 --peak_tflops "$PEAK_TFLOPS")
+    "$mb" "${args[@]}" --device cuda --compute_dtype bfloat16 2>>"$logs/bench.log" | tag "train $cfg" cpp
+    python3 bench/gpu_model_bench.py "${args[@]}" 2>>"$logs/bench.log" | tag "train $cfg" pytorch
+  done
+  for batch in 64 256; do
+    args=(--config qwen3-0.6b --mode generate --batch "$batch" --new_tokens 512 --reps 2)
+    "$mb" "${args[@]}" --device cuda --dtype bfloat16 --temperature 1 2>>"$logs/bench.log" |
+      tag "generate qwen3-0.6b batch $batch" cpp
+    python3 bench/gpu_model_bench.py "${args[@]}" 2>>"$logs/bench.log" |
+      tag "generate qwen3-0.6b batch $batch" transformers
+  done
+  "$build/bench/publish_bench" --mode transfer --config qwen3-1.7b --device cuda --dtype bfloat16 \
+    2>>"$logs/bench.log" | tag "transfer qwen3-1.7b" cpp
+  # The gRPC wire for one billion bf16 parameters (2 GB = 500M float32's).
+  "$build/bench/broadcast_bench" --params_m 500 --receivers 1 --reps 3 2>>"$logs/bench.log" |
+    tee "$logs/broadcast_bench.txt" | grep '^|' | tail -2 |
+    python3 -c 'import json,sys; print(json.dumps({"line": " ".join(l.strip() for l in sys.stdin)}))' |
+    tag grpc_wire cpp
+  "$build/bench/publish_bench" --config qwen3-0.6b --device cuda --dtype bfloat16 --groups 8 \
+    --responses 8 --tokens 248 --steps 5 --rounds 2 2>>"$logs/bench.log" | tee "$logs/publish_steps.txt" |
+    grep '^|' >"$logs/publish_steps.md"
+fi
+t_bench=$(($(date +%s) - t0))
+
+# 5. A short real loop on the GPU.
+if ((loop)); then
+  python3 deploy/local_run.py --build_dir "$build" --device cuda --dtype bfloat16 --rollouts 1 \
+    --minutes 1 --out "$logs/loop" >"$logs/loop.log" 2>&1 || say "the loop exited non-zero (log: $logs/loop.log)"
+fi
+
+# 6. The report.
+cat >"$logs/facts.json" <<JSON
+{"gpu": "$gpu_name", "peak_bf16_tflops": $PEAK_TFLOPS,
+ "torch": "$(python3 -c 'import torch; print(torch.__version__)')",
+ "cuda_graphs_compiled": "$(grep -c 'CUDA graphs on' "$logs/gpu_configure.log")",
+ "build_s": $t_build, "gpu_tests_s": $t_gpu, "bench_s": $t_bench,
+ "date": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"}
+JSON
+python3 deploy/gpu_report.py "$logs" || say "the report could not be written"
+
 echo
 echo "| check | result |"
 echo "| --- | --- |"
 echo "| build (CUDA LibTorch) | ${t_build} s |"
 echo "| gpu-labelled tests | $(grep -E 'tests passed' "$logs/gpu_tests.log" | tail -1) (${t_gpu} s) |"
-grep -cE "Skipped|\*\*\*Skipped" "$logs/gpu_tests.log" >/dev/null &&
-  echo "| gpu tests skipped | $(grep -cE '\*\*\*Skipped' "$logs/gpu_tests.log") |"
 ((all)) && echo "| other tests | $(grep -E 'tests passed' "$logs/all_tests.log" | tail -1) |"
+echo "| benchmarks | ${t_bench} s |"
+echo "| report | $logs/gpu_report.md, $logs/gpu_report.json |"
 echo "| total | $(($(date +%s) - t_start)) s |"
 ((rc_gpu == 0 && rc_all == 0))

@@ -99,6 +99,9 @@ def main():
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--device", default="cpu", help="both daemons' --device: cpu, cuda or cuda:N")
+    ap.add_argument("--dtype", default="float32",
+                    help="dtype of the weights rollouts sample with (both daemons' --dtype)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines")
     ap.add_argument("--check_rise", type=float, default=None,
                     help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
@@ -130,7 +133,7 @@ def main():
     run.start("learner", [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
         "--model=tiny", "--tiny_vocab_size=%d" % args.vocab, "--seed=%d" % args.seed, "--threads=1",
-        "--objective=" + args.objective,
+        "--device=" + args.device, "--dtype=" + args.dtype, "--objective=" + args.objective,
         "--lr=%g" % args.lr, "--prompts_per_step=%d" % args.prompts_per_step,
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
@@ -141,6 +144,7 @@ def main():
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
             "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--model=tiny",
             "--tiny_vocab_size=%d" % args.vocab, "--threads=1",
+            "--device=" + args.device, "--dtype=" + args.dtype,
             "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
             "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
             "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),

@@ -65,7 +65,7 @@ class Cluster:
             [self.learner_bin, "--listen=127.0.0.1:%d" % self.port,
              "--metrics_address=127.0.0.1:%d" % self.learner_metrics, "--prompts_per_step=2",
              "--queue_capacity=8", "--max_groups_per_batch=8", "--lr=1e-3", "--checkpoint_dir=" + os.path.join(self.work, "ckpt"),
-             "--checkpoint_every=2", "--broadcast_every=1"] + list(extra),
+             "--checkpoint_every=2", "--broadcast_every=1", "--device=cpu"] + list(extra),
             stdout=log, stderr=subprocess.STDOUT)
 
     def start_rollout(self, i, extra=()):
@@ -74,7 +74,7 @@ class Cluster:
             [self.rollout_bin, "--learner=127.0.0.1:%d" % self.port, "--id=rollout-%d" % i,
              "--metrics_address=127.0.0.1:%d" % self.rollout_metrics[i], "--seed=%d" % i,
              "--group_size=4", "--prompts_per_generation=2", "--max_buffered_groups=4",
-             "--min_backoff=50ms", "--max_backoff=500ms"] + list(extra),
+             "--min_backoff=50ms", "--max_backoff=500ms", "--device=cpu"] + list(extra),
             stdout=log, stderr=subprocess.STDOUT)
 
     def learner(self):

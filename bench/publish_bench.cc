@@ -1,0 +1,238 @@
+// What publishing the weights after every step costs the trainer: the
+// median training step time with no broadcast, with the learner's
+// SnapshotPublisher (--broadcast_every 1: stage on the device, copy, CRC and
+// announce on its own thread), and with everything done inline on the
+// trainer thread (the way it was before), side by side in one run.
+//
+//   publish_bench --config tiny|100m [--device cpu|cuda] [--dtype float32|bfloat16]
+//                 [--groups 8] [--responses 8] [--tokens 64] [--steps 10] [--rounds 3]
+// Prints one JSON object per mode and round, then a markdown table of medians.
+//
+//   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
+// The parts of moving one snapshot, each timed alone (medians), and per
+// billion parameters: staging on the device, the copy to pinned host memory,
+// the sender's packing and CRC-32C, loading into a receiver's spare model on
+// the device, and the one-rank NCCL broadcast of the snapshot's bytes (where
+// NCCL and a GPU are present). The gRPC wire itself is broadcast_bench's.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <torch/cuda.h>
+#include <torch/types.h>
+
+#include "bench/bench_flags.h"
+#include "bench/bench_models.h"
+#include "common/model/device.h"
+#include "common/model/model_io.h"
+#include "learner_server/snapshot_publisher.h"
+#include "learner_server/trainer.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
+#include "weight_broadcaster/nccl/nccl_transport.h"
+
+namespace {
+
+using asympo::bench::Flag;
+using asympo::bench::FlagS;
+using asympo::bench::Median;
+
+using asympo::learner::QueuedGroup;
+
+
+// Random groups of `responses` responses of `tokens` tokens after an
+// 8-token prompt, reward 1 on the first response.
+std::vector<QueuedGroup> Groups(int64_t n, int64_t responses, int64_t tokens, int64_t vocab) {
+  std::vector<QueuedGroup> out;
+  for (int64_t g = 0; g < n; ++g) {
+    QueuedGroup q;
+    for (int t = 0; t < 8; ++t) q.group.add_prompt_tokens(static_cast<int32_t>((g * 31 + t) % vocab));
+    for (int64_t r = 0; r < responses; ++r) {
+      asympo::v1::Response* resp = q.group.add_responses();
+      for (int64_t t = 0; t < tokens; ++t) {
+        resp->add_tokens(static_cast<int32_t>((g * 131 + r * 17 + t * 7) % vocab));
+      }
+      resp->set_reward(r == 0 ? 1.0f : 0.0f);
+    }
+    out.push_back(q);
+  }
+  return out;
+}
+
+// The inline path: stage, copy, checksum and announce on the trainer thread.
+class InlinePublisher : public asympo::learner::WeightPublisher {
+ public:
+  InlinePublisher(asympo::broadcast::BroadcastSender* sender,
+                  std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
+      : sender_(sender), staging_(std::move(staging)) {}
+  void Publish(uint64_t version, const asympo::PolicyModel& model) override {
+    if (!staging_->Stage(model).ok()) std::abort();
+    auto views = staging_->CopyToHost();
+    if (!views.ok() || !sender_->Publish(version, *views).ok()) std::abort();
+  }
+
+ private:
+  asympo::broadcast::BroadcastSender* sender_;
+  std::unique_ptr<asympo::broadcast::SnapshotStaging> staging_;
+};
+
+struct Setup {
+  std::string config;
+  asympo::ModelOptions model;
+  at::ScalarType dtype;
+  int64_t groups, responses, tokens, steps;
+};
+
+// Median step seconds of `steps` steps (after one warm-up step) in `mode`.
+double RunMode(const Setup& s, const std::string& mode) {
+  const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
+  auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
+  asympo::broadcast::BroadcastSender sender({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
+                                            nullptr);
+  std::unique_ptr<asympo::learner::WeightPublisher> publisher;
+  if (mode == "async") {
+    publisher = asympo::learner::SnapshotPublisher::Create(&sender, *model, s.dtype, 1, nullptr)
+                    .value();
+  } else if (mode == "inline") {
+    publisher = std::make_unique<InlinePublisher>(
+        &sender, asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
+  }
+  asympo::learner::TrainerOptions to;
+  to.lr.peak_lr = 1e-5;
+  auto trainer = asympo::learner::Trainer::Create(to, model.get(), publisher.get()).value();
+  const auto groups = Groups(s.groups, s.responses, s.tokens, cfg.vocab_size);
+  std::vector<double> times;
+  for (int64_t i = 0; i <= s.steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!trainer->Step(groups).ok()) std::abort();
+    if (s.model.device.is_cuda()) torch::cuda::synchronize();
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (i > 0) times.push_back(dt);
+  }
+  if (auto* p = dynamic_cast<asympo::learner::SnapshotPublisher*>(publisher.get())) p->Flush();
+  return Median(times);
+}
+
+void Must(const absl::Status& s) {
+  if (!s.ok()) {
+    std::fprintf(stderr, "publish_bench: %s\n", std::string(s.message()).c_str());
+    std::abort();
+  }
+}
+
+double Seconds(const std::function<void()>& fn, bool cuda, int reps) {
+  std::vector<double> ts;
+  for (int i = 0; i <= reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    if (cuda) torch::cuda::synchronize();
+    if (i > 0) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return Median(ts);
+}
+
+// --mode transfer (see the top of the file).
+int Transfer(const Setup& s, int reps) {
+  const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
+  const bool cuda = s.model.device.is_cuda();
+  auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
+  asympo::ModelOptions spare_options = s.model;
+  spare_options.dtype = s.dtype;
+  spare_options.random_init = false;
+  auto spare = asympo::PolicyModel::CreateRandom(cfg, spare_options).value();
+  auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value();
+  asympo::broadcast::BroadcastSender sender({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
+                                            nullptr);
+  std::vector<asympo::broadcast::TensorView> views;
+  uint64_t version = 0;
+  const double stage = Seconds([&] { Must(staging->Stage(*model)); }, cuda, reps);
+  const double copy = Seconds([&] { views = staging->CopyToHost().value(); }, cuda, reps);
+  const double pack = Seconds([&] { Must(sender.Publish(++version, views)); }, cuda, reps);
+  std::vector<std::pair<std::string, at::Tensor>> source;
+  for (const auto& v : views) {
+    source.emplace_back(v.spec.name, at::from_blob(const_cast<void*>(v.data), v.spec.shape,
+                                                   at::TensorOptions().dtype(s.dtype)));
+  }
+  const double load = Seconds([&] { Must(spare->LoadParameters(source)); }, cuda, reps);
+  double nccl = -1;
+  if (cuda) {
+    auto id = asympo::broadcast::NewNcclUniqueId();
+    auto comm = id.ok() ? asympo::broadcast::NcclBroadcaster::Create(
+                              *id, 0, 1, std::max(0, int{s.model.device.index()}))
+                        : absl::StatusOr<std::unique_ptr<asympo::broadcast::NcclBroadcaster>>(
+                              id.status());
+    if (comm.ok()) {
+      void* bytes = const_cast<void*>(views.front().data);
+      nccl = Seconds([&] { (void)(*comm)->Broadcast(bytes, staging->bytes()); }, cuda, reps);
+    } else {
+      std::fprintf(stderr, "publish_bench: no NCCL: %s\n",
+                   std::string(comm.status().message()).c_str());
+    }
+  }
+  const double per_billion = 1e9 / static_cast<double>(cfg.NumParameters());
+  std::printf(
+      "{\"mode\": \"transfer\", \"config\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
+      "\"params\": %lld, \"bytes\": %lld, \"pinned\": %s, \"stage_s\": %.5f, \"copy_to_host_s\": %.5f, "
+      "\"pack_crc_s\": %.5f, \"load_spare_s\": %.5f, \"nccl_one_rank_s\": %.5f, "
+      "\"per_billion_s\": {\"stage\": %.5f, \"copy_to_host\": %.5f, \"pack_crc\": %.5f, "
+      "\"load_spare\": %.5f, \"nccl_one_rank\": %.5f}}\n",
+      s.config.c_str(), c10::DeviceTypeName(s.model.device.type(), true).c_str(),
+      asympo::DTypeName(s.dtype).c_str(), static_cast<long long>(cfg.NumParameters()),
+      static_cast<long long>(staging->bytes()), staging->pinned() ? "true" : "false", stage, copy,
+      pack, load, nccl, stage * per_billion, copy * per_billion, pack * per_billion,
+      load * per_billion, nccl < 0 ? -1.0 : nccl * per_billion);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  Setup s;
+  s.config = FlagS(argc, argv, "--config", "tiny");
+  s.model.seed = 1;
+  s.model.device = asympo::ParseDevice(FlagS(argc, argv, "--device", "cpu")).value();
+  s.model.compute_dtype =
+      asympo::ParseComputeDType(FlagS(argc, argv, "--compute_dtype", "auto"), s.model.device)
+          .value();
+  s.dtype = asympo::ParseModelDType(FlagS(argc, argv, "--dtype", "float32")).value();
+  s.groups = Flag(argc, argv, "--groups", 8);
+  s.responses = Flag(argc, argv, "--responses", 8);
+  s.tokens = Flag(argc, argv, "--tokens", 64);
+  s.steps = Flag(argc, argv, "--steps", 10);
+  if (FlagS(argc, argv, "--mode", "steps") == "transfer") {
+    return Transfer(s, static_cast<int>(Flag(argc, argv, "--reps", 3)));
+  }
+  const int64_t rounds = Flag(argc, argv, "--rounds", 3);
+  const std::vector<std::string> modes = {"none", "async", "inline"};
+  std::map<std::string, std::vector<double>> medians;
+  for (int64_t r = 0; r < rounds; ++r) {
+    for (const std::string& mode : modes) {
+      const double m = RunMode(s, mode);
+      medians[mode].push_back(m);
+      std::printf("{\"config\": \"%s\", \"mode\": \"%s\", \"round\": %lld, \"step_s\": %.5f}\n",
+                  s.config.c_str(), mode.c_str(), static_cast<long long>(r), m);
+    }
+  }
+  const double base = Median(medians["none"]);
+  std::printf("\n| publishing (config %s, %s, snapshot %s) | median step | vs none |\n",
+              s.config.c_str(), c10::DeviceTypeName(s.model.device.type()).c_str(),
+              asympo::DTypeName(s.dtype).c_str());
+  std::printf("| --- | ---: | ---: |\n");
+  const std::map<std::string, std::string> names = {
+      {"none", "none (--broadcast_every 0)"},
+      {"async", "--broadcast_every 1 (SnapshotPublisher)"},
+      {"inline", "every step, inline on the trainer thread"}};
+  for (const std::string& mode : modes) {
+    const double m = Median(medians[mode]);
+    std::printf("| %s | %.1f ms | %.3fx |\n", names.at(mode).c_str(), 1e3 * m, m / base);
+  }
+  return 0;
+}
