@@ -17,15 +17,30 @@ pkg_check_modules(ICU REQUIRED IMPORTED_TARGET icu-uc)
 find_package(Torch REQUIRED)
 message(STATUS "ASymPO-RL: LibTorch ${Torch_VERSION} at ${Torch_DIR}")
 # A LibTorch built with CUDA (the one inside a CUDA PyTorch wheel) defines the
-# torch_cuda target. Then the CUDA-only pieces (CUDA graphs for the decode
-# step, rollout_server/decode_graph_cuda.cc) are compiled in, with the CUDA
-# toolkit's headers; without it the CPU build compiles its stand-ins.
-if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES)
+# torch_cuda target (and finds libc10_cuda). Then the CUDA-only pieces (CUDA
+# graphs for the decode step, rollout_server/decode_graph_cuda.cc) are
+# compiled in, with the CUDA toolkit's headers, and linked to LibTorch's CUDA
+# libraries; without them the CPU build compiles its eager stand-ins.
+set(ASYMPO_WITH_CUDA OFF)
+set(ASYMPO_TORCH_CUDA_LIBS "")
+if(TARGET torch_cuda OR TORCH_CUDA_LIBRARIES OR C10_CUDA_LIBRARY)
   find_package(CUDAToolkit QUIET)
-  set(ASYMPO_WITH_CUDA ON)
-  message(STATUS "ASymPO-RL: LibTorch has CUDA; CUDA graphs on (toolkit headers: ${CUDAToolkit_INCLUDE_DIRS})")
+  if(CUDAToolkit_FOUND)
+    set(ASYMPO_WITH_CUDA ON)
+    foreach(t torch_cuda c10_cuda)
+      if(TARGET ${t})
+        list(APPEND ASYMPO_TORCH_CUDA_LIBS ${t})
+      endif()
+    endforeach()
+    if(C10_CUDA_LIBRARY AND NOT TARGET c10_cuda)
+      list(APPEND ASYMPO_TORCH_CUDA_LIBS ${C10_CUDA_LIBRARY})
+    endif()
+    message(STATUS "ASymPO-RL: LibTorch has CUDA; CUDA graphs on (CUDA ${CUDAToolkit_VERSION} headers at ${CUDAToolkit_INCLUDE_DIRS}; links ${ASYMPO_TORCH_CUDA_LIBS})")
+  else()
+    message(WARNING "ASymPO-RL: LibTorch has CUDA but the CUDA toolkit's headers were not found "
+      "(set CUDAToolkit_ROOT): CUDA graphs off, decoding stays eager")
+  endif()
 else()
-  set(ASYMPO_WITH_CUDA OFF)
   message(STATUS "ASymPO-RL: LibTorch without CUDA; CPU only")
 endif()
 

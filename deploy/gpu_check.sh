@@ -54,6 +54,8 @@ print(f"gpu_check: torch {torch.__version__} cuda {torch.version.cuda} "
       f"available={torch.cuda.is_available()} cxx11_abi={torch._C._GLIBCXX_USE_CXX11_ABI}")
 PY
 torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# The CUDA toolkit's headers, for the CUDA-graph code (cmake finds nvcc on PATH too).
+[[ -z ${CUDA_HOME:-} && -d /usr/local/cuda ]] && CUDA_HOME=/usr/local/cuda
 
 # 1. The Debian packages, unpacked into a prefix.
 if compgen -G "$deps/*.deb" >/dev/null; then
@@ -79,6 +81,7 @@ t0=$(date +%s)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$prefix/usr;$lib/cmake;$torch_prefix" \
   -DPKG_CONFIG_EXECUTABLE="$pkgconfig_bin" \
+  ${CUDA_HOME:+-DCUDAToolkit_ROOT="$CUDA_HOME"} \
   -DASYMPO_BUILD_BENCH=ON >"$logs/gpu_configure.log" 2>&1
 rc=$?
 if ((rc != 0)); then
@@ -87,6 +90,7 @@ if ((rc != 0)); then
   exit 1
 fi
 grep -E "ASymPO-RL: LibTorch|CUDA" "$logs/gpu_configure.log" | head -5
+grep -q "CUDA graphs on" "$logs/gpu_configure.log" || say "WARNING: CUDA graphs are off in this build (see gpu_configure.log)"
 cmake --build "$build" -j "$(nproc)" >"$logs/gpu_build.log" 2>&1
 rc=$?
 t_build=$(($(date +%s) - t0))

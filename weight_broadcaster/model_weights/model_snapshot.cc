@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include <ATen/ATen.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include "absl/strings/str_cat.h"
@@ -83,6 +85,11 @@ absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const P
                                : at::empty({s->device_.numel()},
                                            at::TensorOptions().dtype(dtype).pinned_memory(true));
     s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
+    if (!device.is_cpu()) {
+      const c10::impl::VirtualGuardImpl impl(device.type());
+      s->copy_stream_ = impl.getStreamFromGlobalPool(device);
+      s->staged_ = std::make_unique<c10::Event>(device.type());
+    }
     return s;
   });
 }
@@ -95,6 +102,9 @@ absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
       const at::Tensor& p = params[i].second;
       device_.narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
     }
+    if (staged_ != nullptr) {
+      staged_->record(c10::impl::VirtualGuardImpl(device_.device().type()).getStream(device_.device()));
+    }
     return absl::OkStatus();
   });
 }
@@ -102,7 +112,17 @@ absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
 absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
   return GuardTorch("copying the weights to the host",
                     [&]() -> absl::StatusOr<std::vector<TensorView>> {
-    host_.copy_(device_);  // one transfer; blocks until it is done
+    if (copy_stream_.has_value()) {
+      // On the copy stream, after Stage's kernels; wait for it to finish.
+      staged_->block(*copy_stream_);
+      {
+        const c10::StreamGuard on_copy_stream(*copy_stream_);
+        host_.copy_(device_, /*non_blocking=*/true);
+      }
+      copy_stream_->synchronize();
+    } else {
+      host_.copy_(device_);  // one transfer; blocks until it is done
+    }
     std::vector<TensorView> views;
     views.reserve(specs_.size());
     const int64_t element = static_cast<int64_t>(host_.element_size());

@@ -3,9 +3,13 @@
 // snapshot into a rollout daemon's model.
 #pragma once
 
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
@@ -34,7 +38,9 @@ std::string ModelSignatureOf(const PolicyModel& model,
 //     step's updates);
 //   CopyToHost(): on any other thread: that buffer copied, in one transfer,
 //     into one flat host buffer (pinned when the model is on a GPU), which
-//     the returned views point into until the next CopyToHost.
+//     the returned views point into until the next CopyToHost. On a GPU the
+//     copy runs on a stream of its own, after an event recorded by Stage:
+//     it overlaps the next step's kernels instead of queueing among them.
 // Stage and CopyToHost must not overlap (the caller serializes them);
 // several Stage calls may precede a CopyToHost (the last wins).
 class SnapshotStaging {
@@ -58,6 +64,10 @@ class SnapshotStaging {
   at::Tensor device_;             // flat, on the model's device (the host on a CPU)
   at::Tensor host_;               // flat, host
   int64_t bytes_ = 0;
+  // GPU only: recorded on the trainer's stream after Stage's copies, and
+  // the stream CopyToHost copies on.
+  std::unique_ptr<c10::Event> staged_;
+  std::optional<c10::Stream> copy_stream_;
 };
 
 // Host byte views of every parameter, for BroadcastSender::Publish. Tensors
