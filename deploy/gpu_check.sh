@@ -13,11 +13,16 @@
 # unpacked with `dpkg -x` into a prefix, never installed over the system.
 #
 #   deploy/gpu_deps.sh                  # on a Debian 12 machine with apt
-#   deploy/gpu_check.sh [--all] [--no-bench] [--no-loop] [--deps DIR] [--prefix DIR] [--build DIR]
+#   deploy/gpu_check.sh [--all] [--no-tests] [--no-bench] [--no-loop]
+#                       [--deps DIR] [--prefix DIR] [--build DIR]
 #
-# Writes the logs, bench.jsonl and the report under $OUT (or build-gpu/) and
-# exits non-zero when the build or a test fails. The benchmarks need
-# transformers for their twins (skipped, and said so, without it).
+# Writes the logs, bench.jsonl and the report under BUILD/gpu-report/ (kept
+# between runs, so that the parts can run as separate commands: the whole
+# check takes about 10 minutes; `--no-bench --no-loop` then `--no-tests`
+# splits it in two, and the report merges what both left), copies them to
+# $OUT when that is set, and exits non-zero when the build or a test fails.
+# The benchmarks' twins need transformers; without it their rows stay empty
+# in the report (bench.log says why).
 # PEAK_TFLOPS overrides the bf16 dense peak used for MFU (otherwise taken
 # from the GPU's name). docs/operations.md, "GPU nodes", explains each step.
 set -uo pipefail
@@ -29,11 +34,13 @@ build=build-gpu
 all=0
 bench=1
 loop=1
+tests=1
 while (($#)); do
   case "$1" in
     --all) all=1 ;;
     --no-bench) bench=0 ;;
     --no-loop) loop=0 ;;
+    --no-tests) tests=0 ;;
     --deps) deps=$2; shift ;;
     --prefix) prefix=$2; shift ;;
     --build) build=$2; shift ;;
@@ -41,8 +48,10 @@ while (($#)); do
   esac
   shift
 done
-logs=${OUT:-$build}
+logs=$build/gpu-report
 mkdir -p "$logs"
+# Whatever happens, what was written reaches $OUT (a device machine's results folder).
+trap '[[ -n ${OUT:-} ]] && cp -r "$logs"/. "$OUT"/ 2>/dev/null' EXIT
 t_start=$(date +%s)
 say() { echo "gpu_check: $*"; }
 
@@ -103,8 +112,11 @@ say "built in ${t_build}s"
 
 # 3. The GPU tests (they skip themselves without a GPU), then optionally all.
 t0=$(date +%s)
-ctest --test-dir "$build" -L gpu --output-on-failure -j 4 2>&1 | tee "$logs/gpu_tests.log"
-rc_gpu=${PIPESTATUS[0]}
+rc_gpu=0
+if ((tests)); then
+  ctest --test-dir "$build" -L gpu --output-on-failure -j 4 2>&1 | tee "$logs/gpu_tests.log"
+  rc_gpu=${PIPESTATUS[0]}
+fi
 t_gpu=$(($(date +%s) - t0))
 rc_all=0
 if ((all)); then
@@ -125,7 +137,6 @@ if [[ -z ${PEAK_TFLOPS:-} ]]; then
   esac
 fi
 jsonl="$logs/bench.jsonl"
-: >"$jsonl"
 tag() { python3 -c 'import json,sys
 for line in sys.stdin:
     line = line.strip()
@@ -133,6 +144,7 @@ for line in sys.stdin:
         d = json.loads(line); d["case"] = sys.argv[1]; d["impl"] = sys.argv[2]; print(json.dumps(d))' "$1" "$2" >>"$jsonl"; }
 t0=$(date +%s)
 if ((bench)); then
+  : >"$jsonl"
   mb="$build/bench/model_bench"
   for spec in "qwen3-0.6b 8" "qwen3-1.7b 4"; do
     read -r cfg batch <<<"$spec"
@@ -180,7 +192,7 @@ echo
 echo "| check | result |"
 echo "| --- | --- |"
 echo "| build (CUDA LibTorch) | ${t_build} s |"
-echo "| gpu-labelled tests | $(grep -E 'tests passed' "$logs/gpu_tests.log" | tail -1) (${t_gpu} s) |"
+echo "| gpu-labelled tests | $(grep -E 'tests passed' "$logs/gpu_tests.log" 2>/dev/null | tail -1) (${t_gpu} s) |"
 ((all)) && echo "| other tests | $(grep -E 'tests passed' "$logs/all_tests.log" | tail -1) |"
 echo "| benchmarks | ${t_bench} s |"
 echo "| report | $logs/gpu_report.md, $logs/gpu_report.json |"
