@@ -42,7 +42,9 @@ std::unique_ptr<DecodeGraph> CaptureDecodeGraph(const std::function<void()>& ste
     step();
     c10::cuda::device_synchronize();
     try {
-      graph->graph().capture_begin();
+      // Thread-local capture: the weight receiver's copies into the spare
+      // model on other threads go on while this thread captures.
+      graph->graph().capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       step();
       graph->graph().capture_end();
     } catch (const std::exception& e) {

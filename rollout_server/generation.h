@@ -13,7 +13,8 @@
 // GenerationEngine holds a const model pointer and no mutable state:
 // Generate() may run concurrently from several threads, as long as nobody
 // changes the model's weights meanwhile (the weight receiver swaps whole
-// models between generations).
+// models between generations). Each call captures its own CUDA graph
+// (thread-local capture mode), so other threads' CUDA work goes on.
 #pragma once
 
 #include <cstdint>
