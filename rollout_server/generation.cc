@@ -181,11 +181,13 @@ void SampleStep(const BatchSampler& sampler, int32_t pad, DecodeState* st) {
 
 // Runs the model on the tokens just sampled (slot st->slot) and advances
 // step, slot and positions: st->logits then hold the next token's logits.
-void ForwardStep(const PolicyModel& model, DecodeState* st) {
+// Attention spans the first `visible` cache slots (-1: all of them, the
+// static shape a CUDA graph needs).
+void ForwardStep(const PolicyModel& model, int64_t visible, DecodeState* st) {
   // The new slot is a real key only for rows still generating.
   st->key_mask.index_copy_(1, st->slot, st->done.logical_not().unsqueeze(1));
   const at::Tensor hidden =
-      model.DecodeStep(st->last, st->positions, st->slot, st->key_mask, &st->cache);
+      model.DecodeStep(st->last, st->positions, st->slot, st->key_mask, &st->cache, visible);
   st->logits.copy_(model.Logits(hidden.select(1, 0)));
   st->positions.add_(1);
   st->slot.add_(1);
@@ -251,20 +253,23 @@ std::vector<GenerationResult> GenerationEngine::Decode(
   st.logits = model_->Logits(hidden.select(1, hidden.size(1) - 1)).contiguous();
 
   // Steps 0 .. most_new - 2 sample and run the model; the last only samples.
-  const auto step = [&] {
+  // Eager steps attend over the filled slots only; a graphed step over the
+  // whole cache.
+  int64_t s = 0;
+  const auto step = [&](int64_t visible) {
     SampleStep(sampler, pad, &st);
-    ForwardStep(*model_, &st);
+    ForwardStep(*model_, visible, &st);
   };
   std::unique_ptr<DecodeGraph> graph;
   const int32_t check_every = StopCheckEvery();
-  int64_t s = 0;
   for (; s + 1 < most_new; ++s) {
     if (graph != nullptr) {
       graph->Replay();
     } else if (s == 0 && options_.cuda_graphs && device.is_cuda()) {
-      graph = CaptureDecodeGraph(step, device);  // runs step 0, then captures it
+      // Runs step 0, then captures it.
+      graph = CaptureDecodeGraph([&] { step(/*visible=*/-1); }, device);
     } else {
-      step();
+      step(longest + s + 1);
     }
     if ((s + 1) % check_every == 0 && st.done.all().item<bool>()) break;
   }

@@ -254,8 +254,9 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
     // whole capacity (static shapes; the mask hides unfilled slots).
     cache->keys[index].index_copy_(2, slot, k);
     cache->values[index].index_copy_(2, slot, v);
-    k = cache->keys[index];
-    v = cache->values[index];
+    const int64_t visible = allowed.size(-1);  // the mask spans the visible slots
+    k = cache->keys[index].narrow(2, 0, visible);
+    v = cache->values[index].narrow(2, 0, visible);
   } else {
     const int64_t past = cache->length;
     cache->keys[index].narrow(2, past, t).copy_(k);
@@ -343,15 +344,17 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
 
 at::Tensor PolicyModel::DecodeStep(const at::Tensor& ids, const at::Tensor& positions,
                                    const at::Tensor& slot, const at::Tensor& key_mask,
-                                   KvCache* cache) const {
+                                   KvCache* cache, int64_t visible) const {
   TORCH_CHECK(cache != nullptr && key_mask.size(1) == cache->capacity(),
               "DecodeStep needs a cache and a key_mask over its whole capacity");
-  // allowed: (B, 1, capacity): the real keys, and the query's own slot.
-  const at::Tensor kslot = at::arange(
-      cache->capacity(), at::TensorOptions().dtype(at::kLong).device(key_mask.device()));
-  const at::Tensor allowed_bool =
-      at::logical_or(key_mask.to(at::kBool), kslot.unsqueeze(0) == slot.reshape({1, 1}))
-          .unsqueeze(1);
+  if (visible < 0) visible = cache->capacity();
+  TORCH_CHECK(visible <= cache->capacity(), "visible ", visible, " exceeds the cache capacity");
+  // allowed: (B, 1, visible): the real keys, and the query's own slot.
+  const at::Tensor kslot =
+      at::arange(visible, at::TensorOptions().dtype(at::kLong).device(key_mask.device()));
+  const at::Tensor allowed_bool = at::logical_or(key_mask.narrow(1, 0, visible).to(at::kBool),
+                                                 kslot.unsqueeze(0) == slot.reshape({1, 1}))
+                                      .unsqueeze(1);
   return Layers(ids, positions, AttentionBias(allowed_bool), cache, slot.reshape({1}));
 }
 

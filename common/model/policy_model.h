@@ -97,8 +97,11 @@ class PolicyModel {
   //   key_mask:       (B, capacity) bool, true where a slot holds a real key
   //                   the new token may see (the new slot itself is always
   //                   visible).
+  //   visible:        attend over the first `visible` slots only (they must
+  //                   include `slot`); -1: the whole capacity (static shapes,
+  //                   for CUDA graphs). Eager decoding passes the filled part.
   at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& slot,
-                        const at::Tensor& key_mask, KvCache* cache) const;
+                        const at::Tensor& key_mask, KvCache* cache, int64_t visible = -1) const;
 
   // (B, T, V) logits, in the compute dtype, from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
