@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <tuple>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -223,6 +224,31 @@ std::pair<at::Tensor, at::Tensor> PolicyModel::Rotary(const at::Tensor& position
   return {emb.cos(), signed_sin};
 }
 
+std::pair<at::Tensor, at::Tensor> PolicyModel::CachedKeysValues(int64_t index, const at::Tensor& k,
+                                                                const at::Tensor& v,
+                                                                int64_t visible, KvCache* cache,
+                                                                const at::Tensor& slot) const {
+  if (cache == nullptr) {
+    // Dense (B, nkv, T, d) so that the attention GEMMs read k^T and v as
+    // plain (transposed) matrices, in the forward and in the backward.
+    return {k.contiguous(), v.contiguous()};
+  }
+  at::Tensor& keys = cache->keys[static_cast<size_t>(index)];
+  at::Tensor& values = cache->values[static_cast<size_t>(index)];
+  if (slot.defined()) {
+    // A decode step: the slot is a device tensor; the keys span the first
+    // `visible` slots (the whole capacity for static shapes; the mask hides
+    // unfilled slots).
+    keys.index_copy_(2, slot, k);
+    values.index_copy_(2, slot, v);
+    return {keys.narrow(2, 0, visible), values.narrow(2, 0, visible)};
+  }
+  const int64_t past = cache->length, t = k.size(2);
+  keys.narrow(2, past, t).copy_(k);
+  values.narrow(2, past, t).copy_(v);
+  return {keys.narrow(2, 0, past + t), values.narrow(2, 0, past + t)};
+}
+
 at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                                   const at::Tensor& cos, const at::Tensor& sin,
                                   const at::Tensor& allowed, KvCache* cache,
@@ -244,26 +270,7 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   q = ApplyRotary(q, cq, sq);
   k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
   v = v.transpose(1, 2);                       // (B, nkv, T, d)
-  if (cache == nullptr) {
-    // Dense (B, nkv, T, d) so that the GEMMs below read k^T and v as plain
-    // (transposed) matrices, in the forward and in the backward.
-    k = k.contiguous();
-    v = v.contiguous();
-  } else if (slot.defined()) {
-    // A decode step: the slot is a device tensor and the keys span the
-    // whole capacity (static shapes; the mask hides unfilled slots).
-    cache->keys[index].index_copy_(2, slot, k);
-    cache->values[index].index_copy_(2, slot, v);
-    const int64_t visible = allowed.size(-1);  // the mask spans the visible slots
-    k = cache->keys[index].narrow(2, 0, visible);
-    v = cache->values[index].narrow(2, 0, visible);
-  } else {
-    const int64_t past = cache->length;
-    cache->keys[index].narrow(2, past, t).copy_(k);
-    cache->values[index].narrow(2, past, t).copy_(v);
-    k = cache->keys[index].narrow(2, 0, past + t);
-    v = cache->values[index].narrow(2, 0, past + t);
-  }
+  std::tie(k, v) = CachedKeysValues(index, k, v, allowed.size(-1), cache, slot);
   at::Tensor out;  // (B, T, nh * d)
 #if TORCH_VERSION_MAJOR >= 2
   // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.

@@ -128,6 +128,12 @@ class PolicyModel {
   at::Tensor Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                        const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,
                        KvCache* cache, const at::Tensor& slot) const;
+  // Layer `index`'s keys and values to attend over, (B, nkv, K, d), after
+  // storing the new ones (k, v: (B, nkv, T, d)) in `cache` (at `slot`, or at
+  // cache->length); without a cache, k and v themselves.
+  std::pair<at::Tensor, at::Tensor> CachedKeysValues(int64_t index, const at::Tensor& k,
+                                                     const at::Tensor& v, int64_t visible,
+                                                     KvCache* cache, const at::Tensor& slot) const;
   // The attention mask in the form Attention takes, from allowed (B, T, K)
   // bool.
   at::Tensor AttentionBias(const at::Tensor& allowed_bool) const;
