@@ -14,8 +14,13 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
   }
-  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<broadcast::SnapshotStaging> staging,
-                          broadcast::SnapshotStaging::Create(model, dtype));
+  // With the NCCL transport and the model on a GPU, the staged copy is laid
+  // out in buckets so that NCCL broadcasts straight from device memory.
+  const bool device_buckets = sender->nccl_configured() && model.options().device.is_cuda();
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::unique_ptr<broadcast::SnapshotStaging> staging,
+      broadcast::SnapshotStaging::Create(model, dtype,
+                                         device_buckets ? &sender->packing() : nullptr));
   return std::unique_ptr<SnapshotPublisher>(
       new SnapshotPublisher(sender, every, std::move(staging), registry));
 }
@@ -69,7 +74,8 @@ absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& 
       this));
   ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
   ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views, staging_->CopyToHost());
-  return sender_->Publish(version, views);
+  const broadcast::DeviceBuckets device = staging_->DeviceBucketsOfStage();
+  return sender_->Publish(version, views, device.buckets.empty() ? nullptr : &device);
 }
 
 void SnapshotPublisher::Flush() {
@@ -110,12 +116,16 @@ void SnapshotPublisher::Loop() {
 
 absl::Status SnapshotPublisher::CopyAndSend(uint64_t version) {
   absl::StatusOr<std::vector<broadcast::TensorView>> views = staging_->CopyToHost();
+  // Taken before the trainer may stage again: its keep_alive then makes the
+  // next Stage use another device buffer.
+  const broadcast::DeviceBuckets device =
+      views.ok() ? staging_->DeviceBucketsOfStage() : broadcast::DeviceBuckets();
   {
     absl::MutexLock lock(&mu_);
     copying_ = false;  // the trainer may stage the next version now
   }
   if (!views.ok()) return views.status();
-  return sender_->Publish(version, *views);
+  return sender_->Publish(version, *views, device.buckets.empty() ? nullptr : &device);
 }
 
 }  // namespace asympo::learner

@@ -11,7 +11,9 @@
 // publisher thread falls behind (a slow CRC or a huge model), a staged
 // version that was not picked up yet is replaced by the newer one and
 // counted in asympo_learner_snapshots_coalesced_total: receivers only ever
-// want the newest weights.
+// want the newest weights. With the NCCL transport and the model on a GPU,
+// the staged copy is laid out as the snapshot's buckets and NCCL broadcasts
+// from it, with no host round trip (SnapshotStaging::DeviceBucketsOfStage).
 #pragma once
 
 #include <cstdint>

@@ -161,7 +161,12 @@ BroadcastSender::~BroadcastSender() {
   if (state_->nccl_thread.joinable()) state_->nccl_thread.join();
 }
 
-absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors) {
+const PackingOptions& BroadcastSender::packing() const { return state_->options.packing; }
+
+bool BroadcastSender::nccl_configured() const { return state_->options.nccl_world_size >= 2; }
+
+absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors,
+                                      const DeviceBuckets* device) {
   State& st = *state_;
   absl::MutexLock publish_lock(&st.publish_mu);
   const auto t0 = std::chrono::steady_clock::now();
@@ -179,7 +184,13 @@ absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<Tensor
   absl::StatusOr<v1::SnapshotManifest> planned = PlanSnapshot(specs, version, st.options.packing);
   if (!planned.ok()) return planned.status();
   if (absl::Status s = CheckViews(*planned, tensors, st.model_signature); !s.ok()) return s;
+  if (device != nullptr && device->buckets.size() != static_cast<size_t>(planned->buckets_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("device buckets: ", device->buckets.size(),
+                                                   ", but the manifest has ",
+                                                   planned->buckets_size()));
+  }
   std::shared_ptr<Snapshot> snapshot = Pack(std::move(*planned), tensors, st.pool);
+  if (device != nullptr) snapshot->device = *device;
   {
     absl::MutexLock lock(&st.mu);
     st.latest = snapshot;

@@ -61,6 +61,15 @@ struct TensorView {
   uint64_t size_bytes = 0;
 };
 
+// The snapshot's buckets as they also lie in GPU memory (laid out exactly as
+// the manifest PlanSnapshot makes for these tensors and the sender's packing
+// options), for the NCCL transport to broadcast straight from the device.
+// `keep_alive` holds that memory until the sender lets the snapshot go.
+struct DeviceBuckets {
+  std::vector<const void*> buckets;  // [i]: manifest bucket i, on the NCCL device
+  std::shared_ptr<const void> keep_alive;
+};
+
 struct BroadcastSenderOptions {
   PackingOptions packing;
   // Chunk size used when a fetch does not ask for one (max_chunk_bytes 0);
@@ -111,7 +120,17 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   // tensors' signature differs from model_signature, a view's size is wrong,
   // or `version` is not greater than the latest published one (the first
   // Publish may use any version, e.g. the one restored from a checkpoint).
-  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors);
+  // With `device` (non-null), the NCCL transport broadcasts the buckets from
+  // there instead of from host memory; INVALID_ARGUMENT when its bucket
+  // count differs from the manifest's.
+  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors,
+                       const DeviceBuckets* device = nullptr);
+
+  // The packing every snapshot uses (for laying out DeviceBuckets).
+  const PackingOptions& packing() const;
+  // Whether the NCCL transport was asked for (nccl_world_size >= 2): only
+  // then are DeviceBuckets of use.
+  bool nccl_configured() const;
 
   // Ends every open Subscribe stream (the daemon calls it before shutting
   // the server down) and refuses new registrations and subscriptions with

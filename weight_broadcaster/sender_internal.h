@@ -44,6 +44,7 @@ struct Snapshot {
 
   std::shared_ptr<const v1::SnapshotAnnouncement> announcement;
   std::vector<Buffer> buckets;  // buckets[i]: manifest bucket i's bytes
+  DeviceBuckets device;         // the same bytes on the NCCL device, if given
   std::weak_ptr<BufferPool> pool;
 
   const v1::SnapshotManifest& manifest() const { return announcement->manifest(); }

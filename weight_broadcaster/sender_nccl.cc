@@ -118,7 +118,12 @@ void NcclLoop(SenderState& st) {
     for (int b = 0; b < m.buckets_size() && status.ok(); ++b) {
       const Buffer& bucket = snapshot->buckets[static_cast<size_t>(b)];
       if (bucket.size == 0) continue;  // every rank skips empty buckets
-      status = comm->Broadcast(bucket.data.get(), bucket.size);
+      // From GPU memory when the learner gave the buckets there (no host
+      // round trip); else from the host buckets through NCCL's staging.
+      status = snapshot->device.buckets.empty()
+                   ? comm->Broadcast(bucket.data.get(), bucket.size)
+                   : comm->BroadcastFromDevice(snapshot->device.buckets[static_cast<size_t>(b)],
+                                               bucket.size);
     }
     if (!status.ok()) {
       NcclFail(

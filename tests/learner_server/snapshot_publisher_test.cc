@@ -36,6 +36,46 @@ TEST(SnapshotStagingTest, AStagedCopyIsConsistentAndInThePublishDtype) {
   EXPECT_NE(broadcast::ModelSignatureOf(*model, at::kBFloat16), broadcast::ModelSignatureOf(*model));
 }
 
+TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
+  auto model = Tiny();
+  broadcast::PackingOptions packing;
+  packing.bucket_bytes = 4096;
+  auto staging = broadcast::SnapshotStaging::Create(*model, at::kBFloat16, &packing).value();
+  ASSERT_TRUE(staging->Stage(*model).ok());
+  const auto views = staging->CopyToHost().value();
+  broadcast::DeviceBuckets device = staging->DeviceBucketsOfStage();
+  const v1::SnapshotManifest plan =
+      broadcast::PlanSnapshot(broadcast::ModelTensorSpecs(*model, at::kBFloat16), 0, packing)
+          .value();
+  ASSERT_GT(plan.buckets_size(), 1);
+  ASSERT_EQ(device.buckets.size(), static_cast<size_t>(plan.buckets_size()));
+  for (int t = 0; t < plan.tensors_size(); ++t) {
+    const v1::TensorEntry& e = plan.tensors(t);
+    const char* in_bucket = static_cast<const char*>(device.buckets[e.bucket()]) + e.offset();
+    ASSERT_EQ(views[static_cast<size_t>(t)].size_bytes, e.size_bytes());
+    EXPECT_EQ(std::memcmp(in_bucket, views[static_cast<size_t>(t)].data, e.size_bytes()), 0)
+        << e.name();
+  }
+  // While a snapshot holds those buckets, the next stage goes elsewhere;
+  // once it lets go, the buffer is used again.
+  ASSERT_TRUE(staging->Stage(*model).ok());
+  ASSERT_TRUE(staging->CopyToHost().ok());
+  broadcast::DeviceBuckets second = staging->DeviceBucketsOfStage();
+  EXPECT_NE(second.buckets[0], device.buckets[0]);
+  const void* first_buffer = device.buckets[0];
+  const void* second_buffer = second.buckets[0];
+  device.keep_alive.reset();  // the snapshots let go
+  second.keep_alive.reset();
+  ASSERT_TRUE(staging->Stage(*model).ok());
+  ASSERT_TRUE(staging->CopyToHost().ok());
+  const void* third = staging->DeviceBucketsOfStage().buckets[0];
+  EXPECT_TRUE(third == first_buffer || third == second_buffer) << "a third buffer was allocated";
+  // Without the bucket layout there are no device buckets.
+  auto plain = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
+  ASSERT_TRUE(plain->Stage(*model).ok());
+  EXPECT_TRUE(plain->DeviceBucketsOfStage().buckets.empty());
+}
+
 TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
   auto model = Tiny();
   broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),

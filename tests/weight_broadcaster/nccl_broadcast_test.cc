@@ -24,6 +24,9 @@ using testing::MetricValue;
 using testing::ReceiverOptions;
 using testing::SenderServer;
 using testing::TestPacking;
+using testing::TestSpecs;
+using testing::Views;
+using testing::Weights;
 using testing::WaitUntil;
 
 // The fake's controls, looked up in the library the loader opens.
@@ -148,6 +151,41 @@ TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   late.ExpectVersion(2);
   EXPECT_FALSE(late.receiver->using_nccl());
   EXPECT_GT(late.FetchedBytes(), 0);
+}
+
+TEST_F(NcclBroadcastTest, BucketsGivenInDeviceMemoryAreBroadcastFromThere) {
+  SenderServer server(NcclSenderOptions(2, absl::Seconds(20)));
+  EXPECT_TRUE(server.sender().nccl_configured());
+  Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
+  ASSERT_TRUE(server.Publish(1).ok());
+  a.ExpectVersion(1);
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 1; }));
+  const int64_t staged_before = Stats().host_to_device_copies;
+  EXPECT_GT(staged_before, 0) << "host buckets go through the device staging";
+
+  // Version 2's buckets also "in device memory" (the fake's device memory is
+  // host memory), laid out as the manifest says.
+  const std::vector<std::string> w = Weights(2);
+  const v1::SnapshotManifest plan = PlanSnapshot(TestSpecs(), 2, TestPacking()).value();
+  auto buckets = std::make_shared<std::vector<std::string>>();
+  for (const v1::BucketInfo& b : plan.buckets()) buckets->emplace_back(b.size_bytes(), '\0');
+  for (int t = 0; t < plan.tensors_size(); ++t) {
+    const v1::TensorEntry& e = plan.tensors(t);
+    (*buckets)[e.bucket()].replace(e.offset(), e.size_bytes(), w[static_cast<size_t>(t)]);
+  }
+  DeviceBuckets device;
+  for (const std::string& b : *buckets) device.buckets.push_back(b.data());
+  device.keep_alive = buckets;
+  DeviceBuckets wrong = device;
+  wrong.buckets.pop_back();
+  EXPECT_EQ(server.sender().Publish(2, Views(w), &wrong).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(server.sender().Publish(2, Views(w), &device).ok());
+  a.ExpectVersion(2);
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 2; }));
+  EXPECT_EQ(Stats().host_to_device_copies, staged_before)
+      << "version 2 went through the host staging instead of straight from the device";
+  EXPECT_EQ(Stats().count_mismatches, 0);
 }
 
 TEST_F(NcclBroadcastTest, AHungBroadcastFallsBackToGrpcForEveryone) {

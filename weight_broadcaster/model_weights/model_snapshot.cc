@@ -64,25 +64,49 @@ std::string ModelSignatureOf(const PolicyModel& model, at::ScalarType dtype) {
   return ModelSignature(ModelTensorSpecs(model, dtype));
 }
 
-absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const PolicyModel& model,
-                                                                          at::ScalarType dtype) {
+// Element offsets of every tensor in the flat buffers and their total:
+// packed one after the other (64-byte aligned), or, with `buckets`, at the
+// manifest's places, the buckets one after the other (64-byte aligned).
+absl::Status SnapshotStaging::Layout(const PolicyModel& model, at::ScalarType dtype,
+                                     const PackingOptions* buckets, int64_t* elements) {
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+  const auto round64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
+  *elements = 0;
+  if (buckets == nullptr) {
+    for (const auto& [name, t] : model.named_parameters()) {
+      offsets_.push_back(*elements);
+      *elements += round64(t.numel() * esize) / esize;
+    }
+    return absl::OkStatus();
+  }
+  ASYMPO_ASSIGN_OR_RETURN(const v1::SnapshotManifest plan, PlanSnapshot(specs_, 0, *buckets));
+  int64_t end = 0;
+  for (const v1::BucketInfo& b : plan.buckets()) {
+    bucket_starts_.push_back(end);
+    end = round64(end + static_cast<int64_t>(b.size_bytes()));
+  }
+  for (const v1::TensorEntry& e : plan.tensors()) {
+    offsets_.push_back((bucket_starts_[e.bucket()] + static_cast<int64_t>(e.offset())) / esize);
+  }
+  *elements = end / esize;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(
+    const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets) {
   if (absl::StatusOr<v1::DType> wire = ToDType(dtype); !wire.ok()) return wire.status();
   return GuardTorch("allocating the snapshot staging buffers",
                     [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
     std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
     s->specs_ = ModelTensorSpecs(model, dtype);
-    // Every tensor starts 64-byte aligned.
-    const int64_t align = std::max<int64_t>(1, 64 / static_cast<int64_t>(c10::elementSize(dtype)));
     int64_t elements = 0;
-    for (const auto& [name, t] : model.named_parameters()) {
-      s->offsets_.push_back(elements);
-      elements += (t.numel() + align - 1) / align * align;
-    }
+    ASYMPO_RETURN_IF_ERROR(s->Layout(model, dtype, buckets, &elements));
     const at::Device device = model.options().device;
-    s->device_ = at::empty({std::max<int64_t>(elements, 1)},
-                           at::TensorOptions().dtype(dtype).device(device));
-    s->host_ = device.is_cpu() ? at::empty_like(s->device_)
-                               : at::empty({s->device_.numel()},
+    s->device_ = std::make_shared<at::Tensor>(at::zeros(
+        {std::max<int64_t>(elements, 1)}, at::TensorOptions().dtype(dtype).device(device)));
+    s->device_pool_.push_back(s->device_);
+    s->host_ = device.is_cpu() ? at::empty_like(*s->device_)
+                               : at::empty({s->device_->numel()},
                                            at::TensorOptions().dtype(dtype).pinned_memory(true));
     s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
     if (!device.is_cpu()) {
@@ -97,16 +121,37 @@ absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const P
 absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
   return GuardTorch("staging the weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
+    if (device_.use_count() > 2) {  // this object's two references, plus a snapshot's
+      std::shared_ptr<at::Tensor> free;
+      for (const auto& b : device_pool_) {
+        if (b.use_count() == 1) free = b;  // only the pool holds it
+      }
+      if (free == nullptr) {
+        free = std::make_shared<at::Tensor>(at::zeros_like(*device_));
+        device_pool_.push_back(free);
+      }
+      device_ = free;
+    }
     const auto& params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
       const at::Tensor& p = params[i].second;
-      device_.narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
+      device_->narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
     }
     if (staged_ != nullptr) {
-      staged_->record(c10::impl::VirtualGuardImpl(device_.device().type()).getStream(device_.device()));
+      staged_->record(
+          c10::impl::VirtualGuardImpl(device_->device().type()).getStream(device_->device()));
     }
     return absl::OkStatus();
   });
+}
+
+DeviceBuckets SnapshotStaging::DeviceBucketsOfStage() const {
+  DeviceBuckets out;
+  if (bucket_starts_.empty()) return out;
+  const char* base = static_cast<const char*>(device_->data_ptr());
+  for (int64_t start : bucket_starts_) out.buckets.push_back(base + start);
+  out.keep_alive = device_;
+  return out;
 }
 
 absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
@@ -117,11 +162,11 @@ absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
       staged_->block(*copy_stream_);
       {
         const c10::StreamGuard on_copy_stream(*copy_stream_);
-        host_.copy_(device_, /*non_blocking=*/true);
+        host_.copy_(*device_, /*non_blocking=*/true);
       }
       copy_stream_->synchronize();
     } else {
-      host_.copy_(device_);  // one transfer; blocks until it is done
+      host_.copy_(*device_);  // one transfer; blocks until it is done
     }
     std::vector<TensorView> views;
     views.reserve(specs_.size());

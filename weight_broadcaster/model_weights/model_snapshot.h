@@ -45,24 +45,39 @@ std::string ModelSignatureOf(const PolicyModel& model,
 // several Stage calls may precede a CopyToHost (the last wins).
 class SnapshotStaging {
  public:
-  // Allocates both buffers. A LibTorch error (out of memory, no pinned
-  // memory) is a status.
-  static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(const PolicyModel& model,
-                                                                  at::ScalarType dtype);
+  // Allocates both buffers. With `buckets`, the flat buffers are laid out
+  // as the manifest PlanSnapshot makes with those packing options (the
+  // buckets one after the other, each 64-byte aligned), so that
+  // DeviceBucketsOfStage can hand the device copy to the NCCL transport.
+  // A LibTorch error (out of memory, no pinned memory) is a status.
+  static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(
+      const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets = nullptr);
 
   absl::Status Stage(const PolicyModel& model);
   absl::StatusOr<std::vector<TensorView>> CopyToHost();
+
+  // The last staged copy's buckets in device memory, valid while the
+  // result's keep_alive lives (Stage then stages into another buffer).
+  // Empty without the bucket layout. Call after CopyToHost: the staged
+  // bytes are complete then.
+  DeviceBuckets DeviceBucketsOfStage() const;
 
   int64_t bytes() const { return bytes_; }
   bool pinned() const { return host_.is_pinned(); }
 
  private:
   SnapshotStaging() = default;
+  absl::Status Layout(const PolicyModel& model, at::ScalarType dtype,
+                      const PackingOptions* buckets, int64_t* elements);
 
   std::vector<TensorSpec> specs_;
-  std::vector<int64_t> offsets_;  // elements into the flat buffers
-  at::Tensor device_;             // flat, on the model's device (the host on a CPU)
-  at::Tensor host_;               // flat, host
+  std::vector<int64_t> offsets_;        // elements into the flat buffers
+  std::vector<int64_t> bucket_starts_;  // bytes; empty without the bucket layout
+  // Flat, on the model's device (host memory on a CPU). A buffer that a
+  // snapshot still holds (DeviceBucketsOfStage) is not staged into again.
+  std::shared_ptr<at::Tensor> device_;
+  std::vector<std::shared_ptr<at::Tensor>> device_pool_;
+  at::Tensor host_;  // flat, host
   int64_t bytes_ = 0;
   // GPU only: recorded on the trainer's stream after Stage's copies, and
   // the stream CopyToHost copies on.

@@ -393,6 +393,15 @@ absl::Status NcclBroadcaster::BroadcastWithReadback(const void* src, void* readb
   return Run(src, readback, n, "broadcast with readback");
 }
 
+absl::Status NcclBroadcaster::BroadcastFromDevice(const void* device_bytes, size_t n) {
+  absl::MutexLock lock(&op_mu_);
+  if (rank_ != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("BroadcastFromDevice is for rank 0; this is ", Where()));
+  }
+  return Run(device_bytes, nullptr, n, "broadcast from device memory", /*src_on_device=*/true);
+}
+
 // One Run: the bytes, and how they are cut into pieces.
 struct NcclBroadcaster::Pipeline {
   const char* in;  // root only
@@ -402,6 +411,7 @@ struct NcclBroadcaster::Pipeline {
   uint64_t piece;
   size_t pieces;
   bool root;
+  bool in_on_device;  // root: `in` is device memory, broadcast in place
 
   size_t offset(size_t i) const { return i * piece; }
   size_t length(size_t i) const { return std::min<size_t>(piece, n - offset(i)); }
@@ -425,6 +435,17 @@ absl::Status NcclBroadcaster::IssuePiece(const Pipeline& p, size_t i) {
   Slot& slot = slots_[i % 2];
   const size_t len = p.length(i);
   ASYMPO_RETURN_IF_ERROR(WaitEvent(slot.free, p.Label(i, "staging slot reuse")));
+  if (p.root && p.in_on_device) {
+    // Straight from the caller's device memory, in place (NCCL reads the
+    // root's buffer and writes nothing new into it).
+    char* piece = const_cast<char*>(p.in + p.offset(i));
+    ASYMPO_RETURN_IF_ERROR(CheckNccl(
+        api_->ncclBroadcast(piece, piece, len, nccl::kUint8, 0, comm_, nccl_stream_),
+        p.Label(i, "ncclBroadcast")));
+    ASYMPO_RETURN_IF_ERROR(
+        CheckCuda(api_->cudaEventRecord(slot.sent, nccl_stream_), "cudaEventRecord"));
+    return CheckCuda(api_->cudaEventRecord(slot.free, nccl_stream_), "cudaEventRecord");
+  }
   if (p.root) {
     ASYMPO_RETURN_IF_ERROR(CheckCuda(api_->cudaMemcpyAsync(slot.send, p.in + p.offset(i), len,
                                                            nccl::kMemcpyHostToDevice, copy_stream_),
@@ -466,7 +487,8 @@ absl::Status NcclBroadcaster::DrainPiece(const Pipeline& p, size_t i) {
 // issued before the event it depends on has completed: copies to or from
 // pageable memory may block the calling thread inside cudaMemcpyAsync until
 // the stream reaches them, which must never mean waiting on NCCL unwatched.
-absl::Status NcclBroadcaster::Run(const void* src, void* dst, size_t n, absl::string_view what) {
+absl::Status NcclBroadcaster::Run(const void* src, void* dst, size_t n, absl::string_view what,
+                                  bool src_on_device) {
   if (!healthy()) return DeadError();
   if (cancelled_.load(std::memory_order_acquire)) {
     return Fail(absl::CancelledError(
@@ -484,7 +506,8 @@ absl::Status NcclBroadcaster::Run(const void* src, void* dst, size_t n, absl::st
                    what,
                    piece_bytes_,
                    (n + piece_bytes_ - 1) / piece_bytes_,
-                   rank_ == 0};
+                   rank_ == 0,
+                   src_on_device && rank_ == 0};
   for (size_t i = 0; i < p.pieces; ++i) {
     ASYMPO_RETURN_IF_ERROR(IssuePiece(p, i));
     if (p.out != nullptr && i > 0) ASYMPO_RETURN_IF_ERROR(DrainPiece(p, i - 1));

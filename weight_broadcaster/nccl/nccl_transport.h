@@ -118,6 +118,12 @@ class NcclBroadcaster {
   // checked on one GPU with world size 1. FAILED_PRECONDITION on other ranks.
   absl::Status BroadcastWithReadback(const void* src, void* readback, size_t n);
 
+  // Rank 0 only: broadcasts n bytes that are already in device memory (on
+  // this broadcaster's device), straight from there: no host round trip and
+  // no staging slot. The other ranks call Broadcast as usual. The bytes must
+  // stay unchanged until this returns. FAILED_PRECONDITION on other ranks.
+  absl::Status BroadcastFromDevice(const void* device_bytes, size_t n);
+
   // Aborts the operation in progress (it returns CANCELLED) or, when idle,
   // makes the next one fail. Any thread.
   void Cancel();
@@ -142,7 +148,8 @@ class NcclBroadcaster {
   absl::Status InitBlockingOnHelperThread(const nccl::UniqueId& id);
   absl::Status Handshake();
   absl::Status AllocateSlots(uint64_t piece_bytes, bool readback);
-  absl::Status Run(const void* src, void* dst, size_t n, absl::string_view what)
+  absl::Status Run(const void* src, void* dst, size_t n, absl::string_view what,
+                   bool src_on_device = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Run's parts: the pieces of one operation, enqueueing piece i, copying a
   // broadcast piece out, and a watched wait for a CUDA event.

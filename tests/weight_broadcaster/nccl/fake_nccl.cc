@@ -394,6 +394,7 @@ FAKE_API CudaError cudaMemcpyAsync(void* dst, const void* src, size_t count, Mem
     return kCudaErrorInvalidValue;
   }
   std::lock_guard<std::mutex> lock(mu);
+  if (kind == abi::kMemcpyHostToDevice) ++stats.host_to_device_copies;
   Op op{Op::kCopy};
   op.dst = dst;
   op.src = src;

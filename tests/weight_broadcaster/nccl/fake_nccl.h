@@ -34,6 +34,7 @@ struct AsympoFakeNcclStats {
   int64_t completed = 0;         // broadcasts completed, counted once per rank
   int64_t live_allocations = 0;  // cudaMalloc minus cudaFree
   int count_mismatches = 0;      // ranks disagreed on a broadcast's size
+  int64_t host_to_device_copies = 0;  // cudaMemcpyAsync calls from host to device
 };
 
 // Clears the configuration and the counters, and frees any blocked

@@ -68,6 +68,32 @@ TEST(NcclTransportGpuTest, OneRankBroadcastsAndReadsBackSeveralMiB) {
   EXPECT_TRUE((*b)->healthy());
 }
 
+TEST(NcclTransportGpuTest, OneRankBroadcastsStraightFromDeviceMemory) {
+  SKIP_WITHOUT_GPU();
+  const NcclApi& api = *LoadNccl().value();
+  absl::StatusOr<std::string> id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  NcclBroadcasterOptions options;
+  options.staging_bytes = 2 << 20;
+  options.timeout = absl::Seconds(30);
+  auto b = NcclBroadcaster::Create(*id, 0, 1, 0, options);
+  ASSERT_TRUE(b.ok()) << b.status();
+  std::string src((3 << 20) + 77, '\0');
+  std::mt19937 rng(7);
+  for (char& c : src) c = static_cast<char>(rng());
+  void* device = nullptr;
+  ASSERT_EQ(api.cudaMalloc(&device, src.size()), nccl::kCudaSuccess);
+  ASSERT_EQ(api.cudaMemcpy(device, src.data(), src.size(), nccl::kMemcpyHostToDevice),
+            nccl::kCudaSuccess);
+  EXPECT_TRUE((*b)->BroadcastFromDevice(device, src.size()).ok());
+  std::string back(src.size(), '\0');
+  ASSERT_EQ(api.cudaMemcpy(back.data(), device, back.size(), nccl::kMemcpyDeviceToHost),
+            nccl::kCudaSuccess);
+  EXPECT_TRUE(back == src) << "an in-place broadcast must leave the root's bytes as they were";
+  api.cudaFree(device);
+  EXPECT_TRUE((*b)->healthy());
+}
+
 TEST(NcclTransportGpuTest, InitWatchdogFiresWhenThePeerNeverJoins) {
   SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> id = NewNcclUniqueId();
