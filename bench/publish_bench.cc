@@ -12,8 +12,9 @@
 // The parts of moving one snapshot, each timed alone (medians), and per
 // billion parameters: staging on the device, the copy to pinned host memory,
 // the sender's packing and CRC-32C, loading into a receiver's spare model on
-// the device, and the one-rank NCCL broadcast of the snapshot's bytes (where
-// NCCL and a GPU are present). The gRPC wire itself is broadcast_bench's.
+// the device, and the one-rank NCCL broadcast of the snapshot's bytes from
+// host memory and straight from the device (where NCCL and a GPU are
+// present). The gRPC wire itself is broadcast_bench's.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -137,6 +138,29 @@ double Seconds(const std::function<void()>& fn, bool cuda, int reps) {
   return Median(ts);
 }
 
+// The one-rank NCCL broadcast of the snapshot's buckets straight from the
+// staged device copy (what the learner does with --device cuda).
+double NcclFromDevice(asympo::broadcast::NcclBroadcaster& comm, const asympo::PolicyModel& model,
+                      at::ScalarType dtype, bool cuda, int reps) {
+  const asympo::broadcast::PackingOptions packing;
+  auto staging = asympo::broadcast::SnapshotStaging::Create(model, dtype, &packing).value();
+  Must(staging->Stage(model));
+  Must(staging->CopyToHost().status());
+  const asympo::broadcast::DeviceBuckets device = staging->DeviceBucketsOfStage();
+  const asympo::v1::SnapshotManifest plan =
+      asympo::broadcast::PlanSnapshot(asympo::broadcast::ModelTensorSpecs(model, dtype), 0,
+                                      packing)
+          .value();
+  return Seconds(
+      [&] {
+        for (int b = 0; b < plan.buckets_size(); ++b) {
+          Must(comm.BroadcastFromDevice(device.buckets[static_cast<size_t>(b)],
+                                        plan.buckets(b).size_bytes()));
+        }
+      },
+      cuda, reps);
+}
+
 // --mode transfer (see the top of the file).
 int Transfer(const Setup& s, int reps) {
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
@@ -160,7 +184,7 @@ int Transfer(const Setup& s, int reps) {
                                                    at::TensorOptions().dtype(s.dtype)));
   }
   const double load = Seconds([&] { Must(spare->LoadParameters(source)); }, cuda, reps);
-  double nccl = -1;
+  double nccl = -1, nccl_device = -1;
   if (cuda) {
     auto id = asympo::broadcast::NewNcclUniqueId();
     auto comm = id.ok() ? asympo::broadcast::NcclBroadcaster::Create(
@@ -169,7 +193,8 @@ int Transfer(const Setup& s, int reps) {
                               id.status());
     if (comm.ok()) {
       void* bytes = const_cast<void*>(views.front().data);
-      nccl = Seconds([&] { (void)(*comm)->Broadcast(bytes, staging->bytes()); }, cuda, reps);
+      nccl = Seconds([&] { Must((*comm)->Broadcast(bytes, staging->bytes())); }, cuda, reps);
+      nccl_device = NcclFromDevice(**comm, *model, s.dtype, cuda, reps);
     } else {
       std::fprintf(stderr, "publish_bench: no NCCL: %s\n",
                    std::string(comm.status().message()).c_str());
@@ -180,13 +205,15 @@ int Transfer(const Setup& s, int reps) {
       "{\"mode\": \"transfer\", \"config\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
       "\"params\": %lld, \"bytes\": %lld, \"pinned\": %s, \"stage_s\": %.5f, \"copy_to_host_s\": %.5f, "
       "\"pack_crc_s\": %.5f, \"load_spare_s\": %.5f, \"nccl_one_rank_s\": %.5f, "
+      "\"nccl_one_rank_from_device_s\": %.5f, "
       "\"per_billion_s\": {\"stage\": %.5f, \"copy_to_host\": %.5f, \"pack_crc\": %.5f, "
-      "\"load_spare\": %.5f, \"nccl_one_rank\": %.5f}}\n",
+      "\"load_spare\": %.5f, \"nccl_one_rank\": %.5f, \"nccl_one_rank_from_device\": %.5f}}\n",
       s.config.c_str(), c10::DeviceTypeName(s.model.device.type(), true).c_str(),
       asympo::DTypeName(s.dtype).c_str(), static_cast<long long>(cfg.NumParameters()),
       static_cast<long long>(staging->bytes()), staging->pinned() ? "true" : "false", stage, copy,
-      pack, load, nccl, stage * per_billion, copy * per_billion, pack * per_billion,
-      load * per_billion, nccl < 0 ? -1.0 : nccl * per_billion);
+      pack, load, nccl, nccl_device, stage * per_billion, copy * per_billion, pack * per_billion,
+      load * per_billion, nccl < 0 ? -1.0 : nccl * per_billion,
+      nccl_device < 0 ? -1.0 : nccl_device * per_billion);
   return 0;
 }
 
