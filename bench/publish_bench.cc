@@ -2,7 +2,8 @@
 // median training step time with no broadcast, with the learner's
 // SnapshotPublisher (--broadcast_every 1: stage on the device, copy, CRC and
 // announce on its own thread), and with everything done inline on the
-// trainer thread (the way it was before), side by side in one run.
+// trainer thread (the way it was before), side by side in one run;
+// the order of the modes rotates from round to round.
 //
 //   publish_bench --config tiny|100m [--device cpu|cuda] [--dtype float32|bfloat16]
 //                 [--groups 8] [--responses 8] [--tokens 64] [--steps 10] [--rounds 3]
@@ -241,7 +242,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> modes = {"none", "async", "inline"};
   std::map<std::string, std::vector<double>> medians;
   for (int64_t r = 0; r < rounds; ++r) {
-    for (const std::string& mode : modes) {
+    // Each round starts with another mode, so that no mode always runs
+    // first (right after the previous model was torn down).
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const std::string& mode = modes[(k + static_cast<size_t>(r)) % modes.size()];
       const double m = RunMode(s, mode);
       medians[mode].push_back(m);
       std::printf("{\"config\": \"%s\", \"mode\": \"%s\", \"round\": %lld, \"step_s\": %.5f}\n",
