@@ -7,7 +7,10 @@
 //
 //   publish_bench --config tiny|100m [--device cpu|cuda] [--dtype float32|bfloat16]
 //                 [--groups 8] [--responses 8] [--tokens 64] [--steps 10] [--rounds 3]
+//                 [--malloc_tuned 1] [--modes stage]
 // Prints one JSON object per mode and round, then a markdown table of medians.
+// --malloc_tuned 1 sets asympo-learner's glibc thresholds; --modes stage
+// compares no publishing with staging alone (the trainer's share).
 //
 //   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
 // The parts of moving one snapshot, each timed alone (medians), and per
@@ -16,6 +19,8 @@
 // the device, and the one-rank NCCL broadcast of the snapshot's bytes from
 // host memory and straight from the device (where NCCL and a GPU are
 // present). The gRPC wire itself is broadcast_bench's.
+#include <malloc.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -84,6 +89,19 @@ class InlinePublisher : public asympo::learner::WeightPublisher {
   std::unique_ptr<asympo::broadcast::SnapshotStaging> staging_;
 };
 
+// Only the trainer's part of publishing (diagnostics: --modes stage).
+class StageOnlyPublisher : public asympo::learner::WeightPublisher {
+ public:
+  explicit StageOnlyPublisher(std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
+      : staging_(std::move(staging)) {}
+  void Publish(uint64_t, const asympo::PolicyModel& model) override {
+    if (!staging_->Stage(model).ok()) std::abort();
+  }
+
+ private:
+  std::unique_ptr<asympo::broadcast::SnapshotStaging> staging_;
+};
+
 struct Setup {
   std::string config;
   asympo::ModelOptions model;
@@ -101,6 +119,9 @@ double RunMode(const Setup& s, const std::string& mode) {
   if (mode == "async") {
     publisher = asympo::learner::SnapshotPublisher::Create(&sender, *model, s.dtype, 1, nullptr)
                     .value();
+  } else if (mode == "stage") {
+    publisher = std::make_unique<StageOnlyPublisher>(
+        asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
   } else if (mode == "inline") {
     publisher = std::make_unique<InlinePublisher>(
         &sender, asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
@@ -222,6 +243,10 @@ int Transfer(const Setup& s, int reps) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (Flag(argc, argv, "--malloc_tuned", 0) != 0) {  // the daemons' glibc settings
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  }
   at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
   Setup s;
   s.config = FlagS(argc, argv, "--config", "tiny");
@@ -239,7 +264,8 @@ int main(int argc, char** argv) {
     return Transfer(s, static_cast<int>(Flag(argc, argv, "--reps", 3)));
   }
   const int64_t rounds = Flag(argc, argv, "--rounds", 3);
-  const std::vector<std::string> modes = {"none", "async", "inline"};
+  std::vector<std::string> modes = {"none", "async", "inline"};
+  if (FlagS(argc, argv, "--modes", "") == "stage") modes = {"none", "stage"};
   std::map<std::string, std::vector<double>> medians;
   for (int64_t r = 0; r < rounds; ++r) {
     // Each round starts with another mode, so that no mode always runs
@@ -260,7 +286,8 @@ int main(int argc, char** argv) {
   const std::map<std::string, std::string> names = {
       {"none", "none (--broadcast_every 0)"},
       {"async", "--broadcast_every 1 (SnapshotPublisher)"},
-      {"inline", "every step, inline on the trainer thread"}};
+      {"inline", "every step, inline on the trainer thread"},
+      {"stage", "stage only (the trainer's part)"}};
   for (const std::string& mode : modes) {
     const double m = Median(medians[mode]);
     std::printf("| %s | %.1f ms | %.3fx |\n", names.at(mode).c_str(), 1e3 * m, m / base);

@@ -167,7 +167,7 @@ if ((bench)); then
     python3 -c 'import json,sys; print(json.dumps({"line": " ".join(l.strip() for l in sys.stdin)}))' |
     tag grpc_wire cpp
   "$build/bench/publish_bench" --config qwen3-0.6b --device cuda --dtype bfloat16 --groups 8 \
-    --responses 8 --tokens 248 --steps 5 --rounds 2 2>>"$logs/bench.log" | tee "$logs/publish_steps.txt" |
+    --responses 8 --tokens 248 --steps 5 --rounds 2 --malloc_tuned 1 2>>"$logs/bench.log" | tee "$logs/publish_steps.txt" |
     grep '^|' >"$logs/publish_steps.md"
 fi
 t_bench=$(($(date +%s) - t0))
