@@ -1,5 +1,6 @@
 #include "learner_server/advantages.h"
 
+#include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -82,7 +83,17 @@ absl::StatusOr<at::Tensor> ComputeGroupAdvantages(const at::Tensor& rewards,
         at::zeros({num_groups}, r.options()).index_add_(0, gi, a * a) / (layout.sizes - 1.0);
     a = a / (var.sqrt().index_select(0, gi) + options.std_epsilon);
   }
-  return a;
+  // "All rewards equal" is decided from the rewards, not from the rounded
+  // advantages: (0.7, 0.7, 0.7) has a float64 mean that is not 0.7, and its
+  // advantages would be +-1e-16 instead of 0 (and the group not counted as
+  // degenerate by gpg's alpha and the diagnostics).
+  const at::Tensor high = at::full({num_groups}, -std::numeric_limits<double>::infinity(),
+                                   r.options())
+                              .scatter_reduce(0, gi, r, "amax", /*include_self=*/true);
+  const at::Tensor low = at::full({num_groups}, std::numeric_limits<double>::infinity(),
+                                  r.options())
+                             .scatter_reduce(0, gi, r, "amin", /*include_self=*/true);
+  return a.masked_fill((high == low).index_select(0, gi), 0.0);
 }
 
 }  // namespace asympo::learner

@@ -57,7 +57,9 @@ ABSL_FLAG(std::string, objective, "asympo",
 ABSL_FLAG(std::string, advantage, "mean",
           "Group advantage: mean, or mean_std (divide by the group std).");
 ABSL_FLAG(double, spo_alpha, 0.2, "spo: weight of negative advantages, in [0, 1].");
-ABSL_FLAG(double, p_low, 1e-3, "asympo_stable: lower probability bound for A < 0 tokens.");
+ABSL_FLAG(double, p_low, 0.02,
+          "asympo_stable: lower probability bound for A < 0 tokens (the paper recommends "
+          "0.01-0.05).");
 ABSL_FLAG(double, p_high, 0.99, "asympo_stable: upper probability bound for A >= 0 tokens.");
 ABSL_FLAG(double, scale_floor, 1e-2, "asympo_stable: floor of the response scale (nats).");
 ABSL_FLAG(double, clip_eps_low, 0.2, "grpo: lower clip range (ratio >= 1 - eps).");

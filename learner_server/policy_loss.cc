@@ -223,9 +223,10 @@ namespace {
 
 // A_g S_g / sg(S_g): forward value A_g, gradient (A_g / S_g) grad S_g.
 at::Tensor AsympoLoss(const Prepared& p) {
-  // The floor only matters when S_g underflows to 0, where grad S_g = 0.
-  const at::Tensor denom =
-      p.scale.detach().clamp_min(static_cast<double>(std::numeric_limits<float>::min()));
+  // A real floor (kAsympoScaleFloor): in float32 a near-certain token's
+  // log-prob rounds to exactly 0 while its gradient does not, so S_g can be 0
+  // (or tiny and inaccurate) with grad S_g != 0.
+  const at::Tensor denom = p.scale.detach().clamp_min(kAsympoScaleFloor);
   // S_g / sg(S_g) first: its forward value is exactly 1, so the loss is
   // exactly sum of weight * A (0 for zero-sum advantages, up to the
   // rounding of the advantages themselves).

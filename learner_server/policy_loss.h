@@ -30,6 +30,12 @@ absl::StatusOr<Objective> ParseObjective(std::string_view name);
 // Every name ParseObjective accepts, in a fixed order.
 const std::vector<std::string_view>& ObjectiveNames();
 
+// asympo's denominator is max(sg(S_g), kAsympoScaleFloor) nats: below it a
+// response's mean NLL is not resolved in float32 (a log-prob rounds to 0 once
+// its competitors hold less than about 6e-8), and dividing by it would blow a
+// vanishing gradient up to 1e30 and more.
+inline constexpr double kAsympoScaleFloor = 1e-6;
+
 struct PolicyLossOptions {
   Objective objective = Objective::kAsympo;
   AdvantageOptions advantage;
@@ -38,7 +44,7 @@ struct PolicyLossOptions {
   // asympo_stable: token log-probs are clipped to log(p_high) in responses
   // with A >= 0 and to log(p_low) in responses with A < 0; the scale in the
   // denominator is floored at scale_floor (nats). 0 < p_low < p_high <= 1.
-  double p_low = 1e-3;
+  double p_low = 0.02;
   double p_high = 0.99;
   double scale_floor = 1e-2;
   // grpo: PPO clip range [1 - clip_eps_low, 1 + clip_eps_high].

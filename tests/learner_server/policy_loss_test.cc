@@ -484,3 +484,76 @@ INSTANTIATE_TEST_SUITE_P(AllObjectives, EveryObjectiveTest,
 
 }  // namespace
 }  // namespace asympo::learner
+
+namespace asympo::learner {
+namespace {
+
+using testing::GradOf;
+using testing::MakeLoss;
+
+// Rewards like 0.7 are not dyadic: the group mean rounds, and the
+// advantages of an all-equal group come out as +-2e-16 rather than 0.
+TEST(DegenerateGroupTest, AllEqualRewardsAreDecidedFromTheRewardsThemselves) {
+  const torch::Tensor logp =
+      torch::full({5, 2}, -1.0, torch::kDouble).requires_grad_(true);
+  LossInputs in;
+  in.token_logprobs = logp;
+  in.mask = torch::ones({5, 2}, torch::kBool);
+  // Group 0: (0.7, 0.7, 0.7), all equal; group 1: (1, 0).
+  in.rewards = torch::tensor({0.7, 0.7, 0.7, 1.0, 0.0}, torch::kDouble);
+  in.group_index = torch::tensor({0, 0, 0, 1, 1}, torch::kLong);
+  in.num_groups = 2;
+  const torch::Tensor adv =
+      ComputeGroupAdvantages(in.rewards, in.group_index, 2, AdvantageOptions{}).value();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(adv[i].item<double>(), 0.0) << "response " << i;
+  const auto gpg = MakeLoss(Objective::kGpg).Compute(in).value();
+  // B = 5 responses, M = 3 in the all-equal group: alpha = 5 / 2.
+  EXPECT_DOUBLE_EQ(gpg.diagnostics.gpg_alpha, 2.5);
+  EXPECT_DOUBLE_EQ(gpg.diagnostics.degenerate_group_fraction, 0.5);
+  for (Objective o : {Objective::kAsympo, Objective::kSpo, Objective::kNaive}) {
+    const auto out = MakeLoss(o).Compute(in).value();
+    EXPECT_DOUBLE_EQ(out.diagnostics.degenerate_group_fraction, 0.5);
+    const torch::Tensor grad = GradOf(out.loss, logp);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(grad[i].abs().max().item<double>(), 0.0) << "response " << i;
+    }
+  }
+}
+
+// In float32, log_softmax returns exactly 0 for a token whose competitors
+// hold less than about 6e-8 of the mass, while the gradient through the
+// logits is not 0: such a response's scale S_g is 0 and its asympo
+// coefficient A_g / S_g must not explode.
+TEST(AsympoScaleFloorTest, AResponseWhoseScaleRoundsToZeroGetsAFiniteBoundedGradient) {
+  // Two responses of 3 tokens over a vocabulary of 8: response 0's chosen
+  // tokens lead by 20 nats (log-prob exactly 0 in float32), response 1's by 1.
+  torch::Tensor logits = torch::zeros({2, 3, 8}, torch::kFloat);
+  logits.select(0, 0).select(1, 1).fill_(20.0);
+  logits.select(0, 1).select(1, 1).fill_(1.0);
+  logits.requires_grad_(true);
+  const torch::Tensor targets = torch::ones({2, 3}, torch::kLong);
+  const torch::Tensor logp =
+      torch::log_softmax(logits, 2).gather(2, targets.unsqueeze(2)).squeeze(2);
+  ASSERT_EQ(logp[0].abs().max().item<float>(), 0.0f) << "the premise: S_0 underflows to 0";
+  LossInputs in;
+  in.token_logprobs = logp;
+  in.mask = torch::ones({2, 3}, torch::kBool);
+  in.rewards = torch::tensor({1.0, 0.0}, torch::kDouble);
+  in.group_index = torch::tensor({0, 0}, torch::kLong);
+  in.num_groups = 1;
+  const auto out = MakeLoss(Objective::kAsympo).Compute(in).value();
+  const torch::Tensor grad = GradOf(out.loss, logits);
+  EXPECT_TRUE(torch::isfinite(grad).all().item<bool>());
+  // The other response's gradient is O(A / S_1 / m): about 0.5; nothing may
+  // be orders of magnitude beyond it.
+  EXPECT_LT(grad.abs().max().item<double>(), 10.0) << grad.abs().max().item<double>();
+}
+
+TEST(AsympoStableDefaultsTest, PLowIsInThePapersRange) {
+  const PolicyLossOptions o;
+  EXPECT_GE(o.p_low, 0.01);
+  EXPECT_LE(o.p_low, 0.05);
+}
+
+}  // namespace
+}  // namespace asympo::learner
