@@ -15,7 +15,6 @@
 //   broadcast_bench [--params_m 100,500] [--receivers 1,2] [--reps 3]
 //                   [--bucket_mib 256] [--chunk_kib 0] [--tensor_m 4]
 //                   [--malloc_tuned 0] [--tcp 1]
-#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -36,6 +35,7 @@
 
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
+#include "common/daemon/daemon_runtime.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -404,10 +404,7 @@ bool BenchSnapshotSize(const Args& args, int64_t params_m, double crc_bps) {
 
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  if (args.malloc_tuned) {
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  }
+  if (args.malloc_tuned) asympo::daemon::RetainFreedMemory();
   uint32_t crc_sink = 0;
   const double crc_bps = CrcBytesPerSecond(&crc_sink);
   PrintHeader(args, crc_bps, crc_sink);

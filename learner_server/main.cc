@@ -3,8 +3,6 @@
 // Prometheus metrics. Every flag is described by --help; --flagfile=FILE
 // reads flags from a file.
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -163,20 +161,12 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  absl::StatusOr<c10::Device> device = asympo::ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    return absl::Status(device.status().code(),
-                        absl::StrCat("--device: ", device.status().message()));
-  }
-  absl::StatusOr<c10::ScalarType> compute =
-      asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), *device);
-  if (!compute.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--compute_dtype: ", compute.status().message()));
-  }
-  o->model_options.device = *device;
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.device,
+                          asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
+  ASYMPO_ASSIGN_OR_RETURN(
+      o->model_options.compute_dtype,
+      asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), o->model_options.device));
   o->model_options.dtype = at::kFloat;  // master weights
-  o->model_options.compute_dtype = *compute;
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
   return absl::OkStatus();
 }
@@ -304,13 +294,7 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // Every training step allocates and frees its activations; with glibc's
-  // default thresholds the freed memory goes back to the kernel and is
-  // faulted in again by the next step. Keeping it (as the rollout daemon
-  // does) made CPU steps of the tiny model 1.8x faster (docs/benchmarks.md,
-  // "Publishing and the trainer").
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  asympo::daemon::RetainFreedMemory();
   // Before any thread starts, so that every thread inherits the handlers.
   absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
       asympo::daemon::DaemonRuntime::Install();

@@ -2,8 +2,6 @@
 // newest policy snapshot from the learner, scores them with a task's
 // verifier and submits them to the learner over gRPC. Every flag is
 // described by --help; --flagfile=FILE reads flags from a file.
-#include <malloc.h>
-
 #include <algorithm>
 #include <iostream>
 #include <memory>
@@ -94,12 +92,7 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype,
                           asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  absl::StatusOr<c10::Device> device = asympo::ParseDevice(absl::GetFlag(FLAGS_device));
-  if (!device.ok()) {
-    return absl::Status(device.status().code(),
-                        absl::StrCat("--device: ", device.status().message()));
-  }
-  o.model_options.device = *device;
+  ASYMPO_ASSIGN_OR_RETURN(o.model_options.device, asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
   o.generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o.seed = absl::GetFlag(FLAGS_seed);
   o.task.name = absl::GetFlag(FLAGS_task);
@@ -138,7 +131,8 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   o.weight_transport_nccl = transport == "nccl";
   o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
   if (o.cuda_device < -1) return absl::InvalidArgumentError("--cuda_device must be >= -1");
-  if (o.cuda_device == -1) o.cuda_device = device->is_cuda() ? std::max(0, int{device->index()}) : 0;
+  const c10::Device device = o.model_options.device;
+  if (o.cuda_device == -1) o.cuda_device = device.is_cuda() ? std::max(0, int{device.index()}) : 0;
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
   if (o.max_groups < 0) return absl::InvalidArgumentError("--max_groups must be >= 0");
   return o;
@@ -147,12 +141,7 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // gRPC frees each received weight chunk's buffer; with glibc's default
-  // thresholds that memory goes back to the kernel and must be faulted in
-  // again for the next chunk, which costs about a third of the transfer rate
-  // (docs/benchmarks.md, "Weight broadcast transfer").
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+  asympo::daemon::RetainFreedMemory();
   // Before any thread starts, so that every thread inherits the handlers.
   absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
       asympo::daemon::DaemonRuntime::Install();

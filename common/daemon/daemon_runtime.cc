@@ -1,10 +1,17 @@
 #include "common/daemon/daemon_runtime.h"
 
+#include <malloc.h>
+
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 
 namespace asympo::daemon {
+
+void RetainFreedMemory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 256 << 20);
+}
 
 absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
   absl::StatusOr<std::unique_ptr<StopSignals>> signals = StopSignals::Install();

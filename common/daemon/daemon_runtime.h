@@ -26,6 +26,15 @@
 
 namespace asympo::daemon {
 
+// Keeps memory a daemon frees for its next allocations (glibc: mmap only
+// above 32 MiB, trim only above 256 MiB). Both daemons free and reallocate
+// large buffers at a high rate: a training step's activations, received
+// weight chunks. With glibc's defaults that memory goes back to the kernel
+// and is faulted in again every time (a third of the weight transfer rate,
+// and 1.8x on the tiny model's training step; docs/benchmarks.md). Call it
+// first in main, before any thread starts.
+void RetainFreedMemory();
+
 class DaemonRuntime {
  public:
   // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors).

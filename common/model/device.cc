@@ -22,27 +22,26 @@ absl::StatusOr<c10::Device> ParseDevice(const std::string& value) {
         value.find_first_not_of("0123456789", prefix.size()) != std::string::npos ||
         !absl::SimpleAtoi(value.substr(prefix.size()), &index) || index > 1023) {
       return absl::InvalidArgumentError(
-          absl::StrCat("\"", value, "\" is not a device; expected cpu, cuda or cuda:N"));
+          absl::StrCat("--device: \"", value, "\" is not a device; expected cpu, cuda or cuda:N"));
     }
   }
   if (!at::hasCUDA()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("\"", value,
+        absl::StrCat("--device: \"", value,
                      "\": this build's LibTorch has no CUDA support, or the CUDA driver is "
                      "missing; use cpu, or build against a CUDA LibTorch (deploy/gpu_check.sh)"));
   }
   const int count = CudaDeviceCount();
   if (count == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("\"", value, "\": no CUDA device is visible (CUDA_VISIBLE_DEVICES=",
-                     std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES")
-                                                         : "<unset>",
-                     ")"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--device: \"", value, "\": no CUDA device is visible (CUDA_VISIBLE_DEVICES=",
+        std::getenv("CUDA_VISIBLE_DEVICES") ? std::getenv("CUDA_VISIBLE_DEVICES") : "<unset>",
+        ")"));
   }
   if (index >= count) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "\"", value, "\": only ", count, " CUDA device(s) are visible (cuda:0..cuda:", count - 1,
-        ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device: \"", value, "\": only ", count,
+                     " CUDA device(s) are visible (cuda:0..cuda:", count - 1, ")"));
   }
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
@@ -53,7 +52,7 @@ absl::StatusOr<c10::ScalarType> ParseComputeDType(const std::string& value,
   if (value == "float32") return c10::kFloat;
   if (value == "bfloat16") return c10::kBFloat16;
   return absl::InvalidArgumentError(
-      absl::StrCat("\"", value, "\": expected auto, float32 or bfloat16"));
+      absl::StrCat("--compute_dtype: \"", value, "\": expected auto, float32 or bfloat16"));
 }
 
 std::string DTypeName(c10::ScalarType dtype) {

@@ -17,16 +17,17 @@ namespace asympo {
 // Parses and checks a device flag value. INVALID_ARGUMENT for a malformed
 // value ("gpu", "cuda:x", "cuda:-1"); FAILED_PRECONDITION when CUDA is asked
 // for and this build has no CUDA, no GPU is visible, or the index is beyond
-// the visible GPUs. Messages name the value, never the flag: the caller
-// prefixes its flag ("--device: ...").
+// the visible GPUs. Messages name the flag and the value
+// (`--device: "cuda:3": only 1 CUDA device(s) are visible ...`), as
+// ParseModelDType's do.
 absl::StatusOr<c10::Device> ParseDevice(const std::string& value);
 
 // The number of CUDA devices this process can use (0 without CUDA).
 int CudaDeviceCount();
 
 // Parses a compute-dtype flag value: "auto" (bfloat16 on a CUDA device,
-// float32 on the CPU), "float32" or "bfloat16". INVALID_ARGUMENT naming the
-// value otherwise.
+// float32 on the CPU), "float32" or "bfloat16". INVALID_ARGUMENT naming
+// --compute_dtype and the value otherwise.
 absl::StatusOr<c10::ScalarType> ParseComputeDType(const std::string& value,
                                                   const c10::Device& device);
 

@@ -20,7 +20,8 @@ TEST(ParseDeviceTest, RejectsMalformedValuesNamingThem) {
     absl::StatusOr<c10::Device> d = ParseDevice(bad);
     ASSERT_FALSE(d.ok()) << bad;
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(d.status().message()), HasSubstr(std::string("\"") + bad + "\""));
+    EXPECT_THAT(std::string(d.status().message()),
+                HasSubstr(std::string("--device: \"") + bad + "\""));
     EXPECT_THAT(std::string(d.status().message()), HasSubstr("cpu, cuda or cuda:N"));
   }
 }
@@ -50,7 +51,7 @@ TEST(ParseComputeDTypeTest, AutoIsBfloat16OnAGpuAndFloat32OnTheCpu) {
   EXPECT_EQ(ParseComputeDType("float32", c10::Device(c10::kCUDA, 0)).value(), c10::kFloat);
   absl::StatusOr<c10::ScalarType> bad = ParseComputeDType("fp16", c10::Device(c10::kCPU));
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("\"fp16\""));
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--compute_dtype: \"fp16\""));
 }
 
 }  // namespace
