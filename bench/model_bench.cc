@@ -13,7 +13,6 @@
 // FLOP utilisation against that peak.
 // Prints one JSON object per run: {"mode", "config", "median_s", "tokens_per_s", ...}.
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -42,14 +41,12 @@ using asympo::bench::Flag;
 using asympo::bench::FlagS;
 using asympo::bench::Median;
 
-
 bool g_cuda = false;  // the benchmark runs on a GPU: wait for it before reading the clock
 
 double Time(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
-  fn();
-  if (g_cuda) torch::cuda::synchronize();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return asympo::bench::SecondsOf(fn, [] {
+    if (g_cuda) torch::cuda::synchronize();
+  });
 }
 
 // The command line; defaults as in the usage at the top of this file.
@@ -120,8 +117,7 @@ void BenchTrain(const Args& args, const asympo::ModelConfig& cfg, asympo::Policy
   const int64_t batch = args.batch, seq = args.seq, response = args.response;
   const int64_t prompt = seq - response;
   const auto dev = model->options().device;
-  const torch::Tensor ids =
-      torch::randint(0, cfg.vocab_size, {batch, seq}, torch::kLong).to(dev);
+  const torch::Tensor ids = torch::randint(0, cfg.vocab_size, {batch, seq}, torch::kLong).to(dev);
   const torch::Tensor pos =
       torch::arange(seq, torch::kLong).unsqueeze(0).expand({batch, seq}).contiguous().to(dev);
   const torch::Tensor key_mask = torch::ones({batch, seq}, torch::kBool).to(dev);

@@ -19,10 +19,8 @@
 // the device, and the one-rank NCCL broadcast of the snapshot's bytes from
 // host memory and straight from the device (where NCCL and a GPU are
 // present). The gRPC wire itself is broadcast_bench's.
-#include <malloc.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -37,6 +35,7 @@
 
 #include "bench/bench_flags.h"
 #include "bench/bench_models.h"
+#include "common/daemon/daemon_runtime.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "learner_server/snapshot_publisher.h"
@@ -49,9 +48,15 @@ namespace {
 using asympo::bench::Flag;
 using asympo::bench::FlagS;
 using asympo::bench::Median;
+using asympo::bench::WarmMedianSeconds;
 
 using asympo::learner::QueuedGroup;
 
+// What the timer waits for: the GPU's work, on a GPU.
+std::function<void()> DeviceWait(bool cuda) {
+  if (!cuda) return {};
+  return [] { torch::cuda::synchronize(); };
+}
 
 // Random groups of `responses` responses of `tokens` tokens after an
 // 8-token prompt, reward 1 on the first response.
@@ -59,7 +64,8 @@ std::vector<QueuedGroup> Groups(int64_t n, int64_t responses, int64_t tokens, in
   std::vector<QueuedGroup> out;
   for (int64_t g = 0; g < n; ++g) {
     QueuedGroup q;
-    for (int t = 0; t < 8; ++t) q.group.add_prompt_tokens(static_cast<int32_t>((g * 31 + t) % vocab));
+    for (int t = 0; t < 8; ++t)
+      q.group.add_prompt_tokens(static_cast<int32_t>((g * 31 + t) % vocab));
     for (int64_t r = 0; r < responses; ++r) {
       asympo::v1::Response* resp = q.group.add_responses();
       for (int64_t t = 0; t < tokens; ++t) {
@@ -113,12 +119,12 @@ struct Setup {
 double RunMode(const Setup& s, const std::string& mode) {
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
   auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
-  asympo::broadcast::BroadcastSender sender({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
-                                            nullptr);
+  asympo::broadcast::BroadcastSender sender(
+      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), nullptr);
   std::unique_ptr<asympo::learner::WeightPublisher> publisher;
   if (mode == "async") {
-    publisher = asympo::learner::SnapshotPublisher::Create(&sender, *model, s.dtype, 1, nullptr)
-                    .value();
+    publisher =
+        asympo::learner::SnapshotPublisher::Create(&sender, *model, s.dtype, 1, nullptr).value();
   } else if (mode == "stage") {
     publisher = std::make_unique<StageOnlyPublisher>(
         asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
@@ -130,16 +136,13 @@ double RunMode(const Setup& s, const std::string& mode) {
   to.lr.peak_lr = 1e-5;
   auto trainer = asympo::learner::Trainer::Create(to, model.get(), publisher.get()).value();
   const auto groups = Groups(s.groups, s.responses, s.tokens, cfg.vocab_size);
-  std::vector<double> times;
-  for (int64_t i = 0; i <= s.steps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    if (!trainer->Step(groups).ok()) std::abort();
-    if (s.model.device.is_cuda()) torch::cuda::synchronize();
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (i > 0) times.push_back(dt);
-  }
+  const double median = WarmMedianSeconds(
+      [&] {
+        if (!trainer->Step(groups).ok()) std::abort();
+      },
+      s.steps, DeviceWait(s.model.device.is_cuda()));
   if (auto* p = dynamic_cast<asympo::learner::SnapshotPublisher*>(publisher.get())) p->Flush();
-  return Median(times);
+  return median;
 }
 
 void Must(const absl::Status& s) {
@@ -150,14 +153,7 @@ void Must(const absl::Status& s) {
 }
 
 double Seconds(const std::function<void()>& fn, bool cuda, int reps) {
-  std::vector<double> ts;
-  for (int i = 0; i <= reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    if (cuda) torch::cuda::synchronize();
-    if (i > 0) ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  return Median(ts);
+  return WarmMedianSeconds(fn, reps, DeviceWait(cuda));
 }
 
 // The one-rank NCCL broadcast of the snapshot's buckets straight from the
@@ -170,8 +166,7 @@ double NcclFromDevice(asympo::broadcast::NcclBroadcaster& comm, const asympo::Po
   Must(staging->CopyToHost().status());
   const asympo::broadcast::DeviceBuckets device = staging->DeviceBucketsOfStage();
   const asympo::v1::SnapshotManifest plan =
-      asympo::broadcast::PlanSnapshot(asympo::broadcast::ModelTensorSpecs(model, dtype), 0,
-                                      packing)
+      asympo::broadcast::PlanSnapshot(asympo::broadcast::ModelTensorSpecs(model, dtype), 0, packing)
           .value();
   return Seconds(
       [&] {
@@ -193,8 +188,8 @@ int Transfer(const Setup& s, int reps) {
   spare_options.random_init = false;
   auto spare = asympo::PolicyModel::CreateRandom(cfg, spare_options).value();
   auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value();
-  asympo::broadcast::BroadcastSender sender({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
-                                            nullptr);
+  asympo::broadcast::BroadcastSender sender(
+      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), nullptr);
   std::vector<asympo::broadcast::TensorView> views;
   uint64_t version = 0;
   const double stage = Seconds([&] { Must(staging->Stage(*model)); }, cuda, reps);
@@ -209,10 +204,10 @@ int Transfer(const Setup& s, int reps) {
   double nccl = -1, nccl_device = -1;
   if (cuda) {
     auto id = asympo::broadcast::NewNcclUniqueId();
-    auto comm = id.ok() ? asympo::broadcast::NcclBroadcaster::Create(
-                              *id, 0, 1, std::max(0, int{s.model.device.index()}))
-                        : absl::StatusOr<std::unique_ptr<asympo::broadcast::NcclBroadcaster>>(
-                              id.status());
+    auto comm =
+        id.ok() ? asympo::broadcast::NcclBroadcaster::Create(
+                      *id, 0, 1, std::max(0, int{s.model.device.index()}))
+                : absl::StatusOr<std::unique_ptr<asympo::broadcast::NcclBroadcaster>>(id.status());
     if (comm.ok()) {
       void* bytes = const_cast<void*>(views.front().data);
       nccl = Seconds([&] { Must((*comm)->Broadcast(bytes, staging->bytes())); }, cuda, reps);
@@ -225,7 +220,8 @@ int Transfer(const Setup& s, int reps) {
   const double per_billion = 1e9 / static_cast<double>(cfg.NumParameters());
   std::printf(
       "{\"mode\": \"transfer\", \"config\": \"%s\", \"device\": \"%s\", \"dtype\": \"%s\", "
-      "\"params\": %lld, \"bytes\": %lld, \"pinned\": %s, \"stage_s\": %.5f, \"copy_to_host_s\": %.5f, "
+      "\"params\": %lld, \"bytes\": %lld, \"pinned\": %s, \"stage_s\": %.5f, \"copy_to_host_s\": "
+      "%.5f, "
       "\"pack_crc_s\": %.5f, \"load_spare_s\": %.5f, \"nccl_one_rank_s\": %.5f, "
       "\"nccl_one_rank_from_device_s\": %.5f, "
       "\"per_billion_s\": {\"stage\": %.5f, \"copy_to_host\": %.5f, \"pack_crc\": %.5f, "
@@ -243,10 +239,7 @@ int Transfer(const Setup& s, int reps) {
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  if (Flag(argc, argv, "--malloc_tuned", 0) != 0) {  // the daemons' glibc settings
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
-  }
+  if (Flag(argc, argv, "--malloc_tuned", 0) != 0) asympo::daemon::RetainFreedMemory();
   at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
   Setup s;
   s.config = FlagS(argc, argv, "--config", "tiny");
