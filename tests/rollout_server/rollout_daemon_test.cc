@@ -88,8 +88,10 @@ class RolloutDaemonTest : public ::testing::Test {
     model_ = *std::move(model);
     sender_ = std::make_unique<broadcast::BroadcastSender>(
         broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), nullptr);
-    std::vector<at::Tensor> staging;
-    auto views = broadcast::ModelTensorViews(*model_, &staging);
+    auto staging = broadcast::SnapshotStaging::Create(*model_, model_->options().dtype);
+    ASSERT_TRUE(staging.ok()) << staging.status();
+    ASSERT_TRUE((*staging)->Stage(*model_).ok());
+    auto views = (*staging)->CopyToHost();
     ASSERT_TRUE(views.ok()) << views.status();
     ASSERT_TRUE(sender_->Publish(7, *views).ok());
     grpc::ServerBuilder builder;

@@ -39,8 +39,6 @@ at::ScalarType ToScalarType(v1::DType t) {
   }
 }
 
-std::vector<TensorView> ModelTensorViewsUnguarded(const PolicyModel& model,
-                                                  std::vector<at::Tensor>* staging);
 absl::Status LoadSnapshotUnguarded(const ReceivedSnapshot& snapshot, PolicyModel* model);
 
 }  // namespace
@@ -95,27 +93,29 @@ absl::Status SnapshotStaging::Layout(const PolicyModel& model, at::ScalarType dt
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(
     const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets) {
   if (absl::StatusOr<v1::DType> wire = ToDType(dtype); !wire.ok()) return wire.status();
-  return GuardTorch("allocating the snapshot staging buffers",
-                    [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
-    std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
-    s->specs_ = ModelTensorSpecs(model, dtype);
-    int64_t elements = 0;
-    ASYMPO_RETURN_IF_ERROR(s->Layout(model, dtype, buckets, &elements));
-    const at::Device device = model.options().device;
-    s->device_ = std::make_shared<at::Tensor>(at::zeros(
-        {std::max<int64_t>(elements, 1)}, at::TensorOptions().dtype(dtype).device(device)));
-    s->device_pool_.push_back(s->device_);
-    s->host_ = device.is_cpu() ? at::empty_like(*s->device_)
-                               : at::empty({s->device_->numel()},
-                                           at::TensorOptions().dtype(dtype).pinned_memory(true));
-    s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
-    if (!device.is_cpu()) {
-      const c10::impl::VirtualGuardImpl impl(device.type());
-      s->copy_stream_ = impl.getStreamFromGlobalPool(device);
-      s->staged_ = std::make_unique<c10::Event>(device.type());
-    }
-    return s;
-  });
+  return GuardTorch(
+      "allocating the snapshot staging buffers",
+      [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
+        std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
+        s->specs_ = ModelTensorSpecs(model, dtype);
+        int64_t elements = 0;
+        ASYMPO_RETURN_IF_ERROR(s->Layout(model, dtype, buckets, &elements));
+        const at::Device device = model.options().device;
+        s->device_ = std::make_shared<at::Tensor>(at::zeros(
+            {std::max<int64_t>(elements, 1)}, at::TensorOptions().dtype(dtype).device(device)));
+        s->device_pool_.push_back(s->device_);
+        s->host_ = device.is_cpu()
+                       ? at::empty_like(*s->device_)
+                       : at::empty({s->device_->numel()},
+                                   at::TensorOptions().dtype(dtype).pinned_memory(true));
+        s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
+        if (!device.is_cpu()) {
+          const c10::impl::VirtualGuardImpl impl(device.type());
+          s->copy_stream_ = impl.getStreamFromGlobalPool(device);
+          s->staged_ = std::make_unique<c10::Event>(device.type());
+        }
+        return s;
+      });
 }
 
 absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
@@ -157,38 +157,31 @@ DeviceBuckets SnapshotStaging::DeviceBucketsOfStage() const {
 absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
   return GuardTorch("copying the weights to the host",
                     [&]() -> absl::StatusOr<std::vector<TensorView>> {
-    if (copy_stream_.has_value()) {
-      // On the copy stream, after Stage's kernels; wait for it to finish.
-      staged_->block(*copy_stream_);
-      {
-        const c10::StreamGuard on_copy_stream(*copy_stream_);
-        host_.copy_(*device_, /*non_blocking=*/true);
-      }
-      copy_stream_->synchronize();
-    } else {
-      host_.copy_(*device_);  // one transfer; blocks until it is done
-    }
-    std::vector<TensorView> views;
-    views.reserve(specs_.size());
-    const int64_t element = static_cast<int64_t>(host_.element_size());
-    for (size_t i = 0; i < specs_.size(); ++i) {
-      TensorView v;
-      v.spec = specs_[i];
-      int64_t numel = 1;
-      for (int64_t d : v.spec.shape) numel *= d;
-      v.data = static_cast<const char*>(host_.data_ptr()) + offsets_[i] * element;
-      v.size_bytes = static_cast<uint64_t>(numel * element);
-      views.push_back(std::move(v));
-    }
-    return views;
-  });
-}
-
-absl::StatusOr<std::vector<TensorView>> ModelTensorViews(const PolicyModel& model,
-                                                         std::vector<at::Tensor>* staging) {
-  return GuardTorch("packing the weights", [&]() -> absl::StatusOr<std::vector<TensorView>> {
-    return ModelTensorViewsUnguarded(model, staging);
-  });
+                      if (copy_stream_.has_value()) {
+                        // On the copy stream, after Stage's kernels; wait for it to finish.
+                        staged_->block(*copy_stream_);
+                        {
+                          const c10::StreamGuard on_copy_stream(*copy_stream_);
+                          host_.copy_(*device_, /*non_blocking=*/true);
+                        }
+                        copy_stream_->synchronize();
+                      } else {
+                        host_.copy_(*device_);  // one transfer; blocks until it is done
+                      }
+                      std::vector<TensorView> views;
+                      views.reserve(specs_.size());
+                      const int64_t element = static_cast<int64_t>(host_.element_size());
+                      for (size_t i = 0; i < specs_.size(); ++i) {
+                        TensorView v;
+                        v.spec = specs_[i];
+                        int64_t numel = 1;
+                        for (int64_t d : v.spec.shape) numel *= d;
+                        v.data = static_cast<const char*>(host_.data_ptr()) + offsets_[i] * element;
+                        v.size_bytes = static_cast<uint64_t>(numel * element);
+                        views.push_back(std::move(v));
+                      }
+                      return views;
+                    });
 }
 
 absl::Status LoadSnapshotIntoModel(const ReceivedSnapshot& snapshot, PolicyModel* model) {
@@ -197,26 +190,6 @@ absl::Status LoadSnapshotIntoModel(const ReceivedSnapshot& snapshot, PolicyModel
 }
 
 namespace {
-
-std::vector<TensorView> ModelTensorViewsUnguarded(const PolicyModel& model,
-                                                  std::vector<at::Tensor>* staging) {
-  std::vector<TensorSpec> specs = ModelTensorSpecs(model);
-  std::vector<TensorView> views;
-  views.reserve(specs.size());
-  staging->clear();
-  staging->reserve(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    at::Tensor t = model.named_parameters()[i].second.detach();
-    if (!t.device().is_cpu() || !t.is_contiguous()) t = t.to(at::kCPU).contiguous();
-    staging->push_back(t);
-    TensorView v;
-    v.spec = std::move(specs[i]);
-    v.data = t.data_ptr();
-    v.size_bytes = static_cast<uint64_t>(t.numel()) * t.element_size();
-    views.push_back(std::move(v));
-  }
-  return views;
-}
 
 absl::Status LoadSnapshotUnguarded(const ReceivedSnapshot& snapshot, PolicyModel* model) {
   const std::string expected = ModelSignatureOf(*model);

@@ -67,8 +67,8 @@ class SnapshotStaging {
 
  private:
   SnapshotStaging() = default;
-  absl::Status Layout(const PolicyModel& model, at::ScalarType dtype,
-                      const PackingOptions* buckets, int64_t* elements);
+  absl::Status Layout(const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets,
+                      int64_t* elements);
 
   std::vector<TensorSpec> specs_;
   std::vector<int64_t> offsets_;        // elements into the flat buffers
@@ -84,13 +84,6 @@ class SnapshotStaging {
   std::unique_ptr<c10::Event> staged_;
   std::optional<c10::Stream> copy_stream_;
 };
-
-// Host byte views of every parameter, for BroadcastSender::Publish. Tensors
-// that are not contiguous CPU tensors are copied into `staging`, which must
-// outlive the views. A LibTorch error (e.g. out of memory) is a status.
-// (Synchronous and in the model's dtype; the learner uses SnapshotStaging.)
-absl::StatusOr<std::vector<TensorView>> ModelTensorViews(const PolicyModel& model,
-                                                         std::vector<at::Tensor>* staging);
 
 // Copies a verified snapshot into `model`'s parameters. INVALID_ARGUMENT
 // naming the tensor when the snapshot does not match the model (names,
