@@ -17,10 +17,9 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
   // With the NCCL transport and the model on a GPU, the staged copy is laid
   // out in buckets so that NCCL broadcasts straight from device memory.
   const bool device_buckets = sender->nccl_configured() && model.options().device.is_cuda();
-  ASYMPO_ASSIGN_OR_RETURN(
-      std::unique_ptr<broadcast::SnapshotStaging> staging,
-      broadcast::SnapshotStaging::Create(model, dtype,
-                                         device_buckets ? &sender->packing() : nullptr));
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<broadcast::SnapshotStaging> staging,
+                          broadcast::SnapshotStaging::Create(
+                              model, dtype, device_buckets ? &sender->packing() : nullptr));
   return std::unique_ptr<SnapshotPublisher>(
       new SnapshotPublisher(sender, every, std::move(staging), registry));
 }
@@ -67,24 +66,24 @@ void SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model) {
 
 absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& model) {
   absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        return !p->staged_.has_value() && !p->copying_ && !p->sending_;
-      },
-      this));
+  AwaitIdleLocked();
   ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
   ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views, staging_->CopyToHost());
   const broadcast::DeviceBuckets device = staging_->DeviceBucketsOfStage();
   return sender_->Publish(version, views, device.buckets.empty() ? nullptr : &device);
 }
 
-void SnapshotPublisher::Flush() {
-  absl::MutexLock lock(&mu_);
+void SnapshotPublisher::AwaitIdleLocked() {
   mu_.Await(absl::Condition(
       +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
         return !p->staged_.has_value() && !p->copying_ && !p->sending_;
       },
       this));
+}
+
+void SnapshotPublisher::Flush() {
+  absl::MutexLock lock(&mu_);
+  AwaitIdleLocked();
 }
 
 int64_t SnapshotPublisher::coalesced() const {
@@ -98,9 +97,8 @@ void SnapshotPublisher::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](SnapshotPublisher* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return p->staged_.has_value() || p->stopping_;
-          },
+          +[](SnapshotPublisher* p)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->staged_.has_value() || p->stopping_; },
           this));
       if (!staged_.has_value()) return;  // stopping, nothing left
       version = *staged_;

@@ -60,6 +60,8 @@ class SnapshotPublisher : public WeightPublisher {
   SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
                     prometheus::Registry* registry);
+  // With mu_ held: waits until nothing is staged, copied or being sent.
+  void AwaitIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
   // Copies the staged version to the host and gives it to the sender.
   absl::Status CopyAndSend(uint64_t version);
