@@ -16,13 +16,6 @@
 namespace asympo::learner {
 namespace {
 
-std::unique_ptr<PolicyModel> TinyIn(at::ScalarType compute, uint64_t seed = 3) {
-  ModelOptions o;
-  o.seed = seed;
-  o.compute_dtype = compute;
-  return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
-}
-
 torch::Tensor Flat(const std::vector<torch::Tensor>& ts) {
   std::vector<torch::Tensor> flat;
   for (const auto& t : ts) flat.push_back(t.detach().reshape({-1}).to(torch::kDouble));
@@ -34,7 +27,7 @@ double Cosine(const torch::Tensor& a, const torch::Tensor& b) {
 }
 
 TEST(MixedPrecisionTest, Bf16ComputeKeepsFloat32MastersGradientsAndMoments) {
-  auto model = TinyIn(at::kBFloat16);
+  auto model = Tiny(3, at::kBFloat16);
   EXPECT_EQ(model->compute_dtype(), at::kBFloat16);
   auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), nullptr).value();
   ASSERT_TRUE(trainer->ComputeGradients(FixedGroups(4)).ok());
@@ -55,7 +48,7 @@ TEST(MixedPrecisionTest, Bf16ComputeKeepsFloat32MastersGradientsAndMoments) {
 }
 
 TEST(MixedPrecisionTest, Bf16GradientsAndUpdatesTrackTheFloat32Reference) {
-  auto ref = TinyIn(at::kFloat), bf = TinyIn(at::kBFloat16);
+  auto ref = Tiny(3, at::kFloat), bf = Tiny(3, at::kBFloat16);
   auto tr = Trainer::Create(Options(Objective::kAsympo), ref.get(), nullptr).value();
   auto tb = Trainer::Create(Options(Objective::kAsympo), bf.get(), nullptr).value();
   const auto gr = tr->ComputeGradients(FixedGroups(6)).value();
@@ -107,12 +100,12 @@ TEST(MixedPrecisionTest, ChunkedLogProbsTakeAFloat32WeightWithBfloat16Hidden) {
 // run differs only in where LoadParameters/LoadState put the tensors.)
 void ExpectCrossResume(at::ScalarType written_with, at::ScalarType resumed_with) {
   asympo::testing::ScopedTempDir tmp("mixed_precision_ckpt");
-  auto a = TinyIn(written_with, 1);
+  auto a = Tiny(1, written_with);
   auto ta = Trainer::Create(Options(Objective::kAsympo), a.get(), nullptr).value();
   ASSERT_TRUE(ta->Step(FixedGroups(3)).ok());
   ASSERT_TRUE(ta->Step(FixedGroups(3)).ok());
   ASSERT_TRUE(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "").ok());
-  auto b = TinyIn(resumed_with, 99);
+  auto b = Tiny(99, resumed_with);
   auto tb = Trainer::Create(Options(Objective::kAsympo), b.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -142,7 +135,7 @@ TEST(MixedPrecisionTest, ACheckpointWrittenWithFloat32ResumesWithBf16Compute) {
 
 TEST(MixedPrecisionTest, ExportWritesThePublishDtypeFromFloat32Masters) {
   asympo::testing::ScopedTempDir tmp("mixed_precision_export");
-  auto model = TinyIn(at::kBFloat16);
+  auto model = Tiny(3, at::kBFloat16);
   ASSERT_TRUE(ExportPolicyModel(*model, tmp.path(), int64_t{5} << 30, at::kBFloat16).ok());
   ModelOptions o;
   o.dtype = at::kBFloat16;

@@ -6,25 +6,17 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
-#include "tests/testing/gpu.h"
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/gpu.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
 namespace {
 
-std::unique_ptr<PolicyModel> Model(at::Device device, at::ScalarType compute) {
-  ModelOptions o;
-  o.seed = 3;
-  o.device = device;
-  o.compute_dtype = compute;
-  return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
-}
-
 TEST(TrainerGpuTest, Bf16StepOnTheGpuTracksTheFloat32StepOnTheCpu) {
   ASYMPO_SKIP_WITHOUT_GPU();
-  auto cpu = Model(torch::kCPU, torch::kFloat);
-  auto gpu = Model(torch::kCUDA, torch::kBFloat16);
+  auto cpu = Tiny(3, torch::kFloat, torch::kCPU);
+  auto gpu = Tiny(3, torch::kBFloat16, torch::kCUDA);
   auto tc = Trainer::Create(Options(Objective::kAsympo), cpu.get(), nullptr).value();
   auto tg = Trainer::Create(Options(Objective::kAsympo), gpu.get(), nullptr).value();
   const auto rc = tc->ComputeGradients(FixedGroups(6)).value();
@@ -50,7 +42,7 @@ TEST(TrainerGpuTest, Bf16StepOnTheGpuTracksTheFloat32StepOnTheCpu) {
 
 TEST(TrainerGpuTest, StagingCopiesDeviceWeightsIntoPinnedHostMemory) {
   ASYMPO_SKIP_WITHOUT_GPU();
-  auto gpu = Model(torch::kCUDA, torch::kBFloat16);
+  auto gpu = Tiny(3, torch::kBFloat16, torch::kCUDA);
   auto staging = broadcast::SnapshotStaging::Create(*gpu, torch::kBFloat16).value();
   EXPECT_TRUE(staging->pinned());
   ASSERT_TRUE(staging->Stage(*gpu).ok());

@@ -10,9 +10,15 @@
 
 namespace asympo::learner {
 
-inline std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 3) {
+// The tiny model with float32 weights, computing in `compute` (undefined:
+// float32), on `device`.
+inline std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 3,
+                                         at::ScalarType compute = at::ScalarType::Undefined,
+                                         at::Device device = at::kCPU) {
   ModelOptions o;
   o.seed = seed;
+  o.compute_dtype = compute;
+  o.device = device;
   return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
 }
 
