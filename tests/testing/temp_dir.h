@@ -1,11 +1,14 @@
-// Test helper: a fresh directory under the test temporary directory,
-// removed with everything in it when the object goes away. Not thread-safe.
+// Test helpers for files: a fresh directory under the test temporary
+// directory, removed with everything in it when the object goes away (not
+// thread-safe); the names in a directory; a file's bytes.
 #pragma once
 
 #include <stdlib.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -48,6 +51,14 @@ inline std::vector<std::string> DirEntries(const std::string& dir) {
   }
   std::sort(names.begin(), names.end());
   return names;
+}
+
+// The whole file at `path`, as bytes ("" when it cannot be read).
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
 }
 
 }  // namespace asympo::testing

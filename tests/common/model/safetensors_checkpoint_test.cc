@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,17 +18,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::asympo::testing::DirEntries;
+using ::asympo::testing::ReadFile;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 using Shapes = std::map<std::string, std::vector<int64_t>>;
-
-std::string ReadText(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 class SafetensorsCheckpointTest : public ::testing::Test {
  protected:
@@ -62,7 +55,7 @@ TEST_F(SafetensorsCheckpointTest, ShardedRoundTripWritesTheHuggingFaceLayout) {
               ElementsAre("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"));
 
-  const std::string index_text = ReadText(out + "/model.safetensors.index.json");
+  const std::string index_text = ReadFile(out + "/model.safetensors.index.json");
   const nlohmann::json index = nlohmann::json::parse(index_text);
   EXPECT_EQ(index["metadata"]["total_size"], 4096 + 4096 + 2048 + 2048 + 64);
   EXPECT_EQ(index["weight_map"]["model.embed_tokens.weight"], "model-00001-of-00003.safetensors");
@@ -202,7 +195,7 @@ TEST_F(SafetensorsCheckpointTest, RejectsAnIndexThatDisagreesWithItsShards) {
   const std::string out = Path("ckpt");
   ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
   const std::string index_path = out + "/model.safetensors.index.json";
-  nlohmann::json index = nlohmann::json::parse(ReadText(index_path));
+  nlohmann::json index = nlohmann::json::parse(ReadFile(index_path));
   const nlohmann::json original = index;
 
   index["weight_map"]["model.norm.weight"] = "model-00001-of-00003.safetensors";

@@ -5,7 +5,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -19,16 +18,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::asympo::testing::DirEntries;
+using ::asympo::testing::ReadFile;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 void WriteBytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -196,7 +189,7 @@ TEST_F(SafetensorsTest, WritesTheExactBytesOfTheFormat) {
       std::string("\x00\x00\x00\x3f", 4) +  // a: F32 0.5
       std::string("\x80\x3f\x00\xc0", 4) +  // b: BF16 1.0, -2.0
       std::string("\x00\x3c", 2);           // s: F16 1.0
-  EXPECT_EQ(ReadBytes(Path("x.safetensors")), expected);
+  EXPECT_EQ(ReadFile(Path("x.safetensors")), expected);
 }
 
 TEST_F(SafetensorsTest, ReadsHandBuiltFileWithOtherKeyOrderAndPadding) {
@@ -246,7 +239,7 @@ TEST_F(SafetensorsTest, RejectsFileShorterThanTheLengthPrefix) {
 
 TEST_F(SafetensorsTest, RejectsTruncatedFileSayingTheOffsetAndSize) {
   ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"w", Randn({10})}}).ok());
-  const std::string bytes = ReadBytes(Path("m.safetensors"));
+  const std::string bytes = ReadFile(Path("m.safetensors"));
   const size_t full = bytes.size();
   const absl::Status s = OpenRaw(bytes.substr(0, full - 3));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
