@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/model/checkpoint_files.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
 #include "common/model/torch_errors.h"
@@ -27,10 +28,6 @@ namespace asympo::learner {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr char kStateFile[] = "state.safetensors";
-constexpr char kMetaFile[] = "meta.json";
-constexpr char kRngTensor[] = "__rng_state__";
-constexpr char kOptimizerPrefix[] = "__optimizer__.";
 
 absl::StatusOr<uint32_t> FileCrc(const std::string& path) {
   ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
@@ -45,70 +42,23 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
 
 absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimizer,
                      CheckpointInfo* info) {
-  const std::string state_path = dir + "/" + kStateFile;
-  std::string meta_text;
-  {
-    ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m,
-                            FileMapping::Open(dir + "/" + kMetaFile));
-    meta_text.assign(reinterpret_cast<const char*>(m->data()), m->size());
-  }
-  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
-  if (meta.is_discarded() || !meta.is_object() || !meta.contains("crc32c") ||
-      !meta.contains("version") || !meta.contains("optimizer_steps")) {
-    return absl::DataLossError("meta.json is not a complete checkpoint description");
-  }
-  ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, FileCrc(state_path));
-  if (crc != meta["crc32c"].get<uint32_t>()) {
-    return absl::DataLossError(absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x",
-                                               kStateFile, crc, meta["crc32c"].get<uint32_t>()));
-  }
-  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(state_path));
-  std::vector<std::pair<std::string, at::Tensor>> weights, moments;
-  at::Tensor rng;
-  for (const std::string& name : file->Names()) {
-    ASYMPO_ASSIGN_OR_RETURN(at::Tensor t, file->Get(name));
-    if (name == kRngTensor) {
-      rng = t.clone();
-    } else if (name.rfind(kOptimizerPrefix, 0) == 0) {
-      moments.emplace_back(name.substr(sizeof(kOptimizerPrefix) - 1), t);
-    } else {
-      weights.emplace_back(name, t);
-    }
-  }
+  ASYMPO_ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpointDirectory(dir));
   // Check everything before changing anything.
-  ASYMPO_RETURN_IF_ERROR(model->LoadParameters(weights));
-  ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(moments, meta["optimizer_steps"].get<int64_t>()));
-  if (rng.defined()) {
+  ASYMPO_RETURN_IF_ERROR(model->LoadParameters(contents.weights));
+  ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(contents.moments, contents.optimizer_steps));
+  if (contents.rng.defined()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(rng);
+    gen.set_state(contents.rng);
   }
   info->path = dir;
-  info->version = meta["version"].get<uint64_t>();
-  info->optimizer_steps = meta["optimizer_steps"].get<int64_t>();
-  info->config = meta.value("config", std::string());
+  info->version = contents.version;
+  info->optimizer_steps = contents.optimizer_steps;
+  info->config = std::move(contents.config);
   return absl::OkStatus();
 }
 
 }  // namespace
-
-std::vector<std::string> ListCheckpoints(const std::string& root) {
-  std::vector<std::pair<uint64_t, std::string>> found;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("ckpt-", 0) != 0 || !e.is_directory()) continue;
-    char* end = nullptr;
-    const unsigned long long v = std::strtoull(name.c_str() + 5, &end, 10);
-    if (end == name.c_str() + 5 || *end != '\0') continue;
-    found.emplace_back(v, e.path().string());
-  }
-  std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::vector<std::string> out;
-  for (auto& [v, p] : found) out.push_back(p);
-  return out;
-}
 
 namespace {
 
@@ -129,13 +79,13 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
     at::NoGradGuard no_grad;
     for (const auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
     for (const auto& [name, t] : optimizer.StateTensors()) {
-      tensors.emplace_back(kOptimizerPrefix + name, t);
+      tensors.emplace_back(kCheckpointOptimizerPrefix + name, t);
     }
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
-    tensors.emplace_back(kRngTensor, gen.get_state());
+    tensors.emplace_back(kCheckpointRngTensor, gen.get_state());
   }
-  const std::string state_path = tmp_dir + "/" + kStateFile;
+  const std::string state_path = tmp_dir + "/" + kCheckpointStateFile;
   ASYMPO_RETURN_IF_ERROR(WriteSafetensors(state_path, tensors));
   ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, FileCrc(state_path));
   nlohmann::json meta;
@@ -143,7 +93,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   meta["optimizer_steps"] = optimizer.step_count();
   meta["crc32c"] = crc;
   meta["config"] = config;
-  ASYMPO_RETURN_IF_ERROR(WriteText(tmp_dir + "/" + kMetaFile, meta.dump(2) + "\n"));
+  ASYMPO_RETURN_IF_ERROR(WriteText(tmp_dir + "/" + kCheckpointMetaFile, meta.dump(2) + "\n"));
   fs::remove_all(final_dir, ec);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir));

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/checkpoint_files.h"
 #include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 
@@ -44,7 +45,8 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::st
                                                                    PolicyModel* model,
                                                                    AdamW* optimizer);
 
-// Checkpoint directories under `root`, newest first (by version).
-std::vector<std::string> ListCheckpoints(const std::string& root);
+// Checkpoint directories under `root`, newest first (by version):
+// common/model/checkpoint_files.h.
+using ::asympo::ListCheckpoints;
 
 }  // namespace asympo::learner

@@ -1,0 +1,104 @@
+#include "common/model/checkpoint_files.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <system_error>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "common/crc32c.h"
+#include "common/model/safetensors.h"
+#include "common/model/safetensors_io.h"
+#include "common/status_macros.h"
+
+namespace asympo {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> ReadWhole(const std::string& path) {
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
+  return std::string(reinterpret_cast<const char*>(m->data()), m->size());
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir) {
+  const std::string state_path = dir + "/" + kCheckpointStateFile;
+  ASYMPO_ASSIGN_OR_RETURN(std::string meta_text, ReadWhole(dir + "/" + kCheckpointMetaFile));
+  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
+  if (meta.is_discarded() || !meta.is_object() || !meta.contains("crc32c") ||
+      !meta.contains("version") || !meta.contains("optimizer_steps") ||
+      !meta["crc32c"].is_number_unsigned() || !meta["version"].is_number_unsigned() ||
+      !meta["optimizer_steps"].is_number_integer()) {
+    return absl::DataLossError(
+        absl::StrCat(dir, "/", kCheckpointMetaFile, " is not a complete checkpoint description"));
+  }
+  uint32_t crc = 0;
+  {
+    ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(state_path));
+    crc = Crc32c(m->data(), m->size());
+  }
+  if (crc != meta["crc32c"].get<uint32_t>()) {
+    return absl::DataLossError(absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x",
+                                               state_path, crc, meta["crc32c"].get<uint32_t>()));
+  }
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(state_path));
+  CheckpointContents out;
+  const std::string prefix = kCheckpointOptimizerPrefix;
+  for (const std::string& name : file->Names()) {
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor t, file->Get(name));
+    if (name == kCheckpointRngTensor) {
+      out.rng = t.clone();
+    } else if (name.rfind(prefix, 0) == 0) {
+      out.moments.emplace_back(name.substr(prefix.size()), t);
+    } else {
+      out.weights.emplace_back(name, t);
+    }
+  }
+  out.version = meta["version"].get<uint64_t>();
+  out.optimizer_steps = meta["optimizer_steps"].get<int64_t>();
+  const auto config = meta.find("config");
+  if (config != meta.end() && config->is_string()) out.config = config->get<std::string>();
+  return out;
+}
+
+std::vector<std::string> ListCheckpoints(const std::string& root) {
+  std::vector<std::pair<uint64_t, std::string>> found;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("ckpt-", 0) != 0 || !e.is_directory()) continue;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(name.c_str() + 5, &end, 10);
+    if (end == name.c_str() + 5 || *end != '\0') continue;
+    found.emplace_back(v, e.path().string());
+  }
+  std::sort(found.begin(), found.end(),
+            [](const auto& a, const auto& b) { return a.first > b.first; });
+  std::vector<std::string> out;
+  for (auto& [v, p] : found) out.push_back(p);
+  return out;
+}
+
+std::string CheckpointConfigFlag(const std::string& config, const std::string& name) {
+  const std::vector<std::string> args =
+      absl::StrSplit(config, absl::ByAnyChar("\n"), absl::SkipWhitespace());
+  const std::string flag = "--" + name, with_value = flag + "=";
+  std::string value;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind(with_value, 0) == 0) {
+      value = args[i].substr(with_value.size());
+    } else if (args[i] == flag && i + 1 < args.size()) {
+      value = args[i + 1];
+    }
+  }
+  return value;
+}
+
+}  // namespace asympo

@@ -1,0 +1,48 @@
+// The files of one learner checkpoint directory, ckpt-<version, 12 digits>/
+// (learner_server/checkpoint.h writes them atomically):
+//  - state.safetensors: the policy's parameters under their own names, the
+//    optimizer's tensors under "__optimizer__.<name>", the CPU generator's
+//    state as "__rng_state__";
+//  - meta.json: {"version", "optimizer_steps", "crc32c" (of
+//    state.safetensors), "config" (the learner's flags, one per line)}.
+// Reading lives here, below the learner, so that tools that only need the
+// weights (asympo-eval) read checkpoints the same way the learner does.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include "absl/status/statusor.h"
+
+namespace asympo {
+
+inline constexpr char kCheckpointStateFile[] = "state.safetensors";
+inline constexpr char kCheckpointMetaFile[] = "meta.json";
+inline constexpr char kCheckpointRngTensor[] = "__rng_state__";
+inline constexpr char kCheckpointOptimizerPrefix[] = "__optimizer__.";
+
+struct CheckpointContents {
+  uint64_t version = 0;
+  int64_t optimizer_steps = 0;
+  std::string config;
+  std::vector<std::pair<std::string, at::Tensor>> weights;  // the policy's parameters
+  std::vector<std::pair<std::string, at::Tensor>> moments;  // names without the prefix
+  at::Tensor rng;                                            // undefined when absent
+};
+
+// Reads `dir` (a ckpt-* directory) after checking state.safetensors against
+// meta.json's CRC-32C. DATA_LOSS for an incomplete or corrupt checkpoint;
+// NOT_FOUND or another error for unreadable files.
+absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir);
+
+// Checkpoint directories (ckpt-<version>) under `root`, newest first.
+std::vector<std::string> ListCheckpoints(const std::string& root);
+
+// The value of `--name=value` (or `--name value`) in a checkpoint's config
+// text; empty when absent.
+std::string CheckpointConfigFlag(const std::string& config, const std::string& name);
+
+}  // namespace asympo
