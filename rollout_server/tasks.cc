@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <fstream>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include <glog/logging.h>
@@ -83,22 +84,43 @@ class SyntheticTask : public Task {
 
   std::string_view name() const override { return spec_.name; }
 
+  // Draws until the sequence is outside the evaluation split (a quarter
+  // of the sequences; a handful of draws).
   TaskPrompt NextPrompt(std::mt19937_64& rng) override {
-    const int32_t n = min_length_ + Draw(rng, max_length_ - min_length_ + 1);
-    std::vector<int32_t> symbols(n);
-    for (int32_t& s : symbols) s = Draw(rng, alphabet_);
-    TaskPrompt p;
-    p.prompt_id = absl::StrCat(spec_.name, "-", next_id_++);
-    p.prompt_tokens.reserve(n + 3);
-    p.prompt_tokens.push_back(kBosId);
-    p.prompt_tokens.push_back(kFirstMarkerId + spec_.marker);
-    for (int32_t s : symbols) p.prompt_tokens.push_back(kFirstSymbolId + s);
-    p.prompt_tokens.push_back(kSepId);
-    // The reference is the target's token ids, space-separated, EOS excluded.
-    std::vector<int32_t> target = spec_.transform(std::move(symbols), alphabet_);
-    for (int32_t& t : target) t += kFirstSymbolId;
-    p.reference = absl::StrJoin(target, " ");
-    return p;
+    std::vector<int32_t> symbols = DrawSymbols(rng);
+    for (int tries = 0; HeldOut(symbols) && tries < 1000; ++tries) symbols = DrawSymbols(rng);
+    return MakePrompt(std::move(symbols), absl::StrCat(spec_.name, "-", next_id_++));
+  }
+
+  // The evaluation split in a fixed order: every held-out sequence, by
+  // length then lexicographically, when there are at most 2^16 sequences;
+  // otherwise distinct held-out sequences drawn with a fixed seed.
+  std::vector<TaskPrompt> EvaluationPrompts(int64_t max) const override {
+    if (max <= 0) max = kDefaultEvaluationPrompts;
+    std::vector<std::vector<int32_t>> picked;
+    if (SequenceCount() <= (int64_t{1} << 16)) {
+      for (int32_t n = min_length_; n <= max_length_; ++n) {
+        std::vector<int32_t> s(n, 0);
+        do {
+          // A space too small to split evaluates on every sequence.
+          if (SequenceCount() < 8 || HeldOut(s)) picked.push_back(s);
+        } while (static_cast<int64_t>(picked.size()) < max && NextSequence(&s));
+      }
+    } else {
+      std::mt19937_64 rng(kEvaluationSeed);
+      std::set<std::vector<int32_t>> seen;
+      for (int64_t tries = 0; static_cast<int64_t>(picked.size()) < max && tries < 100 * max;
+           ++tries) {
+        std::vector<int32_t> s = DrawSymbols(rng);
+        if (HeldOut(s) && seen.insert(s).second) picked.push_back(std::move(s));
+      }
+    }
+    if (static_cast<int64_t>(picked.size()) > max) picked.resize(static_cast<size_t>(max));
+    std::vector<TaskPrompt> out;
+    for (size_t i = 0; i < picked.size(); ++i) {
+      out.push_back(MakePrompt(picked[i], absl::StrCat(spec_.name, "-eval-", i)));
+    }
+    return out;
   }
 
   TaskScore Score(const TaskPrompt& prompt, const std::vector<int32_t>& response) const override {
@@ -132,6 +154,70 @@ class SyntheticTask : public Task {
   int64_t min_vocab_size() const override { return kFirstSymbolId + alphabet_; }
 
  private:
+  static constexpr uint64_t kHeldOutEvery = 4;
+  static constexpr uint64_t kEvaluationSeed = 0x5eed5eedULL;
+  static constexpr int64_t kDefaultEvaluationPrompts = 1000;
+
+  // Whether a sequence belongs to the evaluation split: a fixed hash of the
+  // task and the symbols, one sequence in kHeldOutEvery. Spaces of fewer than
+  // 8 sequences have no split (every sequence trains and evaluates).
+  bool HeldOut(const std::vector<int32_t>& symbols) const {
+    if (SequenceCount() < 8) return false;
+    uint64_t h = SplitMix(static_cast<uint64_t>(spec_.marker) + 0x9e3779b97f4a7c15ULL);
+    for (int32_t s : symbols) h = SplitMix(h ^ static_cast<uint64_t>(s + 1));
+    return h % kHeldOutEvery == 0;
+  }
+
+  static uint64_t SplitMix(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ULL;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+    return x ^ (x >> 31);
+  }
+
+  std::vector<int32_t> DrawSymbols(std::mt19937_64& rng) const {
+    const int32_t n = min_length_ + Draw(rng, max_length_ - min_length_ + 1);
+    std::vector<int32_t> symbols(n);
+    for (int32_t& s : symbols) s = Draw(rng, alphabet_);
+    return symbols;
+  }
+
+  // Sequences of every allowed length, saturating at 2^62.
+  int64_t SequenceCount() const {
+    int64_t total = 0, count = 1;
+    for (int32_t n = 1; n <= max_length_; ++n) {
+      count = count > (int64_t{1} << 62) / alphabet_ ? (int64_t{1} << 62) : count * alphabet_;
+      if (n >= min_length_) total = std::min(total + count, int64_t{1} << 62);
+    }
+    return total;
+  }
+
+  // The next sequence of the same length in lexicographic order; false
+  // after the last.
+  bool NextSequence(std::vector<int32_t>* s) const {
+    for (size_t i = s->size(); i-- > 0;) {
+      if (++(*s)[i] < alphabet_) return true;
+      (*s)[i] = 0;
+    }
+    return false;
+  }
+
+  TaskPrompt MakePrompt(std::vector<int32_t> symbols, std::string prompt_id) const {
+    const int32_t n = static_cast<int32_t>(symbols.size());
+    TaskPrompt p;
+    p.prompt_id = std::move(prompt_id);
+    p.prompt_tokens.reserve(n + 3);
+    p.prompt_tokens.push_back(kBosId);
+    p.prompt_tokens.push_back(kFirstMarkerId + spec_.marker);
+    for (int32_t s : symbols) p.prompt_tokens.push_back(kFirstSymbolId + s);
+    p.prompt_tokens.push_back(kSepId);
+    // The reference is the target's token ids, space-separated, EOS excluded.
+    std::vector<int32_t> target = spec_.transform(std::move(symbols), alphabet_);
+    for (int32_t& t : target) t += kFirstSymbolId;
+    p.reference = absl::StrJoin(target, " ");
+    return p;
+  }
+
   const SyntheticSpec& spec_;
   const int32_t alphabet_;
   const int32_t min_length_;
@@ -244,6 +330,16 @@ class MathTask : public Task {
 
   std::string_view name() const override { return "math"; }
 
+  // Every row in file order: evaluate with the test split's file.
+  std::vector<TaskPrompt> EvaluationPrompts(int64_t max) const override {
+    std::vector<TaskPrompt> out;
+    for (const MathRow& row : rows_) {
+      if (max > 0 && static_cast<int64_t>(out.size()) >= max) break;
+      out.push_back(Render(row));
+    }
+    return out;
+  }
+
   TaskPrompt NextPrompt(std::mt19937_64& rng) override {
     if (cursor_ == 0 || cursor_ >= order_.size()) {
       // A new pass: Fisher-Yates with the portable draw.
@@ -252,13 +348,7 @@ class MathTask : public Task {
       }
       cursor_ = 0;
     }
-    const MathRow& row = rows_[order_[cursor_++]];
-    TaskPrompt p;
-    p.prompt_id = absl::StrCat("math-", row.line);
-    p.prompt_tokens =
-        tokenizer_->Encode(absl::StrReplaceAll(template_, {{"{prompt}", row.prompt}}));
-    p.reference = row.answer;
-    return p;
+    return Render(rows_[order_[cursor_++]]);
   }
 
   TaskScore Score(const TaskPrompt& prompt, const std::vector<int32_t>& response) const override {
@@ -277,6 +367,15 @@ class MathTask : public Task {
   int64_t min_vocab_size() const override { return tokenizer_->vocab_size(); }
 
  private:
+  TaskPrompt Render(const MathRow& row) const {
+    TaskPrompt p;
+    p.prompt_id = absl::StrCat("math-", row.line);
+    p.prompt_tokens =
+        tokenizer_->Encode(absl::StrReplaceAll(template_, {{"{prompt}", row.prompt}}));
+    p.reference = row.answer;
+    return p;
+  }
+
   const std::vector<MathRow> rows_;
   const std::unique_ptr<Tokenizer> tokenizer_;
   const std::string template_;

@@ -68,8 +68,14 @@ class Task {
  public:
   virtual ~Task() = default;
   virtual std::string_view name() const = 0;
-  // Draws the next prompt from `rng`.
+  // Draws the next training prompt from `rng`.
   virtual TaskPrompt NextPrompt(std::mt19937_64& rng) = 0;
+  // Held-out prompts for evaluation, in a fixed order, at most `max` (0: the
+  // task's default, up to 1000 for synthetic tasks, every row for math).
+  // Synthetic tasks set aside a quarter of their sequences, chosen by a fixed
+  // hash, that NextPrompt never serves; math returns its data file's rows
+  // (give it the test split).
+  virtual std::vector<TaskPrompt> EvaluationPrompts(int64_t max) const = 0;
   // Scores one response (the sampled tokens, stop token included if any).
   virtual TaskScore Score(const TaskPrompt& prompt, const std::vector<int32_t>& response) const = 0;
   // Ids that end a response.

@@ -288,6 +288,88 @@ TEST(TaskSyntheticTest, AlphabetAndLengthOptionsChangeThePrompts) {
   EXPECT_THAT(seen, ElementsAre(0, 1, 2, 3, 4, 5));
 }
 
+// The held-out split: a fixed quarter of the sequences that training never
+// sees, in a fixed order.
+TEST(TaskEvaluationTest, HeldOutPromptsAreNeverServedForTraining) {
+  for (const char* name : kSyntheticNames) {
+    std::unique_ptr<Task> task = MakeTask(name);
+    ASSERT_NE(task, nullptr);
+    const std::vector<TaskPrompt> held_out = task->EvaluationPrompts(0);
+    std::set<std::vector<int32_t>> held;
+    for (const TaskPrompt& p : held_out) {
+      EXPECT_EQ(task->Score(p, ExpectedResponse(name, p, 4)).reward, 1.0) << p.prompt_id;
+      held.insert(p.prompt_tokens);
+    }
+    // 4^2 + 4^3 + 4^4 = 336 sequences, about a quarter held out, all distinct.
+    EXPECT_EQ(held.size(), held_out.size()) << name;
+    EXPECT_GT(held_out.size(), 336u / 8) << name;
+    EXPECT_LT(held_out.size(), 336u / 2) << name;
+    std::mt19937_64 rng(7);
+    std::set<std::vector<int32_t>> trained;
+    for (int i = 0; i < 5000; ++i) {
+      const TaskPrompt p = task->NextPrompt(rng);
+      EXPECT_EQ(held.count(p.prompt_tokens), 0u) << name << " served " << p.prompt_id;
+      trained.insert(p.prompt_tokens);
+    }
+    // Every other sequence is still drawn.
+    EXPECT_EQ(trained.size() + held.size(), 336u) << name;
+  }
+}
+
+TEST(TaskEvaluationTest, HeldOutPromptsAreFixedOrderedAndBounded) {
+  std::unique_ptr<Task> task = MakeTask("reverse");
+  const std::vector<TaskPrompt> all = task->EvaluationPrompts(0);
+  const std::vector<TaskPrompt> again = MakeTask("reverse")->EvaluationPrompts(0);
+  ASSERT_EQ(all.size(), again.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].prompt_tokens, again[i].prompt_tokens);
+    EXPECT_EQ(all[i].prompt_id, absl::StrCat("reverse-eval-", i));
+    if (i > 0) {
+      EXPECT_GE(all[i].prompt_tokens.size(), all[i - 1].prompt_tokens.size());
+    }
+  }
+  const std::vector<TaskPrompt> first5 = task->EvaluationPrompts(5);
+  ASSERT_EQ(first5.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(first5[i].prompt_tokens, all[i].prompt_tokens);
+}
+
+TEST(TaskEvaluationTest, LargeSpacesDrawDistinctHeldOutPrompts) {
+  TaskOptions o;
+  o.name = "sort";
+  o.vocab_size = 64;
+  o.synthetic_alphabet_size = 20;
+  o.synthetic_min_length = 6;
+  o.synthetic_max_length = 10;
+  absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
+  ASSERT_TRUE(task.ok()) << task.status();
+  const std::vector<TaskPrompt> held_out = (*task)->EvaluationPrompts(300);
+  ASSERT_EQ(held_out.size(), 300u);
+  std::set<std::vector<int32_t>> held;
+  for (const TaskPrompt& p : held_out) held.insert(p.prompt_tokens);
+  EXPECT_EQ(held.size(), 300u);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 3000; ++i) {
+    EXPECT_EQ(held.count((*task)->NextPrompt(rng).prompt_tokens), 0u);
+  }
+}
+
+// A space too small to split (2 sequences) trains and evaluates on all.
+TEST(TaskEvaluationTest, TinySpacesHaveNoSplit) {
+  TaskOptions o;
+  o.name = "copy";
+  o.vocab_size = 64;
+  o.synthetic_alphabet_size = 2;
+  o.synthetic_min_length = 1;
+  o.synthetic_max_length = 1;
+  absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_EQ((*task)->EvaluationPrompts(0).size(), 2u);
+  std::mt19937_64 rng(1);
+  std::set<std::vector<int32_t>> trained;
+  for (int i = 0; i < 100; ++i) trained.insert((*task)->NextPrompt(rng).prompt_tokens);
+  EXPECT_EQ(trained.size(), 2u);
+}
+
 // ---------------------------------------------------------------------------
 // The math task.
 
@@ -408,6 +490,18 @@ TEST(TaskMathTest, ServesEveryRowOncePerPassThroughTheTemplate) {
     }
     EXPECT_EQ(ids.size(), 3u) << "pass " << pass << " repeated a row";
   }
+}
+
+TEST(TaskMathTest, EvaluationPromptsAreTheRowsInFileOrder) {
+  testing::ScopedTempDir dir("math_eval");
+  absl::StatusOr<std::unique_ptr<Task>> task =
+      CreateTask(MathOptions(WriteFile(dir, "rows.jsonl", kRows), WriteTokenizer(dir)));
+  ASSERT_TRUE(task.ok()) << task.status();
+  std::vector<std::string> ids;
+  for (const TaskPrompt& p : (*task)->EvaluationPrompts(0)) ids.push_back(p.prompt_id);
+  EXPECT_THAT(ids, ElementsAre("math-1", "math-3", "math-4"));
+  EXPECT_EQ((*task)->EvaluationPrompts(2).size(), 2u);
+  EXPECT_EQ((*task)->EvaluationPrompts(0)[1].reference, "9/2");
 }
 
 TEST(TaskMathTest, ShuffleFollowsTheSeed) {
