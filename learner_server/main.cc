@@ -14,7 +14,6 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -304,10 +303,9 @@ int main(int argc, char** argv) {
       "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
       "Flags can also come from --flagfile=FILE.",
       "learner_server/main.cc");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument \"", args[1], "\""));
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
+  if (absl::Status s = asympo::daemon::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) return Fail("--threads must be positive");
   at::set_num_threads(threads);

@@ -12,7 +12,6 @@
 #include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -151,16 +150,15 @@ int main(int argc, char** argv) {
       "  asympo-rollout --learner=127.0.0.1:50051 --id=rollout-0 --task=copy\n"
       "Flags can also come from --flagfile=FILE.",
       "rollout_server/main.cc");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() > 1) return Fail(absl::StrCat("unexpected argument \"", args[1], "\""));
+  if (absl::Status s = asympo::daemon::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   if (absl::GetFlag(FLAGS_list_tasks)) {
     for (const auto& [name, description] : asympo::rollout::TaskNames()) {
       std::cout << name << "\t" << description << "\n";
     }
     return 0;
   }
-  FLAGS_logtostderr = true;
-  google::InitGoogleLogging(argv[0]);
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) return Fail("--threads must be positive");
   at::set_num_threads(threads);

@@ -13,6 +13,7 @@ argument):
     python3 rollout_loop_test.py SCENARIO LEARNER_BINARY ROLLOUT_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check.
 """
+import json
 import os
 import shutil
 import signal
@@ -130,6 +131,25 @@ def scenario_train(c):
         rc = c.stop("rollout-%d" % i, signal.SIGINT)
         check(rc == 0, "rollout-%d exits 0 on SIGINT" % i)
     check(c.stop("learner", signal.SIGINT) == 0, "the learner exits 0 on SIGINT")
+    evaluate_checkpoint(c)
+
+
+def evaluate_checkpoint(c):
+    """asympo-eval on the learner's checkpoints: the newest one, the
+    learner's model read from its flags, a JSON report and a summary line."""
+    eval_bin = os.path.join(os.path.dirname(c.rollout_bin), "asympo-eval")
+    out = os.path.join(c.work, "eval.json")
+    r = subprocess.run([eval_bin, "--checkpoint=" + os.path.join(c.work, "ckpt"), "--task=copy",
+                        "--k=3", "--max_prompts=10", "--output=" + out],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(r.returncode == 0, "asympo-eval exits 0 (%s)" % r.stdout[-400:])
+    report = json.load(open(out))
+    check(report["prompts"] == 10 and report["k"] == 3, "asympo-eval evaluated 10 prompts with k = 3")
+    check(0 <= report["mean_at_k"] <= report["pass_at_k"] <= 1, "mean@k <= pass@k, both in [0, 1]")
+    newest = sorted(d for d in os.listdir(os.path.join(c.work, "ckpt")) if d.startswith("ckpt-"))[-1]
+    summary = r.stdout.strip().splitlines()[-1]
+    check("greedy_acc=" in summary and "version %d" % int(newest[5:]) in summary,
+          "the summary names the newest checkpoint's version (%s)" % summary)
 
 
 def scenario_corrupt(c):
