@@ -3,13 +3,18 @@
 // from the task, samples G responses to each with the generation engine,
 // scores them, and trains one optimizer step on the groups with the
 // learner's Trainer. Generation uses the trained model object itself, so
-// every step samples from the newest weights (no staleness).
+// every step samples from the newest weights (no staleness) unless --lag.
 //
 //   task_learning --task copy [--steps 300] [--prompts 8] [--group 8]
 //                 [--lr 3e-3] [--temperature 1] [--objective asympo]
 //                 [--max_new_tokens 0] [--vocab 64] [--seed 0] [--threads 1]
 //                 [--alphabet 0] [--min_length 0] [--max_length 0]
-//                 [--log_every 10]
+//                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
+//                 [--p_low] [--p_high] [--scale_floor] [--advantage mean]
+// --lag k samples every step with the weights of k steps before (the newest
+// while fewer steps exist): deterministic staleness, as a learner whose
+// rollouts run k versions behind sees it. --csv writes one row per step
+// (reward, accuracy, the loss diagnostics, the learner's collapse gauge).
 // Prints one line per --log_every steps (reward and accuracy of that step's
 // samples, averaged over the last --log_every steps), then a summary: mean
 // reward and accuracy over the first and last 20 steps, and wall time.
@@ -18,6 +23,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,7 +36,9 @@
 #include "bench/bench_flags.h"
 #include "common/model/model_config.h"
 #include "common/model/policy_model.h"
+#include "learner_server/learner_metrics.h"
 #include "learner_server/trainer.h"
+#include "rollout_server/evaluation.h"
 #include "rollout_server/generation.h"
 #include "rollout_server/tasks.h"
 
@@ -78,6 +87,12 @@ struct Args {
   int32_t alphabet;
   int32_t min_length;
   int32_t max_length;
+  double p_low, p_high, scale_floor;  // asympo_stable
+  std::string advantage;              // mean or mean_std
+  int64_t lag;                        // sample with the weights of `lag` steps before
+  std::string csv;                    // per-step rows; empty: none
+  int64_t eval_every;                 // 0: only at the end
+  int32_t eval_k;
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -97,6 +112,14 @@ Args ParseArgs(int argc, char** argv) {
   args.alphabet = static_cast<int32_t>(Flag(argc, argv, "--alphabet", 0));
   args.min_length = static_cast<int32_t>(Flag(argc, argv, "--min_length", 0));
   args.max_length = static_cast<int32_t>(Flag(argc, argv, "--max_length", 0));
+  args.p_low = FlagD(argc, argv, "--p_low", learner::PolicyLossOptions().p_low);
+  args.p_high = FlagD(argc, argv, "--p_high", learner::PolicyLossOptions().p_high);
+  args.scale_floor = FlagD(argc, argv, "--scale_floor", learner::PolicyLossOptions().scale_floor);
+  args.advantage = FlagS(argc, argv, "--advantage", "mean");
+  args.lag = std::max<int64_t>(0, Flag(argc, argv, "--lag", 0));
+  args.csv = FlagS(argc, argv, "--csv", "");
+  args.eval_every = Flag(argc, argv, "--eval_every", 0);
+  args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
   return args;
 }
 
@@ -106,6 +129,10 @@ Args ParseArgs(int argc, char** argv) {
 struct Setup {
   std::unique_ptr<rollout::Task> task;
   std::unique_ptr<asympo::PolicyModel> model;
+  // --lag > 0: the model the rollouts sample with, loaded every step from
+  // `past` (the trained weights of the last lag + 1 steps, oldest first).
+  std::unique_ptr<asympo::PolicyModel> behavior;
+  std::deque<std::vector<std::pair<std::string, at::Tensor>>> past;
   std::unique_ptr<learner::Trainer> trainer;
   rollout::SamplingParams sampling;
 };
@@ -128,11 +155,24 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
       asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(args.vocab), model_options);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
+  if (args.lag > 0) {
+    absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> behavior =
+        asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(args.vocab), model_options);
+    if (!behavior.ok()) return behavior.status();
+    setup.behavior = *std::move(behavior);
+  }
 
   learner::TrainerOptions trainer_options;
   absl::StatusOr<learner::Objective> objective = learner::ParseObjective(args.objective_name);
   if (!objective.ok()) return objective.status();
   trainer_options.loss.objective = *objective;
+  trainer_options.loss.p_low = args.p_low;
+  trainer_options.loss.p_high = args.p_high;
+  trainer_options.loss.scale_floor = args.scale_floor;
+  absl::StatusOr<learner::AdvantageNormalization> advantage =
+      learner::ParseAdvantageNormalization(args.advantage);
+  if (!advantage.ok()) return advantage.status();
+  trainer_options.loss.advantage.normalization = *advantage;
   trainer_options.lr.peak_lr = args.lr;
   absl::StatusOr<std::unique_ptr<learner::Trainer>> trainer =
       learner::Trainer::Create(trainer_options, setup.model.get(), /*publisher=*/nullptr);
@@ -227,7 +267,42 @@ struct History {
   std::vector<double> accuracies;
   double gen_seconds = 0;
   double train_seconds = 0;
+  // The learner's collapse gauge (asympo_learner_collapse_suspected) with
+  // its default options, fed the same per-step reward means.
+  learner::CollapseDetector collapse{learner::CollapseOptions{}};
+  std::unique_ptr<std::ofstream> csv;  // --csv
 };
+
+// --csv: the header, then one row per step.
+constexpr char kCsvHeader[] =
+    "step,reward,accuracy,mean_nll,s_pos,s_neg,naive_ratio,clip_low,clip_high,"
+    "degenerate_fraction,response_length,grad_norm,collapse_ema,collapse_suspected\n";
+
+void RecordStep(int64_t step, const learner::StepResult& result, History* history) {
+  const bool suspected = history->collapse.Observe(result.diagnostics.reward_mean);
+  if (history->csv == nullptr) return;
+  const learner::LossDiagnostics& d = result.diagnostics;
+  *history->csv << (step + 1) << ',' << history->rewards.back() << ','
+                << history->accuracies.back() << ',' << d.mean_nll << ',' << d.s_pos << ','
+                << d.s_neg << ',' << d.naive_ratio << ',' << d.clip_low_fraction << ','
+                << d.clip_high_fraction << ',' << d.degenerate_group_fraction << ','
+                << d.mean_response_length << ',' << result.grad_norm << ','
+                << history->collapse.ema() << ',' << (suspected ? 1 : 0) << '\n';
+}
+
+// The model this step samples with: the trained one, or under --lag the
+// behavior model holding the weights of `lag` steps before.
+absl::StatusOr<const asympo::PolicyModel*> SamplingModel(const Args& args, Setup* setup) {
+  if (args.lag == 0) return setup->model.get();
+  std::vector<std::pair<std::string, at::Tensor>> now;
+  for (const auto& [name, t] : setup->model->named_parameters()) {
+    now.emplace_back(name, t.detach().clone());
+  }
+  setup->past.push_back(std::move(now));
+  while (static_cast<int64_t>(setup->past.size()) > args.lag + 1) setup->past.pop_front();
+  if (absl::Status s = setup->behavior->LoadParameters(setup->past.front()); !s.ok()) return s;
+  return setup->behavior.get();
+}
 
 // Samples from the newest weights, scores the samples and trains one step
 // on them. Returns the step's result and when training ended.
@@ -237,7 +312,11 @@ absl::StatusOr<learner::StepResult> RunStep(const Args& args,
                                             Clock::time_point* train_end) {
   const auto gen_start = Clock::now();
   const PromptBatch batch = DrawPrompts(args, setup->sampling, setup->task.get(), rng);
-  absl::StatusOr<std::vector<rollout::GenerationResult>> results = engine.Generate(batch.requests);
+  absl::StatusOr<const asympo::PolicyModel*> sampler = SamplingModel(args, setup);
+  if (!sampler.ok()) return sampler.status();
+  absl::StatusOr<std::vector<rollout::GenerationResult>> results =
+      *sampler == setup->model.get() ? engine.Generate(batch.requests)
+                                     : rollout::GenerationEngine(*sampler).Generate(batch.requests);
   if (!results.ok()) return results.status();
   ScoredGroups scored =
       ScoreGroups(args, *setup->task, batch.prompts, *results, setup->trainer->version());
@@ -281,24 +360,49 @@ void PrintSummary(const Args& args, const History& history, double seconds) {
       history.train_seconds);
 }
 
+// Greedy accuracy, mean@k and pass@k on the task's held-out prompts.
+absl::Status PrintEvaluation(const Args& args, const rollout::GenerationEngine& engine,
+                             const rollout::Task& task, int64_t step) {
+  rollout::EvaluationOptions options;
+  options.k = args.eval_k;
+  options.temperature = args.temperature;
+  options.seed = args.seed + 1000003 * static_cast<uint64_t>(step);
+  absl::StatusOr<rollout::EvaluationReport> report =
+      rollout::Evaluate(engine, task, task.EvaluationPrompts(0), options);
+  if (!report.ok()) return report.status();
+  std::printf("eval step=%lld %s\n", static_cast<long long>(step),
+              rollout::EvaluationSummary(*report).c_str());
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 // The whole run: --steps steps, logged as they go, then the summary.
 absl::Status Train(const Args& args, Setup* setup) {
   // Generation runs on the trained model itself: no stale weights.
   const rollout::GenerationEngine engine(setup->model.get());
   std::mt19937_64 rng(args.seed);
   History history;
+  if (!args.csv.empty()) {
+    history.csv = std::make_unique<std::ofstream>(args.csv);
+    *history.csv << kCsvHeader;
+    if (!*history.csv) return absl::InvalidArgumentError("--csv " + args.csv + ": cannot write");
+  }
   const auto start = Clock::now();
   for (int64_t step = 0; step < args.steps; ++step) {
     Clock::time_point train_end;
     absl::StatusOr<learner::StepResult> result =
         RunStep(args, engine, setup, &rng, &history, &train_end);
     if (!result.ok()) return result.status();
+    RecordStep(step, *result, &history);
     if ((step + 1) % args.log_every == 0 || step + 1 == args.steps) {
       PrintProgress(step, args.log_every, history, *result, Seconds(start, train_end));
     }
+    if (args.eval_every > 0 && (step + 1) % args.eval_every == 0 && step + 1 != args.steps) {
+      if (absl::Status s = PrintEvaluation(args, engine, *setup->task, step + 1); !s.ok()) return s;
+    }
   }
   PrintSummary(args, history, Seconds(start, Clock::now()));
-  return absl::OkStatus();
+  return PrintEvaluation(args, engine, *setup->task, args.steps);
 }
 
 }  // namespace

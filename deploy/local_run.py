@@ -2,7 +2,9 @@
 """One asynchronous RL run on this machine: one asympo-learner and N
 asympo-rollout daemons on loopback, with the built-in tiny model and a
 synthetic task. Prints live progress, then a summary, and writes the run's
-logs, a per-step CSV and a reward-curve PNG into the run directory.
+logs, a per-step CSV and a reward-curve PNG into the run directory. At the
+end, asympo-eval evaluates the learner's last checkpoint on the task's
+held-out prompts (greedy accuracy, mean@k, pass@k; eval.json).
 
 Usually started through deploy/local_run.sh, which installs and builds
 first. Ctrl-C stops every process cleanly and still writes the summary.
@@ -103,13 +105,19 @@ def main():
     ap.add_argument("--dtype", default="float32",
                     help="dtype of the weights rollouts sample with (both daemons' --dtype)")
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines")
+    ap.add_argument("--eval_k", type=int, default=8,
+                    help="samples per held-out prompt for asympo-eval's mean@k and pass@k (0: greedy only)")
+    ap.add_argument("--no_eval", action="store_true", help="skip asympo-eval at the end")
+    ap.add_argument("--check_greedy", type=float, default=None,
+                    help="exit 1 unless asympo-eval's held-out greedy accuracy reaches this")
     ap.add_argument("--check_rise", type=float, default=None,
                     help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
     args = ap.parse_args()
 
     learner_bin = os.path.join(args.build_dir, "learner_server", "asympo-learner")
     rollout_bin = os.path.join(args.build_dir, "rollout_server", "asympo-rollout")
-    for b in (learner_bin, rollout_bin):
+    eval_bin = os.path.join(args.build_dir, "rollout_server", "asympo-eval")
+    for b in (learner_bin, rollout_bin) + (() if args.no_eval else (eval_bin,)):
         if not os.access(b, os.X_OK):
             sys.exit("local_run: %s not found; build first (deploy/local_run.sh does)" % b)
     if not args.out:
@@ -220,8 +228,9 @@ def main():
             steps = list(csv.DictReader(f))
     rewards = [float(r["reward_mean"]) for r in steps]
     first, last20 = mean(rewards[:20]), mean(rewards[-20:])
+    evaluation = None if args.no_eval else evaluate(eval_bin, args)
     plot = os.path.join(args.out, "reward.png")
-    plotted = make_plot(steps, progress, plot, args)
+    plotted = make_plot(steps, progress, plot, args, evaluation)
     responses = sum(m.get("asympo_rollout_responses_total", 0) for m in final_rollout)
     correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in final_rollout)
     dropped = sum(v for m in final_rollout for k, v in m.items() if k.startswith("asympo_rollout_groups_dropped_total"))
@@ -235,6 +244,9 @@ def main():
         print("  accuracy, first interval %.3f   last interval %.3f" % (accs[0], accs[-1]))
     print("  responses sampled        %d (%.1f%% exact)" % (responses, 100 * correct / responses if responses else 0))
     print("  groups dropped           %d" % dropped)
+    if evaluation is not None:
+        print("  held-out (asympo-eval)   %s" % evaluation["line"])
+        print("  evaluation report        %s" % os.path.join(args.out, "eval.json"))
     print("  per-step CSV             %s" % steps_csv)
     print("  progress CSV             %s" % os.path.join(args.out, "progress.csv"))
     print("  reward curve             %s" % (plot if plotted else "(not drawn: python3-matplotlib missing)"))
@@ -242,13 +254,42 @@ def main():
     if failed:
         print("local_run: " + failed)
         return 1
+    if args.check_greedy is not None:
+        greedy = evaluation["report"]["greedy_accuracy"] if evaluation else float("nan")
+        if not greedy >= args.check_greedy:
+            print("local_run: held-out greedy accuracy %.3f is below %.3f" % (greedy, args.check_greedy))
+            return 1
     if args.check_rise is not None and not (last20 > first + args.check_rise):
         print("local_run: reward did not rise by %.3f (first %.3f, last %.3f)" % (args.check_rise, first, last20))
         return 1
     return 0
 
 
-def make_plot(steps, progress, path, args):
+def evaluate(eval_bin, args):
+    """asympo-eval on the newest checkpoint: {"report": the JSON, "line": a
+    summary}, or None (said why) when there is none or it fails."""
+    checkpoints = os.path.join(args.out, "checkpoints")
+    if not os.path.isdir(checkpoints):
+        print("local_run: no checkpoint to evaluate")
+        return None
+    out = os.path.join(args.out, "eval.json")
+    cmd = [eval_bin, "--checkpoint=" + checkpoints, "--task=" + args.task, "--k=%d" % args.eval_k,
+           "--temperature=%g" % args.temperature, "--output=" + out, "--threads=1"]
+    with open(os.path.join(args.out, "eval.log"), "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    if rc != 0 or not os.path.exists(out):
+        print("local_run: asympo-eval failed (status %d, see %s)" % (rc, os.path.join(args.out, "eval.log")))
+        return None
+    import json
+    with open(out) as f:
+        r = json.load(f)
+    line = "greedy accuracy %.3f, mean@%d %.3f, pass@%d %.3f, mean length %.2f (%d prompts)" % (
+        r["greedy_accuracy"], r["k"], r["mean_at_k"], r["k"], r["pass_at_k"],
+        r["greedy_mean_length"], r["prompts"])
+    return {"report": r, "line": line}
+
+
+def make_plot(steps, progress, path, args, evaluation=None):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -266,6 +307,14 @@ def make_plot(steps, progress, path, args):
     if progress:
         ax.plot([r["step"] for r in progress], [r["rollout_accuracy"] for r in progress], color="#d94801",
                 linewidth=1.5, linestyle="--", label="exact-match accuracy (rollouts)")
+    if evaluation is not None and steps:
+        r = evaluation["report"]
+        x = int(steps[-1]["step"])
+        ax.scatter([x], [r["greedy_accuracy"]], color="#238b45", marker="*", s=160, zorder=5,
+                   label="held-out greedy accuracy %.2f (asympo-eval)" % r["greedy_accuracy"])
+        if r["k"] > 0:
+            ax.scatter([x], [r["mean_at_k"]], color="#74c476", marker="o", s=50, zorder=5,
+                       label="held-out mean@%d %.2f" % (r["k"], r["mean_at_k"]))
     ax.set_xlabel("learner step")
     ax.set_ylabel("reward / accuracy")
     ax.set_ylim(0, 1)

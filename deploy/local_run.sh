@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job on one machine: installs the Debian packages that are missing,
-# builds the two daemons, then runs one asympo-learner and two asympo-rollout
+# builds the two daemons and asympo-eval, then runs one asympo-learner and two asympo-rollout
 # daemons on loopback with the built-in tiny model and a synthetic task
-# (deploy/local_run.py; its flags pass through, see --help).
+# (deploy/local_run.py; its flags pass through, see --help), and at the end
+# evaluates the last checkpoint on the task's held-out prompts.
 #
 #   deploy/local_run.sh                  # 6 minutes of training
 #   deploy/local_run.sh --minutes 3 --task copy --objective spo
@@ -11,5 +12,5 @@ cd "$(dirname "$0")/.."
 deploy/install_deps.sh
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build "$build_dir" -j "$(nproc)" --target asympo-learner asympo-rollout
+cmake --build "$build_dir" -j "$(nproc)" --target asympo-learner asympo-rollout asympo-eval
 exec /usr/bin/python3 deploy/local_run.py --build_dir "$build_dir" "$@"
