@@ -88,14 +88,14 @@ def main():
     ap.add_argument("--max_steps", type=int, default=0, help="stop after this many learner steps (0: by time)")
     ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
     ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
-    # Plain asympo drives the tiny model to a deterministic policy after about
-    # a thousand steps and the reward falls back (the collapse alert fires);
-    # asympo_stable's probability bounds stop pushing tokens that are already
-    # certain (docs/tasks.md, docs/method.md).
+    # asympo_stable at lr 1e-4: asympo's 1/S_g weighting puts each update on
+    # the confident responses, and at 5e-4 the tiny policy turned
+    # deterministic before it learned to copy (docs/tasks.md, "Why the demo
+    # stalled").
     ap.add_argument("--objective", default="asympo_stable", help="naive, spo, asympo, asympo_stable, grpo, gpg")
     ap.add_argument("--vocab", type=int, default=16,
                     help="vocabulary of the built-in tiny model (synthetic tasks need 8 + 4 ids)")
-    ap.add_argument("--lr", type=float, default=5e-4)
+    ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--group_size", type=int, default=16)
     ap.add_argument("--prompts_per_step", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=1.0)
