@@ -17,7 +17,6 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/crc32c.h"
 #include "common/model/checkpoint_files.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
@@ -28,11 +27,6 @@ namespace asympo::learner {
 namespace {
 
 namespace fs = std::filesystem;
-
-absl::StatusOr<uint32_t> FileCrc(const std::string& path) {
-  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
-  return Crc32c(m->data(), m->size());
-}
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> w, AtomicFileWriter::Create(path));
@@ -87,7 +81,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   }
   const std::string state_path = tmp_dir + "/" + kCheckpointStateFile;
   ASYMPO_RETURN_IF_ERROR(WriteSafetensors(state_path, tensors));
-  ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, FileCrc(state_path));
+  ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, CheckpointFileCrc(state_path));
   nlohmann::json meta;
   meta["version"] = version;
   meta["optimizer_steps"] = optimizer.step_count();

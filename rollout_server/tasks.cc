@@ -80,7 +80,11 @@ constexpr SyntheticSpec kSyntheticTasks[] = {
 class SyntheticTask : public Task {
  public:
   SyntheticTask(const SyntheticSpec& spec, int32_t alphabet, int32_t min_length, int32_t max_length)
-      : spec_(spec), alphabet_(alphabet), min_length_(min_length), max_length_(max_length) {}
+      : spec_(spec),
+        alphabet_(alphabet),
+        min_length_(min_length),
+        max_length_(max_length),
+        sequences_(CountSequences(alphabet, min_length, max_length)) {}
 
   std::string_view name() const override { return spec_.name; }
 
@@ -98,12 +102,12 @@ class SyntheticTask : public Task {
   std::vector<TaskPrompt> EvaluationPrompts(int64_t max) const override {
     if (max <= 0) max = kDefaultEvaluationPrompts;
     std::vector<std::vector<int32_t>> picked;
-    if (SequenceCount() <= (int64_t{1} << 16)) {
+    if (sequences_ <= (int64_t{1} << 16)) {
       for (int32_t n = min_length_; n <= max_length_; ++n) {
         std::vector<int32_t> s(n, 0);
         do {
           // A space too small to split evaluates on every sequence.
-          if (SequenceCount() < 8 || HeldOut(s)) picked.push_back(s);
+          if (sequences_ < 8 || HeldOut(s)) picked.push_back(s);
         } while (static_cast<int64_t>(picked.size()) < max && NextSequence(&s));
       }
     } else {
@@ -162,7 +166,7 @@ class SyntheticTask : public Task {
   // task and the symbols, one sequence in kHeldOutEvery. Spaces of fewer than
   // 8 sequences have no split (every sequence trains and evaluates).
   bool HeldOut(const std::vector<int32_t>& symbols) const {
-    if (SequenceCount() < 8) return false;
+    if (sequences_ < 8) return false;
     uint64_t h = SplitMix(static_cast<uint64_t>(spec_.marker) + 0x9e3779b97f4a7c15ULL);
     for (int32_t s : symbols) h = SplitMix(h ^ static_cast<uint64_t>(s + 1));
     return h % kHeldOutEvery == 0;
@@ -183,11 +187,11 @@ class SyntheticTask : public Task {
   }
 
   // Sequences of every allowed length, saturating at 2^62.
-  int64_t SequenceCount() const {
+  static int64_t CountSequences(int32_t alphabet, int32_t min_length, int32_t max_length) {
     int64_t total = 0, count = 1;
-    for (int32_t n = 1; n <= max_length_; ++n) {
-      count = count > (int64_t{1} << 62) / alphabet_ ? (int64_t{1} << 62) : count * alphabet_;
-      if (n >= min_length_) total = std::min(total + count, int64_t{1} << 62);
+    for (int32_t n = 1; n <= max_length; ++n) {
+      count = count > (int64_t{1} << 62) / alphabet ? (int64_t{1} << 62) : count * alphabet;
+      if (n >= min_length) total = std::min(total + count, int64_t{1} << 62);
     }
     return total;
   }
@@ -222,6 +226,7 @@ class SyntheticTask : public Task {
   const int32_t alphabet_;
   const int32_t min_length_;
   const int32_t max_length_;
+  const int64_t sequences_;  // CountSequences
   int64_t next_id_ = 0;
 };
 

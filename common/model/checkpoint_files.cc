@@ -39,11 +39,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
     return absl::DataLossError(
         absl::StrCat(dir, "/", kCheckpointMetaFile, " is not a complete checkpoint description"));
   }
-  uint32_t crc = 0;
-  {
-    ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(state_path));
-    crc = Crc32c(m->data(), m->size());
-  }
+  ASYMPO_ASSIGN_OR_RETURN(const uint32_t crc, CheckpointFileCrc(state_path));
   if (crc != meta["crc32c"].get<uint32_t>()) {
     return absl::DataLossError(absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x",
                                                state_path, crc, meta["crc32c"].get<uint32_t>()));
@@ -66,6 +62,11 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   const auto config = meta.find("config");
   if (config != meta.end() && config->is_string()) out.config = config->get<std::string>();
   return out;
+}
+
+absl::StatusOr<uint32_t> CheckpointFileCrc(const std::string& path) {
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
+  return Crc32c(m->data(), m->size());
 }
 
 std::vector<std::string> ListCheckpoints(const std::string& root) {

@@ -38,6 +38,11 @@ struct CheckpointContents {
 // NOT_FOUND or another error for unreadable files.
 absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir);
 
+// The CRC-32C of a whole file, as meta.json records it for
+// state.safetensors (the learner when writing, ReadCheckpointDirectory when
+// checking).
+absl::StatusOr<uint32_t> CheckpointFileCrc(const std::string& path);
+
 // Checkpoint directories (ckpt-<version>) under `root`, newest first.
 std::vector<std::string> ListCheckpoints(const std::string& root);
 
