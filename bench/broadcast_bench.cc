@@ -33,7 +33,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "absl/strings/str_split.h"
+#include "bench/bench_flags.h"
 #include "common/crc32c.h"
 #include "common/daemon/daemon_runtime.h"
 #include "weight_broadcaster/broadcast_receiver.h"
@@ -44,35 +44,12 @@ namespace {
 namespace bc = asympo::broadcast;
 namespace v1 = asympo::v1;
 using Clock = std::chrono::steady_clock;
-
-const char* FlagValue(int argc, char** argv, const char* name) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
-  }
-  return nullptr;
-}
-
-int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
-  const char* v = FlagValue(argc, argv, name);
-  return v == nullptr ? def : std::atoll(v);
-}
-
-std::vector<int64_t> ListFlag(int argc, char** argv, const char* name, const char* def) {
-  const char* v = FlagValue(argc, argv, name);
-  std::vector<int64_t> out;
-  for (absl::string_view s : absl::StrSplit(v == nullptr ? def : v, ',')) {
-    out.push_back(std::atoll(std::string(s).c_str()));
-  }
-  return out;
-}
+using asympo::bench::Flag;
+using asympo::bench::ListFlag;
+using asympo::bench::Median;
 
 double Seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // A model of `params` float32 parameters in tensors of `per_tensor`.
@@ -205,6 +182,7 @@ Args ParseArgs(int argc, char** argv) {
   args.tensor_m = Flag(argc, argv, "--tensor_m", 4);
   args.tcp_baseline = Flag(argc, argv, "--tcp", 1) != 0;
   args.malloc_tuned = Flag(argc, argv, "--malloc_tuned", 0) != 0;
+  asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
 

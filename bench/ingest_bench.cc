@@ -22,12 +22,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "bench/bench_flags.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
 
 namespace {
 
+using asympo::bench::Flag;
 using asympo::learner::GroupQueue;
 using asympo::learner::LearnerCounters;
 using asympo::learner::LearnerService;
@@ -35,13 +37,6 @@ namespace v1 = asympo::v1;
 
 // Qwen3's embedding rows: token ids as wide as the learner's real ones.
 constexpr int kVocab = 151936;
-
-int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  }
-  return def;
-}
 
 // Reads every streamed batch and discards it.
 class BareSink final : public v1::Learner::CallbackService {
@@ -138,6 +133,7 @@ Args ParseArgs(int argc, char** argv) {
   args.responses = static_cast<int>(Flag(argc, argv, "--responses", 8));
   args.tokens = static_cast<int>(Flag(argc, argv, "--tokens", 256));
   args.capacity = Flag(argc, argv, "--queue", 256);
+  asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
 

@@ -18,11 +18,13 @@
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 
+#include "bench/bench_flags.h"
 #include "learner_server/policy_loss.h"
 #include "learner_server/token_logprobs.h"
 
 namespace {
 
+using asympo::bench::Flag;
 using asympo::learner::LossInputs;
 using asympo::learner::Objective;
 using asympo::learner::ObjectiveNames;
@@ -43,13 +45,6 @@ double MedianMs(int reps, const std::function<void()>& fn) {
   return ms[ms.size() / 2];
 }
 
-int64_t Flag(int argc, char** argv, const char* name, int64_t def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (std::strcmp(argv[i], name) == 0) return std::atoll(argv[i + 1]);
-  }
-  return def;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -58,6 +53,7 @@ int main(int argc, char** argv) {
   const int64_t v = Flag(argc, argv, "--vocab", 32768);
   const int reps = static_cast<int>(Flag(argc, argv, "--reps", 15));
   at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  asympo::bench::RejectUnknownFlags(argc, argv);
   const int64_t group_size = 8;
   torch::manual_seed(0);
 

@@ -83,8 +83,9 @@ Args ParseArgs(int argc, char** argv) {
   args.device = FlagS(argc, argv, "--device", "cpu");
   args.dtype = FlagS(argc, argv, "--dtype", "float32");
   args.compute_dtype = FlagS(argc, argv, "--compute_dtype", "auto");
-  args.temperature = std::atof(FlagS(argc, argv, "--temperature", "0").c_str());
-  args.peak_tflops = std::atof(FlagS(argc, argv, "--peak_tflops", "0").c_str());
+  args.temperature = asympo::bench::FlagD(argc, argv, "--temperature", 0);
+  args.peak_tflops = asympo::bench::FlagD(argc, argv, "--peak_tflops", 0);
+  asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
 

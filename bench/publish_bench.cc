@@ -253,12 +253,13 @@ int main(int argc, char** argv) {
   s.responses = Flag(argc, argv, "--responses", 8);
   s.tokens = Flag(argc, argv, "--tokens", 64);
   s.steps = Flag(argc, argv, "--steps", 10);
-  if (FlagS(argc, argv, "--mode", "steps") == "transfer") {
-    return Transfer(s, static_cast<int>(Flag(argc, argv, "--reps", 3)));
-  }
+  const bool transfer = FlagS(argc, argv, "--mode", "steps") == "transfer";
+  const int reps = static_cast<int>(Flag(argc, argv, "--reps", 3));
   const int64_t rounds = Flag(argc, argv, "--rounds", 3);
   std::vector<std::string> modes = {"none", "async", "inline"};
   if (FlagS(argc, argv, "--modes", "") == "stage") modes = {"none", "stage"};
+  asympo::bench::RejectUnknownFlags(argc, argv);
+  if (transfer) return Transfer(s, reps);
   std::map<std::string, std::vector<double>> medians;
   for (int64_t r = 0; r < rounds; ++r) {
     // Each round starts with another mode, so that no mode always runs

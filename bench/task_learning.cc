@@ -120,6 +120,7 @@ Args ParseArgs(int argc, char** argv) {
   args.csv = FlagS(argc, argv, "--csv", "");
   args.eval_every = Flag(argc, argv, "--eval_every", 0);
   args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
+  asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
 

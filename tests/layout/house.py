@@ -39,7 +39,7 @@ ROOMS = [
     ("rollout_server", "asympo_rollout", 5),
 ]
 SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaster"]
-TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference",
+TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference", "tests/bench",
              "tests/common/tokenizer/reference"]
 BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
 MAX_FUNCTION_LINES = 80
