@@ -42,7 +42,7 @@ def parse_args():
     ap.add_argument("--lags", default="0,4,16")
     ap.add_argument("--task", default="copy")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
-    ap.add_argument("--lr", type=float, default=2e-4)
+    ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--group", type=int, default=16)
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=16)

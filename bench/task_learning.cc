@@ -10,11 +10,13 @@
 //                 [--max_new_tokens 0] [--vocab 64] [--seed 0] [--threads 1]
 //                 [--alphabet 0] [--min_length 0] [--max_length 0]
 //                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
-//                 [--p_low] [--p_high] [--scale_floor] [--advantage mean]
+//                 [--p_low] [--p_high] [--scale_floor] [--advantage mean] [--eval_json FILE]
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
 // rollouts run k versions behind sees it. --csv writes one row per step
 // (reward, accuracy, the loss diagnostics, the learner's collapse gauge).
+// --eval_json writes the latest held-out evaluation with its per-prompt rows
+// (asympo-eval's JSON).
 // Prints one line per --log_every steps (reward and accuracy of that step's
 // samples, averaged over the last --log_every steps), then a summary: mean
 // reward and accuracy over the first and last 20 steps, and wall time.
@@ -93,6 +95,7 @@ struct Args {
   std::string csv;                    // per-step rows; empty: none
   int64_t eval_every;                 // 0: only at the end
   int32_t eval_k;
+  std::string eval_json;  // the last evaluation, per prompt; empty: none
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -120,6 +123,7 @@ Args ParseArgs(int argc, char** argv) {
   args.csv = FlagS(argc, argv, "--csv", "");
   args.eval_every = Flag(argc, argv, "--eval_every", 0);
   args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
+  args.eval_json = FlagS(argc, argv, "--eval_json", "");
   asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
@@ -374,6 +378,10 @@ absl::Status PrintEvaluation(const Args& args, const rollout::GenerationEngine& 
   std::printf("eval step=%lld %s\n", static_cast<long long>(step),
               rollout::EvaluationSummary(*report).c_str());
   std::fflush(stdout);
+  if (args.eval_json.empty()) return absl::OkStatus();
+  std::ofstream out(args.eval_json);
+  out << rollout::EvaluationJson(*report, /*per_prompt=*/true);
+  if (!out) return absl::InvalidArgumentError("--eval_json " + args.eval_json + ": cannot write");
   return absl::OkStatus();
 }
 

@@ -5,6 +5,7 @@ results page, keeping the prose around it.
 
     staleness_smoke_test.py <source dir> <build dir> <scratch dir>
 """
+import json
 import os
 import shutil
 import subprocess
@@ -44,6 +45,14 @@ def main():
     bad = subprocess.run([os.path.join(build, "bench", "task_learning"), "--setps", "3"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown argument '--setps'" in bad.stderr, bad.stderr
+    # --eval_json: asympo-eval's report, with a row per held-out prompt.
+    report_path = os.path.join(scratch, "eval.json")
+    ok = subprocess.run([os.path.join(build, "bench", "task_learning"), "--steps", "2", "--vocab", "16",
+                         "--eval_json", report_path], capture_output=True, text=True, timeout=60)
+    assert ok.returncode == 0, ok.stderr
+    report = json.load(open(report_path))
+    assert report["prompts"] == len(report["per_prompt"]) == 69, report["prompts"]
+    assert all("greedy_tokens" in row for row in report["per_prompt"])
     print("ok")
 
 
