@@ -11,6 +11,7 @@
 //                 [--alphabet 0] [--min_length 0] [--max_length 0]
 //                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
 //                 [--p_low] [--p_high] [--scale_floor] [--advantage mean] [--eval_json FILE]
+//                 [--weight_decay 0] [--layers 0] [--hidden 0]
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
 // rollouts run k versions behind sees it. --csv writes one row per step
@@ -91,6 +92,9 @@ struct Args {
   int32_t max_length;
   double p_low, p_high, scale_floor;  // asympo_stable
   std::string advantage;              // mean or mean_std
+  double weight_decay = 0.0;          // AdamW decoupled weight decay
+  int64_t layers = 0;                 // 0: the tiny model's 2
+  int64_t hidden = 0;                 // 0: the tiny model's 64 (4 heads of hidden / 4)
   int64_t lag;                        // sample with the weights of `lag` steps before
   std::string csv;                    // per-step rows; empty: none
   int64_t eval_every;                 // 0: only at the end
@@ -119,6 +123,9 @@ Args ParseArgs(int argc, char** argv) {
   args.p_high = FlagD(argc, argv, "--p_high", learner::PolicyLossOptions().p_high);
   args.scale_floor = FlagD(argc, argv, "--scale_floor", learner::PolicyLossOptions().scale_floor);
   args.advantage = FlagS(argc, argv, "--advantage", "mean");
+  args.weight_decay = FlagD(argc, argv, "--weight_decay", 0.0);
+  args.layers = Flag(argc, argv, "--layers", 0);
+  args.hidden = Flag(argc, argv, "--hidden", 0);
   args.lag = std::max<int64_t>(0, Flag(argc, argv, "--lag", 0));
   args.csv = FlagS(argc, argv, "--csv", "");
   args.eval_every = Flag(argc, argv, "--eval_every", 0);
@@ -142,6 +149,19 @@ struct Setup {
   rollout::SamplingParams sampling;
 };
 
+// The tiny model, with --layers and --hidden when given (intermediate size
+// 3 x hidden, 4 query heads and 2 key/value heads of hidden / 4).
+asympo::ModelConfig ModelConfigFor(const Args& args) {
+  asympo::ModelConfig config = asympo::ModelConfig::Tiny(args.vocab);
+  if (args.layers > 0) config.num_hidden_layers = args.layers;
+  if (args.hidden > 0) {
+    config.hidden_size = args.hidden;
+    config.intermediate_size = 3 * args.hidden;
+    config.head_dim = args.hidden / config.num_attention_heads;
+  }
+  return config;
+}
+
 absl::StatusOr<Setup> CreateSetup(const Args& args) {
   Setup setup;
   rollout::TaskOptions task_options;
@@ -157,12 +177,12 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
   asympo::ModelOptions model_options;
   model_options.seed = args.seed;
   absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> model =
-      asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(args.vocab), model_options);
+      asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
   if (args.lag > 0) {
     absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> behavior =
-        asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(args.vocab), model_options);
+        asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options);
     if (!behavior.ok()) return behavior.status();
     setup.behavior = *std::move(behavior);
   }
@@ -179,6 +199,7 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
   if (!advantage.ok()) return advantage.status();
   trainer_options.loss.advantage.normalization = *advantage;
   trainer_options.lr.peak_lr = args.lr;
+  trainer_options.adamw.weight_decay = args.weight_decay;
   absl::StatusOr<std::unique_ptr<learner::Trainer>> trainer =
       learner::Trainer::Create(trainer_options, setup.model.get(), /*publisher=*/nullptr);
   if (!trainer.ok()) return trainer.status();

@@ -98,7 +98,8 @@ def main():
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--group_size", type=int, default=16)
     ap.add_argument("--prompts_per_step", type=int, default=8)
-    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--temperature", type=float, default=1.3,
+                    help="rollout sampling temperature (1.3 keeps every symbol in play; docs/tasks.md)")
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--device", default="cpu", help="both daemons' --device: cpu, cuda or cuda:N")

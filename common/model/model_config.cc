@@ -129,7 +129,7 @@ ModelConfig ModelConfig::Tiny(int64_t vocab_size) {
   c.vocab_size = vocab_size;
   c.hidden_size = 64;
   c.intermediate_size = 192;
-  c.num_hidden_layers = 2;
+  c.num_hidden_layers = 3;
   c.num_attention_heads = 4;
   c.num_key_value_heads = 2;
   c.head_dim = 16;

@@ -51,8 +51,10 @@ struct ModelConfig {
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
 
-  // A tiny Qwen3-style model (2 layers, hidden 64, GQA 4:2, q/k norm, tied
+  // A tiny Qwen3-style model (3 layers, hidden 64, GQA 4:2, q/k norm, tied
   // embeddings) with the given vocabulary, for tests and the local run.
+  // Three layers, not two: two can copy but often settle on an off-by-one
+  // position rule under RL (docs/tasks.md, "Two causes").
   static ModelConfig Tiny(int64_t vocab_size = 64);
 
   // Checks divisibility and ranges (heads divide, sizes positive, ...).
