@@ -102,6 +102,9 @@ def main():
                     help="rollout sampling temperature (1.3 keeps every symbol in play; docs/tasks.md)")
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--learner_arg", action="append", default=[], metavar="--FLAG=VALUE",
+                    help="one more asympo-learner flag, passed as is and checked by the learner "
+                         "(repeatable; e.g. --learner_arg=--lr_schedule=cosine)")
     ap.add_argument("--device", default="cpu", help="both daemons' --device: cpu, cuda or cuda:N")
     ap.add_argument("--dtype", default="float32",
                     help="dtype of the weights rollouts sample with (both daemons' --dtype)")
@@ -114,6 +117,9 @@ def main():
     ap.add_argument("--check_rise", type=float, default=None,
                     help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
     args = ap.parse_args()
+    for a in args.learner_arg:
+        if not a.startswith("--") or "=" not in a:
+            ap.error("--learner_arg %r: expected one learner flag as --FLAG=VALUE" % a)
 
     learner_bin = os.path.join(args.build_dir, "learner_server", "asympo-learner")
     rollout_bin = os.path.join(args.build_dir, "rollout_server", "asympo-rollout")
@@ -147,7 +153,7 @@ def main():
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
-        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps])
+        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + args.learner_arg)
     for i in range(args.rollouts):
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
