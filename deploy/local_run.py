@@ -84,8 +84,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build_dir", default="build", help="where asympo-learner and asympo-rollout were built")
     ap.add_argument("--out", default="", help="run directory (default runs/<date-time>)")
-    ap.add_argument("--minutes", type=float, default=6.0, help="wall-clock length of the run")
-    ap.add_argument("--max_steps", type=int, default=0, help="stop after this many learner steps (0: by time)")
+    ap.add_argument("--max_steps", type=int, default=4000,
+                    help="learner steps to train (0: train until --minutes runs out)")
+    ap.add_argument("--minutes", type=float, default=9.0,
+                    help="the longest the run trains, wall clock (it stops at whichever comes first)")
     ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
     ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
     # asympo_stable at lr 1e-4: asympo's 1/S_g weighting puts each update on
@@ -96,6 +98,10 @@ def main():
     ap.add_argument("--vocab", type=int, default=16,
                     help="vocabulary of the built-in tiny model (synthetic tasks need 8 + 4 ids)")
     ap.add_argument("--lr", type=float, default=1e-4)
+    # A constant lr 1e-4 lets a policy that has learned copy drift off it
+    # late in the run; decaying to 0.1x over the run holds it (docs/tasks.md).
+    ap.add_argument("--lr_schedule", choices=("cosine", "constant"), default="cosine",
+                    help="cosine: decay lr to 0.1x over --max_steps steps; constant: keep it")
     ap.add_argument("--group_size", type=int, default=16)
     ap.add_argument("--prompts_per_step", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=1.3,
@@ -120,6 +126,12 @@ def main():
     for a in args.learner_arg:
         if not a.startswith("--") or "=" not in a:
             ap.error("--learner_arg %r: expected one learner flag as --FLAG=VALUE" % a)
+    if args.max_steps < 0:
+        ap.error("--max_steps %d: expected 0 or more" % args.max_steps)
+    if not args.minutes > 0:
+        ap.error("--minutes %g: expected more than 0" % args.minutes)
+    if args.lr_schedule == "cosine" and args.max_steps == 0:
+        ap.error("--lr_schedule cosine decays over --max_steps steps; give --max_steps, or --lr_schedule constant")
 
     learner_bin = os.path.join(args.build_dir, "learner_server", "asympo-learner")
     rollout_bin = os.path.join(args.build_dir, "rollout_server", "asympo-rollout")
@@ -144,6 +156,8 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
 
     port, learner_metrics = free_port(), free_port()
+    schedule = (["--lr_schedule=cosine", "--total_steps=%d" % args.max_steps]
+                if args.lr_schedule == "cosine" else ["--lr_schedule=constant"])
     rollout_metrics = [free_port() for _ in range(args.rollouts)]
     run.start("learner", [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
@@ -153,7 +167,7 @@ def main():
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
-        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + args.learner_arg)
+        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + schedule + args.learner_arg)
     for i in range(args.rollouts):
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
@@ -245,6 +259,9 @@ def main():
     print()
     print("summary")
     print("  steps trained            %d in %.0f s (task %s, objective %s)" % (len(steps), time.time() - start, args.task, args.objective))
+    if args.max_steps and len(steps) < args.max_steps and not interrupted and not failed:
+        print("  stopped by --minutes %g before --max_steps %d%s" % (
+            args.minutes, args.max_steps, "; the lr had not finished decaying" if args.lr_schedule == "cosine" else ""))
     print("  reward, first 20 steps   %.3f" % first)
     print("  reward, last 20 steps    %.3f" % last20)
     if accs:

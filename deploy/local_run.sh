@@ -5,8 +5,8 @@
 # (deploy/local_run.py; its flags pass through, see --help), and at the end
 # evaluates the last checkpoint on the task's held-out prompts.
 #
-#   deploy/local_run.sh                  # 6 minutes of training
-#   deploy/local_run.sh --minutes 3 --task copy --objective spo
+#   deploy/local_run.sh                  # 4000 steps, about 5 minutes on 2 cores
+#   deploy/local_run.sh --max_steps 2000 --task reverse --objective spo
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh
