@@ -10,7 +10,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libtorch-dev prometheus-cpp-dev
+  libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
   libopenblas0-pthread libpcre2-dev nlohmann-json3-dev libicu-dev
   python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib

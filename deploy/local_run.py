@@ -89,6 +89,8 @@ def main():
     ap.add_argument("--minutes", type=float, default=9.0,
                     help="the longest the run trains, wall clock (it stops at whichever comes first)")
     ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
+    ap.add_argument("--learner_ranks", type=int, default=1,
+                    help="data-parallel learner ranks (Gloo on loopback; rank 0 serves the rollouts)")
     ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
     # asympo_stable at lr 1e-4: asympo's 1/S_g weighting puts each update on
     # the confident responses, and at 5e-4 the tiny policy turned
@@ -126,6 +128,8 @@ def main():
     for a in args.learner_arg:
         if not a.startswith("--") or "=" not in a:
             ap.error("--learner_arg %r: expected one learner flag as --FLAG=VALUE" % a)
+    if not 1 <= args.learner_ranks <= 16:
+        ap.error("--learner_ranks %d: expected 1..16" % args.learner_ranks)
     if args.max_steps < 0:
         ap.error("--max_steps %d: expected 0 or more" % args.max_steps)
     if not args.minutes > 0:
@@ -159,7 +163,11 @@ def main():
     schedule = (["--lr_schedule=cosine", "--total_steps=%d" % args.max_steps]
                 if args.lr_schedule == "cosine" else ["--lr_schedule=constant"])
     rollout_metrics = [free_port() for _ in range(args.rollouts)]
-    run.start("learner", [
+    dist = []
+    if args.learner_ranks > 1:
+        dist = ["--dist_world_size=%d" % args.learner_ranks, "--dist_master_addr=127.0.0.1",
+                "--dist_master_port=%d" % free_port(), "--dist_insecure", "--dist_timeout=120s"]
+    learner_cmd = [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
         "--model=tiny", "--tiny_vocab_size=%d" % args.vocab, "--seed=%d" % args.seed, "--threads=1",
         "--device=" + args.device, "--dtype=" + args.dtype, "--objective=" + args.objective,
@@ -167,7 +175,11 @@ def main():
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
-        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + schedule + args.learner_arg)
+        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + schedule + dist + args.learner_arg
+    run.start("learner", learner_cmd + (["--dist_rank=0"] if dist else []))
+    # Ranks 1.. only train the share of each step rank 0 sends them.
+    for r in range(1, args.learner_ranks):
+        run.start("learner-rank%d" % r, learner_cmd + ["--dist_rank=%d" % r])
     for i in range(args.rollouts):
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
@@ -180,8 +192,9 @@ def main():
             "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
             "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)])
 
-    print("local_run: learner on 127.0.0.1:%d, %d rollouts, task %s, objective %s; logs and results in %s"
-          % (port, args.rollouts, args.task, args.objective, args.out))
+    print("local_run: learner on 127.0.0.1:%d%s, %d rollouts, task %s, objective %s; logs and results in %s"
+          % (port, " (%d data-parallel ranks)" % args.learner_ranks if args.learner_ranks > 1 else "",
+             args.rollouts, args.task, args.objective, args.out))
     print("local_run: metrics at http://127.0.0.1:%d/metrics (learner) and ports %s (rollouts); Ctrl-C stops"
           % (learner_metrics, ",".join(map(str, rollout_metrics))))
     print("%7s %6s %7s %8s %8s %9s %7s %9s %s" % ("time", "step", "version", "reward", "accuracy",
@@ -195,7 +208,7 @@ def main():
         time.sleep(0.2)
         now = time.time()
         for name, p, _ in run.procs:
-            if p.poll() is not None and not (name == "learner" and args.max_steps and p.returncode == 0):
+            if p.poll() is not None and not (name.startswith("learner") and args.max_steps and p.returncode == 0):
                 failed = "%s exited with status %d (see %s)" % (name, p.returncode,
                                                                os.path.join(args.out, name + ".log"))
         learner_done = run.procs[0][1].poll() is not None

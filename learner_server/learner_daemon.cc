@@ -57,8 +57,19 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
     LearnerDaemonOptions o, prometheus::Registry& registry) {
   ASYMPO_RETURN_IF_ERROR(ValidateOptions(o));
   std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(std::move(o)));
+  if (d->options_.data_parallel.world_size > 1) {
+    ASYMPO_ASSIGN_OR_RETURN(d->dp_, DataParallel::Create(d->options_.data_parallel));
+  }
   ASYMPO_RETURN_IF_ERROR(d->BuildModelAndTrainer(registry));
-  ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
+  if (!d->is_worker()) ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
+  if (d->dp_ != nullptr) {
+    // Every rank starts from rank 0's weights, moments and version.
+    uint64_t version = d->trainer_->version();
+    ASYMPO_RETURN_IF_ERROR(
+        d->dp_->BroadcastState(d->model_.get(), &d->trainer_->optimizer(), &version));
+    d->trainer_->set_version(version);
+    if (d->is_worker()) return d;
+  }
   // Late joiners and restarted rollouts get the current weights at once.
   ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(d->trainer_->version(), *d->model_));
   ASYMPO_RETURN_IF_ERROR(d->OpenStepCsv());
@@ -74,14 +85,18 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   options_.limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
   options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(options_.limits));
+  metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
+  skipped_ = std::make_unique<SkippedSteps>(registry);
+  if (is_worker()) {  // no broadcast: rank 0 publishes
+    ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), nullptr));
+    return absl::OkStatus();
+  }
   sender_ = std::make_unique<broadcast::BroadcastSender>(
       o.broadcast, broadcast::ModelSignatureOf(*model_, o.publish_dtype), &registry);
   ASYMPO_ASSIGN_OR_RETURN(publisher_,
                           SnapshotPublisher::Create(sender_.get(), *model_, o.publish_dtype,
                                                     o.broadcast_every, &registry));
   ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), publisher_.get()));
-  metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
-  skipped_ = std::make_unique<SkippedSteps>(registry);
   return absl::OkStatus();
 }
 
@@ -204,10 +219,22 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
     *untrained += static_cast<int64_t>(groups.size());
     return false;
   }
-  if (groups.empty()) return true;
+  if (groups.empty()) {
+    // The other ranks wait for every message within the timeout.
+    if (dp_ != nullptr) {
+      if (absl::Status s = dp_->SendIdle(); !s.ok()) Fail(std::move(s));
+    }
+    return failure_.ok();
+  }
   const int64_t n = static_cast<int64_t>(groups.size());
-  absl::StatusOr<StepResult> step = trainer_->Step(std::move(groups));
+  absl::StatusOr<StepResult> step =
+      dp_ != nullptr ? StepAcrossRanks(groups) : trainer_->Step(std::move(groups));
   if (!step.ok()) {
+    if (IsRankFailure(step.status()) || StepSkipReason(step.status()) == kSkipRankFailure) {
+      *untrained += n;
+      Fail(step.status());
+      return false;
+    }
     skipped_->Record(step.status(), n);
     return true;
   }
@@ -226,7 +253,41 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
   return true;
 }
 
+absl::StatusOr<StepResult> LearnerDaemon::StepAcrossRanks(const std::vector<QueuedGroup>& groups) {
+  ASYMPO_ASSIGN_OR_RETURN(StepMessage own, dp_->SendStep(groups));
+  ASYMPO_ASSIGN_OR_RETURN(StepResult step, trainer_->StepShard(own.shard, own.totals, dp_.get()));
+  step.staleness.clear();  // over every rank's groups, not rank 0's share
+  for (const QueuedGroup& q : groups) step.staleness.push_back(step.version - 1 - q.arrival_version);
+  return step;
+}
+
+void LearnerDaemon::Fail(absl::Status status) {
+  LOG(ERROR) << status.message() << "; stopping the job (rank 0 keeps its last step's weights)";
+  if (failure_.ok()) failure_ = std::move(status);
+  Shutdown();
+}
+
+absl::StatusOr<int64_t> LearnerDaemon::RunWorker() {
+  int64_t steps = 0;
+  while (true) {
+    ASYMPO_ASSIGN_OR_RETURN(StepMessage m, dp_->Receive());
+    if (m.kind == StepMessage::Kind::kIdle) continue;
+    if (m.kind == StepMessage::Kind::kStop) break;
+    absl::StatusOr<StepResult> step = trainer_->StepShard(m.shard, m.totals, dp_.get());
+    if (!step.ok()) {
+      if (StepSkipReason(step.status()) == kSkipRankFailure) return step.status();
+      LOG(WARNING) << "step skipped on every rank: " << step.status().message();
+      continue;
+    }
+    ++steps;
+  }
+  LOG(INFO) << "rank " << dp_->rank() << " stopped with rank 0 after " << steps
+            << " steps at version " << trainer_->version();
+  return steps;
+}
+
 absl::StatusOr<int64_t> LearnerDaemon::Run() {
+  if (is_worker()) return RunWorker();
   int64_t steps = 0, untrained = 0;
   while (TrainOneStep(&steps, &untrained)) {
     if (options_.max_steps > 0 && steps >= options_.max_steps) {
@@ -236,9 +297,13 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
   }
   server_->Shutdown(GrpcDeadline(absl::Seconds(5)));
   untrained += queue_->Stats().depth_groups;
+  if (dp_ != nullptr && failure_.ok()) {
+    if (absl::Status stop = dp_->SendStop(); !stop.ok()) LOG(ERROR) << stop.message();
+  }
   absl::Status s = Checkpoint();
   LOG(INFO) << "stopped after " << steps << " steps at version " << trainer_->version() << "; "
             << untrained << " queued groups were left untrained";
+  if (!failure_.ok()) return failure_;
   if (!s.ok()) return s;
   return steps;
 }

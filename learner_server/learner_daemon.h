@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
 #include "common/model/policy_model.h"
+#include "learner_server/data_parallel.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
@@ -74,6 +75,10 @@ struct LearnerDaemonOptions {
   int64_t max_steps = 0;
   // Text stored in checkpoints (the flags the daemon was started with).
   std::string config_text;
+  // Data parallelism (world_size 1: none). Rank 0 is the daemon described
+  // above; every other rank only trains the share of each step rank 0 sends
+  // it: no gRPC server, queue, checkpoints, CSV or export.
+  DataParallelOptions data_parallel;
 };
 
 class LearnerDaemon {
@@ -88,6 +93,8 @@ class LearnerDaemon {
   // Trains until Shutdown() or max_steps; then checkpoints. Returns the
   // number of steps this run trained.
   absl::StatusOr<int64_t> Run();
+  // Whether this process is a data-parallel rank other than 0.
+  bool is_worker() const { return dp_ != nullptr && dp_->rank() != 0; }
   // Any thread; Run returns after the current step.
   void Shutdown();
 
@@ -107,6 +114,12 @@ class LearnerDaemon {
   // One step from the queue: false once stopping (its groups counted in
   // `untrained`).
   bool TrainOneStep(int64_t* steps, int64_t* untrained);
+  // Rank 0's step across the ranks; a failed collective ends the job.
+  absl::StatusOr<StepResult> StepAcrossRanks(const std::vector<QueuedGroup>& groups);
+  // A rank other than 0: trains what rank 0 sends until it says stop.
+  absl::StatusOr<int64_t> RunWorker();
+  // Ends the run after a rank failure (Run returns `status`).
+  void Fail(absl::Status status);
   void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
   absl::Status Checkpoint();
   void WriteStepCsv(const StepResult& step, const GroupQueueStats& queue);
@@ -114,6 +127,7 @@ class LearnerDaemon {
   // Declared in dependency order: what is used by another member comes
   // first, so that it is destroyed after it.
   LearnerDaemonOptions options_;
+  std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<PolicyModel> model_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<SnapshotPublisher> publisher_;
@@ -126,6 +140,7 @@ class LearnerDaemon {
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  absl::Status failure_;  // a rank failure (trainer thread only)
   std::FILE* step_csv_ = nullptr;
   absl::Time start_time_;
 };

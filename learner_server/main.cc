@@ -4,6 +4,7 @@
 // reads flags from a file.
 
 #include <algorithm>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -118,6 +119,23 @@ ABSL_FLAG(absl::Duration, broadcast_nccl_timeout, absl::Seconds(60),
           "NCCL watchdog: the longest one NCCL wait may take before the communicator is "
           "aborted and every receiver falls back to gRPC.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
+// Data parallelism (docs/operations.md, "Several learner ranks"). Unset
+// flags fall back to torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
+// then Slurm's SLURM_PROCID/SLURM_NTASKS.
+ABSL_FLAG(int32_t, dist_rank, -1, "This process's data-parallel rank (-1: from the environment).");
+ABSL_FLAG(int32_t, dist_world_size, -1,
+          "Data-parallel ranks in the job (-1: from the environment; 1 without it).");
+ABSL_FLAG(std::string, dist_master_addr, "", "Rank 0's address (empty: MASTER_ADDR).");
+ABSL_FLAG(int32_t, dist_master_port, -1,
+          "The rendezvous (c10d TCPStore) port on rank 0 (-1: MASTER_PORT, else 29500).");
+ABSL_FLAG(std::string, dist_local_addr, "",
+          "The address this rank's Gloo transport binds to (empty: loopback when the master "
+          "is loopback, else this host's name).");
+ABSL_FLAG(absl::Duration, dist_timeout, absl::Minutes(10),
+          "The longest a rank waits for the others in one collective before the job stops.");
+ABSL_FLAG(bool, dist_insecure, false,
+          "Accept that the ranks' rendezvous and Gloo traffic are neither authenticated nor "
+          "encrypted (required for more than one rank).");
 // Fault injection, for tests and drills.
 ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
           "Testing only: corrupt one byte of these versions' snapshots in transit "
@@ -280,8 +298,27 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   return absl::OkStatus();
 }
 
+absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
+  asympo::learner::DataParallelFlags f;
+  if (absl::GetFlag(FLAGS_dist_rank) >= 0) f.rank = absl::GetFlag(FLAGS_dist_rank);
+  if (absl::GetFlag(FLAGS_dist_world_size) >= 0) f.world_size = absl::GetFlag(FLAGS_dist_world_size);
+  if (absl::GetFlag(FLAGS_dist_master_port) >= 0) {
+    f.master_port = absl::GetFlag(FLAGS_dist_master_port);
+  }
+  f.master_addr = absl::GetFlag(FLAGS_dist_master_addr);
+  f.local_addr = absl::GetFlag(FLAGS_dist_local_addr);
+  f.timeout = absl::GetFlag(FLAGS_dist_timeout);
+  f.insecure = absl::GetFlag(FLAGS_dist_insecure);
+  ASYMPO_ASSIGN_OR_RETURN(o->data_parallel,
+                          asympo::learner::ResolveDataParallel(f, [](const char* name) {
+                            return static_cast<const char*>(std::getenv(name));
+                          }));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   LearnerDaemonOptions o;
+  ASYMPO_RETURN_IF_ERROR(DataParallelFlags(&o));
   ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
   ASYMPO_RETURN_IF_ERROR(ObjectiveFlags(&o.trainer.loss));
   ASYMPO_RETURN_IF_ERROR(StepFlags(&o));
@@ -317,7 +354,11 @@ int main(int argc, char** argv) {
 
   // main owns the registry and the endpoint (in the runtime, declared
   // before the daemon): both outlive the daemon.
-  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
+  // Rank 0 serves the metrics; the other ranks' steps are in its figures.
+  const bool rank0 = options->data_parallel.rank == 0;
+  if (absl::Status s = rank0 ? (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address))
+                             : absl::OkStatus();
+      !s.ok()) {
     return Fail(std::string(s.message()));
   }
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =

@@ -42,6 +42,24 @@ class DiagnosticsPool {
     tokens_ += d.tokens;
   }
 
+  // The sums, for adding up across data-parallel ranks (SetSums undoes it).
+  static constexpr size_t kSums = 15;
+  std::vector<double> Sums() const {
+    return {loss_,    mass_,   pos_,       neg_,        imbalance_,
+            clip_low_, clip_high_, nll_, length_,      reward_,
+            reward_sq_, degenerate_, static_cast<double>(groups_),
+            static_cast<double>(responses_), static_cast<double>(tokens_)};
+  }
+  void SetSums(const double* v, double gpg_alpha) {
+    loss_ = v[0], mass_ = v[1], pos_ = v[2], neg_ = v[3], imbalance_ = v[4];
+    clip_low_ = v[5], clip_high_ = v[6], nll_ = v[7], length_ = v[8], reward_ = v[9];
+    reward_sq_ = v[10], degenerate_ = v[11];
+    groups_ = static_cast<int64_t>(v[12]);
+    responses_ = static_cast<int64_t>(v[13]);
+    tokens_ = static_cast<int64_t>(v[14]);
+    gpg_alpha_ = gpg_alpha;
+  }
+
   LossDiagnostics Result() const {
     LossDiagnostics d;
     d.loss = loss_;
@@ -265,8 +283,9 @@ absl::StatusOr<MicroBatch> BuildMicroBatch(const std::vector<const QueuedGroup*>
   return mb;
 }
 
-// The whole step's totals, so that micro-batch losses add up to the step's.
-StepTotals TotalsOf(const std::vector<QueuedGroup>& groups) {
+}  // namespace
+
+StepTotals StepTotalsOf(const std::vector<QueuedGroup>& groups) {
   StepTotals totals;
   for (const QueuedGroup& q : groups) {
     const int64_t n = q.group.responses_size();
@@ -277,8 +296,6 @@ StepTotals TotalsOf(const std::vector<QueuedGroup>& groups) {
   }
   return totals;
 }
-
-}  // namespace
 
 absl::StatusOr<StepResult> Trainer::Guarded(
     absl::string_view what, const std::function<absl::StatusOr<StepResult>()>& step) {
@@ -298,8 +315,15 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
 }
 
 absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>& groups) {
+  if (groups.empty()) return absl::InvalidArgumentError("a step needs at least one group");
+  ASYMPO_ASSIGN_OR_RETURN(StepResult result,
+                          ComputeGradientsUnguarded(groups, StepTotalsOf(groups)));
+  return ApplyUnguarded(std::move(result), groups);
+}
+
+absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
+                                                   const std::vector<QueuedGroup>& groups) {
   const auto start = std::chrono::steady_clock::now();
-  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ComputeGradientsUnguarded(groups));
   ASYMPO_ASSIGN_OR_RETURN(const double norm, ClipGradients());
   // The commit point: nothing before it changed the weights or the moments.
   result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version_.load()));
@@ -310,7 +334,7 @@ absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>
   if (publisher_ != nullptr) publisher_->Publish(version, *model_);
   result.version = version;
   result.grad_norm = norm;
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  result.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -337,13 +361,14 @@ absl::StatusOr<double> Trainer::ClipGradients() {
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradients(const std::vector<QueuedGroup>& groups) {
-  return Guarded("computing gradients", [&] { return ComputeGradientsUnguarded(groups); });
+  if (groups.empty()) return absl::InvalidArgumentError("a step needs at least one group");
+  return Guarded("computing gradients",
+                 [&] { return ComputeGradientsUnguarded(groups, StepTotalsOf(groups)); });
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
-    const std::vector<QueuedGroup>& groups) {
-  if (groups.empty()) return absl::InvalidArgumentError("a step needs at least one group");
-  const StepTotals totals = TotalsOf(groups);
+    const std::vector<QueuedGroup>& groups, const StepTotals& totals) {
+  const auto start = std::chrono::steady_clock::now();
   StepResult result;
   for (const QueuedGroup& q : groups) result.tokens += q.tokens;
   DiagnosticsPool pool;
@@ -359,6 +384,8 @@ absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
     if (inject_exception_) TORCH_CHECK(false, "injected fault (--fault_exception_steps)");
   }
   result.diagnostics = pool.Result();
+  sums_ = pool.Sums();
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -408,6 +435,84 @@ absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb
   }
   out->loss.backward();
   return out->diagnostics;
+}
+
+}  // namespace asympo::learner
+
+namespace asympo::learner {
+namespace {
+
+// The skip reasons a rank can hit before the exchange, in the order the
+// summed failure counts are read.
+constexpr const char* kLocalReasons[] = {kSkipNonFiniteLoss, kSkipInvalidBatch, kSkipOutOfMemory,
+                                         kSkipTorchError, "error"};
+constexpr size_t kNumLocalReasons = sizeof(kLocalReasons) / sizeof(kLocalReasons[0]);
+
+}  // namespace
+
+absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& shard,
+                                              const StepTotals& totals, StepReducer* reducer) {
+  ++step_calls_;
+  inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
+  inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
+  absl::StatusOr<StepResult> local =
+      Guarded("computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals); });
+  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ReduceShard(std::move(local), reducer));
+  return Guarded("training step", [&] { return ApplyUnguarded(std::move(result), shard); });
+}
+
+absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local,
+                                                StepReducer* reducer) {
+  // [pool sums | tokens, micro-batches, gpg alpha, ranks with groups |
+  //  failures per reason | ranks with a gradient, per parameter]
+  const std::vector<at::Tensor> params = model_->parameters();
+  std::vector<double> v = local.ok() ? sums_ : std::vector<double>(DiagnosticsPool::kSums, 0.0);
+  const bool has_groups = local.ok() && local->diagnostics.groups > 0;
+  v.push_back(local.ok() ? static_cast<double>(local->tokens) : 0.0);
+  v.push_back(local.ok() ? static_cast<double>(local->micro_batches) : 0.0);
+  v.push_back(has_groups ? local->diagnostics.gpg_alpha : 0.0);
+  v.push_back(has_groups ? 1.0 : 0.0);
+  const size_t failures = v.size();
+  for (const char* reason : kLocalReasons) {
+    v.push_back(!local.ok() && StepSkipReason(local.status()) == reason ? 1.0 : 0.0);
+  }
+  const size_t defined = v.size();
+  for (const at::Tensor& p : params) v.push_back(p.grad().defined() ? 1.0 : 0.0);
+  if (absl::Status s = reducer->SumValues(&v); !s.ok()) {
+    optimizer_.ZeroGrad();
+    return WithReason(std::move(s), kSkipRankFailure);
+  }
+  for (size_t k = 0; k < kNumLocalReasons; ++k) {
+    if (v[failures + k] == 0) continue;
+    optimizer_.ZeroGrad();
+    if (!local.ok()) return local.status();
+    return WithReason(absl::InternalError(absl::StrCat(
+                          v[failures + k], " other rank(s) failed this step (", kLocalReasons[k],
+                          "); it was skipped on every rank")),
+                      kLocalReasons[k]);
+  }
+  std::vector<at::Tensor> gradients;
+  {
+    at::NoGradGuard no_grad;
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (v[defined + i] == 0) continue;  // no rank has a gradient for it: AdamW skips it
+      at::Tensor p = params[i];
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      gradients.push_back(p.grad());
+    }
+  }
+  if (absl::Status s = reducer->SumGradients(gradients); !s.ok()) {
+    optimizer_.ZeroGrad();
+    return WithReason(std::move(s), kSkipRankFailure);
+  }
+  StepResult result = *std::move(local);
+  DiagnosticsPool pool;
+  const size_t extra = DiagnosticsPool::kSums;
+  pool.SetSums(v.data(), v[extra + 3] > 0 ? v[extra + 2] / v[extra + 3] : 1.0);
+  result.diagnostics = pool.Result();
+  result.tokens = static_cast<int64_t>(v[extra]);
+  result.micro_batches = static_cast<int64_t>(v[extra + 1]);
+  return result;
 }
 
 }  // namespace asympo::learner

@@ -83,12 +83,19 @@ inline constexpr char kSkipNonFiniteGradient[] = "nonfinite_gradient";
 inline constexpr char kSkipInvalidBatch[] = "invalid_batch";
 inline constexpr char kSkipOutOfMemory[] = "out_of_memory";
 inline constexpr char kSkipTorchError[] = "torch_error";
+// Data parallel: a collective failed (a rank died, hung or timed out); the
+// job cannot go on.
+inline constexpr char kSkipRankFailure[] = "rank_failure";
 
 // The reason carried by a status from Trainer::Step (one of the kSkip*
 // names; "error" for a status without one).
 std::string StepSkipReason(const absl::Status& status);
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
+
+// A step's totals over all its groups (what each micro-batch's loss, and
+// each data-parallel rank's, divides by).
+StepTotals StepTotalsOf(const std::vector<QueuedGroup>& groups);
 
 struct StepResult {
   uint64_t version = 0;         // after the step
@@ -104,6 +111,17 @@ struct StepResult {
 // One micro-batch as tensors (trainer.cc).
 struct MicroBatch;
 
+// Sums a step across data-parallel ranks (DataParallel). Each call is a
+// collective: every rank makes the same calls in the same order.
+class StepReducer {
+ public:
+  virtual ~StepReducer() = default;
+  // Sums `values` element-wise across ranks, in place.
+  virtual absl::Status SumValues(std::vector<double>* values) = 0;
+  // Sums the tensors across ranks, in place (same shapes on every rank).
+  virtual absl::Status SumGradients(const std::vector<at::Tensor>& gradients) = 0;
+};
+
 class Trainer {
  public:
   // `model` must outlive the trainer; `publisher` may be null.
@@ -116,6 +134,16 @@ class Trainer {
   // gradients are cleared, the version does not move, and the status
   // carries its StepSkipReason. Never throws.
   absl::StatusOr<StepResult> Step(std::vector<QueuedGroup> groups);
+
+  // One data-parallel step: this rank's `shard` of a step whose totals over
+  // all ranks are `totals` (shards may be empty). The gradients and the
+  // diagnostics are summed across ranks by `reducer`, then every rank
+  // clips and steps alike, so the weights stay equal to a single process
+  // training all the groups. A failure on any rank skips the step on every
+  // rank (with the first failing rank's reason); a failed collective
+  // returns kSkipRankFailure. `staleness` covers this rank's shard only.
+  absl::StatusOr<StepResult> StepShard(const std::vector<QueuedGroup>& shard,
+                                       const StepTotals& totals, StepReducer* reducer);
 
   // The first half of Step: zeroes and then accumulates the step's
   // gradients in the model's parameters, micro-batch by micro-batch, and
@@ -140,7 +168,15 @@ class Trainer {
                                      const std::function<absl::StatusOr<StepResult>()>& step);
   // Step and ComputeGradients without the exception guard.
   absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
-  absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups);
+  absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups,
+                                                       const StepTotals& totals);
+  // The second half of a step: clips, steps AdamW, bumps and publishes the
+  // version. `result` comes from ComputeGradients.
+  absl::StatusOr<StepResult> ApplyUnguarded(StepResult result,
+                                            const std::vector<QueuedGroup>& groups);
+  // StepShard's exchange: sums the diagnostics, the failures and then the
+  // gradients across ranks.
+  absl::StatusOr<StepResult> ReduceShard(absl::StatusOr<StepResult> local, StepReducer* reducer);
   // Forward, loss and backward of one micro-batch; adds to the gradients.
   absl::StatusOr<LossDiagnostics> BackwardMicroBatch(const MicroBatch& batch,
                                                      const StepTotals& totals);
@@ -153,7 +189,8 @@ class Trainer {
   WeightPublisher* publisher_;
   AdamW optimizer_;
   std::atomic<uint64_t> version_{0};
-  int64_t step_calls_ = 0;                              // for fault injection
+  std::vector<double> sums_;  // the last ComputeGradients' DiagnosticsPool sums
+  int64_t step_calls_ = 0;    // for fault injection
   bool inject_nan_ = false, inject_exception_ = false;  // this step's faults
 };
 

@@ -1,8 +1,9 @@
 """deploy/local_run.py as a user starts it, cut short: a learner, two rollout
 daemons and asympo-eval at the end. Checks that the launcher refuses bad
 flags by name, that the run stops at --max_steps, that the default cosine
-schedule reaches the learner (lr decays to 0.1x at the last step), and that
-the summary and eval.json are written.
+schedule reaches the learner (lr decays to 0.1x at the last step), that
+the summary and eval.json are written, and that a run with two
+data-parallel learner ranks trains.
 
     python3 local_run_test.py BUILD_DIR WORK_DIR
 Exit 0 on success, 1 on a failed check.
@@ -37,6 +38,7 @@ def refused(build, work):
         (["--max_steps", "-3"], "--max_steps -3"),
         (["--minutes", "0"], "--minutes 0"),
         (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
+        (["--learner_ranks", "0"], "--learner_ranks 0"),
     ]
     for flags, message in cases:
         r = launch(build, "--out", os.path.join(work, "refused"), *flags, timeout=30)
@@ -69,12 +71,27 @@ def short_run(build, work):
     check("held-out (asympo-eval)   greedy accuracy" in r.stdout, "the summary shows the held-out result")
 
 
+def two_ranks(build, work):
+    out = os.path.join(work, "ranks")
+    r = launch(build, "--out", out, "--max_steps", "20", "--minutes", "3", "--no_eval", "--learner_ranks", "2",
+               "--group_size", "4", "--prompts_per_step", "4", "--interval", "1")
+    print(r.stdout[-1500:])
+    check(r.returncode == 0 and "(2 data-parallel ranks)" in r.stdout, "a run with 2 learner ranks exits 0")
+    with open(os.path.join(out, "steps.csv")) as f:
+        check(len(list(csv.DictReader(f))) == 20, "rank 0 trained 20 steps")
+    with open(os.path.join(out, "learner-rank1.log")) as f:
+        log = f.read()
+    check("rank 1 of 2" in log and "stopped with rank 0 after 20 steps" in log,
+          "rank 1 joined and trained its share of all 20 steps")
+
+
 def main():
     build, work = sys.argv[1], sys.argv[2]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     refused(build, work)
     short_run(build, work)
+    two_ranks(build, work)
     print("PASS")
 
 

@@ -1,0 +1,126 @@
+// One rank of a data-parallel training run on fixed synthetic groups, for
+// tests/integration/data_parallel_test.py: with --world 1 it is the single
+// process; with more, every rank runs this program and rank 0 splits each
+// step's groups across them (DataParallel, Gloo on loopback). After every
+// step each rank writes its weights (float32, parameter order) to
+// OUT/r<rank>_s<step>.bin and a line of the step's diagnostics to
+// OUT/r<rank>.csv.
+//
+//   data_parallel_rank --world N --rank R --port P --steps S --objective O --out DIR
+//                      [--fault_nan_step K]   (this rank's Kth step gets a NaN loss)
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include <ATen/Parallel.h>
+#include "learner_server/data_parallel.h"
+#include "learner_server/trainer.h"
+
+namespace asympo::learner {
+namespace {
+
+// Step `step`'s groups: 5 groups of 2-5 responses of 1-6 tokens after 2-5
+// prompt tokens, random rewards, and one group whose rewards are all equal.
+std::vector<QueuedGroup> GroupsOf(int step) {
+  std::mt19937 rng(1000 + step);
+  auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::vector<QueuedGroup> out;
+  for (int g = 0; g < 5; ++g) {
+    QueuedGroup q;
+    q.arrival_version = static_cast<uint64_t>(step);
+    q.group.set_prompt_id("s" + std::to_string(step) + "g" + std::to_string(g));
+    const int prompt = uniform(2, 5);
+    for (int t = 0; t < prompt; ++t) q.group.add_prompt_tokens(uniform(1, 31));
+    const int responses = uniform(2, 5);
+    for (int r = 0; r < responses; ++r) {
+      v1::Response* resp = q.group.add_responses();
+      const int len = uniform(1, 6);
+      for (int t = 0; t < len; ++t) resp->add_tokens(uniform(1, 31));
+      resp->set_reward(g == 2 ? 0.5f : static_cast<float>(uniform(0, 4)) / 4.0f);
+      q.tokens += prompt + len;
+    }
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
+int Run(int argc, char** argv) {
+  int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0;
+  std::string objective = "asympo_stable", out = ".";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i], v = argv[i + 1];
+    if (k == "--world") world = std::atoi(v.c_str());
+    else if (k == "--rank") rank = std::atoi(v.c_str());
+    else if (k == "--port") port = std::atoi(v.c_str());
+    else if (k == "--steps") steps = std::atoi(v.c_str());
+    else if (k == "--objective") objective = v;
+    else if (k == "--out") out = v;
+    else if (k == "--fault_nan_step") nan_step = std::atoi(v.c_str());
+    else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  at::set_num_threads(1);
+  ModelOptions mo;
+  mo.seed = 11;
+  std::unique_ptr<PolicyModel> model = PolicyModel::CreateRandom(ModelConfig::Tiny(32), mo).value();
+  TrainerOptions to;
+  to.loss.objective = ParseObjective(objective).value();
+  to.lr.peak_lr = 1e-3;
+  to.micro_batch_tokens = 48;  // several micro-batches per rank
+  if (nan_step > 0) to.fault_nonfinite_loss_steps = {nan_step};
+  std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
+  std::unique_ptr<DataParallel> dp;
+  if (world > 1) {
+    DataParallelOptions o;
+    o.world_size = world, o.rank = rank, o.master_port = port, o.insecure = true;
+    o.timeout = absl::Seconds(30);
+    dp = DataParallel::Create(o).value();
+    uint64_t version = 0;
+    if (absl::Status s = dp->BroadcastState(model.get(), &trainer->optimizer(), &version); !s.ok()) {
+      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+      return 1;
+    }
+  }
+  std::FILE* csv = std::fopen((out + "/r" + std::to_string(rank) + ".csv").c_str(), "w");
+  for (int step = 1; step <= steps; ++step) {
+    absl::StatusOr<StepResult> r;
+    if (dp == nullptr) {
+      r = trainer->Step(GroupsOf(step));
+    } else if (rank == 0) {
+      StepMessage m = dp->SendStep(GroupsOf(step)).value();
+      r = trainer->StepShard(m.shard, m.totals, dp.get());
+    } else {
+      StepMessage m = dp->Receive().value();
+      r = trainer->StepShard(m.shard, m.totals, dp.get());
+    }
+    if (r.ok()) {
+      const LossDiagnostics& d = r->diagnostics;
+      std::fprintf(csv, "%d,ok,%llu,%.9g,%.9g,%.9g,%.9g,%.9g,%lld,%lld\n", step,
+                   static_cast<unsigned long long>(r->version), d.loss, d.reward_mean, r->grad_norm,
+                   d.s_pos, d.s_neg, static_cast<long long>(d.responses),
+                   static_cast<long long>(r->tokens));
+    } else {
+      std::fprintf(csv, "%d,skipped,%llu,%s\n", step,
+                   static_cast<unsigned long long>(trainer->version()),
+                   StepSkipReason(r.status()).c_str());
+    }
+    std::ofstream w(out + "/r" + std::to_string(rank) + "_s" + std::to_string(step) + ".bin",
+                    std::ios::binary);
+    for (const at::Tensor& p : model->parameters()) {
+      const at::Tensor c = p.detach().contiguous();
+      w.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    }
+  }
+  std::fclose(csv);
+  return 0;
+}
+
+}  // namespace
+}  // namespace asympo::learner
+
+int main(int argc, char** argv) { return asympo::learner::Run(argc, argv); }

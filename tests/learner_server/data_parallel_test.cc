@@ -1,0 +1,112 @@
+#include "learner_server/data_parallel.h"
+
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+#include "trainer_test_util.h"
+
+namespace asympo::learner {
+namespace {
+
+using Env = std::map<std::string, std::string>;
+
+absl::StatusOr<DataParallelOptions> Resolve(const DataParallelFlags& flags, const Env& env) {
+  return ResolveDataParallel(flags, [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+DataParallelFlags Insecure() {
+  DataParallelFlags f;
+  f.insecure = true;
+  return f;
+}
+
+TEST(ResolveDataParallelTest, NothingSetIsOneProcess) {
+  const auto o = Resolve({}, {});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->world_size, 1);
+  EXPECT_EQ(o->rank, 0);
+}
+
+TEST(ResolveDataParallelTest, TorchrunVariables) {
+  const auto o = Resolve(Insecure(), {{"RANK", "2"}, {"WORLD_SIZE", "4"},
+                                      {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29411"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 2);
+  EXPECT_EQ(o->world_size, 4);
+  EXPECT_EQ(o->master_addr, "10.0.0.5");
+  EXPECT_EQ(o->master_port, 29411);
+}
+
+TEST(ResolveDataParallelTest, SlurmVariablesWhenTorchrunsAreAbsent) {
+  const auto o = Resolve(Insecure(), {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"},
+                                      {"MASTER_ADDR", "node7"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 1);
+  EXPECT_EQ(o->world_size, 3);
+  EXPECT_EQ(o->master_port, 29500);
+}
+
+TEST(ResolveDataParallelTest, FlagsWinOverTheEnvironment) {
+  DataParallelFlags f = Insecure();
+  f.rank = 0;
+  f.world_size = 2;
+  f.master_addr = "127.0.0.1";
+  f.master_port = 30000;
+  const auto o = Resolve(f, {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "x"},
+                             {"MASTER_PORT", "1"}});
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->rank, 0);
+  EXPECT_EQ(o->world_size, 2);
+  EXPECT_EQ(o->master_addr, "127.0.0.1");
+  EXPECT_EQ(o->master_port, 30000);
+}
+
+TEST(ResolveDataParallelTest, BadValuesAreNamed) {
+  auto message = [](const DataParallelFlags& f, const Env& env) {
+    const auto o = Resolve(f, env);
+    return o.ok() ? std::string("ok") : std::string(o.status().message());
+  };
+  EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "two"}}).find("WORLD_SIZE=\"two\""),
+            std::string::npos);
+  EXPECT_NE(message(Insecure(), {{"RANK", "4"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "h"}})
+                .find("the rank is 4"),
+            std::string::npos);
+  EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "0"}}).find("world size is 0"), std::string::npos);
+  EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+                .find("master port is 70000"),
+            std::string::npos);
+  EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "2"}}).find("MASTER_ADDR"), std::string::npos);
+}
+
+TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
+  const auto o = Resolve({}, {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(std::string(o.status().message()).find("--dist_insecure"), std::string::npos);
+}
+
+TEST(SplitByTokensTest, WholeGroupsBalancedByTokensInOrder) {
+  std::vector<QueuedGroup> groups(5);
+  const int64_t tokens[] = {10, 40, 25, 25, 5};
+  for (size_t i = 0; i < groups.size(); ++i) groups[i].tokens = tokens[i];
+  const auto split = SplitByTokens(groups, 2);
+  ASSERT_EQ(split.size(), 2u);
+  // 40 -> r0; 25 -> r1; 25 -> r1 (50 > 40? no: r1 has 25 < 40); 10 -> r0; 5 -> r0 or r1.
+  EXPECT_EQ(split[0], (std::vector<size_t>{0, 1, 4}));
+  EXPECT_EQ(split[1], (std::vector<size_t>{2, 3}));
+}
+
+TEST(SplitByTokensTest, MoreRanksThanGroupsLeavesSomeEmpty) {
+  std::vector<QueuedGroup> groups = FixedGroups(2);
+  const auto split = SplitByTokens(groups, 3);
+  ASSERT_EQ(split.size(), 3u);
+  EXPECT_EQ(split[0].size() + split[1].size(), 2u);
+  EXPECT_TRUE(split[2].empty());
+  EXPECT_FALSE(split[0].empty());  // rank 0 always holds the largest group
+}
+
+}  // namespace
+}  // namespace asympo::learner
