@@ -142,11 +142,14 @@ absl::StatusOr<DataParallelOptions> ResolveDataParallel(
         absl::StrCat("the master port is ", o.master_port, "; expected 1..65535"));
   }
   o.master_addr = f.master_addr;
-  if (o.master_addr.empty() && getenv("MASTER_ADDR") != nullptr) o.master_addr = getenv("MASTER_ADDR");
+  if (const char* env = getenv("MASTER_ADDR"); o.master_addr.empty() && env != nullptr) {
+    o.master_addr = env;
+  }
   if (o.master_addr.empty()) {
     if (o.world_size > 1) {
       return absl::InvalidArgumentError(
-          "a world of more than one rank needs rank 0's address: --dist_master_addr or MASTER_ADDR");
+          "a world of more than one rank needs rank 0's address: --dist_master_addr or "
+          "MASTER_ADDR");
     }
     o.master_addr = "127.0.0.1";
   }

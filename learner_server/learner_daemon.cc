@@ -230,7 +230,7 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
   absl::StatusOr<StepResult> step =
       dp_ != nullptr ? StepAcrossRanks(groups) : trainer_->Step(std::move(groups));
   if (!step.ok()) {
-    if (IsRankFailure(step.status()) || StepSkipReason(step.status()) == kSkipRankFailure) {
+    if (IsRankFailure(step.status())) {
       *untrained += n;
       Fail(step.status());
       return false;
@@ -257,7 +257,9 @@ absl::StatusOr<StepResult> LearnerDaemon::StepAcrossRanks(const std::vector<Queu
   ASYMPO_ASSIGN_OR_RETURN(StepMessage own, dp_->SendStep(groups));
   ASYMPO_ASSIGN_OR_RETURN(StepResult step, trainer_->StepShard(own.shard, own.totals, dp_.get()));
   step.staleness.clear();  // over every rank's groups, not rank 0's share
-  for (const QueuedGroup& q : groups) step.staleness.push_back(step.version - 1 - q.arrival_version);
+  for (const QueuedGroup& q : groups) {
+    step.staleness.push_back(step.version - 1 - q.arrival_version);
+  }
   return step;
 }
 
@@ -275,7 +277,7 @@ absl::StatusOr<int64_t> LearnerDaemon::RunWorker() {
     if (m.kind == StepMessage::Kind::kStop) break;
     absl::StatusOr<StepResult> step = trainer_->StepShard(m.shard, m.totals, dp_.get());
     if (!step.ok()) {
-      if (StepSkipReason(step.status()) == kSkipRankFailure) return step.status();
+      if (IsRankFailure(step.status())) return step.status();
       LOG(WARNING) << "step skipped on every rank: " << step.status().message();
       continue;
     }

@@ -203,6 +203,10 @@ bool Contains(const std::vector<int64_t>& v, int64_t x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
 
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 }  // namespace
 
 std::string StepSkipReason(const absl::Status& status) {
@@ -307,11 +311,19 @@ absl::StatusOr<StepResult> Trainer::Guarded(
   return result;
 }
 
-absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
+void Trainer::ArmFaults() {
   ++step_calls_;
   inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
   inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
-  return Guarded("training step", [&] { return StepUnguarded(groups); });
+}
+
+absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
+  ArmFaults();
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<StepResult> result =
+      Guarded("training step", [&] { return StepUnguarded(groups); });
+  if (result.ok()) result->seconds = SecondsSince(start);
+  return result;
 }
 
 absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>& groups) {
@@ -323,7 +335,6 @@ absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>
 
 absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
                                                    const std::vector<QueuedGroup>& groups) {
-  const auto start = std::chrono::steady_clock::now();
   ASYMPO_ASSIGN_OR_RETURN(const double norm, ClipGradients());
   // The commit point: nothing before it changed the weights or the moments.
   result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version_.load()));
@@ -334,7 +345,6 @@ absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
   if (publisher_ != nullptr) publisher_->Publish(version, *model_);
   result.version = version;
   result.grad_norm = norm;
-  result.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return result;
 }
 
@@ -367,8 +377,7 @@ absl::StatusOr<StepResult> Trainer::ComputeGradients(const std::vector<QueuedGro
 }
 
 absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
-    const std::vector<QueuedGroup>& groups, const StepTotals& totals) {
-  const auto start = std::chrono::steady_clock::now();
+    const std::vector<QueuedGroup>& groups, const StepTotals& totals, std::vector<double>* sums) {
   StepResult result;
   for (const QueuedGroup& q : groups) result.tokens += q.tokens;
   DiagnosticsPool pool;
@@ -384,8 +393,7 @@ absl::StatusOr<StepResult> Trainer::ComputeGradientsUnguarded(
     if (inject_exception_) TORCH_CHECK(false, "injected fault (--fault_exception_steps)");
   }
   result.diagnostics = pool.Result();
-  sums_ = pool.Sums();
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (sums != nullptr) *sums = pool.Sums();
   return result;
 }
 
@@ -437,9 +445,6 @@ absl::StatusOr<LossDiagnostics> Trainer::BackwardMicroBatch(const MicroBatch& mb
   return out->diagnostics;
 }
 
-}  // namespace asympo::learner
-
-namespace asympo::learner {
 namespace {
 
 // The skip reasons a rank can hit before the exchange, in the order the
@@ -452,21 +457,25 @@ constexpr size_t kNumLocalReasons = sizeof(kLocalReasons) / sizeof(kLocalReasons
 
 absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& shard,
                                               const StepTotals& totals, StepReducer* reducer) {
-  ++step_calls_;
-  inject_nan_ = Contains(options_.fault_nonfinite_loss_steps, step_calls_);
-  inject_exception_ = Contains(options_.fault_exception_steps, step_calls_);
-  absl::StatusOr<StepResult> local =
-      Guarded("computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals); });
-  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ReduceShard(std::move(local), reducer));
-  return Guarded("training step", [&] { return ApplyUnguarded(std::move(result), shard); });
+  ArmFaults();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<double> sums;
+  absl::StatusOr<StepResult> local = Guarded(
+      "computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals, &sums); });
+  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ReduceShard(std::move(local), sums, reducer));
+  absl::StatusOr<StepResult> step =
+      Guarded("training step", [&] { return ApplyUnguarded(std::move(result), shard); });
+  if (step.ok()) step->seconds = SecondsSince(start);  // the all-reduces included
+  return step;
 }
 
 absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local,
+                                                const std::vector<double>& sums,
                                                 StepReducer* reducer) {
   // [pool sums | tokens, micro-batches, gpg alpha, ranks with groups |
   //  failures per reason | ranks with a gradient, per parameter]
   const std::vector<at::Tensor> params = model_->parameters();
-  std::vector<double> v = local.ok() ? sums_ : std::vector<double>(DiagnosticsPool::kSums, 0.0);
+  std::vector<double> v = local.ok() ? sums : std::vector<double>(DiagnosticsPool::kSums, 0.0);
   const bool has_groups = local.ok() && local->diagnostics.groups > 0;
   v.push_back(local.ok() ? static_cast<double>(local->tokens) : 0.0);
   v.push_back(local.ok() ? static_cast<double>(local->micro_batches) : 0.0);
@@ -480,7 +489,7 @@ absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local
   for (const at::Tensor& p : params) v.push_back(p.grad().defined() ? 1.0 : 0.0);
   if (absl::Status s = reducer->SumValues(&v); !s.ok()) {
     optimizer_.ZeroGrad();
-    return WithReason(std::move(s), kSkipRankFailure);
+    return s;
   }
   for (size_t k = 0; k < kNumLocalReasons; ++k) {
     if (v[failures + k] == 0) continue;
@@ -503,7 +512,7 @@ absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local
   }
   if (absl::Status s = reducer->SumGradients(gradients); !s.ok()) {
     optimizer_.ZeroGrad();
-    return WithReason(std::move(s), kSkipRankFailure);
+    return s;
   }
   StepResult result = *std::move(local);
   DiagnosticsPool pool;

@@ -83,9 +83,6 @@ inline constexpr char kSkipNonFiniteGradient[] = "nonfinite_gradient";
 inline constexpr char kSkipInvalidBatch[] = "invalid_batch";
 inline constexpr char kSkipOutOfMemory[] = "out_of_memory";
 inline constexpr char kSkipTorchError[] = "torch_error";
-// Data parallel: a collective failed (a rank died, hung or timed out); the
-// job cannot go on.
-inline constexpr char kSkipRankFailure[] = "rank_failure";
 
 // The reason carried by a status from Trainer::Step (one of the kSkip*
 // names; "error" for a status without one).
@@ -140,8 +137,10 @@ class Trainer {
   // diagnostics are summed across ranks by `reducer`, then every rank
   // clips and steps alike, so the weights stay equal to a single process
   // training all the groups. A failure on any rank skips the step on every
-  // rank (with the first failing rank's reason); a failed collective
-  // returns kSkipRankFailure. `staleness` covers this rank's shard only.
+  // rank (with a failing rank's reason). A failed collective returns the
+  // reducer's status as it is: the job cannot go on (IsRankFailure).
+  // `staleness` covers this rank's shard only; `seconds` includes the
+  // exchange.
   absl::StatusOr<StepResult> StepShard(const std::vector<QueuedGroup>& shard,
                                        const StepTotals& totals, StepReducer* reducer);
 
@@ -168,15 +167,21 @@ class Trainer {
                                      const std::function<absl::StatusOr<StepResult>()>& step);
   // Step and ComputeGradients without the exception guard.
   absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
+  // Also stores the DiagnosticsPool's sums in `sums` when given (for
+  // ReduceShard).
   absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups,
-                                                       const StepTotals& totals);
+                                                       const StepTotals& totals,
+                                                       std::vector<double>* sums = nullptr);
   // The second half of a step: clips, steps AdamW, bumps and publishes the
   // version. `result` comes from ComputeGradients.
   absl::StatusOr<StepResult> ApplyUnguarded(StepResult result,
                                             const std::vector<QueuedGroup>& groups);
   // StepShard's exchange: sums the diagnostics, the failures and then the
   // gradients across ranks.
-  absl::StatusOr<StepResult> ReduceShard(absl::StatusOr<StepResult> local, StepReducer* reducer);
+  absl::StatusOr<StepResult> ReduceShard(absl::StatusOr<StepResult> local,
+                                         const std::vector<double>& sums, StepReducer* reducer);
+  // Counts a step attempt and sets this step's injected faults.
+  void ArmFaults();
   // Forward, loss and backward of one micro-batch; adds to the gradients.
   absl::StatusOr<LossDiagnostics> BackwardMicroBatch(const MicroBatch& batch,
                                                      const StepTotals& totals);
@@ -189,8 +194,7 @@ class Trainer {
   WeightPublisher* publisher_;
   AdamW optimizer_;
   std::atomic<uint64_t> version_{0};
-  std::vector<double> sums_;  // the last ComputeGradients' DiagnosticsPool sums
-  int64_t step_calls_ = 0;    // for fault injection
+  int64_t step_calls_ = 0;                              // for fault injection
   bool inject_nan_ = false, inject_exception_ = false;  // this step's faults
 };
 
