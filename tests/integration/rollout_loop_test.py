@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,6 +89,13 @@ class Cluster:
         check(p is None or p.poll() is None, "rollout-%d is running" % i, quiet=True)
         return scrape(self.rollout_metrics[i])
 
+    def listening(self):
+        try:
+            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+            return True
+        except OSError:
+            return False
+
     def version(self):
         return int(self.learner().get("asympo_learner_version", -1))
 
@@ -106,7 +114,9 @@ class Cluster:
         return rc
 
     def stop_all(self):
-        for name in list(self.procs):
+        # Rollouts first: a rollout whose learner is gone spends its drain
+        # time (5 s) trying to send its last groups.
+        for name in sorted(self.procs, key=lambda n: n == "learner"):
             if self.procs[name].poll() is None:
                 self.stop(name)
 
@@ -153,21 +163,24 @@ def evaluate_checkpoint(c):
 
 
 def scenario_corrupt(c):
-    # Versions 3 to 60 are corrupted in transit; 0-2 and 61+ are intact. The
-    # rollouts start first and join the learner as soon as it listens; the
-    # range is wide so that a rollout that still connects late meets some.
-    bad = set(range(3, 61))
+    # Versions 3 to 200 are corrupted in transit; 0-2 and 201+ are intact.
+    # The learner listens before the rollouts start, so that their receivers
+    # register at once instead of waiting out a backoff; and the window is
+    # wide (>= 1.4 s at the learner's fastest, 7 ms a step), so that each
+    # receiver meets corrupt versions even when it is starved of CPU.
+    bad = set(range(3, 201))
+    c.start_learner(["--fault_corrupt_broadcast_versions=" + ",".join(map(str, sorted(bad))), "--checkpoint_every=0"])
+    wait_for("the learner listens", c.listening, timeout=60, poll=0.05)
     c.start_rollout(0)
     c.start_rollout(1)
-    c.start_learner(["--fault_corrupt_broadcast_versions=" + ",".join(map(str, sorted(bad))), "--checkpoint_every=0"])
     seen = {0: set(), 1: set()}
 
     def progress():
         for i in (0, 1):
             seen[i].add(c.rollout_version(i))
-        return all(max(seen[i]) >= 62 for i in (0, 1))
+        return all(max(seen[i]) >= 202 for i in (0, 1))
 
-    wait_for("both rollouts reach version 62 past the corrupt versions", progress, timeout=150, poll=0.05)
+    wait_for("both rollouts reach version 202 past the corrupt versions", progress, timeout=150, poll=0.05)
     for i in (0, 1):
         check(not (seen[i] & bad), "rollout-%d never sampled with a corrupt version (saw %s)" % (i, sorted(seen[i] - {-1})[:12]))
         m = c.rollout(i)
