@@ -32,12 +32,21 @@ AdamW::AdamW(std::vector<at::Tensor> params, AdamWOptions options)
       exp_avg_sq_(params_.size()),
       options_(options) {}
 
+void AdamWUpdate(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                 int64_t step, const AdamWOptions& options) {
+  const double b1 = options.beta1, b2 = options.beta2;
+  const double bias1 = 1 - std::pow(b1, static_cast<double>(step));
+  const double bias2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(step)));
+  if (options.weight_decay != 0) p.mul_(1 - lr * options.weight_decay);
+  m.mul_(b1).add_(g, 1 - b1);
+  v.mul_(b2).addcmul_(g, g, 1 - b2);
+  const at::Tensor denom = (v.sqrt() / bias2_sqrt).add_(options.eps);
+  p.addcdiv_(m, denom, -lr / bias1);
+}
+
 void AdamW::Step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bias1 = 1 - std::pow(b1, static_cast<double>(step_));
-  const double bias2_sqrt = std::sqrt(1 - std::pow(b2, static_cast<double>(step_)));
   for (size_t i = 0; i < params_.size(); ++i) {
     at::Tensor& p = params_[i];
     const at::Tensor& g = p.grad();
@@ -46,11 +55,7 @@ void AdamW::Step(double lr) {
       exp_avg_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
       exp_avg_sq_[i] = at::zeros_like(p, at::MemoryFormat::Preserve);
     }
-    if (options_.weight_decay != 0) p.mul_(1 - lr * options_.weight_decay);
-    exp_avg_[i].mul_(b1).add_(g, 1 - b1);
-    exp_avg_sq_[i].mul_(b2).addcmul_(g, g, 1 - b2);
-    const at::Tensor denom = (exp_avg_sq_[i].sqrt() / bias2_sqrt).add_(options_.eps);
-    p.addcdiv_(exp_avg_[i], denom, -lr / bias1);
+    AdamWUpdate(p, g, exp_avg_[i], exp_avg_sq_[i], lr, step_, options_);
   }
 }
 
@@ -69,7 +74,7 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::StateTensors() const {
 }
 
 absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                              int64_t step_count) {
+                              int64_t step_count, bool copy) {
   std::vector<at::Tensor> avg(params_.size()), sq(params_.size());
   for (const auto& [name, t] : state) {
     const bool is_avg = name.rfind("exp_avg.", 0) == 0;
@@ -86,7 +91,7 @@ absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tenso
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state entry \"", name, "\" has the wrong shape"));
     }
-    (is_avg ? avg : sq)[i] = t.to(params_[i].options()).clone();
+    (is_avg ? avg : sq)[i] = copy ? t.to(params_[i].options()).clone() : t;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (avg[i].defined() != sq[i].defined()) {

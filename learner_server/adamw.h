@@ -26,6 +26,13 @@ struct AdamWOptions {
 // Checks 0 <= beta < 1, eps > 0, weight_decay >= 0; names the bad option.
 absl::Status ValidateAdamWOptions(const AdamWOptions& options);
 
+// One AdamW update of `p` in place from its gradient `g` and moments `m`,
+// `v` (all the same shape), at step `step` (1-based). Element-wise, so a
+// slice of a tensor is updated exactly as the same elements of the whole
+// (ShardedAdamW relies on it).
+void AdamWUpdate(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
+                 int64_t step, const AdamWOptions& options);
+
 class AdamW {
  public:
   // `params` are updated in place; their .grad() is read by Step().
@@ -45,9 +52,11 @@ class AdamW {
   // "exp_avg_sq.<i>" (undefined entries are omitted).
   std::vector<std::pair<std::string, at::Tensor>> StateTensors() const;
   // Restores what StateTensors() returned (and the step count). Shapes must
-  // match; errors name the entry. On error nothing changes.
+  // match; errors name the entry. On error nothing changes. With `copy`
+  // false the tensors are kept as given (already on the parameters' device
+  // and dtype) instead of cloned: ShardedAdamW's gathered views.
   absl::Status LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                         int64_t step_count);
+                         int64_t step_count, bool copy = true);
 
  private:
   std::vector<at::Tensor> params_;

@@ -25,40 +25,8 @@
 namespace asympo::learner {
 namespace {
 
-constexpr char kRankFailureUrl[] = "type.asympo/learner.rank_failure";
-
 bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
-}
-
-// One integer setting: the flag when given, else the first set variable.
-absl::StatusOr<std::optional<int>> IntSetting(
-    std::optional<int> flag, std::initializer_list<const char*> variables,
-    const std::function<const char*(const char*)>& getenv) {
-  if (flag.has_value()) return flag;
-  for (const char* name : variables) {
-    const char* value = getenv(name);
-    if (value == nullptr || *value == '\0') continue;
-    int x = 0;
-    if (!absl::SimpleAtoi(value, &x)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("environment variable ", name, "=\"", value, "\" is not an integer"));
-    }
-    return std::optional<int>(x);
-  }
-  return std::optional<int>();
-}
-
-// The status of a failed collective (or rendezvous).
-absl::Status RankFailure(absl::string_view what, const std::exception& e,
-                         absl::Duration timeout) {
-  std::string message(e.what());
-  if (const size_t nl = message.find('\n'); nl != std::string::npos) message.resize(nl);
-  absl::Status s = absl::UnavailableError(absl::StrCat(
-      "data parallel: ", what, " failed: ", message,
-      " (a rank died, hung, or did not answer within ", absl::FormatDuration(timeout), ")"));
-  s.SetPayload(kRankFailureUrl, absl::Cord("1"));
-  return s;
 }
 
 // Runs a collective and waits for it; any exception becomes a RankFailure.
@@ -69,7 +37,7 @@ absl::Status Collective(absl::string_view what, absl::Duration timeout, F&& star
     work->wait();
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    return RankFailure(what, e, timeout);
+    return RankFailure(what, e.what(), timeout);
   }
 }
 
@@ -116,78 +84,9 @@ absl::StatusOr<std::vector<QueuedGroup>> ParseShard(const uint8_t* data, size_t 
 
 }  // namespace
 
-absl::StatusOr<DataParallelOptions> ResolveDataParallel(
-    const DataParallelFlags& f, const std::function<const char*(const char*)>& getenv) {
-  DataParallelOptions o;
-  ASYMPO_ASSIGN_OR_RETURN(std::optional<int> world,
-                          IntSetting(f.world_size, {"WORLD_SIZE", "SLURM_NTASKS"}, getenv));
-  ASYMPO_ASSIGN_OR_RETURN(std::optional<int> rank,
-                          IntSetting(f.rank, {"RANK", "SLURM_PROCID"}, getenv));
-  ASYMPO_ASSIGN_OR_RETURN(std::optional<int> port,
-                          IntSetting(f.master_port, {"MASTER_PORT"}, getenv));
-  o.world_size = world.value_or(1);
-  o.rank = rank.value_or(0);
-  if (o.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the world size is ", o.world_size, "; it must be at least 1"));
-  }
-  if (o.rank < 0 || o.rank >= o.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("the rank is ", o.rank, "; with a world of ",
-                                                   o.world_size, " it must be in [0, ",
-                                                   o.world_size - 1, "]"));
-  }
-  o.master_port = port.value_or(29500);
-  if (o.master_port < 1 || o.master_port > 65535) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the master port is ", o.master_port, "; expected 1..65535"));
-  }
-  o.master_addr = f.master_addr;
-  if (const char* env = getenv("MASTER_ADDR"); o.master_addr.empty() && env != nullptr) {
-    o.master_addr = env;
-  }
-  if (o.master_addr.empty()) {
-    if (o.world_size > 1) {
-      return absl::InvalidArgumentError(
-          "a world of more than one rank needs rank 0's address: --dist_master_addr or "
-          "MASTER_ADDR");
-    }
-    o.master_addr = "127.0.0.1";
-  }
-  o.local_addr = f.local_addr;
-  o.timeout = f.timeout;
-  if (o.timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("the data-parallel timeout must be positive");
-  }
-  o.insecure = f.insecure;
-  if (o.world_size > 1 && !o.insecure) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "a world of ", o.world_size,
-        " ranks talks over c10d's TCPStore (listening on port ", o.master_port,
-        " of every interface of rank 0) and Gloo, neither authenticated nor encrypted; "
-        "on a trusted network pass --dist_insecure to accept that"));
-  }
-  return o;
-}
-
-std::vector<std::vector<size_t>> SplitByTokens(const std::vector<QueuedGroup>& groups, int world) {
-  std::vector<size_t> order(groups.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return groups[a].tokens > groups[b].tokens; });
-  std::vector<std::vector<size_t>> out(static_cast<size_t>(world));
-  std::vector<int64_t> load(static_cast<size_t>(world), 0);
-  for (size_t i : order) {
-    const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[r] += groups[i].tokens;
-    out[r].push_back(i);
-  }
-  for (auto& indices : out) std::sort(indices.begin(), indices.end());
-  return out;
-}
-
-bool IsRankFailure(const absl::Status& status) {
-  return status.GetPayload(kRankFailureUrl).has_value();
-}
+struct DataParallel::Group {
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+};
 
 DataParallel::DataParallel(const DataParallelOptions& options) : options_(options) {}
 DataParallel::~DataParallel() = default;
@@ -212,11 +111,13 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const DataPar
     }
     go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
     go->threads = 2;
-    dp->group_ = c10::make_intrusive<c10d::ProcessGroupGloo>(dp->store_, o.rank, o.world_size, go);
+    dp->group_ = std::make_unique<Group>();
+    dp->group_->pg =
+        c10::make_intrusive<c10d::ProcessGroupGloo>(dp->store_, o.rank, o.world_size, go);
   } catch (const std::exception& e) {
     return RankFailure(absl::StrCat("joining the world of ", o.world_size, " at ", o.master_addr,
                                     ":", o.master_port, " as rank ", o.rank),
-                       e, o.timeout);
+                       e.what(), o.timeout);
   }
   LOG(INFO) << "data parallel: rank " << o.rank << " of " << o.world_size << " (Gloo, master "
             << o.master_addr << ":" << o.master_port << ", timeout "
@@ -235,11 +136,14 @@ absl::Status DataParallel::SendHeader(StepMessage::Kind kind, const StepTotals& 
   for (size_t r = 0; r < bytes.size(); ++r) h[kHeaderFixed + static_cast<int64_t>(r)] = bytes[r];
   std::vector<at::Tensor> t{header};
   return Collective("sending the step header", options_.timeout,
-                    [&] { return group_->broadcast(t); });
+                    [&] { return group_->pg->broadcast(t); });
 }
 
 absl::Status DataParallel::SendIdle() { return SendHeader(StepMessage::Kind::kIdle, {}, {}); }
 absl::Status DataParallel::SendStop() { return SendHeader(StepMessage::Kind::kStop, {}, {}); }
+absl::Status DataParallel::SendGather() {
+  return SendHeader(StepMessage::Kind::kGather, {}, {});
+}
 
 absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup>& groups) {
   StepMessage own;
@@ -263,7 +167,7 @@ absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup
   std::vector<at::Tensor> output{at::empty({padded}, at::kByte)};
   std::vector<std::vector<at::Tensor>> input_lists{inputs};
   ASYMPO_RETURN_IF_ERROR(Collective("scattering the step's groups", options_.timeout,
-                                    [&] { return group_->scatter(output, input_lists); }));
+                                    [&] { return group_->pg->scatter(output, input_lists); }));
   for (size_t i : split[0]) own.shard.push_back(groups[i]);
   return own;
 }
@@ -272,10 +176,10 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
   at::Tensor header = at::zeros({kHeaderFixed + world_size()}, at::kLong);
   std::vector<at::Tensor> t{header};
   ASYMPO_RETURN_IF_ERROR(Collective("waiting for rank 0's next step", options_.timeout,
-                                    [&] { return group_->broadcast(t); }));
+                                    [&] { return group_->pg->broadcast(t); }));
   const int64_t* h = header.data_ptr<int64_t>();
   StepMessage m;
-  if (h[0] < 0 || h[0] > 2) {
+  if (h[0] < 0 || h[0] > 3) {
     return absl::DataLossError(absl::StrCat("data parallel: unknown message kind ", h[0]));
   }
   m.kind = static_cast<StepMessage::Kind>(h[0]);
@@ -287,22 +191,22 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
   std::vector<at::Tensor> output{at::empty({padded}, at::kByte)};
   std::vector<std::vector<at::Tensor>> none;
   ASYMPO_RETURN_IF_ERROR(Collective("receiving the step's groups", options_.timeout,
-                                    [&] { return group_->scatter(output, none); }));
+                                    [&] { return group_->pg->scatter(output, none); }));
   ASYMPO_ASSIGN_OR_RETURN(m.shard,
                           ParseShard(output[0].data_ptr<uint8_t>(), static_cast<size_t>(mine)));
   return m;
 }
 
 absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
-                                          uint64_t* version) {
+                                          uint64_t* version, bool moments) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> params = model->parameters();
   const int64_t n = static_cast<int64_t>(params.size());
   // [version, AdamW steps, then per parameter: has exp_avg, has exp_avg_sq]
   at::Tensor header = at::zeros({2 + 2 * n}, at::kLong);
   std::vector<std::pair<std::string, at::Tensor>> state;
+  if (rank() == 0 && moments) state = optimizer->StateTensors();
   if (rank() == 0) {
-    state = optimizer->StateTensors();
     int64_t* h = header.data_ptr<int64_t>();
     h[0] = static_cast<int64_t>(*version);
     h[1] = optimizer->step_count();
@@ -315,7 +219,7 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
   }
   std::vector<at::Tensor> ht{header};
   ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
-                                    [&] { return group_->broadcast(ht); }));
+                                    [&] { return group_->pg->broadcast(ht); }));
   const int64_t* h = header.data_ptr<int64_t>();
   std::vector<at::Tensor> tensors;
   std::vector<std::pair<std::string, at::Tensor>> received;
@@ -339,26 +243,45 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
   for (at::Tensor& t : tensors) {
     std::vector<at::Tensor> one{t};
     ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
-                                      [&] { return group_->broadcast(one); }));
+                                      [&] { return group_->pg->broadcast(one); }));
   }
   if (rank() != 0) {
-    ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(received, h[1]));
+    if (moments) ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(received, h[1]));
     *version = static_cast<uint64_t>(h[0]);
   }
   return absl::OkStatus();
 }
 
+namespace {
+
+// Adds the seconds from construction to destruction to a counter.
+class Timed {
+ public:
+  explicit Timed(double* seconds) : seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~Timed() {
+    *seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  }
+
+ private:
+  double* seconds_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+}  // namespace
+
 absl::Status DataParallel::SumValues(std::vector<double>* values) {
+  Timed timed(&collective_seconds_);
   at::Tensor t = at::from_blob(values->data(), {static_cast<int64_t>(values->size())},
                                at::kDouble).clone();
   std::vector<at::Tensor> one{t};
   ASYMPO_RETURN_IF_ERROR(Collective("summing the step's diagnostics", options_.timeout,
-                                    [&] { return group_->allreduce(one); }));
+                                    [&] { return group_->pg->allreduce(one); }));
   std::memcpy(values->data(), t.data_ptr<double>(), values->size() * sizeof(double));
   return absl::OkStatus();
 }
 
 absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients) {
+  Timed timed(&collective_seconds_);
   // Buckets of up to 64 MiB of float32, one all-reduce each, as DDP does.
   constexpr int64_t kBucketElements = int64_t{16} << 20;
   at::NoGradGuard no_grad;
@@ -374,7 +297,7 @@ absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients
     for (size_t i = begin; i < end; ++i) flat.push_back(gradients[i].reshape({-1}));
     std::vector<at::Tensor> bucket{at::cat(flat)};
     ASYMPO_RETURN_IF_ERROR(Collective("summing the gradients", options_.timeout,
-                                      [&] { return group_->allreduce(bucket); }));
+                                      [&] { return group_->pg->allreduce(bucket); }));
     int64_t at = 0;
     for (size_t i = begin; i < end; ++i) {
       const int64_t k = gradients[i].numel();
@@ -383,6 +306,68 @@ absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients
     }
     begin = end;
   }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Gloo's reduce, gather and scatter take host tensors only: device tensors
+// go through host copies.
+std::vector<at::Tensor> OnHost(const std::vector<at::Tensor>& tensors) {
+  std::vector<at::Tensor> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.is_cpu() ? t : t.cpu());
+  return out;
+}
+
+void CopyBack(const std::vector<at::Tensor>& host, std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!tensors[i].is_cpu()) tensors[i].copy_(host[i]);
+  }
+}
+
+}  // namespace
+
+absl::Status DataParallel::ReduceScatter(std::vector<at::Tensor>& inputs, at::Tensor& output) {
+  Timed timed(&collective_seconds_);
+  std::vector<at::Tensor> host = OnHost(inputs);
+  for (int r = 0; r < world_size(); ++r) {
+    std::vector<at::Tensor> one{host[static_cast<size_t>(r)]};
+    c10d::ReduceOptions o;
+    o.rootRank = r;
+    ASYMPO_RETURN_IF_ERROR(Collective("reduce-scattering the gradients", options_.timeout,
+                                      [&] { return group_->pg->reduce(one, o); }));
+  }
+  output.copy_(host[static_cast<size_t>(rank())]);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) {
+  Timed timed(&collective_seconds_);
+  std::vector<at::Tensor> in = OnHost({input.contiguous()});
+  std::vector<std::vector<at::Tensor>> out{OnHost(outputs)};
+  ASYMPO_RETURN_IF_ERROR(Collective("all-gathering the weights", options_.timeout,
+                                    [&] { return group_->pg->allgather(out, in); }));
+  CopyBack(out[0], outputs);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) {
+  std::vector<at::Tensor> in = OnHost({input.contiguous()});
+  std::vector<std::vector<at::Tensor>> out;
+  if (rank() == 0) out.push_back(OnHost(outputs));
+  ASYMPO_RETURN_IF_ERROR(Collective("gathering the optimizer state", options_.timeout,
+                                    [&] { return group_->pg->gather(out, in); }));
+  if (rank() == 0) CopyBack(out[0], outputs);
+  return absl::OkStatus();
+}
+
+absl::Status DataParallel::ScatterFromRank0(std::vector<at::Tensor>& inputs, at::Tensor& output) {
+  std::vector<at::Tensor> out = OnHost({output});
+  std::vector<std::vector<at::Tensor>> in;
+  if (rank() == 0) in.push_back(OnHost(inputs));
+  ASYMPO_RETURN_IF_ERROR(Collective("scattering the optimizer state", options_.timeout,
+                                    [&] { return group_->pg->scatter(out, in); }));
+  if (!output.is_cpu()) output.copy_(out[0]);
   return absl::OkStatus();
 }
 

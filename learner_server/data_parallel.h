@@ -1,4 +1,4 @@
-// Data parallelism for the learner on LibTorch's c10d: Gloo on CPU.
+// Data parallelism for the learner on LibTorch's c10d, with Gloo.
 //
 // Rank 0 is the learner daemon: it owns the queue and the gRPC services.
 // For each step it splits the popped groups across the ranks by tokens
@@ -7,7 +7,10 @@
 // part of the single-process loss. Every rank computes the gradients of its
 // share; the gradients and the step's diagnostics are summed across ranks
 // (all-reduce), and every rank applies the same clipping and AdamW update,
-// so the replicas stay identical (see Trainer::StepShard).
+// so the replicas stay identical (see Trainer::StepShard). With
+// shard_optimizer each rank keeps a chunk of the AdamW moments instead
+// (ShardedAdamW: reduce-scatter, AdamW on the chunk, all-gather), and a
+// checkpoint first gathers them on rank 0 ("gather" message).
 //
 // Between steps rank 0 sends "idle" while it waits for groups, and "stop"
 // when it shuts down. Every collective has a timeout: a rank that dies or
@@ -29,15 +32,16 @@
 
 #include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/policy_loss.h"
+#include "learner_server/sharded_adamw.h"
 #include "learner_server/trainer.h"
 
 namespace c10d {
-class ProcessGroup;
 class Store;
 }  // namespace c10d
 
@@ -55,6 +59,9 @@ struct DataParallelOptions {
   // The longest a collective may wait for the other ranks.
   absl::Duration timeout = absl::Minutes(10);
   bool insecure = false;
+  // ZeRO-1: each rank keeps 1/world_size of the AdamW moments
+  // (ShardedAdamW) instead of all of them.
+  bool shard_optimizer = false;
 };
 
 // What the operator gave on the command line; unset fields fall back to the
@@ -65,6 +72,7 @@ struct DataParallelFlags {
   std::string local_addr;
   absl::Duration timeout = absl::Minutes(10);
   bool insecure = false;
+  bool shard_optimizer = false;
 };
 
 // Resolves the rank, world size and master from, in order: the flags;
@@ -75,6 +83,13 @@ struct DataParallelFlags {
 absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     const DataParallelFlags& flags, const std::function<const char*(const char*)>& getenv);
 
+// A rank's device flag: "cuda" without an index becomes cuda:LOCAL_RANK
+// (torchrun) or cuda:SLURM_LOCALID (Slurm), when either is set, so that the
+// ranks on a node take one GPU each; anything else ("cpu", "cuda:N") stays.
+// ParseDevice then checks the GPU exists. Errors name the variable.
+absl::StatusOr<std::string> RankDevice(const std::string& device,
+                                       const std::function<const char*(const char*)>& getenv);
+
 // Splits groups across `world` ranks by tokens, whole groups: the largest
 // first, each to the rank with the fewest tokens so far (the lowest rank on
 // a tie). Returns each rank's group indices in their original order.
@@ -82,7 +97,8 @@ std::vector<std::vector<size_t>> SplitByTokens(const std::vector<QueuedGroup>& g
 
 // Rank 0's message to the other ranks.
 struct StepMessage {
-  enum class Kind { kIdle = 0, kStep = 1, kStop = 2 };
+  // kGather: every rank joins Trainer::GatherOptimizerState (a checkpoint).
+  enum class Kind { kIdle = 0, kStep = 1, kStop = 2, kGather = 3 };
   Kind kind = Kind::kIdle;
   std::vector<QueuedGroup> shard;  // this rank's groups (kStep)
   StepTotals totals;               // the whole step's (kStep)
@@ -90,31 +106,48 @@ struct StepMessage {
 
 // A status from a failed collective: the job cannot go on.
 bool IsRankFailure(const absl::Status& status);
+// The status of a failed collective (or rendezvous) `what`, with c10d's
+// `error`; IsRankFailure holds for it.
+absl::Status RankFailure(absl::string_view what, absl::string_view error, absl::Duration timeout);
 
-class DataParallel : public StepReducer {
+class DataParallel : public StepReducer, public ShardCollectives {
  public:
   // Joins the world (rank 0 starts the store); waits up to the timeout for
   // every rank.
   static absl::StatusOr<std::unique_ptr<DataParallel>> Create(const DataParallelOptions& options);
   ~DataParallel() override;
 
-  int rank() const { return options_.rank; }
-  int world_size() const { return options_.world_size; }
+  int rank() const override { return options_.rank; }
+  int world_size() const override { return options_.world_size; }
+  const DataParallelOptions& options() const { return options_; }
 
   // Rank 0: splits `groups` (SplitByTokens), sends every other rank its
   // share and the totals, and returns rank 0's share.
   absl::StatusOr<StepMessage> SendStep(const std::vector<QueuedGroup>& groups);
   absl::Status SendIdle();
   absl::Status SendStop();
+  absl::Status SendGather();
   // Other ranks: rank 0's next message.
   absl::StatusOr<StepMessage> Receive();
 
-  // Rank 0's weights, AdamW state and version, copied to every rank.
-  absl::Status BroadcastState(PolicyModel* model, AdamW* optimizer, uint64_t* version);
+  // Rank 0's weights, version and (with `moments`) AdamW state, copied to
+  // every rank.
+  absl::Status BroadcastState(PolicyModel* model, AdamW* optimizer, uint64_t* version,
+                              bool moments = true);
 
   // StepReducer: sums across ranks, in place.
   absl::Status SumValues(std::vector<double>* values) override;
   absl::Status SumGradients(const std::vector<at::Tensor>& gradients) override;
+
+  // ShardCollectives. Gloo (LibTorch 1.13) has no reduce-scatter: it is one
+  // c10d reduce per rank, each to the rank that owns that part.
+  absl::Status ReduceScatter(std::vector<at::Tensor>& inputs, at::Tensor& output) override;
+  absl::Status AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) override;
+  absl::Status GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) override;
+  absl::Status ScatterFromRank0(std::vector<at::Tensor>& inputs, at::Tensor& output) override;
+
+  // Seconds this process has spent in collectives (for the benchmark).
+  double collective_seconds() const { return collective_seconds_; }
 
  private:
   explicit DataParallel(const DataParallelOptions& options);
@@ -123,7 +156,11 @@ class DataParallel : public StepReducer {
 
   DataParallelOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  // The c10d process group (data_parallel.cc): Gloo's, held by its concrete
+  // class, which is a ProcessGroup in LibTorch 1.13 and a Backend in 2.x.
+  struct Group;
+  std::unique_ptr<Group> group_;
+  double collective_seconds_ = 0;
 };
 
 }  // namespace asympo::learner

@@ -65,9 +65,16 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
   if (d->dp_ != nullptr) {
     // Every rank starts from rank 0's weights, moments and version.
     uint64_t version = d->trainer_->version();
-    ASYMPO_RETURN_IF_ERROR(
-        d->dp_->BroadcastState(d->model_.get(), &d->trainer_->optimizer(), &version));
+    const bool shard = d->options_.data_parallel.shard_optimizer;
+    ASYMPO_RETURN_IF_ERROR(d->dp_->BroadcastState(d->model_.get(), &d->trainer_->optimizer(),
+                                                  &version, /*moments=*/!shard));
     d->trainer_->set_version(version);
+    if (shard) {
+      ASYMPO_RETURN_IF_ERROR(d->trainer_->ShardOptimizer(d->dp_.get()));
+      LOG(INFO) << "ZeRO-1: this rank keeps "
+                << d->trainer_->sharded_optimizer()->state_bytes() / (1 << 20)
+                << " MiB of AdamW moments, 1/" << d->dp_->world_size() << " of them";
+    }
     if (d->is_worker()) return d;
   }
   // Late joiners and restarted rollouts get the current weights at once.
@@ -188,11 +195,16 @@ void LearnerDaemon::WriteStepCsv(const StepResult& step, const GroupQueueStats& 
 
 absl::Status LearnerDaemon::Checkpoint() {
   if (!options_.checkpoint_dir.empty()) {
-    ASYMPO_ASSIGN_OR_RETURN(
-        CheckpointInfo info,
+    if (trainer_->sharded_optimizer() != nullptr) {  // the moments, from every rank
+      ASYMPO_RETURN_IF_ERROR(dp_->SendGather());
+      ASYMPO_RETURN_IF_ERROR(trainer_->GatherOptimizerState());
+    }
+    absl::StatusOr<CheckpointInfo> info =
         SaveCheckpoint(options_.checkpoint_dir, trainer_->version(), *model_, trainer_->optimizer(),
-                       options_.config_text, options_.keep_checkpoints));
-    LOG(INFO) << "checkpoint " << info.path;
+                       options_.config_text, options_.keep_checkpoints);
+    trainer_->ReleaseOptimizerState();
+    if (!info.ok()) return info.status();
+    LOG(INFO) << "checkpoint " << info->path;
   }
   if (!options_.export_dir.empty()) {
     ASYMPO_RETURN_IF_ERROR(ExportPolicyModel(*model_, options_.export_dir,
@@ -248,6 +260,10 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
   if (options_.checkpoint_every > 0 &&
       step->version % static_cast<uint64_t>(options_.checkpoint_every) == 0) {
     absl::Status s = Checkpoint();
+    if (IsRankFailure(s)) {
+      Fail(std::move(s));
+      return false;
+    }
     if (!s.ok()) LOG(ERROR) << "checkpoint failed: " << s;
   }
   return true;
@@ -264,7 +280,11 @@ absl::StatusOr<StepResult> LearnerDaemon::StepAcrossRanks(const std::vector<Queu
 }
 
 void LearnerDaemon::Fail(absl::Status status) {
-  LOG(ERROR) << status.message() << "; stopping the job (rank 0 keeps its last step's weights)";
+  LOG(ERROR) << status.message() << "; stopping the job"
+             << (trainer_->sharded_optimizer() != nullptr
+                     ? " (the optimizer state is spread over the ranks: the newest checkpoint "
+                       "stands)"
+                     : " (rank 0 keeps its last step's weights)");
   if (failure_.ok()) failure_ = std::move(status);
   Shutdown();
 }
@@ -275,6 +295,10 @@ absl::StatusOr<int64_t> LearnerDaemon::RunWorker() {
     ASYMPO_ASSIGN_OR_RETURN(StepMessage m, dp_->Receive());
     if (m.kind == StepMessage::Kind::kIdle) continue;
     if (m.kind == StepMessage::Kind::kStop) break;
+    if (m.kind == StepMessage::Kind::kGather) {
+      ASYMPO_RETURN_IF_ERROR(trainer_->GatherOptimizerState());
+      continue;
+    }
     absl::StatusOr<StepResult> step = trainer_->StepShard(m.shard, m.totals, dp_.get());
     if (!step.ok()) {
       if (IsRankFailure(step.status())) return step.status();
@@ -299,10 +323,13 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
   }
   server_->Shutdown(GrpcDeadline(absl::Seconds(5)));
   untrained += queue_->Stats().depth_groups;
+  // After a rank failure a sharded optimizer's state cannot be assembled,
+  // and its weights may be half-updated: no checkpoint then.
+  const bool sharded = trainer_->sharded_optimizer() != nullptr;
+  absl::Status s = failure_.ok() || !sharded ? Checkpoint() : absl::OkStatus();
   if (dp_ != nullptr && failure_.ok()) {
     if (absl::Status stop = dp_->SendStop(); !stop.ok()) LOG(ERROR) << stop.message();
   }
-  absl::Status s = Checkpoint();
   LOG(INFO) << "stopped after " << steps << " steps at version " << trainer_->version() << "; "
             << untrained << " queued groups were left untrained";
   if (!failure_.ok()) return failure_;

@@ -37,7 +37,8 @@ ABSL_FLAG(std::string, model, "tiny",
           "(config.json + safetensors).");
 ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
 ABSL_FLAG(std::string, device, "cpu",
-          "Where the model, the optimizer state and the loss live: cpu, cuda (the first GPU) or "
+          "Where the model, the optimizer state and the loss live: cpu, cuda (the first GPU, or "
+          "under torchrun or Slurm the node's GPU number LOCAL_RANK or SLURM_LOCALID) or "
           "cuda:N.");
 ABSL_FLAG(std::string, compute_dtype, "auto",
           "Activations and matmuls: auto (bfloat16 on a GPU, float32 on the CPU), float32 or "
@@ -133,6 +134,9 @@ ABSL_FLAG(std::string, dist_local_addr, "",
           "is loopback, else this host's name).");
 ABSL_FLAG(absl::Duration, dist_timeout, absl::Minutes(10),
           "The longest a rank waits for the others in one collective before the job stops.");
+ABSL_FLAG(bool, dist_shard_optimizer, false,
+          "ZeRO-1: each rank keeps 1/world_size of the AdamW moments (reduce-scatter of the "
+          "gradients, all-gather of the weights) instead of all of them.");
 ABSL_FLAG(bool, dist_insecure, false,
           "Accept that the ranks' rendezvous and Gloo traffic are neither authenticated nor "
           "encrypted (required for more than one rank).");
@@ -178,8 +182,11 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  ASYMPO_ASSIGN_OR_RETURN(o->model_options.device,
-                          asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
+  ASYMPO_ASSIGN_OR_RETURN(const std::string device,
+                          asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), [](const char* n) {
+                            return static_cast<const char*>(std::getenv(n));
+                          }));
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.device, asympo::ParseDevice(device));
   ASYMPO_ASSIGN_OR_RETURN(
       o->model_options.compute_dtype,
       asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), o->model_options.device));
@@ -309,6 +316,7 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   f.local_addr = absl::GetFlag(FLAGS_dist_local_addr);
   f.timeout = absl::GetFlag(FLAGS_dist_timeout);
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
+  f.shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
   ASYMPO_ASSIGN_OR_RETURN(o->data_parallel,
                           asympo::learner::ResolveDataParallel(f, [](const char* name) {
                             return static_cast<const char*>(std::getenv(name));

@@ -334,11 +334,17 @@ absl::StatusOr<StepResult> Trainer::StepUnguarded(const std::vector<QueuedGroup>
 }
 
 absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
-                                                   const std::vector<QueuedGroup>& groups) {
-  ASYMPO_ASSIGN_OR_RETURN(const double norm, ClipGradients());
-  // The commit point: nothing before it changed the weights or the moments.
+                                                   const std::vector<QueuedGroup>& groups,
+                                                   const std::vector<bool>* stepped) {
   result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version_.load()));
-  optimizer_.Step(result.learning_rate);
+  double norm = 0;
+  if (stepped != nullptr) {
+    ASYMPO_ASSIGN_OR_RETURN(norm, StepShardedOptimizer(result.learning_rate, *stepped));
+  } else {
+    ASYMPO_ASSIGN_OR_RETURN(norm, ClipGradients());
+    // The commit point: nothing before it changed the weights or the moments.
+    optimizer_.Step(result.learning_rate);
+  }
   optimizer_.ZeroGrad();
   const uint64_t version = version_.fetch_add(1) + 1;
   for (const QueuedGroup& q : groups) result.staleness.push_back(version - 1 - q.arrival_version);
@@ -346,6 +352,41 @@ absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
   result.version = version;
   result.grad_norm = norm;
   return result;
+}
+
+absl::StatusOr<double> Trainer::StepShardedOptimizer(double lr,
+                                                     const std::vector<bool>& stepped) {
+  ASYMPO_ASSIGN_OR_RETURN(const double norm, sharded_->ReduceGradients());
+  optimizer_.ZeroGrad();  // the summed gradient is in the reduced chunk now
+  if (!std::isfinite(norm)) {
+    sharded_->DropGradients();
+    return WithReason(absl::InternalError("the gradient is not finite; the step was skipped"),
+                      kSkipNonFiniteGradient);
+  }
+  const double scale = options_.max_grad_norm > 0 && norm > options_.max_grad_norm
+                           ? options_.max_grad_norm / (norm + 1e-6)
+                           : 1.0;
+  // The commit point: a failure past it is a failed collective, which ends
+  // the job.
+  ASYMPO_RETURN_IF_ERROR(sharded_->Apply(lr, scale, stepped));
+  return norm;
+}
+
+absl::Status Trainer::ShardOptimizer(ShardCollectives* collectives) {
+  sharded_ = std::make_unique<ShardedAdamW>(model_->parameters(), options_.adamw, collectives);
+  ASYMPO_RETURN_IF_ERROR(sharded_->ScatterState(optimizer_));
+  ReleaseOptimizerState();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::GatherOptimizerState() {
+  return sharded_ == nullptr ? absl::OkStatus() : sharded_->GatherState(&optimizer_);
+}
+
+void Trainer::ReleaseOptimizerState() {
+  if (sharded_ == nullptr) return;
+  // Cannot fail: an empty state matches any parameters.
+  optimizer_.LoadState({}, sharded_->step_count()).IgnoreError();
 }
 
 absl::StatusOr<double> Trainer::ClipGradients() {
@@ -462,16 +503,20 @@ absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& sh
   std::vector<double> sums;
   absl::StatusOr<StepResult> local = Guarded(
       "computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals, &sums); });
-  ASYMPO_ASSIGN_OR_RETURN(StepResult result, ReduceShard(std::move(local), sums, reducer));
-  absl::StatusOr<StepResult> step =
-      Guarded("training step", [&] { return ApplyUnguarded(std::move(result), shard); });
+  std::vector<bool> stepped;
+  ASYMPO_ASSIGN_OR_RETURN(StepResult result,
+                          ReduceShard(std::move(local), sums, reducer, &stepped));
+  absl::StatusOr<StepResult> step = Guarded("training step", [&] {
+    return ApplyUnguarded(std::move(result), shard, sharded_ != nullptr ? &stepped : nullptr);
+  });
   if (step.ok()) step->seconds = SecondsSince(start);  // the all-reduces included
   return step;
 }
 
 absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local,
                                                 const std::vector<double>& sums,
-                                                StepReducer* reducer) {
+                                                StepReducer* reducer,
+                                                std::vector<bool>* stepped) {
   // [pool sums | tokens, micro-batches, gpg alpha, ranks with groups |
   //  failures per reason | ranks with a gradient, per parameter]
   const std::vector<at::Tensor> params = model_->parameters();
@@ -500,17 +545,19 @@ absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local
                           "); it was skipped on every rank")),
                       kLocalReasons[k]);
   }
+  for (size_t i = 0; i < params.size(); ++i) stepped->push_back(v[defined + i] != 0);
   std::vector<at::Tensor> gradients;
-  {
+  if (sharded_ == nullptr) {  // else ShardedAdamW reduce-scatters them
     at::NoGradGuard no_grad;
     for (size_t i = 0; i < params.size(); ++i) {
-      if (v[defined + i] == 0) continue;  // no rank has a gradient for it: AdamW skips it
+      if (!(*stepped)[i]) continue;  // no rank has a gradient for it: AdamW skips it
       at::Tensor p = params[i];
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
       gradients.push_back(p.grad());
     }
   }
-  if (absl::Status s = reducer->SumGradients(gradients); !s.ok()) {
+  if (absl::Status s = gradients.empty() ? absl::OkStatus() : reducer->SumGradients(gradients);
+      !s.ok()) {
     optimizer_.ZeroGrad();
     return s;
   }

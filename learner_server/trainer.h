@@ -30,6 +30,7 @@
 #include "learner_server/group_queue.h"
 #include "learner_server/lr_schedule.h"
 #include "learner_server/policy_loss.h"
+#include "learner_server/sharded_adamw.h"
 
 namespace asympo::learner {
 
@@ -150,6 +151,19 @@ class Trainer {
   // unset). Leaves the weights and the optimizer untouched. Never throws.
   absl::StatusOr<StepResult> ComputeGradients(const std::vector<QueuedGroup>& groups);
 
+  // ZeRO-1: from now on StepShard keeps 1/world_size of the AdamW moments
+  // on this rank (ShardedAdamW over `collectives`, which must outlive the
+  // trainer). Collective: rank 0's optimizer state (restored from a
+  // checkpoint, say) is split across the ranks, and optimizer() holds no
+  // moments afterwards.
+  absl::Status ShardOptimizer(ShardCollectives* collectives);
+  // Collective, with a sharded optimizer: assembles the whole state in rank
+  // 0's optimizer() for a checkpoint; ReleaseOptimizerState frees it again.
+  absl::Status GatherOptimizerState();
+  void ReleaseOptimizerState();
+  // Null unless ShardOptimizer was called.
+  const ShardedAdamW* sharded_optimizer() const { return sharded_.get(); }
+
   // The policy version: optimizer steps applied. Any thread.
   uint64_t version() const { return version_.load(); }
   // For restoring from a checkpoint.
@@ -173,13 +187,21 @@ class Trainer {
                                                        const StepTotals& totals,
                                                        std::vector<double>* sums = nullptr);
   // The second half of a step: clips, steps AdamW, bumps and publishes the
-  // version. `result` comes from ComputeGradients.
+  // version. `result` comes from ComputeGradients. With `stepped` (a
+  // sharded optimizer; per parameter, whether any rank has a gradient for
+  // it) the gradients are still this rank's own and ShardedAdamW reduces
+  // them.
   absl::StatusOr<StepResult> ApplyUnguarded(StepResult result,
-                                            const std::vector<QueuedGroup>& groups);
-  // StepShard's exchange: sums the diagnostics, the failures and then the
-  // gradients across ranks.
+                                            const std::vector<QueuedGroup>& groups,
+                                            const std::vector<bool>* stepped = nullptr);
+  // StepShard's exchange: sums the diagnostics, the failures and (unless
+  // the optimizer is sharded) the gradients across ranks; sets `stepped`.
   absl::StatusOr<StepResult> ReduceShard(absl::StatusOr<StepResult> local,
-                                         const std::vector<double>& sums, StepReducer* reducer);
+                                         const std::vector<double>& sums, StepReducer* reducer,
+                                         std::vector<bool>* stepped);
+  // The sharded optimizer's step: reduce-scatter, clip, AdamW, all-gather.
+  // Returns the norm before clipping.
+  absl::StatusOr<double> StepShardedOptimizer(double lr, const std::vector<bool>& stepped);
   // Counts a step attempt and sets this step's injected faults.
   void ArmFaults();
   // Forward, loss and backward of one micro-batch; adds to the gradients.
@@ -193,6 +215,7 @@ class Trainer {
   PolicyModel* model_;
   WeightPublisher* publisher_;
   AdamW optimizer_;
+  std::unique_ptr<ShardedAdamW> sharded_;
   std::atomic<uint64_t> version_{0};
   int64_t step_calls_ = 0;                              // for fault injection
   bool inject_nan_ = false, inject_exception_ = false;  // this step's faults

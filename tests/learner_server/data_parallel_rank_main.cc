@@ -8,6 +8,10 @@
 //
 //   data_parallel_rank --world N --rank R --port P --steps S --objective O --out DIR
 //                      [--fault_nan_step K]   (this rank's Kth step gets a NaN loss)
+//                      [--shard 1]            (ZeRO-1: the AdamW moments sharded)
+//                      [--first_step K]       (train steps K..S; default 1)
+//                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint)
+//                      [--save CKPT_ROOT]     (a checkpoint after the last step)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +20,7 @@
 #include <string>
 
 #include <ATen/Parallel.h>
+#include "learner_server/checkpoint.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/trainer.h"
 
@@ -47,9 +52,14 @@ std::vector<QueuedGroup> GroupsOf(int step) {
   return out;
 }
 
+int Die(const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  return 1;
+}
+
 int Run(int argc, char** argv) {
-  int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0;
-  std::string objective = "asympo_stable", out = ".";
+  int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0, shard = 0, first_step = 1;
+  std::string objective = "asympo_stable", out = ".", resume, save;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--world") world = std::atoi(v.c_str());
@@ -59,6 +69,10 @@ int Run(int argc, char** argv) {
     else if (k == "--objective") objective = v;
     else if (k == "--out") out = v;
     else if (k == "--fault_nan_step") nan_step = std::atoi(v.c_str());
+    else if (k == "--shard") shard = std::atoi(v.c_str());
+    else if (k == "--first_step") first_step = std::atoi(v.c_str());
+    else if (k == "--resume") resume = v;
+    else if (k == "--save") save = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -74,20 +88,32 @@ int Run(int argc, char** argv) {
   to.micro_batch_tokens = 48;  // several micro-batches per rank
   if (nan_step > 0) to.fault_nonfinite_loss_steps = {nan_step};
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
+  if (!resume.empty() && rank == 0) {
+    const std::optional<CheckpointInfo> info =
+        LoadLatestCheckpoint(resume, model.get(), &trainer->optimizer()).value();
+    if (!info.has_value()) return Die("no checkpoint under " + resume);
+    trainer->set_version(info->version);
+  }
   std::unique_ptr<DataParallel> dp;
   if (world > 1) {
     DataParallelOptions o;
     o.world_size = world, o.rank = rank, o.master_port = port, o.insecure = true;
     o.timeout = absl::Seconds(30);
     dp = DataParallel::Create(o).value();
-    uint64_t version = 0;
-    if (absl::Status s = dp->BroadcastState(model.get(), &trainer->optimizer(), &version); !s.ok()) {
-      std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
-      return 1;
+    uint64_t version = trainer->version();
+    if (absl::Status s = dp->BroadcastState(model.get(), &trainer->optimizer(), &version, !shard);
+        !s.ok()) {
+      return Die(std::string(s.message()));
+    }
+    trainer->set_version(version);
+    if (shard) {
+      if (absl::Status s = trainer->ShardOptimizer(dp.get()); !s.ok()) {
+        return Die(std::string(s.message()));
+      }
     }
   }
   std::FILE* csv = std::fopen((out + "/r" + std::to_string(rank) + ".csv").c_str(), "w");
-  for (int step = 1; step <= steps; ++step) {
+  for (int step = first_step; step <= steps; ++step) {
     absl::StatusOr<StepResult> r;
     if (dp == nullptr) {
       r = trainer->Step(GroupsOf(step));
@@ -117,6 +143,15 @@ int Run(int argc, char** argv) {
     }
   }
   std::fclose(csv);
+  if (!save.empty()) {
+    if (absl::Status s = trainer->GatherOptimizerState(); !s.ok()) {
+      return Die(std::string(s.message()));
+    }
+    if (rank == 0) {
+      SaveCheckpoint(save, trainer->version(), *model, trainer->optimizer(), "").value();
+    }
+    trainer->ReleaseOptimizerState();
+  }
   return 0;
 }
 

@@ -88,6 +88,32 @@ TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
   EXPECT_NE(std::string(o.status().message()).find("--dist_insecure"), std::string::npos);
 }
 
+absl::StatusOr<std::string> Device(const std::string& flag, const Env& env) {
+  return RankDevice(flag, [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST(RankDeviceTest, CudaWithoutAnIndexTakesTheLocalRanksGpu) {
+  EXPECT_EQ(Device("cuda", {}).value(), "cuda");
+  EXPECT_EQ(Device("cuda", {{"LOCAL_RANK", "3"}}).value(), "cuda:3");
+  EXPECT_EQ(Device("cuda", {{"SLURM_LOCALID", "1"}}).value(), "cuda:1");
+  EXPECT_EQ(Device("cuda", {{"LOCAL_RANK", "2"}, {"SLURM_LOCALID", "5"}}).value(), "cuda:2");
+  // The operator's own choice stays.
+  EXPECT_EQ(Device("cuda:0", {{"LOCAL_RANK", "3"}}).value(), "cuda:0");
+  EXPECT_EQ(Device("cpu", {{"LOCAL_RANK", "3"}}).value(), "cpu");
+}
+
+TEST(RankDeviceTest, BadLocalRanksAreNamed) {
+  const auto bad = Device("cuda", {{"LOCAL_RANK", "one"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("LOCAL_RANK"), std::string::npos) << bad.status();
+  const auto negative = Device("cuda", {{"SLURM_LOCALID", "-1"}});
+  ASSERT_FALSE(negative.ok());
+  EXPECT_NE(negative.status().message().find("SLURM_LOCALID"), std::string::npos);
+}
+
 TEST(SplitByTokensTest, WholeGroupsBalancedByTokensInOrder) {
   std::vector<QueuedGroup> groups(5);
   const int64_t tokens[] = {10, 40, 25, 25, 5};
