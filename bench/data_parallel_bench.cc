@@ -1,0 +1,156 @@
+// One rank of the data-parallel learner benchmark (bench/data_parallel_bench.py
+// starts the ranks and compares the worlds side by side). With --world 1 it
+// is the single-process learner (Trainer::Step, no c10d at all); with more,
+// rank 0 splits each step's groups across the ranks as the learner daemon
+// does (DataParallel::SendStep, Gloo on loopback) and every rank runs
+// Trainer::StepShard, with or without the AdamW moments sharded (--shard).
+//
+// Every rank keeps asympo-learner's glibc settings (RetainFreedMemory).
+// Each rank prints one JSON line: its step seconds (rank 0's include the
+// split and the scatter of the groups), the seconds spent in the step's
+// collectives (all-reduce, or reduce-scatter and all-gather, including the
+// wait for the slowest rank), the tokens it trained, its optimizer state in
+// bytes, and its resident memory after the last step and at its peak.
+//
+//   data_parallel_bench --world N --rank R --port P [--shard 0|1] [--model 100m]
+//                       [--steps 4] [--warmup 1] [--groups 6] [--responses 4]
+//                       [--prompt 8] [--response 8] [--threads T]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <glog/logging.h>
+#include "bench/bench_models.h"
+#include "common/daemon/daemon_runtime.h"
+#include "learner_server/data_parallel.h"
+#include "learner_server/trainer.h"
+
+namespace asympo::learner {
+namespace {
+
+std::vector<QueuedGroup> GroupsOf(int step, const std::map<std::string, int>& f, int64_t vocab) {
+  std::mt19937 rng(1000 + step);
+  std::uniform_int_distribution<int> ids(1, static_cast<int>(vocab) - 1);
+  auto token = [&] { return ids(rng); };
+  std::vector<QueuedGroup> out;
+  for (int g = 0; g < f.at("groups"); ++g) {
+    QueuedGroup q;
+    q.arrival_version = static_cast<uint64_t>(step);
+    q.group.set_prompt_id("s" + std::to_string(step) + "g" + std::to_string(g));
+    for (int t = 0; t < f.at("prompt"); ++t) q.group.add_prompt_tokens(token());
+    for (int r = 0; r < f.at("responses"); ++r) {
+      v1::Response* resp = q.group.add_responses();
+      for (int t = 0; t < f.at("response"); ++t) resp->add_tokens(token());
+      resp->set_reward(static_cast<float>(r % 2));
+      q.tokens += f.at("prompt") + f.at("response");
+    }
+    out.push_back(std::move(q));
+  }
+  return out;
+}
+
+// VmRSS or VmHWM from /proc/self/status, in bytes.
+int64_t ProcStatus(const std::string& key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key + ":", 0) == 0) return std::atoll(line.c_str() + key.size() + 1) * 1024;
+  }
+  return -1;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+int Run(int argc, char** argv) {
+  std::map<std::string, int> f = {{"world", 1},   {"rank", 0},      {"port", 29500},
+                                  {"shard", 0},   {"steps", 4},     {"warmup", 1},
+                                  {"groups", 6},  {"responses", 4}, {"prompt", 8},
+                                  {"response", 8}, {"threads", 0}};
+  std::string model_name = "100m";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--model") {
+      model_name = argv[i + 1];
+    } else if (k.size() > 2 && f.count(k.substr(2)) == 1) {
+      f[k.substr(2)] = std::atoi(argv[i + 1]);
+    } else {
+      std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+      return 2;
+    }
+  }
+  const int world = f["world"], rank = f["rank"];
+  daemon::RetainFreedMemory();  // asympo-learner's glibc settings
+  at::set_num_threads(f["threads"] > 0 ? f["threads"] : 1);
+  ModelOptions mo;
+  mo.seed = 11;
+  const ModelConfig config = bench::BenchConfig(model_name);
+  std::unique_ptr<PolicyModel> model = PolicyModel::CreateRandom(config, mo).value();
+  TrainerOptions to;
+  to.loss.objective = Objective::kAsympoStable;
+  to.lr.peak_lr = 1e-5;
+  std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
+  std::unique_ptr<DataParallel> dp;
+  if (world > 1) {
+    DataParallelOptions o;
+    o.world_size = world, o.rank = rank, o.master_port = f["port"], o.insecure = true;
+    o.timeout = absl::Minutes(5);
+    dp = DataParallel::Create(o).value();
+    uint64_t version = 0;
+    CHECK(dp->BroadcastState(model.get(), &trainer->optimizer(), &version, !f["shard"]).ok());
+    if (f["shard"]) CHECK(trainer->ShardOptimizer(dp.get()).ok());
+  }
+  std::vector<double> seconds, exchange;
+  int64_t tokens = 0;
+  for (int step = 1; step <= f["warmup"] + f["steps"]; ++step) {
+    const double before = dp != nullptr ? dp->collective_seconds() : 0.0;
+    const auto start = std::chrono::steady_clock::now();
+    absl::StatusOr<StepResult> r;
+    if (dp == nullptr) {
+      r = trainer->Step(GroupsOf(step, f, config.vocab_size));
+    } else {
+      StepMessage m = rank == 0 ? dp->SendStep(GroupsOf(step, f, config.vocab_size)).value()
+                                : dp->Receive().value();
+      r = trainer->StepShard(m.shard, m.totals, dp.get());
+    }
+    CHECK(r.ok()) << r.status();
+    if (step <= f["warmup"]) continue;
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    exchange.push_back(dp != nullptr ? dp->collective_seconds() - before : 0.0);
+    tokens = r->tokens;  // the whole step's (summed across ranks)
+  }
+  int64_t state_bytes = 0;
+  if (trainer->sharded_optimizer() != nullptr) {
+    state_bytes = trainer->sharded_optimizer()->state_bytes();
+  } else {
+    for (const auto& [name, t] : trainer->optimizer().StateTensors()) state_bytes += t.nbytes();
+  }
+  int64_t params = 0;
+  for (const at::Tensor& p : model->parameters()) params += p.numel();
+  std::printf(
+      "{\"world\": %d, \"rank\": %d, \"shard\": %d, \"model\": \"%s\", \"parameters\": %lld, "
+      "\"threads\": %d, \"step_s\": %.4f, \"exchange_s\": %.4f, \"tokens\": %lld, "
+      "\"optimizer_state_bytes\": %lld, \"rss_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+      world, rank, f["shard"], model_name.c_str(), static_cast<long long>(params),
+      at::get_num_threads(), Median(seconds), Median(exchange), static_cast<long long>(tokens),
+      static_cast<long long>(state_bytes), static_cast<long long>(ProcStatus("VmRSS")),
+      static_cast<long long>(ProcStatus("VmHWM")));
+  if (dp != nullptr && rank == 0) CHECK(dp->SendStop().ok());
+  if (dp != nullptr && rank != 0) CHECK(dp->Receive().ok());
+  return 0;
+}
+
+}  // namespace
+}  // namespace asympo::learner
+
+int main(int argc, char** argv) { return asympo::learner::Run(argc, argv); }
