@@ -157,9 +157,15 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   // announcement streams; allow them (and idle ones) without a GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // gRPC would set SO_REUSEPORT: a second learner on the port would then
+  // start fine and take half of the rollouts' connections.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.listen_address));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o.listen_address,
+                     " (the port is in use, by another learner perhaps, or the address is not "
+                     "one of this host's)"));
   }
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(trainer_->version());
@@ -215,6 +221,16 @@ absl::Status LearnerDaemon::Checkpoint() {
 }
 
 void LearnerDaemon::LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& q) {
+  const absl::Time now = absl::Now();
+  const bool collapse = metrics_->collapse().suspected();
+  // A collapse suspicion that begins is logged at once, at most once an
+  // interval too (the suspicion can come and go step by step).
+  const bool collapse_begins = collapse && !logged_collapse_ &&
+                               now - last_collapse_log_ >= options_.log_every;
+  if (steps > 10 && now - last_step_log_ < options_.log_every && !collapse_begins) return;
+  last_step_log_ = now;
+  logged_collapse_ = collapse;
+  if (collapse_begins) last_collapse_log_ = now;
   const LossDiagnostics& d = step.diagnostics;
   LOG(INFO) << absl::StrFormat(
       "step %d version %d reward %.4f loss %.5f S_P %.3f S_N %.3f grad %.3f lr %.2e "

@@ -73,6 +73,11 @@ struct LearnerDaemonOptions {
   std::string step_csv_path;
   // Stop after this many steps of this run (0: run until Shutdown).
   int64_t max_steps = 0;
+  // The per-step INFO line: every step of the first 10, then at most one
+  // per this interval, and when a collapse suspicion begins (at most once an
+  // interval too; zero: every step). The step CSV and the metrics have
+  // every step.
+  absl::Duration log_every = absl::Seconds(10);
   // Text stored in checkpoints (the flags the daemon was started with).
   std::string config_text;
   // Data parallelism (world_size 1: none). Rank 0 is the daemon described
@@ -143,6 +148,9 @@ class LearnerDaemon {
   absl::Status failure_;  // a rank failure (trainer thread only)
   std::FILE* step_csv_ = nullptr;
   absl::Time start_time_;
+  absl::Time last_step_log_ = absl::InfinitePast();
+  absl::Time last_collapse_log_ = absl::InfinitePast();
+  bool logged_collapse_ = false;
 };
 
 }  // namespace asympo::learner

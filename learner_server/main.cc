@@ -88,6 +88,10 @@ ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon.");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
 ABSL_FLAG(double, max_grad_norm, 1.0, "Clip the global gradient norm to this (<= 0 disables).");
 ABSL_FLAG(int64_t, max_steps, 0, "Stop after this many steps (0: run until SIGINT/SIGTERM).");
+ABSL_FLAG(absl::Duration, log_every, absl::Seconds(10),
+          "Log the per-step line for the first 10 steps, then at most once per this interval "
+          "and when a collapse suspicion begins (0: every step; --step_csv and /metrics have "
+          "every step).");
 // Queue.
 ABSL_FLAG(int64_t, queue_capacity, 64, "K: the most prompt groups waiting to be trained.");
 ABSL_FLAG(int64_t, max_waiting_submissions, 64, "Most submissions held while the queue is full.");
@@ -182,10 +186,9 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
+  const auto getenv = [](const char* name) { return static_cast<const char*>(std::getenv(name)); };
   ASYMPO_ASSIGN_OR_RETURN(const std::string device,
-                          asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), [](const char* n) {
-                            return static_cast<const char*>(std::getenv(n));
-                          }));
+                          asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), getenv));
   ASYMPO_ASSIGN_OR_RETURN(o->model_options.device, asympo::ParseDevice(device));
   ASYMPO_ASSIGN_OR_RETURN(
       o->model_options.compute_dtype,
@@ -237,6 +240,10 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
   t.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   t.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
+  o->log_every = absl::GetFlag(FLAGS_log_every);
+  if (o->log_every < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--log_every must be >= 0");
+  }
   ASYMPO_RETURN_IF_ERROR(ParseList(absl::GetFlag(FLAGS_fault_nonfinite_loss_steps),
                                    "fault_nonfinite_loss_steps", &t.fault_nonfinite_loss_steps));
   return ParseList(absl::GetFlag(FLAGS_fault_exception_steps), "fault_exception_steps",

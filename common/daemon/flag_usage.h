@@ -12,9 +12,15 @@ namespace asympo::daemon {
 // path ends with `main_file` (e.g. "learner_server/main.cc").
 void SetDaemonUsage(const std::string& usage, const std::string& main_file);
 
-// Parses the command line's flags (exits on a bad flag, as Abseil does);
-// a positional argument is INVALID_ARGUMENT naming it. Then sends glog to
-// stderr.
+// "<program> <version> (ASymPO-RL, <build>)", the program named by argv[0].
+std::string VersionString(const char* argv0);
+
+// --help (-h, --helpfull, --helpshort) prints the usage text and this
+// program's flags with their defaults (not the test-only ones, whose help
+// starts "Testing only") and --version the VersionString, to stdout, and
+// both exit 0. Otherwise parses the command line's flags (exits on a bad
+// flag, as Abseil does); a positional argument is INVALID_ARGUMENT naming
+// it. Then sends glog to stderr.
 absl::Status ParseFlagsAndStartLogging(int argc, char** argv);
 
 }  // namespace asympo::daemon

@@ -186,5 +186,20 @@ TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {
               HasSubstr("/nonexistent/model"));
 }
 
+TEST(LearnerDaemonTest, ASecondLearnerCannotListenOnTheSamePort) {
+  // gRPC sets SO_REUSEPORT by default: two learners would share the port
+  // and the rollouts would split silently between them.
+  prometheus::Registry first_registry, second_registry;
+  auto first = LearnerDaemon::Create(Options("", 1), first_registry);
+  ASSERT_TRUE(first.ok()) << first.status();
+  LearnerDaemonOptions o = Options("", 1);
+  o.listen_address = "127.0.0.1:" + std::to_string((*first)->port());
+  auto second = LearnerDaemon::Create(o, second_registry);
+  ASSERT_FALSE(second.ok());
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr("cannot listen on " + o.listen_address));
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
+}
+
 }  // namespace
 }  // namespace asympo::learner

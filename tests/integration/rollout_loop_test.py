@@ -15,6 +15,7 @@ Exit 0 on success, 1 on a failed check.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -190,6 +191,14 @@ def scenario_corrupt(c):
     c.stop_all()
     log = open(os.path.join(c.work, "rollout-0.log")).read().lower()
     check("crc" in log or "checksum" in log, "the rollout log names the checksum failure")
+    # Over 200 steps in seconds: the per-step line for the first 10, then
+    # one per --log_every (10 s) or when the collapse suspicion changes.
+    text = open(os.path.join(c.work, "learner.log")).read()
+    lines = [l for l in text.splitlines() if "] step " in l]
+    steps = re.search(r"stopped after (\d+) steps", text)
+    check(steps and int(steps.group(1)) > 200 and 10 <= len(lines) <= 30,
+          "the learner logged %d per-step lines for %s steps"
+          % (len(lines), steps and steps.group(1)))
 
 
 def scenario_kill(c):
