@@ -1,8 +1,12 @@
 #include "learner_server/learner_daemon.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 
 #include <glog/logging.h>
 #include <grpcpp/grpcpp.h>
@@ -43,6 +47,27 @@ absl::Status ValidateOptions(const LearnerDaemonOptions& o) {
   return ValidateTrainerOptions(o.trainer);
 }
 
+// Creates `dir` if needed and writes and removes a file in it.
+absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) {
+  if (dir.empty()) return absl::OkStatus();
+  const auto fail = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(option, " ", dir, " cannot be written: ", why));
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fail(ec.message());
+  if (!std::filesystem::is_directory(dir)) return fail("not a directory");
+  const std::string probe = absl::StrCat(dir, "/.asympo-write-test-", ::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) return fail(std::strerror(errno));
+  const bool written = std::fputc('x', f) != EOF;
+  const bool closed = std::fclose(f) == 0;
+  std::remove(probe.c_str());
+  if (!written || !closed) return fail("a file in it cannot be written");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(options)) {}
@@ -59,6 +84,10 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
   std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(std::move(o)));
   if (d->options_.data_parallel.world_size > 1) {
     ASYMPO_ASSIGN_OR_RETURN(d->dp_, DataParallel::Create(d->options_.data_parallel));
+  }
+  if (!d->is_worker()) {  // found at start, not at the first checkpoint
+    ASYMPO_RETURN_IF_ERROR(CheckWritableDir(d->options_.checkpoint_dir, "checkpoint_dir"));
+    ASYMPO_RETURN_IF_ERROR(CheckWritableDir(d->options_.export_dir, "export_dir"));
   }
   ASYMPO_RETURN_IF_ERROR(d->BuildModelAndTrainer(registry));
   if (!d->is_worker()) ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
@@ -117,6 +146,7 @@ absl::Status LearnerDaemon::RestoreCheckpoint() {
     return absl::OkStatus();
   }
   trainer_->set_version(ckpt->version);
+  metrics_->OnCheckpoint(ckpt->version);
   LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version;
   return absl::OkStatus();
 }
@@ -200,6 +230,15 @@ void LearnerDaemon::WriteStepCsv(const StepResult& step, const GroupQueueStats& 
 }
 
 absl::Status LearnerDaemon::Checkpoint() {
+  absl::Status s = WriteCheckpoint();
+  if (!s.ok() && !IsRankFailure(s)) {
+    metrics_->OnCheckpointFailure();
+    LOG(ERROR) << "checkpoint failed: " << s.message();
+  }
+  return s;
+}
+
+absl::Status LearnerDaemon::WriteCheckpoint() {
   if (!options_.checkpoint_dir.empty()) {
     if (trainer_->sharded_optimizer() != nullptr) {  // the moments, from every rank
       ASYMPO_RETURN_IF_ERROR(dp_->SendGather());
@@ -210,6 +249,7 @@ absl::Status LearnerDaemon::Checkpoint() {
                        options_.config_text, options_.keep_checkpoints);
     trainer_->ReleaseOptimizerState();
     if (!info.ok()) return info.status();
+    metrics_->OnCheckpoint(info->version);
     LOG(INFO) << "checkpoint " << info->path;
   }
   if (!options_.export_dir.empty()) {
@@ -280,7 +320,6 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
       Fail(std::move(s));
       return false;
     }
-    if (!s.ok()) LOG(ERROR) << "checkpoint failed: " << s;
   }
   return true;
 }

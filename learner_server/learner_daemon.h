@@ -126,7 +126,9 @@ class LearnerDaemon {
   // Ends the run after a rank failure (Run returns `status`).
   void Fail(absl::Status status);
   void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
+  // Writes a checkpoint (and the export); a failure is counted and logged.
   absl::Status Checkpoint();
+  absl::Status WriteCheckpoint();
   void WriteStepCsv(const StepResult& step, const GroupQueueStats& queue);
 
   // Declared in dependency order: what is used by another member comes

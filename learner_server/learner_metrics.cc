@@ -82,9 +82,14 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
       degenerate_(AddGauge(r, "asympo_learner_degenerate_group_fraction",
                            "Fraction of groups whose rewards are all equal.")),
       gpg_alpha_(AddGauge(r, "asympo_learner_gpg_alpha", "GPG's gradient correction B/(B-M).")),
+      checkpoint_version_(AddGauge(r, "asympo_learner_checkpoint_version",
+                                   "Version of the newest checkpoint written or restored (0: "
+                                   "none).")),
       steps_(AddCounter(r, "asympo_learner_steps_total", "Training steps completed.")),
       tokens_(AddCounter(r, "asympo_learner_tokens_total", "Prompt + response tokens trained on.")),
       trained_groups_(AddCounter(r, "asympo_learner_trained_groups_total", "Groups trained on.")),
+      checkpoint_failures_(AddCounter(r, "asympo_learner_checkpoint_failures_total",
+                                      "Checkpoints (or exports) that could not be written.")),
       groups_in_(AddCounter(r, "asympo_learner_accepted_groups_total", "Groups accepted.")),
       responses_in_(
           AddCounter(r, "asympo_learner_accepted_responses_total", "Responses accepted.")),

@@ -70,13 +70,17 @@ class LearnerMetrics : public SubmitObserver {
 
   const CollapseDetector& collapse() const { return collapse_; }
 
+  // A checkpoint written (its version) or failed.
+  void OnCheckpoint(uint64_t version) { checkpoint_version_.Set(static_cast<double>(version)); }
+  void OnCheckpointFailure() { checkpoint_failures_.Increment(); }
+
  private:
   CollapseDetector collapse_;
   prometheus::Gauge &version_, &reward_mean_, &reward_std_, &reward_ema_, &reward_peak_, &loss_,
       &s_pos_, &s_neg_, &ratio_, &imbalance_, &clip_low_, &clip_high_, &grad_norm_, &lr_,
       &tokens_per_second_, &queue_depth_, &queue_capacity_, &queue_waiting_, &collapse_gauge_,
-      &length_, &nll_, &degenerate_, &gpg_alpha_;
-  prometheus::Counter &steps_, &tokens_, &trained_groups_;
+      &length_, &nll_, &degenerate_, &gpg_alpha_, &checkpoint_version_;
+  prometheus::Counter &steps_, &tokens_, &trained_groups_, &checkpoint_failures_;
   std::map<std::string, prometheus::Counter*> batches_;  // by result
   prometheus::Counter &groups_in_, &responses_in_, &tokens_in_;
   prometheus::Histogram &staleness_, &step_seconds_;

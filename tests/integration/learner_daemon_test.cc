@@ -5,6 +5,7 @@
 #include "learner_server/learner_daemon.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -184,6 +185,42 @@ TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {
   o.model = "/nonexistent/model";
   EXPECT_THAT(std::string(LearnerDaemon::Create(o, registry).status().message()),
               HasSubstr("/nonexistent/model"));
+}
+
+TEST(LearnerDaemonTest, AnUnwritableCheckpointDirStopsTheStart) {
+  asympo::testing::ScopedTempDir tmp("learner_daemon_test");
+  std::ofstream(tmp.Path("file")) << "not a directory";
+  for (const std::string& dir : {tmp.Path("file"), tmp.Path("file/ckpt")}) {
+    prometheus::Registry registry;
+    auto d = LearnerDaemon::Create(Options(dir, 1), registry);
+    ASSERT_FALSE(d.ok()) << dir;
+    EXPECT_THAT(std::string(d.status().message()), HasSubstr("checkpoint_dir " + dir));
+  }
+  LearnerDaemonOptions o = Options("", 1);
+  o.export_dir = tmp.Path("file/export");
+  prometheus::Registry registry;
+  auto d = LearnerDaemon::Create(o, registry);
+  ASSERT_FALSE(d.ok());
+  EXPECT_THAT(std::string(d.status().message()), HasSubstr("export_dir " + o.export_dir));
+}
+
+TEST(LearnerDaemonTest, FailedCheckpointsAreCountedAndTrainingGoesOn) {
+  asympo::testing::ScopedTempDir tmp("learner_daemon_test");
+  const std::string ckpt = tmp.Path("ckpt");
+  Learner learner(Options(ckpt, 4));  // checkpoints at versions 2 and 4, and at the stop
+  ASSERT_TRUE(learner.status.ok()) << learner.status;
+  // The directory goes away under the running learner (a full or
+  // unmounted disk, say): a file now stands where it was.
+  std::filesystem::remove_all(ckpt);
+  std::ofstream(ckpt) << "not a directory";
+  const auto steps = learner.RunFed();
+  EXPECT_EQ(learner.daemon->version(), 4u);  // training went on
+  // The run ends in an error: its final checkpoint failed too.
+  ASSERT_FALSE(steps.ok());
+  EXPECT_THAT(std::string(steps.status().message()), HasSubstr(ckpt));
+  const std::string scrape = learner.Scrape();
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_checkpoint_failures_total 3"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_checkpoint_version 0"));
 }
 
 TEST(LearnerDaemonTest, ASecondLearnerCannotListenOnTheSamePort) {
