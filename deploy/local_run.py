@@ -12,6 +12,7 @@ first. Ctrl-C stops every process cleanly and still writes the summary.
 import argparse
 import csv
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -78,6 +79,51 @@ class Run:
                 p.kill()
                 p.wait()
             log.close()
+
+
+def read_log(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def daemon_error(log_path):
+    """The last error a daemon wrote to its log: its own message when it
+    refused to start ("asympo-learner: ...") or glog's last E/F line."""
+    for line in reversed(read_log(log_path).splitlines()):
+        if line.startswith("asympo-"):
+            return line
+        if re.match(r"[EF]\d{8} ", line):
+            return line.split("] ", 1)[-1]
+    return ""
+
+
+def exit_report(name, returncode, out):
+    log = os.path.join(out, name + ".log")
+    error = daemon_error(log)
+    detail = ": " + error if error else ""
+    return "%s exited with status %d%s (see %s)" % (name, returncode, detail, log)
+
+
+def tally_after_stop(out, rollouts):
+    """Groups the run generated but did not train, from the daemons' own
+    lines at exit: each rollout's generated minus accepted (what the
+    learner refused or the rollout dropped or could not send), of which
+    unsent at its stop; and the groups left in the learner's queue."""
+    lost = unsent = queued = 0
+    for i in range(rollouts):
+        text = read_log(os.path.join(out, "rollout-%d.log" % i))
+        m = re.findall(r"stopped: (\d+) groups generated, (\d+) accepted", text)
+        if m:
+            lost += int(m[-1][0]) - int(m[-1][1])
+        unsent += sum(int(x) for x in re.findall(r"(\d+) generated groups were not sent", text))
+    text = read_log(os.path.join(out, "learner.log"))
+    m = re.findall(r"(\d+) queued groups were left untrained", text)
+    if m:
+        queued = int(m[-1])
+    return lost, unsent, queued
 
 
 def main():
@@ -209,8 +255,7 @@ def main():
         now = time.time()
         for name, p, _ in run.procs:
             if p.poll() is not None and not (name.startswith("learner") and args.max_steps and p.returncode == 0):
-                failed = "%s exited with status %d (see %s)" % (name, p.returncode,
-                                                               os.path.join(args.out, name + ".log"))
+                failed = exit_report(name, p.returncode, args.out)
         learner_done = run.procs[0][1].poll() is not None
         if interrupted or failed or learner_done or now - start >= args.minutes * 60:
             break
@@ -249,7 +294,7 @@ def main():
     run.stop_all()
     for name, p, _ in run.procs:
         if p.returncode not in (0, -signal.SIGTERM) and not failed:
-            failed = "%s exited with status %d (see %s)" % (name, p.returncode, os.path.join(args.out, name + ".log"))
+            failed = exit_report(name, p.returncode, args.out)
 
     with open(os.path.join(args.out, "progress.csv"), "w", newline="") as f:
         if progress:
@@ -267,7 +312,7 @@ def main():
     plotted = make_plot(steps, progress, plot, args, evaluation)
     responses = sum(m.get("asympo_rollout_responses_total", 0) for m in final_rollout)
     correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in final_rollout)
-    dropped = sum(v for m in final_rollout for k, v in m.items() if k.startswith("asympo_rollout_groups_dropped_total"))
+    lost, unsent, queued = tally_after_stop(args.out, args.rollouts)
     accs = [r["rollout_accuracy"] for r in progress if r["rollout_accuracy"] == r["rollout_accuracy"]]
     print()
     print("summary")
@@ -280,7 +325,9 @@ def main():
     if accs:
         print("  accuracy, first interval %.3f   last interval %.3f" % (accs[0], accs[-1]))
     print("  responses sampled        %d (%.1f%% exact)" % (responses, 100 * correct / responses if responses else 0))
-    print("  groups dropped           %d" % dropped)
+    print("  groups not trained       %d refused, dropped or unsent by the rollouts "
+          "(%d unsent at the rollouts' stop); %d left in the learner's queue"
+          % (lost, unsent, queued))
     if evaluation is not None:
         print("  held-out (asympo-eval)   %s" % evaluation["line"])
         print("  evaluation report        %s" % os.path.join(args.out, "eval.json"))

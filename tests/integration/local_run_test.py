@@ -11,6 +11,7 @@ Exit 0 on success, 1 on a failed check.
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,26 @@ def short_run(build, work):
           "asympo-eval evaluated the last checkpoint (greedy %.3f on %d prompts)"
           % (report["greedy_accuracy"], report["prompts"]))
     check("held-out (asympo-eval)   greedy accuracy" in r.stdout, "the summary shows the held-out result")
+    # Groups lost at the end are counted after the daemons stopped: the
+    # rollouts' own tallies at exit, which include what they could not send.
+    unsent = 0
+    for i in range(2):
+        with open(os.path.join(out, "rollout-%d.log" % i)) as f:
+            found = re.findall(r"(\d+) generated groups were not sent", f.read())
+            unsent += sum(int(m) for m in found)
+    line = [l for l in r.stdout.splitlines() if l.startswith("  groups not trained")]
+    check(line and ("%d unsent at the rollouts' stop" % unsent) in line[0],
+          "the summary counts the %d groups unsent at the rollouts' stop (%s)" % (unsent, line))
+
+
+def failing_learner(build, work):
+    # The learner refuses its flags at start: the launcher shows the
+    # learner's own message, not only an exit status.
+    r = launch(build, "--out", os.path.join(work, "failing"), "--learner_arg=--adam_beta1=2",
+               "--no_eval", "--minutes", "1", timeout=90)
+    check(r.returncode == 1 and "beta1 is 2" in r.stdout,
+          "a failing learner's own error is shown (exit %d: %s)"
+          % (r.returncode, r.stdout.strip().splitlines()[-1:]))
 
 
 def two_ranks(build, work):
@@ -90,6 +111,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     refused(build, work)
+    failing_learner(build, work)
     short_run(build, work)
     two_ranks(build, work)
     print("PASS")
