@@ -27,6 +27,19 @@ absl::Status ValidateCollapseOptions(const CollapseOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("collapse drop_fraction is ", o.drop_fraction, "; it must be in (0, 1)"));
   }
+  if (!(o.recover_fraction > 0 && o.recover_fraction <= o.drop_fraction)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collapse recover_fraction is ", o.recover_fraction,
+                     "; it must be in (0, drop_fraction ", o.drop_fraction, "]"));
+  }
+  if (!(o.min_drop >= 0) || !std::isfinite(o.min_drop)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collapse min_drop is ", o.min_drop, "; it must be >= 0"));
+  }
+  if (o.confirm_steps < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("collapse confirm_steps is ", o.confirm_steps, "; it must be >= 1"));
+  }
   return absl::OkStatus();
 }
 
@@ -40,7 +53,15 @@ bool CollapseDetector::Observe(double reward_mean) {
     return false;
   }
   peak_ = std::max(peak_, ema_);
-  suspected_ = ema_ < peak_ - options_.drop_fraction * std::abs(peak_);
+  const double drop = peak_ - ema_;
+  if (suspected_) {
+    suspected_ = drop > options_.recover_fraction * std::abs(peak_);
+    if (!suspected_) below_ = 0;
+    return suspected_;
+  }
+  const bool past = drop > options_.drop_fraction * std::abs(peak_) && drop >= options_.min_drop;
+  below_ = past ? below_ + 1 : 0;
+  suspected_ = below_ >= options_.confirm_steps;
   return suspected_;
 }
 

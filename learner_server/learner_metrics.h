@@ -29,15 +29,26 @@ struct CollapseOptions {
   double ema_alpha = 0.1;
   // Steps before the detector may fire (the EMA and its peak settle).
   int64_t warmup_steps = 20;
-  // Fires when the EMA is this fraction below its running peak.
+  // Suspected when the EMA is this fraction below its running peak ...
   double drop_fraction = 0.3;
+  // ... and at least this far below it in reward units (a 30% drop from a
+  // peak of 0.03 is noise, not a collapse) ...
+  double min_drop = 0.05;
+  // ... for this many steps in a row.
+  int64_t confirm_steps = 5;
+  // Once suspected, it stays so until the EMA is back within this fraction
+  // of the peak (hysteresis: a reward that settles 20% below its peak after
+  // a collapse stays flagged; one hovering at the threshold does not flap).
+  double recover_fraction = 0.15;
 };
 
 absl::Status ValidateCollapseOptions(const CollapseOptions& options);
 
 // Reward collapse = the reward EMA falls `drop_fraction` below its running
-// peak after warm-up. With rewards that can be negative, the drop is
-// measured against the peak's magnitude.
+// peak after warm-up, and at least `min_drop` below it, for `confirm_steps`
+// steps in a row; the suspicion then holds until the EMA recovers to within
+// `recover_fraction` of the peak. With rewards that can be negative, the
+// fractions are of the peak's magnitude.
 class CollapseDetector {
  public:
   explicit CollapseDetector(CollapseOptions options) : options_(options) {}
@@ -50,6 +61,7 @@ class CollapseDetector {
  private:
   CollapseOptions options_;
   int64_t steps_ = 0;
+  int64_t below_ = 0;  // consecutive steps past the entry threshold
   double ema_ = 0, peak_ = 0;
   bool suspected_ = false;
 };

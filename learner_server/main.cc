@@ -109,7 +109,12 @@ ABSL_FLAG(std::string, export_dir, "",
 ABSL_FLAG(double, collapse_ema_alpha, 0.1, "Weight of the newest step in the reward EMA.");
 ABSL_FLAG(int64_t, collapse_warmup_steps, 20, "Steps before collapse detection starts.");
 ABSL_FLAG(double, collapse_drop_fraction, 0.3,
-          "Collapse is suspected when the reward EMA is this fraction below its peak.");
+          "Collapse is suspected when the reward EMA is this fraction below its peak ...");
+ABSL_FLAG(double, collapse_min_drop, 0.05, "... and at least this far below it (reward units) ...");
+ABSL_FLAG(int64_t, collapse_confirm_steps, 5, "... for this many steps in a row.");
+ABSL_FLAG(double, collapse_recover_fraction, 0.15,
+          "A suspected collapse holds until the reward EMA is back within this fraction of its "
+          "peak.");
 // Weight broadcast and run log.
 ABSL_FLAG(int64_t, broadcast_every, 1,
           "Publish the weights to the rollout daemons every N versions (0: only at start).");
@@ -268,6 +273,9 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   o->collapse.ema_alpha = absl::GetFlag(FLAGS_collapse_ema_alpha);
   o->collapse.warmup_steps = absl::GetFlag(FLAGS_collapse_warmup_steps);
   o->collapse.drop_fraction = absl::GetFlag(FLAGS_collapse_drop_fraction);
+  o->collapse.min_drop = absl::GetFlag(FLAGS_collapse_min_drop);
+  o->collapse.confirm_steps = absl::GetFlag(FLAGS_collapse_confirm_steps);
+  o->collapse.recover_fraction = absl::GetFlag(FLAGS_collapse_recover_fraction);
   o->step_csv_path = absl::GetFlag(FLAGS_step_csv);
   return absl::OkStatus();
 }
