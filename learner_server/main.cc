@@ -191,7 +191,9 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  const auto getenv = [](const char* name) { return static_cast<const char*>(std::getenv(name)); };
+  const auto getenv = [](const char* name) {
+    return static_cast<const char*>(std::getenv(name));
+  };
   ASYMPO_ASSIGN_OR_RETURN(const std::string device,
                           asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), getenv));
   ASYMPO_ASSIGN_OR_RETURN(o->model_options.device, asympo::ParseDevice(device));
