@@ -46,6 +46,10 @@ class AdamW {
   void ZeroGrad();
 
   int64_t step_count() const { return step_; }
+  // The moments per parameter, in parameter order; undefined for a
+  // parameter that has never had a gradient.
+  const std::vector<at::Tensor>& exp_avg() const { return exp_avg_; }
+  const std::vector<at::Tensor>& exp_avg_sq() const { return exp_avg_sq_; }
   const AdamWOptions& options() const { return options_; }
 
   // The moments, in parameter order, for checkpoints: "exp_avg.<i>" and

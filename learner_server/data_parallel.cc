@@ -11,13 +11,11 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
-#include <numeric>
 
 #include <ATen/ATen.h>
 #include <glog/logging.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "common/status_macros.h"
@@ -204,17 +202,13 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
   const int64_t n = static_cast<int64_t>(params.size());
   // [version, AdamW steps, then per parameter: has exp_avg, has exp_avg_sq]
   at::Tensor header = at::zeros({2 + 2 * n}, at::kLong);
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  if (rank() == 0 && moments) state = optimizer->StateTensors();
+  const std::vector<at::Tensor>* state[] = {&optimizer->exp_avg(), &optimizer->exp_avg_sq()};
   if (rank() == 0) {
     int64_t* h = header.data_ptr<int64_t>();
     h[0] = static_cast<int64_t>(*version);
     h[1] = optimizer->step_count();
-    for (const auto& [name, t] : state) {
-      const bool avg = absl::StartsWith(name, "exp_avg.");
-      int64_t i = 0;
-      absl::SimpleAtoi(name.substr(name.find('.') + 1), &i);
-      h[2 + 2 * i + (avg ? 0 : 1)] = 1;
+    for (int64_t i = 0; moments && i < n; ++i) {
+      for (int k = 0; k < 2; ++k) h[2 + 2 * i + k] = (*state[k])[static_cast<size_t>(i)].defined();
     }
   }
   std::vector<at::Tensor> ht{header};
@@ -227,16 +221,9 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
   for (int64_t i = 0; i < n; ++i) {
     for (int k = 0; k < 2; ++k) {
       if (h[2 + 2 * i + k] == 0) continue;
-      const std::string name = absl::StrCat(k == 0 ? "exp_avg." : "exp_avg_sq.", i);
-      at::Tensor t;
-      if (rank() == 0) {
-        for (const auto& [sn, st] : state) {
-          if (sn == name) t = st;
-        }
-      } else {
-        t = at::zeros_like(params[static_cast<size_t>(i)]);
-      }
-      received.emplace_back(name, t);
+      const size_t p = static_cast<size_t>(i);
+      at::Tensor t = rank() == 0 ? (*state[k])[p] : at::zeros_like(params[p]);
+      received.emplace_back(absl::StrCat(k == 0 ? "exp_avg." : "exp_avg_sq.", i), t);
       tensors.push_back(t);
     }
   }

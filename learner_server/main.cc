@@ -186,16 +186,16 @@ absl::Status ParseList(const std::vector<std::string>& values, const char* flag,
   return absl::OkStatus();
 }
 
+// The process environment, for the settings torchrun and Slurm pass.
+const char* Getenv(const char* name) { return std::getenv(name); }
+
 absl::Status ModelFlags(LearnerDaemonOptions* o) {
   o->listen_address = absl::GetFlag(FLAGS_listen);
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  const auto getenv = [](const char* name) {
-    return static_cast<const char*>(std::getenv(name));
-  };
   ASYMPO_ASSIGN_OR_RETURN(const std::string device,
-                          asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), getenv));
+                          asympo::learner::RankDevice(absl::GetFlag(FLAGS_device), Getenv));
   ASYMPO_ASSIGN_OR_RETURN(o->model_options.device, asympo::ParseDevice(device));
   ASYMPO_ASSIGN_OR_RETURN(
       o->model_options.compute_dtype,
@@ -334,10 +334,7 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   f.timeout = absl::GetFlag(FLAGS_dist_timeout);
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
   f.shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
-  ASYMPO_ASSIGN_OR_RETURN(o->data_parallel,
-                          asympo::learner::ResolveDataParallel(f, [](const char* name) {
-                            return static_cast<const char*>(std::getenv(name));
-                          }));
+  ASYMPO_ASSIGN_OR_RETURN(o->data_parallel, asympo::learner::ResolveDataParallel(f, Getenv));
   return absl::OkStatus();
 }
 

@@ -172,29 +172,20 @@ absl::Status ShardedAdamW::ScatterState(const AdamW& full) {
   const bool root = collectives_->rank() == 0;
   // Rank 0's step count and which parameters have state, to every rank.
   std::vector<double> header(1 + params_.size(), 0.0);
-  std::vector<std::pair<std::string, at::Tensor>> state;
   if (root) {
-    state = full.StateTensors();
     header[0] = static_cast<double>(full.step_count());
-    for (const auto& [name, t] : state) {
-      header[1 + std::stoul(name.substr(name.find('.') + 1))] = 1.0;
-    }
+    for (size_t i = 0; i < params_.size(); ++i) header[1 + i] = full.exp_avg()[i].defined();
   }
   ASYMPO_RETURN_IF_ERROR(collectives_->SumValues(&header));
   step_ = static_cast<int64_t>(header[0]);
   for (size_t i = 0; i < params_.size(); ++i) has_state_[i] = header[1 + i] != 0;
-  const std::string names[] = {"exp_avg.", "exp_avg_sq."};
+  const std::vector<at::Tensor>* moments[] = {&full.exp_avg(), &full.exp_avg_sq()};
   at::Tensor* mine[] = {&exp_avg_, &exp_avg_sq_};
   for (int which = 0; which < 2; ++which) {
-    std::vector<at::Tensor> moments(params_.size());
-    for (const auto& [name, t] : state) {
-      if (name.rfind(names[which], 0) != 0) continue;
-      moments[std::stoul(name.substr(names[which].size()))] = t;
-    }
     at::Tensor flat;
     if (root) {
       flat = at::empty({world * chunk_}, exp_avg_.options());
-      ReadFlat(moments, 0, flat);
+      ReadFlat(*moments[which], 0, flat);
     }
     for (int64_t k = 0; k < Rounds(); ++k) {
       const int64_t n = RoundLength(k);

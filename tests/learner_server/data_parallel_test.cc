@@ -1,5 +1,6 @@
 #include "learner_server/data_parallel.h"
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -11,11 +12,16 @@ namespace {
 
 using Env = std::map<std::string, std::string>;
 
-absl::StatusOr<DataParallelOptions> Resolve(const DataParallelFlags& flags, const Env& env) {
-  return ResolveDataParallel(flags, [&env](const char* name) -> const char* {
+// A getenv over `env` (null for a variable it lacks).
+std::function<const char*(const char*)> Lookup(const Env& env) {
+  return [&env](const char* name) -> const char* {
     auto it = env.find(name);
     return it == env.end() ? nullptr : it->second.c_str();
-  });
+  };
+}
+
+absl::StatusOr<DataParallelOptions> Resolve(const DataParallelFlags& flags, const Env& env) {
+  return ResolveDataParallel(flags, Lookup(env));
 }
 
 DataParallelFlags Insecure() {
@@ -89,10 +95,7 @@ TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
 }
 
 absl::StatusOr<std::string> Device(const std::string& flag, const Env& env) {
-  return RankDevice(flag, [&env](const char* name) -> const char* {
-    auto it = env.find(name);
-    return it == env.end() ? nullptr : it->second.c_str();
-  });
+  return RankDevice(flag, Lookup(env));
 }
 
 TEST(RankDeviceTest, CudaWithoutAnIndexTakesTheLocalRanksGpu) {
