@@ -11,6 +11,7 @@ first. Ctrl-C stops every process cleanly and still writes the summary.
 """
 import argparse
 import csv
+import json
 import os
 import re
 import signal
@@ -29,8 +30,16 @@ def free_port():
     return port
 
 
+def without_run_label(sample):
+    """'name{a="1",run="x"}' -> 'name{a="1"}', 'name{run="x"}' -> 'name'."""
+    sample = re.sub(r'(\{|,)run="(?:[^"\\]|\\.)*"(,?)',
+                    lambda m: m.group(1) if m.group(2) or m.group(1) == "{" else "", sample)
+    return sample.replace("{}", "")
+
+
 def scrape(port, timeout=1):
-    """Returns {metric{labels}: value} from a /metrics endpoint, or None."""
+    """Returns {metric{labels}: value} from a /metrics endpoint, or None; the
+    run label, the same on every series of one daemon, is left out."""
     try:
         with urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=timeout) as r:
             text = r.read().decode()
@@ -42,7 +51,7 @@ def scrape(port, timeout=1):
             continue
         name, _, value = line.rpartition(" ")
         try:
-            out[name] = float(value)
+            out[without_run_label(name)] = float(value)
         except ValueError:
             pass
     return out
@@ -126,10 +135,31 @@ def tally_after_stop(out, rollouts):
     return lost, unsent, queued
 
 
+def write_prometheus_targets(folder, run_name, learner_port, rollout_ports):
+    """Writes the run's metrics endpoints as a Prometheus file_sd file,
+    <folder>/<run_name>.json (deploy/prometheus/prometheus.yml reads
+    runs/prometheus_targets/*.json); returns its path."""
+    labels = {"run": run_name}
+    groups = [{"targets": ["127.0.0.1:%d" % learner_port], "labels": dict(labels, job="asympo-learner")},
+              {"targets": ["127.0.0.1:%d" % p for p in rollout_ports],
+               "labels": dict(labels, job="asympo-rollout")}]
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, run_name.replace("/", "_") + ".json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(groups, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build_dir", default="build", help="where asympo-learner and asympo-rollout were built")
     ap.add_argument("--out", default="", help="run directory (default runs/<date-time>)")
+    ap.add_argument("--run_name", default="",
+                    help="the run label of every metric series (default: local-<run directory name>)")
+    ap.add_argument("--prometheus_targets", default=os.path.join("runs", "prometheus_targets"),
+                    help="folder for the run's Prometheus file_sd targets, <run_name>.json, "
+                         "removed at the end (deploy/prometheus/prometheus.yml reads it)")
     ap.add_argument("--max_steps", type=int, default=4000,
                     help="learner steps to train (0: train until --minutes runs out)")
     ap.add_argument("--minutes", type=float, default=9.0,
@@ -192,6 +222,9 @@ def main():
     if not args.out:
         args.out = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     os.makedirs(args.out, exist_ok=True)
+    if not args.run_name:
+        args.run_name = "local-" + re.sub(r"[^A-Za-z0-9._:@/+-]", "_",
+                                          os.path.basename(os.path.normpath(args.out)))[:100]
     steps_csv = os.path.join(args.out, "steps.csv")
     if os.path.exists(steps_csv):
         os.remove(steps_csv)
@@ -221,7 +254,8 @@ def main():
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
-        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps] + schedule + dist + args.learner_arg
+        "--checkpoint_every=200", "--max_steps=%d" % args.max_steps,
+        "--run_name=" + args.run_name] + schedule + dist + args.learner_arg
     run.start("learner", learner_cmd + (["--dist_rank=0"] if dist else []))
     # Ranks 1.. only train the share of each step rank 0 sends them.
     for r in range(1, args.learner_ranks):
@@ -229,7 +263,8 @@ def main():
     for i in range(args.rollouts):
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
-            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--model=tiny",
+            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--run_name=" + args.run_name,
+            "--model=tiny",
             "--tiny_vocab_size=%d" % args.vocab, "--threads=1",
             "--device=" + args.device, "--dtype=" + args.dtype,
             "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
@@ -241,8 +276,10 @@ def main():
     print("local_run: learner on 127.0.0.1:%d%s, %d rollouts, task %s, objective %s; logs and results in %s"
           % (port, " (%d data-parallel ranks)" % args.learner_ranks if args.learner_ranks > 1 else "",
              args.rollouts, args.task, args.objective, args.out))
-    print("local_run: metrics at http://127.0.0.1:%d/metrics (learner) and ports %s (rollouts); Ctrl-C stops"
-          % (learner_metrics, ",".join(map(str, rollout_metrics))))
+    targets = write_prometheus_targets(args.prometheus_targets, args.run_name, learner_metrics, rollout_metrics)
+    print("local_run: metrics at http://127.0.0.1:%d/metrics (learner) and ports %s (rollouts), "
+          "run=%s; Prometheus targets in %s; Ctrl-C stops"
+          % (learner_metrics, ",".join(map(str, rollout_metrics)), args.run_name, targets))
     print("%7s %6s %7s %8s %8s %9s %7s %9s %s" % ("time", "step", "version", "reward", "accuracy",
                                                  "tokens/s", "queue", "staleness", "versions in use"))
     progress = []
@@ -292,6 +329,7 @@ def main():
         print("local_run: interrupted; stopping every process")
     final_rollout = [scrape(p) or {} for p in rollout_metrics]
     run.stop_all()
+    os.remove(targets)  # ended: no longer a target (nor a down one)
     for name, p, _ in run.procs:
         if p.returncode not in (0, -signal.SIGTERM) and not failed:
             failed = exit_report(name, p.returncode, args.out)

@@ -31,6 +31,10 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address (host:port) for the Learner service.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
+ABSL_FLAG(std::string, run_name, "",
+          "The run's name: the `run` label on every metric series, which tells runs apart (a "
+          "restart on the same port included). Give the learner and its rollouts the same one; "
+          "empty: made from the host and the start time.");
 // Model.
 ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory "
@@ -378,8 +382,12 @@ int main(int argc, char** argv) {
   // before the daemon): both outlive the daemon.
   // Rank 0 serves the metrics; the other ranks' steps are in its figures.
   const bool rank0 = options->data_parallel.rank == 0;
-  if (absl::Status s = rank0 ? (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address))
-                             : absl::OkStatus();
+  const absl::StatusOr<std::string> run_name =
+      asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
+  if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
+  if (absl::Status s =
+          rank0 ? (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name)
+                : absl::OkStatus();
       !s.ok()) {
     return Fail(std::string(s.message()));
   }

@@ -28,6 +28,10 @@ ABSL_FLAG(std::string, learner, "127.0.0.1:50051",
 ABSL_FLAG(std::string, id, "rollout-0", "This daemon's name (batch source, receiver id).");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9465",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
+ABSL_FLAG(std::string, run_name, "",
+          "The run's name: the `run` label on every metric series, which tells runs apart (a "
+          "restart on the same port included). Give the learner and its rollouts the same one; "
+          "empty: made from the host and the start time.");
 // Model.
 ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory; must be the "
@@ -167,7 +171,12 @@ int main(int argc, char** argv) {
   if (!options.ok()) return Fail(std::string(options.status().message()));
   // main owns the registry and the endpoint (in the runtime, declared
   // before the daemon): both outlive the daemon.
-  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
+  const absl::StatusOr<std::string> run_name =
+      asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
+  if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
+  if (absl::Status s =
+          (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name);
+      !s.ok()) {
     return Fail(std::string(s.message()));
   }
   absl::StatusOr<std::unique_ptr<asympo::rollout::RolloutDaemon>> daemon =

@@ -1,10 +1,19 @@
 #include "common/daemon/daemon_runtime.h"
 
 #include <malloc.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
 
 #include <glog/logging.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace asympo::daemon {
 
@@ -21,16 +30,46 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
   return runtime;
 }
 
-absl::Status DaemonRuntime::ServeMetrics(const std::string& address) {
+absl::StatusOr<std::string> RunName(const std::string& flag) {
+  constexpr size_t kMaxLength = 128;
+  if (flag.empty()) {
+    std::array<char, 256> host{};
+    if (::gethostname(host.data(), host.size() - 1) != 0) host = {};
+    std::string clean;
+    for (const char c : std::string(host.data())) {
+      if (absl::ascii_isalnum(c) || c == '.' || c == '-' || c == '_') clean.push_back(c);
+    }
+    if (clean.empty()) clean = "host";
+    return absl::StrCat(clean.substr(0, 64), "-",
+                        absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()), "-",
+                        ::getpid());
+  }
+  const bool good = flag.size() <= kMaxLength &&
+                    std::all_of(flag.begin(), flag.end(), [](char c) {
+                      return absl::ascii_isalnum(c) || absl::StrContains("._:@/+-", c);
+                    });
+  if (!good) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--run_name: \"", absl::CHexEscape(flag.substr(0, kMaxLength)),
+        "\" must be 1-128 characters of letters, digits and ._:@/+-"));
+  }
+  return flag;
+}
+
+absl::Status DaemonRuntime::ServeMetrics(const std::string& address,
+                                         const std::string& run_name) {
   if (address.empty()) return absl::OkStatus();
+  MetricsEndpointOptions options;
+  if (!run_name.empty()) options.labels = {{"run", run_name}};
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
-      MetricsEndpoint::Start(address, registry_);
+      MetricsEndpoint::Start(address, registry_, options);
   if (!endpoint.ok()) {
     return absl::Status(endpoint.status().code(),
                         absl::StrCat("--metrics_address: ", endpoint.status().message()));
   }
   endpoint_ = *std::move(endpoint);
-  LOG(INFO) << "metrics at http://" << endpoint_->bound_address() << "/metrics";
+  LOG(INFO) << "metrics at http://" << endpoint_->bound_address() << "/metrics"
+            << (run_name.empty() ? "" : absl::StrCat(", run=\"", run_name, "\""));
   return absl::OkStatus();
 }
 

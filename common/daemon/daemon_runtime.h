@@ -35,14 +35,23 @@ namespace asympo::daemon {
 // first in main, before any thread starts.
 void RetainFreedMemory();
 
+// The run's name, the `run` label on every series a daemon serves, so that
+// dashboards and alerts tell runs apart, including a restart on the same
+// host and port: `flag` when it is 1-128 of [A-Za-z0-9._:@/+-], else
+// INVALID_ARGUMENT naming --run_name. An empty flag makes a name from this
+// host and the start time, "<host>-<yyyymmdd>T<hhmmss>Z-<pid>": unique, but
+// each daemon of a run then has its own, so launchers pass one name to all.
+absl::StatusOr<std::string> RunName(const std::string& flag);
+
 class DaemonRuntime {
  public:
   // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors).
   static absl::StatusOr<std::unique_ptr<DaemonRuntime>> Install();
 
-  // Serves the registry on `address` (MetricsEndpoint::Start); an empty
-  // address serves nothing. Errors name the flag.
-  absl::Status ServeMetrics(const std::string& address);
+  // Serves the registry on `address` (MetricsEndpoint::Start), every series
+  // labelled run=`run_name` when that is not empty; an empty address serves
+  // nothing. Errors name the flag.
+  absl::Status ServeMetrics(const std::string& address, const std::string& run_name = "");
 
   prometheus::Registry& registry() { return *registry_; }
   // 0 without an endpoint.

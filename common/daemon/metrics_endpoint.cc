@@ -177,6 +177,24 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
   return std::make_pair(host, port);
 }
 
+// Adds `labels` to every series of `families`, but for a label a series
+// has already, and keeps each series' labels sorted by name, as
+// prometheus-cpp's own are.
+void AddLabels(const prometheus::Labels& labels, std::vector<prometheus::MetricFamily>& families) {
+  for (prometheus::MetricFamily& family : families) {
+    for (prometheus::ClientMetric& metric : family.metric) {
+      std::vector<prometheus::ClientMetric::Label>& own = metric.label;
+      for (const auto& [name, value] : labels) {
+        const bool has = std::any_of(own.begin(), own.end(),
+                                     [&name = name](const auto& l) { return l.name == name; });
+        if (!has) own.push_back({name, value});
+      }
+      std::sort(own.begin(), own.end(),
+                [](const auto& a, const auto& b) { return a.name < b.name; });
+    }
+  }
+}
+
 }  // namespace
 
 struct MetricsEndpoint::Server {
@@ -359,8 +377,10 @@ std::string MetricsEndpoint::Server::Answer(const std::string& head) const {
     return Response("405 Method Not Allowed", "text/plain", "only GET and HEAD\n", true,
                     "Allow: GET, HEAD\r\n");
   }
+  std::vector<prometheus::MetricFamily> families = registry->Collect();
+  if (!options.labels.empty()) AddLabels(options.labels, families);
   return Response("200 OK", kMetricsContentType,
-                  prometheus::TextSerializer().Serialize(registry->Collect()), !head_only);
+                  prometheus::TextSerializer().Serialize(families), !head_only);
 }
 
 }  // namespace asympo::daemon

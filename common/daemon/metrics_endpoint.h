@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include <prometheus/labels.h>
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
@@ -43,6 +44,9 @@ struct MetricsEndpointOptions {
   // and to take the answer.
   absl::Duration request_timeout = absl::Seconds(5);
   absl::Duration send_timeout = absl::Seconds(10);
+  // Labels added to every series served (for example {"run", "exp-7"}); a
+  // series that has a label of that name already keeps its own value.
+  prometheus::Labels labels;
 };
 
 class MetricsEndpoint {

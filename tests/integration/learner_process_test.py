@@ -21,6 +21,10 @@ import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
 
+# The launcher's /metrics sample names, without the run label.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+import local_run  # noqa: E402
+
 
 def tensors(path):
     """name -> raw bytes of every tensor in a safetensors file."""
@@ -67,10 +71,14 @@ class Learner:
 
 
 def metric(text, name):
-    """The value of the sample `name` (with its labels) in a scrape."""
+    """The value of the sample `name` (with its labels but the run label,
+    which every series has) in a scrape."""
     for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
+        if line.startswith("#"):
+            continue
+        sample, _, value = line.rpartition(" ")
+        if local_run.without_run_label(sample) == name:
+            return float(value)
     return None
 
 

@@ -50,10 +50,19 @@ def refused(build, work):
 
 def short_run(build, work):
     out = os.path.join(work, "run")
+    targets = os.path.join(work, "prometheus_targets")
     r = launch(build, "--out", out, "--max_steps", "40", "--minutes", "3", "--eval_k", "2",
-               "--group_size", "4", "--prompts_per_step", "2", "--interval", "1")
+               "--group_size", "4", "--prompts_per_step", "2", "--interval", "1",
+               "--prometheus_targets", targets)
     print(r.stdout[-2500:])
     check(r.returncode == 0, "the run exits 0")
+    target_file = os.path.join(targets, "local-run.json")
+    check("run=local-run; Prometheus targets in %s" % target_file in r.stdout and
+          os.path.isdir(targets) and not os.listdir(targets),
+          "the run is labelled local-run; its Prometheus targets file was written, then removed")
+    for log in ("learner.log", "rollout-0.log"):
+        with open(os.path.join(out, log)) as f:
+            check('/metrics, run="local-run"' in f.read(), log + ": metrics labelled run=local-run")
     with open(os.path.join(out, "steps.csv")) as f:
         rows = list(csv.DictReader(f))
     check(len(rows) == 40 and int(rows[-1]["step"]) == 40, "the learner stopped at --max_steps 40 (%d rows)" % len(rows))

@@ -29,6 +29,37 @@ TEST(DaemonRuntimeTest, ServesTheRegistryAndNamesTheFlagOnError) {
   EXPECT_THAT(std::string(bad.message()), HasSubstr("--metrics_address: "));
 }
 
+TEST(DaemonRuntimeTest, LabelsEverySeriesWithTheRunName) {
+  auto runtime = DaemonRuntime::Install();
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  metrics::AddGauge((*runtime)->registry(), "asympo_test_gauge", "A test gauge.").Set(5);
+  ASSERT_TRUE((*runtime)->ServeMetrics("127.0.0.1:0", "slurm-4711").ok());
+  EXPECT_THAT(asympo::testing::HttpGet("127.0.0.1", (*runtime)->metrics_port(), "/metrics"),
+              HasSubstr("asympo_test_gauge{run=\"slurm-4711\"} 5"));
+}
+
+TEST(RunNameTest, KeepsAGoodNameAndNamesTheFlagForABadOne) {
+  for (const char* good : {"slurm-4711", "exp_3.lr1e-5", "team/a:b@c+d", "x"}) {
+    absl::StatusOr<std::string> name = RunName(good);
+    ASSERT_TRUE(name.ok()) << good << ": " << name.status();
+    EXPECT_EQ(*name, good);
+  }
+  for (const std::string bad : {std::string("a b"), std::string("quote\""),
+                                std::string("new\nline"), std::string(129, 'x'),
+                                std::string("caf\xc3\xa9")}) {
+    const absl::Status s = RunName(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("--run_name"));
+  }
+}
+
+TEST(RunNameTest, WithoutANameMakesOneFromTheHostAndTheStartTime) {
+  absl::StatusOr<std::string> a = RunName("");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_THAT(*a, ::testing::MatchesRegex("[A-Za-z0-9._-]+-[0-9]{8}T[0-9]{6}Z-[0-9]+"));
+  EXPECT_TRUE(RunName(*a).ok());  // a made name is a valid name
+}
+
 TEST(DaemonRuntimeTest, ASignalDuringTheRunCallsShutdownAndNothingCallsItAfter) {
   auto runtime = DaemonRuntime::Install();
   ASSERT_TRUE(runtime.ok());

@@ -66,6 +66,22 @@ TEST(MetricsEndpointTest, ServesTheRegistryInTheTextFormat) {
   EXPECT_EQ(HttpBody(head), "");
 }
 
+TEST(MetricsEndpointTest, AddsTheRunLabelsToEverySeriesAndKeepsTheSeriesOwn) {
+  auto r = Registry();
+  auto& family = prometheus::BuildCounter().Name("asympo_test_dropped_total").Help("Dropped.")
+                     .Register(*r);
+  family.Add({{"reason", "full"}}).Increment(2);
+  family.Add({{"run", "its-own"}}).Increment(4);
+  MetricsEndpointOptions options;
+  options.labels = {{"run", "exp-7"}};
+  auto e = MetricsEndpoint::Start("127.0.0.1:0", r, options);
+  ASSERT_TRUE(e.ok()) << e.status();
+  const std::string body = HttpBody(HttpGet("127.0.0.1", (*e)->port(), "/metrics"));
+  EXPECT_THAT(body, HasSubstr("asympo_test_requests_total{run=\"exp-7\"} 3"));
+  EXPECT_THAT(body, HasSubstr("asympo_test_dropped_total{reason=\"full\",run=\"exp-7\"} 2"));
+  EXPECT_THAT(body, HasSubstr("asympo_test_dropped_total{run=\"its-own\"} 4"));
+}
+
 TEST(MetricsEndpointTest, OtherPathsGet404AndOnlyTheExactPathIsServed) {
   auto e = Start("127.0.0.1:0");
   ASSERT_NE(e, nullptr);
