@@ -20,7 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
-#include "common/daemon/flag_usage.h"
+#include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
@@ -361,12 +361,12 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
       asympo::daemon::DaemonRuntime::Install();
   if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
-  asympo::daemon::SetDaemonUsage(
+  asympo::SetProgramUsage(
       "asympo-learner: the ASymPO-RL learner daemon.\n"
       "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
       "Flags can also come from --flagfile=FILE.",
       "learner_server/main.cc");
-  if (absl::Status s = asympo::daemon::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
+  if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   const int threads = absl::GetFlag(FLAGS_threads);

@@ -14,7 +14,7 @@
 #include <ATen/Parallel.h>
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/daemon/flag_usage.h"
+#include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/model/torch_errors.h"
@@ -135,12 +135,12 @@ absl::Status Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asympo::daemon::SetDaemonUsage(
+  asympo::SetProgramUsage(
       "asympo-eval: evaluates a model or learner checkpoint on a task's held-out prompts: "
       "greedy accuracy, mean@k, pass@k, response length.\n"
       "  asympo-eval --checkpoint=runs/<run>/checkpoints --task=copy",
       "rollout_server/evaluate_main.cc");
-  if (absl::Status s = asympo::daemon::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
+  if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
   const int threads = absl::GetFlag(FLAGS_threads);

@@ -18,15 +18,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_usage.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "common/tokenizer/tokenizer_text.h"
@@ -174,23 +172,18 @@ absl::Status RunJsonl(const Tokenizer& tok) {
 }
 
 int Main(int argc, char** argv) {
-  absl::FlagsUsageConfig config;
-  // List this program's flags under --help (the file is not named after it).
-  config.contains_help_flags = [](absl::string_view file) {
-    return absl::EndsWith(file, "tokenize_main.cc");
-  };
-  config.contains_helpshort_flags = config.contains_help_flags;
-  absl::SetFlagsUsageConfig(config);
-  absl::SetProgramUsageMessage(
-      "Encodes text to token ids, decodes ids to text, or adds token ids to a JSONL "
-      "dataset, with a Hugging Face tokenizer.json (byte-level BPE).\n"
+  SetProgramUsage(
+      "asympo-tokenize: encodes text to token ids, decodes ids to text, or adds token ids to "
+      "a JSONL dataset, with a Hugging Face tokenizer.json (byte-level BPE).\n"
       "  asympo-tokenize --tokenizer=tokenizer.json --text=\"Hello\"\n"
       "  asympo-tokenize --tokenizer=tokenizer.json --decode --ids=\"9707 1879\"\n"
       "  asympo-tokenize --tokenizer=tokenizer.json --jsonl_in=in.jsonl --jsonl_out=out.jsonl "
-      "--field=prompt --out_field=prompt_tokens");
-  absl::ParseCommandLine(argc, argv);
-  google::InitGoogleLogging(argv[0]);
-  FLAGS_logtostderr = true;
+      "--field=prompt --out_field=prompt_tokens",
+      "common/tokenizer/tokenize_main.cc");
+  if (absl::Status s = ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
+    std::cerr << "asympo-tokenize: " << s.message() << "\n";
+    return 2;
+  }
 
   const std::string path = absl::GetFlag(FLAGS_tokenizer);
   if (path.empty()) {

@@ -143,18 +143,14 @@ def dashboard_checks(src, prom):
     with open(os.path.join(src, "deploy", "grafana", "asympo-dashboard.json")) as f:
         dash = json.load(f)
     exprs = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
-    check(len(exprs) >= 20, "the dashboard has %d queries" % len(exprs))
+    check(len(exprs) >= 30, "the dashboard has %d queries in %d panels" %
+          (len(exprs), sum(1 for p in dash["panels"] if p.get("targets"))))
     empty = []
     for title, expr in exprs:
         result = prom.query(expr.replace("$run", "live-.+"))
         if not result:
             empty.append(title)
-    print("dashboard panels with no data in this test:", sorted(set(empty)))
-    # Quiet by design here: no skips, checkpoint failures, drops or alerts
-    # of every kind; every other panel must show the live runs.
-    allowed = ("Skipped steps", "Checkpoints", "Rollouts: groups dropped", "Batches by result")
-    missing = [t for t in set(empty) if not t.startswith(allowed)]
-    check(not missing, "every other dashboard panel has data from the live runs (%s)" % missing)
+    check(not empty, "every dashboard query has data from the live runs (none: %s)" % empty)
     runs = prom.values('count by (run) (asympo_learner_version{run=~"live-.+"})')
     check(set(runs) == {COLLAPSE, HEALTHY}, "the dashboard's run variable offers both runs")
 

@@ -33,8 +33,9 @@ check() {
   fi
 }
 
-# --help lists every flag with its meaning (Abseil exits 1 after printing help).
-check "help" 1 "Encodes text to token ids" -- "$bin" --help
+# --help lists every flag with its meaning and exits 0 (help_version_test.sh
+# checks the rest of --help and --version).
+check "help" 0 "encodes text to token ids" -- "$bin" --help
 help=$("$bin" --help 2>&1)
 for flag in tokenizer text decode ids add_special_tokens skip_special_tokens jsonl_in \
     jsonl_out field out_field; do

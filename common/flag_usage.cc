@@ -1,4 +1,4 @@
-#include "common/daemon/flag_usage.h"
+#include "common/flag_usage.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -19,7 +19,7 @@
 #define ASYMPO_VERSION "unknown"
 #endif
 
-namespace asympo::daemon {
+namespace asympo {
 namespace {
 
 std::string& MainFile() {
@@ -78,7 +78,7 @@ std::string VersionString(const char* argv0) {
                       ")");
 }
 
-void SetDaemonUsage(const std::string& usage, const std::string& main_file) {
+void SetProgramUsage(const std::string& usage, const std::string& main_file) {
   absl::SetProgramUsageMessage(usage);
   MainFile() = main_file;
 }
@@ -108,4 +108,4 @@ absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
   return absl::OkStatus();
 }
 
-}  // namespace asympo::daemon
+}  // namespace asympo

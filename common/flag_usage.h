@@ -1,16 +1,17 @@
-// --help for the daemons' main(): the usage text, and only the flags that
-// main.cc defines (not those of gRPC, glog or Abseil).
+// --help and --version for the programs' main(): the usage text, and only
+// the flags that the program's main file defines (not those of gRPC, glog or
+// Abseil).
 #pragma once
 
 #include <string>
 
 #include "absl/status/status.h"
 
-namespace asympo::daemon {
+namespace asympo {
 
 // Sets the --help text and limits --help to the flags defined in files whose
 // path ends with `main_file` (e.g. "learner_server/main.cc").
-void SetDaemonUsage(const std::string& usage, const std::string& main_file);
+void SetProgramUsage(const std::string& usage, const std::string& main_file);
 
 // "<program> <version> (ASymPO-RL, <build>)", the program named by argv[0].
 std::string VersionString(const char* argv0);
@@ -23,4 +24,4 @@ std::string VersionString(const char* argv0);
 // it. Then sends glog to stderr.
 absl::Status ParseFlagsAndStartLogging(int argc, char** argv);
 
-}  // namespace asympo::daemon
+}  // namespace asympo
