@@ -17,6 +17,12 @@ packages=(
   prometheus-alertmanager
 )
 
+# Tools the deployment tests use, installed from Debian only when no other
+# copy is on the PATH (a vendor's kubectl or a newer Node.js stays): kubectl
+# renders the Kubernetes manifests, node and npm validate them.
+command -v kubectl >/dev/null || packages+=(kubernetes-client)
+command -v npm >/dev/null || packages+=(nodejs npm)
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

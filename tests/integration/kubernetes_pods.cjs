@@ -1,0 +1,356 @@
+#!/usr/bin/env node
+// Runs the pods of rendered manifests on this machine, for kubernetes_test.sh:
+// every learner rank of the StatefulSet and one rollout daemon, with the
+// containers' own command, args, env, flag files and probes, as a kubelet
+// would start them. Only what a cluster provides is replaced: the
+// volumes' mount paths by folders here, the pods' addresses and DNS names
+// by 127.0.0.1, the ports by free ones (appended flags, which win), and
+// /usr/local/bin by the build. The learner trains a few steps and stops.
+//
+//   node kubernetes_pods.cjs --prefix NPM_PREFIX --build BUILD_DIR --work DIR
+//       NAME=RENDERED.yaml...
+//
+// Renderings whose learner is not the built-in tiny model on the CPU are
+// skipped. Prints PASS/FAIL/SKIP lines and, last, "RESULT passed=N failed=M".
+"use strict";
+const fs = require("fs");
+const path = require("path");
+const net = require("net");
+const http = require("http");
+const { spawn, spawnSync } = require("child_process");
+const { createRequire } = require("module");
+
+const opts = { renders: [] };
+for (let i = 2; i < process.argv.length; i++) {
+  const a = process.argv[i];
+  if (a === "--prefix") opts.prefix = process.argv[++i];
+  else if (a === "--build") opts.build = path.resolve(process.argv[++i]);
+  else if (a === "--work") opts.work = path.resolve(process.argv[++i]);
+  else if (!a.startsWith("--") && a.includes("=")) {
+    opts.renders.push({ name: a.slice(0, a.indexOf("=")), file: a.slice(a.indexOf("=") + 1) });
+  } else throw new Error(`unknown argument ${a}`);
+}
+if (!opts.prefix || !opts.build || !opts.work)
+  throw new Error("--prefix, --build and --work are needed");
+const YAML = createRequire(path.join(path.resolve(opts.prefix), "package.json"))("yaml");
+
+let passed = 0;
+let failed = 0;
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once("error", reject);
+    s.listen(0, "127.0.0.1", () => {
+      const p = s.address().port;
+      s.close(() => resolve(p));
+    });
+  });
+}
+function get(url) {
+  return new Promise((resolve) => {
+    const req = http.get(url, { timeout: 3000 }, (res) => {
+      let body = "";
+      res.on("data", (d) => (body += d));
+      res.on("end", () => resolve(res.statusCode === 200 ? body : null));
+    });
+    req.on("error", () => resolve(null));
+    req.on("timeout", () => req.destroy());
+  });
+}
+
+const BINARIES = { "asympo-learner": "learner_server", "asympo-rollout": "rollout_server" };
+const daemonOf = (c) => {
+  const m = /\/usr\/local\/bin\/asympo-(learner|rollout)\b/.exec((c.command || []).join(" "));
+  return m ? m[1] : null;
+};
+
+// One pod of a workload: its files, environment and command line here.
+class Pod {
+  constructor(render, workload, container, podName, dir) {
+    this.objects = render.objects;
+    this.w = workload;
+    this.c = container;
+    this.name = podName;
+    this.dir = dir;
+    this.mounts = []; // [mountPath, local folder], longest first
+    fs.mkdirSync(dir, { recursive: true });
+    const spec = workload.spec.template.spec;
+    for (const m of container.volumeMounts || []) {
+      const local = path.join(dir, "volumes", m.name);
+      fs.mkdirSync(local, { recursive: true });
+      this.mounts.push([m.mountPath, local]);
+      const v = (spec.volumes || []).find((x) => x.name === m.name);
+      if (v && v.configMap) {
+        const cm = this.objects.find(
+          (o) => o.kind === "ConfigMap" && o.metadata.name === v.configMap.name,
+        );
+        for (const [k, text] of Object.entries((cm && cm.data) || {})) {
+          fs.writeFileSync(path.join(local, k), text);
+        }
+      }
+    }
+    this.mounts.sort((a, b) => b[0].length - a[0].length);
+    for (const [, local] of this.mounts) {
+      for (const f of fs.readdirSync(local)) {
+        const p = path.join(local, f);
+        if (fs.statSync(p).isFile()) fs.writeFileSync(p, this.local(fs.readFileSync(p, "utf8")));
+      }
+    }
+  }
+  // Mount paths and the image's binaries, as paths on this machine.
+  local(text) {
+    // One pass, longest mount path first, so that a replaced path (which
+    // may itself start with /tmp) is not replaced again.
+    const esc = (x) => x.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
+    const re = new RegExp(`(${this.mounts.map(([mp]) => esc(mp)).join("|")})(?=/)`, "g");
+    const t = this.mounts.length
+      ? text.replace(re, (mp) => this.mounts.find(([x]) => x === mp)[1])
+      : text;
+    return t.replace(/\/usr\/local\/bin\/(asympo-learner|asympo-rollout)\b/g, (_, b) =>
+      path.join(opts.build, BINARIES[b], b),
+    );
+  }
+  // The container's environment: configMapKeyRef, fieldRef and $(VAR).
+  env(overrides) {
+    const env = { PATH: process.env.PATH, HOSTNAME: this.name };
+    const expand = (s) =>
+      String(s).replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, v) =>
+        env[v] !== undefined ? env[v] : m,
+      );
+    for (const e of this.c.env || []) {
+      if (e.value !== undefined) env[e.name] = expand(e.value);
+      else if (e.valueFrom && e.valueFrom.configMapKeyRef) {
+        const ref = e.valueFrom.configMapKeyRef;
+        const cm = this.objects.find((o) => o.kind === "ConfigMap" && o.metadata.name === ref.name);
+        env[e.name] = cm.data[ref.key];
+      } else if (e.valueFrom && e.valueFrom.fieldRef) {
+        env[e.name] = {
+          "metadata.name": this.name,
+          "metadata.namespace": "asympo-test",
+          "status.podIP": "127.0.0.1",
+        }[e.valueFrom.fieldRef.fieldPath];
+      }
+      if (overrides[e.name] !== undefined) env[e.name] = overrides[e.name];
+    }
+    for (const [k, v] of Object.entries(overrides)) env[k] = this.local(String(v));
+    env.HOME = this.local(env.HOME || this.dir);
+    this.envVars = env;
+    return env;
+  }
+  argv(extra) {
+    const env = this.envVars;
+    const expand = (s) =>
+      String(s).replace(/\$\(([A-Za-z_][A-Za-z0-9_]*)\)/g, (m, v) =>
+        env[v] !== undefined ? env[v] : m,
+      );
+    return (this.c.command || [])
+      .concat(this.c.args || [])
+      .map((a) => this.local(expand(a)))
+      .concat(extra);
+  }
+  start(extra) {
+    const argv = this.argv(extra);
+    this.log = path.join(this.dir, "log");
+    const out = fs.openSync(this.log, "w");
+    this.proc = spawn(argv[0], argv.slice(1), { env: this.envVars, stdio: ["ignore", out, out] });
+    this.exit = new Promise((resolve) => this.proc.on("exit", (code, sig) => resolve(sig || code)));
+    this.exited = undefined;
+    this.exit.then((x) => (this.exited = x));
+  }
+  probe(kind, env) {
+    const p = this.c[kind];
+    if (!p || !p.exec) return null;
+    const argv = p.exec.command.map((a) => this.local(a));
+    const r = spawnSync(argv[0], argv.slice(1), {
+      env: { ...this.envVars, ...env },
+      timeout: 10000,
+    });
+    return r.status === 0;
+  }
+  tail(n) {
+    try {
+      return fs
+        .readFileSync(this.log, "utf8")
+        .trimEnd()
+        .split("\n")
+        .slice(-n)
+        .map((l) => `  ${this.name}: ${l}`);
+    } catch (e) {
+      return [];
+    }
+  }
+}
+
+function flagValue(pod, name) {
+  // The last value the daemon would see: flag files where they stand, then args.
+  let value;
+  for (const a of pod.argv([])) {
+    const m = /^--([A-Za-z0-9_]+)(?:=(.*))?$/s.exec(a);
+    if (!m) continue;
+    if (m[1] === "flagfile") {
+      for (const line of fs.readFileSync(m[2], "utf8").split("\n")) {
+        const f = /^\s*--([A-Za-z0-9_]+)(?:=(.*))?\s*$/.exec(line);
+        if (f && f[1] === name) value = f[2] === undefined ? "true" : f[2];
+      }
+    } else if (m[1] === name) value = m[2] === undefined ? "true" : m[2];
+  }
+  return value;
+}
+
+async function runRender(r) {
+  const objects = YAML.parseAllDocuments(fs.readFileSync(r.file, "utf8"))
+    .map((d) => d.toJS())
+    .filter(Boolean);
+  r.objects = objects;
+  const sts = objects.find((o) => o.kind === "StatefulSet");
+  const dep = objects.find((o) => o.kind === "Deployment");
+  const lc = sts && sts.spec.template.spec.containers.find((c) => daemonOf(c) === "learner");
+  const rc = dep && dep.spec.template.spec.containers.find((c) => daemonOf(c) === "rollout");
+  if (!lc || !rc) return [`${r.name}: no learner StatefulSet and rollout Deployment`];
+  const base = path.join(opts.work, r.name.replace(/\//g, "_"));
+  const world = sts.spec.replicas === undefined ? 1 : sts.spec.replicas;
+  const [grpc, metrics, master, rmetrics] = [
+    await freePort(),
+    await freePort(),
+    await freePort(),
+    await freePort(),
+  ];
+  const ports = { ASYMPO_GRPC_PORT: String(grpc), ASYMPO_METRICS_PORT: String(metrics) };
+  const ranks = [];
+  for (let i = 0; i < world; i++) {
+    const pod = new Pod(r, sts, lc, `${sts.metadata.name}-${i}`, path.join(base, `rank${i}`));
+    pod.env({ MASTER_ADDR: "127.0.0.1", MASTER_PORT: String(master) });
+    ranks.push(pod);
+  }
+  const model = flagValue(ranks[0], "model");
+  const device = flagValue(ranks[0], "device") || "cpu";
+  if (model !== "tiny" || device !== "cpu") {
+    console.log(
+      `SKIP: ${r.name}: its pods run ${
+        model === "tiny" ? "the tiny model" : "a model " + "directory"
+      } with --device=${device}, not the tiny model on the CPU`,
+    );
+    return null;
+  }
+  const rollout = new Pod(
+    r,
+    dep,
+    rc,
+    `${dep.metadata.name}-5d8c9-x7k2q`,
+    path.join(base, "rollout"),
+  );
+  rollout.env({});
+  const runName = ranks[0].envVars.RUN_NAME;
+  const problems = [];
+  const notes = [];
+  // No --max_steps: the ranks train until they are stopped as a kubelet
+  // stops a pod (SIGTERM), after the probes and the metrics were seen and 3
+  // steps trained; rank 0 then writes its final checkpoint.
+  for (const pod of ranks) {
+    pod.start([
+      `--listen=127.0.0.1:${grpc}`,
+      `--metrics_address=127.0.0.1:${metrics}`,
+      "--checkpoint_every=0",
+    ]);
+  }
+  rollout.start([`--learner=127.0.0.1:${grpc}`, `--metrics_address=127.0.0.1:${rmetrics}`]);
+  const seen = { live: false, ready: false, othersFailed: false, metrics: null, rmetrics: null };
+  const deadline = Date.now() + 120000;
+  const steps = (text) => {
+    const m = /^asympo_learner_steps_total(?:\{[^}]*\})? (\d+)/m.exec(text || "");
+    return m ? Number(m[1]) : 0;
+  };
+  let trained = 0;
+  while (ranks[0].exited === undefined && Date.now() < deadline) {
+    const done = seen.live && seen.ready && seen.metrics && seen.rmetrics && trained >= 3;
+    if (done) break;
+    if (ranks[0].probe("livenessProbe", ports)) seen.live = true;
+    if (ranks[0].probe("readinessProbe", ports)) seen.ready = true;
+    for (const pod of ranks.slice(1)) {
+      if (
+        pod.exited === undefined &&
+        (pod.probe("readinessProbe", ports) === false ||
+          pod.probe("livenessProbe", ports) === false)
+      ) {
+        seen.othersFailed = true;
+      }
+    }
+    const scrape = await get(`http://127.0.0.1:${metrics}/metrics`);
+    if (scrape) {
+      seen.metrics = scrape;
+      trained = steps(scrape);
+    }
+    if (!seen.rmetrics) seen.rmetrics = await get(`http://127.0.0.1:${rmetrics}/metrics`);
+    await sleep(300);
+  }
+  if (ranks[0].exited !== undefined) {
+    problems.push(`rank 0 exited by itself after ${trained} steps`);
+  } else if (Date.now() >= deadline) {
+    problems.push(`within 120 s: ${trained} of 3 steps, probes and metrics ${JSON.stringify({
+      live: seen.live, ready: seen.ready, metrics: !!seen.metrics, rollout: !!seen.rmetrics})}`);
+  }
+  for (const pod of ranks) if (pod.exited === undefined) pod.proc.kill("SIGTERM");
+  const codes = await Promise.race([Promise.all(ranks.map((p) => p.exit)), sleep(60000)]);
+  if (!codes) problems.push("the learner ranks did not all stop");
+  rollout.proc.kill("SIGTERM");
+  const rcode = await Promise.race([rollout.exit, sleep(30000)]);
+  const logs = ranks.map((p) => fs.readFileSync(p.log, "utf8")).join("\n");
+  if (/built for one rank only/.test(logs) && world > 1) {
+    console.log(`SKIP: ${r.name}: this build's learner is built for one rank only`);
+    return null;
+  }
+  (codes || []).forEach((c, i) => c !== 0 && problems.push(`rank ${i} exited with ${c}`));
+  if (rcode !== 0) problems.push(`the rollout daemon exited with ${rcode} after SIGTERM`);
+  if (!seen.live || !seen.ready) problems.push("rank 0's probes never passed");
+  if (seen.othersFailed) problems.push("a probe of a rank other than 0 failed");
+  const run = `run="${runName}"`;
+  if (!seen.metrics || !seen.metrics.includes(run))
+    problems.push(`the learner's /metrics lacks ${run}`);
+  if (!seen.rmetrics || !seen.rmetrics.includes(run))
+    problems.push(`the rollout's /metrics lacks ${run}`);
+  const ckptDir = flagValue(ranks[0], "checkpoint_dir");
+  const ckpts = fs.existsSync(ckptDir)
+    ? fs.readdirSync(ckptDir).filter((f) => f.startsWith("ckpt-"))
+    : [];
+  if (ckpts.length === 0) problems.push(`no checkpoint in ${ckptDir}`);
+  else notes.push(`checkpoint ${ckpts[ckpts.length - 1]}`);
+  const accepted = /(\d+) accepted by the learner/.exec(fs.readFileSync(rollout.log, "utf8"));
+  if (!accepted || accepted[1] === "0")
+    problems.push("the learner accepted no group of the rollout");
+  else notes.push(`${accepted[1]} groups accepted`);
+  if (problems.length) {
+    for (const p of ranks.concat([rollout])) problems.push(...p.tail(6));
+  }
+  return {
+    problems,
+    summary:
+      `${world} rank(s) and a rollout ran as their pods would: ` +
+      `${trained}+ steps, stopped by SIGTERM, ${notes.join(", ")}, probes and run label as ` +
+      "expected",
+  };
+}
+
+(async () => {
+  for (const r of opts.renders) {
+    let out;
+    try {
+      out = await runRender(r);
+    } catch (e) {
+      out = [String((e && e.stack) || e)];
+    }
+    if (out === null) continue;
+    if (Array.isArray(out)) out = { problems: out, summary: "pods ran" };
+    if (out.problems.length === 0) {
+      passed++;
+      console.log(`PASS: ${r.name}: ${out.summary}`);
+    } else {
+      failed++;
+      console.log(`FAIL: ${r.name}: its pods, run here`);
+      for (const p of out.problems) console.log(`    ${p}`);
+    }
+  }
+  console.log(`RESULT passed=${passed} failed=${failed}`);
+  process.exit(failed ? 1 : 0);
+})();
