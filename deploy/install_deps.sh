@@ -14,7 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
   libopenblas0-pthread libpcre2-dev nlohmann-json3-dev libicu-dev
   python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib
-  prometheus-alertmanager
+  prometheus-alertmanager slurm-wlm munge
 )
 
 # Tools the deployment tests use, installed from Debian only when no other
