@@ -4,24 +4,39 @@
 # present. Needs root (or sudo) only when something must be installed.
 #
 #   deploy/install_deps.sh            # build + test dependencies
+#   deploy/install_deps.sh --build    # only what building the programs needs
+#                                     # (deploy/container/Containerfile.cpu)
 #   deploy/install_deps.sh --check    # list what is missing, exit 1 if any
 set -euo pipefail
 
+mode=${1:-}
+case $mode in
+  "" | --build | --check) ;;
+  *) echo "install_deps: unknown option \"$mode\" (expected --build or --check)" >&2; exit 2 ;;
+esac
+
+# The programs: compilers, CMake, and the libraries they link.
 packages=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libgoogle-glog-dev libgflags-dev
+  libgoogle-glog-dev libgflags-dev
   libopenblas0-pthread libpcre2-dev nlohmann-json3-dev libicu-dev
-  python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib
-  prometheus-alertmanager slurm-wlm munge
 )
-
-# Tools the deployment tests use, installed from Debian only when no other
-# copy is on the PATH (a vendor's kubectl or a newer Node.js stays): kubectl
-# renders the Kubernetes manifests, node and npm validate them.
-command -v kubectl >/dev/null || packages+=(kubernetes-client)
-command -v npm >/dev/null || packages+=(nodejs npm)
+if [[ $mode != --build ]]; then
+  # The tests: GoogleTest, the Python tests' packages, and the real servers
+  # the deployment tests start (Prometheus, Alertmanager, Slurm, munge).
+  packages+=(
+    libgtest-dev libgmock-dev
+    python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib
+    prometheus-alertmanager slurm-wlm munge
+  )
+  # Installed from Debian only when no other copy is on the PATH (a vendor's
+  # kubectl or a newer Node.js stays): kubectl renders the Kubernetes
+  # manifests, node and npm validate them.
+  command -v kubectl >/dev/null || packages+=(kubernetes-client)
+  command -v npm >/dev/null || packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do
@@ -30,7 +45,7 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [[ "${1:-}" == "--check" ]]; then
+if [[ $mode == --check ]]; then
   if ((${#missing[@]})); then
     echo "missing: ${missing[*]}"
     exit 1
