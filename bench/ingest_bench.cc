@@ -84,18 +84,26 @@ struct Result {
   int64_t responses, bytes;
 };
 
-Result Stream(int port, int clients, int batches, const v1::RolloutBatch& batch) {
+// With a non-empty `ids`, every batch carries its own batch_id
+// ("<ids>/<client>/<i>"), as the project's clients send them.
+Result Stream(int port, int clients, int batches, const v1::RolloutBatch& batch,
+              const std::string& ids = "") {
   std::vector<std::thread> threads;
   std::atomic<int64_t> ok{0};
   const auto t0 = std::chrono::steady_clock::now();
   for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&] {
+    threads.emplace_back([&, c] {
       auto stub = v1::Learner::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
                                                            grpc::InsecureChannelCredentials()));
       grpc::ClientContext ctx;
       v1::SubmitResponse r;
+      v1::RolloutBatch mine = batch;
+      const std::string prefix = ids + "/" + std::to_string(c) + "/";
       auto writer = stub->SubmitStream(&ctx, &r);
-      for (int i = 0; i < batches; ++i) writer->Write(batch);
+      for (int i = 0; i < batches; ++i) {
+        if (!ids.empty()) mine.set_batch_id(prefix + std::to_string(i));
+        writer->Write(mine);
+      }
       writer->WritesDone();
       if (writer->Finish().ok()) ok += static_cast<int64_t>(r.accepted_batches());
     });
@@ -167,17 +175,22 @@ Result MedianRun(std::vector<Result> runs) {
 void CompareSinks(const Args& args, const v1::RolloutBatch& batch, int bare_port,
                   int learner_port) {
   std::printf("| sink | responses/s | MB/s | ratio |\n| --- | ---: | ---: | ---: |\n");
-  std::vector<Result> bare_runs, learner_runs;
+  std::vector<Result> bare_runs, learner_runs, id_runs;
   for (int round = 0; round < 3; ++round) {
     bare_runs.push_back(Stream(bare_port, args.clients, args.batches, batch));
     learner_runs.push_back(Stream(learner_port, args.clients, args.batches, batch));
+    id_runs.push_back(
+        Stream(learner_port, args.clients, args.batches, batch, "round" + std::to_string(round)));
   }
-  const Result b = MedianRun(bare_runs), l = MedianRun(learner_runs);
+  const Result b = MedianRun(bare_runs), l = MedianRun(learner_runs), d = MedianRun(id_runs);
   const double bare_bps = b.bytes / b.seconds, learner_bps = l.bytes / l.seconds;
+  const double id_bps = d.bytes / d.seconds;
   std::printf("| bare gRPC stream (reads, discards) | %.0f | %.1f | 1.00 |\n",
               b.responses / b.seconds, bare_bps / 1e6);
   std::printf("| Learner: validate + queue (+ drain) | %.0f | %.1f | %.2f |\n",
               l.responses / l.seconds, learner_bps / 1e6, learner_bps / bare_bps);
+  std::printf("| Learner, every batch with a batch_id (exactly-once) | %.0f | %.1f | %.2f |\n",
+              d.responses / d.seconds, id_bps / 1e6, id_bps / bare_bps);
 }
 
 // Memory with a full queue: fills the queue through the service's own

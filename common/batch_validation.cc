@@ -115,6 +115,10 @@ absl::Status ValidateRolloutBatch(const v1::RolloutBatch& batch, const BatchLimi
     return absl::InvalidArgumentError(absl::StrCat("batch source is ", batch.source().size(),
                                                    " bytes, more than ", kMaxSourceBytes));
   }
+  if (batch.batch_id().size() > kMaxBatchIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("batch_id is ", batch.batch_id().size(),
+                                                   " bytes, more than ", kMaxBatchIdBytes));
+  }
   for (int g = 0; g < batch.groups_size(); ++g) {
     const v1::PromptGroup& group = batch.groups(g);
     const std::string where = GroupWhere(g, group);

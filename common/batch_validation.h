@@ -32,6 +32,7 @@ struct BatchLimits {
 
 inline constexpr size_t kMaxPromptIdBytes = 256;
 inline constexpr size_t kMaxSourceBytes = 128;
+inline constexpr size_t kMaxBatchIdBytes = 128;
 
 // Checks that the limits themselves are coherent (positive sizes,
 // 2 <= min_group_size <= max_group_size). INVALID_ARGUMENT names the field.

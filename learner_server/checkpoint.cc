@@ -49,6 +49,7 @@ absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimize
   info->version = contents.version;
   info->optimizer_steps = contents.optimizer_steps;
   info->config = std::move(contents.config);
+  info->batch_ids = std::move(contents.batch_ids);
   return absl::OkStatus();
 }
 
@@ -58,7 +59,8 @@ namespace {
 
 absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
                                              const PolicyModel& model, const AdamW& optimizer,
-                                             const std::string& config, int keep_last) {
+                                             const std::string& config, int keep_last,
+                                             const std::vector<std::string>& batch_ids) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -87,7 +89,12 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   meta["optimizer_steps"] = optimizer.step_count();
   meta["crc32c"] = crc;
   meta["config"] = config;
-  ASYMPO_RETURN_IF_ERROR(WriteText(tmp_dir + "/" + kCheckpointMetaFile, meta.dump(2) + "\n"));
+  meta["batch_ids"] = batch_ids;
+  // Ids arrive as protobuf strings, which are UTF-8; anything else is
+  // replaced rather than failing the checkpoint.
+  ASYMPO_RETURN_IF_ERROR(
+      WriteText(tmp_dir + "/" + kCheckpointMetaFile,
+                meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
   fs::remove_all(final_dir, ec);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir));
@@ -102,6 +109,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   info.version = version;
   info.optimizer_steps = optimizer.step_count();
   info.config = config;
+  info.batch_ids = batch_ids;
   return info;
 }
 
@@ -134,9 +142,10 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::str
 
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
-                                              const std::string& config, int keep_last) {
+                                              const std::string& config, int keep_last,
+                                              const std::vector<std::string>& batch_ids) {
   return GuardTorch(absl::StrCat("checkpoint of version ", version, " into ", root), [&] {
-    return SaveUnguarded(root, version, model, optimizer, config, keep_last);
+    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batch_ids);
   });
 }
 

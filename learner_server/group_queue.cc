@@ -14,6 +14,11 @@ void RunAll(std::vector<std::pair<GroupQueue::PushDone, absl::Status>>* done) {
   done->clear();
 }
 
+absl::Status DuplicateStatus(const std::vector<QueuedGroup>& groups) {
+  return absl::AlreadyExistsError(absl::StrCat("batch_id \"", groups.front().batch_id,
+                                               "\" was accepted before; not queued again"));
+}
+
 }  // namespace
 
 GroupQueue::GroupQueue(GroupQueueOptions options)
@@ -24,7 +29,29 @@ GroupQueue::~GroupQueue() {
   timer_.join();
 }
 
+void GroupQueue::RememberLocked(const std::string& batch_id, bool trained) {
+  if (batch_id.empty()) return;
+  auto [it, inserted] = batch_ids_.emplace(batch_id, trained);
+  if (!inserted) {
+    it->second = it->second || trained;
+    return;
+  }
+  batch_id_order_.push_back(batch_id);
+  while (static_cast<int64_t>(batch_id_order_.size()) > options_.batch_id_window) {
+    batch_ids_.erase(batch_id_order_.front());
+    batch_id_order_.pop_front();
+  }
+}
+
+bool GroupQueue::IsDuplicateLocked(const std::vector<QueuedGroup>& groups) {
+  if (groups.empty() || groups.front().batch_id.empty()) return false;
+  if (!batch_ids_.contains(groups.front().batch_id)) return false;
+  ++duplicate_batches_;
+  return true;
+}
+
 void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
+  if (!groups->empty()) RememberLocked(groups->front().batch_id, /*trained=*/false);
   accepted_groups_ += static_cast<int64_t>(groups->size());
   for (QueuedGroup& g : *groups) queue_.push_back(std::move(g));
   groups->clear();
@@ -39,6 +66,8 @@ uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadl
     absl::MutexLock lock(&mu_);
     if (closed_) {
       status = absl::UnavailableError("the learner is shutting down and accepts no more batches");
+    } else if (IsDuplicateLocked(groups)) {
+      status = DuplicateStatus(groups);
     } else if (n > options_.capacity_groups) {
       status = absl::InvalidArgumentError(
           absl::StrCat("batch has ", n, " groups, more than the learner's queue capacity ",
@@ -94,6 +123,12 @@ void GroupQueue::CancelPush(uint64_t ticket) {
 void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
   while (!waiters_.empty()) {
     Waiter& w = waiters_.front();
+    if (IsDuplicateLocked(w.groups)) {  // another push of its id was admitted while it waited
+      done->emplace_back(std::move(w.done), DuplicateStatus(w.groups));
+      waiters_.pop_front();
+      ++waiters_generation_;
+      continue;
+    }
     if (static_cast<int64_t>(queue_.size() + w.groups.size()) > options_.capacity_groups) break;
     Enqueue(&w.groups);
     done->emplace_back(std::move(w.done), absl::OkStatus());
@@ -176,10 +211,37 @@ void GroupQueue::TimerLoop() {
   }
 }
 
+void GroupQueue::MarkTrained(const std::vector<std::string>& batch_ids) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : batch_ids) {
+    auto it = batch_ids_.find(id);
+    if (it != batch_ids_.end()) it->second = true;
+  }
+}
+
+std::vector<std::string> GroupQueue::TrainedBatchIds() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const std::string& id : batch_id_order_) {
+    if (batch_ids_.at(id)) out.push_back(id);
+  }
+  return out;
+}
+
+void GroupQueue::RestoreBatchIds(const std::vector<std::string>& batch_ids) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : batch_ids) RememberLocked(id, /*trained=*/true);
+}
+
 GroupQueueStats GroupQueue::Stats() const {
   absl::MutexLock lock(&mu_);
-  return {static_cast<int64_t>(queue_.size()), options_.capacity_groups,
-          static_cast<int64_t>(waiters_.size()), accepted_groups_, popped_groups_};
+  return {static_cast<int64_t>(queue_.size()),
+          options_.capacity_groups,
+          static_cast<int64_t>(waiters_.size()),
+          accepted_groups_,
+          popped_groups_,
+          duplicate_batches_,
+          static_cast<int64_t>(batch_id_order_.size())};
 }
 
 }  // namespace asympo::learner

@@ -7,6 +7,14 @@
 // deadline passes (RESOURCE_EXHAUSTED, nothing of it queued). Accepted groups
 // are never dropped: they leave only through Pop.
 //
+// Exactly-once: a push whose groups carry a batch id the queue has already
+// accepted is answered ALREADY_EXISTS and not queued again. The queue
+// remembers the last `batch_id_window` accepted ids, and which of them a
+// training step has consumed (MarkTrained): those are what a checkpoint
+// keeps (TrainedBatchIds) and a restart restores (RestoreBatchIds). The
+// check and the admission happen under one lock, so two pushes of one id
+// that wait side by side are queued once.
+//
 // Waiting is asynchronous (PushAsync calls back), so gRPC callback reactors
 // never block; Push is the blocking form. Thread-safe.
 #pragma once
@@ -21,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -36,6 +45,9 @@ struct QueuedGroup {
   uint64_t arrival_version = 0;
   // Prompt and response tokens of the group, for micro-batching.
   int64_t tokens = 0;
+  // RolloutBatch.batch_id of the batch it came in (empty: none). Every
+  // group of one push carries the same id.
+  std::string batch_id;
 };
 
 struct GroupQueueOptions {
@@ -45,22 +57,30 @@ struct GroupQueueOptions {
   // once with RESOURCE_EXHAUSTED. Waiting pushes hold their batches in
   // memory, so this bounds memory beyond the queue itself.
   int64_t max_waiting_pushes = 64;
+  // How many accepted batch ids are remembered for deduplication, oldest
+  // forgotten first. At least capacity_groups, so that every id with a
+  // group still queued is remembered.
+  int64_t batch_id_window = 65536;
 };
 
 struct GroupQueueStats {
   int64_t depth_groups = 0;
   int64_t capacity_groups = 0;
   int64_t waiting_pushes = 0;
-  int64_t accepted_groups = 0;  // ever
-  int64_t popped_groups = 0;    // ever
+  int64_t accepted_groups = 0;    // ever
+  int64_t popped_groups = 0;      // ever
+  int64_t duplicate_batches = 0;  // pushes answered ALREADY_EXISTS, ever
+  int64_t batch_ids = 0;          // ids remembered now
 };
 
 class GroupQueue {
  public:
-  // Called once per push with OK (all groups queued), RESOURCE_EXHAUSTED
-  // (deadline passed or too many waiting; nothing queued), UNAVAILABLE
-  // (queue closed) or CANCELLED (CancelPush). May run on the pushing thread,
-  // the popping thread or the queue's timer thread, never under the lock.
+  // Called once per push with OK (all groups queued), ALREADY_EXISTS (the
+  // batch id was accepted before; nothing queued, and the push counts as
+  // delivered), RESOURCE_EXHAUSTED (deadline passed or too many waiting;
+  // nothing queued), UNAVAILABLE (queue closed) or CANCELLED (CancelPush).
+  // May run on the pushing thread, the popping thread or the queue's timer
+  // thread, never under the lock.
   using PushDone = std::function<void(const absl::Status&)>;
 
   explicit GroupQueue(GroupQueueOptions options);
@@ -84,12 +104,23 @@ class GroupQueue {
   // groups in arrival order. Admits waiting pushes that now fit.
   std::vector<QueuedGroup> Pop(int64_t count, absl::Time deadline);
 
+  // Records that a training step consumed groups of these batches (empty
+  // ids and forgotten ones are ignored).
+  void MarkTrained(const std::vector<std::string>& batch_ids);
+  // The remembered ids of which a step consumed at least one group, oldest
+  // first: what a checkpoint keeps. A batch still wholly queued is left
+  // out, so that a restart from the checkpoint accepts it again.
+  std::vector<std::string> TrainedBatchIds() const;
+  // Remembers `batch_ids` (from a checkpoint) as accepted and trained.
+  void RestoreBatchIds(const std::vector<std::string>& batch_ids);
+
   // Refuses new pushes (UNAVAILABLE) and fails waiting ones; queued groups
   // stay until popped. Wakes every waiter.
   void Close();
 
   GroupQueueStats Stats() const;
   int64_t capacity() const { return options_.capacity_groups; }
+  const GroupQueueOptions& options() const { return options_; }
 
  private:
   struct Waiter {
@@ -103,6 +134,9 @@ class GroupQueue {
   // Moves waiting pushes that fit into the queue, in FIFO order.
   void AdmitWaitersLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Enqueue(std::vector<QueuedGroup>* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when the push's batch id was accepted before (and counts it).
+  bool IsDuplicateLocked(const std::vector<QueuedGroup>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RememberLocked(const std::string& batch_id, bool trained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
   const GroupQueueOptions options_;
@@ -115,6 +149,10 @@ class GroupQueue {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t accepted_groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t popped_groups_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t duplicate_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  // The batch-id window: id -> consumed by a step; ids in acceptance order.
+  absl::flat_hash_map<std::string, bool> batch_ids_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> batch_id_order_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };
 

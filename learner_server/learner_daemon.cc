@@ -39,6 +39,11 @@ absl::Status ValidateOptions(const LearnerDaemonOptions& o) {
         "max_groups_per_batch ", o.limits.max_groups_per_batch, " exceeds the queue capacity ",
         o.queue.capacity_groups, "; such a batch could never be queued"));
   }
+  if (o.queue.batch_id_window < o.queue.capacity_groups) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch_id_window ", o.queue.batch_id_window, " is below the queue capacity ",
+        o.queue.capacity_groups, "; every batch with a queued group must be remembered"));
+  }
   if (o.broadcast_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
@@ -147,7 +152,9 @@ absl::Status LearnerDaemon::RestoreCheckpoint() {
   }
   trainer_->set_version(ckpt->version);
   metrics_->OnCheckpoint(ckpt->version);
-  LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version;
+  restored_batch_ids_ = std::move(ckpt->batch_ids);
+  LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version << " ("
+            << restored_batch_ids_.size() << " trained batch ids remembered)";
   return absl::OkStatus();
 }
 
@@ -171,12 +178,16 @@ absl::Status LearnerDaemon::OpenStepCsv() {
 absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   const LearnerDaemonOptions& o = options_;
   queue_ = std::make_unique<GroupQueue>(o.queue);
+  queue_->RestoreBatchIds(restored_batch_ids_);
+  restored_batch_ids_.clear();
   LearnerServiceOptions so;
   so.limits = o.limits;
   so.full_queue_timeout = o.full_queue_timeout;
   so.retry_after = o.retry_after;
+  so.fault_reply_delay = o.fault_reply_delay;
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
+  so.model_signature = broadcast::ModelSignatureOf(*model_, o.publish_dtype);
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &port_);
@@ -246,15 +257,15 @@ absl::Status LearnerDaemon::WriteCheckpoint() {
     }
     absl::StatusOr<CheckpointInfo> info =
         SaveCheckpoint(options_.checkpoint_dir, trainer_->version(), *model_, trainer_->optimizer(),
-                       options_.config_text, options_.keep_checkpoints);
+                       options_.config_text, options_.keep_checkpoints, queue_->TrainedBatchIds());
     trainer_->ReleaseOptimizerState();
     if (!info.ok()) return info.status();
     metrics_->OnCheckpoint(info->version);
     LOG(INFO) << "checkpoint " << info->path;
   }
   if (!options_.export_dir.empty()) {
-    ASYMPO_RETURN_IF_ERROR(ExportPolicyModel(*model_, options_.export_dir,
-                                             int64_t{5} << 30, options_.publish_dtype));
+    ASYMPO_RETURN_IF_ERROR(
+        ExportPolicyModel(*model_, options_.export_dir, int64_t{5} << 30, options_.publish_dtype));
     LOG(INFO) << "exported the policy to " << options_.export_dir;
   }
   return absl::OkStatus();
@@ -265,8 +276,8 @@ void LearnerDaemon::LogStep(int64_t steps, const StepResult& step, const GroupQu
   const bool collapse = metrics_->collapse().suspected();
   // A collapse suspicion that begins is logged at once, at most once an
   // interval too (the suspicion can come and go step by step).
-  const bool collapse_begins = collapse && !logged_collapse_ &&
-                               now - last_collapse_log_ >= options_.log_every;
+  const bool collapse_begins =
+      collapse && !logged_collapse_ && now - last_collapse_log_ >= options_.log_every;
   if (steps > 10 && now - last_step_log_ < options_.log_every && !collapse_begins) return;
   last_step_log_ = now;
   logged_collapse_ = collapse;
@@ -295,6 +306,12 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return failure_.ok();
   }
   const int64_t n = static_cast<int64_t>(groups.size());
+  std::vector<std::string> batch_ids;
+  for (const QueuedGroup& g : groups) {
+    if (!g.batch_id.empty() && (batch_ids.empty() || batch_ids.back() != g.batch_id)) {
+      batch_ids.push_back(g.batch_id);
+    }
+  }
   absl::StatusOr<StepResult> step =
       dp_ != nullptr ? StepAcrossRanks(groups) : trainer_->Step(std::move(groups));
   if (!step.ok()) {
@@ -306,6 +323,7 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
     skipped_->Record(step.status(), n);
     return true;
   }
+  queue_->MarkTrained(batch_ids);
   ++*steps;
   counters_.steps.fetch_add(1);
   counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));

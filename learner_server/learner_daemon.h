@@ -54,6 +54,8 @@ struct LearnerDaemonOptions {
   GroupQueueOptions queue;
   absl::Duration full_queue_timeout = absl::Seconds(30);
   absl::Duration retry_after = absl::Seconds(1);
+  // LearnerServiceOptions::fault_reply_delay (tests only).
+  absl::Duration fault_reply_delay = absl::ZeroDuration();
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
   // (empty: none); the newest valid one is restored at start.
   std::string checkpoint_dir;
@@ -153,6 +155,8 @@ class LearnerDaemon {
   absl::Time last_step_log_ = absl::InfinitePast();
   absl::Time last_collapse_log_ = absl::InfinitePast();
   bool logged_collapse_ = false;
+  // The batch ids of the restored checkpoint, for the queue's window.
+  std::vector<std::string> restored_batch_ids_;
 };
 
 }  // namespace asympo::learner

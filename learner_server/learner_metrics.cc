@@ -125,9 +125,12 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
                                  {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})) {
   auto& batches = prometheus::BuildCounter()
                       .Name("asympo_learner_batches_total")
-                      .Help("Submitted batches by result: accepted, invalid, full, unavailable.")
+                      .Help(
+                          "Submitted batches by result: accepted, duplicate (a batch_id "
+                          "accepted before: answered OK, not queued again), invalid, full, "
+                          "unavailable.")
                       .Register(r);
-  for (const char* result : {"accepted", "invalid", "full", "unavailable"}) {
+  for (const char* result : {"accepted", "duplicate", "invalid", "full", "unavailable"}) {
     batches_[result] = &batches.Add({{"result", result}});
   }
 }

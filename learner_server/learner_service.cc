@@ -1,5 +1,6 @@
 #include "learner_server/learner_service.h"
 
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +24,7 @@ absl::Time SubmitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration
 
 std::string ResultOf(const absl::Status& s) {
   if (s.ok()) return "accepted";
+  if (s.code() == absl::StatusCode::kAlreadyExists) return "duplicate";
   if (s.code() == absl::StatusCode::kInvalidArgument) return "invalid";
   if (s.code() == absl::StatusCode::kResourceExhausted) return "full";
   return "unavailable";
@@ -39,6 +41,8 @@ void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts
     k->rejected_invalid_batches.fetch_add(1);
   } else if (s.code() == absl::StatusCode::kResourceExhausted) {
     k->rejected_full_batches.fetch_add(1);
+  } else if (s.code() == absl::StatusCode::kAlreadyExists) {
+    k->duplicate_batches.fetch_add(1);
   }
   if (svc.observer() != nullptr) {
     svc.observer()->OnBatch(ResultOf(s), c.groups, c.responses,
@@ -124,12 +128,24 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
   void Complete(const absl::Status& s) {
     push_.Completed();
     Account(*svc_, s, counts_);
-    if (s.ok()) {
+    const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
+    if (s.ok() || duplicate) {  // a duplicate is answered as its first submission was
       response_->set_accepted_batches(1);
       response_->set_accepted_groups(static_cast<uint64_t>(counts_.groups));
       response_->set_accepted_responses(static_cast<uint64_t>(counts_.responses));
+      response_->set_duplicate_batches(duplicate ? 1 : 0);
       response_->set_learner_version(svc_->version());
       response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      const absl::Duration delay = svc_->options().fault_reply_delay;
+      if (delay > absl::ZeroDuration() && !duplicate) {  // the reply of a queued batch is late
+        std::thread([this, delay] {
+          absl::SleepFor(delay);
+          Finish(grpc::Status::OK);
+        }).detach();
+        return;
+      }
+      Finish(grpc::Status::OK);
+      return;
     }
     AddRetryHint(ctx_, s, svc_->options().retry_after);
     Finish(ToGrpcStatus(s));
@@ -178,12 +194,14 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
  private:
   void Queued(const absl::Status& s) {
     push_.Completed();
-    if (!s.ok()) {
+    const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
+    if (!s.ok() && !duplicate) {
       Fail(s);
       return;
     }
     Account(*svc_, s, counts_);
     ++accepted_;
+    if (duplicate) response_->set_duplicate_batches(response_->duplicate_batches() + 1);
     response_->set_accepted_batches(accepted_);
     response_->set_accepted_groups(response_->accepted_groups() +
                                    static_cast<uint64_t>(counts_.groups));
@@ -225,6 +243,7 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
   for (v1::PromptGroup& g : *batch->mutable_groups()) {
     QueuedGroup q;
     q.arrival_version = version;
+    q.batch_id = batch->batch_id();
     int64_t tokens = 0;
     for (const v1::Response& r : g.responses()) tokens += g.prompt_tokens_size() + r.tokens_size();
     q.tokens = tokens;
@@ -264,7 +283,10 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
   response->set_rejected_full_batches(k.rejected_full_batches.load());
   response->set_accepted_groups(k.accepted_groups.load());
   response->set_trained_groups(k.trained_groups.load());
+  response->set_duplicate_batches(k.duplicate_batches.load());
+  response->set_batch_id_window(static_cast<uint64_t>(queue_->options().batch_id_window));
   response->set_objective(options_.objective);
+  response->set_model_signature(options_.model_signature);
   response->set_wants_behavior_logprobs(options_.limits.require_behavior_logprobs);
   v1::BatchLimits* l = response->mutable_limits();
   l->set_vocab_size(options_.limits.vocab_size);
@@ -273,6 +295,7 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
   l->set_max_prompt_tokens(options_.limits.max_prompt_tokens);
   l->set_max_response_tokens(options_.limits.max_response_tokens);
   l->set_max_groups_per_batch(options_.limits.max_groups_per_batch);
+  l->set_max_batch_id_bytes(static_cast<int32_t>(kMaxBatchIdBytes));
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(grpc::Status::OK);
   return reactor;

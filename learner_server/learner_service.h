@@ -33,13 +33,16 @@ struct LearnerCounters {
   std::atomic<uint64_t> rejected_invalid_batches{0};
   std::atomic<uint64_t> rejected_full_batches{0};
   std::atomic<uint64_t> trained_groups{0};
+  // Batches whose batch_id was accepted before: answered OK, not queued.
+  std::atomic<uint64_t> duplicate_batches{0};
 };
 
 // Hooks for metrics; every method may be called from many threads.
 class SubmitObserver {
  public:
   virtual ~SubmitObserver() = default;
-  // result: "accepted", "invalid", "full" or "unavailable"; tokens counts
+  // result: "accepted", "duplicate" (a batch_id accepted before: answered
+  // OK, not queued), "invalid", "full" or "unavailable"; tokens counts
   // prompt and response tokens.
   virtual void OnBatch(const std::string& result, int64_t groups, int64_t responses,
                        int64_t tokens) = 0;
@@ -55,6 +58,11 @@ struct LearnerServiceOptions {
   absl::Duration retry_after = absl::Seconds(1);
   // Reported by GetStatus.
   std::string objective;
+  std::string model_signature;
+  // Test-only fault: how long Submit holds its reply after the batch was
+  // queued, so that a client's deadline can pass after the learner
+  // accepted (the retry of an accepted batch, made reproducible).
+  absl::Duration fault_reply_delay = absl::ZeroDuration();
   // The current policy version (the trainer's), for GetStatus, Submit's
   // reply and each queued group's arrival version. Called from gRPC
   // threads. Empty: always 0.

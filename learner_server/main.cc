@@ -103,6 +103,9 @@ ABSL_FLAG(absl::Duration, full_queue_timeout, absl::Seconds(30),
           "How long a submission waits for queue room before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
           "Back-off suggested with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, batch_id_window, 65536,
+          "Accepted batch ids remembered for exactly-once delivery (at least --queue_capacity; "
+          "the trained ones are kept in checkpoints).");
 // Checkpoints.
 ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no checkpoints).");
 ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
@@ -162,6 +165,9 @@ ABSL_FLAG(absl::Duration, fault_broadcast_chunk_delay, absl::ZeroDuration(),
 ABSL_FLAG(std::vector<std::string>, fault_nonfinite_loss_steps, {},
           "Testing only: the training step attempts of this process (1-based) whose loss is made "
           "NaN (the step must be skipped and counted, the weights kept).");
+ABSL_FLAG(absl::Duration, fault_submit_reply_delay, absl::ZeroDuration(),
+          "Testing only: hold Submit's reply this long after the batch was queued, so that the "
+          "client's deadline passes after the learner accepted (a retry must not train twice).");
 ABSL_FLAG(std::vector<std::string>, fault_exception_steps, {},
           "Testing only: the training step attempts of this process (1-based) that throw a "
           "LibTorch error after their first micro-batch (skipped and counted, weights kept).");
@@ -267,8 +273,13 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   if (o->queue.max_waiting_pushes <= 0) {
     return absl::InvalidArgumentError("--max_waiting_submissions must be positive");
   }
+  o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
   o->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
   o->retry_after = absl::GetFlag(FLAGS_retry_after);
+  o->fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);
+  if (o->fault_reply_delay < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--fault_submit_reply_delay must be >= 0");
+  }
   if (o->full_queue_timeout < absl::ZeroDuration() || o->retry_after < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--full_queue_timeout and --retry_after must be >= 0");
   }
@@ -329,7 +340,8 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
 absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   asympo::learner::DataParallelFlags f;
   if (absl::GetFlag(FLAGS_dist_rank) >= 0) f.rank = absl::GetFlag(FLAGS_dist_rank);
-  if (absl::GetFlag(FLAGS_dist_world_size) >= 0) f.world_size = absl::GetFlag(FLAGS_dist_world_size);
+  if (absl::GetFlag(FLAGS_dist_world_size) >= 0)
+    f.world_size = absl::GetFlag(FLAGS_dist_world_size);
   if (absl::GetFlag(FLAGS_dist_master_port) >= 0) {
     f.master_port = absl::GetFlag(FLAGS_dist_master_port);
   }

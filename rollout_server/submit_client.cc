@@ -1,6 +1,7 @@
 #include "rollout_server/submit_client.h"
 
 #include <algorithm>
+#include <random>
 #include <utility>
 
 #include <glog/logging.h>
@@ -41,6 +42,14 @@ std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
   return grpc::CreateCustomChannel(o.learner_address, grpc::InsecureChannelCredentials(), args);
 }
 
+// "<source, at most 64 bytes>/<16 random hex digits>/": with a sequence
+// number, unique across the daemon's restarts and within kMaxBatchIdBytes.
+std::string BatchIdPrefix(const std::string& source) {
+  std::random_device rd;
+  const uint64_t session = (uint64_t{rd()} << 32) ^ rd();
+  return absl::StrCat(source.substr(0, 64), "/", absl::Hex(session, absl::kZeroPad16), "/");
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SubmitClient>> SubmitClient::Start(SubmitClientOptions o,
@@ -68,7 +77,8 @@ SubmitClient::SubmitClient(SubmitClientOptions options, SubmitMetrics* metrics)
       metrics_(metrics),
       channel_(LearnerChannel(options_)),
       stub_(v1::Learner::NewStub(channel_)),
-      backoff_(options_.min_backoff) {
+      backoff_(options_.min_backoff),
+      batch_id_prefix_(BatchIdPrefix(options_.source)) {
   metrics_->buffer_capacity.Set(static_cast<double>(options_.max_buffered_groups));
   metrics_->connected.Set(0);
 }
@@ -132,7 +142,8 @@ void SubmitClient::CountError(grpc::StatusCode code) {
 
 bool SubmitClient::Done() {
   absl::MutexLock lock(&mu_);
-  return stopping_ && (absl::Now() >= drain_deadline_ || (buffer_.empty() && producer_done_));
+  return stopping_ &&
+         (absl::Now() >= drain_deadline_ || (buffer_.empty() && in_flight_ == 0 && producer_done_));
 }
 
 void SubmitClient::Pause(absl::Duration d) {
@@ -158,7 +169,8 @@ void SubmitClient::Loop() {
     if (batch.has_value()) Send(*std::move(batch));
   }
   absl::MutexLock lock(&mu_);
-  const int64_t left = static_cast<int64_t>(buffer_.size());
+  const int64_t left = static_cast<int64_t>(buffer_.size()) + in_flight_;  // in_flight_: retry_
+  in_flight_ = 0;
   if (left > 0) {
     metrics_->dropped_shutdown.Increment(static_cast<double>(left));
     LOG(WARNING) << left << " generated groups were not sent before shutdown (counted in "
@@ -205,6 +217,11 @@ SubmitClient::Outcome SubmitClient::Connect() {
 }
 
 std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
+  if (retry_.has_value()) {
+    std::optional<v1::RolloutBatch> batch = std::move(retry_);
+    retry_.reset();
+    return batch;
+  }
   absl::MutexLock lock(&mu_);
   // While draining, the producer may still be finishing its last
   // generation: wait for its groups rather than spin.
@@ -223,17 +240,11 @@ std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
   while (!buffer_.empty() && assembler.TryAdd(&buffer_.front())) buffer_.pop_front();
   std::optional<v1::RolloutBatch> batch = assembler.Flush();
   in_flight_ = batch.has_value() ? batch->groups_size() : 0;
+  if (batch.has_value()) batch->set_batch_id(absl::StrCat(batch_id_prefix_, next_batch_++));
   return batch;
 }
 
-void SubmitClient::Requeue(v1::RolloutBatch* batch) {
-  absl::MutexLock lock(&mu_);
-  for (int i = batch->groups_size() - 1; i >= 0; --i) {
-    buffer_.push_front(std::move(*batch->mutable_groups(i)));
-  }
-  in_flight_ = 0;
-  UpdateBufferGaugeLocked();
-}
+void SubmitClient::Retry(v1::RolloutBatch batch) { retry_ = std::move(batch); }
 
 void SubmitClient::Send(v1::RolloutBatch batch) {
   grpc::ClientContext ctx;
@@ -242,6 +253,9 @@ void SubmitClient::Send(v1::RolloutBatch batch) {
   const grpc::Status s = stub_->Submit(&ctx, batch, &response);
   const int n = batch.groups_size();
   if (s.ok()) {
+    if (response.duplicate_batches() > 0) {
+      VLOG(1) << "batch " << batch.batch_id() << " had been accepted before its retry";
+    }
     metrics_->groups_sent.Increment(n);
     absl::MutexLock lock(&mu_);
     accepted_groups_ += n;
@@ -263,7 +277,7 @@ void SubmitClient::Send(v1::RolloutBatch batch) {
     UpdateBufferGaugeLocked();
     return;
   }
-  Requeue(&batch);  // not accepted: back to the front, in order
+  Retry(std::move(batch));  // perhaps not accepted: again, the same batch with the same id
   if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
     const absl::Duration wait = RetryAfter(ctx);
     VLOG(1) << "learner queue full; retrying in " << absl::FormatDuration(wait);

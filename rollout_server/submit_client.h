@@ -9,9 +9,14 @@
 //   backoff (min_backoff doubling up to max_backoff). On RESOURCE_EXHAUSTED
 //   it waits the learner's asympo-retry-after-ms hint (1 s without one).
 // - Nothing is lost to backpressure or outages: groups stay in the buffer
-//   until the learner accepted them (a batch that failed goes back to the
-//   front, in order), and WaitForRoom holds the producer while the buffer
-//   is full. Groups the learner rejects as invalid, and groups still
+//   until the learner accepted them, and WaitForRoom holds the producer
+//   while the buffer is full.
+// - Nothing is trained twice: every batch carries a batch_id
+//   ("<source>/<random session id>/<sequence>"), and a batch whose Submit
+//   failed is sent again as it was, same id, before anything else. A
+//   Submit that the learner accepted but whose reply was lost (a deadline,
+//   a dropped connection) is then answered as a duplicate and not queued
+//   twice. Groups the learner rejects as invalid, and groups still
 //   buffered when the drain after Finish runs out, are dropped and counted
 //   by reason (asympo_rollout_groups_dropped_total).
 //
@@ -99,8 +104,8 @@ class SubmitClient {
   std::optional<v1::RolloutBatch> TakeBatch();
   // Sends `batch` and handles the answer.
   void Send(v1::RolloutBatch batch);
-  // Puts a batch that was not accepted back at the front of the buffer.
-  void Requeue(v1::RolloutBatch* batch);
+  // Keeps a batch that was not accepted, to be sent again as it is.
+  void Retry(v1::RolloutBatch batch);
   // The drain deadline passed, or nothing is left to send after Finish.
   bool Done();
   // Sleeps `d`, or only briefly once stopping (while draining).
@@ -117,6 +122,11 @@ class SubmitClient {
   // The submit thread's own.
   bool connected_ = false;
   absl::Duration backoff_;
+  // The batch to send again (its groups count in in_flight_), and the
+  // parts of the next batch id.
+  std::optional<v1::RolloutBatch> retry_;
+  std::string batch_id_prefix_;
+  uint64_t next_batch_ = 0;
 
   mutable absl::Mutex mu_;
   std::deque<v1::PromptGroup> buffer_ ABSL_GUARDED_BY(mu_);

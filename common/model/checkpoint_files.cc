@@ -61,6 +61,21 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   out.optimizer_steps = meta["optimizer_steps"].get<int64_t>();
   const auto config = meta.find("config");
   if (config != meta.end() && config->is_string()) out.config = config->get<std::string>();
+  const auto ids = meta.find("batch_ids");
+  if (ids != meta.end()) {
+    if (!ids->is_array()) {
+      return absl::DataLossError(
+          absl::StrCat(dir, "/", kCheckpointMetaFile, ": batch_ids is not a list"));
+    }
+    out.batch_ids.reserve(ids->size());
+    for (const auto& id : *ids) {
+      if (!id.is_string()) {
+        return absl::DataLossError(
+            absl::StrCat(dir, "/", kCheckpointMetaFile, ": batch_ids holds a non-string"));
+      }
+      out.batch_ids.push_back(id.get<std::string>());
+    }
+  }
   return out;
 }
 

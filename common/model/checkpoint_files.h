@@ -4,7 +4,9 @@
 //    optimizer's tensors under "__optimizer__.<name>", the CPU generator's
 //    state as "__rng_state__";
 //  - meta.json: {"version", "optimizer_steps", "crc32c" (of
-//    state.safetensors), "config" (the learner's flags, one per line)}.
+//    state.safetensors), "config" (the learner's flags, one per line),
+//    "batch_ids" (optional: the accepted batch ids whose groups the
+//    checkpoint's steps trained, oldest first, for exactly-once delivery)}.
 // Reading lives here, below the learner, so that tools that only need the
 // weights (asympo-eval) read checkpoints the same way the learner does.
 #pragma once
@@ -30,7 +32,8 @@ struct CheckpointContents {
   std::string config;
   std::vector<std::pair<std::string, at::Tensor>> weights;  // the policy's parameters
   std::vector<std::pair<std::string, at::Tensor>> moments;  // names without the prefix
-  at::Tensor rng;                                            // undefined when absent
+  at::Tensor rng;                                           // undefined when absent
+  std::vector<std::string> batch_ids;                       // empty when absent
 };
 
 // Reads `dir` (a ckpt-* directory) after checking state.safetensors against

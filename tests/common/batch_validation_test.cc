@@ -68,6 +68,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"LongSource",
              [](v1::RolloutBatch* b, BatchLimits*) { b->set_source(std::string(200, 'x')); },
              "batch source is 200 bytes"},
+        Case{"LongBatchId",
+             [](v1::RolloutBatch* b, BatchLimits*) { b->set_batch_id(std::string(129, 'z')); },
+             "batch_id is 129 bytes, more than 128"},
         Case{"LongPromptId",
              [](v1::RolloutBatch* b, BatchLimits*) {
                b->mutable_groups(1)->set_prompt_id(std::string(300, 'y'));

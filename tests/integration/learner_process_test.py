@@ -6,6 +6,12 @@ kill_restart: kill -9 and restart; the restarted learner resumes from the
 skipped_steps: steps that fail (a NaN loss, a LibTorch exception, injected
   with the --fault_* flags) are skipped and counted by reason on /metrics,
   logged once per reason, and training goes on to a clean exit.
+retry_after_deadline: a Submit the learner accepts but answers after the
+  client's deadline (--fault_submit_reply_delay) is sent again with its
+  batch_id: acknowledged as a duplicate, trained once, counted on /metrics.
+retry_after_restart: batch ids survive a restart from a checkpoint (SIGTERM,
+  then kill -9): a trained batch sent again is a duplicate, a batch that was
+  still queued at the stop is accepted again and trained once.
 
     python3 learner_process_test.py SCENARIO PROTO_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc/grpc_tools are missing.
@@ -17,6 +23,7 @@ import signal
 import struct
 import subprocess
 import sys
+import time
 import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
@@ -130,9 +137,98 @@ def kill_restart(learner):
     check(any(k.startswith("__optimizer__.") for k in saved), "the checkpoint carries optimizer state")
 
 
+def batch(learner, batch_id, groups, tag):
+    pb = learner.rollout_pb2
+    return pb.RolloutBatch(source="exactly-once-test", batch_id=batch_id, groups=[pb.PromptGroup(
+        prompt_id="%s%d" % (tag, g), prompt_tokens=[1, 2, 3 + g], responses=[
+            pb.Response(tokens=[5 + g + r, 9], reward=float(r == g % 3)) for r in range(3)])
+        for g in range(groups)])
+
+
+def wait_status(learner, stub, what, cond, timeout=60):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = stub.GetStatus(learner.pb2.GetStatusRequest())
+        if cond(status):
+            return status
+        time.sleep(0.05)
+    check(False, what + " (last status: %s)" % str(status).replace("\n", " "))
+
+
+def retry_after_deadline(learner):
+    port, metrics_port = free_port(), free_port()
+    proc = learner.start(port, ["--fault_submit_reply_delay=1s"], "127.0.0.1:%d" % metrics_port)
+    stub = learner.stub_for(port)
+    try:
+        stub.Submit(batch(learner, "ext/a", 1, "a"), timeout=0.3)
+        check(False, "the first Submit's reply came after its 0.3 s deadline")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, "the first Submit timed out: %s" % e.code())
+    wait_status(learner, stub, "the learner accepted it all the same",
+                lambda s: s.accepted_groups == 1)
+    reply = stub.Submit(batch(learner, "ext/a", 1, "a"), timeout=10)
+    check(reply.duplicate_batches == 1 and reply.accepted_groups == 1,
+          "the retry is acknowledged as a duplicate of an accepted batch")
+    stub.Submit(batch(learner, "ext/b", 1, "b"), timeout=10)
+    status = wait_status(learner, stub, "one step trained a and b", lambda s: s.version >= 1)
+    check(status.accepted_groups == 2 and status.trained_groups == 2 and
+          status.duplicate_batches == 1 and status.queue_depth_groups == 0,
+          "accepted 2 = trained 2, 1 duplicate, nothing queued (%d/%d/%d/%d)" % (
+              status.accepted_groups, status.trained_groups, status.duplicate_batches,
+              status.queue_depth_groups))
+    scrape = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read()
+    check(metric(scrape.decode(), 'asympo_learner_batches_total{result="duplicate"}') == 1,
+          "the duplicate is counted on /metrics")
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+
+
+def retry_after_restart(learner):
+    port = free_port()
+    proc = learner.start(port, [])
+    stub = learner.stub_for(port)
+    stub.Submit(batch(learner, "ext/a", 2, "a"), timeout=10)
+    wait_status(learner, stub, "a trained at version 1", lambda s: s.version == 1)
+    stub.Submit(batch(learner, "ext/b", 1, "b"), timeout=10)  # one group: waits for a second
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit with b untrained")
+    meta = json.load(open(os.path.join(learner.ckpt, "ckpt-%012d" % 1, "meta.json")))
+    check(meta.get("batch_ids") == ["ext/a"], "the checkpoint keeps the trained id only: %s" %
+          meta.get("batch_ids"))
+
+    port = free_port()
+    proc = learner.start(port, [])
+    stub = learner.stub_for(port)
+    check(stub.Submit(batch(learner, "ext/a", 2, "a"), timeout=10).duplicate_batches == 1,
+          "after the restart, a (trained) sent again is a duplicate")
+    check(stub.Submit(batch(learner, "ext/b", 1, "b"), timeout=10).duplicate_batches == 0,
+          "b (queued, not trained, at the stop) is accepted again")
+    stub.Submit(batch(learner, "ext/c", 1, "c"), timeout=10)
+    status = wait_status(learner, stub, "b and c trained at version 2", lambda s: s.version == 2)
+    check(status.accepted_groups == 2 and status.trained_groups == 2 and
+          status.duplicate_batches == 1, "this process trained b and c once each")
+    wait_status(learner, stub, "checkpoint 2 written",
+                lambda s: os.path.isdir(os.path.join(learner.ckpt, "ckpt-%012d" % 2)))
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+    port = free_port()
+    proc = learner.start(port, [])
+    stub = learner.stub_for(port)
+    dups = [stub.Submit(batch(learner, i, n, i[-1]), timeout=10).duplicate_batches
+            for i, n in (("ext/a", 2), ("ext/b", 1), ("ext/c", 1))]
+    check(dups == [1, 1, 1], "after kill -9, a, b and c are all duplicates: %s" % dups)
+    status = stub.GetStatus(learner.pb2.GetStatusRequest())
+    check(status.accepted_groups == 0 and status.queue_depth_groups == 0, "nothing queued twice")
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+
+
 def main():
     scenario, proto_dir, binary, work = sys.argv[1:5]
-    scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps}
+    scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps,
+                 "retry_after_deadline": retry_after_deadline,
+                 "retry_after_restart": retry_after_restart}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     scenarios[scenario](Learner(proto_dir, binary, work))
 

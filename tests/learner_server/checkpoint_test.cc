@@ -119,5 +119,30 @@ TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
   EXPECT_FALSE(LoadLatestCheckpoint(tmp.Path("none"), m.get(), &opt).value().has_value());
 }
 
+TEST(CheckpointTest, TrainedBatchIdsRoundTripAndAMalformedListSkipsTheCheckpoint) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  const std::vector<std::string> ids = {"rollout-0/00ab/0", "vllm \"3\"/\u00e9/17", ""};
+  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, ids).ok());
+  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {"x"}).value();
+  auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->batch_ids, std::vector<std::string>{"x"});
+  // A meta.json whose batch_ids is not a list of strings is not trusted.
+  {
+    std::ifstream in(newest.path + "/meta.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("[\n    \"x\"\n  ]");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, std::string("[\n    \"x\"\n  ]").size(), "[1]");
+    std::ofstream(newest.path + "/meta.json", std::ios::trunc) << text;
+  }
+  loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 1u);
+  EXPECT_EQ(loaded->batch_ids, ids);
+}
+
 }  // namespace
 }  // namespace asympo::learner

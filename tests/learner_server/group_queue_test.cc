@@ -141,5 +141,102 @@ TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
   EXPECT_EQ(accepted.load(), kProducers * (kBatches / 3 * 6 + (kBatches % 3 == 2 ? 3 : 1)));
 }
 
+// Groups of one batch with id `id`.
+std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string& id) {
+  std::vector<QueuedGroup> out = Groups(n, tag);
+  for (QueuedGroup& g : out) g.batch_id = id;
+  return out;
+}
+
+TEST(GroupQueueBatchIdTest, ASecondPushOfAnAcceptedIdIsAnsweredAlreadyExistsAndNotQueued) {
+  GroupQueue q({8, 4});
+  ASSERT_TRUE(q.Push(Batch(2, "a", "id-1"), Soon()).ok());
+  const absl::Status again = q.Push(Batch(2, "a", "id-1"), Soon());
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_THAT(std::string(again.message()), HasSubstr("batch_id \"id-1\" was accepted before"));
+  EXPECT_TRUE(q.Push(Batch(1, "b", "id-2"), Soon()).ok());
+  EXPECT_TRUE(q.Push(Groups(1, "no-id"), Soon()).ok());  // no id: no deduplication
+  EXPECT_TRUE(q.Push(Groups(1, "no-id"), Soon()).ok());
+  const GroupQueueStats s = q.Stats();
+  EXPECT_EQ(s.depth_groups, 5);
+  EXPECT_EQ(s.accepted_groups, 5);
+  EXPECT_EQ(s.duplicate_batches, 1);
+  EXPECT_EQ(s.batch_ids, 2);
+}
+
+TEST(GroupQueueBatchIdTest, ADuplicateIsAnsweredAtOnceEvenWhenTheQueueIsFull) {
+  GroupQueue q({2, 4});
+  ASSERT_TRUE(q.Push(Batch(2, "a", "full"), Soon()).ok());
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(q.Push(Batch(2, "a", "full"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+}
+
+TEST(GroupQueueBatchIdTest, TwoWaitingPushesOfOneIdAreQueuedOnce) {
+  GroupQueue q({2, 4});
+  ASSERT_TRUE(q.Push(Groups(2, "x"), Soon()).ok());
+  std::vector<absl::Status> status(2);
+  absl::Notification done[2];
+  for (int i = 0; i < 2; ++i) {
+    q.PushAsync(Batch(2, "w", "twin"), Soon(), [&, i](const absl::Status& s) {
+      status[i] = s;
+      done[i].Notify();
+    });
+  }
+  EXPECT_EQ(q.Stats().waiting_pushes, 2);
+  EXPECT_EQ(q.Pop(2, Soon()).size(), 2u);
+  ASSERT_TRUE(done[0].WaitForNotificationWithTimeout(absl::Seconds(5)));
+  ASSERT_TRUE(done[1].WaitForNotificationWithTimeout(absl::Seconds(5)));
+  EXPECT_TRUE(status[0].ok()) << status[0];
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kAlreadyExists) << status[1];
+  EXPECT_EQ(q.Stats().depth_groups, 2);
+  EXPECT_EQ(q.Stats().accepted_groups, 4);
+}
+
+TEST(GroupQueueBatchIdTest, APushThatTimedOutIsNotRememberedSoItsRetryIsQueued) {
+  GroupQueue q({1, 4});
+  ASSERT_TRUE(q.Push(Groups(1, "x"), Soon()).ok());
+  EXPECT_EQ(q.Push(Batch(1, "r", "late"), absl::Now() + absl::Milliseconds(50)).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(q.Pop(1, Soon()).size(), 1u);
+  EXPECT_TRUE(q.Push(Batch(1, "r", "late"), Soon()).ok());
+  EXPECT_EQ(q.Stats().duplicate_batches, 0);
+}
+
+TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembersThem) {
+  GroupQueue q({8, 4});
+  ASSERT_TRUE(q.Push(Batch(1, "a", "a"), Soon()).ok());
+  ASSERT_TRUE(q.Push(Batch(2, "b", "b"), Soon()).ok());
+  ASSERT_TRUE(q.Push(Batch(1, "c", "c"), Soon()).ok());
+  const std::vector<QueuedGroup> step = q.Pop(2, Soon());  // a and half of b
+  std::vector<std::string> ids;
+  for (const QueuedGroup& g : step) ids.push_back(g.batch_id);
+  EXPECT_TRUE(q.TrainedBatchIds().empty());  // popped is not trained
+  q.MarkTrained(ids);
+  EXPECT_EQ(q.TrainedBatchIds(), (std::vector<std::string>{"a", "b"}));
+  // A restarted queue refuses the trained ids and accepts the untrained one.
+  GroupQueue restarted({8, 4});
+  restarted.RestoreBatchIds(q.TrainedBatchIds());
+  EXPECT_EQ(restarted.Push(Batch(1, "a", "a"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(restarted.Push(Batch(2, "b", "b"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(restarted.Push(Batch(1, "c", "c"), Soon()).ok());
+  EXPECT_EQ(restarted.TrainedBatchIds(), (std::vector<std::string>{"a", "b"}));
+}
+
+TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
+  GroupQueueOptions o;
+  o.capacity_groups = 8;
+  o.batch_id_window = 3;
+  GroupQueue q(o);
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(q.Push(Batch(1, "g", "id" + std::to_string(i)), Soon()).ok());
+    q.MarkTrained({"id" + std::to_string(i)});
+  }
+  EXPECT_EQ(q.Stats().batch_ids, 3);
+  EXPECT_EQ(q.TrainedBatchIds(), (std::vector<std::string>{"id2", "id3", "id4"}));
+  EXPECT_TRUE(q.Push(Batch(1, "g", "id0"), Soon()).ok());  // forgotten
+  EXPECT_EQ(q.Push(Batch(1, "g", "id4"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+}
+
 }  // namespace
 }  // namespace asympo::learner

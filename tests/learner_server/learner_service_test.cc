@@ -54,6 +54,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.retry_after = absl::Milliseconds(750);
     o.objective = "asympo";
     o.version = [this] { return version_.load(); };
+    o.fault_reply_delay = reply_delay_;
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -76,6 +77,7 @@ class LearnerServiceTest : public ::testing::Test {
   }
 
   LearnerCounters counters_;
+  absl::Duration reply_delay_ = absl::ZeroDuration();
   std::atomic<uint64_t> version_{0};  // the trainer's, in the daemon
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
@@ -250,6 +252,70 @@ TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   EXPECT_FALSE(st.wants_behavior_logprobs());
   EXPECT_EQ(st.limits().vocab_size(), 100);
   EXPECT_EQ(st.limits().min_group_size(), 2);
+}
+
+v1::RolloutBatch WithId(v1::RolloutBatch b, const std::string& id) {
+  b.set_batch_id(id);
+  return b;
+}
+
+TEST_F(LearnerServiceTest, ARetriedBatchIdIsAcknowledgedAsTheFirstButQueuedOnce) {
+  Start(8);
+  v1::SubmitResponse first, again;
+  ASSERT_TRUE(Submit(WithId(Batch(2), "gen-a/1"), &first).ok());
+  EXPECT_EQ(first.duplicate_batches(), 0u);
+  const grpc::Status s = Submit(WithId(Batch(2), "gen-a/1"), &again);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(again.duplicate_batches(), 1u);
+  EXPECT_EQ(again.accepted_batches(), 1u);
+  EXPECT_EQ(again.accepted_groups(), 2u);
+  EXPECT_EQ(again.queue_depth_groups(), 2u);
+  EXPECT_EQ(queue_->Stats().depth_groups, 2);
+  EXPECT_EQ(counters_.accepted_batches.load(), 1u);
+  EXPECT_EQ(counters_.accepted_groups.load(), 2u);
+  EXPECT_EQ(counters_.duplicate_batches.load(), 1u);
+  grpc::ClientContext ctx;
+  v1::LearnerStatus st;
+  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st).ok());
+  EXPECT_EQ(st.duplicate_batches(), 1u);
+  EXPECT_EQ(st.accepted_batches(), 1u);
+  EXPECT_EQ(st.batch_id_window(), 65536u);
+  EXPECT_EQ(st.limits().max_batch_id_bytes(), 128);
+}
+
+TEST_F(LearnerServiceTest, ASubmitAcceptedJustBeforeItsDeadlineThenRetriedIsQueuedOnce) {
+  reply_delay_ = absl::Milliseconds(600);  // the learner accepts, the reply comes too late
+  Start(8);
+  v1::SubmitResponse r;
+  grpc::ClientContext short_deadline;
+  short_deadline.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
+  const grpc::Status lost = Submit(WithId(Batch(3), "gen-b/7"), &r, &short_deadline);
+  EXPECT_EQ(lost.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << lost.error_message();
+  EXPECT_EQ(queue_->Stats().depth_groups, 3);  // accepted all the same
+  grpc::ClientContext retry;
+  retry.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  const grpc::Status s = Submit(WithId(Batch(3), "gen-b/7"), &r, &retry);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.duplicate_batches(), 1u);
+  EXPECT_EQ(queue_->Stats().depth_groups, 3);
+  EXPECT_EQ(counters_.accepted_groups.load(), 3u);
+}
+
+TEST_F(LearnerServiceTest, AStreamAcknowledgesDuplicatesAndQueuesEachIdOnce) {
+  Start(16);
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto writer = stub_->SubmitStream(&ctx, &r);
+  ASSERT_TRUE(writer->Write(WithId(Batch(2), "s/1")));
+  ASSERT_TRUE(writer->Write(WithId(Batch(2), "s/1")));
+  ASSERT_TRUE(writer->Write(WithId(Batch(1), "s/2")));
+  ASSERT_TRUE(writer->WritesDone());
+  const grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(r.accepted_batches(), 3u);
+  EXPECT_EQ(r.duplicate_batches(), 1u);
+  EXPECT_EQ(queue_->Stats().depth_groups, 3);
+  EXPECT_EQ(counters_.accepted_batches.load(), 2u);
 }
 
 }  // namespace

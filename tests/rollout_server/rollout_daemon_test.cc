@@ -8,6 +8,7 @@
 #include <atomic>
 #include <deque>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <grpcpp/grpcpp.h>
@@ -45,6 +46,7 @@ class FakeLearner final : public v1::Learner::Service {
                       v1::SubmitResponse*) override {
     std::lock_guard<std::mutex> lock(mu);
     ++calls;
+    submitted.push_back(*batch);
     grpc::StatusCode code = then;
     if (!script.empty()) {
       code = script.front();
@@ -72,6 +74,7 @@ class FakeLearner final : public v1::Learner::Service {
   std::deque<grpc::StatusCode> script;
   grpc::StatusCode then = grpc::StatusCode::OK;
   std::vector<v1::RolloutBatch> accepted;
+  std::vector<v1::RolloutBatch> submitted;  // every call, refused ones too
   std::vector<absl::Time> refused_at;
   int calls = 0;
   std::atomic<bool> wants_logprobs{false};
@@ -217,6 +220,28 @@ TEST_F(RolloutDaemonTest, WaitsTheRetryHintAfterResourceExhausted) {
   EXPECT_GE(learner_.refused_at[1] - learner_.refused_at[0], absl::Milliseconds(290));
   EXPECT_EQ(M("asympo_rollout_submit_errors_total", "RESOURCE_EXHAUSTED"), 2);
   EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
+}
+
+TEST_F(RolloutDaemonTest, RetriesABatchAsItWasWithItsBatchId) {
+  // A deadline or a dropped connection may hide an accepted batch: the retry
+  // must be the same batch with the same id, so that the learner can
+  // answer it as a duplicate.
+  learner_.script = {grpc::StatusCode::UNAVAILABLE, grpc::StatusCode::DEADLINE_EXCEEDED,
+                     grpc::StatusCode::RESOURCE_EXHAUSTED};
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 8; }));
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  ASSERT_GE(learner_.submitted.size(), 5u);
+  const v1::RolloutBatch& first = learner_.submitted[0];
+  EXPECT_FALSE(first.batch_id().empty());
+  EXPECT_LE(first.batch_id().size(), 128u);
+  EXPECT_EQ(first.batch_id().rfind(first.source() + "/", 0), 0u) << first.batch_id();
+  for (int i = 1; i <= 3; ++i) {
+    EXPECT_EQ(learner_.submitted[i].SerializeAsString(), first.SerializeAsString()) << i;
+  }
+  std::set<std::string> ids;
+  for (const v1::RolloutBatch& b : learner_.accepted) ids.insert(b.batch_id());
+  EXPECT_EQ(ids.size(), learner_.accepted.size());  // every other batch has its own id
 }
 
 TEST_F(RolloutDaemonTest, CountsRejectedBatchesAsDropped) {
