@@ -30,6 +30,9 @@ if [[ $mode != --build ]]; then
     libgtest-dev libgmock-dev
     python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib
     prometheus-alertmanager slurm-wlm munge
+    # The Python client package (proto/python): built by pip without build
+    # isolation, CRC-32C in C code.
+    python3-pip python3-setuptools python3-wheel python3-numpy python3-crc32c
   )
   # Installed from Debian only when no other copy is on the PATH (a vendor's
   # kubectl or a newer Node.js stays): kubectl renders the Kubernetes

@@ -1,0 +1,188 @@
+#!/usr/bin/env python3
+"""The Python client (proto/python) against a live asympo-learner, side by
+side in one run, medians of --rounds rounds:
+
+- weights: one snapshot of a random Qwen3-style model (--hidden, --layers,
+  --vocab; written here as a model directory the learner loads) fetched
+  three ways: the bare FetchSnapshot stream (chunks read and dropped), the
+  WeightSubscriber's fetch (buckets assembled, manifest checked, every
+  bucket's CRC-32C), and that plus snap.tensors() as torch tensors;
+- submit: --batches batches of 8 groups x 8 responses x 64 tokens through
+  the bare stub's Submit, LearnerClient.submit (batch ids, validation,
+  retry loop) and LearnerClient.submit_stream.
+
+    python3 bench/python_client_bench.py --build build [--hidden 512 --layers 8 --vocab 32000]
+Prints Markdown tables (docs/benchmarks.md, "Python client")."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def write_model(path, hidden, layers, vocab):
+    """A random Qwen3-style model directory (config.json, model.safetensors)."""
+    import torch
+    heads, kv, head_dim, ffn = hidden // 64, max(1, hidden // 128), 64, hidden * 3
+    cfg = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": vocab,
+           "hidden_size": hidden, "intermediate_size": ffn, "num_hidden_layers": layers,
+           "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+           "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": True,
+           "max_position_embeddings": 4096, "attention_bias": False, "hidden_act": "silu",
+           "torch_dtype": "float32"}
+    shapes = {"model.embed_tokens.weight": [vocab, hidden], "model.norm.weight": [hidden]}
+    for i in range(layers):
+        p = "model.layers.%d." % i
+        shapes.update({p + "input_layernorm.weight": [hidden], p + "post_attention_layernorm.weight": [hidden],
+                       p + "self_attn.q_proj.weight": [heads * head_dim, hidden],
+                       p + "self_attn.k_proj.weight": [kv * head_dim, hidden],
+                       p + "self_attn.v_proj.weight": [kv * head_dim, hidden],
+                       p + "self_attn.o_proj.weight": [hidden, heads * head_dim],
+                       p + "self_attn.q_norm.weight": [head_dim], p + "self_attn.k_norm.weight": [head_dim],
+                       p + "mlp.gate_proj.weight": [ffn, hidden], p + "mlp.up_proj.weight": [ffn, hidden],
+                       p + "mlp.down_proj.weight": [hidden, ffn]})
+    os.makedirs(path, exist_ok=True)
+    json.dump(cfg, open(os.path.join(path, "config.json"), "w"))
+    header, blobs, off = {}, [], 0
+    gen = torch.Generator().manual_seed(0)
+    for name, shape in shapes.items():
+        t = (torch.ones(shape) if name.endswith("norm.weight") else torch.randn(shape, generator=gen) * 0.02)
+        data = t.numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(path, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        for b in blobs:
+            f.write(b)
+    return off
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+def bench_weights(asympo_rl, target, rounds):
+    from asympo_rl import weights as w
+    sub = w.WeightSubscriber(target, receiver_id="bench")
+    sub.register()
+    # The session lives as long as its subscription: keep the stream open.
+    announcements = sub._stub.Subscribe(w.wb.SubscribeRequest(session_id=sub.session))
+    manifest = next(announcements).manifest
+    size = manifest.total_bytes
+    times = {"bare": [], "fetch": [], "tensors": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        n = 0
+        for c in sub._stub.FetchSnapshot(w.wb.FetchSnapshotRequest(session_id=sub.session,
+                                                                   version=manifest.version)):
+            n += len(c.data)
+        assert n == size
+        times["bare"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        snap = sub.fetch(manifest)
+        times["fetch"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        snap = sub.fetch(manifest)
+        tensors = dict(snap.tensors("torch"))
+        times["tensors"].append(time.perf_counter() - t0)
+        del tensors, snap
+    announcements.cancel()
+    print("| weights (%.0f MiB snapshot, %d tensors) | seconds | MB/s | vs bare |" % (
+        size / 2**20, len(manifest.tensors)))
+    print("| --- | ---: | ---: | ---: |")
+    base = median(times["bare"])
+    for key, label in (("bare", "bare FetchSnapshot stream (chunks dropped)"),
+                       ("fetch", "WeightSubscriber.fetch (assembled, manifest and CRC-32C checked)"),
+                       ("tensors", "fetch + snap.tensors('torch')")):
+        t = median(times[key])
+        print("| %s | %.3f | %.0f | %.2f |" % (label, t, size / t / 1e6, base / t))
+
+
+def bench_submit(asympo_rl, target, batches, rounds):
+    from asympo_rl import client as c
+    import grpc
+    stub = c.learner_pb2_grpc.LearnerStub(grpc.insecure_channel(target))
+    client = asympo_rl.LearnerClient(target, source="bench")
+    client.status()
+
+    def make(i):
+        return [asympo_rl.group([1] * 64, [([2 + (i + r) % 50] * 64, float(r % 2)) for r in range(8)],
+                                prompt_id="b%d-%d" % (i, g)) for g in range(8)]
+    data = [make(i) for i in range(batches)]
+    times = {"stub": [], "submit": [], "stream": []}
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for gs in data:
+            stub.Submit(c.rollout_pb2.RolloutBatch(source="bench", groups=gs), timeout=60)
+        times["stub"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        for gs in data:
+            client.submit(gs)
+        times["submit"].append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        client.submit_stream(data)
+        times["stream"].append(time.perf_counter() - t0)
+    print("\n| submit (%d batches of 8 groups x 8 x 64 tokens) | batches/s | groups/s | vs bare |" % batches)
+    print("| --- | ---: | ---: | ---: |")
+    base = median(times["stub"])
+    for key, label in (("stub", "bare stub Submit"), ("submit", "LearnerClient.submit"),
+                       ("stream", "LearnerClient.submit_stream")):
+        t = median(times[key])
+        print("| %s | %.0f | %.0f | %.2f |" % (label, batches / t, 8 * batches / t, base / t))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--batches", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    work = tempfile.mkdtemp(prefix="python_client_bench")
+    pkg = os.path.join(work, "pkg")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
+                    "--target", pkg, os.path.join(root, "proto", "python")], check=True)
+    sys.path.insert(0, pkg)
+    import asympo_rl
+    write_model(os.path.join(work, "model"), args.hidden, args.layers, args.vocab)
+    port = free_port()
+    learner = subprocess.Popen([os.path.join(args.build, "learner_server", "asympo-learner"),
+                                "--listen=127.0.0.1:%d" % port, "--metrics_address=",
+                                "--model=" + os.path.join(work, "model"), "--threads=1",
+                                "--prompts_per_step=100000", "--queue_capacity=100000",
+                                "--max_groups_per_batch=64", "--batch_id_window=100000"],
+                               stdout=open(os.path.join(work, "learner.log"), "w"), stderr=subprocess.STDOUT)
+    try:
+        target = "127.0.0.1:%d" % port
+        asympo_rl.LearnerClient(target).status(timeout=120)
+        print("# python_client_bench: %s\n" % " ".join(sys.argv[1:]))
+        bench_weights(asympo_rl, target, args.rounds)
+        bench_submit(asympo_rl, target, args.batches, args.rounds)
+    finally:
+        learner.send_signal(signal.SIGTERM)
+        learner.wait(timeout=120)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

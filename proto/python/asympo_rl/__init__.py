@@ -1,0 +1,15 @@
+"""asympo-rl: the Python client of the ASymPO-RL learner.
+
+- LearnerClient: submit rollout batches (exactly once, with batch ids),
+  read the learner's status and limits.
+- WeightSubscriber: receive the learner's policy weights, verified, as
+  (Hugging Face name, tensor) pairs; write_hf_directory for engines that
+  reload from disk.
+See docs/external_generators.md in the repository."""
+from .client import LearnerClient, StreamResult, SubmitResult, group, response  # noqa: F401
+from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
+                     LearnerUnavailableError, RefusedError, WeightsError)
+from .validation import validate_batch  # noqa: F401
+from .weights import Snapshot, WeightSubscriber, model_signature, write_hf_directory  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,244 @@
+"""LearnerClient: submits rollout batches to an asympo-learner.
+
+    client = LearnerClient("learner:50051", source="vllm-0")
+    print(client.status().limits)
+    result = client.submit([group(prompt_tokens, [(tokens, reward), ...]), ...])
+
+Every batch gets a batch_id ("<source>/<session>/<n>") unless one is given,
+so that a retry after a lost reply is acknowledged by the learner as a
+duplicate and trained once (docs/protocol.md, "Exactly-once"). Retryable
+refusals are retried with the same id: RESOURCE_EXHAUSTED after the
+learner's asympo-retry-after-ms hint (plus up to 20% jitter), UNAVAILABLE,
+DEADLINE_EXCEEDED and other transient codes after a jittered exponential
+backoff, until retry_deadline seconds have passed. Batches are validated
+before sending with the learner's own rules and messages."""
+import collections
+import os
+import random
+import threading
+import time
+
+import grpc
+
+from . import validation
+from ._stubs import learner_pb2, learner_pb2_grpc, rollout_pb2
+from .errors import InvalidBatchError, LearnerBusyError, LearnerUnavailableError, RefusedError
+
+RETRY_AFTER_KEY = "asympo-retry-after-ms"
+ACCEPTED_BATCHES_KEY = "asympo-accepted-batches"
+RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+             grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
+             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
+FINISH_REASONS = {None: 0, "": 0, "stop": 1, "length": 2}
+
+SubmitResult = collections.namedtuple(
+    "SubmitResult", "batch_id accepted_groups accepted_responses learner_version queue_depth_groups "
+                    "duplicate attempts")
+StreamResult = collections.namedtuple(
+    "StreamResult", "accepted_batches accepted_groups accepted_responses duplicate_batches "
+                    "learner_version attempts")
+
+
+def response(tokens, reward, behavior_logprobs=None, finish_reason=None):
+    """One scored response (asympo.v1 Response). finish_reason: "stop",
+    "length" or None."""
+    if finish_reason not in FINISH_REASONS:
+        raise InvalidBatchError("finish_reason %r: expected 'stop', 'length' or None" % finish_reason)
+    return rollout_pb2.Response(tokens=list(tokens), reward=float(reward),
+                                behavior_logprobs=list(behavior_logprobs or []),
+                                finish_reason=FINISH_REASONS[finish_reason])
+
+
+def group(prompt_tokens, responses, prompt_id=""):
+    """A prompt group (asympo.v1 PromptGroup). `responses`: Response
+    messages, (tokens, reward) pairs or dicts with the Response fields."""
+    out = rollout_pb2.PromptGroup(prompt_id=prompt_id, prompt_tokens=list(prompt_tokens))
+    for r in responses:
+        if isinstance(r, rollout_pb2.Response):
+            out.responses.append(r)
+        elif isinstance(r, dict):
+            out.responses.append(response(r["tokens"], r["reward"], r.get("behavior_logprobs"),
+                                          r.get("finish_reason")))
+        else:
+            tokens, reward = r
+            out.responses.append(response(tokens, reward))
+    return out
+
+
+def _as_group(g):
+    if isinstance(g, rollout_pb2.PromptGroup):
+        return g
+    if isinstance(g, dict):
+        return group(g["prompt_tokens"], g["responses"], g.get("prompt_id", ""))
+    raise InvalidBatchError("a group must be a PromptGroup or a dict, not %s" % type(g).__name__)
+
+
+def _trailing(error, key):
+    for k, v in (error.trailing_metadata() or ()):
+        if k == key:
+            return v
+    return None
+
+
+class _Backoff:
+    """Jittered exponential backoff within a deadline."""
+
+    def __init__(self, client):
+        self.client, self.attempt = client, 0
+        self.deadline = time.monotonic() + client.retry_deadline
+
+    def wait(self, error, what):
+        """Sleeps before the next attempt, or raises once the budget is spent."""
+        self.attempt += 1
+        code = error.code()
+        hint = _trailing(error, RETRY_AFTER_KEY) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
+        if hint is not None:
+            try:
+                delay = min(max(int(hint), 0) / 1000.0, 60.0)
+            except ValueError:
+                delay = 1.0
+            delay *= 1 + 0.2 * random.random()
+        else:
+            cap = min(self.client.max_backoff, self.client.min_backoff * 2 ** (self.attempt - 1))
+            delay = random.uniform(cap / 2, cap)
+        if time.monotonic() + delay > self.deadline or (
+                self.client.max_attempts and self.attempt >= self.client.max_attempts):
+            cls = LearnerBusyError if code == grpc.StatusCode.RESOURCE_EXHAUSTED else LearnerUnavailableError
+            raise cls("%s: gave up after %d attempts (%s: %s)" % (what, self.attempt, code.name,
+                                                                   error.details()),
+                      code=code, attempts=self.attempt)
+        time.sleep(delay)
+
+
+class LearnerClient:
+    """A client of the Learner service. Thread-safe: submits may run on many
+    threads; batch ids stay unique."""
+
+    def __init__(self, target, source="", credentials=None, timeout=60.0, retry_deadline=300.0,
+                 max_attempts=0, min_backoff=0.1, max_backoff=10.0, validate=True, channel=None,
+                 session=None):
+        """target: "host:port". credentials: grpc.ChannelCredentials for TLS
+        (None: a plaintext channel). timeout: seconds per call.
+        retry_deadline: seconds a submit keeps retrying; max_attempts: 0 for
+        no limit besides it. session: the middle part of generated batch
+        ids (default: random); give the same one to resume a run whose
+        batches must keep their ids."""
+        if len(source.encode()) > validation.MAX_SOURCE_BYTES:
+            raise InvalidBatchError("source is %d bytes, more than %d" % (len(source.encode()),
+                                                                           validation.MAX_SOURCE_BYTES))
+        self.target, self.source, self.timeout = target, source, timeout
+        self.retry_deadline, self.max_attempts = retry_deadline, max_attempts
+        self.min_backoff, self.max_backoff, self.validate = min_backoff, max_backoff, validate
+        options = [("grpc.max_receive_message_length", 64 << 20),
+                   ("grpc.max_send_message_length", 64 << 20)]
+        if channel is None:
+            channel = (grpc.secure_channel(target, credentials, options) if credentials is not None
+                       else grpc.insecure_channel(target, options))
+        self._channel = channel
+        self._stub = learner_pb2_grpc.LearnerStub(channel)
+        self.session = session or os.urandom(8).hex()
+        self._lock = threading.Lock()
+        self._next = 0
+        self._status = None
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def status(self, timeout=None, wait_for_ready=True):
+        """The learner's LearnerStatus (version, queue, counters, limits),
+        fetched now. Waits for the connection up to the timeout."""
+        backoff = _Backoff(self)
+        while True:
+            try:
+                st = self._stub.GetStatus(learner_pb2.GetStatusRequest(),
+                                          timeout=timeout or self.timeout, wait_for_ready=wait_for_ready)
+                self._status = st
+                return st
+            except grpc.RpcError as e:
+                if e.code() not in RETRYABLE:
+                    raise RefusedError("GetStatus: %s: %s" % (e.code().name, e.details()), e.code())
+                backoff.wait(e, "GetStatus on " + self.target)
+
+    @property
+    def limits(self):
+        """The learner's BatchLimits (fetched once, then cached)."""
+        return (self._status or self.status()).limits
+
+    def new_batch_id(self):
+        with self._lock:
+            n = self._next
+            self._next += 1
+        return "%s/%s/%d" % (self.source[:64], self.session, n)
+
+    def make_batch(self, groups, batch_id=None):
+        """A RolloutBatch of `groups` (PromptGroup messages or dicts) with
+        this client's source and a new batch id (or `batch_id`), validated
+        against the learner's limits."""
+        batch = rollout_pb2.RolloutBatch(source=self.source, groups=[_as_group(g) for g in groups],
+                                         batch_id=self.new_batch_id() if batch_id is None else batch_id)
+        if self.validate:
+            validation.validate_batch(batch, self._status or self.status())
+        return batch
+
+    def submit(self, groups_or_batch, batch_id=None, timeout=None):
+        """Sends one batch, retrying with the same batch id until the learner
+        accepts it (SubmitResult.duplicate: it had already been accepted).
+        Raises InvalidBatchError, RefusedError, LearnerBusyError or
+        LearnerUnavailableError."""
+        batch = (groups_or_batch if isinstance(groups_or_batch, rollout_pb2.RolloutBatch)
+                 else self.make_batch(groups_or_batch, batch_id))
+        if isinstance(groups_or_batch, rollout_pb2.RolloutBatch) and self.validate:
+            validation.validate_batch(batch, self._status or self.status())
+        backoff = _Backoff(self)
+        while True:
+            try:
+                r = self._stub.Submit(batch, timeout=timeout or self.timeout, wait_for_ready=True)
+                return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses,
+                                    r.learner_version, r.queue_depth_groups, r.duplicate_batches > 0,
+                                    backoff.attempt + 1)
+            except grpc.RpcError as e:
+                self._raise_if_final(e, "batch %s" % (batch.batch_id or "(no id)"))
+                backoff.wait(e, "batch " + batch.batch_id)
+
+    def submit_stream(self, batches, timeout=None):
+        """Sends many batches on one SubmitStream (each a RolloutBatch or a
+        list of groups; each gets its own batch id). After a retryable
+        failure the stream is opened again from the first batch the learner
+        did not confirm (trailing metadata asympo-accepted-batches)."""
+        pending = [b if isinstance(b, rollout_pb2.RolloutBatch) else self.make_batch(b)
+                   for b in batches]
+        total = collections.Counter()
+        backoff = _Backoff(self)
+        while pending:
+            try:
+                r = self._stub.SubmitStream(iter(pending), timeout=timeout or self.timeout,
+                                            wait_for_ready=True)
+                total.update(batches=r.accepted_batches, groups=r.accepted_groups,
+                             responses=r.accepted_responses, duplicates=r.duplicate_batches)
+                return StreamResult(total["batches"], total["groups"], total["responses"],
+                                    total["duplicates"], r.learner_version, backoff.attempt + 1)
+            except grpc.RpcError as e:
+                done = _trailing(e, ACCEPTED_BATCHES_KEY)
+                done = int(done) if done and done.isdigit() else 0
+                for b in pending[:done]:
+                    total.update(batches=1, groups=len(b.groups),
+                                 responses=sum(len(g.responses) for g in b.groups))
+                pending = pending[done:]
+                self._raise_if_final(e, "stream batch %s" % (pending[0].batch_id if pending else "-"))
+                backoff.wait(e, "stream")
+        return StreamResult(total["batches"], total["groups"], total["responses"],
+                            total["duplicates"], 0, backoff.attempt + 1)
+
+    def _raise_if_final(self, e, what):
+        code = e.code()
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            self._status = None  # the limits may have changed (a restarted learner)
+            raise InvalidBatchError("%s: the learner refused it: %s" % (what, e.details())) from None
+        if code not in RETRYABLE:
+            raise RefusedError("%s: %s: %s" % (what, code.name, e.details()), code) from None

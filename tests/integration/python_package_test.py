@@ -1,0 +1,303 @@
+"""The Python client package (proto/python, installed with pip by the ctest
+fixture PythonPackage.install) against real asympo-learner processes.
+
+client:  status and limits; local validation gives the learner's own
+         message; a client started before the learner waits for it; a full
+         queue is waited out through the retry hint; a reply lost after the
+         learner accepted (--fault_submit_reply_delay) is retried with the
+         same batch id and trained once; SubmitStream.
+weights: every snapshot arrives verified, with the learner's names, shapes
+         and bytes (checked against its export); a corrupt transfer is
+         skipped and reported; a learner restarted from an older
+         checkpoint is followed back; write_hf_directory swaps a link.
+example: the external generator example (PyTorch sampler, the subscriber's
+         weights, its own reward, the client's submissions) makes the
+         learner's reward rise.
+
+    python3 python_package_test.py SCENARIO PKG_DIR LEARNER_BINARY EXAMPLE WORK_DIR
+Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from learner_client import check, free_port
+
+SCENARIO, PKG, LEARNER, EXAMPLE, WORK = sys.argv[1:6]
+sys.path.insert(0, PKG)
+import asympo_rl  # noqa: E402
+
+TINY = ["--model=tiny", "--tiny_vocab_size=16", "--threads=1"]
+
+
+STARTS = [0]
+
+
+def start_learner(port, extra, name="learner"):
+    STARTS[0] += 1
+    log = open(os.path.join(WORK, "%s-%d-%d.log" % (name, port, STARTS[0])), "w")
+    return subprocess.Popen([LEARNER, "--listen=127.0.0.1:%d" % port, "--metrics_address="] + TINY + extra,
+                            stdout=log, stderr=subprocess.STDOUT)
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "the learner exits cleanly")
+
+
+def groups(n, tag, responses=3):
+    return [asympo_rl.group([1, 4, 8 + g % 4, 3], [([8 + (g + r) % 4, 2], float(r == 0))
+                                                    for r in range(responses)], prompt_id="%s%d" % (tag, g))
+            for g in range(n)]
+
+
+def scenario_client():
+    port = free_port()
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="pkg-test", timeout=5,
+                                     retry_deadline=60)
+    proc = None
+
+    def late_start():
+        # Room for 4 groups, 4 per step: 3 queued groups never train, so
+        # a batch of 2 more never fits (the queue stays full for it).
+        time.sleep(1.0)
+        return start_learner(port, ["--prompts_per_step=4", "--queue_capacity=4",
+                                    "--max_groups_per_batch=4", "--full_queue_timeout=300ms",
+                                    "--retry_after=200ms"])
+    holder = {}
+    t = threading.Thread(target=lambda: holder.setdefault("p", late_start()))
+    t.start()
+    status = client.status(timeout=60)
+    t.join()
+    proc = holder["p"]
+    check(status.limits.vocab_size == 16 and status.queue_capacity_groups == 4,
+          "status() waited for a learner started after the client, and reads its limits")
+    check(re.fullmatch(r"[0-9]+-[0-9a-f]{8}", status.model_signature) is not None,
+          "the status carries the model signature %r" % status.model_signature)
+
+    bad = groups(1, "bad")
+    bad[0].responses[1].tokens[0] = 99
+    try:
+        client.submit(bad)
+        check(False, "a token outside the vocabulary is refused before sending")
+    except asympo_rl.InvalidBatchError as e:
+        local = str(e)
+    raw = asympo_rl.LearnerClient("127.0.0.1:%d" % port, validate=False)
+    try:
+        raw.submit(bad)
+        check(False, "the learner refuses it too")
+    except asympo_rl.InvalidBatchError as e:
+        check(local in str(e), "the local message is the learner's: %s" % local)
+    check(client.status().accepted_batches == 0, "nothing of the invalid batch was queued")
+
+    r = client.submit(groups(3, "a"))
+    check(r.accepted_groups == 3 and not r.duplicate, "3 groups accepted: no room for 2 more")
+    t0 = time.time()
+    holder = {}
+    t = threading.Thread(target=lambda: holder.setdefault("r", client.submit(groups(2, "b"))))
+    t.start()
+    time.sleep(1.0)
+    check(t.is_alive(), "a submit into the full queue is retried through RESOURCE_EXHAUSTED")
+    stop(proc)  # a learner with room takes over the port
+    proc = start_learner(port, ["--prompts_per_step=2", "--queue_capacity=8",
+                                "--max_groups_per_batch=8"])
+    t.join(60)
+    check("r" in holder and holder["r"].accepted_groups == 2,
+          "the held submit went through once the learner came back (%.1f s, %d attempts)"
+          % (time.time() - t0, holder["r"].attempts if "r" in holder else -1))
+    stop(proc)
+
+    proc = start_learner(port, ["--prompts_per_step=2", "--fault_submit_reply_delay=2s"])
+    quick = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="pkg-test", timeout=1.0,
+                                    retry_deadline=30)
+    r = quick.submit(groups(3, "c"))
+    check(r.duplicate and r.attempts >= 2,
+          "a reply lost past the deadline is retried with the same id: a duplicate (%d attempts)"
+          % r.attempts)
+    st = quick.status()
+    check(st.accepted_groups == 3 and st.duplicate_batches >= 1,
+          "the learner accepted the 3 groups once (accepted %d, duplicates %d)"
+          % (st.accepted_groups, st.duplicate_batches))
+    stop(proc)
+
+    proc = start_learner(port, ["--prompts_per_step=2"])
+    s = client.submit_stream([groups(2, "s%d" % i) for i in range(5)])
+    check(s.accepted_batches == 5 and s.accepted_groups == 10 and s.duplicate_batches == 0,
+          "SubmitStream: 5 batches, 10 groups")
+    stop(proc)
+
+
+def tensors_of(path):
+    import struct
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    return {k: (v["dtype"], v["shape"], data[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in header.items() if k != "__metadata__"}
+
+
+def scenario_weights():
+    port = free_port()
+    ckpt, export = os.path.join(WORK, "ckpt"), os.path.join(WORK, "export")
+    flags = ["--prompts_per_step=2", "--checkpoint_every=1", "--keep_checkpoints=0",
+             "--checkpoint_dir=" + ckpt, "--fault_corrupt_broadcast_versions=3"]
+    proc = start_learner(port, flags + ["--export_dir=" + export])
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="w")
+    sub = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="pkg-test-weights")
+
+    seen = []
+
+    def feed():  # one step at a time, once the subscriber has had (or failed) the last version
+        for v in range(1, 6):
+            deadline = time.time() + 60
+            while len(seen) + sub.failures < v and time.time() < deadline:
+                time.sleep(0.02)
+            client.submit(groups(2, "w%d" % v))
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    snapshots = sub.snapshots()
+    for snap in snapshots:
+        seen.append(snap)
+        sub.report(snap.version)
+        if snap.version >= 5:
+            break
+    versions = [s.version for s in seen]
+    check(versions == [0, 1, 2, 4, 5],
+          "versions %s: each verified, the corrupt version 3 skipped" % versions)
+    check(sub.failures == 1, "the corrupt transfer was counted (%d)" % sub.failures)
+    stop(proc)
+    exported = tensors_of(os.path.join(export, "model.safetensors"))
+    last = dict(seen[-1].tensors("numpy"))
+    check(sorted(exported) == sorted(last), "the snapshot has the export's %d Hugging Face names"
+          % len(exported))
+    check(all(exported[k][1] == list(last[k].shape) and exported[k][2] == last[k].astype("<f4").tobytes()
+              for k in exported), "every tensor has the export's shape and bytes")
+    torch_ok = True
+    try:
+        import torch  # noqa: F401
+        t = dict(seen[-1].tensors("torch"))
+        torch_ok = all(t[k].numpy().tobytes() == exported[k][2] for k in exported)
+    except ImportError:
+        pass
+    check(torch_ok, "torch tensors carry the same bytes")
+
+    # The same subscriber, still iterating, follows a learner restarted from
+    # an older checkpoint (version 2) back from 5.
+    for d in os.listdir(ckpt):
+        if d.startswith("ckpt-") and int(d[5:]) > 2:
+            shutil.rmtree(os.path.join(ckpt, d))
+    proc = start_learner(port, flags)
+    back = next(snapshots)
+    check(back.version == 2, "the subscriber registered again and followed the learner back to "
+          "version 2 from 5")
+    link = os.path.join(WORK, "hf", "policy")
+    first = asympo_rl.write_hf_directory(seen[-1], link, {"model_type": "qwen3"})
+    second = asympo_rl.write_hf_directory(back, link, {"model_type": "qwen3"})
+    check(os.path.islink(link) and os.path.realpath(link) == second and os.path.isdir(first),
+          "write_hf_directory points the link at the newest version")
+    check(sorted(tensors_of(os.path.join(link, "model.safetensors"))) == sorted(exported)
+          and json.load(open(os.path.join(link, "config.json")))["model_type"] == "qwen3",
+          "the directory holds model.safetensors and config.json")
+    stop(proc)
+    engines(back, exported)
+
+
+def engines(snap, exported):
+    """The engine adapters, up to the engine's own call (vLLM and SGLang
+    cannot be installed here): stand-ins record the calls, and the SGLang
+    server adapter talks HTTP to a real server that records the requests."""
+    from asympo_rl import engines as eng
+    calls = []
+
+    class Model:
+        def load_weights(self, weights):
+            calls.append(("load_weights", [n for n, _ in weights]))
+
+    class LLM:
+        def __init__(self):
+            self.llm_engine = type("E", (), {})()
+            self.llm_engine.model_executor = type("X", (), {})()
+            self.llm_engine.model_executor.driver_worker = type("W", (), {})()
+            self.llm_engine.model_executor.driver_worker.model_runner = type("R", (), {})()
+            self.llm_engine.model_executor.driver_worker.model_runner.model = Model()
+
+        def reset_prefix_cache(self):
+            calls.append(("reset_prefix_cache",))
+
+        def collective_rpc(self, method):
+            calls.append(("collective_rpc", method, os.path.realpath(link)))
+
+    eng.VLLMInProcess(LLM()).load(snap)
+    check(calls == [("load_weights", snap.names()), ("reset_prefix_cache",)],
+          "vLLM in process: load_weights with every HF name, then reset_prefix_cache")
+    link = os.path.join(WORK, "engine", "model")
+    calls.clear()
+    eng.VLLMFromDisk(LLM(), link, {"model_type": "qwen3"}).load(snap)
+    check(calls[0][:2] == ("collective_rpc", "reload_weights") and
+          calls[0][2].endswith(".v%d" % snap.version) and calls[1] == ("reset_prefix_cache",),
+          "vLLM from disk: the link points at the new version before reload_weights")
+
+    import http.server
+    seen = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            complete = None
+            if "model_path" in body:
+                complete = sorted(tensors_of(os.path.join(body["model_path"], "model.safetensors")))
+            seen.append((self.path, body, complete))
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"success": true, "message": "ok"}')
+
+        def log_message(self, *a):
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    eng.SGLangServer("http://127.0.0.1:%d" % server.server_port, link, {"model_type": "qwen3"}).load(snap)
+    server.shutdown()
+    check([p for p, _, _ in seen] == ["/update_weights_from_disk", "/flush_cache"] and
+          seen[0][1]["model_path"] == link and seen[0][2] == sorted(exported),
+          "SGLang server: update_weights_from_disk on a complete directory, then flush_cache")
+
+
+def scenario_example():
+    port = free_port()
+    export = os.path.join(WORK, "export")
+    # The model's config.json, as an engine would have it: the learner's export.
+    proc = start_learner(free_port(), ["--export_dir=" + export, "--max_steps=0"])
+    time.sleep(3)
+    stop(proc)
+    proc = start_learner(port, ["--prompts_per_step=8", "--lr=5e-4", "--queue_capacity=16",
+                                "--max_groups_per_batch=16", "--objective=asympo_stable"])
+    time.sleep(1)
+    check(proc.poll() is None, "the learner is up")
+    out = subprocess.run([sys.executable, EXAMPLE, "--learner=127.0.0.1:%d" % port,
+                          "--config=" + os.path.join(export, "config.json"), "--rounds=400",
+                          "--log_every=50", "--weights_dir=" + os.path.join(WORK, "hf", "policy")],
+                         env=dict(os.environ, PYTHONPATH=PKG), capture_output=True, text=True, timeout=900)
+    print(out.stdout[-3000:], out.stderr[-3000:])
+    check(out.returncode == 0, "the example generator ran to the end")
+    summary = json.loads(out.stdout.strip().splitlines()[-1])
+    check(summary["last_reward"] > summary["first_reward"] + 0.3,
+          "the reward rose: %.3f -> %.3f over %d rounds (%s s)" % (
+              summary["first_reward"], summary["last_reward"], summary["rounds"], summary["seconds"]))
+    check(summary["last_version"] and summary["last_version"] > 100, "it sampled with fresh weights")
+    stop(proc)
+
+
+def main():
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    {"client": scenario_client, "weights": scenario_weights, "example": scenario_example}[SCENARIO]()
+
+
+if __name__ == "__main__":
+    main()
