@@ -137,7 +137,10 @@ cp "$build/learner_server/asympo-learner" "$build/rollout_server/asympo-rollout"
 port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 base=
 for ((try = 0; try < 50; try++)); do
-  candidate=$((20000 + (RANDOM % 600) * 64))
+  # Below the kernel's ephemeral range (32768 and up by default), where the
+  # client side of every connection of the tests running beside this one
+  # would otherwise take ports of the block after it was found free.
+  candidate=$((10000 + (RANDOM % 350) * 64))
   ok=1
   for ((p = candidate; p < candidate + 64; p++)); do
     port_free "$p" || { ok=; break; }
