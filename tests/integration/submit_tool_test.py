@@ -5,10 +5,11 @@ is sent in windows of 3 lines: the bad rows are named by file and line, their
 windows are not sent, the rest is, and the exit status is 1. After the rows
 are fixed, a rerun sends only the two windows it had not confirmed (exit 0).
 A rerun without the state file sends every window again: each is answered as
-a duplicate and nothing is trained twice. Text without --tokenizer is a bad
-row too, and --check_only sends nothing.
+a duplicate and nothing is trained twice. Rows of text are tokenized with
+--tokenizer (a tokenizer.json); without it they are bad rows. --check_only
+sends nothing.
 
-    python3 submit_tool_test.py SUBMIT_BINARY LEARNER_BINARY WORK_DIR"""
+    python3 submit_tool_test.py SUBMIT_BINARY LEARNER_BINARY TOKENIZER_JSON WORK_DIR"""
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ import sys
 
 from learner_client import check, free_port, generate_stubs, grpc
 
-SUBMIT, LEARNER, WORK = sys.argv[1:4]
+SUBMIT, LEARNER, TOKENIZER, WORK = sys.argv[1:5]
 
 
 def row(i, token=None):
@@ -45,14 +46,14 @@ def main():
     PORT = free_port()
     log = open(os.path.join(WORK, "learner.log"), "w")
     proc = subprocess.Popen([LEARNER, "--listen=127.0.0.1:%d" % PORT, "--metrics_address=",
-                             "--model=tiny", "--tiny_vocab_size=16", "--prompts_per_step=2",
+                             "--model=tiny", "--tiny_vocab_size=300", "--prompts_per_step=2",
                              "--queue_capacity=64", "--threads=1"], stdout=log, stderr=subprocess.STDOUT)
     stub = pb2_grpc.LearnerStub(grpc.insecure_channel("127.0.0.1:%d" % PORT))
     path = os.path.join(WORK, "rows.jsonl")
     lines = [row(i) for i in range(1, 14)]
     good = list(lines)
     lines[3] = '{"prompt_id": "q4", "prompt_tokens": [1, 2'  # line 4: broken JSON
-    lines[6] = row(7, token=99)                              # line 7: outside the vocabulary
+    lines[6] = row(7, token=999)                             # line 7: outside the vocabulary
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -61,8 +62,8 @@ def main():
     rc, s, err = submit(path)
     check(rc == 1, "exit status 1 with bad rows")
     check("rows.jsonl:4: " in err and "rows.jsonl:7: " in err, "both bad rows named by file and line")
-    check("rows.jsonl:7: group 0 (prompt_id \"q7\") response 1: response token 0 is 99, outside the "
-          "vocabulary [0, 16)" in err, "the rule is the learner's message")
+    check("rows.jsonl:7: group 0 (prompt_id \"q7\") response 1: response token 0 is 999, outside the "
+          "vocabulary [0, 300)" in err, "the rule is the learner's message")
     check("rows.jsonl:4: not valid JSON: parse error at line 1, column 43" in err, "broken JSON named")
     check(s["groups_sent"] == 7 and s["bad_rows"] == 2, "the 7 rows of good windows sent: %s" % s)
     status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
@@ -86,6 +87,10 @@ def main():
     rc, s, err = submit(text)
     check(rc == 1 and "text.jsonl:1: the prompt gives \"prompt\": tokenizing it needs --tokenizer" in err,
           "text without --tokenizer is named")
+    rc, s, err = submit(text, "--tokenizer=" + TOKENIZER)
+    check(rc == 0 and s["groups_sent"] == 1, "with --tokenizer the text row is tokenized and sent: %s" % s)
+    status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
+    check(status.accepted_groups == 14, "the learner accepted it (%d groups in all)" % status.accepted_groups)
     rc, s, err = submit(os.path.join(WORK, "missing.jsonl"))
     check(rc == 2 and "cannot read --input" in err, "a missing file: exit 2, named")
     proc.send_signal(signal.SIGTERM)
