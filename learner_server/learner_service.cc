@@ -238,6 +238,9 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
                                      std::vector<QueuedGroup>* groups) const {
   absl::Status s = ValidateRolloutBatch(*batch, options_.limits);
   if (!s.ok()) return s;
+  // Fields of a newer protocol (or padding) are not the learner's to keep:
+  // the queue's memory bound counts token ids only (docs/protocol.md).
+  batch->DiscardUnknownFields();
   const uint64_t version = this->version();
   groups->reserve(static_cast<size_t>(batch->groups_size()));
   for (v1::PromptGroup& g : *batch->mutable_groups()) {

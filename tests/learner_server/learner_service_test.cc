@@ -318,5 +318,25 @@ TEST_F(LearnerServiceTest, AStreamAcknowledgesDuplicatesAndQueuesEachIdOnce) {
   EXPECT_EQ(counters_.accepted_batches.load(), 2u);
 }
 
+TEST_F(LearnerServiceTest, UnknownFieldsAreNotKeptInTheQueue) {
+  Start(8);
+  v1::RolloutBatch b = Batch(2);
+  const std::string padding(1 << 20, 'x');  // a field this learner does not know
+  b.mutable_groups(0)->GetReflection()->MutableUnknownFields(b.mutable_groups(0))
+      ->AddLengthDelimited(99, padding);
+  b.mutable_groups(1)->mutable_responses(0)->GetReflection()
+      ->MutableUnknownFields(b.mutable_groups(1)->mutable_responses(0))
+      ->AddLengthDelimited(98, padding);
+  v1::SubmitResponse r;
+  const grpc::Status s = Submit(b, &r);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  const auto groups = queue_->Pop(2, absl::Now() + absl::Seconds(1));
+  ASSERT_EQ(groups.size(), 2u);
+  for (const QueuedGroup& g : groups) {
+    EXPECT_LT(g.group.ByteSizeLong(), 1000u) << "unknown fields were kept";
+    EXPECT_GT(g.group.responses_size(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace asympo::learner
