@@ -6,20 +6,14 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/grpc_status.h"
 #include "common/status_macros.h"
 
 namespace asympo {
 namespace {
 
-// Shortens an untrusted id for an error message.
-std::string Quote(const std::string& s) {
-  constexpr size_t kMax = 64;
-  std::string out = s.size() > kMax ? s.substr(0, kMax) + "..." : s;
-  return absl::StrCat("\"", absl::CHexEscape(out), "\"");
-}
-
 std::string GroupWhere(int g, const v1::PromptGroup& group) {
-  return absl::StrCat("group ", g, " (prompt_id ", Quote(group.prompt_id()), ")");
+  return absl::StrCat("group ", g, " (prompt_id ", QuoteForMessage(group.prompt_id()), ")");
 }
 
 absl::Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& tokens, int32_t vocab_size,

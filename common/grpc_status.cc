@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
 namespace asympo {
@@ -27,6 +28,12 @@ std::chrono::system_clock::time_point GrpcDeadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(
              absl::ToChronoNanoseconds(timeout));
+}
+
+std::string QuoteForMessage(absl::string_view s, size_t max_bytes) {
+  const bool cut = s.size() > max_bytes;
+  return absl::StrCat("\"", absl::CHexEscape(cut ? s.substr(0, max_bytes) : s), cut ? "..." : "",
+                      "\"");
 }
 
 }  // namespace asympo

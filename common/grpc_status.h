@@ -28,4 +28,9 @@ std::string GrpcCodeName(grpc::StatusCode code);
 // infinite duration gives time_point::max() (no deadline).
 std::chrono::system_clock::time_point GrpcDeadline(absl::Duration timeout);
 
+// A client's string as an error message may echo it: cut to `max_bytes`
+// (then "..."), C-escaped and in double quotes. An echoed megabyte would
+// push the real message past gRPC's metadata limit.
+std::string QuoteForMessage(absl::string_view s, size_t max_bytes = 64);
+
 }  // namespace asympo

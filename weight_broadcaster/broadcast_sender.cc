@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/grpc_status.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -31,7 +32,8 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 grpc::Status UnknownSession(const std::string& session_id) {
   return grpc::Status(
       grpc::StatusCode::FAILED_PRECONDITION,
-      absl::StrCat("unknown session \"", session_id, "\" (expired or replaced); register again"));
+      absl::StrCat("unknown session ", QuoteForMessage(session_id),
+                   " (expired or replaced); register again"));
 }
 
 // Starts a session for `request`, ending the receiver's previous one.
@@ -268,9 +270,10 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
   if (request->model_signature() != st.model_signature) {
     reactor->Finish(
         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                     absl::StrCat("receiver \"", id, "\" has model signature \"",
-                                  request->model_signature(), "\" but the learner's is \"",
-                                  st.model_signature, "\"; both must run the same architecture")));
+                     absl::StrCat("receiver ", QuoteForMessage(id), " has model signature ",
+                                  QuoteForMessage(request->model_signature()),
+                                  " but the learner's is \"", st.model_signature,
+                                  "\"; both must run the same architecture")));
     return reactor;
   }
   // gRPC is always available. The NCCL transport is chosen while ranks are
@@ -362,7 +365,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
   }
   uint64_t chunk =
       request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
-  chunk = std::max<uint64_t>(1, std::min<uint64_t>(chunk, st.options.max_chunk_bytes_cap));
+  chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, st.options.min_chunk_bytes),
+                             st.options.max_chunk_bytes_cap);
   return internal::StartFetch(&st, std::move(snapshot), chunk);
 }
 
@@ -379,14 +383,24 @@ grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerCon
       reactor->Finish(UnknownSession(request->session_id()));
       return reactor;
     }
+    // A receiver can only hold a version that was published; anything
+    // newer would poison the oldest-version gauge and the staleness alert.
+    const uint64_t latest = st.latest == nullptr ? 0 : st.latest->version();
+    if (request->version() > latest) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   absl::StrCat("version ", request->version(),
+                                                " was never published (the newest is ", latest,
+                                                ")")));
+      return reactor;
+    }
     it->second.version = request->version();
     receiver_id = it->second.receiver_id;
     st.UpdateReceiverGauges();
   }
   if (!request->error().empty()) {
     st.CountFailure();
-    LOG(WARNING) << "receiver " << receiver_id << " (still at version " << request->version()
-                 << ") reports: " << request->error();
+    LOG(WARNING) << "receiver " << QuoteForMessage(receiver_id) << " (still at version "
+                 << request->version() << ") reports: " << QuoteForMessage(request->error(), 512);
   }
   reactor->Finish(grpc::Status::OK);
   return reactor;

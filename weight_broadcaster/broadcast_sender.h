@@ -78,6 +78,9 @@ struct BroadcastSenderOptions {
   // receive limit must ask for a little less than 4 MiB.
   uint32_t default_chunk_bytes = 4u << 20;
   uint32_t max_chunk_bytes_cap = 32u << 20;
+  // Smaller requests are raised to this: a 1-byte chunk costs a message (and
+  // a CRC-free 44-byte frame) per byte of the snapshot.
+  uint32_t min_chunk_bytes = 64u << 10;
   // Fault injection, for tests and drills only: flip one byte of the first
   // chunk sent for each of these versions (after the checksum was taken), and
   // sleep this long before each chunk.

@@ -300,6 +300,7 @@ TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
   BroadcastSenderOptions o = SmallBuckets();
   o.default_chunk_bytes = 1000;
   o.max_chunk_bytes_cap = 3000;
+  o.min_chunk_bytes = 1;  // this test's buckets are small; the floor has its own test
   SenderServer server(o);
   ASSERT_TRUE(server.Publish(1).ok());
   const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
@@ -335,6 +336,63 @@ TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
   Rx a(tiny), b(huge);
   a.ExpectAndLoad(1);
   b.ExpectAndLoad(1);
+}
+
+TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.min_chunk_bytes = 500;
+  SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  const std::string session = RegisterDirect(stub.get(), "direct");
+  const Fetched f = FetchDirect(stub.get(), session, 1, 1);  // asks for 1-byte chunks
+  ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+  const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
+  uint64_t expected = 0;
+  for (const auto& b : m.buckets()) expected += (b.size_bytes() + 499) / 500;
+  EXPECT_EQ(f.chunks.size(), expected);
+  EXPECT_EQ(BroadcastSenderOptions().min_chunk_bytes, 64u << 10);
+}
+
+TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
+  SenderServer server(SmallBuckets());
+  ASSERT_TRUE(server.Publish(3).ok());
+  auto stub = server.NewStub();
+  {  // a 1 MiB signature: the error names the rule, not a megabyte of it
+    v1::RegisterRequest req;
+    req.set_receiver_id("rollout-0");
+    req.set_model_signature(std::string(1 << 20, 's'));
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub->Register(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_LT(s.error_message().size(), 400u);
+    EXPECT_THAT(s.error_message(), HasSubstr("both must run the same architecture"));
+  }
+  {  // a 1 MiB session id
+    grpc::ClientContext ctx;
+    v1::ReportVersionRequest req;
+    req.set_session_id(std::string(1 << 20, 'x'));
+    v1::ReportVersionResponse resp;
+    const grpc::Status s = stub->ReportVersion(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("register again"));
+  }
+  const std::string session = RegisterDirect(stub.get(), "liar");
+  grpc::ClientContext ctx;
+  v1::ReportVersionRequest req;
+  req.set_session_id(session);
+  req.set_version(9200000000000000000ull);
+  req.set_error("forged");
+  v1::ReportVersionResponse resp;
+  const grpc::Status s = stub->ReportVersion(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("was never published (the newest is 3)"));
+  EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 0);  // not counted
+  grpc::ClientContext ok_ctx;
+  req.set_version(3);
+  req.clear_error();
+  EXPECT_TRUE(stub->ReportVersion(&ok_ctx, req, &resp).ok());
 }
 
 TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
