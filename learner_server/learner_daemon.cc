@@ -321,8 +321,10 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
       return false;
     }
     skipped_->Record(step.status(), n);
-    return true;
+    counters_.skipped_groups.fetch_add(static_cast<uint64_t>(n));
+    return !TooManySkipped(step.status());
   }
+  skipped_in_a_row_ = 0;
   queue_->MarkTrained(batch_ids);
   ++*steps;
   counters_.steps.fetch_add(1);
@@ -339,6 +341,17 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
       return false;
     }
   }
+  return true;
+}
+
+bool LearnerDaemon::TooManySkipped(const absl::Status& last) {
+  const int64_t limit = options_.max_consecutive_skipped_steps;
+  if (limit <= 0 || ++skipped_in_a_row_ < limit) return false;
+  Fail(absl::FailedPreconditionError(absl::StrCat(
+      skipped_in_a_row_, " training steps in a row were skipped (the last: ", last.message(),
+      "); the learner stops rather than take groups it cannot train on. The weights of version ",
+      trainer_->version(), " are kept; see the skipped-step log lines and "
+      "--max_consecutive_skipped_steps")));
   return true;
 }
 
@@ -400,7 +413,7 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
   // and its weights may be half-updated: no checkpoint then.
   const bool sharded = trainer_->sharded_optimizer() != nullptr;
   absl::Status s = failure_.ok() || !sharded ? Checkpoint() : absl::OkStatus();
-  if (dp_ != nullptr && failure_.ok()) {
+  if (dp_ != nullptr && (failure_.ok() || !IsRankFailure(failure_))) {  // the ranks are alive
     if (absl::Status stop = dp_->SendStop(); !stop.ok()) LOG(ERROR) << stop.message();
   }
   LOG(INFO) << "stopped after " << steps << " steps at version " << trainer_->version() << "; "

@@ -75,6 +75,11 @@ struct LearnerDaemonOptions {
   std::string step_csv_path;
   // Stop after this many steps of this run (0: run until Shutdown).
   int64_t max_steps = 0;
+  // Stop with an error after this many skipped steps in a row (0: never): a
+  // learner whose every step fails (non-finite gradients that its
+  // checkpointed state reproduces) would otherwise take the generators'
+  // groups for ever without training on them.
+  int64_t max_consecutive_skipped_steps = 100;
   // The per-step INFO line: every step of the first 10, then at most one
   // per this interval, and when a collapse suspicion begins (at most once an
   // interval too; zero: every step). The step CSV and the metrics have
@@ -127,6 +132,9 @@ class LearnerDaemon {
   absl::StatusOr<int64_t> RunWorker();
   // Ends the run after a rank failure (Run returns `status`).
   void Fail(absl::Status status);
+  // Counts a skipped step; past max_consecutive_skipped_steps in a row,
+  // stops the job (Fail) and returns true.
+  bool TooManySkipped(const absl::Status& last);
   void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
   // Writes a checkpoint (and the export); a failure is counted and logged.
   absl::Status Checkpoint();
@@ -155,6 +163,7 @@ class LearnerDaemon {
   absl::Time last_step_log_ = absl::InfinitePast();
   absl::Time last_collapse_log_ = absl::InfinitePast();
   bool logged_collapse_ = false;
+  int64_t skipped_in_a_row_ = 0;
   // The batch ids of the restored checkpoint, for the queue's window.
   std::vector<std::string> restored_batch_ids_;
 };

@@ -287,6 +287,7 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
   response->set_accepted_groups(k.accepted_groups.load());
   response->set_trained_groups(k.trained_groups.load());
   response->set_duplicate_batches(k.duplicate_batches.load());
+  response->set_skipped_groups(k.skipped_groups.load());
   response->set_batch_id_window(static_cast<uint64_t>(queue_->options().batch_id_window));
   response->set_objective(options_.objective);
   response->set_model_signature(options_.model_signature);

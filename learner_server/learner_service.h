@@ -35,6 +35,8 @@ struct LearnerCounters {
   std::atomic<uint64_t> trained_groups{0};
   // Batches whose batch_id was accepted before: answered OK, not queued.
   std::atomic<uint64_t> duplicate_batches{0};
+  // Groups consumed by steps that were skipped (not trained on).
+  std::atomic<uint64_t> skipped_groups{0};
 };
 
 // Hooks for metrics; every method may be called from many threads.

@@ -92,6 +92,9 @@ ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon.");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
 ABSL_FLAG(double, max_grad_norm, 1.0, "Clip the global gradient norm to this (<= 0 disables).");
 ABSL_FLAG(int64_t, max_steps, 0, "Stop after this many steps (0: run until SIGINT/SIGTERM).");
+ABSL_FLAG(int64_t, max_consecutive_skipped_steps, 100,
+          "Stop with an error (exit 2) after this many skipped steps in a row, instead of "
+          "taking groups that cannot be trained on (0: never).");
 ABSL_FLAG(absl::Duration, log_every, absl::Seconds(10),
           "Log the per-step line for the first 10 steps, then at most once per this interval "
           "and when a collapse suspicion begins (0: every step; --step_csv and /metrics have "
@@ -257,6 +260,10 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
   t.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
   t.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
+  o->max_consecutive_skipped_steps = absl::GetFlag(FLAGS_max_consecutive_skipped_steps);
+  if (o->max_consecutive_skipped_steps < 0) {
+    return absl::InvalidArgumentError("--max_consecutive_skipped_steps must be >= 0");
+  }
   o->log_every = absl::GetFlag(FLAGS_log_every);
   if (o->log_every < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--log_every must be >= 0");

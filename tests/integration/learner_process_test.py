@@ -100,6 +100,13 @@ def skipped_steps(learner):
     check(metric(scrape, skipped % "nonfinite_loss") == 2, "two NaN-loss steps counted")
     check(metric(scrape, skipped % "torch_error") == 1, "one LibTorch-exception step counted")
     check(metric(scrape, "asympo_learner_skipped_groups_total") == 6, "their 6 groups counted")
+    status = learner.stub_for(port).GetStatus(learner.pb2.GetStatusRequest())
+    in_step = status.accepted_groups - (status.trained_groups + status.skipped_groups +
+                                        status.queue_depth_groups)
+    check(status.skipped_groups == 6 and in_step in (0, 2),  # a step holds 2 groups
+          "GetStatus: accepted %d = trained %d + skipped %d + queued %d (+ a step's 2)" % (
+              status.accepted_groups, status.trained_groups, status.skipped_groups,
+              status.queue_depth_groups))
     check(metric(scrape, "asympo_learner_steps_total") >= 3, "training went on")
     proc.send_signal(signal.SIGTERM)
     check(proc.wait(timeout=60) == 0, "clean exit")
@@ -108,6 +115,29 @@ def skipped_steps(learner):
           "the second NaN loss within a minute is not logged again")
     check(log.count("step skipped (torch_error)") == 1, "the exception is logged")
     check("frame #" not in log, "no LibTorch backtrace in the log")
+
+
+def skipped_in_a_row(learner):
+    """A learner whose every step fails stops, rather than take groups for ever."""
+    port = free_port()
+    proc = learner.start(port, ["--fault_nonfinite_loss_steps=1,2,3,4,5,6,7,8",
+                                "--max_consecutive_skipped_steps=3"])
+    stub = learner.stub_for(port)
+    deadline = time.time() + 60
+    i = 0
+    while proc.poll() is None and time.time() < deadline:
+        try:
+            stub.Submit(batch(learner, "", 1, "s%d-" % i), timeout=5)
+        except grpc.RpcError:
+            pass  # the learner is stopping
+        i += 1
+        time.sleep(0.02)
+    check(proc.wait(timeout=60) == 2, "the learner exits 2 after 3 skipped steps in a row")
+    log = open(learner.log_path).read()
+    check("3 training steps in a row were skipped (the last: " in log and
+          "--max_consecutive_skipped_steps" in log, "the log says why")
+    check(os.path.isdir(os.path.join(learner.ckpt, "ckpt-%012d" % 0)),
+          "the unchanged weights were checkpointed")
 
 
 def kill_restart(learner):
@@ -228,7 +258,7 @@ def main():
     scenario, proto_dir, binary, work = sys.argv[1:5]
     scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps,
                  "retry_after_deadline": retry_after_deadline,
-                 "retry_after_restart": retry_after_restart}
+                 "retry_after_restart": retry_after_restart, "skipped_in_a_row": skipped_in_a_row}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     scenarios[scenario](Learner(proto_dir, binary, work))
 
