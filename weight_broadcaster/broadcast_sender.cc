@@ -286,8 +286,16 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
   grpc::Status status = grpc::Status::OK;
   {
     absl::MutexLock lock(&st.mu);
+    st.ExpireUnsubscribedLocked();
     if (st.shut_down) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+    } else if (static_cast<int>(st.sessions.size()) >= st.options.max_sessions &&
+               !st.session_of.contains(id)) {
+      status = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("the learner holds ", st.sessions.size(),
+                       " registrations, its limit; unsubscribed ones end after ",
+                       absl::FormatDuration(st.options.unsubscribed_session_ttl)));
     } else {
       SenderState::Session& session = CreateSessionLocked(st, *request, response);
       if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {

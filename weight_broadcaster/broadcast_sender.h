@@ -81,6 +81,10 @@ struct BroadcastSenderOptions {
   // Smaller requests are raised to this: a 1-byte chunk costs a message (and
   // a CRC-free 44-byte frame) per byte of the snapshot.
   uint32_t min_chunk_bytes = 64u << 10;
+  // A registration that has not subscribed within this ends; at most
+  // max_sessions registrations are held (one more is RESOURCE_EXHAUSTED).
+  absl::Duration unsubscribed_session_ttl = absl::Minutes(1);
+  int max_sessions = 4096;
   // Fault injection, for tests and drills only: flip one byte of the first
   // chunk sent for each of these versions (after the checksum was taken), and
   // sleep this long before each chunk.

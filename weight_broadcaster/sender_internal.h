@@ -64,7 +64,12 @@ struct SenderState {
     uint64_t version = 0;  // what the receiver samples with, as last reported
     SubscribeReactor* stream = nullptr;
     int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
+    absl::Time registered = absl::Now();
   };
+
+  // Ends sessions that never subscribed within options.unsubscribed_session_ttl
+  // (a registration left behind, or a flood of them).
+  void ExpireUnsubscribedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The NCCL transport's life: off (never configured or unavailable),
   // handing out ranks, broadcasting, or failed (gRPC for all, for good).

@@ -166,6 +166,20 @@ SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
   if (registry != nullptr) metrics = std::make_unique<SenderMetrics>(*registry);
 }
 
+void SenderState::ExpireUnsubscribedLocked() {
+  const absl::Time cutoff = absl::Now() - options.unsubscribed_session_ttl;
+  for (auto it = sessions.begin(); it != sessions.end();) {
+    const Session& s = it->second;
+    if (s.stream != nullptr || s.nccl_rank > 0 || s.registered > cutoff) {
+      ++it;
+      continue;
+    }
+    auto owner = session_of.find(s.receiver_id);
+    if (owner != session_of.end() && owner->second == it->first) session_of.erase(owner);
+    sessions.erase(it++);
+  }
+}
+
 void SenderState::UpdateReceiverGauges() {
   if (!metrics) return;
   int active = 0;

@@ -395,6 +395,47 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
   EXPECT_TRUE(stub->ReportVersion(&ok_ctx, req, &resp).ok());
 }
 
+TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.unsubscribed_session_ttl = absl::Milliseconds(300);
+  o.max_sessions = 3;
+  SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  const auto try_register = [&](const std::string& id) {
+    v1::RegisterRequest req;
+    req.set_receiver_id(id);
+    req.set_model_signature(ModelSignature(testing::TestSpecs()));
+    v1::RegisterResponse resp;
+    grpc::ClientContext ctx;
+    return stub->Register(&ctx, req, &resp);
+  };
+  const std::string first = RegisterDirect(stub.get(), "flood-0");
+  ASSERT_FALSE(first.empty());
+  ASSERT_TRUE(try_register("flood-1").ok());
+  ASSERT_TRUE(try_register("flood-2").ok());
+  const grpc::Status full = try_register("flood-3");
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
+  EXPECT_TRUE(try_register("flood-2").ok());  // registering again replaces, never refused
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_TRUE(try_register("flood-3").ok());  // the old ones expired
+  grpc::ClientContext ctx;
+  v1::SubscribeRequest req;
+  req.set_session_id(first);
+  auto reader = stub->Subscribe(&ctx, req);
+  v1::SnapshotAnnouncement a;
+  EXPECT_FALSE(reader->Read(&a));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+
+  // A subscribed receiver outlives the limit on unsubscribed ones.
+  Rx live(ReceiverOptions(server.target(), "live"));
+  live.ExpectAndLoad(1);
+  absl::SleepFor(absl::Milliseconds(400));
+  EXPECT_TRUE(try_register("flood-4").ok());
+  EXPECT_TRUE(live->connected());
+  EXPECT_EQ(server.sender().active_receivers(), 1);
+}
+
 TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
   auto first = std::make_unique<SenderServer>(SmallBuckets());
   const int port = first->port();
