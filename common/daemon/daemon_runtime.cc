@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 
 #include <glog/logging.h>
 
@@ -12,6 +15,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -22,12 +26,36 @@ void RetainFreedMemory() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+// What a stop signal does: shut the daemon down once it runs, end the
+// process while it starts.
+struct DaemonRuntime::Stop {
+  absl::Mutex mu;
+  std::function<void()> shutdown ABSL_GUARDED_BY(mu);
+};
+
 absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
   absl::StatusOr<std::unique_ptr<StopSignals>> signals = StopSignals::Install();
   if (!signals.ok()) return signals.status();
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
   runtime->signals_ = *std::move(signals);
+  runtime->stop_ = std::make_shared<Stop>();
+  runtime->signals_->OnStop([stop = runtime->stop_] {
+    absl::MutexLock lock(&stop->mu);
+    if (stop->shutdown) {
+      stop->shutdown();
+      return;
+    }
+    std::fprintf(stderr, "%s: stopped by a signal during start-up\n",
+                 program_invocation_short_name);
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
   return runtime;
+}
+
+void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
+  absl::MutexLock lock(&stop_->mu);
+  stop_->shutdown = std::move(shutdown);
 }
 
 absl::StatusOr<std::string> RunName(const std::string& flag) {

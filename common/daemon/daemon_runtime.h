@@ -60,17 +60,27 @@ class DaemonRuntime {
   // Calls run(); the first SIGINT or SIGTERM meanwhile calls shutdown() on
   // the signal watcher's thread. When this returns the watcher is gone, so
   // `shutdown` may capture the daemon, which may then be destroyed.
+  //
+  // A signal that comes earlier, while the daemon is still being created
+  // (loading a model, restoring a checkpoint, waiting for the other
+  // data-parallel ranks), ends the process at once with exit status 1 and
+  // "<program>: stopped by a signal during start-up": nothing has been
+  // written yet, and a rank waiting for a peer that was stopped with it
+  // would otherwise wait out its whole rendezvous timeout.
   template <typename Result>
   Result RunUntilStopped(std::function<void()> shutdown, const std::function<Result()>& run) {
-    signals_->OnStop(std::move(shutdown));
+    SetShutdown(std::move(shutdown));
     Result result = run();
     signals_.reset();
     return result;
   }
 
  private:
+  struct Stop;
   DaemonRuntime() = default;
+  void SetShutdown(std::function<void()> shutdown);
 
+  std::shared_ptr<Stop> stop_;
   std::unique_ptr<StopSignals> signals_;
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<MetricsEndpoint> endpoint_;

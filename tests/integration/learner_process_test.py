@@ -140,6 +140,22 @@ def skipped_in_a_row(learner):
           "the unchanged weights were checkpointed")
 
 
+def stop_during_start(learner):
+    """SIGTERM while rank 0 waits for a rank that never comes: the learner
+    ends at once, not after its rendezvous timeout."""
+    port, master = free_port(), free_port()
+    proc = learner.start(port, ["--dist_world_size=2", "--dist_rank=0", "--dist_insecure",
+                                "--dist_master_addr=127.0.0.1", "--dist_master_port=%d" % master,
+                                "--dist_timeout=5m"])
+    time.sleep(2)
+    check(proc.poll() is None, "rank 0 waits for rank 1")
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    rc = proc.wait(timeout=60)
+    check(rc == 1 and time.time() - t0 < 5, "it ends at once (%.1f s, exit %d)" % (time.time() - t0, rc))
+    check("stopped by a signal during start-up" in open(learner.log_path).read(), "and says why")
+
+
 def kill_restart(learner):
     port = free_port()
     proc = learner.start(port, [])
@@ -258,7 +274,8 @@ def main():
     scenario, proto_dir, binary, work = sys.argv[1:5]
     scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps,
                  "retry_after_deadline": retry_after_deadline,
-                 "retry_after_restart": retry_after_restart, "skipped_in_a_row": skipped_in_a_row}
+                 "retry_after_restart": retry_after_restart, "skipped_in_a_row": skipped_in_a_row,
+                 "stop_during_start": stop_during_start}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     scenarios[scenario](Learner(proto_dir, binary, work))
 

@@ -150,9 +150,14 @@ done
 [[ -n $base ]] || fail "found no 64 free TCP ports in a row"
 ctld_port=$base
 slurmd_ports=($((base + 1)) $((base + 2)))
-srun_ports="$((base + 32))-$((base + 63))"
-# Scenario k uses ports base + 3 + 8k ... (learner gRPC, rendezvous, metrics).
-scenario_port() { echo $((base + 3 + 8 * $1 + $2)); }
+# srun listens on ports of its own range: they must not be any scenario's.
+srun_ports="$((base + 48))-$((base + 63))"
+# Scenario k (0..5) uses ports base + 3 + 8k ... (learner gRPC, rendezvous,
+# metrics), all below base + 48.
+scenario_port() {
+  (($1 <= 5)) || fail "scenario index $1: only 6 fit in the port block"
+  echo $((base + 3 + 8 * $1 + $2))
+}
 
 # --- munge -------------------------------------------------------------------
 
@@ -446,6 +451,15 @@ scenario_scancel() {
       metrics_have_run "$t" || fail "target $t (from ${f##*/}) has no run=\"$ASYMPO_RUN_NAME\""
     done
   done
+  # Each rollout has had groups accepted before the cancel (on a loaded
+  # machine a rollout's first batch can come after the learner's step 3).
+  local deadline=$((SECONDS + 60))
+  for t in $(grep -o '"[^"]*:[0-9]*"' "$shared/prometheus/asympo-$job-rollout.json" | tr -d '"'); do
+    until (($(sent_groups "$t") > 0)); do
+      ((SECONDS < deadline)) || fail "rollout $t had no group accepted within 60 s"
+      sleep 0.5
+    done
+  done
   say "scancel: every target answers with run=\"$ASYMPO_RUN_NAME\"; scancel --batch --signal=TERM"
   scancel --batch --signal=TERM "$job"
   wait_job 90
@@ -535,8 +549,21 @@ scenario_rollouts_fail() {
   export ASYMPO_ROLLOUT_ARGS="--threads=1"
   check_job_failed
   grep -q "every rollout ended" "$out" || fail "the script did not say why: $(cat "$out")"
-  grep -q "stopped after 0 steps" "$shared/logs/$job/learner-rank0.log" ||
-    fail "the learner did not stop cleanly"
+  # Stopped once running, or while it still started (waiting for its second
+  # rank, say): either way at once and saying so.
+  grep -qE "stopped after 0 steps|stopped by a signal during start-up" \
+    "$shared/logs/$job/learner-rank0.log" || fail "the learner did not stop cleanly"
+}
+
+# sent_groups HOST:PORT: a rollout's asympo_rollout_groups_sent_total (0
+# when it cannot be read).
+sent_groups() {
+  local host=${1%:*} port=${1##*:} body
+  # shellcheck disable=SC2016  # $0 and $1 are the inner shell's
+  body=$(timeout 10 bash -c 'exec 3<>"/dev/tcp/$0/$1" &&
+    printf "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n" "$0" >&3 && cat <&3' "$host" "$port" \
+    2>/dev/null) || { echo 0; return; }
+  awk '/^asympo_rollout_groups_sent_total/ { n += $NF } END { printf "%d\n", n }' <<<"$body"
 }
 
 # metrics_have_run HOST:PORT: GET /metrics (bash's /dev/tcp, no curl needed).
