@@ -30,10 +30,9 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 }
 
 grpc::Status UnknownSession(const std::string& session_id) {
-  return grpc::Status(
-      grpc::StatusCode::FAILED_PRECONDITION,
-      absl::StrCat("unknown session ", QuoteForMessage(session_id),
-                   " (expired or replaced); register again"));
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("unknown session ", QuoteForMessage(session_id),
+                                   " (expired or replaced); register again"));
 }
 
 // Starts a session for `request`, ending the receiver's previous one.
@@ -268,12 +267,11 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
     return reactor;
   }
   if (request->model_signature() != st.model_signature) {
-    reactor->Finish(
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                     absl::StrCat("receiver ", QuoteForMessage(id), " has model signature ",
-                                  QuoteForMessage(request->model_signature()),
-                                  " but the learner's is \"", st.model_signature,
-                                  "\"; both must run the same architecture")));
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("receiver ", QuoteForMessage(id), " has model signature ",
+                     QuoteForMessage(request->model_signature()), " but the learner's is \"",
+                     st.model_signature, "\"; both must run the same architecture")));
     return reactor;
   }
   // gRPC is always available. The NCCL transport is chosen while ranks are
@@ -291,11 +289,11 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
     } else if (static_cast<int>(st.sessions.size()) >= st.options.max_sessions &&
                !st.session_of.contains(id)) {
-      status = grpc::Status(
-          grpc::StatusCode::RESOURCE_EXHAUSTED,
-          absl::StrCat("the learner holds ", st.sessions.size(),
-                       " registrations, its limit; unsubscribed ones end after ",
-                       absl::FormatDuration(st.options.unsubscribed_session_ttl)));
+      status =
+          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                       absl::StrCat("the learner holds ", st.sessions.size(),
+                                    " registrations, its limit; unsubscribed ones end after ",
+                                    absl::FormatDuration(st.options.unsubscribed_session_ttl)));
     } else {
       SenderState::Session& session = CreateSessionLocked(st, *request, response);
       if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {
@@ -356,8 +354,19 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
   std::shared_ptr<const Snapshot> snapshot;
   {
     absl::MutexLock lock(&st.mu);
-    if (!st.sessions.contains(request->session_id())) {
+    auto session = st.sessions.find(request->session_id());
+    if (session == st.sessions.end()) {
       return internal::RefuseFetch(&st, UnknownSession(request->session_id()));
+    }
+    if (session->second.fetches >= st.options.max_fetches_per_session ||
+        st.fetches >= st.options.max_concurrent_fetches) {
+      return internal::RefuseFetch(
+          &st, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat(session->second.fetches, " fetches of this session and ",
+                                         st.fetches, " in all are under way (limits ",
+                                         st.options.max_fetches_per_session, " and ",
+                                         st.options.max_concurrent_fetches,
+                                         "); finish or cancel one first")));
     }
     // Only the newest snapshot is served. An older one stays alive while
     // fetches that started before it was replaced finish, but a new fetch
@@ -370,12 +379,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
                                     st.latest == nullptr ? 0 : st.latest->version())));
     }
     snapshot = st.latest;
+    ++session->second.fetches;
+    ++st.fetches;
   }
   uint64_t chunk =
       request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
   chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, st.options.min_chunk_bytes),
                              st.options.max_chunk_bytes_cap);
-  return internal::StartFetch(&st, std::move(snapshot), chunk);
+  return internal::StartFetch(&st, request->session_id(), std::move(snapshot), chunk);
 }
 
 grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerContext* ctx,
@@ -395,10 +406,10 @@ grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerCon
     // newer would poison the oldest-version gauge and the staleness alert.
     const uint64_t latest = st.latest == nullptr ? 0 : st.latest->version();
     if (request->version() > latest) {
-      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                   absl::StrCat("version ", request->version(),
-                                                " was never published (the newest is ", latest,
-                                                ")")));
+      reactor->Finish(
+          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                       absl::StrCat("version ", request->version(),
+                                    " was never published (the newest is ", latest, ")")));
       return reactor;
     }
     it->second.version = request->version();

@@ -85,6 +85,12 @@ struct BroadcastSenderOptions {
   // max_sessions registrations are held (one more is RESOURCE_EXHAUSTED).
   absl::Duration unsubscribed_session_ttl = absl::Minutes(1);
   int max_sessions = 4096;
+  // Fetches under way at once, in all and per session; one more is
+  // RESOURCE_EXHAUSTED. Each holds its snapshot in memory until it ends, so
+  // fetches that are never read would otherwise pin old snapshots without
+  // bound. A receiver fetches one version at a time.
+  int max_concurrent_fetches = 256;
+  int max_fetches_per_session = 2;
   // Fault injection, for tests and drills only: flip one byte of the first
   // chunk sent for each of these versions (after the checksum was taken), and
   // sleep this long before each chunk.

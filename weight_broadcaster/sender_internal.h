@@ -65,7 +65,11 @@ struct SenderState {
     SubscribeReactor* stream = nullptr;
     int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
     absl::Time registered = absl::Now();
+    int fetches = 0;  // under way
   };
+
+  // A fetch that FetchSnapshot counted has ended.
+  void FetchDone(const std::string& session_id);
 
   // Ends sessions that never subscribed within options.unsubscribed_session_ttl
   // (a registration left behind, or a flood of them).
@@ -96,6 +100,7 @@ struct SenderState {
   absl::flat_hash_map<std::string, std::string> session_of
       ABSL_GUARDED_BY(mu);  // receiver -> session
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
+  int fetches ABSL_GUARDED_BY(mu) = 0;  // under way, all sessions
 
   // NCCL (broadcast_sender.cc). While the phase is kCollecting or kRunning,
   // sessions with an NCCL rank get announcements only from nccl_thread,
@@ -166,7 +171,7 @@ void CancelNcclLocked(SenderState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 // `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
                                                         const grpc::Status& refusal);
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state, std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
                                                        uint64_t chunk_bytes);
 

@@ -31,8 +31,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     FinishLocked(refusal);
   }
 
-  FetchReactor(SenderState* state, std::shared_ptr<const Snapshot> snapshot, uint64_t chunk_bytes)
+  FetchReactor(SenderState* state, std::string session_id, std::shared_ptr<const Snapshot> snapshot,
+               uint64_t chunk_bytes)
       : state_(state),
+        session_id_(std::move(session_id)),
         snapshot_(std::move(snapshot)),
         chunk_bytes_(chunk_bytes),
         corrupt_(state->corrupt_versions.contains(snapshot_->version())),
@@ -65,6 +67,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       failed = snapshot_ != nullptr && !succeeded_;
     }
     if (failed) state_->CountFailure();
+    if (snapshot_ != nullptr) state_->FetchDone(session_id_);
     delete this;
   }
 
@@ -131,6 +134,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   SenderState* const state_;
+  const std::string session_id_;
   const std::shared_ptr<const Snapshot> snapshot_;  // null for a refused fetch
   const uint64_t chunk_bytes_ = 0;
   const bool corrupt_ = false;
@@ -164,6 +168,13 @@ SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
       corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
       rng(std::random_device{}()) {
   if (registry != nullptr) metrics = std::make_unique<SenderMetrics>(*registry);
+}
+
+void SenderState::FetchDone(const std::string& session_id) {
+  absl::MutexLock lock(&mu);
+  --fetches;
+  auto it = sessions.find(session_id);
+  if (it != sessions.end()) --it->second.fetches;
 }
 
 void SenderState::ExpireUnsubscribedLocked() {
@@ -277,10 +288,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
   return new FetchReactor(state, refusal);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state, std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
                                                        uint64_t chunk_bytes) {
-  return new FetchReactor(state, std::move(snapshot), chunk_bytes);
+  return new FetchReactor(state, std::move(session_id), std::move(snapshot), chunk_bytes);
 }
 
 }  // namespace asympo::broadcast::internal

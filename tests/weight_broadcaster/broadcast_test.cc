@@ -436,6 +436,54 @@ TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
   EXPECT_EQ(server.sender().active_receivers(), 1);
 }
 
+TEST(BroadcastTest, FetchesUnderWayAreBoundedPerSessionAndInAll) {
+  BroadcastSenderOptions o = SmallBuckets();
+  o.min_chunk_bytes = 1;
+  o.chunk_delay = absl::Milliseconds(50);  // every fetch stays under way for a while
+  o.max_fetches_per_session = 2;
+  o.max_concurrent_fetches = 3;
+  SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  struct Open {
+    std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
+    std::unique_ptr<grpc::ClientReader<v1::WeightChunk>> reader;
+  };
+  const auto open = [&](const std::string& session) {
+    Open f;
+    v1::FetchSnapshotRequest req;
+    req.set_session_id(session);
+    req.set_version(1);
+    req.set_max_chunk_bytes(16);
+    f.reader = stub->FetchSnapshot(f.ctx.get(), req);
+    return f;
+  };
+  const auto refused = [&](Open f) {
+    v1::WeightChunk c;
+    while (f.reader->Read(&c)) {
+    }
+    const grpc::Status s = f.reader->Finish();
+    return s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  };
+  const std::string a = RegisterDirect(stub.get(), "a");
+  const std::string b = RegisterDirect(stub.get(), "b");
+  std::vector<Open> held;
+  held.push_back(open(a));
+  held.push_back(open(a));
+  v1::WeightChunk c;
+  for (Open& f : held) ASSERT_TRUE(f.reader->Read(&c));  // both started
+  EXPECT_TRUE(refused(open(a)));                         // a third for one session
+  held.push_back(open(b));
+  ASSERT_TRUE(held.back().reader->Read(&c));
+  EXPECT_TRUE(refused(open(b)));  // the fourth in all
+  for (Open& f : held) f.ctx->TryCancel();
+  for (Open& f : held) f.reader->Finish().IgnoreError();
+  held.clear();
+  // Ended fetches free their places.
+  ASSERT_TRUE(
+      asympo::testing::WaitFor([&] { return FetchDirect(stub.get(), a, 1, 4096).status.ok(); }));
+}
+
 TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
   auto first = std::make_unique<SenderServer>(SmallBuckets());
   const int port = first->port();
