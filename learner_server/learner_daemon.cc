@@ -185,6 +185,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.full_queue_timeout = o.full_queue_timeout;
   so.retry_after = o.retry_after;
   so.fault_reply_delay = o.fault_reply_delay;
+  so.max_streams = o.max_submit_streams;
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = broadcast::ModelSignatureOf(*model_, o.publish_dtype);

@@ -54,6 +54,8 @@ struct LearnerDaemonOptions {
   GroupQueueOptions queue;
   absl::Duration full_queue_timeout = absl::Seconds(30);
   absl::Duration retry_after = absl::Seconds(1);
+  // LearnerServiceOptions::max_streams.
+  int64_t max_submit_streams = 1024;
   // LearnerServiceOptions::fault_reply_delay (tests only).
   absl::Duration fault_reply_delay = absl::ZeroDuration();
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir

@@ -162,8 +162,15 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
 class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
  public:
   StreamReactor(const LearnerService* svc, grpc::CallbackServerContext* ctx,
-                v1::SubmitResponse* response)
-      : svc_(svc), ctx_(ctx), response_(response) {
+                v1::SubmitResponse* response, bool refuse)
+      : svc_(svc), ctx_(ctx), response_(response), counted_(!refuse) {
+    if (refuse) {
+      AddRetryHint(ctx_, absl::ResourceExhaustedError(""), svc_->options().retry_after);
+      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          absl::StrCat("the learner has ", svc_->options().max_streams,
+                                       " SubmitStreams open, its limit; close one, or use Submit")));
+      return;
+    }
     StartRead(&batch_);
   }
 
@@ -189,7 +196,10 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
   }
 
   void OnCancel() override { push_.Cancel(svc_->queue()); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (counted_) svc_->StreamClosed();
+    delete this;
+  }
 
  private:
   void Queued(const absl::Status& s) {
@@ -226,6 +236,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
   BatchCounts counts_;
   uint64_t accepted_ = 0;
   PushTracker push_;
+  const bool counted_;  // counted in the service's open streams
 };
 
 }  // namespace
@@ -269,7 +280,9 @@ grpc::ServerUnaryReactor* LearnerService::Submit(grpc::CallbackServerContext* co
 
 grpc::ServerReadReactor<v1::RolloutBatch>* LearnerService::SubmitStream(
     grpc::CallbackServerContext* context, v1::SubmitResponse* response) {
-  return new StreamReactor(this, context, response);
+  const bool refuse = open_streams_.fetch_add(1) >= options_.max_streams;
+  if (refuse) open_streams_.fetch_sub(1);
+  return new StreamReactor(this, context, response, refuse);
 }
 
 grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext* context,

@@ -61,6 +61,10 @@ struct LearnerServiceOptions {
   // Reported by GetStatus.
   std::string objective;
   std::string model_signature;
+  // SubmitStreams open at once; one more ends at once with
+  // RESOURCE_EXHAUSTED. Each open stream holds a reactor and its batch
+  // buffer, so idle streams would otherwise pile up without bound.
+  int64_t max_streams = 1024;
   // Test-only fault: how long Submit holds its reply after the batch was
   // queued, so that a client's deadline can pass after the learner
   // accepted (the retry of an accepted batch, made reproducible).
@@ -95,12 +99,16 @@ class LearnerService final : public v1::Learner::CallbackService {
   LearnerCounters* counters() const { return counters_; }
   SubmitObserver* observer() const { return observer_; }
   uint64_t version() const { return options_.version ? options_.version() : 0; }
+  // SubmitStreams open now.
+  int64_t open_streams() const { return open_streams_.load(); }
+  void StreamClosed() const { open_streams_.fetch_sub(1); }
 
  private:
   LearnerServiceOptions options_;
   GroupQueue* queue_;
   LearnerCounters* counters_;
   SubmitObserver* observer_;
+  mutable std::atomic<int64_t> open_streams_{0};
 };
 
 }  // namespace asympo::learner

@@ -106,6 +106,8 @@ ABSL_FLAG(absl::Duration, full_queue_timeout, absl::Seconds(30),
           "How long a submission waits for queue room before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
           "Back-off suggested with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_submit_streams, 1024,
+          "SubmitStreams open at once; one more is refused with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, batch_id_window, 65536,
           "Accepted batch ids remembered for exactly-once delivery (at least --queue_capacity; "
           "the trained ones are kept in checkpoints).");
@@ -281,6 +283,10 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
     return absl::InvalidArgumentError("--max_waiting_submissions must be positive");
   }
   o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
+  o->max_submit_streams = absl::GetFlag(FLAGS_max_submit_streams);
+  if (o->max_submit_streams <= 0) {
+    return absl::InvalidArgumentError("--max_submit_streams must be positive");
+  }
   o->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
   o->retry_after = absl::GetFlag(FLAGS_retry_after);
   o->fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);

@@ -55,6 +55,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.objective = "asympo";
     o.version = [this] { return version_.load(); };
     o.fault_reply_delay = reply_delay_;
+    o.max_streams = max_streams_;
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -78,6 +79,7 @@ class LearnerServiceTest : public ::testing::Test {
 
   LearnerCounters counters_;
   absl::Duration reply_delay_ = absl::ZeroDuration();
+  int64_t max_streams_ = 1024;
   std::atomic<uint64_t> version_{0};  // the trainer's, in the daemon
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
@@ -338,5 +340,45 @@ TEST_F(LearnerServiceTest, UnknownFieldsAreNotKeptInTheQueue) {
   }
 }
 
+TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
+  max_streams_ = 2;
+  Start(16);
+  struct Open {
+    grpc::ClientContext ctx;
+    v1::SubmitResponse r;
+    std::unique_ptr<grpc::ClientWriter<v1::RolloutBatch>> writer;
+  };
+  std::vector<std::unique_ptr<Open>> open;
+  for (int i = 0; i < 2; ++i) {
+    open.push_back(std::make_unique<Open>());
+    open.back()->writer = stub_->SubmitStream(&open.back()->ctx, &open.back()->r);
+    ASSERT_TRUE(open.back()->writer->Write(Batch(1, 3, "s" + std::to_string(i))));
+  }
+  ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 2; }));
+  {
+    Open third;
+    third.writer = stub_->SubmitStream(&third.ctx, &third.r);
+    third.writer->Write(Batch(1));
+    third.writer->WritesDone();
+    const grpc::Status s = third.writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("2 SubmitStreams open, its limit"));
+    EXPECT_EQ(Trailing(third.ctx, "asympo-retry-after-ms"), "750");
+  }
+  for (auto& o : open) {
+    ASSERT_TRUE(o->writer->WritesDone());
+    ASSERT_TRUE(o->writer->Finish().ok());
+  }
+  ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 0; }));
+  EXPECT_EQ(queue_->Stats().depth_groups, 2);
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto writer = stub_->SubmitStream(&ctx, &r);
+  ASSERT_TRUE(writer->Write(Batch(1)));
+  ASSERT_TRUE(writer->WritesDone());
+  EXPECT_TRUE(writer->Finish().ok());  // room again
+}
+
 }  // namespace
 }  // namespace asympo::learner
+
