@@ -67,7 +67,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       failed = snapshot_ != nullptr && !succeeded_;
     }
     if (failed) state_->CountFailure();
-    if (snapshot_ != nullptr) state_->FetchDone(session_id_);
+    {
+      absl::MutexLock lock(&mu_);
+      ReleaseLocked();  // when the RPC ended without Finish (it does not, but the count must drop)
+    }
     delete this;
   }
 
@@ -130,7 +133,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (finished_) return;
     finished_ = true;
+    // Before Finish, not in OnDone: the receiver sees the stream end once
+    // Finish is called and may fetch again at once; OnDone comes later.
+    ReleaseLocked();
     Finish(status);
+  }
+
+  // Gives the fetch's place back (FetchSnapshot counted it), once.
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (snapshot_ == nullptr || released_) return;
+    released_ = true;
+    state_->FetchDone(session_id_);
   }
 
   SenderState* const state_;
@@ -150,6 +163,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool corrupted_ ABSL_GUARDED_BY(mu_) = false;
   bool succeeded_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
