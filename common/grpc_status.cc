@@ -1,8 +1,10 @@
 #include "common/grpc_status.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace asympo {
@@ -28,6 +30,17 @@ std::chrono::system_clock::time_point GrpcDeadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() +
          std::chrono::duration_cast<std::chrono::system_clock::duration>(
              absl::ToChronoNanoseconds(timeout));
+}
+
+absl::Duration RetryAfterHint(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(kRetryAfterMetadataKey);
+  int64_t ms = 0;
+  if (it == md.end() || !absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms) ||
+      ms < 0) {
+    return absl::Seconds(1);
+  }
+  return std::min(absl::Milliseconds(ms), absl::Seconds(60));
 }
 
 std::string QuoteForMessage(absl::string_view s, size_t max_bytes) {

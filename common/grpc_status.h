@@ -6,6 +6,7 @@
 
 #include <chrono>
 
+#include <grpcpp/client_context.h>
 #include <grpcpp/support/status.h>
 
 #include "absl/status/status.h"
@@ -27,6 +28,14 @@ std::string GrpcCodeName(grpc::StatusCode code);
 // A gRPC deadline `timeout` from now, for ClientContext::set_deadline. An
 // infinite duration gives time_point::max() (no deadline).
 std::chrono::system_clock::time_point GrpcDeadline(absl::Duration timeout);
+
+// Trailing metadata of a RESOURCE_EXHAUSTED refusal: how long the learner
+// suggests waiting before the retry, in milliseconds.
+inline constexpr char kRetryAfterMetadataKey[] = "asympo-retry-after-ms";
+
+// The learner's retry hint from the trailing metadata of a finished call:
+// 1 s when it is absent, unreadable or negative, at most 60 s.
+absl::Duration RetryAfterHint(const grpc::ClientContext& ctx);
 
 // A client's string as an error message may echo it: cut to `max_bytes`
 // (then "..."), C-escaped and in double quotes. An echoed megabyte would

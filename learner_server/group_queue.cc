@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_status.h"
 
 namespace asympo::learner {
 namespace {
@@ -15,8 +16,9 @@ void RunAll(std::vector<std::pair<GroupQueue::PushDone, absl::Status>>* done) {
 }
 
 absl::Status DuplicateStatus(const std::vector<QueuedGroup>& groups) {
-  return absl::AlreadyExistsError(absl::StrCat("batch_id \"", groups.front().batch_id,
-                                               "\" was accepted before; not queued again"));
+  const std::string id = QuoteForMessage(groups.front().batch_id);
+  return absl::AlreadyExistsError(
+      absl::StrCat("batch_id ", id, " was accepted before; not queued again"));
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.max_streams = o.max_submit_streams;
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
-  so.model_signature = broadcast::ModelSignatureOf(*model_, o.publish_dtype);
+  so.model_signature = sender_->model_signature();
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &port_);

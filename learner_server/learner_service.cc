@@ -11,7 +11,6 @@
 namespace asympo::learner {
 namespace {
 
-constexpr char kRetryAfterKey[] = "asympo-retry-after-ms";
 constexpr char kAcceptedBatchesKey[] = "asympo-accepted-batches";
 
 // The earlier of now + timeout and the client's deadline.
@@ -53,7 +52,7 @@ void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts
 void AddRetryHint(grpc::CallbackServerContext* ctx, const absl::Status& s,
                   absl::Duration retry_after) {
   if (s.code() == absl::StatusCode::kResourceExhausted) {
-    ctx->AddTrailingMetadata(kRetryAfterKey,
+    ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
                              std::to_string(absl::ToInt64Milliseconds(retry_after)));
   }
 }
@@ -165,10 +164,11 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
                 v1::SubmitResponse* response, bool refuse)
       : svc_(svc), ctx_(ctx), response_(response), counted_(!refuse) {
     if (refuse) {
-      AddRetryHint(ctx_, absl::ResourceExhaustedError(""), svc_->options().retry_after);
-      Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                          absl::StrCat("the learner has ", svc_->options().max_streams,
-                                       " SubmitStreams open, its limit; close one, or use Submit")));
+      const absl::Status full = absl::ResourceExhaustedError(
+          absl::StrCat("the learner has ", svc_->options().max_streams,
+                       " SubmitStreams open, its limit; close one, or use Submit"));
+      AddRetryHint(ctx_, full, svc_->options().retry_after);
+      Finish(ToGrpcStatus(full));
       return;
     }
     StartRead(&batch_);

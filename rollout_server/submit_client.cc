@@ -6,7 +6,6 @@
 
 #include <glog/logging.h>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "rollout_server/batch_assembler.h"
@@ -14,23 +13,8 @@
 namespace asympo::rollout {
 namespace {
 
-constexpr char kRetryAfterKey[] = "asympo-retry-after-ms";
-constexpr absl::Duration kDefaultRetryAfter = absl::Seconds(1);
-constexpr absl::Duration kMaxRetryAfter = absl::Seconds(60);
 // How long TakeBatch waits for a group before the loop looks around again.
 constexpr absl::Duration kTakeWait = absl::Milliseconds(200);
-
-// The learner's retry hint from the trailing metadata of a refused call.
-absl::Duration RetryAfter(const grpc::ClientContext& ctx) {
-  const auto& md = ctx.GetServerTrailingMetadata();
-  auto it = md.find(kRetryAfterKey);
-  int64_t ms = 0;
-  if (it == md.end() || !absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms) ||
-      ms < 0) {
-    return kDefaultRetryAfter;
-  }
-  return std::min(absl::Milliseconds(ms), kMaxRetryAfter);
-}
 
 std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
   grpc::ChannelArguments args;
@@ -279,7 +263,7 @@ void SubmitClient::Send(v1::RolloutBatch batch) {
   }
   Retry(std::move(batch));  // perhaps not accepted: again, the same batch with the same id
   if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-    const absl::Duration wait = RetryAfter(ctx);
+    const absl::Duration wait = RetryAfterHint(ctx);
     VLOG(1) << "learner queue full; retrying in " << absl::FormatDuration(wait);
     Pause(wait);
     return;

@@ -38,7 +38,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -76,8 +75,6 @@ ABSL_FLAG(bool, check_only, false, "Check every row against the learner's limits
 
 namespace asympo {
 namespace {
-
-constexpr char kRetryAfterKey[] = "asympo-retry-after-ms";
 
 struct Row {
   int line = 0;
@@ -176,16 +173,6 @@ void ParseRow(const std::string& name, const Tokenizer* tok, const BatchLimits& 
   }
 }
 
-absl::Duration RetryAfter(const grpc::ClientContext& ctx) {
-  const auto& md = ctx.GetServerTrailingMetadata();
-  auto it = md.find(kRetryAfterKey);
-  int64_t ms = 0;
-  if (it == md.end() || !absl::SimpleAtoi(std::string(it->second.data(), it->second.size()), &ms)) {
-    return absl::Seconds(1);
-  }
-  return std::clamp(absl::Milliseconds(ms), absl::ZeroDuration(), absl::Seconds(60));
-}
-
 struct Tally {
   int64_t groups_sent = 0, duplicates = 0, skipped_confirmed = 0, refused_rows = 0, bad_rows = 0;
   uint64_t version = 0;
@@ -232,7 +219,7 @@ absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& 
     absl::Duration wait = backoff;
     if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
       t->waiting = true;
-      wait = RetryAfter(ctx);
+      wait = RetryAfterHint(ctx);
     } else {
       backoff = std::min(backoff * 2, absl::Seconds(10));
     }

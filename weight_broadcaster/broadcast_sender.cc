@@ -229,6 +229,8 @@ uint64_t BroadcastSender::latest_version() const {
   return state_->latest == nullptr ? 0 : state_->latest->version();
 }
 
+const std::string& BroadcastSender::model_signature() const { return state_->model_signature; }
+
 int BroadcastSender::active_receivers() const {
   absl::MutexLock lock(&state_->mu);
   int n = 0;

@@ -153,6 +153,8 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   uint64_t latest_version() const;
   // Receivers registered and still subscribed.
   int active_receivers() const;
+  // The signature every published snapshot carries (the constructor's).
+  const std::string& model_signature() const;
   // Version each registered receiver last reported (at Register or with
   // ReportVersion), sorted by receiver id.
   std::vector<std::pair<std::string, uint64_t>> receiver_versions() const;
