@@ -178,7 +178,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
     if (!ok) {  // the client half-closed: every batch was queued
       response_->set_learner_version(svc_->version());
       response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
-      Finish(grpc::Status::OK);
+      End(grpc::Status::OK);
       return;
     }
     counts_ = CountBatch(batch_);
@@ -197,11 +197,20 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
 
   void OnCancel() override { push_.Cancel(svc_->queue()); }
   void OnDone() override {
-    if (counted_) svc_->StreamClosed();
+    if (counted_ && !closed_) svc_->StreamClosed();  // ended without End (it does not)
     delete this;
   }
 
  private:
+  // Finishes the stream. Its place is given back first, not in OnDone: the
+  // client sees the stream end once Finish is called and may open another
+  // at once; OnDone comes later.
+  void End(const grpc::Status& status) {
+    if (counted_ && !closed_) svc_->StreamClosed();
+    closed_ = true;
+    Finish(status);
+  }
+
   void Queued(const absl::Status& s) {
     push_.Completed();
     const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
@@ -225,8 +234,7 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
     Account(*svc_, s, counts_);
     AddRetryHint(ctx_, s, svc_->options().retry_after);
     ctx_->AddTrailingMetadata(kAcceptedBatchesKey, std::to_string(accepted_));
-    Finish(
-        ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
+    End(ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
   }
 
   const LearnerService* svc_;
@@ -236,7 +244,8 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
   BatchCounts counts_;
   uint64_t accepted_ = 0;
   PushTracker push_;
-  const bool counted_;  // counted in the service's open streams
+  const bool counted_;   // counted in the service's open streams
+  bool closed_ = false;  // End gave the place back
 };
 
 }  // namespace
