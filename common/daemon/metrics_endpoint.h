@@ -11,16 +11,30 @@
 // constructing CivetServer"); tests/common/daemon/exposer_reproducer_test.cc
 // shows it.
 //
-// Served: GET and HEAD of /metrics (a query string is ignored); other paths
-// get 404, other methods 405, a request line that does not parse 400. Each
-// connection answers one request and closes. Several scrapes are served at
-// once (`threads` workers), over IPv4 or IPv6. A client that does not send
-// its request within request_timeout, or does not take the answer within
-// send_timeout, is dropped without holding up the others. When every
-// worker is busy and `max_pending` connections wait, new ones get 503.
+// Served, over IPv4 or IPv6: GET and HEAD of exactly /metrics, with or
+// without a "?query" (ignored). The request head must be strict HTTP/1.x:
+// a request line `method SP path SP HTTP/1.<digit> CRLF` (method a token,
+// path from '/' in visible ASCII), header lines ending in CRLF, a blank
+// line; 8 KiB (8,192 bytes) at most in all. Answers: 200; 404 for any
+// other path (/metricsX, /metrics/, /metrics/../x); 405 for another
+// method; 400 for any other request line, a CR or LF that stands alone,
+// or a head that the client ends early; 431 for a head over 8 KiB; 503
+// when busy (below). Answers to HEAD have no body. Each connection answers
+// one request and closes.
 //
-// Thread-safe; the destructor stops accepting, drops the connections in
-// progress and joins every thread, promptly (no polling interval).
+// Slow or idle clients cannot hold up scrapes: one thread reads the request
+// heads and writes the answers of every connection at once (poll), and only
+// complete scrapes go to the `threads` workers that collect the registry. A
+// client has request_timeout from the moment its connection is accepted to send
+// its whole head (bytes that keep coming do not extend it), and send_timeout
+// from the moment its answer is ready to take all of it; past either it is
+// closed (a late head gets no answer). At most max_connections are held at
+// once: one more closes the oldest that is not with a worker (with a 503 if it
+// was still sending its head), or gets 503 itself when every one is. A scrape
+// that finds threads + max_pending scrapes with the workers gets 503.
+//
+// Thread-safe; the destructor stops accepting, closes every connection and
+// joins every thread, promptly (no polling interval).
 #pragma once
 
 #include <cstdint>
@@ -36,12 +50,16 @@
 namespace asympo::daemon {
 
 struct MetricsEndpointOptions {
-  // Worker threads: scrapes served at once.
+  // Worker threads: registries collected at once.
   int threads = 2;
-  // Accepted connections waiting for a worker; beyond them, 503.
+  // Complete scrapes waiting for a worker; beyond them, 503.
   int max_pending = 16;
-  // How long a client may take to send its request head (at most 8 KiB),
-  // and to take the answer.
+  // Connections held at once, whatever their state; beyond them the oldest
+  // is closed.
+  int max_connections = 128;
+  // How long a client may take to send its whole request head (at most
+  // 8 KiB), counted from the accept; and to take the whole answer, counted
+  // from when it is ready.
   absl::Duration request_timeout = absl::Seconds(5);
   absl::Duration send_timeout = absl::Seconds(10);
   // Labels added to every series served (for example {"run", "exp-7"}); a
