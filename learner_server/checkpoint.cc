@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <filesystem>
 #include <map>
 #include <system_error>
@@ -57,19 +58,43 @@ absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimize
 
 namespace {
 
-absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
-                                             const PolicyModel& model, const AdamW& optimizer,
-                                             const std::string& config, int keep_last,
-                                             const std::vector<std::string>& batch_ids) {
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
-  const std::string final_dir = absl::StrFormat("%s/ckpt-%012d", root, version);
-  const std::string tmp_dir = absl::StrFormat("%s/.tmp-ckpt-%012d-%d", root, version, ::getpid());
-  fs::remove_all(tmp_dir, ec);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ec.message()));
+// "what it says (errno N)" of a filesystem error.
+std::string ErrorText(const std::error_code& ec) {
+  return absl::StrCat(ec.message(), " (errno ", ec.value(), ")");
+}
 
+// Removes a save's temporary directory when the save fails at any point,
+// a LibTorch exception included (GuardTorch catches it further up).
+class RemoveUnlessKept {
+ public:
+  explicit RemoveUnlessKept(std::string dir) : dir_(std::move(dir)) {}
+  ~RemoveUnlessKept() {
+    if (dir_.empty()) return;
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+    if (!ec) return;
+    // remove_all lists the directory, which takes a descriptor: out of
+    // them (EMFILE), remove by name what a save puts there (a file writer
+    // that fails removes its own temporary file).
+    for (const char* name : {kCheckpointStateFile, kCheckpointMetaFile}) {
+      ::unlink((dir_ + "/" + name).c_str());
+    }
+    if (::rmdir(dir_.c_str()) != 0 && errno != ENOENT) {
+      LOG(WARNING) << "cannot remove the unfinished checkpoint " << dir_ << ": " << ErrorText(ec)
+                   << "; the next start removes it";
+    }
+  }
+  void Keep() { dir_.clear(); }
+
+ private:
+  std::string dir_;
+};
+
+// Writes state.safetensors and meta.json into `dir`.
+absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
+                                  const PolicyModel& model, const AdamW& optimizer,
+                                  const std::string& config,
+                                  const std::vector<std::string>& batch_ids) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   {
     at::NoGradGuard no_grad;
@@ -81,7 +106,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
     std::lock_guard<std::mutex> lock(gen.mutex());
     tensors.emplace_back(kCheckpointRngTensor, gen.get_state());
   }
-  const std::string state_path = tmp_dir + "/" + kCheckpointStateFile;
+  const std::string state_path = dir + "/" + kCheckpointStateFile;
   ASYMPO_RETURN_IF_ERROR(WriteSafetensors(state_path, tensors));
   ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, CheckpointFileCrc(state_path));
   nlohmann::json meta;
@@ -92,13 +117,32 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   meta["batch_ids"] = batch_ids;
   // Ids arrive as protobuf strings, which are UTF-8; anything else is
   // replaced rather than failing the checkpoint.
+  return WriteText(dir + "/" + kCheckpointMetaFile,
+                   meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+}
+
+absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
+                                             const PolicyModel& model, const AdamW& optimizer,
+                                             const std::string& config, int keep_last,
+                                             const std::vector<std::string>& batch_ids) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
+  const std::string final_dir = absl::StrFormat("%s/ckpt-%012d", root, version);
+  const std::string tmp_dir = absl::StrFormat("%s/.tmp-ckpt-%012d-%d", root, version, ::getpid());
+  fs::remove_all(tmp_dir, ec);
+  RemoveUnlessKept cleanup(tmp_dir);
+  fs::create_directories(tmp_dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ErrorText(ec)));
   ASYMPO_RETURN_IF_ERROR(
-      WriteText(tmp_dir + "/" + kCheckpointMetaFile,
-                meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"));
+      WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batch_ids));
   fs::remove_all(final_dir, ec);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir));
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir, ": ",
+                     ErrorText(std::error_code(errno, std::generic_category()))));
   }
+  cleanup.Keep();
   ASYMPO_RETURN_IF_ERROR(SyncDirectory(root));
   if (keep_last > 0) {
     const std::vector<std::string> all = ListCheckpoints(root);
