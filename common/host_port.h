@@ -1,0 +1,27 @@
+// "host:port" socket addresses as the daemons' listening options take them:
+// splitting one, and printing the address a socket is bound to. Pure
+// functions, thread-safe.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace asympo {
+
+struct HostPort {
+  std::string host;  // without the brackets of an IPv6 address
+  int port = 0;      // 0..65535
+};
+
+// Splits "host:port": host is an IPv4 address, a bracketed IPv6 address
+// ([::1]) or a name; port is 0..65535. INVALID_ARGUMENT otherwise, naming
+// `what` (e.g. "metrics address"), the address and the rule.
+absl::StatusOr<HostPort> SplitHostPort(const std::string& address, absl::string_view what);
+
+// "ip:port" or "[ip6]:port" of the socket `fd` is bound to; its port goes
+// to *port. "" and 0 when fd is not a bound IP socket.
+std::string BoundAddress(int fd, int* port);
+
+}  // namespace asympo
