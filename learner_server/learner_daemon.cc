@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/grpc_listener.h"
 #include "common/grpc_status.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -79,6 +81,7 @@ LearnerDaemon::LearnerDaemon(LearnerDaemonOptions options) : options_(std::move(
 
 LearnerDaemon::~LearnerDaemon() {
   Shutdown();
+  listener_.reset();  // before the server: gRPC would leak what it is handed after
   if (server_) server_->Shutdown(GrpcDeadline(absl::Seconds(2)));
   if (step_csv_ != nullptr) std::fclose(step_csv_);
 }
@@ -190,8 +193,25 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = sender_->model_signature();
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
+  const std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(o.listen_address, grpc::InsecureServerCredentials(), &port_);
+  // Our own listener: gRPC's stops accepting for good after one EMFILE
+  // (common/grpc_listener.h).
+  absl::StatusOr<std::unique_ptr<GrpcListener>> listener =
+      GrpcListener::Bind(o.listen_address, credentials, &builder);
+  const auto cannot_listen = [&](absl::string_view why) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", o.listen_address,
+                     " (the port is in use, by another learner perhaps, or the address is not "
+                     "one of this host's): ",
+                     why));
+  };
+  if (absl::IsInvalidArgument(listener.status())) return listener.status();  // names the rule
+  if (!listener.ok()) {
+    return cannot_listen(absl::StripPrefix(
+        listener.status().message(), absl::StrCat("cannot listen on ", o.listen_address, ": ")));
+  }
+  listener_ = *std::move(listener);
   builder.RegisterService(service_.get());
   builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
@@ -203,12 +223,9 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   // start fine and take half of the rollouts' connections.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
-  if (server_ == nullptr || port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", o.listen_address,
-                     " (the port is in use, by another learner perhaps, or the address is not "
-                     "one of this host's)"));
-  }
+  if (server_ == nullptr) return cannot_listen("the gRPC server did not start");
+  listener_->Start();
+  port_ = listener_->port();
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(trainer_->version());
   LOG(INFO) << "learner serving on port " << port_ << " (objective " << so.objective << ", model "

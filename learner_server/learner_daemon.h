@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
+#include "common/grpc_listener.h"
 #include "common/model/policy_model.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/group_queue.h"
@@ -157,6 +158,8 @@ class LearnerDaemon {
   LearnerCounters counters_;
   std::unique_ptr<LearnerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  // Hands its connections to server_; destroyed first (~LearnerDaemon).
+  std::unique_ptr<GrpcListener> listener_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   absl::Status failure_;  // a rank failure (trainer thread only)

@@ -1,13 +1,16 @@
 #include "common/daemon/daemon_runtime.h"
 
 #include <malloc.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include <glog/logging.h>
 
@@ -26,6 +29,66 @@ void RetainFreedMemory() {
   mallopt(M_TRIM_THRESHOLD, 256 << 20);
 }
 
+namespace {
+
+// RLIMIT_NOFILE as Install found and left it. Install runs before logging
+// starts, so the line about it comes later (LogDescriptorLimitOnce).
+struct DescriptorLimit {
+  rlim_t found = 0;  // the soft limit at start
+  rlim_t soft = 0;
+  rlim_t hard = 0;
+  int error = 0;  // errno of a failed getrlimit or setrlimit
+};
+DescriptorLimit descriptor_limit;
+std::atomic<bool> descriptor_limit_logged{false};
+
+// Raises the soft limit on open descriptors to the hard one: every
+// connection a daemon serves takes one (common/grpc_listener.h), and
+// distributions still default to a soft limit of 1024.
+void RaiseDescriptorLimit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    descriptor_limit.error = errno;
+    return;
+  }
+  descriptor_limit.found = limit.rlim_cur;
+  if (limit.rlim_cur < limit.rlim_max) {
+    rlimit raised = limit;
+    raised.rlim_cur = limit.rlim_max;
+    if (::setrlimit(RLIMIT_NOFILE, &raised) == 0) {
+      limit = raised;
+    } else {
+      descriptor_limit.error = errno;
+    }
+  }
+  descriptor_limit.soft = limit.rlim_cur;
+  descriptor_limit.hard = limit.rlim_max;
+}
+
+std::string LimitText(rlim_t limit) {
+  return limit == RLIM_INFINITY ? "unlimited" : std::to_string(limit);
+}
+
+// Logs the descriptor limit, once, when logging has started.
+void LogDescriptorLimitOnce() {
+  if (descriptor_limit_logged.exchange(true)) return;
+  const DescriptorLimit& d = descriptor_limit;
+  if (d.soft == 0) {
+    LOG(WARNING) << "cannot read or raise RLIMIT_NOFILE: " << std::strerror(d.error);
+    return;
+  }
+  std::string how = " (the hard limit)";
+  if (d.soft < d.hard) {
+    how = absl::StrCat(" (hard limit ", LimitText(d.hard),
+                       "; raising to it failed: ", std::strerror(d.error), ")");
+  } else if (d.found < d.soft) {
+    how = absl::StrCat(" (soft limit raised from ", LimitText(d.found), " to the hard limit)");
+  }
+  LOG(INFO) << "open file descriptors: at most " << LimitText(d.soft) << how;
+}
+
+}  // namespace
+
 // What a stop signal does: shut the daemon down once it runs, end the
 // process while it starts.
 struct DaemonRuntime::Stop {
@@ -34,6 +97,7 @@ struct DaemonRuntime::Stop {
 };
 
 absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
+  RaiseDescriptorLimit();
   absl::StatusOr<std::unique_ptr<StopSignals>> signals = StopSignals::Install();
   if (!signals.ok()) return signals.status();
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
@@ -54,6 +118,7 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
 }
 
 void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
+  LogDescriptorLimitOnce();
   absl::MutexLock lock(&stop_->mu);
   stop_->shutdown = std::move(shutdown);
 }
@@ -86,6 +151,7 @@ absl::StatusOr<std::string> RunName(const std::string& flag) {
 
 absl::Status DaemonRuntime::ServeMetrics(const std::string& address,
                                          const std::string& run_name) {
+  LogDescriptorLimitOnce();  // the first place after Install where logging has started
   if (address.empty()) return absl::OkStatus();
   MetricsEndpointOptions options;
   if (!run_name.empty()) options.labels = {{"run", run_name}};
