@@ -9,6 +9,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 
 namespace asympo {
 
@@ -59,6 +60,22 @@ std::string BoundAddress(int fd, int* port) {
   ::inet_ntop(AF_INET, &a->sin_addr, buf, sizeof(buf));
   *port = ntohs(a->sin_port);
   return absl::StrCat(buf, ":", *port);
+}
+
+bool IsLoopbackAddress(absl::string_view address) {
+  std::string host;
+  if (absl::ConsumePrefix(&address, "[")) {
+    host = std::string(address.substr(0, address.find(']')));
+  } else {
+    const size_t colon = address.rfind(':');
+    // Several colons without brackets: a bare IPv6 address.
+    const bool has_port = colon != absl::string_view::npos && address.find(':') == colon;
+    host = std::string(has_port ? address.substr(0, colon) : address);
+  }
+  host = absl::AsciiStrToLower(host);
+  if (host == "localhost" || host == "::1") return true;
+  in_addr v4{};
+  return inet_pton(AF_INET, host.c_str(), &v4) == 1 && (ntohl(v4.s_addr) >> 24) == 127;
 }
 
 }  // namespace asympo

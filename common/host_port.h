@@ -24,4 +24,9 @@ absl::StatusOr<HostPort> SplitHostPort(const std::string& address, absl::string_
 // to *port. "" and 0 when fd is not a bound IP socket.
 std::string BoundAddress(int fd, int* port);
 
+// Whether "host:port" (or a bare host) names a loopback host: 127.0.0.0/8,
+// [::1] or localhost. Any other name, 0.0.0.0 and [::] are not loopback:
+// what the daemons may serve in plaintext without --insecure.
+bool IsLoopbackAddress(absl::string_view address);
+
 }  // namespace asympo

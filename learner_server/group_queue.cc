@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/grpc_status.h"
@@ -21,7 +22,33 @@ absl::Status DuplicateStatus(const std::vector<QueuedGroup>& groups) {
       absl::StrCat("batch_id ", id, " was accepted before; not queued again"));
 }
 
+constexpr char kSourceLimitPayload[] = "asympo.learner/source_limit";
+
+// The source of a push (every group of one push has the same).
+const std::string& SourceOf(const std::vector<QueuedGroup>& groups) {
+  static const std::string kNone;
+  return groups.empty() ? kNone : groups.front().source;
+}
+
 }  // namespace
+
+bool GroupQueue::IsSourceLimitRefusal(const absl::Status& status) {
+  return status.GetPayload(kSourceLimitPayload).has_value();
+}
+
+void GroupQueue::ReleaseLocked(const std::string& source, int64_t n) {
+  auto it = held_.find(source);
+  if (it == held_.end()) return;
+  it->second -= n;
+  if (it->second <= 0) held_.erase(it);
+}
+
+std::vector<std::pair<std::string, int64_t>> GroupQueue::HeldBySource() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::pair<std::string, int64_t>> out(held_.begin(), held_.end());
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 GroupQueue::GroupQueue(GroupQueueOptions options)
     : options_(options), timer_([this] { TimerLoop(); }) {}
@@ -59,13 +86,16 @@ void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
   groups->clear();
 }
 
-uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline,
-                               PushDone done) {
+uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline, PushDone done,
+                               int64_t source_limit) {
   const int64_t n = static_cast<int64_t>(groups.size());
+  const std::string source = SourceOf(groups);
   absl::Status status;
   uint64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
+    const auto held = held_.find(source);
+    const int64_t source_holds = held == held_.end() ? 0 : held->second;
     if (closed_) {
       status = absl::UnavailableError("the learner is shutting down and accepts no more batches");
     } else if (IsDuplicateLocked(groups)) {
@@ -74,8 +104,15 @@ uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadl
       status = absl::InvalidArgumentError(
           absl::StrCat("batch has ", n, " groups, more than the learner's queue capacity ",
                        options_.capacity_groups, "; send smaller batches"));
+    } else if (source_limit > 0 && source_holds + n > source_limit) {
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("source ", QuoteForMessage(source), " holds ", source_holds,
+                       " groups in the learner's queue and its share is ", source_limit,
+                       "; this batch of ", n, " waits until the learner trains some of them"));
+      status.SetPayload(kSourceLimitPayload, absl::Cord("1"));
     } else if (waiters_.empty() &&
                static_cast<int64_t>(queue_.size()) + n <= options_.capacity_groups) {
+      held_[source] += n;
       Enqueue(&groups);
       status = absl::OkStatus();
     } else if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiting_pushes) {
@@ -88,6 +125,7 @@ uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadl
                        options_.capacity_groups, " groups); retry later"));
     } else {
       ticket = next_ticket_++;
+      held_[source] += n;
       waiters_.push_back(Waiter{ticket, std::move(groups), deadline, std::move(done)});
       ++waiters_generation_;
       return ticket;  // `done` runs later
@@ -116,6 +154,7 @@ void GroupQueue::CancelPush(uint64_t ticket) {
                            [&](const Waiter& w) { return w.ticket == ticket; });
     if (it == waiters_.end()) return;
     done = std::move(it->done);
+    ReleaseLocked(SourceOf(it->groups), static_cast<int64_t>(it->groups.size()));
     waiters_.erase(it);
     ++waiters_generation_;
   }
@@ -126,6 +165,7 @@ void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
   while (!waiters_.empty()) {
     Waiter& w = waiters_.front();
     if (IsDuplicateLocked(w.groups)) {  // another push of its id was admitted while it waited
+      ReleaseLocked(SourceOf(w.groups), static_cast<int64_t>(w.groups.size()));
       done->emplace_back(std::move(w.done), DuplicateStatus(w.groups));
       waiters_.pop_front();
       ++waiters_generation_;
@@ -154,6 +194,7 @@ std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline) {
       for (int64_t i = 0; i < n; ++i) {
         out.push_back(std::move(queue_.front()));
         queue_.pop_front();
+        ReleaseLocked(out.back().source, 1);
       }
       popped_groups_ += n;
       AdmitWaitersLocked(&done);
@@ -169,6 +210,7 @@ void GroupQueue::Close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     for (Waiter& w : waiters_) {
+      ReleaseLocked(SourceOf(w.groups), static_cast<int64_t>(w.groups.size()));
       done.emplace_back(std::move(w.done),
                         absl::UnavailableError("the learner is shutting down; the batch was not "
                                                "queued"));
@@ -194,6 +236,7 @@ void GroupQueue::TimerLoop() {
     const absl::Time now = absl::Now();
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline <= now) {
+        ReleaseLocked(SourceOf(it->groups), static_cast<int64_t>(it->groups.size()));
         done.emplace_back(std::move(it->done),
                           absl::ResourceExhaustedError(absl::StrCat(
                               "the learner's queue stayed full (", queue_.size(), " of ",

@@ -15,6 +15,12 @@
 // check and the admission happen under one lock, so two pushes of one id
 // that wait side by side are queued once.
 //
+// Quotas: a push may carry its source's limit (PushAsync's source_limit):
+// the groups of that source queued or waiting, with the push's, may not
+// exceed it, or the push is refused at once with RESOURCE_EXHAUSTED
+// (IsSourceLimitRefusal): it does not wait, since a waiting push would hold
+// up every other source's behind it.
+//
 // Waiting is asynchronous (PushAsync calls back), so gRPC callback reactors
 // never block; Push is the blocking form. Thread-safe.
 #pragma once
@@ -48,6 +54,9 @@ struct QueuedGroup {
   // RolloutBatch.batch_id of the batch it came in (empty: none). Every
   // group of one push carries the same id.
   std::string batch_id;
+  // Who submitted it (the principal's name; empty: nobody in particular),
+  // for per-source quotas and metrics.
+  std::string source;
 };
 
 struct GroupQueueOptions {
@@ -88,9 +97,17 @@ class GroupQueue {
 
   // Queues `groups` (all or none) when they fit and no earlier push is
   // waiting; otherwise waits until `deadline`. INVALID_ARGUMENT, at once,
-  // when more groups than the capacity are pushed. Returns a ticket for
+  // when more groups than the capacity are pushed. With `source_limit` > 0,
+  // RESOURCE_EXHAUSTED at once when the groups' source would then hold more
+  // than that many groups (queued or waiting). Returns a ticket for
   // CancelPush (0 once `done` has already run).
-  uint64_t PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline, PushDone done);
+  uint64_t PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline, PushDone done,
+                     int64_t source_limit = 0);
+
+  // Whether `status` is PushAsync's refusal for a source over its limit.
+  static bool IsSourceLimitRefusal(const absl::Status& status);
+  // Groups queued or waiting, by source (sources holding none are left out).
+  std::vector<std::pair<std::string, int64_t>> HeldBySource() const;
 
   // Blocking form of PushAsync.
   absl::Status Push(std::vector<QueuedGroup> groups, absl::Time deadline);
@@ -136,6 +153,9 @@ class GroupQueue {
   void Enqueue(std::vector<QueuedGroup>* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when the push's batch id was accepted before (and counts it).
   bool IsDuplicateLocked(const std::vector<QueuedGroup>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A push of `groups` left the waiting list without being queued, or
+  // groups of `source` left the queue.
+  void ReleaseLocked(const std::string& source, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberLocked(const std::string& batch_id, bool trained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
@@ -153,6 +173,8 @@ class GroupQueue {
   // The batch-id window: id -> consumed by a step; ids in acceptance order.
   absl::flat_hash_map<std::string, bool> batch_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> batch_id_order_ ABSL_GUARDED_BY(mu_);
+  // Groups queued or waiting, by source.
+  absl::flat_hash_map<std::string, int64_t> held_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;
 };
 

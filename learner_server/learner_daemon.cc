@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "common/grpc_listener.h"
 #include "common/grpc_status.h"
+#include "common/host_port.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
@@ -90,6 +91,9 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
     LearnerDaemonOptions o, prometheus::Registry& registry) {
   ASYMPO_RETURN_IF_ERROR(ValidateOptions(o));
   std::unique_ptr<LearnerDaemon> d(new LearnerDaemon(std::move(o)));
+  if (d->options_.data_parallel.rank == 0) {  // found before the model is built
+    ASYMPO_RETURN_IF_ERROR(d->SetUpSecurity(registry));
+  }
   if (d->options_.data_parallel.world_size > 1) {
     ASYMPO_ASSIGN_OR_RETURN(d->dp_, DataParallel::Create(d->options_.data_parallel));
   }
@@ -120,6 +124,24 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
   d->start_time_ = absl::Now();
   ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
   return d;
+}
+
+absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
+  LearnerDaemonOptions& o = options_;
+  ASYMPO_ASSIGN_OR_RETURN(credentials_, security::MakeServerCredentials(o.tls));
+  o.auth.client_ca_file = o.tls.client_ca_file;
+  ASYMPO_ASSIGN_OR_RETURN(authorizer_, security::Authorizer::Create(o.auth, &registry));
+  ASYMPO_RETURN_IF_ERROR(security::CheckListenPolicy(o.listen_address, !o.tls.cert_file.empty(),
+                                                     authorizer_->authenticates(), o.insecure));
+  o.broadcast.authorizer = authorizer_.get();
+  if (!IsLoopbackAddress(o.listen_address) &&
+      (o.tls.cert_file.empty() || !authorizer_->authenticates())) {
+    LOG(WARNING) << "--insecure: listening on " << o.listen_address
+                 << (o.tls.cert_file.empty() ? " in plaintext" : "")
+                 << (authorizer_->authenticates() ? "" : " without client authentication")
+                 << "; anyone who reaches the port can submit batches and read the weights";
+  }
+  return absl::OkStatus();
 }
 
 absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry) {
@@ -189,11 +211,13 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.retry_after = o.retry_after;
   so.fault_reply_delay = o.fault_reply_delay;
   so.max_streams = o.max_submit_streams;
+  so.stream_idle_timeout = o.stream_idle_timeout;
+  so.authorizer = authorizer_.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = sender_->model_signature();
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
-  const std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  const std::shared_ptr<grpc::ServerCredentials> credentials = credentials_;
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE
   // (common/grpc_listener.h).
@@ -214,7 +238,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   listener_ = *std::move(listener);
   builder.RegisterService(service_.get());
   builder.RegisterService(sender_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(so.max_message_bytes));
   // Rollouts' weight receivers send keepalive pings every 20 s on their
   // announcement streams; allow them (and idle ones) without a GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
@@ -228,7 +252,12 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   port_ = listener_->port();
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(trainer_->version());
-  LOG(INFO) << "learner serving on port " << port_ << " (objective " << so.objective << ", model "
+  const char* transport = o.tls.cert_file.empty()          ? "plaintext"
+                          : o.tls.client_ca_file.empty() ? "TLS"
+                                                         : "mTLS";
+  LOG(INFO) << "learner serving on port " << port_ << " (" << transport
+            << (authorizer_->authenticates() ? ", callers authenticated" : ", callers anonymous")
+            << ", objective " << so.objective << ", model "
             << o.model << ", " << model_->config().NumParameters() << " parameters on "
             << model_->options().device << ", " << DTypeName(model_->options().dtype)
             << " weights, " << DTypeName(model_->compute_dtype()) << " compute, broadcast as "
@@ -349,6 +378,7 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
   counters_.trained_groups.fetch_add(static_cast<uint64_t>(step->diagnostics.groups));
   const GroupQueueStats q = queue_->Stats();
   metrics_->ObserveStep(*step, q);
+  metrics_->ObserveSources(queue_->HeldBySource());
   WriteStepCsv(*step, q);
   LogStep(*steps, *step, q);
   if (options_.checkpoint_every > 0 &&

@@ -25,6 +25,8 @@
 #include "common/batch_validation.h"
 #include "common/grpc_listener.h"
 #include "common/model/policy_model.h"
+#include "common/security/authorizer.h"
+#include "common/security/tls.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
@@ -40,6 +42,14 @@ struct LearnerDaemonOptions {
   // gRPC address to serve the Learner service on ("host:port"; port 0
   // picks a free one, see port()).
   std::string listen_address = "127.0.0.1:50051";
+  // Transport security and who may call (docs/security.md). Beyond
+  // loopback the learner needs TLS and a way to authenticate its callers,
+  // unless `insecure`.
+  security::ServerTlsOptions tls;
+  security::AuthOptions auth;
+  bool insecure = false;
+  // LearnerServiceOptions::stream_idle_timeout.
+  absl::Duration stream_idle_timeout = absl::Minutes(10);
   // "tiny" for the built-in model, or a Hugging Face model directory.
   std::string model = "tiny";
   int64_t tiny_vocab_size = 64;
@@ -122,6 +132,7 @@ class LearnerDaemon {
  private:
   explicit LearnerDaemon(LearnerDaemonOptions options);
   // The parts of Create.
+  absl::Status SetUpSecurity(prometheus::Registry& registry);
   absl::Status BuildModelAndTrainer(prometheus::Registry& registry);
   absl::Status RestoreCheckpoint();
   absl::Status OpenStepCsv();
@@ -147,6 +158,8 @@ class LearnerDaemon {
   // Declared in dependency order: what is used by another member comes
   // first, so that it is destroyed after it.
   LearnerDaemonOptions options_;
+  std::unique_ptr<security::Authorizer> authorizer_;  // rank 0
+  std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<PolicyModel> model_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;

@@ -128,10 +128,36 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
                       .Help(
                           "Submitted batches by result: accepted, duplicate (a batch_id "
                           "accepted before: answered OK, not queued again), invalid, full, "
-                          "unavailable.")
+                          "quota (the source over its share or rate), unavailable.")
                       .Register(r);
-  for (const char* result : {"accepted", "duplicate", "invalid", "full", "unavailable"}) {
+  for (const char* result : {"accepted", "duplicate", "invalid", "full", "quota", "unavailable"}) {
     batches_[result] = &batches.Add({{"result", result}});
+  }
+  source_batches_ = &prometheus::BuildCounter()
+                         .Name("asympo_learner_source_batches_total")
+                         .Help(
+                             "Submitted batches by source (the caller's principal, "
+                             "\"anonymous\" without authentication) and result.")
+                         .Register(r);
+  source_groups_ = &prometheus::BuildCounter()
+                        .Name("asympo_learner_source_groups_total")
+                        .Help("Groups accepted, by source.")
+                        .Register(r);
+  source_queued_ = &prometheus::BuildGauge()
+                        .Name("asympo_learner_source_queued_groups")
+                        .Help(
+                            "Groups queued or waiting for room, by source (its quota share "
+                            "bounds this).")
+                        .Register(r);
+}
+
+void LearnerMetrics::ObserveSources(const std::vector<std::pair<std::string, int64_t>>& held) {
+  absl::MutexLock lock(&sources_mu_);
+  for (auto& [source, gauge] : queued_by_source_) gauge->Set(0);
+  for (const auto& [source, groups] : held) {
+    prometheus::Gauge*& g = queued_by_source_[source];
+    if (g == nullptr) g = &source_queued_->Add({{"source", source}});
+    g->Set(static_cast<double>(groups));
   }
 }
 
@@ -171,14 +197,16 @@ void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q) 
   ObserveQueue(q);
 }
 
-void LearnerMetrics::OnBatch(const std::string& result, int64_t groups, int64_t responses,
-                             int64_t tokens) {
+void LearnerMetrics::OnBatch(const std::string& source, const std::string& result, int64_t groups,
+                             int64_t responses, int64_t tokens) {
   auto it = batches_.find(result);
   if (it != batches_.end()) it->second->Increment();
   tokens_in_.Increment(static_cast<double>(tokens));
+  source_batches_->Add({{"source", source}, {"result", result}}).Increment();
   if (result == "accepted") {
     groups_in_.Increment(static_cast<double>(groups));
     responses_in_.Increment(static_cast<double>(responses));
+    source_groups_->Add({{"source", source}}).Increment(static_cast<double>(groups));
   }
 }
 

@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -18,6 +20,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_service.h"
 #include "learner_server/trainer.h"
@@ -77,8 +80,10 @@ class LearnerMetrics : public SubmitObserver {
   void SetVersion(uint64_t version) { version_.Set(static_cast<double>(version)); }
   void ObserveQueue(const GroupQueueStats& queue);
   // SubmitObserver: one finished submission.
-  void OnBatch(const std::string& result, int64_t groups, int64_t responses,
-               int64_t tokens) override;
+  void OnBatch(const std::string& source, const std::string& result, int64_t groups,
+               int64_t responses, int64_t tokens) override;
+  // Groups each source holds in the queue (GroupQueue::HeldBySource).
+  void ObserveSources(const std::vector<std::pair<std::string, int64_t>>& held);
 
   const CollapseDetector& collapse() const { return collapse_; }
 
@@ -95,6 +100,12 @@ class LearnerMetrics : public SubmitObserver {
   prometheus::Counter &steps_, &tokens_, &trained_groups_, &checkpoint_failures_;
   std::map<std::string, prometheus::Counter*> batches_;  // by result
   prometheus::Counter &groups_in_, &responses_in_, &tokens_in_;
+  // By source: the families, and the queued gauges set so far.
+  prometheus::Family<prometheus::Counter>* source_batches_ = nullptr;
+  prometheus::Family<prometheus::Counter>* source_groups_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* source_queued_ = nullptr;
+  absl::Mutex sources_mu_;
+  std::map<std::string, prometheus::Gauge*> queued_by_source_ ABSL_GUARDED_BY(sources_mu_);
   prometheus::Histogram &staleness_, &step_seconds_;
 };
 

@@ -4,14 +4,22 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/raw_messages.h"
 
 namespace asympo::learner {
 namespace {
 
 constexpr char kAcceptedBatchesKey[] = "asympo-accepted-batches";
+// Marks a refusal for the source's rate (the retry hint is the rate's).
+constexpr char kRatePayload[] = "asympo.learner/rate";
+
+bool IsQuotaRefusal(const absl::Status& s) {
+  return GroupQueue::IsSourceLimitRefusal(s) || s.GetPayload(kRatePayload).has_value();
+}
 
 // The earlier of now + timeout and the client's deadline.
 absl::Time SubmitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration timeout) {
@@ -23,6 +31,7 @@ absl::Time SubmitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration
 
 std::string ResultOf(const absl::Status& s) {
   if (s.ok()) return "accepted";
+  if (IsQuotaRefusal(s)) return "quota";
   if (s.code() == absl::StatusCode::kAlreadyExists) return "duplicate";
   if (s.code() == absl::StatusCode::kInvalidArgument) return "invalid";
   if (s.code() == absl::StatusCode::kResourceExhausted) return "full";
@@ -30,9 +39,14 @@ std::string ResultOf(const absl::Status& s) {
 }
 
 // Counts one finished batch in counters and metrics.
-void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts& c) {
+void Account(const LearnerService& svc, const std::string& source, const absl::Status& s,
+             const BatchCounts& c) {
   LearnerCounters* k = svc.counters();
-  if (s.ok()) {
+  if (IsQuotaRefusal(s)) {
+    k->rejected_quota_batches.fetch_add(1);
+    svc.CountRefusal("RESOURCE_EXHAUSTED",
+                     GroupQueue::IsSourceLimitRefusal(s) ? "queue_share" : "rate");
+  } else if (s.ok()) {
     k->accepted_batches.fetch_add(1);
     k->accepted_groups.fetch_add(static_cast<uint64_t>(c.groups));
     k->accepted_responses.fetch_add(static_cast<uint64_t>(c.responses));
@@ -44,7 +58,7 @@ void Account(const LearnerService& svc, const absl::Status& s, const BatchCounts
     k->duplicate_batches.fetch_add(1);
   }
   if (svc.observer() != nullptr) {
-    svc.observer()->OnBatch(ResultOf(s), c.groups, c.responses,
+    svc.observer()->OnBatch(source, ResultOf(s), c.groups, c.responses,
                             c.prompt_tokens + c.response_tokens);
   }
 }
@@ -99,16 +113,30 @@ class PushTracker {
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// The checks before a batch is pushed: the wire, validation and the
+// source's rate. OK with `groups` ready to push.
+absl::Status PrepareForPush(const LearnerService& svc, const grpc::ByteBuffer& raw,
+                            const security::Principal& p, std::vector<QueuedGroup>* groups,
+                            BatchCounts* counts, absl::Duration* retry_after) {
+  absl::Status s = svc.Prepare(raw, p.name, groups, counts);
+  if (s.ok()) s = svc.AdmitRate(p, counts->groups, retry_after);
+  return s;
+}
+
 // Submit: one batch; finishes when the queue admits or refuses it.
 class SubmitReactor final : public grpc::ServerUnaryReactor {
  public:
   SubmitReactor(const LearnerService* svc, grpc::CallbackServerContext* ctx,
-                const v1::RolloutBatch* request, v1::SubmitResponse* response)
-      : svc_(svc), ctx_(ctx), response_(response) {
-    v1::RolloutBatch batch = *request;
-    counts_ = CountBatch(batch);
+                const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
+      : svc_(svc), ctx_(ctx), response_(response), retry_after_(svc->options().retry_after) {
+    absl::StatusOr<const security::Principal*> p = svc_->Authorize(*ctx_, security::Role::kSubmit);
+    if (!p.ok()) {
+      Finish(ToGrpcStatus(p.status()));
+      return;
+    }
+    source_ = (*p)->name;
     std::vector<QueuedGroup> groups;
-    absl::Status s = svc_->Prepare(&batch, &groups);
+    absl::Status s = PrepareForPush(*svc_, *request, **p, &groups, &counts_, &retry_after_);
     if (!s.ok()) {
       Complete(s);
       return;
@@ -116,7 +144,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
     const uint64_t n = push_.Begin();
     const uint64_t ticket = svc_->queue()->PushAsync(
         std::move(groups), SubmitDeadline(ctx_, svc_->options().full_queue_timeout),
-        [this](const absl::Status& st) { Complete(st); });
+        [this](const absl::Status& st) { Complete(st); }, svc_->SourceLimit(**p));
     push_.Waiting(n, ticket, svc_->queue());
   }
 
@@ -126,15 +154,17 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
  private:
   void Complete(const absl::Status& s) {
     push_.Completed();
-    Account(*svc_, s, counts_);
+    Account(*svc_, source_, s, counts_);
     const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
     if (s.ok() || duplicate) {  // a duplicate is answered as its first submission was
-      response_->set_accepted_batches(1);
-      response_->set_accepted_groups(static_cast<uint64_t>(counts_.groups));
-      response_->set_accepted_responses(static_cast<uint64_t>(counts_.responses));
-      response_->set_duplicate_batches(duplicate ? 1 : 0);
-      response_->set_learner_version(svc_->version());
-      response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      v1::SubmitResponse reply;
+      reply.set_accepted_batches(1);
+      reply.set_accepted_groups(static_cast<uint64_t>(counts_.groups));
+      reply.set_accepted_responses(static_cast<uint64_t>(counts_.responses));
+      reply.set_duplicate_batches(duplicate ? 1 : 0);
+      reply.set_learner_version(svc_->version());
+      reply.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      SerializeReply(reply, response_);
       const absl::Duration delay = svc_->options().fault_reply_delay;
       if (delay > absl::ZeroDuration() && !duplicate) {  // the reply of a queued batch is late
         std::thread([this, delay] {
@@ -146,22 +176,26 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       Finish(grpc::Status::OK);
       return;
     }
-    AddRetryHint(ctx_, s, svc_->options().retry_after);
+    AddRetryHint(
+        ctx_, s,
+        s.GetPayload(kRatePayload).has_value() ? retry_after_ : svc_->options().retry_after);
     Finish(ToGrpcStatus(s));
   }
 
   const LearnerService* svc_;
   grpc::CallbackServerContext* ctx_;
-  v1::SubmitResponse* response_;
+  grpc::ByteBuffer* response_;
+  std::string source_;
   BatchCounts counts_;
+  absl::Duration retry_after_;
   PushTracker push_;
 };
 
 // SubmitStream: reads one batch, queues it, and only then reads the next.
-class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
+class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   StreamReactor(const LearnerService* svc, grpc::CallbackServerContext* ctx,
-                v1::SubmitResponse* response, bool refuse)
+                grpc::ByteBuffer* response, bool refuse)
       : svc_(svc), ctx_(ctx), response_(response), counted_(!refuse) {
     if (refuse) {
       const absl::Status full = absl::ResourceExhaustedError(
@@ -171,33 +205,53 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
       Finish(ToGrpcStatus(full));
       return;
     }
-    StartRead(&batch_);
+    absl::StatusOr<const security::Principal*> p = svc_->Authorize(*ctx_, security::Role::kSubmit);
+    if (!p.ok()) {
+      End(ToGrpcStatus(p.status()));
+      return;
+    }
+    principal_ = *p;
+    reaped_ =
+        svc_->reaper().Add(ctx_, svc_->options().stream_idle_timeout, absl::InfiniteDuration());
+    StartRead(&raw_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the client half-closed: every batch was queued
-      response_->set_learner_version(svc_->version());
-      response_->set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+    svc_->reaper().Touch(reaped_);
+    if (!ok) {  // the client half-closed (every batch was queued), or the call ended
+      if (svc_->reaper().Reaped(reaped_)) {
+        End(grpc::Status(
+            grpc::StatusCode::DEADLINE_EXCEEDED,
+            absl::StrCat("no batch for ", FormatDuration(svc_->options().stream_idle_timeout),
+                         "; the stream was closed")));
+        return;
+      }
+      reply_.set_learner_version(svc_->version());
+      reply_.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      SerializeReply(reply_, response_);
       End(grpc::Status::OK);
       return;
     }
-    counts_ = CountBatch(batch_);
     std::vector<QueuedGroup> groups;
-    absl::Status s = svc_->Prepare(&batch_, &groups);
+    absl::Duration retry_after = svc_->options().retry_after;
+    counts_ = BatchCounts{};
+    absl::Status s = PrepareForPush(*svc_, raw_, *principal_, &groups, &counts_, &retry_after);
+    raw_.Clear();
     if (!s.ok()) {
-      Fail(s);
+      Fail(s, retry_after);
       return;
     }
     const uint64_t n = push_.Begin();
     const uint64_t ticket = svc_->queue()->PushAsync(
         std::move(groups), SubmitDeadline(ctx_, svc_->options().full_queue_timeout),
-        [this](const absl::Status& st) { Queued(st); });
+        [this](const absl::Status& st) { Queued(st); }, svc_->SourceLimit(*principal_));
     push_.Waiting(n, ticket, svc_->queue());
   }
 
   void OnCancel() override { push_.Cancel(svc_->queue()); }
   void OnDone() override {
     if (counted_ && !closed_) svc_->StreamClosed();  // ended without End (it does not)
+    svc_->reaper().Remove(reaped_);
     delete this;
   }
 
@@ -215,32 +269,33 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
     push_.Completed();
     const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
     if (!s.ok() && !duplicate) {
-      Fail(s);
+      Fail(s, svc_->options().retry_after);
       return;
     }
-    Account(*svc_, s, counts_);
+    Account(*svc_, principal_->name, s, counts_);
     ++accepted_;
-    if (duplicate) response_->set_duplicate_batches(response_->duplicate_batches() + 1);
-    response_->set_accepted_batches(accepted_);
-    response_->set_accepted_groups(response_->accepted_groups() +
-                                   static_cast<uint64_t>(counts_.groups));
-    response_->set_accepted_responses(response_->accepted_responses() +
-                                      static_cast<uint64_t>(counts_.responses));
-    batch_.Clear();
-    StartRead(&batch_);
+    if (duplicate) reply_.set_duplicate_batches(reply_.duplicate_batches() + 1);
+    reply_.set_accepted_batches(accepted_);
+    reply_.set_accepted_groups(reply_.accepted_groups() + static_cast<uint64_t>(counts_.groups));
+    reply_.set_accepted_responses(reply_.accepted_responses() +
+                                  static_cast<uint64_t>(counts_.responses));
+    StartRead(&raw_);
   }
 
-  void Fail(const absl::Status& s) {
-    Account(*svc_, s, counts_);
-    AddRetryHint(ctx_, s, svc_->options().retry_after);
+  void Fail(const absl::Status& s, absl::Duration retry_after) {
+    Account(*svc_, principal_->name, s, counts_);
+    AddRetryHint(ctx_, s, retry_after);
     ctx_->AddTrailingMetadata(kAcceptedBatchesKey, std::to_string(accepted_));
     End(ToGrpcStatus(absl::Status(s.code(), absl::StrCat("batch ", accepted_, ": ", s.message()))));
   }
 
   const LearnerService* svc_;
   grpc::CallbackServerContext* ctx_;
-  v1::SubmitResponse* response_;
-  v1::RolloutBatch batch_;
+  grpc::ByteBuffer* response_;
+  grpc::ByteBuffer raw_;
+  v1::SubmitResponse reply_;
+  const security::Principal* principal_ = nullptr;
+  uint64_t reaped_ = 0;  // the reaper's handle (0: not added)
   BatchCounts counts_;
   uint64_t accepted_ = 0;
   PushTracker push_;
@@ -252,7 +307,49 @@ class StreamReactor final : public grpc::ServerReadReactor<v1::RolloutBatch> {
 
 LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
                                LearnerCounters* counters, SubmitObserver* observer)
-    : options_(std::move(options)), queue_(queue), counters_(counters), observer_(observer) {}
+    : options_(std::move(options)),
+      queue_(queue),
+      counters_(counters),
+      observer_(observer),
+      rates_(options_.limits.max_groups_per_batch) {
+  anonymous_.name = "anonymous";
+  anonymous_.roles = ~0u;
+}
+
+absl::StatusOr<const security::Principal*> LearnerService::Authorize(
+    const grpc::CallbackServerContext& ctx, security::Role role) const {
+  if (options_.authorizer == nullptr) return &anonymous_;
+  return options_.authorizer->Authorize(ctx, role);
+}
+
+absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,
+                                       absl::Duration* retry_after) const {
+  absl::Status s = rates_.Admit(p.name, p.groups_per_second, groups, absl::Now(), retry_after);
+  if (!s.ok()) s.SetPayload(kRatePayload, absl::Cord("1"));
+  return s;
+}
+
+int64_t LearnerService::SourceLimit(const security::Principal& p) const {
+  if (p.queue_share >= 1.0) return 0;
+  // At least one group, and at least one of the largest batches allowed.
+  const auto share = static_cast<int64_t>(p.queue_share * static_cast<double>(queue_->capacity()));
+  return std::max<int64_t>({share, 1, options_.limits.max_groups_per_batch});
+}
+
+void LearnerService::CountRefusal(const std::string& code, const std::string& cause) const {
+  if (options_.authorizer != nullptr) options_.authorizer->CountRefusal(code, cause);
+}
+
+absl::Status LearnerService::Prepare(const grpc::ByteBuffer& raw, const std::string& source,
+                                     std::vector<QueuedGroup>* groups, BatchCounts* counts) const {
+  v1::RolloutBatch batch;
+  absl::Status s = ParseRawBatch(raw, options_.limits, options_.max_message_bytes, &batch);
+  if (!s.ok()) return s;
+  *counts = CountBatch(batch);
+  s = Prepare(&batch, groups);
+  for (QueuedGroup& g : *groups) g.source = source;
+  return s;
+}
 
 absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
                                      std::vector<QueuedGroup>* groups) const {
@@ -282,21 +379,37 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
 }
 
 grpc::ServerUnaryReactor* LearnerService::Submit(grpc::CallbackServerContext* context,
-                                                 const v1::RolloutBatch* request,
-                                                 v1::SubmitResponse* response) {
+                                                 const grpc::ByteBuffer* request,
+                                                 grpc::ByteBuffer* response) {
   return new SubmitReactor(this, context, request, response);
 }
 
-grpc::ServerReadReactor<v1::RolloutBatch>* LearnerService::SubmitStream(
-    grpc::CallbackServerContext* context, v1::SubmitResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* LearnerService::SubmitStream(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   const bool refuse = open_streams_.fetch_add(1) >= options_.max_streams;
   if (refuse) open_streams_.fetch_sub(1);
   return new StreamReactor(this, context, response, refuse);
 }
 
 grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext* context,
-                                                    const v1::GetStatusRequest* /*request*/,
-                                                    v1::LearnerStatus* response) {
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<const security::Principal*> p = Authorize(*context, security::Role::kStatus);
+  v1::GetStatusRequest parsed;
+  absl::Status s = p.ok() ? ParseRawRequest(*request, &parsed) : p.status();
+  if (!s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
+    return reactor;
+  }
+  SerializeReply(Status(), response);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+v1::LearnerStatus LearnerService::Status() const {
+  v1::LearnerStatus status;
+  v1::LearnerStatus* response = &status;
   const GroupQueueStats q = queue_->Stats();
   const LearnerCounters& k = *counters_;
   response->set_version(version());
@@ -306,6 +419,7 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
   response->set_accepted_batches(k.accepted_batches.load());
   response->set_rejected_invalid_batches(k.rejected_invalid_batches.load());
   response->set_rejected_full_batches(k.rejected_full_batches.load());
+  response->set_rejected_quota_batches(k.rejected_quota_batches.load());
   response->set_accepted_groups(k.accepted_groups.load());
   response->set_trained_groups(k.trained_groups.load());
   response->set_duplicate_batches(k.duplicate_batches.load());
@@ -322,9 +436,8 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
   l->set_max_response_tokens(options_.limits.max_response_tokens);
   l->set_max_groups_per_batch(options_.limits.max_groups_per_batch);
   l->set_max_batch_id_bytes(static_cast<int32_t>(kMaxBatchIdBytes));
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  l->set_max_message_bytes(options_.max_message_bytes);
+  return status;
 }
 
 }  // namespace asympo::learner

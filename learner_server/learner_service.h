@@ -2,6 +2,15 @@
 // callback API: validates every batch, queues it whole in the GroupQueue or
 // rejects it whole, and reports status.
 //
+// The methods are served raw: each request is checked on the wire before it
+// is parsed (common/wire_check.h), so that a request that does not parse is
+// INVALID_ARGUMENT naming the fault, and the counts a batch may carry are
+// bounded before any of it is allocated. Every call is authorized first
+// (LearnerServiceOptions::authorizer): Submit and SubmitStream need the
+// role submit, GetStatus the role status. A principal's batches are held
+// to its quotas: its share of the queue and its rate (RESOURCE_EXHAUSTED
+// with the retry hint).
+//
 // Reactors never block: a submission that finds the queue full waits inside
 // the queue (GroupQueue::PushAsync) and its reactor finishes when the queue
 // admits it or its deadline passes. On a stream the next message is read
@@ -18,7 +27,10 @@
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/batch_validation.h"
+#include "common/call_reaper.h"
+#include "common/security/authorizer.h"
 #include "learner_server/group_queue.h"
+#include "learner_server/source_rates.h"
 
 namespace asympo::learner {
 
@@ -32,6 +44,8 @@ struct LearnerCounters {
   std::atomic<uint64_t> accepted_responses{0};
   std::atomic<uint64_t> rejected_invalid_batches{0};
   std::atomic<uint64_t> rejected_full_batches{0};
+  // Refused for the source's quota (its share of the queue, or its rate).
+  std::atomic<uint64_t> rejected_quota_batches{0};
   std::atomic<uint64_t> trained_groups{0};
   // Batches whose batch_id was accepted before: answered OK, not queued.
   std::atomic<uint64_t> duplicate_batches{0};
@@ -43,11 +57,12 @@ struct LearnerCounters {
 class SubmitObserver {
  public:
   virtual ~SubmitObserver() = default;
+  // source: the principal's name ("anonymous" without authentication);
   // result: "accepted", "duplicate" (a batch_id accepted before: answered
-  // OK, not queued), "invalid", "full" or "unavailable"; tokens counts
-  // prompt and response tokens.
-  virtual void OnBatch(const std::string& result, int64_t groups, int64_t responses,
-                       int64_t tokens) = 0;
+  // OK, not queued), "invalid", "full", "quota" (over the source's share or
+  // rate) or "unavailable"; tokens counts prompt and response tokens.
+  virtual void OnBatch(const std::string& source, const std::string& result, int64_t groups,
+                       int64_t responses, int64_t tokens) = 0;
 };
 
 struct LearnerServiceOptions {
@@ -65,6 +80,13 @@ struct LearnerServiceOptions {
   // RESOURCE_EXHAUSTED. Each open stream holds a reactor and its batch
   // buffer, so idle streams would otherwise pile up without bound.
   int64_t max_streams = 1024;
+  // A SubmitStream that sends no batch for this long is cancelled.
+  absl::Duration stream_idle_timeout = absl::Minutes(10);
+  // The largest request, in bytes (gRPC's receive limit is the same).
+  int64_t max_message_bytes = int64_t{64} << 20;
+  // Who may call, and each principal's quotas. Null: everyone, as
+  // "anonymous", without quotas.
+  security::Authorizer* authorizer = nullptr;
   // Test-only fault: how long Submit holds its reply after the batch was
   // queued, so that a client's deadline can pass after the learner
   // accepted (the retry of an accepted batch, made reproducible).
@@ -75,24 +97,49 @@ struct LearnerServiceOptions {
   std::function<uint64_t()> version;
 };
 
-class LearnerService final : public v1::Learner::CallbackService {
+using LearnerServiceBase =
+    v1::Learner::WithRawCallbackMethod_Submit<v1::Learner::WithRawCallbackMethod_SubmitStream<
+        v1::Learner::WithRawCallbackMethod_GetStatus<v1::Learner::Service>>>;
+
+class LearnerService final : public LearnerServiceBase {
  public:
   // `queue` and `counters` must outlive the service; `observer` may be null.
   LearnerService(LearnerServiceOptions options, GroupQueue* queue, LearnerCounters* counters,
                  SubmitObserver* observer = nullptr);
 
+  // Requests are serialized RolloutBatch / GetStatusRequest messages;
+  // replies serialized SubmitResponse / LearnerStatus messages.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* context,
-                                   const v1::RolloutBatch* request,
-                                   v1::SubmitResponse* response) override;
-  grpc::ServerReadReactor<v1::RolloutBatch>* SubmitStream(grpc::CallbackServerContext* context,
-                                                          v1::SubmitResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
+  grpc::ServerReadReactor<grpc::ByteBuffer>* SubmitStream(grpc::CallbackServerContext* context,
+                                                          grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext* context,
-                                      const v1::GetStatusRequest* request,
-                                      v1::LearnerStatus* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
 
+  // Checks and parses one serialized batch, validates it and converts it to
+  // queue entries of `source`. INVALID_ARGUMENT as in CheckRolloutBatchWire
+  // and ValidateRolloutBatch. `counts` gets the batch's sizes.
+  absl::Status Prepare(const grpc::ByteBuffer& raw, const std::string& source,
+                       std::vector<QueuedGroup>* groups, BatchCounts* counts) const;
   // Validates `batch` and converts it to queue entries (moving its groups
   // out). INVALID_ARGUMENT as in ValidateRolloutBatch.
   absl::Status Prepare(v1::RolloutBatch* batch, std::vector<QueuedGroup>* groups) const;
+  // The caller, if it may act in `role` (an open service: "anonymous").
+  absl::StatusOr<const security::Principal*> Authorize(const grpc::CallbackServerContext& ctx,
+                                                       security::Role role) const;
+  // Takes `groups` from the principal's rate; RESOURCE_EXHAUSTED with
+  // *retry_after when it is over it.
+  absl::Status AdmitRate(const security::Principal& p, int64_t groups,
+                         absl::Duration* retry_after) const;
+  // The most groups the principal may hold in the queue (0: no limit).
+  int64_t SourceLimit(const security::Principal& p) const;
+  // Counts a quota refusal (a no-op without an authorizer).
+  void CountRefusal(const std::string& code, const std::string& cause) const;
+  CallReaper& reaper() const { return reaper_; }
+  // What GetStatus answers.
+  v1::LearnerStatus Status() const;
 
   const LearnerServiceOptions& options() const { return options_; }
   GroupQueue* queue() const { return queue_; }
@@ -109,6 +156,9 @@ class LearnerService final : public v1::Learner::CallbackService {
   LearnerCounters* counters_;
   SubmitObserver* observer_;
   mutable std::atomic<int64_t> open_streams_{0};
+  mutable SourceRates rates_;
+  security::Principal anonymous_;
+  mutable CallReaper reaper_;
 };
 
 }  // namespace asympo::learner

@@ -31,6 +31,26 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address (host:port) for the Learner service.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
+ABSL_FLAG(bool, metrics_insecure, false,
+          "Allow --metrics_address beyond loopback (plain HTTP without authentication).");
+// Security (docs/security.md).
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate chain the gRPC port serves TLS with (read again when it changes).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle of client certificates (mTLS): each caller shows a certificate it "
+          "issued; with --auth_file the certificate must name a principal.");
+ABSL_FLAG(std::string, auth_file, "",
+          "JSON file of principals: SHA-256 hashes of bearer tokens and certificate names, with "
+          "roles (submit, read_weights, status) and quotas.");
+ABSL_FLAG(bool, insecure, false,
+          "Listen beyond loopback in plaintext or without client authentication (anyone who "
+          "reaches the port can submit batches and read the weights).");
+ABSL_FLAG(double, source_queue_share, 1.0,
+          "The share of the queue one source (a principal) may hold, queued or waiting, unless "
+          "its entry in --auth_file sets its own; more is RESOURCE_EXHAUSTED.");
+ABSL_FLAG(double, source_groups_per_second, 0,
+          "Each source's rate in groups per second (0: no limit), unless its entry sets one.");
 ABSL_FLAG(std::string, run_name, "",
           "The run's name: the `run` label on every metric series, which tells runs apart (a "
           "restart on the same port included). Give the learner and its rollouts the same one; "
@@ -108,6 +128,8 @@ ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
           "Back-off suggested with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_submit_streams, 1024,
           "SubmitStreams open at once; one more is refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
+          "A SubmitStream that sends no batch for this long is closed.");
 ABSL_FLAG(int64_t, batch_id_window, 65536,
           "Accepted batch ids remembered for exactly-once delivery (at least --queue_capacity; "
           "the trained ones are kept in checkpoints).");
@@ -140,6 +162,8 @@ ABSL_FLAG(int64_t, broadcast_nccl_world_size, 0,
 ABSL_FLAG(absl::Duration, broadcast_nccl_timeout, absl::Seconds(60),
           "NCCL watchdog: the longest one NCCL wait may take before the communicator is "
           "aborted and every receiver falls back to gRPC.");
+ABSL_FLAG(absl::Duration, broadcast_fetch_idle_timeout, absl::Minutes(1),
+          "A snapshot fetch whose receiver takes no chunk for this long is cancelled.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
 // Data parallelism (docs/operations.md, "Several learner ranks"). Unset
 // flags fall back to torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
@@ -217,6 +241,30 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
       asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), o->model_options.device));
   o->model_options.dtype = at::kFloat;  // master weights
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
+  return absl::OkStatus();
+}
+
+absl::Status SecurityFlags(LearnerDaemonOptions* o) {
+  o->tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o->tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o->tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o->auth.principals_file = absl::GetFlag(FLAGS_auth_file);
+  o->auth.default_queue_share = absl::GetFlag(FLAGS_source_queue_share);
+  o->auth.default_groups_per_second = absl::GetFlag(FLAGS_source_groups_per_second);
+  o->insecure = absl::GetFlag(FLAGS_insecure);
+  o->stream_idle_timeout = absl::GetFlag(FLAGS_submit_stream_idle_timeout);
+  o->broadcast.fetch_idle_timeout = absl::GetFlag(FLAGS_broadcast_fetch_idle_timeout);
+  if (o->stream_idle_timeout <= absl::ZeroDuration() ||
+      o->broadcast.fetch_idle_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "--submit_stream_idle_timeout and --broadcast_fetch_idle_timeout must be > 0");
+  }
+  if (!(o->auth.default_queue_share > 0 && o->auth.default_queue_share <= 1)) {
+    return absl::InvalidArgumentError("--source_queue_share must be in (0, 1]");
+  }
+  if (!(o->auth.default_groups_per_second >= 0)) {
+    return absl::InvalidArgumentError("--source_groups_per_second must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -375,6 +423,7 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   ASYMPO_RETURN_IF_ERROR(StepFlags(&o));
   ASYMPO_RETURN_IF_ERROR(QueueAndCheckpointFlags(&o));
   ASYMPO_RETURN_IF_ERROR(BroadcastFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(SecurityFlags(&o));
   return o;
 }
 
@@ -410,6 +459,11 @@ int main(int argc, char** argv) {
   const absl::StatusOr<std::string> run_name =
       asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
   if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
+  if (absl::Status s = asympo::daemon::CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address),
+                                                           absl::GetFlag(FLAGS_metrics_insecure));
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   if (absl::Status s =
           rank0 ? (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name)
                 : absl::OkStatus();

@@ -26,6 +26,19 @@
 ABSL_FLAG(std::string, learner, "127.0.0.1:50051",
           "The learner's gRPC address (Learner and WeightBroadcast services).");
 ABSL_FLAG(std::string, id, "rollout-0", "This daemon's name (batch source, receiver id).");
+// Security (docs/security.md).
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle the learner's certificate must chain to; enables TLS to the learner.");
+ABSL_FLAG(std::string, tls_cert, "", "This daemon's PEM certificate, for mTLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "The name the learner's certificate must carry, when it is not --learner's host.");
+ABSL_FLAG(std::string, tls_token_file, "",
+          "File whose first line is the bearer token sent to the learner (never logged).");
+ABSL_FLAG(bool, insecure, false,
+          "Allow the bearer token to travel in plaintext beyond loopback (no --tls_ca).");
+ABSL_FLAG(bool, metrics_insecure, false,
+          "Allow --metrics_address beyond loopback (plain HTTP without authentication).");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9465",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
 ABSL_FLAG(std::string, run_name, "",
@@ -90,6 +103,12 @@ int Fail(const std::string& message) {
 absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
   asympo::rollout::RolloutDaemonOptions o;
   o.learner_address = absl::GetFlag(FLAGS_learner);
+  o.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  o.tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
+  o.tls.insecure = absl::GetFlag(FLAGS_insecure);
   o.rollout_id = absl::GetFlag(FLAGS_id);
   o.model = absl::GetFlag(FLAGS_model);
   o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
@@ -174,6 +193,11 @@ int main(int argc, char** argv) {
   const absl::StatusOr<std::string> run_name =
       asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
   if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
+  if (absl::Status s = asympo::daemon::CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address),
+                                                           absl::GetFlag(FLAGS_metrics_insecure));
+      !s.ok()) {
+    return Fail(std::string(s.message()));
+  }
   if (absl::Status s =
           (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name);
       !s.ok()) {

@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
 
   broadcast::WeightReceiverOptions ro;
   ro.target = o.learner_address;
+  ro.tls = o.tls;
   ro.receiver_id = o.rollout_id;
   ro.model_signature = broadcast::ModelSignatureOf(*models[0]);
   ro.max_chunk_bytes = o.weight_chunk_bytes;
@@ -119,6 +120,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
 
   SubmitClientOptions so;
   so.learner_address = o.learner_address;
+  so.tls = o.tls;
   so.source = o.rollout_id;
   so.max_buffered_groups = o.max_buffered_groups;
   so.max_groups_per_batch = o.max_groups_per_batch;

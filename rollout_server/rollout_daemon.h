@@ -38,6 +38,9 @@ namespace asympo::rollout {
 struct RolloutDaemonOptions {
   // The learner's gRPC address (Learner and WeightBroadcast services).
   std::string learner_address = "127.0.0.1:50051";
+  // TLS, a client certificate and a bearer token for the learner
+  // (docs/security.md).
+  security::ClientTlsOptions tls;
   // Name used as RolloutBatch.source and as the weight receiver's id.
   std::string rollout_id = "rollout-0";
   // "tiny" or a Hugging Face model directory: the same model as the

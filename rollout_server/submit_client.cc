@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
+#include "common/security/tls.h"
 #include "rollout_server/batch_assembler.h"
 
 namespace asympo::rollout {
@@ -23,7 +24,8 @@ std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
               static_cast<int>(absl::ToInt64Milliseconds(o.min_backoff)));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
-  return grpc::CreateCustomChannel(o.learner_address, grpc::InsecureChannelCredentials(), args);
+  // Start checked that the channel can be made (its files and policy).
+  return security::CreateClientChannel(o.learner_address, o.tls, args).value();
 }
 
 // "<source, at most 64 bytes>/<16 random hex digits>/": with a sequence
@@ -50,6 +52,9 @@ absl::StatusOr<std::unique_ptr<SubmitClient>> SubmitClient::Start(SubmitClientOp
       o.drain_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError(
         "submit_timeout and status_timeout must be > 0 and drain_timeout >= 0");
+  }
+  if (absl::Status s = security::CreateClientChannel(o.learner_address, o.tls).status(); !s.ok()) {
+    return s;
   }
   std::unique_ptr<SubmitClient> client(new SubmitClient(std::move(o), metrics));
   client->thread_ = std::thread([c = client.get()] { c->Loop(); });
@@ -249,10 +254,11 @@ void SubmitClient::Send(v1::RolloutBatch batch) {
   }
   CountError(s.error_code());
   if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION || IsFinalResourceExhausted(s, ctx)) {
     // The learner will never accept these groups (for example it switched
-    // to grpo and wants behavior log-probs): drop and count them, and read
-    // its status (objective, limits) again.
+    // to grpo and wants behavior log-probs, or the batch is over its
+    // message size): drop and count them, and read its status (objective,
+    // limits) again.
     LOG(ERROR) << "the learner rejected a batch of " << n << " groups: " << s.error_message();
     metrics_->dropped_rejected.Increment(n);
     connected_ = false;

@@ -41,13 +41,15 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
+#include "common/security/tls.h"
 #include "rollout_server/rollout_metrics.h"
 
 namespace asympo::rollout {
 
 struct SubmitClientOptions {
-  // The learner's gRPC address.
+  // The learner's gRPC address, and how to reach it securely.
   std::string learner_address;
+  security::ClientTlsOptions tls;
   // RolloutBatch.source of every batch.
   std::string source;
   // The most groups held (buffered or being sent).

@@ -47,11 +47,22 @@
 #include "common/crc32c.h"
 #include "common/flag_usage.h"
 #include "common/grpc_status.h"
+#include "common/security/tls.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, learner, "127.0.0.1:50051", "The learner's host:port.");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA bundle the learner's certificate must chain to; enables TLS.");
+ABSL_FLAG(std::string, tls_cert, "", "A PEM client certificate, for mTLS (with --tls_key).");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "The name the learner's certificate must carry, when it is not --learner's host.");
+ABSL_FLAG(std::string, tls_token_file, "",
+          "File whose first line is the bearer token sent with every call (never logged).");
+ABSL_FLAG(bool, insecure, false,
+          "Allow the bearer token to travel in plaintext beyond loopback (no --tls_ca).");
 ABSL_FLAG(std::string, input, "", "The JSONL file of groups (required).");
 ABSL_FLAG(std::string, tokenizer, "",
           "A Hugging Face tokenizer.json, for rows that give \"prompt\" or response \"text\" "
@@ -207,8 +218,8 @@ absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& 
       t->queue = r.queue_depth_groups();
       return true;
     }
-    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
-      *refusal = s.error_message();
+    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT || IsFinalResourceExhausted(s, ctx)) {
+      *refusal = s.error_message();  // a retry could not pass
       return false;
     }
     if (!Retryable(s.error_code())) {
@@ -389,8 +400,15 @@ absl::StatusOr<int> Main() {
   const std::string state =
       absl::GetFlag(FLAGS_state).empty() ? run.input + ".submitted" : absl::GetFlag(FLAGS_state);
   ASYMPO_RETURN_IF_ERROR(run.state.Open(absl::GetFlag(FLAGS_check_only) ? "none" : state));
-  auto channel =
-      grpc::CreateChannel(absl::GetFlag(FLAGS_learner), grpc::InsecureChannelCredentials());
+  security::ClientTlsOptions tls;
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
+  tls.insecure = absl::GetFlag(FLAGS_insecure);
+  ASYMPO_ASSIGN_OR_RETURN(auto channel,
+                          security::CreateClientChannel(absl::GetFlag(FLAGS_learner), tls));
   auto stub = v1::Learner::NewStub(channel);
   run.stub = stub.get();
   ASYMPO_ASSIGN_OR_RETURN(const v1::LearnerStatus st, LearnerStatus(stub.get()));

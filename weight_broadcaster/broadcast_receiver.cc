@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
 #include "common/grpc_status.h"
+#include "common/security/tls.h"
 #include "weight_broadcaster/announcement_stream.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/nccl_snapshot.h"
@@ -55,7 +56,8 @@ std::shared_ptr<grpc::Channel> ReceiverChannel(const WeightReceiverOptions& o) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  // Start checked that the channel can be made (its files and policy).
+  return security::CreateClientChannel(o.target, o.tls, args).value();
 }
 
 struct ReceiverState {
@@ -403,6 +405,10 @@ absl::StatusOr<std::unique_ptr<WeightReceiver>> WeightReceiver::Start(
   }
   if (options.fetch_timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("fetch_timeout must be positive");
+  }
+  if (absl::Status s = security::CreateClientChannel(options.target, options.tls).status();
+      !s.ok()) {
+    return s;
   }
   auto state = std::make_unique<State>(std::move(options));
   if (state->metrics) state->metrics->connected.Set(0);

@@ -38,14 +38,16 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "common/security/tls.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_transport.h"
 
 namespace asympo::broadcast {
 
 struct WeightReceiverOptions {
-  // The learner's gRPC address, "host:port".
+  // The learner's gRPC address, "host:port", and how to reach it securely.
   std::string target;
+  security::ClientTlsOptions tls;
   std::string receiver_id;
   // ModelSignature() of the receiver's model.
   std::string model_signature;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/grpc_status.h"
+#include "common/raw_messages.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -29,14 +30,13 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-grpc::Status UnknownSession(const std::string& session_id) {
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                      absl::StrCat("unknown session ", QuoteForMessage(session_id),
-                                   " (expired or replaced); register again"));
+grpc::Status FromStatus(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
 // Starts a session for `request`, ending the receiver's previous one.
 SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
+                                          const std::string& principal,
                                           v1::RegisterResponse* response)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
   const std::string& id = request.receiver_id();
@@ -56,6 +56,7 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   st.session_of[id] = session_id;
   SenderState::Session& session = st.sessions[session_id];
   session.receiver_id = id;
+  session.principal = principal;
   session.version = request.current_version();
   response->set_session_id(session_id);
   response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
@@ -257,47 +258,68 @@ std::vector<std::pair<std::string, uint64_t>> BroadcastSender::receiver_versions
 }
 
 grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext* ctx,
-                                                    const v1::RegisterRequest* request,
-                                                    v1::RegisterResponse* response) {
+                                                    const grpc::ByteBuffer* raw_request,
+                                                    grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  v1::RegisterRequest request;
+  v1::RegisterResponse response;
+  std::string principal;
+  grpc::Status status = state_->Authorize(*ctx, &principal);
+  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request));
+  if (status.ok()) status = DoRegister(principal, request, &response);
+  if (status.ok()) SerializeReply(response, raw_response);
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status BroadcastSender::DoRegister(const std::string& principal,
+                                         const v1::RegisterRequest& request,
+                                         v1::RegisterResponse* response) {
   State& st = *state_;
-  const std::string& id = request->receiver_id();
+  grpc::Status status;
+  const std::string& id = request.receiver_id();
   if (id.empty() || id.size() > kMaxReceiverIdBytes) {
-    reactor->Finish(grpc::Status(
+    return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes, " bytes, got ", id.size())));
-    return reactor;
+        absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes, " bytes, got ", id.size()));
   }
-  if (request->model_signature() != st.model_signature) {
-    reactor->Finish(grpc::Status(
+  if (request.model_signature() != st.model_signature) {
+    return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("receiver ", QuoteForMessage(id), " has model signature ",
-                     QuoteForMessage(request->model_signature()), " but the learner's is \"",
-                     st.model_signature, "\"; both must run the same architecture")));
-    return reactor;
+                     QuoteForMessage(request.model_signature()),
+                     ", not the learner's; both must run the same architecture (GetStatus's "
+                     "model_signature gives the learner's)"));
   }
   // gRPC is always available. The NCCL transport is chosen while ranks are
   // still free and when the receiver lists TRANSPORT_NCCL first: the reply
   // then also carries the communicator's unique id, the rank and the world
   // size.
   const bool wants_nccl =
-      request->transports_size() > 0 && request->transports(0) == v1::TRANSPORT_NCCL;
+      request.transports_size() > 0 && request.transports(0) == v1::TRANSPORT_NCCL;
   v1::Transport transport = v1::TRANSPORT_GRPC;
-  grpc::Status status = grpc::Status::OK;
   {
     absl::MutexLock lock(&st.mu);
     st.ExpireUnsubscribedLocked();
-    if (st.shut_down) {
+    auto owner = st.session_of.find(id);
+    SenderState::Session* previous = nullptr;
+    if (owner != st.session_of.end() &&
+        st.FindSessionLocked(owner->second, principal, &previous).error_code() ==
+            grpc::StatusCode::PERMISSION_DENIED) {
+      status = grpc::Status(
+          grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat("receiver ", QuoteForMessage(id), " is registered by another principal"));
+    } else if (st.shut_down) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
     } else if (static_cast<int>(st.sessions.size()) >= st.options.max_sessions &&
-               !st.session_of.contains(id)) {
+               owner == st.session_of.end()) {
       status =
           grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                        absl::StrCat("the learner holds ", st.sessions.size(),
                                     " registrations, its limit; unsubscribed ones end after ",
                                     absl::FormatDuration(st.options.unsubscribed_session_ttl)));
     } else {
-      SenderState::Session& session = CreateSessionLocked(st, *request, response);
+      SenderState::Session& session = CreateSessionLocked(st, request, principal, response);
       if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {
         transport = v1::TRANSPORT_NCCL;
         response->set_nccl_unique_id(st.nccl_unique_id);
@@ -308,34 +330,37 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
   }
   if (status.ok()) {
     response->set_transport(transport);
-    VLOG(1) << "registered receiver " << id << " at version " << request->current_version()
+    VLOG(1) << "registered receiver " << id << " at version " << request.current_version()
             << (transport == v1::TRANSPORT_NCCL
                     ? absl::StrCat(" as NCCL rank ", response->nccl_rank())
                     : std::string(" on gRPC"));
   }
-  reactor->Finish(status);
-  return reactor;
+  return status;
 }
 
-grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* BroadcastSender::Subscribe(
-    grpc::CallbackServerContext* ctx, const v1::SubscribeRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request) {
   State& st = *state_;
+  v1::SubscribeRequest request;
+  std::string principal;
+  grpc::Status status = st.Authorize(*ctx, &principal);
+  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request));
+  if (!status.ok()) return new SubscribeReactor(&st, status);
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) {
     return new SubscribeReactor(
         &st, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
   }
-  auto it = st.sessions.find(request->session_id());
-  if (it == st.sessions.end()) {
-    return new SubscribeReactor(&st, UnknownSession(request->session_id()));
-  }
-  State::Session& session = it->second;
+  State::Session* found = nullptr;
+  status = st.FindSessionLocked(request.session_id(), principal, &found);
+  if (!status.ok()) return new SubscribeReactor(&st, status);
+  State::Session& session = *found;
   if (session.stream != nullptr) {
     session.stream->End(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                      "replaced by a newer Subscribe on the same session"));
   }
   ctx->AddInitialMetadata(kSubscribedMetadataKey, "1");
-  auto* stream = new SubscribeReactor(&st, request->session_id(), request->after_version());
+  auto* stream = new SubscribeReactor(&st, request.session_id(), request.after_version());
   session.stream = stream;
   if (st.latest != nullptr && !st.UsesNcclLocked(session)) stream->Offer(st.latest->announcement);
   st.nccl_cv.SignalAll();
@@ -344,27 +369,25 @@ grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* BroadcastSender::Subscribe(
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
-    grpc::CallbackServerContext* /*ctx*/, const grpc::ByteBuffer* raw_request) {
+    grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request) {
   State& st = *state_;
   v1::FetchSnapshotRequest parsed;
-  grpc::ByteBuffer copy(*raw_request);  // shares the slices
-  if (!grpc::SerializationTraits<v1::FetchSnapshotRequest>::Deserialize(&copy, &parsed).ok()) {
-    return internal::RefuseFetch(&st, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                                   "FetchSnapshotRequest does not parse"));
-  }
+  std::string principal;
+  grpc::Status status = st.Authorize(*ctx, &principal);
+  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &parsed));
+  if (!status.ok()) return internal::RefuseFetch(&st, status);
   const v1::FetchSnapshotRequest* request = &parsed;
   std::shared_ptr<const Snapshot> snapshot;
   {
     absl::MutexLock lock(&st.mu);
-    auto session = st.sessions.find(request->session_id());
-    if (session == st.sessions.end()) {
-      return internal::RefuseFetch(&st, UnknownSession(request->session_id()));
-    }
-    if (session->second.fetches >= st.options.max_fetches_per_session ||
+    State::Session* session = nullptr;
+    status = st.FindSessionLocked(request->session_id(), principal, &session);
+    if (!status.ok()) return internal::RefuseFetch(&st, status);
+    if (session->fetches >= st.options.max_fetches_per_session ||
         st.fetches >= st.options.max_concurrent_fetches) {
       return internal::RefuseFetch(
           &st, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat(session->second.fetches, " fetches of this session and ",
+                            absl::StrCat(session->fetches, " fetches of this session and ",
                                          st.fetches, " in all are under way (limits ",
                                          st.options.max_fetches_per_session, " and ",
                                          st.options.max_concurrent_fetches,
@@ -381,50 +404,60 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
                                     st.latest == nullptr ? 0 : st.latest->version())));
     }
     snapshot = st.latest;
-    ++session->second.fetches;
+    ++session->fetches;
     ++st.fetches;
   }
   uint64_t chunk =
       request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
   chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, st.options.min_chunk_bytes),
                              st.options.max_chunk_bytes_cap);
-  return internal::StartFetch(&st, request->session_id(), std::move(snapshot), chunk);
+  return internal::StartFetch(&st, ctx, request->session_id(), std::move(snapshot), chunk);
 }
 
 grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerContext* ctx,
-                                                         const v1::ReportVersionRequest* request,
-                                                         v1::ReportVersionResponse* /*response*/) {
+                                                         const grpc::ByteBuffer* raw_request,
+                                                         grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  v1::ReportVersionRequest request;
+  WireLimits limits;
+  limits.max_string_bytes = 64 << 10;  // the receiver's error text
+  std::string principal;
+  grpc::Status status = state_->Authorize(*ctx, &principal);
+  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request, limits));
+  if (status.ok()) status = DoReportVersion(principal, request);
+  if (status.ok()) SerializeReply(v1::ReportVersionResponse(), raw_response);
+  reactor->Finish(status);
+  return reactor;
+}
+
+grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
+                                              const v1::ReportVersionRequest& request) {
   State& st = *state_;
+  grpc::Status status;
   std::string receiver_id;
   {
     absl::MutexLock lock(&st.mu);
-    auto it = st.sessions.find(request->session_id());
-    if (it == st.sessions.end()) {
-      reactor->Finish(UnknownSession(request->session_id()));
-      return reactor;
-    }
+    State::Session* session = nullptr;
+    status = st.FindSessionLocked(request.session_id(), principal, &session);
+    if (!status.ok()) return status;
     // A receiver can only hold a version that was published; anything
     // newer would poison the oldest-version gauge and the staleness alert.
     const uint64_t latest = st.latest == nullptr ? 0 : st.latest->version();
-    if (request->version() > latest) {
-      reactor->Finish(
-          grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                       absl::StrCat("version ", request->version(),
-                                    " was never published (the newest is ", latest, ")")));
-      return reactor;
+    if (request.version() > latest) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("version ", request.version(),
+                                       " was never published (the newest is ", latest, ")"));
     }
-    it->second.version = request->version();
-    receiver_id = it->second.receiver_id;
+    session->version = request.version();
+    receiver_id = session->receiver_id;
     st.UpdateReceiverGauges();
   }
-  if (!request->error().empty()) {
+  if (!request.error().empty()) {
     st.CountFailure();
     LOG(WARNING) << "receiver " << QuoteForMessage(receiver_id) << " (still at version "
-                 << request->version() << ") reports: " << QuoteForMessage(request->error(), 512);
+                 << request.version() << ") reports: " << QuoteForMessage(request.error(), 512);
   }
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+  return grpc::Status::OK;
 }
 
 }  // namespace asympo::broadcast

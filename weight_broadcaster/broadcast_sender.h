@@ -20,6 +20,15 @@
 // stream, and calls naming an unknown or ended session get
 // FAILED_PRECONDITION (the receiver registers again).
 //
+// Security: every call is authorized for the role read_weights
+// (BroadcastSenderOptions::authorizer), and a session belongs to the
+// principal that registered it: another principal can neither register
+// under its receiver id nor use its session (PERMISSION_DENIED). The
+// methods are served raw and parse their requests themselves
+// (common/wire_check.h): a request that does not parse is INVALID_ARGUMENT.
+// A fetch that writes nothing for fetch_idle_timeout, or lasts longer than
+// max_fetch_duration, is cancelled.
+//
 // NCCL (opt-in, BroadcastSenderOptions::nccl_world_size; sender_nccl.cc):
 // receivers given an NCCL rank in Register are not announced anything by
 // Publish or Subscribe; a thread of the sender announces each version to
@@ -48,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
+#include "common/security/authorizer.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 
@@ -91,6 +101,13 @@ struct BroadcastSenderOptions {
   // bound. A receiver fetches one version at a time.
   int max_concurrent_fetches = 256;
   int max_fetches_per_session = 2;
+  // A fetch whose receiver takes no chunk for this long, or that lasts
+  // longer than the second, is cancelled (its snapshot is let go).
+  absl::Duration fetch_idle_timeout = absl::Minutes(1);
+  absl::Duration max_fetch_duration = absl::Minutes(30);
+  // Who may fetch weights (role read_weights). Null: everyone, as
+  // "anonymous".
+  security::Authorizer* authorizer = nullptr;
   // Fault injection, for tests and drills only: flip one byte of the first
   // chunk sent for each of these versions (after the checksum was taken), and
   // sleep this long before each chunk.
@@ -111,14 +128,16 @@ struct BroadcastSenderOptions {
   NcclBroadcasterOptions nccl;
 };
 
-// The callback service with FetchSnapshot served raw (grpc::ByteBuffer): its
-// chunks are written as a small header plus a slice that points into the
-// snapshot, never copied through a WeightChunk message (wire_format.h). On
-// the wire they are ordinary WeightChunk messages.
-using WeightBroadcastServiceBase = v1::WeightBroadcast::WithCallbackMethod_Register<
-    v1::WeightBroadcast::WithCallbackMethod_Subscribe<
+// The callback service with every method served raw (grpc::ByteBuffer):
+// requests are checked on the wire before they are parsed, and
+// FetchSnapshot's chunks are written as a small header plus a slice that
+// points into the snapshot, never copied through a WeightChunk message
+// (wire_format.h). On the wire they are ordinary messages.
+using WeightBroadcastServiceBase = v1::WeightBroadcast::WithRawCallbackMethod_Register<
+    v1::WeightBroadcast::WithRawCallbackMethod_Subscribe<
         v1::WeightBroadcast::WithRawCallbackMethod_FetchSnapshot<
-            v1::WeightBroadcast::WithCallbackMethod_ReportVersion<v1::WeightBroadcast::Service>>>>;
+            v1::WeightBroadcast::WithRawCallbackMethod_ReportVersion<
+                v1::WeightBroadcast::Service>>>>;
 
 class BroadcastSender final : public WeightBroadcastServiceBase {
  public:
@@ -163,24 +182,30 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   bool nccl_active() const;
   int64_t nccl_versions_sent() const;
 
-  // WeightBroadcast. Register: INVALID_ARGUMENT for a receiver_id that is
-  // empty or over 128 bytes, FAILED_PRECONDITION naming both signatures for
-  // another model. ReportVersion: an error in the request is logged and
-  // counted in asympo_broadcast_failures_total.
+  // WeightBroadcast, raw: requests and replies are the serialized messages
+  // of proto/asympo/v1/weight_broadcast.proto. Register: INVALID_ARGUMENT
+  // for a receiver_id that is empty or over 128 bytes, FAILED_PRECONDITION
+  // for another model's signature (the learner's is not echoed: GetStatus
+  // gives it to a caller with the status role). ReportVersion: an error in
+  // the request is logged and counted in asympo_broadcast_failures_total.
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
-                                     const v1::RegisterRequest* request,
-                                     v1::RegisterResponse* response) override;
-  grpc::ServerWriteReactor<v1::SnapshotAnnouncement>* Subscribe(
-      grpc::CallbackServerContext* ctx, const v1::SubscribeRequest* request) override;
-  // `request` is a serialized v1::FetchSnapshotRequest; the reactor writes
-  // serialized v1::WeightChunk messages.
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Subscribe(grpc::CallbackServerContext* ctx,
+                                                        const grpc::ByteBuffer* request) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* FetchSnapshot(
       grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* ReportVersion(grpc::CallbackServerContext* ctx,
-                                          const v1::ReportVersionRequest* request,
-                                          v1::ReportVersionResponse* response) override;
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
 
  private:
+  // The calls once authorized (for `principal`) and parsed.
+  grpc::Status DoRegister(const std::string& principal, const v1::RegisterRequest& request,
+                          v1::RegisterResponse* response);
+  grpc::Status DoReportVersion(const std::string& principal,
+                               const v1::ReportVersionRequest& request);
+
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "common/call_reaper.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -66,7 +67,16 @@ struct SenderState {
     int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
     absl::Time registered = absl::Now();
     int fetches = 0;  // under way
+    std::string principal;  // who registered it; only they may use it
   };
+
+  // The caller's principal name if it may read weights; else the refusal.
+  grpc::Status Authorize(const grpc::CallbackServerContext& ctx, std::string* principal) const;
+  // The session `session_id` if it exists and belongs to `principal`:
+  // FAILED_PRECONDITION for an unknown one, PERMISSION_DENIED for another
+  // principal's.
+  grpc::Status FindSessionLocked(const std::string& session_id, const std::string& principal,
+                                 Session** session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // A fetch that FetchSnapshot counted has ended.
   void FetchDone(const std::string& session_id);
@@ -91,6 +101,8 @@ struct SenderState {
   const absl::flat_hash_set<uint64_t> corrupt_versions;
   std::unique_ptr<SenderMetrics> metrics;  // null without a registry
   const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
+  // Cancels fetches that stall or last too long.
+  CallReaper reaper;
 
   absl::Mutex publish_mu;  // serializes Publish calls
   mutable absl::Mutex mu;
@@ -122,7 +134,7 @@ struct SenderState {
 // Subscribe: writes announcements as they are offered. Keeps at most one
 // waiting announcement (the newest): a slow subscriber skips versions rather
 // than queueing them. Deletes itself in OnDone.
-class SubscribeReactor final : public grpc::ServerWriteReactor<v1::SnapshotAnnouncement> {
+class SubscribeReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // A stream refused at once.
   SubscribeReactor(SenderState* state, const grpc::Status& refusal);
@@ -150,6 +162,7 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<v1::SnapshotAnnou
   // everything (after_version 0) and has not been sent anything yet.
   std::optional<uint64_t> floor_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const v1::SnapshotAnnouncement> writing_ ABSL_GUARDED_BY(mu_);  // in flight
+  grpc::ByteBuffer written_ ABSL_GUARDED_BY(mu_);  // writing_, serialized
   std::shared_ptr<const v1::SnapshotAnnouncement> next_ ABSL_GUARDED_BY(mu_);
   std::optional<grpc::Status> end_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
@@ -171,7 +184,9 @@ void CancelNcclLocked(SenderState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 // `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`.
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
                                                         const grpc::Status& refusal);
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state, std::string session_id,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+                                                       grpc::CallbackServerContext* ctx,
+                                                       std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
                                                        uint64_t chunk_bytes);
 

@@ -7,6 +7,9 @@
 #include <grpcpp/alarm.h>
 #include <grpcpp/support/byte_buffer.h>
 
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/raw_messages.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
 
@@ -31,19 +34,22 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     FinishLocked(refusal);
   }
 
-  FetchReactor(SenderState* state, std::string session_id, std::shared_ptr<const Snapshot> snapshot,
-               uint64_t chunk_bytes)
+  FetchReactor(SenderState* state, grpc::CallbackServerContext* ctx, std::string session_id,
+               std::shared_ptr<const Snapshot> snapshot, uint64_t chunk_bytes)
       : state_(state),
         session_id_(std::move(session_id)),
         snapshot_(std::move(snapshot)),
         chunk_bytes_(chunk_bytes),
         corrupt_(state->corrupt_versions.contains(snapshot_->version())),
-        start_(std::chrono::steady_clock::now()) {
+        start_(std::chrono::steady_clock::now()),
+        reaped_(state->reaper.Add(ctx, state->options.fetch_idle_timeout,
+                                  state->options.max_fetch_duration)) {
     absl::MutexLock lock(&mu_);
     NextLocked();
   }
 
   void OnWriteDone(bool ok) override {
+    if (reaped_ != 0) state_->reaper.Touch(reaped_);
     absl::MutexLock lock(&mu_);
     if (!ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "receiver went away"));
@@ -67,6 +73,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       failed = snapshot_ != nullptr && !succeeded_;
     }
     if (failed) state_->CountFailure();
+    if (reaped_ != 0) state_->reaper.Remove(reaped_);
     {
       absl::MutexLock lock(&mu_);
       ReleaseLocked();  // when the RPC ended without Finish (it does not, but the count must drop)
@@ -152,6 +159,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   const uint64_t chunk_bytes_ = 0;
   const bool corrupt_ = false;
   const std::chrono::steady_clock::time_point start_;
+  const uint64_t reaped_ = 0;  // the reaper's handle (0: a refused fetch)
   absl::Mutex mu_;
   grpc::ByteBuffer chunk_ ABSL_GUARDED_BY(mu_);
   uint64_t last_size_ ABSL_GUARDED_BY(mu_) = 0;
@@ -189,6 +197,40 @@ void SenderState::FetchDone(const std::string& session_id) {
   --fetches;
   auto it = sessions.find(session_id);
   if (it != sessions.end()) --it->second.fetches;
+}
+
+grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx,
+                                    std::string* principal) const {
+  if (options.authorizer == nullptr) {
+    *principal = "anonymous";
+    return grpc::Status::OK;
+  }
+  absl::StatusOr<const security::Principal*> p =
+      options.authorizer->Authorize(ctx, security::Role::kReadWeights);
+  if (!p.ok())
+    return grpc::Status(static_cast<grpc::StatusCode>(p.status().code()),
+                        std::string(p.status().message()));
+  *principal = (*p)->name;
+  return grpc::Status::OK;
+}
+
+grpc::Status SenderState::FindSessionLocked(const std::string& session_id,
+                                            const std::string& principal, Session** session) {
+  auto it = sessions.find(session_id);
+  if (it == sessions.end()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("unknown session ", QuoteForMessage(session_id),
+                                     " (expired or replaced); register again"));
+  }
+  if (it->second.principal != principal) {
+    if (options.authorizer != nullptr) {
+      options.authorizer->CountRefusal("PERMISSION_DENIED", "session_owner");
+    }
+    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                        "the session belongs to another principal");
+  }
+  *session = &it->second;
+  return grpc::Status::OK;
 }
 
 void SenderState::ExpireUnsubscribedLocked() {
@@ -294,7 +336,8 @@ void SubscribeReactor::PumpLocked() {
   if (!next_) return;
   writing_ = std::move(next_);
   floor_ = writing_->manifest().version();
-  StartWrite(writing_.get());
+  SerializeReply(*writing_, &written_);
+  StartWrite(&written_);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
@@ -302,10 +345,12 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
   return new FetchReactor(state, refusal);
 }
 
-grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state, std::string session_id,
+grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
+                                                       grpc::CallbackServerContext* ctx,
+                                                       std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
                                                        uint64_t chunk_bytes) {
-  return new FetchReactor(state, std::move(session_id), std::move(snapshot), chunk_bytes);
+  return new FetchReactor(state, ctx, std::move(session_id), std::move(snapshot), chunk_bytes);
 }
 
 }  // namespace asympo::broadcast::internal

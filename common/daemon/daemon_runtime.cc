@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/host_port.h"
 
 namespace asympo::daemon {
 
@@ -121,6 +122,14 @@ void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
   LogDescriptorLimitOnce();
   absl::MutexLock lock(&stop_->mu);
   stop_->shutdown = std::move(shutdown);
+}
+
+absl::Status CheckMetricsAddress(const std::string& address, bool insecure) {
+  if (address.empty() || insecure || IsLoopbackAddress(address)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "refusing to serve /metrics on ", address,
+      " beyond loopback: it is plain HTTP without authentication; give --metrics_insecure to "
+      "serve it there anyway (a firewall or a NetworkPolicy should then limit who reaches it)"));
 }
 
 absl::StatusOr<std::string> RunName(const std::string& flag) {

@@ -43,6 +43,11 @@ void RetainFreedMemory();
 // each daemon of a run then has its own, so launchers pass one name to all.
 absl::StatusOr<std::string> RunName(const std::string& flag);
 
+// The metrics endpoint is plain HTTP without authentication: an address
+// beyond loopback (--metrics_address) needs `insecure` (--metrics_insecure),
+// else FAILED_PRECONDITION naming both flags. An empty address is fine.
+absl::Status CheckMetricsAddress(const std::string& address, bool insecure);
+
 class DaemonRuntime {
  public:
   // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors).

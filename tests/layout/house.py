@@ -32,6 +32,7 @@ ROOMS = [
     ("common/tokenizer", "asympo_tokenizer", 2),
     ("common/model", "asympo_model", 2),
     ("common/daemon", "asympo_daemon", 2),
+    ("common/security", "asympo_security", 2),
     ("weight_broadcaster/nccl", "asympo_nccl", 2),
     ("weight_broadcaster", "asympo_broadcast", 3),
     ("weight_broadcaster/model_weights", "asympo_weights", 4),
@@ -40,7 +41,7 @@ ROOMS = [
 ]
 SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaster"]
 TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference", "tests/bench",
-             "tests/common/tokenizer/reference"]
+             "tests/common/tokenizer/reference", "tests/fuzz", "tests/sanitizers"]
 BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
 MAX_FUNCTION_LINES = 80
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)

@@ -237,7 +237,11 @@ class LearnerClient:
 
     def _raise_if_final(self, e, what):
         code = e.code()
-        if code == grpc.StatusCode.INVALID_ARGUMENT:
+        # RESOURCE_EXHAUSTED without the learner's retry hint is gRPC's own
+        # refusal of a message over the size limit: no retry can pass it.
+        too_large = (code == grpc.StatusCode.RESOURCE_EXHAUSTED and
+                     _trailing(e, RETRY_AFTER_KEY) is None)
+        if code == grpc.StatusCode.INVALID_ARGUMENT or too_large:
             self._status = None  # the limits may have changed (a restarted learner)
             raise InvalidBatchError("%s: the learner refused it: %s" % (what, e.details())) from None
         if code not in RETRYABLE:

@@ -1,0 +1,135 @@
+// Who may call the learner, and as what: bearer tokens from a file of
+// hashes, or verified client certificates (mTLS), mapped to principals with
+// roles and quotas (docs/security.md).
+//
+// The principals file (JSON; --auth_file):
+//   {"principals": [
+//     {"name": "rollouts", "token_sha256": "<hex>",
+//      "roles": ["submit", "read_weights", "status"]},
+//     {"name": "team-a", "certificate": "gen.team-a.example",
+//      "roles": ["submit", "status"], "queue_share": 0.25,
+//      "groups_per_second": 40}]}
+// A token is stored only as the SHA-256 of its bytes (`sha256sum`); a
+// certificate entry matches a verified client certificate whose common
+// name or one of whose subject alternative names equals it. Tokens are
+// never logged, nor echoed in errors.
+//
+// Modes, by what is configured:
+// - nothing: every caller is the principal "anonymous" with every role (a
+//   learner on loopback, or one started with --insecure);
+// - a client CA only: every caller must show a certificate the CA issued;
+//   its common name (else its first alternative name) is the principal,
+//   with every role;
+// - a principals file: every caller must match one of its principals.
+//
+// Thread-safe. Refusals are counted in asympo_learner_refusals_total{code,
+// cause} (the registry may be null).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpc/grpc_security_constants.h>
+#include <grpcpp/server_context.h>
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/registry.h>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/security/x509.h"
+
+namespace asympo::security {
+
+enum class Role : uint32_t {
+  kSubmit = 1,       // Learner.Submit, Learner.SubmitStream
+  kReadWeights = 2,  // every WeightBroadcast call: the model's weights
+  kStatus = 4,       // Learner.GetStatus
+};
+
+// "submit", "read_weights", "status".
+const char* RoleName(Role role);
+
+struct Principal {
+  std::string name;  // also the `source` label of its metrics
+  uint32_t roles = 0;
+  // The share of the learner's queue its groups may hold (queued or
+  // waiting), and its rate in groups per second (0: no limit).
+  double queue_share = 1.0;
+  double groups_per_second = 0;
+  bool Has(Role r) const { return (roles & static_cast<uint32_t>(r)) != 0; }
+};
+
+struct AuthOptions {
+  std::string principals_file;  // empty: no tokens, no principals
+  std::string client_ca_file;   // empty: client certificates are not asked for
+  // For principals that set none, and for "anonymous".
+  double default_queue_share = 1.0;
+  double default_groups_per_second = 0;
+  // How often the CA file is looked at for changes.
+  absl::Duration ca_reload_interval = absl::Seconds(10);
+};
+
+// Parses a principals file's text. INVALID_ARGUMENT naming the entry and
+// the rule (a name of 1-64 characters of [A-Za-z0-9._:@/+-], unique; a
+// 64-hex-digit token hash, unique; known roles; queue_share in (0, 1];
+// groups_per_second >= 0; no unknown keys).
+absl::StatusOr<std::vector<Principal>> ParsePrincipals(const std::string& json,
+                                                       const AuthOptions& defaults,
+                                                       std::vector<std::string>* token_hashes,
+                                                       std::vector<std::string>* certificates);
+
+class Authorizer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Authorizer>> Create(const AuthOptions& options,
+                                                            prometheus::Registry* registry);
+
+  // The caller of `ctx`, if it may act in `role`. UNAUTHENTICATED (no
+  // credentials, an unknown token, a certificate that is missing, expired,
+  // untrusted or unknown) or PERMISSION_DENIED (a principal without the
+  // role), counted.
+  absl::StatusOr<const Principal*> Authorize(const grpc::ServerContextBase& ctx, Role role);
+
+  // Counts a refusal made elsewhere (a quota): code as GrpcCodeName, cause
+  // a short snake_case word.
+  void CountRefusal(const std::string& code, const std::string& cause);
+
+  // Whether callers must authenticate (a principals file or a client CA).
+  bool authenticates() const { return !principals_.empty() || !options_.client_ca_file.empty(); }
+  // Whether client certificates are asked for.
+  bool wants_client_certificates() const { return !options_.client_ca_file.empty(); }
+  const AuthOptions& options() const { return options_; }
+
+ private:
+  explicit Authorizer(AuthOptions options, prometheus::Registry* registry);
+  absl::StatusOr<const Principal*> Identify(const grpc::ServerContextBase& ctx);
+  absl::StatusOr<const Principal*> FromCertificate(const grpc::AuthContext& auth);
+  absl::StatusOr<CertificateIdentity> VerifyCertificate(const std::string& leaf,
+                                                        const std::string& chain);
+  absl::Status Refuse(absl::Status status, const std::string& cause);
+
+  const AuthOptions options_;
+  std::vector<std::unique_ptr<Principal>> principals_;
+  absl::flat_hash_map<std::string, const Principal*> by_token_hash_;
+  absl::flat_hash_map<std::string, const Principal*> by_certificate_;
+  Principal anonymous_;
+  prometheus::Family<prometheus::Counter>* refusals_ = nullptr;
+
+  absl::Mutex mu_;
+  std::unique_ptr<CertificateAuthority> ca_ ABSL_GUARDED_BY(mu_);
+  absl::Time ca_checked_ ABSL_GUARDED_BY(mu_);
+  int64_t ca_mtime_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Verified {
+    absl::StatusOr<CertificateIdentity> identity;
+    absl::Time at;
+  };
+  absl::flat_hash_map<std::string, Verified> verified_ ABSL_GUARDED_BY(mu_);  // by leaf hash
+  // CA-only mode: one principal per certificate name.
+  absl::flat_hash_map<std::string, std::unique_ptr<Principal>> by_name_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace asympo::security

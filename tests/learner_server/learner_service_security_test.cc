@@ -1,0 +1,351 @@
+// The Learner service behind TLS, mTLS and bearer tokens, with roles and
+// per-source quotas: a real gRPC server on loopback, real clients, and
+// certificates made by openssl for the test.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/security/tls.h"
+#include "common/security/x509.h"
+#include "learner_server/learner_service.h"
+#include "tests/testing/certs.h"
+#include "tests/testing/metrics.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
+
+namespace asympo::learner {
+namespace {
+
+using ::asympo::testing::MetricValue;
+using ::asympo::testing::TestCertificates;
+using ::testing::HasSubstr;
+
+v1::RolloutBatch Batch(int groups) {
+  v1::RolloutBatch b;
+  for (int g = 0; g < groups; ++g) {
+    v1::PromptGroup* pg = b.add_groups();
+    pg->set_prompt_id("p" + std::to_string(g));
+    pg->add_prompt_tokens(1);
+    for (int r = 0; r < 2; ++r) {
+      v1::Response* resp = pg->add_responses();
+      resp->add_tokens(3);
+      resp->set_reward(static_cast<float>(r));
+    }
+  }
+  return b;
+}
+
+std::string Read(const std::string& cert) {
+  auto text = security::ReadSecretFile(TestCertificates::Path(cert), "test certificate");
+  return text.ok() ? *text : "";
+}
+
+std::string Trailing(const grpc::ClientContext& ctx, const std::string& key) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find(key);
+  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
+class LearnerServiceSecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Tokens "gen-token" (submit and status, at most a quarter of the queue,
+    // 8 groups a second), "reader-token" (read_weights only); the
+    // certificate rollout-1 (every role).
+    std::ofstream(dir_.Path("principals.json")) << absl::StrCat(
+        R"({"principals": [)", R"({"name": "gen", "token_sha256": ")",
+        security::Sha256Hex("gen-token"),
+        R"(", "roles": ["submit", "status"], "queue_share": 0.25,)", R"( "groups_per_second": 8},)",
+        R"({"name": "reader", "token_sha256": ")", security::Sha256Hex("reader-token"),
+        R"(", "roles": ["read_weights"]},)", R"({"name": "rollouts", "certificate": "rollout-1",)",
+        R"( "roles": ["submit", "read_weights", "status"]}]})");
+    for (const char* t : {"gen-token", "reader-token", "wrong-token"}) {
+      std::ofstream(dir_.Path(t)) << t << "\n";
+    }
+    security::AuthOptions auth;
+    auth.principals_file = dir_.Path("principals.json");
+    auth.client_ca_file = TestCertificates::Path("ca.pem");
+    auto authorizer = security::Authorizer::Create(auth, &registry_);
+    ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+    authorizer_ = *std::move(authorizer);
+    queue_ = std::make_unique<GroupQueue>(GroupQueueOptions{64, 64});
+    LearnerServiceOptions o;
+    o.limits.vocab_size = 100;
+    o.limits.max_groups_per_batch = 4;
+    o.full_queue_timeout = absl::Seconds(2);
+    o.authorizer = authorizer_.get();
+    service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
+    security::ServerTlsOptions tls;
+    tls.cert_file = TestCertificates::Path("server.pem");
+    tls.key_file = TestCertificates::Path("server.key");
+    tls.client_ca_file = TestCertificates::Path("ca.pem");
+    auto creds = security::MakeServerCredentials(tls);
+    ASSERT_TRUE(creds.ok()) << creds.status();
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", *creds, &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port_, 0);
+  }
+  void TearDown() override {
+    queue_->Close();
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
+
+  // A client with the test CA and, optionally, a token file and a client
+  // certificate named by its file stem. The project's channels refuse to
+  // present an expired certificate of their own, so that one goes through
+  // gRPC's plain SSL credentials.
+  std::unique_ptr<v1::Learner::Stub> Client(const std::string& token,
+                                            const std::string& cert = "") {
+    if (cert == "expired") {
+      grpc::SslCredentialsOptions ssl;
+      ssl.pem_root_certs = Read("ca.pem");
+      ssl.pem_cert_chain = Read("expired.pem");
+      ssl.pem_private_key = Read("expired.key");
+      return v1::Learner::NewStub(
+          grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::SslCredentials(ssl)));
+    }
+    security::ClientTlsOptions o;
+    o.ca_file = TestCertificates::Path("ca.pem");
+    if (!token.empty()) o.token_file = dir_.Path(token);
+    if (!cert.empty()) {
+      o.cert_file = TestCertificates::Path(cert + ".pem");
+      o.key_file = TestCertificates::Path(cert + ".key");
+    }
+    auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), o);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return v1::Learner::NewStub(*channel);
+  }
+
+  grpc::Status Submit(v1::Learner::Stub* stub, int groups, grpc::ClientContext* ctx = nullptr) {
+    grpc::ClientContext own;
+    v1::SubmitResponse r;
+    return stub->Submit(ctx ? ctx : &own, Batch(groups), &r);
+  }
+
+  double Refusals(const std::string& cause) {
+    return MetricValue(registry_, "asympo_learner_refusals_total", cause);
+  }
+
+  testing::ScopedTempDir dir_{"auth"};
+  prometheus::Registry registry_;
+  std::unique_ptr<security::Authorizer> authorizer_;
+  LearnerCounters counters_;
+  std::unique_ptr<GroupQueue> queue_;
+  std::unique_ptr<LearnerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(LearnerServiceSecurityTest, KnownCallersInTheirRolesAreServed) {
+  EXPECT_TRUE(Submit(Client("gen-token").get(), 2).ok());
+  EXPECT_TRUE(Submit(Client("", "client").get(), 2).ok());
+  grpc::ClientContext ctx;
+  v1::LearnerStatus status;
+  ASSERT_TRUE(Client("gen-token")->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  EXPECT_EQ(status.accepted_groups(), 4u);
+  EXPECT_EQ(status.limits().max_message_bytes(), int64_t{64} << 20);
+  EXPECT_EQ(queue_->Stats().depth_groups, 4);
+  EXPECT_EQ(queue_->HeldBySource(),
+            (std::vector<std::pair<std::string, int64_t>>{{"gen", 2}, {"rollouts", 2}}));
+}
+
+TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNothing) {
+  const struct {
+    std::string token, cert;
+    grpc::StatusCode code;
+    std::string message, cause;
+  } cases[] = {
+      {"wrong-token", "", grpc::StatusCode::UNAUTHENTICATED, "not one the learner knows",
+       "bad_token"},
+      {"", "", grpc::StatusCode::UNAUTHENTICATED, "no credentials", "missing_credentials"},
+      {"reader-token", "", grpc::StatusCode::PERMISSION_DENIED,
+       "principal \"reader\" lacks the role submit", "role"},
+      {"", "rogue", grpc::StatusCode::UNAUTHENTICATED, "not trusted", "bad_certificate"},
+      {"", "expired", grpc::StatusCode::UNAUTHENTICATED, "expired on", "bad_certificate"},
+      {"", "client2", grpc::StatusCode::UNAUTHENTICATED, "names no principal",
+       "unknown_certificate"},
+  };
+  for (const auto& c : cases) {
+    const double before = Refusals(c.cause);
+    const grpc::Status s = Submit(Client(c.token, c.cert).get(), 2);
+    EXPECT_EQ(s.error_code(), c.code) << c.token << c.cert << ": " << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.token << c.cert;
+    EXPECT_EQ(Refusals(c.cause) - (std::isnan(before) ? 0 : before), 1) << c.cause;
+  }
+  // A client that does not trust the learner's CA never gets to call.
+  security::ClientTlsOptions untrusting;
+  untrusting.ca_file = TestCertificates::Path("rogue_ca.pem");
+  auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), untrusting);
+  ASSERT_TRUE(channel.ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_EQ(Submit(v1::Learner::NewStub(*channel).get(), 2, &ctx).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // Plaintext to a TLS port fails too.
+  auto plain = v1::Learner::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
+                                                        grpc::InsecureChannelCredentials()));
+  grpc::ClientContext plain_ctx;
+  plain_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  EXPECT_FALSE(Submit(plain.get(), 2, &plain_ctx).ok());
+  EXPECT_EQ(queue_->Stats().depth_groups, 0);
+  EXPECT_EQ(counters_.accepted_batches.load(), 0u);
+  // GetStatus needs the role status.
+  grpc::ClientContext status_ctx;
+  v1::LearnerStatus status;
+  EXPECT_EQ(Client("reader-token")->GetStatus(&status_ctx, {}, &status).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsShareOfTheQueue) {
+  // gen may hold 16 of 64 groups; its rate (8 a second, a burst of 8) is
+  // spent first, so wait it out between batches.
+  auto gen = Client("gen-token");
+  int queued = 0;
+  while (queued < 16) {
+    grpc::ClientContext ctx;
+    const grpc::Status s = Submit(gen.get(), 4, &ctx);
+    if (s.ok()) {
+      queued += 4;
+      continue;
+    }
+    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    ASSERT_THAT(s.error_message(), HasSubstr("over its rate"));
+    absl::SleepFor(absl::Milliseconds(std::stoi(Trailing(ctx, "asympo-retry-after-ms"))));
+  }
+  absl::SleepFor(absl::Seconds(1));  // the rate is not what refuses the next one
+  grpc::ClientContext ctx;
+  const grpc::Status full = Submit(gen.get(), 4, &ctx);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(full.error_message(), HasSubstr("source \"gen\" holds 16 groups"));
+  EXPECT_EQ(Trailing(ctx, "asympo-retry-after-ms"), "1000");
+  EXPECT_EQ(Refusals("queue_share"), 1);
+  // Another source is not held back by gen's share.
+  EXPECT_TRUE(Submit(Client("", "client").get(), 4).ok());
+  // Once the learner trains some of gen's groups, gen may send again.
+  ASSERT_EQ(queue_->Pop(8, absl::Now() + absl::Seconds(1)).size(), 8u);
+  EXPECT_TRUE(Submit(gen.get(), 4).ok());
+  EXPECT_GE(counters_.rejected_quota_batches.load(), 1u);
+}
+
+TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsRateWithARetryHint) {
+  auto gen = Client("gen-token");
+  EXPECT_TRUE(Submit(gen.get(), 4).ok());
+  EXPECT_TRUE(Submit(gen.get(), 4).ok());  // the burst: 8 groups
+  grpc::ClientContext ctx;
+  const grpc::Status s = Submit(gen.get(), 4, &ctx);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("over its rate of 8 groups per second"));
+  const int hint = std::stoi(Trailing(ctx, "asympo-retry-after-ms"));
+  EXPECT_GT(hint, 0);
+  EXPECT_LE(hint, 500);
+  EXPECT_EQ(Refusals("rate"), 1);
+  EXPECT_EQ(queue_->Stats().depth_groups, 8);
+  absl::SleepFor(absl::Milliseconds(hint));
+  EXPECT_TRUE(Submit(gen.get(), 4).ok());
+}
+
+}  // namespace
+}  // namespace asympo::learner
+
+namespace asympo::learner {
+namespace {
+
+// A SubmitStream that sends nothing is closed after the idle timeout, and
+// its place among the open streams is given back.
+TEST(LearnerServiceLimitsTest, AnIdleSubmitStreamIsClosed) {
+  GroupQueue queue(GroupQueueOptions{8, 8});
+  LearnerCounters counters;
+  LearnerServiceOptions o;
+  o.limits.vocab_size = 100;
+  o.stream_idle_timeout = absl::Milliseconds(300);
+  LearnerService service(o, &queue, &counters);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto stub = v1::Learner::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto writer = stub->SubmitStream(&ctx, &r);
+  ASSERT_TRUE(writer->Write(Batch(1)));  // active: not idle yet
+  const absl::Time t0 = absl::Now();
+  const grpc::Status s = writer->Finish();  // without WritesDone: the client idles
+  EXPECT_FALSE(s.ok());
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
+  EXPECT_EQ(queue.Stats().depth_groups, 1);  // what it sent stays accepted
+  EXPECT_TRUE(
+      asympo::testing::WaitFor([&] { return service.open_streams() == 0; }, absl::Seconds(2)));
+  EXPECT_EQ(service.reaper().reaped(), 1);
+  queue.Close();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace asympo::learner
+
+namespace asympo::learner {
+namespace {
+
+// The certificate and key files are read again while the learner runs: a
+// certificate replaced on disk is served from the next handshake on.
+TEST(LearnerServiceTlsReloadTest, ARenewedCertificateIsServedWithoutARestart) {
+  testing::ScopedTempDir dir("reload");
+  const auto copy = [&](const std::string& from, const std::string& to) {
+    std::ifstream in(TestCertificates::Path(from), std::ios::binary);
+    std::ofstream(dir.Path(to + ".tmp"), std::ios::binary) << in.rdbuf();
+    std::filesystem::rename(dir.Path(to + ".tmp"), dir.Path(to));  // atomically
+  };
+  copy("server.pem", "cert.pem");
+  copy("server.key", "key.pem");
+  GroupQueue queue(GroupQueueOptions{8, 8});
+  LearnerCounters counters;
+  LearnerServiceOptions o;
+  o.limits.vocab_size = 100;
+  LearnerService service(o, &queue, &counters);
+  security::ServerTlsOptions tls;
+  tls.cert_file = dir.Path("cert.pem");
+  tls.key_file = dir.Path("key.pem");
+  tls.reload_seconds = 1;
+  auto creds = security::MakeServerCredentials(tls);
+  ASSERT_TRUE(creds.ok()) << creds.status();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", *creds, &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  // A fresh channel (a new handshake) trusting `ca`: whether GetStatus works.
+  const auto served_for = [&](const std::string& ca) {
+    security::ClientTlsOptions c;
+    c.ca_file = TestCertificates::Path(ca);
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // no connection reuse
+    auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port), c, args);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+    v1::LearnerStatus status;
+    return v1::Learner::NewStub(*channel)->GetStatus(&ctx, {}, &status).ok();
+  };
+  EXPECT_TRUE(served_for("ca.pem"));
+  EXPECT_FALSE(served_for("rogue_ca.pem"));
+  copy("server2.key", "key.pem");
+  copy("server2.pem", "cert.pem");
+  EXPECT_TRUE(asympo::testing::WaitFor([&] { return served_for("rogue_ca.pem"); },
+                                       absl::Seconds(15)));
+  EXPECT_FALSE(served_for("ca.pem"));
+  queue.Close();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace
+}  // namespace asympo::learner

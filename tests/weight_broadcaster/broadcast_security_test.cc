@@ -1,0 +1,181 @@
+// The WeightBroadcast service with bearer tokens and roles: who may fetch
+// weights, sessions that belong to their principal, and requests that do
+// not parse.
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/security/tls.h"
+#include "common/security/x509.h"
+#include "tests/testing/raw_call.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/weight_broadcaster/broadcast_test_util.h"
+
+namespace asympo::broadcast {
+namespace {
+
+using ::asympo::testing::RawUnaryCall;
+using ::testing::HasSubstr;
+using testing::SenderServer;
+
+class BroadcastSecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::ofstream(dir_.Path("principals.json"))
+        << absl::StrCat(R"({"principals": [)", R"({"name": "a", "token_sha256": ")",
+                        security::Sha256Hex("a-tok"), R"(", "roles": ["read_weights"]},)",
+                        R"({"name": "b", "token_sha256": ")", security::Sha256Hex("b-tok"),
+                        R"(", "roles": ["read_weights"]},)", R"({"name": "gen", "token_sha256": ")",
+                        security::Sha256Hex("gen-tok"), R"(", "roles": ["submit"]}]})");
+    for (const char* t : {"a-tok", "b-tok", "gen-tok"}) std::ofstream(dir_.Path(t)) << t;
+    security::AuthOptions auth;
+    auth.principals_file = dir_.Path("principals.json");
+    auto authorizer = security::Authorizer::Create(auth, &registry_);
+    ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+    authorizer_ = *std::move(authorizer);
+    BroadcastSenderOptions o;
+    o.packing = testing::TestPacking();
+    o.authorizer = authorizer_.get();
+    server_ = std::make_unique<SenderServer>(o);
+    ASSERT_TRUE(server_->Publish(1).ok());
+  }
+
+  std::shared_ptr<grpc::Channel> Channel(const std::string& token) {
+    security::ClientTlsOptions o;
+    if (!token.empty()) o.token_file = dir_.Path(token);
+    auto channel = security::CreateClientChannel(server_->target(), o);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return *channel;
+  }
+
+  grpc::Status Register(const std::string& token, const std::string& receiver,
+                        v1::RegisterResponse* response) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest r;
+    r.set_receiver_id(receiver);
+    r.set_model_signature(ModelSignature(testing::TestSpecs()));
+    return v1::WeightBroadcast::NewStub(Channel(token))->Register(&ctx, r, response);
+  }
+
+  asympo::testing::ScopedTempDir dir_{"bauth"};
+  prometheus::Registry registry_;
+  std::unique_ptr<security::Authorizer> authorizer_;
+  std::unique_ptr<SenderServer> server_;
+};
+
+TEST_F(BroadcastSecurityTest, OnlyTheRoleReadWeightsGetsWeights) {
+  v1::RegisterResponse r;
+  EXPECT_EQ(Register("gen-tok", "r1", &r).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(Register("", "r1", &r).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  ASSERT_TRUE(Register("a-tok", "r1", &r).ok());
+  // Fetching needs the role too, even with a valid session id.
+  grpc::ClientContext ctx;
+  v1::FetchSnapshotRequest f;
+  f.set_session_id(r.session_id());
+  f.set_version(1);
+  auto reader = v1::WeightBroadcast::NewStub(Channel("gen-tok"))->FetchSnapshot(&ctx, f);
+  v1::WeightChunk chunk;
+  EXPECT_FALSE(reader->Read(&chunk));
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+TEST_F(BroadcastSecurityTest, ASessionBelongsToThePrincipalThatRegisteredIt) {
+  v1::RegisterResponse mine;
+  ASSERT_TRUE(Register("a-tok", "rollout-0", &mine).ok());
+  // b cannot take over a's receiver id ...
+  v1::RegisterResponse theirs;
+  const grpc::Status s = Register("b-tok", "rollout-0", &theirs);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(s.error_message(), HasSubstr("registered by another principal"));
+  // ... nor use a's session.
+  auto b = v1::WeightBroadcast::NewStub(Channel("b-tok"));
+  grpc::ClientContext report_ctx;
+  v1::ReportVersionRequest report;
+  report.set_session_id(mine.session_id());
+  report.set_version(1);
+  report.set_error("spoofed");
+  v1::ReportVersionResponse ignored;
+  EXPECT_EQ(b->ReportVersion(&report_ctx, report, &ignored).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(server_->Metric("asympo_broadcast_failures_total"), 0);
+  grpc::ClientContext sub_ctx;
+  v1::SubscribeRequest sub;
+  sub.set_session_id(mine.session_id());
+  auto stream = b->Subscribe(&sub_ctx, sub);
+  v1::SnapshotAnnouncement a;
+  EXPECT_FALSE(stream->Read(&a));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  // a's session is untouched: a registers again under its id at will.
+  EXPECT_EQ(server_->sender().receiver_versions().size(), 1u);
+  EXPECT_TRUE(Register("a-tok", "rollout-0", &mine).ok());
+}
+
+TEST_F(BroadcastSecurityTest, RequestsThatDoNotParseAreInvalidArgumentsNamingTheType) {
+  auto channel = Channel("a-tok");
+  for (const char* method :
+       {"/asympo.v1.WeightBroadcast/Register", "/asympo.v1.WeightBroadcast/ReportVersion"}) {
+    const grpc::Status s = RawUnaryCall(channel, method, "\x0a\xff\xff\xff\xff\x0f");
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_THAT(s.error_message(), HasSubstr("the request is not a valid asympo.v1.")) << method;
+  }
+  // Invalid UTF-8 in a string field is named, not logged by protobuf.
+  v1::RegisterRequest r;
+  r.set_receiver_id("ok");
+  std::string bytes = r.SerializeAsString();
+  bytes[2] = '\xc3';
+  const grpc::Status s = RawUnaryCall(channel, "/asympo.v1.WeightBroadcast/Register", bytes);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("field receiver_id is not valid UTF-8"));
+}
+
+}  // namespace
+}  // namespace asympo::broadcast
+
+namespace asympo::broadcast {
+namespace {
+
+// A fetch that makes no progress for fetch_idle_timeout is cancelled on the
+// learner's side and its place given back (a receiver that never reads
+// would otherwise pin the snapshot for good).
+TEST(BroadcastLimitsTest, AStalledFetchIsCancelledByTheLearner) {
+  BroadcastSenderOptions o;
+  o.packing = testing::TestPacking();
+  o.fetch_idle_timeout = absl::Milliseconds(200);
+  o.chunk_delay = absl::Seconds(3);  // the stall
+  testing::SenderServer server(o);
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  const std::string session = [&] {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest r;
+    r.set_receiver_id("slow");
+    r.set_model_signature(ModelSignature(testing::TestSpecs()));
+    v1::RegisterResponse resp;
+    EXPECT_TRUE(stub->Register(&ctx, r, &resp).ok());
+    return resp.session_id();
+  }();
+  grpc::ClientContext ctx;
+  v1::FetchSnapshotRequest f;
+  f.set_session_id(session);
+  f.set_version(1);
+  const absl::Time t0 = absl::Now();
+  auto reader = stub->FetchSnapshot(&ctx, f);
+  v1::WeightChunk chunk;
+  while (reader->Read(&chunk)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  // Its place is free again: two more fetches of this session may start.
+  grpc::ClientContext again;
+  f.set_version(1);
+  auto second = stub->FetchSnapshot(&again, f);
+  again.TryCancel();
+  second->Finish();
+}
+
+}  // namespace
+}  // namespace asympo::broadcast
