@@ -545,6 +545,19 @@ for (const r of renders) {
   if (!(L.c.command || []).join(" ").includes("RANK=${HOSTNAME##*-}")) {
     lp.push("the learner's command does not take RANK from the pod's ordinal");
   }
+  // Secure by default: the daemons refuse to listen beyond loopback in
+  // plaintext, and to serve /metrics there, unless told so.
+  const beyondLoopback = (a) => a !== undefined && !/^(127\.|localhost:|\[::1\])/.test(a);
+  if (beyondLoopback(last(L.flags, "listen")) && last(L.flags, "insecure") !== "true" &&
+      !last(L.flags, "tls_cert")) {
+    lp.push("the learner listens beyond loopback with neither --tls_cert nor --insecure");
+  }
+  for (const [who, d] of [["learner", L], ["rollout", R]]) {
+    if (beyondLoopback(last(d.flags, "metrics_address")) &&
+        last(d.flags, "metrics_insecure") !== "true") {
+      lp.push(`the ${who} serves /metrics beyond loopback without --metrics_insecure`);
+    }
+  }
   const grpcPort = portOf(last(L.flags, "listen"));
   const metricsPort = portOf(last(L.flags, "metrics_address"));
   const cports = Object.fromEntries((L.c.ports || []).map((p) => [p.name, p.containerPort]));

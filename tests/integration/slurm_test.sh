@@ -407,16 +407,33 @@ export ASYMPO_OBJECTIVE=asympo_stable ASYMPO_LR=1e-4 ASYMPO_STOP_TIMEOUT=20
 export ASYMPO_LEARNER_ARGS="--threads=1 --dist_timeout=60s --checkpoint_every=10"
 export ASYMPO_ROLLOUT_ARGS="--threads=1"
 unset ASYMPO_ROLLOUT_NODES ASYMPO_PROMETHEUS_DIR ASYMPO_CHECKPOINT_DIR ASYMPO_LOG_DIR
+# Plaintext on the test's loopback cluster, but for the co-located scenario,
+# which runs with TLS, mTLS and a principals file.
+export ASYMPO_INSECURE=1
 
 scenario_colocated() {
   export ASYMPO_MAX_STEPS=30
+  local certs=$tmp/certs
+  "$here/../testing/make_certs.sh" "$certs" >/dev/null || fail "openssl could not make certificates"
+  printf '{"principals": [{"name": "rollouts", "certificate": "rollout-1", "roles": %s}]}\n' \
+    '["submit", "read_weights", "status"]' >"$certs/principals.json"
+  # sbatch takes the environment at submission.
+  export ASYMPO_INSECURE=0 ASYMPO_TLS_CERT=$certs/server.pem ASYMPO_TLS_KEY=$certs/server.key \
+    ASYMPO_TLS_CA=$certs/ca.pem ASYMPO_TLS_SERVER_NAME=localhost \
+    ASYMPO_TLS_CLIENT_CA=$certs/ca.pem ASYMPO_TLS_CLIENT_CERT=$certs/client.pem \
+    ASYMPO_TLS_CLIENT_KEY=$certs/client.key ASYMPO_AUTH_FILE=$certs/principals.json
   run_job colocated 0 --nodes=1 --nodelist="$node0"
+  export ASYMPO_INSECURE=1
+  unset ASYMPO_TLS_CERT ASYMPO_TLS_KEY ASYMPO_TLS_CA ASYMPO_TLS_SERVER_NAME ASYMPO_TLS_CLIENT_CA \
+    ASYMPO_TLS_CLIENT_CERT ASYMPO_TLS_CLIENT_KEY ASYMPO_AUTH_FILE
   wait_job 150
   check_job_ok
   check_learner 30
   check_rollouts "$node0"
   check_targets "$node0" "$node0"
   grep -q "rollouts co-located on $node0" "$out" || fail "the job did not co-locate: $(cat "$out")"
+  grep -q "(mTLS, callers authenticated" "$shared/logs/$job/learner-rank0.log" ||
+    fail "the learner did not serve mTLS with authenticated callers"
 }
 
 scenario_two_nodes() {
