@@ -1,6 +1,6 @@
 // The address MetricsEndpoint (metrics_endpoint.h) listens on, written
-// "host:port": parsing and resolving it, and printing the address a socket
-// is bound to. Only the endpoint uses it. Thread-safe functions.
+// "host:port" (common/host_port.h splits it): resolving it. Only the
+// endpoint uses it. Thread-safe functions.
 #pragma once
 
 #include <sys/socket.h>
@@ -22,8 +22,5 @@ struct ListenAddress {
 // or a name (its first IPv4 address, else its first IPv6 one); port
 // 0..65535. INVALID_ARGUMENT naming `address` and the rule otherwise.
 absl::StatusOr<ListenAddress> ResolveListenAddress(const std::string& address);
-
-// "ip:port" or "[ip6]:port" of the bound socket `fd`; its port in *port.
-std::string BoundAddress(int fd, int* port);
 
 }  // namespace asympo::daemon
