@@ -243,9 +243,6 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   // announcement streams; allow them (and idle ones) without a GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 10000);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  // gRPC would set SO_REUSEPORT: a second learner on the port would then
-  // start fine and take half of the rollouts' connections.
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr) return cannot_listen("the gRPC server did not start");
   listener_->Start();
