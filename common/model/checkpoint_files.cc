@@ -6,12 +6,11 @@
 #include <memory>
 #include <system_error>
 
-#include <nlohmann/json.hpp>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/crc32c.h"
+#include "common/model/checkpoint_meta.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
 #include "common/status_macros.h"
@@ -31,18 +30,12 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path) {
 absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir) {
   const std::string state_path = dir + "/" + kCheckpointStateFile;
   ASYMPO_ASSIGN_OR_RETURN(std::string meta_text, ReadWhole(dir + "/" + kCheckpointMetaFile));
-  const nlohmann::json meta = nlohmann::json::parse(meta_text, nullptr, false);
-  if (meta.is_discarded() || !meta.is_object() || !meta.contains("crc32c") ||
-      !meta.contains("version") || !meta.contains("optimizer_steps") ||
-      !meta["crc32c"].is_number_unsigned() || !meta["version"].is_number_unsigned() ||
-      !meta["optimizer_steps"].is_number_integer()) {
-    return absl::DataLossError(
-        absl::StrCat(dir, "/", kCheckpointMetaFile, " is not a complete checkpoint description"));
-  }
+  ASYMPO_ASSIGN_OR_RETURN(CheckpointMeta meta,
+                          ParseCheckpointMeta(meta_text, dir + "/" + kCheckpointMetaFile));
   ASYMPO_ASSIGN_OR_RETURN(const uint32_t crc, CheckpointFileCrc(state_path));
-  if (crc != meta["crc32c"].get<uint32_t>()) {
-    return absl::DataLossError(absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x",
-                                               state_path, crc, meta["crc32c"].get<uint32_t>()));
+  if (crc != meta.crc32c) {
+    return absl::DataLossError(
+        absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x", state_path, crc, meta.crc32c));
   }
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(state_path));
   CheckpointContents out;
@@ -57,25 +50,10 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
       out.weights.emplace_back(name, t);
     }
   }
-  out.version = meta["version"].get<uint64_t>();
-  out.optimizer_steps = meta["optimizer_steps"].get<int64_t>();
-  const auto config = meta.find("config");
-  if (config != meta.end() && config->is_string()) out.config = config->get<std::string>();
-  const auto ids = meta.find("batch_ids");
-  if (ids != meta.end()) {
-    if (!ids->is_array()) {
-      return absl::DataLossError(
-          absl::StrCat(dir, "/", kCheckpointMetaFile, ": batch_ids is not a list"));
-    }
-    out.batch_ids.reserve(ids->size());
-    for (const auto& id : *ids) {
-      if (!id.is_string()) {
-        return absl::DataLossError(
-            absl::StrCat(dir, "/", kCheckpointMetaFile, ": batch_ids holds a non-string"));
-      }
-      out.batch_ids.push_back(id.get<std::string>());
-    }
-  }
+  out.version = meta.version;
+  out.optimizer_steps = meta.optimizer_steps;
+  out.config = std::move(meta.config);
+  out.batch_ids = std::move(meta.batch_ids);
   return out;
 }
 

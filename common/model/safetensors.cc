@@ -7,7 +7,6 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/model/safetensors_io.h"
 #include "common/status_macros.h"
 
@@ -17,133 +16,36 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors I/O assume
 namespace asympo {
 namespace {
 
-using Json = nlohmann::json;
-
-// The reference reader's limit; larger headers are refused as corrupt.
-constexpr uint64_t kMaxHeaderBytes = 100'000'000;
-constexpr char kMetadataKey[] = "__metadata__";
-
-struct DtypeEntry {
+// The LibTorch type of each safetensors dtype that has one (the others:
+// U64 U32 U16 F8_E4M3 F8_E5M2; sizes and names are in safetensors_header.cc).
+struct TorchDtype {
   const char* name;
-  size_t size;
-  bool has_torch_type;
   at::ScalarType torch_type;
 };
 
-constexpr DtypeEntry kDtypes[] = {
-    {"F64", 8, true, at::kDouble},    {"F32", 4, true, at::kFloat},
-    {"F16", 2, true, at::kHalf},      {"BF16", 2, true, at::kBFloat16},
-    {"I64", 8, true, at::kLong},      {"I32", 4, true, at::kInt},
-    {"I16", 2, true, at::kShort},     {"I8", 1, true, at::kChar},
-    {"U8", 1, true, at::kByte},       {"BOOL", 1, true, at::kBool},
-    {"U64", 8, false, at::kByte},     {"U32", 4, false, at::kByte},
-    {"U16", 2, false, at::kByte},     {"F8_E4M3", 1, false, at::kByte},
-    {"F8_E5M2", 1, false, at::kByte},
+constexpr TorchDtype kTorchDtypes[] = {
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
 };
-
-const DtypeEntry* FindDtype(std::string_view name) {
-  for (const DtypeEntry& e : kDtypes) {
-    if (name == e.name) return &e;
-  }
-  return nullptr;
-}
-
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
-}
-
-// Parses one tensor entry of the header; `prefix` names the file.
-absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(const std::string& prefix,
-                                                       const std::string& name, const Json& entry) {
-  const std::string where = absl::StrCat(prefix, "tensor '", name, "': ");
-  if (!entry.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "entry must be a JSON object"));
-  }
-  SafetensorsTensorInfo info;
-  const auto dtype = entry.find("dtype");
-  if (dtype == entry.end() || !dtype->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "\"dtype\" must be a string"));
-  }
-  info.dtype = dtype->get<std::string>();
-  const DtypeEntry* dtype_entry = FindDtype(info.dtype);
-  if (dtype_entry == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "unknown dtype \"", info.dtype, "\""));
-  }
-  const auto shape = entry.find("shape");
-  if (shape == entry.end() || !shape->is_array()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "\"shape\" must be an array"));
-  }
-  uint64_t numel = 1;
-  for (const Json& dim : *shape) {
-    if (!dim.is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "shape ", shape->dump(), " holds a non-integer"));
-    }
-    if (!dim.is_number_unsigned()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "shape ", shape->dump(), " has a negative dimension"));
-    }
-    const uint64_t d = dim.get<uint64_t>();
-    if (d > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, d, &numel) ||
-        numel > static_cast<uint64_t>(INT64_MAX)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "shape ", shape->dump(), " has too many elements"));
-    }
-    info.shape.push_back(static_cast<int64_t>(d));
-  }
-  const auto offsets = entry.find("data_offsets");
-  if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2 ||
-      !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "\"data_offsets\" must be two non-negative integers [begin, end], got ",
-                     offsets == entry.end() ? "nothing" : offsets->dump()));
-  }
-  info.begin = (*offsets)[0].get<uint64_t>();
-  info.end = (*offsets)[1].get<uint64_t>();
-  if (info.end < info.begin) {
-    return absl::InvalidArgumentError(absl::StrCat(where, "data_offsets [", info.begin, ", ",
-                                                   info.end, "] end before they begin"));
-  }
-  uint64_t expected_bytes = 0;
-  if (__builtin_mul_overflow(numel, uint64_t{dtype_entry->size}, &expected_bytes) ||
-      info.end - info.begin != expected_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, "data_offsets [", info.begin, ", ", info.end, "] span ",
-                     info.end - info.begin, " bytes, but shape ", ShapeText(info.shape), " of ",
-                     info.dtype, " needs ", numel, " * ", dtype_entry->size, " bytes"));
-  }
-  return info;
-}
 
 }  // namespace
 
-int64_t SafetensorsTensorInfo::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-size_t SafetensorsDtypeSize(std::string_view dtype) {
-  const DtypeEntry* e = FindDtype(dtype);
-  return e == nullptr ? 0 : e->size;
-}
-
 absl::StatusOr<at::ScalarType> SafetensorsDtypeToScalarType(std::string_view dtype) {
-  const DtypeEntry* e = FindDtype(dtype);
-  if (e == nullptr) {
+  if (SafetensorsDtypeSize(dtype) == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("unknown safetensors dtype \"", std::string(dtype), "\""));
   }
-  if (!e->has_torch_type) {
-    return absl::UnimplementedError(
-        absl::StrCat("safetensors dtype ", std::string(dtype), " has no LibTorch equivalent here"));
+  for (const TorchDtype& e : kTorchDtypes) {
+    if (dtype == e.name) return e.torch_type;
   }
-  return e->torch_type;
+  return absl::UnimplementedError(
+      absl::StrCat("safetensors dtype ", std::string(dtype), " has no LibTorch equivalent here"));
 }
 
 absl::StatusOr<std::string> ScalarTypeToSafetensorsDtype(at::ScalarType type) {
-  for (const DtypeEntry& e : kDtypes) {
-    if (e.has_torch_type && e.torch_type == type) return std::string(e.name);
+  for (const TorchDtype& e : kTorchDtypes) {
+    if (e.torch_type == type) return std::string(e.name);
   }
   return absl::InvalidArgumentError(
       absl::StrCat("LibTorch dtype ", c10::toString(type), " has no safetensors equivalent"));
@@ -160,140 +62,14 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   return file;
 }
 
-namespace {
-
-// The little-endian u64 header length at bytes 0-7, checked against the file.
-absl::StatusOr<uint64_t> HeaderLength(const std::string& prefix, const FileMapping& mapping) {
-  const uint64_t file_size = mapping.size();
-  if (file_size < 8) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "file is ", file_size, " bytes, shorter than the 8-byte header length"));
-  }
-  uint64_t header_length = 0;
-  std::memcpy(&header_length, mapping.data(), 8);
-  if (header_length > file_size - 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "header length ", header_length, " (bytes 0-7) runs past the end of ",
-                     "the file: header would end at byte offset ", 8 + header_length,
-                     ", file size is ", file_size));
-  }
-  if (header_length > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "header length ", header_length,
-                                                   " exceeds the limit of ", kMaxHeaderBytes));
-  }
-  return header_length;
-}
-
-// The header at bytes [8, 8 + length) as a JSON object whose top-level names
-// are all distinct (a JSON object would silently keep the last of two).
-absl::StatusOr<Json> ParseHeaderJson(const std::string& prefix, const FileMapping& mapping,
-                                     uint64_t length) {
-  std::set<std::string> top_keys;
-  std::string duplicate;
-  const Json::parser_callback_t on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    if (depth == 1 && event == Json::parse_event_t::key && duplicate.empty() &&
-        !top_keys.insert(parsed.get<std::string>()).second) {
-      duplicate = parsed.get<std::string>();
-    }
-    return true;
-  };
-  const char* begin = reinterpret_cast<const char*>(mapping.data()) + 8;
-  Json header;
-  try {
-    header = Json::parse(begin, begin + length, on_event);
-  } catch (const Json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(prefix, "header (byte offsets 8 to ", 8 + length,
-                                                   ") is not valid JSON: ", e.what()));
-  }
-  if (!header.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "header must be a JSON object, got a ", header.type_name()));
-  }
-  if (!duplicate.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "header names '", duplicate, "' more than once"));
-  }
-  return header;
-}
-
-// "__metadata__": an object of strings.
-absl::Status ParseMetadata(const std::string& prefix, const Json& entry,
-                           std::map<std::string, std::string>* metadata) {
-  if (!entry.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(prefix, "\"__metadata__\" must be an object of strings"));
-  }
-  for (const auto& [key, value] : entry.items()) {
-    if (!value.is_string()) {
-      return absl::InvalidArgumentError(absl::StrCat(prefix, "\"__metadata__\" value for '", key,
-                                                     "' must be a string, got ", value.dump()));
-    }
-    (*metadata)[key] = value.get<std::string>();
-  }
-  return absl::OkStatus();
-}
-
-// The tensors must tile the data region exactly, as the reference reader
-// requires: sorted by offset, each begins where the previous one ended.
-absl::Status CheckTiling(const std::string& prefix,
-                         const std::map<std::string, SafetensorsTensorInfo>& tensors,
-                         uint64_t data_start, uint64_t file_size) {
-  const uint64_t data_size = file_size - data_start;
-  std::vector<const std::pair<const std::string, SafetensorsTensorInfo>*> by_offset;
-  for (const auto& item : tensors) by_offset.push_back(&item);
-  std::sort(by_offset.begin(), by_offset.end(), [](const auto* a, const auto* b) {
-    return std::tie(a->second.begin, a->second.end) < std::tie(b->second.begin, b->second.end);
-  });
-  uint64_t position = 0;
-  const std::string* previous = nullptr;
-  for (const auto* item : by_offset) {
-    const SafetensorsTensorInfo& info = item->second;
-    if (info.begin < position) {
-      const SafetensorsTensorInfo& other = tensors.at(*previous);
-      return absl::InvalidArgumentError(absl::StrCat(
-          prefix, "tensors '", *previous, "' (data_offsets [", other.begin, ", ", other.end,
-          "]) and '", item->first, "' (data_offsets [", info.begin, ", ", info.end, "]) overlap"));
-    }
-    if (info.begin > position) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "data bytes at byte offsets ", data_start + position, " to ",
-                       data_start + info.begin, " belong to no tensor (a gap before tensor '",
-                       item->first, "')"));
-    }
-    position = info.end;
-    previous = &item->first;
-  }
-  if (position != data_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        prefix, "tensors end at byte offset ", data_start + position, " but the file has ",
-        file_size, " bytes (", data_size - position, " trailing bytes belong to no tensor)"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status SafetensorsFile::ParseHeader() {
-  const std::string prefix = absl::StrCat("safetensors file '", path_, "': ");
-  const uint64_t file_size = mapping_->size();
-  ASYMPO_ASSIGN_OR_RETURN(const uint64_t header_length, HeaderLength(prefix, *mapping_));
-  data_start_ = 8 + header_length;
-  ASYMPO_ASSIGN_OR_RETURN(const Json header, ParseHeaderJson(prefix, *mapping_, header_length));
-  for (const auto& [name, entry] : header.items()) {
-    if (name == kMetadataKey) {
-      ASYMPO_RETURN_IF_ERROR(ParseMetadata(prefix, entry, &metadata_));
-      continue;
-    }
-    ASYMPO_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, ParseTensorEntry(prefix, name, entry));
-    if (info.end > file_size - data_start_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(prefix, "tensor '", name, "' (data_offsets [", info.begin, ", ", info.end,
-                       "]) ends at byte offset ", data_start_ + info.end,
-                       ", past the end of the file (size ", file_size, ")"));
-    }
-    tensors_.emplace(name, std::move(info));
-  }
-  return CheckTiling(prefix, tensors_, data_start_, file_size);
+  ASYMPO_ASSIGN_OR_RETURN(SafetensorsHeader header,
+                          ParseSafetensorsHeader(mapping_->data(), mapping_->size(),
+                                                 absl::StrCat("safetensors file '", path_, "': ")));
+  data_start_ = header.data_start;
+  tensors_ = std::move(header.tensors);
+  metadata_ = std::move(header.metadata);
+  return absl::OkStatus();
 }
 
 std::vector<std::string> SafetensorsFile::Names() const {
@@ -352,13 +128,11 @@ absl::StatusOr<at::Tensor> SafetensorsFile::Get(const std::string& name,
   }
 }
 
-namespace {}  // namespace
-
 absl::Status CheckTensorsToWrite(const std::string& prefix,
                                  const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
   std::set<std::string_view> names;
   for (const auto& [name, tensor] : tensors) {
-    if (name.empty() || name == kMetadataKey) {
+    if (name.empty() || name == kSafetensorsMetadataKey) {
       return absl::InvalidArgumentError(
           absl::StrCat(prefix, "tensor name '", name, "' is reserved or empty"));
     }
@@ -415,7 +189,7 @@ absl::StatusOr<std::string> HeaderText(const std::string& prefix,
   OrderedJson meta = OrderedJson::object();
   if (metadata.count("format") == 0) meta["format"] = "pt";
   for (const auto& [key, value] : metadata) meta[key] = value;
-  header[kMetadataKey] = std::move(meta);
+  header[kSafetensorsMetadataKey] = std::move(meta);
   uint64_t offset = 0;
   for (const WriteEntry& e : entries) {
     OrderedJson shape = OrderedJson::array();

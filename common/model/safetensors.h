@@ -9,7 +9,8 @@
 //
 // SafetensorsFile is immutable once opened: every method is const and
 // thread-safe. Sharded checkpoints (an index plus several files) are in
-// common/model/safetensors_checkpoint.h.
+// common/model/safetensors_checkpoint.h; the header parser, which needs no
+// LibTorch, in common/model/safetensors_header.h.
 #pragma once
 
 #include <cstdint>
@@ -23,25 +24,11 @@
 #include <ATen/core/Tensor.h>
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/safetensors_header.h"
 
 namespace asympo {
 
 class FileMapping;
-
-// One tensor entry of a header, as validated.
-struct SafetensorsTensorInfo {
-  std::string dtype;           // the header's name: "F32", "BF16", "F16", "I64", ...
-  std::vector<int64_t> shape;  // empty for a scalar
-  uint64_t begin = 0;          // data_offsets, relative to the data region
-  uint64_t end = 0;
-
-  int64_t numel() const;
-  uint64_t nbytes() const { return end - begin; }
-};
-
-// The element size in bytes of a safetensors dtype name (F64 F32 F16 BF16 I64
-// I32 I16 I8 U64 U32 U16 U8 BOOL F8_E4M3 F8_E5M2); 0 for an unknown name.
-size_t SafetensorsDtypeSize(std::string_view dtype);
 
 // The LibTorch type for a safetensors dtype name. INVALID_ARGUMENT for an
 // unknown name; UNIMPLEMENTED for a known one LibTorch 1.13 has no type for

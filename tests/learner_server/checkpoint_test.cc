@@ -1,10 +1,12 @@
 #include "learner_server/checkpoint.h"
 
+#include <cstdint>
 #include <fstream>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "learner_server/trainer.h"
 #include "tests/testing/temp_dir.h"
@@ -142,6 +144,37 @@ TEST(CheckpointTest, TrainedBatchIdsRoundTripAndAMalformedListSkipsTheCheckpoint
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->version, 1u);
   EXPECT_EQ(loaded->batch_ids, ids);
+}
+
+// meta.json numbers that do not fit their fields were read modulo 2^n: a
+// crc32c of 2^32 plus the true CRC passed the check, and an optimizer_steps
+// of 2^63 became a negative step count (the properties of
+// tests/fuzz/checkpoint_meta_fuzz.cc). Such a checkpoint is now skipped.
+TEST(CheckpointTest, AMetaJsonWhoseNumbersDoNotFitTheirFieldsSkipsTheCheckpoint) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0).ok());
+  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0).value();
+  nlohmann::json meta;
+  std::ifstream(newest.path + "/meta.json") >> meta;
+  const auto rewrite = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json changed = meta;
+    changed[key] = value;
+    std::ofstream(newest.path + "/meta.json", std::ios::trunc) << changed.dump(2);
+  };
+  for (const auto& [key, value] :
+       {std::pair<const char*, nlohmann::json>{
+            "crc32c", meta["crc32c"].get<uint64_t>() + (uint64_t{1} << 32)},
+        {"optimizer_steps", uint64_t{1} << 63},
+        {"optimizer_steps", -1}}) {
+    rewrite(key, value);
+    const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+    ASSERT_TRUE(loaded.has_value());
+    EXPECT_EQ(loaded->version, 1u) << key << " " << value.dump();
+  }
+  rewrite("version", 2);  // the file as written loads again
+  EXPECT_EQ(LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value()->version, 2u);
 }
 
 }  // namespace
