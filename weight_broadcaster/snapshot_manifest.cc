@@ -101,6 +101,12 @@ absl::Status ValidateManifest(const v1::SnapshotManifest& m) {
       return absl::InvalidArgumentError(absl::StrCat("bucket at position ", i, " has index ",
                                                      m.buckets(i).index(), "; expected ", i));
     }
+    // The receiver allocates every bucket: sizes that wrap around 2^64 to
+    // match total_bytes must not pass for a small snapshot.
+    if (m.buckets(i).size_bytes() > std::numeric_limits<uint64_t>::max() - total) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bucket sizes add up to more than 2^64 bytes at bucket ", i));
+    }
     total += m.buckets(i).size_bytes();
   }
   if (total != m.total_bytes()) {

@@ -81,6 +81,22 @@ TEST(SnapshotManifestTest, ValidationCatchesCorruptManifests) {
   EXPECT_THAT(std::string(ValidateManifest(m).message()), HasSubstr("has index 4; expected 0"));
 }
 
+// Two buckets of 2^63 bytes and total_bytes 0 passed, and a receiver then
+// tried to allocate both (found in review with the property that
+// tests/fuzz/snapshot_manifest_fuzz.cc checks; its corpus keeps the input).
+TEST(SnapshotManifestTest, ValidationRejectsBucketSizesThatWrapAround) {
+  v1::SnapshotManifest m;
+  m.add_buckets()->set_size_bytes(uint64_t{1} << 63);
+  m.add_buckets()->set_size_bytes(uint64_t{1} << 63);
+  m.mutable_buckets(1)->set_index(1);
+  m.set_total_bytes(0);
+  EXPECT_THAT(std::string(ValidateManifest(m).message()),
+              HasSubstr("bucket sizes add up to more than 2^64 bytes at bucket 1"));
+  m.set_total_bytes(uint64_t{1} << 63);
+  m.mutable_buckets(1)->set_size_bytes(0);
+  EXPECT_TRUE(ValidateManifest(m).ok());
+}
+
 TEST(SnapshotManifestTest, SignatureChangesWithAnyNameShapeOrDtype) {
   const std::string base = ModelSignature(Model());
   EXPECT_EQ(ModelSignature(Model()), base);
