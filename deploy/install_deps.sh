@@ -33,6 +33,10 @@ if [[ $mode != --build ]]; then
     # The Python client package (proto/python): built by pip without build
     # isolation, CRC-32C in C code.
     python3-pip python3-setuptools python3-wheel python3-numpy python3-crc32c
+    # deploy/run_fuzz.sh: clang with libFuzzer and its sanitizer runtimes,
+    # llvm-symbolizer for the reports. deploy/run_sanitizers.sh uses GCC's
+    # runtimes, which come with build-essential.
+    clang-14 libclang-rt-14-dev llvm-14
   )
   # Installed from Debian only when no other copy is on the PATH (a vendor's
   # kubectl or a newer Node.js stays): kubectl renders the Kubernetes
