@@ -52,9 +52,10 @@ size_t DTypeSize(v1::DType dtype) {
 
 absl::StatusOr<v1::SnapshotManifest> PlanSnapshot(const std::vector<TensorSpec>& tensors,
                                                   uint64_t version, const PackingOptions& options) {
-  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("alignment must be a power of two, got ", options.alignment));
+  if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0 ||
+      options.alignment > kMaxAlignmentGap) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alignment must be a power of two up to ", kMaxAlignmentGap, ", got ", options.alignment));
   }
   if (options.bucket_bytes == 0) {
     return absl::InvalidArgumentError("bucket_bytes must be positive");
@@ -115,6 +116,10 @@ absl::Status ValidateManifest(const v1::SnapshotManifest& m) {
   }
   // Per bucket: (offset, end, tensor) spans, to find overlaps.
   std::vector<std::vector<std::pair<uint64_t, uint64_t>>> spans(m.buckets_size());
+  // The buckets hold the tensors and their alignment gaps, nothing more: a
+  // manifest of small tensors in a huge bucket would make the receiver
+  // allocate the bucket.
+  uint64_t tensor_bytes = 0;
   absl::flat_hash_set<std::string> seen;
   for (const v1::TensorEntry& e : m.tensors()) {
     if (e.name().empty()) return absl::InvalidArgumentError("a tensor has an empty name");
@@ -141,6 +146,13 @@ absl::Status ValidateManifest(const v1::SnapshotManifest& m) {
                                                      ") beyond its bucket of ", cap, " bytes"));
     }
     spans[e.bucket()].emplace_back(e.offset(), e.offset() + e.size_bytes());
+    tensor_bytes += e.size_bytes();  // each within its bucket, so no wrap
+  }
+  const uint64_t slack = static_cast<uint64_t>(m.tensors_size()) * kMaxAlignmentGap;
+  if (total > tensor_bytes + slack) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the buckets hold ", total, " bytes for ", tensor_bytes,
+        " bytes of tensors; at most ", kMaxAlignmentGap, " bytes of padding per tensor"));
   }
   for (size_t b = 0; b < spans.size(); ++b) {
     auto& s = spans[b];

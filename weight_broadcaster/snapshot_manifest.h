@@ -26,12 +26,17 @@ struct TensorSpec {
 // Bytes per element; 0 for DTYPE_UNSPECIFIED or unknown values.
 size_t DTypeSize(v1::DType dtype);
 
+// The most padding a tensor may have before it in its bucket: the largest
+// alignment PlanSnapshot takes, and what ValidateManifest allows.
+inline constexpr uint64_t kMaxAlignmentGap = 4096;
+
 struct PackingOptions {
   // Target bucket size. Tensors are packed in order into the current bucket
   // until the next would overflow it; a tensor larger than this gets a
   // bucket of its own (tensors are never split).
   uint64_t bucket_bytes = 256ull << 20;
-  // Byte alignment of every tensor inside its bucket (a power of two).
+  // Byte alignment of every tensor inside its bucket (a power of two, at
+  // most kMaxAlignmentGap).
   uint64_t alignment = 64;
 };
 

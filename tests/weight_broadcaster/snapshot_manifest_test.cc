@@ -94,7 +94,26 @@ TEST(SnapshotManifestTest, ValidationRejectsBucketSizesThatWrapAround) {
               HasSubstr("bucket sizes add up to more than 2^64 bytes at bucket 1"));
   m.set_total_bytes(uint64_t{1} << 63);
   m.mutable_buckets(1)->set_size_bytes(0);
-  EXPECT_TRUE(ValidateManifest(m).ok());
+  // Consistent now, but 2^63 bytes of buckets for no tensor at all.
+  EXPECT_THAT(std::string(ValidateManifest(m).message()),
+              HasSubstr("at most 4096 bytes of padding per tensor"));
+}
+
+// A receiver allocates every bucket: buckets much larger than the tensors
+// they hold (a 1 TiB bucket for a small model) are refused.
+TEST(SnapshotManifestTest, ValidationRejectsBucketsLargerThanTheirTensors) {
+  v1::SnapshotManifest m = PlanSnapshot(Model(), 1).value();
+  ASSERT_TRUE(ValidateManifest(m).ok());
+  const uint64_t tib = uint64_t{1} << 40;
+  m.mutable_buckets(0)->set_size_bytes(m.buckets(0).size_bytes() + tib);
+  m.set_total_bytes(m.total_bytes() + tib);
+  EXPECT_THAT(std::string(ValidateManifest(m).message()),
+              HasSubstr("bytes of padding per tensor"));
+  PackingOptions wide;
+  wide.alignment = 8192;
+  EXPECT_FALSE(PlanSnapshot(Model(), 1, wide).ok());
+  wide.alignment = 4096;
+  EXPECT_TRUE(ValidateManifest(PlanSnapshot(Model(), 1, wide).value()).ok());
 }
 
 TEST(SnapshotManifestTest, SignatureChangesWithAnyNameShapeOrDtype) {
