@@ -63,7 +63,7 @@ run_ctest() {
 service_programs=(sanitizer_learner_tests sanitizer_rollout_tests)
 
 asan() {
-  local dir=${ASAN_BUILD_DIR:-build-asan} programs=(common_tests tokenizer_tests model_tests)
+  local dir=${ASAN_BUILD_DIR:-build-asan} programs=(common_tests security_tests tokenizer_tests model_tests)
   if [[ $1 == full ]]; then
     programs+=(learner_server_tests rollout_server_tests)
   else

@@ -13,6 +13,10 @@ weights: every snapshot arrives verified, with the learner's names, shapes
 example: the external generator example (PyTorch sampler, the subscriber's
          weights, its own reward, the client's submissions) makes the
          learner's reward rise.
+tls:     against a learner with TLS and a principals file (certificates
+         made by tests/testing/make_certs.sh): the client and the
+         subscriber with a token of the right roles; a wrong token and a
+         missing role are final errors, not retried.
 
     python3 python_package_test.py SCENARIO PKG_DIR LEARNER_BINARY EXAMPLE WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
@@ -293,10 +297,62 @@ def scenario_example():
     stop(proc)
 
 
+def scenario_tls():
+    import hashlib
+    import grpc
+    certs = os.path.join(WORK, "certs")
+    subprocess.run([os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "testing",
+                    "make_certs.sh"), certs], check=True, stdout=subprocess.DEVNULL)
+    principals = os.path.join(WORK, "principals.json")
+    with open(principals, "w") as f:
+        json.dump({"principals": [
+            {"name": "gen", "token_sha256": hashlib.sha256(b"gen-token").hexdigest(),
+             "roles": ["submit", "status", "read_weights"]},
+            {"name": "dash", "token_sha256": hashlib.sha256(b"dash-token").hexdigest(),
+             "roles": ["status"]}]}, f)
+    port = free_port()
+    proc = start_learner(port, ["--tls_cert=" + os.path.join(certs, "server.pem"),
+                                "--tls_key=" + os.path.join(certs, "server.key"),
+                                "--auth_file=" + principals, "--prompts_per_step=2"])
+    with open(os.path.join(certs, "ca.pem"), "rb") as f:
+        ca = f.read()
+
+    def creds(token):
+        return grpc.composite_channel_credentials(grpc.ssl_channel_credentials(ca),
+                                                  grpc.access_token_call_credentials(token))
+    target = "127.0.0.1:%d" % port
+    client = asympo_rl.LearnerClient(target, source="tls", credentials=creds("gen-token"))
+    r = client.submit(groups(2, "t"))
+    check(r.accepted_groups == 2, "a batch over TLS with a token is accepted")
+    sub = asympo_rl.WeightSubscriber(target, "tls-sub", credentials=creds("gen-token"))
+    snap = next(sub.snapshots())
+    check(snap.version == 0 and len(snap.names()) > 0,
+          "the subscriber fetches verified weights over TLS (%d tensors)" % len(snap.names()))
+    sub.close()
+    try:
+        next(asympo_rl.WeightSubscriber(target, "dash-sub", credentials=creds("dash-token"),
+                                        model_signature="x").snapshots())
+        check(False, "a subscriber without the role read_weights is refused")
+    except asympo_rl.RefusedError as e:
+        check("PERMISSION_DENIED" in str(e) or "lacks the role" in str(e),
+              "a subscriber without the role read_weights is refused: %s" % e)
+    for token, what in [("nope", "UNAUTHENTICATED"), ("dash-token", "PERMISSION_DENIED")]:
+        t0 = time.time()
+        try:
+            asympo_rl.LearnerClient(target, source="tls", credentials=creds(token),
+                                    retry_deadline=30).submit(groups(1, "x"))
+            check(False, "a submit with %s is refused" % token)
+        except asympo_rl.RefusedError as e:
+            check(what in str(e) and time.time() - t0 < 10,
+                  "a submit with %s is refused at once, not retried: %s" % (token, e))
+    stop(proc)
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
-    {"client": scenario_client, "weights": scenario_weights, "example": scenario_example}[SCENARIO]()
+    {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
+     "tls": scenario_tls}[SCENARIO]()
 
 
 if __name__ == "__main__":

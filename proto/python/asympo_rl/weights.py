@@ -237,7 +237,11 @@ class WeightSubscriber:
                     if stop and stop():
                         return
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                # Another model, or credentials the learner refuses: no
+                # retry can pass (the rest are outages: register again).
+                if e.code() in (grpc.StatusCode.FAILED_PRECONDITION,
+                                grpc.StatusCode.UNAUTHENTICATED,
+                                grpc.StatusCode.PERMISSION_DENIED):
                     raise RefusedError("Register: " + e.details(), e.code()) from None
             except RefusedError:
                 raise
