@@ -4,6 +4,7 @@
 // Not part of the public API.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -110,7 +111,14 @@ class FieldReader {
 
   // The length of a length-delimited field, within the bytes left.
   bool Length(uint32_t* length) {
-    if (!in_->ReadVarint32(length)) return Fault("a field length does not decode");
+    // At most 5 bytes and 31 bits, as protobuf's parser reads a size
+    // (ReadVarint32 would take 10 bytes and drop the high bits).
+    const int start = in_->CurrentPosition();
+    uint64_t wide = 0;
+    if (!in_->ReadVarint64(&wide) || in_->CurrentPosition() - start > 5 || wide > 0x7fffffff) {
+      return Fault("a field length does not decode");
+    }
+    *length = static_cast<uint32_t>(wide);
     if (static_cast<int64_t>(*length) > in_->BytesUntilLimit()) {
       return Fault("a field's length runs past the end of its message");
     }
@@ -149,14 +157,31 @@ class FieldReader {
         return in_->Skip(static_cast<int>(length)) || Fault("cut short");
       }
       case kVarint: {
-        const auto limit = in_->PushLimit(static_cast<int>(length));
+        // Elements are the bytes without the continuation bit; scanned in
+        // place (a varint read per element made the check cost twice the
+        // parse). A varint may have at most 10 bytes, as ReadVarint64 takes.
         *count = 0;
-        uint64_t v;
-        while (in_->BytesUntilLimit() > 0) {
-          if (!in_->ReadVarint64(&v)) return Fault("a packed varint does not decode");
-          ++*count;
+        int run = 0;  // continuation bytes in a row
+        for (int64_t left = length; left > 0;) {
+          const void* data = nullptr;
+          int size = 0;
+          if (!in_->GetDirectBufferPointer(&data, &size) || size <= 0) {
+            return Fault("a packed field is cut short");
+          }
+          const int n = static_cast<int>(std::min<int64_t>(size, left));
+          const auto* p = static_cast<const uint8_t*>(data);
+          for (int i = 0; i < n; ++i) {
+            if ((p[i] & 0x80) == 0) {
+              ++*count;
+              run = 0;
+            } else if (++run >= 10) {
+              return Fault("a packed varint does not decode");
+            }
+          }
+          in_->Skip(n);
+          left -= n;
         }
-        in_->PopLimit(limit);
+        if (run != 0) return Fault("a packed varint does not decode");
         return true;
       }
       default:

@@ -215,10 +215,14 @@ TEST(WireCheckTest, MalformedBytesAreNamedAsSuch) {
 TEST(WireCheckTest, FaultsInsideAGroupOrATagAreNotMissed) {
   std::string bad_tag_in_group = "\x0a\x0c" + std::string(10, '\xff') + "\x0a\x00";
   std::string valid = ValidBatch().SerializeAsString();
+  // A length of 7 bytes whose low 32 bits are 0: protobuf refuses it.
+  const std::string long_length = std::string("\x0a\x80\x80\x80\x80\x80\xff\x08", 8) + valid;
   for (const std::string& bytes : {bad_tag_in_group + valid,
                                    std::string("\xf8\xe1\xf5\xfe\xdf\xdf\xdf\xdf\x20"),
-                                   valid + "\xe0"}) {
+                                   valid + "\xe0", long_length}) {
     const absl::Status s = Check(bytes);
+    v1::RolloutBatch parsed;
+    EXPECT_FALSE(parsed.ParseFromString(bytes));  // the parser refuses it too
     EXPECT_THAT(std::string(s.message()),
                 ::testing::HasSubstr("the request is not a valid asympo.v1.RolloutBatch"));
     for (size_t cut = 0; cut <= bytes.size(); ++cut) {
