@@ -43,6 +43,10 @@ void GroupQueue::ReleaseLocked(const std::string& source, int64_t n) {
   if (it->second <= 0) held_.erase(it);
 }
 
+void GroupQueue::ReleasePushLocked(const std::vector<QueuedGroup>& groups) {
+  ReleaseLocked(SourceOf(groups), static_cast<int64_t>(groups.size()));
+}
+
 std::vector<std::pair<std::string, int64_t>> GroupQueue::HeldBySource() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::pair<std::string, int64_t>> out(held_.begin(), held_.end());
@@ -154,7 +158,7 @@ void GroupQueue::CancelPush(uint64_t ticket) {
                            [&](const Waiter& w) { return w.ticket == ticket; });
     if (it == waiters_.end()) return;
     done = std::move(it->done);
-    ReleaseLocked(SourceOf(it->groups), static_cast<int64_t>(it->groups.size()));
+    ReleasePushLocked(it->groups);
     waiters_.erase(it);
     ++waiters_generation_;
   }
@@ -165,7 +169,7 @@ void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
   while (!waiters_.empty()) {
     Waiter& w = waiters_.front();
     if (IsDuplicateLocked(w.groups)) {  // another push of its id was admitted while it waited
-      ReleaseLocked(SourceOf(w.groups), static_cast<int64_t>(w.groups.size()));
+      ReleasePushLocked(w.groups);
       done->emplace_back(std::move(w.done), DuplicateStatus(w.groups));
       waiters_.pop_front();
       ++waiters_generation_;
@@ -210,7 +214,7 @@ void GroupQueue::Close() {
     absl::MutexLock lock(&mu_);
     closed_ = true;
     for (Waiter& w : waiters_) {
-      ReleaseLocked(SourceOf(w.groups), static_cast<int64_t>(w.groups.size()));
+      ReleasePushLocked(w.groups);
       done.emplace_back(std::move(w.done),
                         absl::UnavailableError("the learner is shutting down; the batch was not "
                                                "queued"));
@@ -236,7 +240,7 @@ void GroupQueue::TimerLoop() {
     const absl::Time now = absl::Now();
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline <= now) {
-        ReleaseLocked(SourceOf(it->groups), static_cast<int64_t>(it->groups.size()));
+        ReleasePushLocked(it->groups);
         done.emplace_back(std::move(it->done),
                           absl::ResourceExhaustedError(absl::StrCat(
                               "the learner's queue stayed full (", queue_.size(), " of ",

@@ -156,6 +156,7 @@ class GroupQueue {
   // A push of `groups` left the waiting list without being queued, or
   // groups of `source` left the queue.
   void ReleaseLocked(const std::string& source, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleasePushLocked(const std::vector<QueuedGroup>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RememberLocked(const std::string& batch_id, bool trained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 

@@ -217,12 +217,11 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = sender_->model_signature();
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
-  const std::shared_ptr<grpc::ServerCredentials> credentials = credentials_;
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE
   // (common/grpc_listener.h).
   absl::StatusOr<std::unique_ptr<GrpcListener>> listener =
-      GrpcListener::Bind(o.listen_address, credentials, &builder);
+      GrpcListener::Bind(o.listen_address, credentials_, &builder);
   const auto cannot_listen = [&](absl::string_view why) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen_address,

@@ -311,15 +311,11 @@ LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
       queue_(queue),
       counters_(counters),
       observer_(observer),
-      rates_(options_.limits.max_groups_per_batch) {
-  anonymous_.name = "anonymous";
-  anonymous_.roles = ~0u;
-}
+      rates_(options_.limits.max_groups_per_batch) {}
 
 absl::StatusOr<const security::Principal*> LearnerService::Authorize(
     const grpc::CallbackServerContext& ctx, security::Role role) const {
-  if (options_.authorizer == nullptr) return &anonymous_;
-  return options_.authorizer->Authorize(ctx, role);
+  return security::AuthorizeCall(options_.authorizer, ctx, role);
 }
 
 absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,

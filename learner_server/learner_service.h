@@ -157,7 +157,6 @@ class LearnerService final : public LearnerServiceBase {
   SubmitObserver* observer_;
   mutable std::atomic<int64_t> open_streams_{0};
   mutable SourceRates rates_;
-  security::Principal anonymous_;
   mutable CallReaper reaper_;
 };
 

@@ -30,10 +30,6 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-grpc::Status FromStatus(const absl::Status& s) {
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
 // Starts a session for `request`, ending the receiver's previous one.
 SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
                                           const std::string& principal,
@@ -265,7 +261,7 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
   v1::RegisterResponse response;
   std::string principal;
   grpc::Status status = state_->Authorize(*ctx, &principal);
-  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request));
+  if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &request));
   if (status.ok()) status = DoRegister(principal, request, &response);
   if (status.ok()) SerializeReply(response, raw_response);
   reactor->Finish(status);
@@ -344,7 +340,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
   v1::SubscribeRequest request;
   std::string principal;
   grpc::Status status = st.Authorize(*ctx, &principal);
-  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request));
+  if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &request));
   if (!status.ok()) return new SubscribeReactor(&st, status);
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) {
@@ -374,7 +370,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
   v1::FetchSnapshotRequest parsed;
   std::string principal;
   grpc::Status status = st.Authorize(*ctx, &principal);
-  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &parsed));
+  if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &parsed));
   if (!status.ok()) return internal::RefuseFetch(&st, status);
   const v1::FetchSnapshotRequest* request = &parsed;
   std::shared_ptr<const Snapshot> snapshot;
@@ -423,7 +419,7 @@ grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerCon
   limits.max_string_bytes = 64 << 10;  // the receiver's error text
   std::string principal;
   grpc::Status status = state_->Authorize(*ctx, &principal);
-  if (status.ok()) status = FromStatus(ParseRawRequest(*raw_request, &request, limits));
+  if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &request, limits));
   if (status.ok()) status = DoReportVersion(principal, request);
   if (status.ok()) SerializeReply(v1::ReportVersionResponse(), raw_response);
   reactor->Finish(status);

@@ -201,15 +201,9 @@ void SenderState::FetchDone(const std::string& session_id) {
 
 grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx,
                                     std::string* principal) const {
-  if (options.authorizer == nullptr) {
-    *principal = "anonymous";
-    return grpc::Status::OK;
-  }
   absl::StatusOr<const security::Principal*> p =
-      options.authorizer->Authorize(ctx, security::Role::kReadWeights);
-  if (!p.ok())
-    return grpc::Status(static_cast<grpc::StatusCode>(p.status().code()),
-                        std::string(p.status().message()));
+      security::AuthorizeCall(options.authorizer, ctx, security::Role::kReadWeights);
+  if (!p.ok()) return ToGrpcStatus(p.status());
   *principal = (*p)->name;
   return grpc::Status::OK;
 }

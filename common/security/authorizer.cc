@@ -150,6 +150,18 @@ const char* RoleName(Role role) {
   return "?";
 }
 
+absl::StatusOr<const Principal*> AuthorizeCall(Authorizer* authorizer,
+                                               const grpc::ServerContextBase& ctx, Role role) {
+  static const Principal* const kAnonymous = [] {
+    auto* p = new Principal;
+    p->name = "anonymous";
+    p->roles = ~0u;
+    return p;
+  }();
+  if (authorizer == nullptr) return kAnonymous;
+  return authorizer->Authorize(ctx, role);
+}
+
 absl::StatusOr<std::vector<Principal>> ParsePrincipals(const std::string& json,
                                                        const AuthOptions& defaults,
                                                        std::vector<std::string>* token_hashes,

@@ -83,6 +83,13 @@ absl::StatusOr<std::vector<Principal>> ParsePrincipals(const std::string& json,
                                                        std::vector<std::string>* token_hashes,
                                                        std::vector<std::string>* certificates);
 
+class Authorizer;
+
+// `authorizer`->Authorize(ctx, role), or, without an authorizer (null), the
+// principal "anonymous" with every role and no quotas.
+absl::StatusOr<const Principal*> AuthorizeCall(Authorizer* authorizer,
+                                               const grpc::ServerContextBase& ctx, Role role);
+
 class Authorizer {
  public:
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(const AuthOptions& options,
