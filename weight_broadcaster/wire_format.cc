@@ -49,6 +49,19 @@ class Cursor {
     return false;  // more than 10 bytes
   }
 
+  // A varint of at most 5 bytes, as protobuf's parser reads tags and
+  // lengths (a longer one, even of a small value, fails its parse).
+  bool ShortVarint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 35; shift += 7) {
+      uint8_t b;
+      if (!Byte(&b)) return false;
+      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
   bool Skip(uint64_t n) {
     while (n > 0) {
       if (AtEnd()) return false;
@@ -102,10 +115,14 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
   ChunkView c;
   Cursor in(slices);
   while (!in.AtEnd()) {
-    uint64_t key;
-    if (!in.Varint(&key)) return absl::DataLossError("truncated field key in a chunk");
-    const uint64_t field = key >> 3;
-    const uint32_t type = static_cast<uint32_t>(key & 7);
+    // Cut to 32 bits, as protobuf's parser cuts a 5-byte tag: bits above
+    // them must not hide a known field from this reader alone.
+    uint64_t wide_key;
+    if (!in.ShortVarint(&wide_key)) return absl::DataLossError("bad field key in a chunk");
+    const uint32_t key = static_cast<uint32_t>(wide_key);
+    const uint32_t field = key >> 3;
+    const uint32_t type = key & 7;
+    if (field == 0) return absl::DataLossError("field number 0 in a chunk");
     uint64_t value = 0;
     switch (type) {
       case kVarint:
@@ -115,7 +132,9 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
         if (field == kOffset) c.offset = value;
         break;
       case kLengthDelimited:
-        if (!in.Varint(&value)) return absl::DataLossError("truncated length in a chunk");
+        if (!in.ShortVarint(&value) || value > 0x7fffffff) {
+          return absl::DataLossError("bad field length in a chunk");
+        }
         if (field == kData) {
           c.size = value;
           c.slice = in.slice();

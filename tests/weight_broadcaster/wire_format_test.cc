@@ -140,5 +140,41 @@ TEST(WireFormatTest, RejectsMalformedChunks) {
   }
 }
 
+// Tags and lengths read as protobuf's parser reads them, or refused: a
+// 5-byte tag keeps its low 32 bits (field 1 hidden behind bit 32 is still
+// the version: read otherwise, a rollout would take a chunk's version from
+// a different field than protobuf does); longer tags, tag 0, field 0, and
+// lengths over 5 bytes or 31 bits are refused. Found by fuzzing.
+TEST(WireFormatTest, ReadsTagsAndLengthsAsProtobufDoes) {
+  const std::string wide_version("\x88\x80\x80\x80\x10\x05", 6);  // tag 8 | 1 << 32, value 5
+  v1::WeightChunk reference;
+  ASSERT_TRUE(reference.ParseFromString(wide_version));
+  ASSERT_EQ(reference.version(), 5u);
+  absl::StatusOr<ChunkView> c = ParseChunk(Cut(wide_version, {}));
+  if (c.ok()) {
+    EXPECT_EQ(c->version, reference.version());
+  } else {
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+  }
+  const std::string padded_version("\x88\x80\x80\x80\x00\x05", 6);  // 5-byte tag 8
+  ASSERT_TRUE(reference.ParseFromString(padded_version));
+  c = ParseChunk(Cut(padded_version, {2}));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->version, 5u);
+
+  const std::vector<std::string> bad = {
+      std::string("\x88\x80\x80\x80\x80\x00\x05", 7),  // 6-byte tag
+      std::string("\x00\x05", 2),                      // tag 0
+      std::string("\x02\x00", 2),                      // field 0
+      std::string("\x22\x80\x80\x80\x80\x80\x00", 7),  // 6-byte length 0
+      std::string("\x22\x80\x80\x80\x80\x08", 6),      // length 2^31
+  };
+  for (const std::string& wire : bad) {
+    ASSERT_FALSE(reference.ParseFromString(wire)) << "protobuf takes case " << wire.size();
+    c = ParseChunk(Cut(wire, {}));
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << "accepted " << wire.size();
+  }
+}
+
 }  // namespace
 }  // namespace asympo::broadcast
