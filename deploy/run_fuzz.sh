@@ -55,6 +55,7 @@ ctest --test-dir "$build_dir" --output-on-failure -L fuzz \
 fuzz_one() {
   local t=$1 dir=$build_dir
   mkdir -p "$dir/corpus/$t" "$dir/findings/$t"
+  touch "$dir/findings/$t/.started"
   local start=$SECONDS rc=0
   "$dir/tests/fuzz/${t}_fuzz" -max_total_time="$seconds" -max_len="${max_len[$t]}" -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix="$dir/findings/$t/" \
@@ -66,11 +67,17 @@ fuzz_one() {
     "${done_line:-no status line}" "$corpus" "$([[ $rc == 0 ]] && echo ok || echo "CRASH rc=$rc")"
   if [[ $rc != 0 ]]; then
     grep -E 'ERROR|SUMMARY|fuzz property|Test unit written' "$dir/findings/$t.log" | head -n 8
+    # The input itself, so that a finding on a machine that is gone (CI)
+    # can be replayed: base64 -d into tests/fuzz/corpus/<target>/crash-...
+    local f
+    while IFS= read -r f; do
+      echo "input $(basename "$f") ($(stat -c %s "$f") bytes), base64:"
+      head -c 16384 "$f" | base64 -w 0
+      echo
+    done < <(find "$dir/findings/$t" -type f -newer "$dir/findings/$t/.started" ! -name .started)
     return 1
   fi
 }
-# xargs runs each target in a new bash: the function, the settings and the
-# max_len table go with it.
 # xargs runs each target in a new bash: the function, the settings and the
 # max_len table go with it.
 export -f fuzz_one
