@@ -262,6 +262,7 @@ bool GrpcListener::AcceptPending(int listen_fd) {
         return false;
       default:  // ENOBUFS, ENOMEM: the kernel is short; try again later
         ++other_accept_errors_;
+        Report(GrpcListenerEvent::kOtherAcceptError);
         MaybeLogRefusals(absl::StrCat("accept4: ", ErrnoText(error)));
         return false;
     }
@@ -279,6 +280,7 @@ void GrpcListener::Admit(int listen_fd, int fd) {
   }
   if (static_cast<int>(open_.size()) >= max_connections_) {
     ++refused_at_limit_;  // before the client can see the close
+    Report(GrpcListenerEvent::kRefusedAtLimit);
     ::close(fd);
     MaybeLogRefusals(absl::StrCat(max_connections_, " connections open, the limit"));
     return;
@@ -292,6 +294,7 @@ void GrpcListener::Admit(int listen_fd, int fd) {
   p.fd = fd;
   acceptor_->HandleNewConnection(&p);
   ++accepted_;
+  Report(GrpcListenerEvent::kAccepted);
 }
 
 void GrpcListener::Prune() {
@@ -307,6 +310,7 @@ void GrpcListener::Prune() {
 
 void GrpcListener::ShedWithoutDescriptors(int listen_fd, int error) {
   ++descriptor_exhaustions_;
+  Report(GrpcListenerEvent::kDescriptorExhaustion);
   if (spare_fd_ < 0) spare_fd_ = OpenSpare();
   if (spare_fd_ >= 0) {
     ::close(spare_fd_);
@@ -314,6 +318,7 @@ void GrpcListener::ShedWithoutDescriptors(int listen_fd, int error) {
       const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
       if (fd < 0) break;
       ++refused_without_descriptors_;
+      Report(GrpcListenerEvent::kRefusedWithoutDescriptors);
       ::close(fd);
     }
     spare_fd_ = OpenSpare();  // -1 if another thread took the slot; tried again next time

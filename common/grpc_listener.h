@@ -54,6 +54,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -78,6 +79,16 @@ inline constexpr int kMaxConnectionsCap = 4096;
 // kMaxConnectionsCap and at least 16.
 int DefaultMaxConnections();
 
+// What the accept thread reports to GrpcListenerOptions::on_event, one call
+// per event, each also counted in GrpcListenerStats.
+enum class GrpcListenerEvent {
+  kAccepted,                   // a connection handed to gRPC
+  kRefusedAtLimit,             // closed at once: max_connections open
+  kDescriptorExhaustion,       // accept4 failed with EMFILE or ENFILE
+  kRefusedWithoutDescriptors,  // closed at once through the reserve then
+  kOtherAcceptError,           // another accept4 failure (ENOBUFS, ENOMEM)
+};
+
 struct GrpcListenerOptions {
   // Connections handed to gRPC and still open, at most; one more is
   // accepted and closed at once. 0: DefaultMaxConnections() at Bind.
@@ -86,6 +97,9 @@ struct GrpcListenerOptions {
   absl::Duration exhausted_backoff = absl::Milliseconds(100);
   // Refused connections are logged at most once per interval.
   absl::Duration log_interval = absl::Seconds(10);
+  // Called on the accept thread after each event is counted (for metrics);
+  // it must not block. Unset: nothing is called.
+  std::function<void(GrpcListenerEvent)> on_event;
 };
 
 struct GrpcListenerStats {
@@ -140,6 +154,9 @@ class GrpcListener {
   void Prune();
   // EMFILE/ENFILE: sheds the pending connections through the reserve.
   void ShedWithoutDescriptors(int listen_fd, int error);
+  void Report(GrpcListenerEvent e) {
+    if (options_.on_event) options_.on_event(e);
+  }
   // Logs the refusals since the last line, at most once per log_interval.
   void MaybeLogRefusals(const std::string& why);
   // Waits `d`; true when the destructor wants the thread to stop.

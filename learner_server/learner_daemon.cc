@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "common/daemon/metric_builders.h"
 #include "common/grpc_listener.h"
 #include "common/grpc_status.h"
 #include "common/host_port.h"
@@ -47,6 +48,10 @@ absl::Status ValidateOptions(const LearnerDaemonOptions& o) {
         "batch_id_window ", o.queue.batch_id_window, " is below the queue capacity ",
         o.queue.capacity_groups, "; every batch with a queued group must be remembered"));
   }
+  if (o.max_connections < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_connections is ", o.max_connections, "; it must be >= 0 (0: default)"));
+  }
   if (o.broadcast_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
@@ -74,6 +79,42 @@ absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) 
   std::remove(probe.c_str());
   if (!written || !closed) return fail("a file in it cannot be written");
   return absl::OkStatus();
+}
+
+// asympo_learner_connections_total{result}: what the listener did with each
+// connection to the learner's port, counted as it happens.
+std::function<void(GrpcListenerEvent)> ListenerCounters(prometheus::Registry& registry) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("asympo_learner_connections_total")
+                     .Help(
+                         "Connections to the learner's port, by what became of them: accepted, "
+                         "refused_at_limit (--max_connections open), refused_no_descriptors "
+                         "(the process was out of file descriptors)")
+                     .Register(registry);
+  prometheus::Counter* accepted = &family.Add({{"result", "accepted"}});
+  prometheus::Counter* at_limit = &family.Add({{"result", "refused_at_limit"}});
+  prometheus::Counter* no_fds = &family.Add({{"result", "refused_no_descriptors"}});
+  prometheus::Counter* errors =
+      &metrics::AddCounter(registry, "asympo_learner_accept_errors_total",
+                           "accept4 failures on the learner's port: running out of file "
+                           "descriptors (EMFILE, ENFILE) or kernel memory; accepting pauses");
+  return [=](GrpcListenerEvent e) {
+    switch (e) {
+      case GrpcListenerEvent::kAccepted:
+        accepted->Increment();
+        break;
+      case GrpcListenerEvent::kRefusedAtLimit:
+        at_limit->Increment();
+        break;
+      case GrpcListenerEvent::kRefusedWithoutDescriptors:
+        no_fds->Increment();
+        break;
+      case GrpcListenerEvent::kDescriptorExhaustion:
+      case GrpcListenerEvent::kOtherAcceptError:
+        errors->Increment();
+        break;
+    }
+  };
 }
 
 }  // namespace
@@ -220,8 +261,11 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE
   // (common/grpc_listener.h).
+  GrpcListenerOptions lo;
+  lo.max_connections = o.max_connections;
+  lo.on_event = ListenerCounters(registry);
   absl::StatusOr<std::unique_ptr<GrpcListener>> listener =
-      GrpcListener::Bind(o.listen_address, credentials_, &builder);
+      GrpcListener::Bind(o.listen_address, credentials_, &builder, std::move(lo));
   const auto cannot_listen = [&](absl::string_view why) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", o.listen_address,
@@ -235,6 +279,10 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
         listener.status().message(), absl::StrCat("cannot listen on ", o.listen_address, ": ")));
   }
   listener_ = *std::move(listener);
+  metrics::AddGauge(
+      registry, "asympo_learner_max_connections",
+      "Connections to the learner's port that may be open at once (--max_connections)")
+      .Set(listener_->max_connections());
   builder.RegisterService(service_.get());
   builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(so.max_message_bytes));

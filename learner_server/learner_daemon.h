@@ -67,6 +67,9 @@ struct LearnerDaemonOptions {
   absl::Duration retry_after = absl::Seconds(1);
   // LearnerServiceOptions::max_streams.
   int64_t max_submit_streams = 1024;
+  // Connections to listen_address open at once (GrpcListenerOptions); 0:
+  // the soft RLIMIT_NOFILE less 128, at most 4,096.
+  int max_connections = 0;
   // LearnerServiceOptions::fault_reply_delay (tests only).
   absl::Duration fault_reply_delay = absl::ZeroDuration();
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir

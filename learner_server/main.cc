@@ -128,6 +128,9 @@ ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
           "Back-off suggested with RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_submit_streams, 1024,
           "SubmitStreams open at once; one more is refused with RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, max_connections, 0,
+          "Connections to --listen open at once; one more is closed at once. 0: the soft "
+          "RLIMIT_NOFILE less 128, at most 4096 (asympo_learner_max_connections shows it).");
 ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
           "A SubmitStream that sends no batch for this long is closed.");
 ABSL_FLAG(int64_t, batch_id_window, 65536,
@@ -334,6 +337,11 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   o->max_submit_streams = absl::GetFlag(FLAGS_max_submit_streams);
   if (o->max_submit_streams <= 0) {
     return absl::InvalidArgumentError("--max_submit_streams must be positive");
+  }
+  o->max_connections = absl::GetFlag(FLAGS_max_connections);
+  if (o->max_connections < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_connections=", o->max_connections,
+                                                   ": expected 0 (the default limit) or more"));
   }
   o->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
   o->retry_after = absl::GetFlag(FLAGS_retry_after);

@@ -194,6 +194,12 @@ TEST(GrpcListenerTest, DefaultLimitLeavesDescriptorsToTheRestOfTheProcess) {
 TEST(GrpcListenerTest, ConnectionsBeyondTheLimitAreClosedAtOnce) {
   GrpcListenerOptions options;
   options.max_connections = 2;
+  std::atomic<int> accepted_events{0}, refused_events{0}, other_events{0};
+  options.on_event = [&](GrpcListenerEvent e) {
+    (e == GrpcListenerEvent::kAccepted         ? accepted_events
+     : e == GrpcListenerEvent::kRefusedAtLimit ? refused_events
+                                               : other_events)++;
+  };
   Served s("127.0.0.1:0", options);
   ASSERT_NE(s.listener, nullptr);
   const int port = s.listener->port();
@@ -205,6 +211,10 @@ TEST(GrpcListenerTest, ConnectionsBeyondTheLimitAreClosedAtOnce) {
   ASSERT_GE(c, 0);
   EXPECT_TRUE(ClosedByPeer(c, absl::Seconds(2))) << "the third is closed, not left hanging";
   EXPECT_EQ(s.listener->stats().refused_at_limit, 1);
+  // Each counted as it happened, for the daemon's metrics.
+  EXPECT_EQ(accepted_events.load(), 2);
+  EXPECT_EQ(refused_events.load(), 1);
+  EXPECT_EQ(other_events.load(), 0);
   EXPECT_FALSE(ClosedByPeer(a, absl::Milliseconds(100))) << "the first two stay open";
   ::close(c);
   // gRPC closes its end of `a` once it sees the client's end of file; the
@@ -300,6 +310,11 @@ void ExhaustAndConnect(int port, int connections, std::vector<int>* hog) {
   LineCounter logged("out of file descriptors");
   GrpcListenerOptions options;
   options.max_connections = 100000;  // the descriptors run out first
+  std::atomic<int64_t> exhaustion_events{0}, shed_events{0};
+  options.on_event = [&](GrpcListenerEvent e) {
+    if (e == GrpcListenerEvent::kDescriptorExhaustion) ++exhaustion_events;
+    if (e == GrpcListenerEvent::kRefusedWithoutDescriptors) ++shed_events;
+  };
   Served s("127.0.0.1:0", options);
   if (s.listener == nullptr || s.server == nullptr) Fail("start the server");
   const std::string target = s.listener->bound_address();
@@ -317,6 +332,11 @@ void ExhaustAndConnect(int port, int connections, std::vector<int>* hog) {
   if (stats.descriptor_exhaustions < 2 || stats.refused_without_descriptors != 16) {
     Fail("counted " + std::to_string(stats.descriptor_exhaustions) + " exhaustions, " +
          std::to_string(stats.refused_without_descriptors) + " refused, expected >= 2 and 16");
+  }
+  if (exhaustion_events != stats.descriptor_exhaustions ||
+      shed_events != stats.refused_without_descriptors) {
+    Fail("the events disagree with stats(): " + std::to_string(exhaustion_events) +
+         " exhaustions, " + std::to_string(shed_events) + " refused");
   }
   if (logged.count() != 1) Fail("logged " + std::to_string(logged.count()) + " times, not once");
   for (const int fd : hog) ::close(fd);

@@ -3,7 +3,10 @@
 are open a new client fails fast (the learner does not leave it hanging);
 once they are closed, GetStatus and Submit succeed again within seconds, a
 step trains and checkpoints, and SIGTERM writes the final checkpoint and
-exits 0 with no .tmp-ckpt-* directory left behind.
+exits 0 with no .tmp-ckpt-* directory left behind. /metrics shows the
+limit (the soft RLIMIT_NOFILE less 128) and the connections refused at it.
+A second learner with --max_connections=3 closes the connections beyond 3
+at once and counts them; --max_connections=-1 is refused at start.
 
 gRPC 1.51's own listener stopped accepting for good after one failed
 accept4 (EMFILE): every later client timed out.
@@ -20,6 +23,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
 
@@ -83,19 +87,75 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     learner_pb2, learner_pb2_grpc, rollout_pb2 = generate_stubs(proto_dir, work)
     ckpt = os.path.join(work, "ckpt")
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     log_path = os.path.join(work, "learner.log")
-    proc = subprocess.Popen([binary, "--listen=127.0.0.1:%d" % port, "--metrics_address=",
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:%d" % port,
+                             "--metrics_address=127.0.0.1:%d" % metrics_port,
                              "--prompts_per_step=2", "--checkpoint_every=1", "--lr=1e-3",
                              "--checkpoint_dir=" + ckpt],
                             stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
                             preexec_fn=limit_descriptors)
     try:
-        run(proc, port, learner_pb2, learner_pb2_grpc, rollout_pb2, ckpt, log_path)
+        run(proc, port, metrics_port, learner_pb2, learner_pb2_grpc, rollout_pb2, ckpt, log_path)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    set_limit(binary, work, learner_pb2, learner_pb2_grpc)
+
+
+def scrape(metrics_port):
+    """name{labels} -> value of every sample on /metrics."""
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read()
+    samples = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def sample(samples, name, result=None):
+    for key, value in samples.items():
+        if key.split("{")[0] == name and (result is None or 'result="%s"' % result in key):
+            return value
+    return None
+
+
+def set_limit(binary, work, learner_pb2, learner_pb2_grpc):
+    """--max_connections: validated, and a limit of 3 holds."""
+    bad = subprocess.run([binary, "--max_connections=-1", "--metrics_address="],
+                         capture_output=True, text=True, timeout=60)
+    check(bad.returncode != 0 and "--max_connections=-1" in bad.stderr,
+          "--max_connections=-1 is refused at start, naming the flag")
+    port, metrics_port = free_port(), free_port()
+    proc = subprocess.Popen([binary, "--listen=127.0.0.1:%d" % port, "--max_connections=3",
+                             "--metrics_address=127.0.0.1:%d" % metrics_port],
+                            stdout=open(os.path.join(work, "learner-limit.log"), "w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        call_within("the learner with --max_connections=3 answers", 60, lambda: stub(
+            learner_pb2_grpc, port).GetStatus(learner_pb2.GetStatusRequest(), timeout=2))
+        conns = open_idle_connections(port, 5)
+        closed = 0
+        for s in conns:
+            s.settimeout(2)
+            try:
+                closed += s.recv(1) == b""
+            except (socket.timeout, ConnectionResetError):
+                pass
+        check(wait_for("refusals counted", 10, lambda: (sample(
+            scrape(metrics_port), "asympo_learner_connections_total", "refused_at_limit") or 0) >= 2),
+            "the connections beyond 3 are counted as refused_at_limit")
+        samples = scrape(metrics_port)
+        check(sample(samples, "asympo_learner_max_connections") == 3,
+              "asympo_learner_max_connections is 3")
+        check(closed >= 2, "at least 2 of 5 idle connections were closed at once (%d)" % closed)
+        for s in conns:
+            s.close()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def stub(learner_pb2_grpc, port):
@@ -119,7 +179,7 @@ def unfinished(ckpt):
     return [d for d in os.listdir(ckpt) if d.startswith(".tmp-ckpt-")] if os.path.isdir(ckpt) else []
 
 
-def run(proc, port, learner_pb2, learner_pb2_grpc, rollout_pb2, ckpt, log_path):
+def run(proc, port, metrics_port, learner_pb2, learner_pb2_grpc, rollout_pb2, ckpt, log_path):
     failed = []
 
     def expect(cond, what):
@@ -166,6 +226,15 @@ def run(proc, port, learner_pb2, learner_pb2_grpc, rollout_pb2, ckpt, log_path):
     check(wait_for("step 2", 60, lambda: version() >= 2), "a step trained on them")
     check(wait_for("checkpoint 2", 30, lambda: os.path.isdir(os.path.join(ckpt, "ckpt-%012d" % 2))),
           "its checkpoint was written")
+
+    samples = scrape(metrics_port)
+    limit = sample(samples, "asympo_learner_max_connections")
+    expect(limit == LEARNER_NOFILE - 128, "/metrics: the default limit is %s (ulimit -n %d less 128)"
+           % (limit, LEARNER_NOFILE))
+    accepted = sample(samples, "asympo_learner_connections_total", "accepted") or 0
+    refused = sample(samples, "asympo_learner_connections_total", "refused_at_limit") or 0
+    expect(refused >= IDLE_CONNECTIONS - limit and accepted + refused >= IDLE_CONNECTIONS,
+           "/metrics: %d connections accepted, %d refused at the limit" % (accepted, refused))
 
     proc.send_signal(signal.SIGTERM)
     rc = proc.wait(timeout=60)
