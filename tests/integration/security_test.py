@@ -9,7 +9,8 @@
           tokens, roles, certificates (wrong CA, expired, unknown), all
           refused ones counted by cause, nothing of them queued; requests
           that do not parse are INVALID_ARGUMENT on every method, a
-          SubmitStream too
+          SubmitStream too; openssl s_client gets TLS 1.2 and 1.3
+          handshakes and none with 1.0 or 1.1
   loop    a rollout daemon trains the learner over mTLS with a token, and
           gets its weights back
 
@@ -223,9 +224,32 @@ def garbage(env, port, plain):
           "200,000 empty groups: refused on the wire (%s)" % details)
 
 
+def tls_versions(env, port):
+    """A client apart from gRPC's: openssl s_client completes TLS 1.2 and
+    1.3 handshakes, verified against the CA, and gets none with 1.0 or 1.1."""
+    if shutil.which("openssl") is None:
+        print("note: no openssl binary; TLS versions not checked")
+        return
+    for version, wanted in [("-tls1", False), ("-tls1_1", False), ("-tls1_2", True),
+                            ("-tls1_3", True)]:
+        # SECLEVEL=0: this client offers the old versions, whatever the
+        # system's OpenSSL policy; the learner must be the one to refuse.
+        weak = [] if wanted else ["-cipher", "DEFAULT@SECLEVEL=0"]
+        r = subprocess.run(["openssl", "s_client", version, "-connect", "127.0.0.1:%d" % port,
+                            "-CAfile", env.cert("ca.pem"), "-alpn", "h2", "-verify_return_error"]
+                           + weak,
+                           input=b"", capture_output=True, timeout=30)
+        out = r.stdout.decode(errors="replace")
+        check("CONNECTED(" in out, "openssl s_client %s reached the port" % version)
+        done = r.returncode == 0 and "Verify return code: 0 (ok)" in out and "Cipher is (NONE)" not in out
+        check(done == wanted, "openssl s_client %s: %s" % (
+            version, "handshake done and verified" if done else "no handshake"))
+
+
 def tls(env):
     port, metrics_port = start_secure_learner(env)
     plain = credential_matrix(env, port)
+    tls_versions(env, port)
     garbage(env, port, plain)
     status = plain.GetStatus(env.pb2.GetStatusRequest(),
                              metadata=(("authorization", "Bearer gen-token"),), timeout=30)
