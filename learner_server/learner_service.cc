@@ -141,6 +141,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       Complete(s);
       return;
     }
+    charged_ = *p;  // the rate was taken: given back if the queue does not keep the groups
     const uint64_t n = push_.Begin();
     const uint64_t ticket = svc_->queue()->PushAsync(
         std::move(groups), SubmitDeadline(ctx_, svc_->options().full_queue_timeout),
@@ -154,6 +155,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
  private:
   void Complete(const absl::Status& s) {
     push_.Completed();
+    if (charged_ != nullptr && !s.ok()) svc_->RefundRate(*charged_, counts_.groups);
     Account(*svc_, source_, s, counts_);
     const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
     if (s.ok() || duplicate) {  // a duplicate is answered as its first submission was
@@ -186,6 +188,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
   grpc::CallbackServerContext* ctx_;
   grpc::ByteBuffer* response_;
   std::string source_;
+  const security::Principal* charged_ = nullptr;  // whose rate the push took
   BatchCounts counts_;
   absl::Duration retry_after_;
   PushTracker push_;
@@ -267,6 +270,8 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void Queued(const absl::Status& s) {
     push_.Completed();
+    // Not kept (a duplicate, refused, withdrawn): its rate is given back.
+    if (!s.ok()) svc_->RefundRate(*principal_, counts_.groups);
     const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
     if (!s.ok() && !duplicate) {
       Fail(s, svc_->options().retry_after);

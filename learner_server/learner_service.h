@@ -133,6 +133,10 @@ class LearnerService final : public LearnerServiceBase {
   // *retry_after when it is over it.
   absl::Status AdmitRate(const security::Principal& p, int64_t groups,
                          absl::Duration* retry_after) const;
+  // Gives back what AdmitRate took for groups the queue did not keep.
+  void RefundRate(const security::Principal& p, int64_t groups) const {
+    rates_.Refund(p.name, p.groups_per_second, groups);
+  }
   // The most groups the principal may hold in the queue (0: no limit).
   int64_t SourceLimit(const security::Principal& p) const;
   // Counts a quota refusal (a no-op without an authorizer).

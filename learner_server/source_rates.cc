@@ -9,10 +9,18 @@
 
 namespace asympo::learner {
 
+namespace {
+
+double Capacity(double groups_per_second, int64_t burst_groups) {
+  return std::max(groups_per_second, static_cast<double>(burst_groups));
+}
+
+}  // namespace
+
 absl::Status SourceRates::Admit(const std::string& source, double groups_per_second, int64_t groups,
                                 absl::Time now, absl::Duration* retry_after) {
   if (groups_per_second <= 0) return absl::OkStatus();
-  const double capacity = std::max(groups_per_second, static_cast<double>(burst_groups_));
+  const double capacity = Capacity(groups_per_second, burst_groups_);
   absl::MutexLock lock(&mu_);
   auto [it, fresh] = buckets_.try_emplace(source);
   Bucket& b = it->second;
@@ -32,6 +40,15 @@ absl::Status SourceRates::Admit(const std::string& source, double groups_per_sec
   return absl::ResourceExhaustedError(
       absl::StrFormat("source %s is over its rate of %g groups per second; retry after the hint",
                       QuoteForMessage(source), groups_per_second));
+}
+
+void SourceRates::Refund(const std::string& source, double groups_per_second, int64_t groups) {
+  if (groups_per_second <= 0) return;
+  absl::MutexLock lock(&mu_);
+  auto it = buckets_.find(source);
+  if (it == buckets_.end()) return;
+  it->second.tokens = std::min(Capacity(groups_per_second, burst_groups_),
+                               it->second.tokens + static_cast<double>(groups));
 }
 
 }  // namespace asympo::learner

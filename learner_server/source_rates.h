@@ -25,6 +25,9 @@ class SourceRates {
   // then.
   absl::Status Admit(const std::string& source, double groups_per_second, int64_t groups,
                      absl::Time now, absl::Duration* retry_after);
+  // Gives back `groups` that Admit took but the queue did not keep (a
+  // duplicate, a refused or withdrawn push), up to the bucket's size.
+  void Refund(const std::string& source, double groups_per_second, int64_t groups);
 
  private:
   struct Bucket {

@@ -253,6 +253,37 @@ TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsRateWithARetryHint) {
   EXPECT_TRUE(Submit(gen.get(), 4).ok());
 }
 
+// What the queue does not take costs no rate: a duplicate (answered OK, not
+// queued) and a batch the queue refuses give their groups back to the
+// bucket, so that a generator retrying after a lost reply is not slowed.
+TEST_F(LearnerServiceSecurityTest, GroupsTheQueueDoesNotTakeCostNoRate) {
+  auto gen = Client("gen-token");
+  v1::RolloutBatch b = Batch(4);
+  b.set_batch_id("gen/1");
+  grpc::ClientContext first_ctx;
+  v1::SubmitResponse first;
+  ASSERT_TRUE(gen->Submit(&first_ctx, b, &first).ok());
+  grpc::ClientContext again_ctx;
+  v1::SubmitResponse again;
+  ASSERT_TRUE(gen->Submit(&again_ctx, b, &again).ok());
+  EXPECT_EQ(again.duplicate_batches(), 1u);
+  // A stream that sends the same batch twice more: two duplicates.
+  grpc::ClientContext stream_ctx;
+  v1::SubmitResponse stream_reply;
+  auto stream = gen->SubmitStream(&stream_ctx, &stream_reply);
+  ASSERT_TRUE(stream->Write(b));
+  ASSERT_TRUE(stream->Write(b));
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(stream_reply.duplicate_batches(), 2u);
+  // Of the burst of 8, only the first batch's 4 were spent.
+  grpc::ClientContext ctx;
+  const grpc::Status s = Submit(gen.get(), 4, &ctx);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(queue_->Stats().depth_groups, 8);
+  EXPECT_TRUE(std::isnan(Refusals("rate")));
+}
+
 }  // namespace
 }  // namespace asympo::learner
 
