@@ -38,28 +38,18 @@ class Cursor {
     return true;
   }
 
-  bool Varint(uint64_t* v) {
+  // A varint of at most `max_bytes` bytes: 10 for a value, 5 for a tag or
+  // a length, as protobuf's parser reads them (a longer one, even of a
+  // small value, fails its parse).
+  bool Varint(uint64_t* v, int max_bytes = 10) {
     *v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
+    for (int shift = 0; shift < 7 * max_bytes; shift += 7) {
       uint8_t b;
       if (!Byte(&b)) return false;
       *v |= static_cast<uint64_t>(b & 0x7f) << shift;
       if ((b & 0x80) == 0) return true;
     }
-    return false;  // more than 10 bytes
-  }
-
-  // A varint of at most 5 bytes, as protobuf's parser reads tags and
-  // lengths (a longer one, even of a small value, fails its parse).
-  bool ShortVarint(uint64_t* v) {
-    *v = 0;
-    for (int shift = 0; shift < 35; shift += 7) {
-      uint8_t b;
-      if (!Byte(&b)) return false;
-      *v |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if ((b & 0x80) == 0) return true;
-    }
-    return false;
+    return false;  // more than max_bytes bytes
   }
 
   bool Skip(uint64_t n) {
@@ -118,7 +108,7 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
     // Cut to 32 bits, as protobuf's parser cuts a 5-byte tag: bits above
     // them must not hide a known field from this reader alone.
     uint64_t wide_key;
-    if (!in.ShortVarint(&wide_key)) return absl::DataLossError("bad field key in a chunk");
+    if (!in.Varint(&wide_key, 5)) return absl::DataLossError("bad field key in a chunk");
     const uint32_t key = static_cast<uint32_t>(wide_key);
     const uint32_t field = key >> 3;
     const uint32_t type = key & 7;
@@ -132,7 +122,7 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
         if (field == kOffset) c.offset = value;
         break;
       case kLengthDelimited:
-        if (!in.ShortVarint(&value) || value > 0x7fffffff) {
+        if (!in.Varint(&value, 5) || value > 0x7fffffff) {
           return absl::DataLossError("bad field length in a chunk");
         }
         if (field == kData) {

@@ -23,9 +23,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
+
+# The launcher's /metrics scrape, which leaves out the run label.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+import local_run  # noqa: E402
 
 LEARNER_NOFILE = 1024
 IDLE_CONNECTIONS = 1100
@@ -105,21 +108,10 @@ def main():
 
 
 def scrape(metrics_port):
-    """name{labels} -> value of every sample on /metrics."""
-    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read()
-    samples = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            samples[name] = float(value)
+    """{name{labels}: value} of the learner's /metrics, without the run label."""
+    samples = local_run.scrape(metrics_port, timeout=10)
+    check(samples is not None, "/metrics answers")
     return samples
-
-
-def sample(samples, name, result=None):
-    for key, value in samples.items():
-        if key.split("{")[0] == name and (result is None or 'result="%s"' % result in key):
-            return value
-    return None
 
 
 def set_limit(binary, work, learner_pb2, learner_pb2_grpc):
@@ -144,11 +136,11 @@ def set_limit(binary, work, learner_pb2, learner_pb2_grpc):
                 closed += s.recv(1) == b""
             except (socket.timeout, ConnectionResetError):
                 pass
-        check(wait_for("refusals counted", 10, lambda: (sample(
-            scrape(metrics_port), "asympo_learner_connections_total", "refused_at_limit") or 0) >= 2),
-            "the connections beyond 3 are counted as refused_at_limit")
+        refused = 'asympo_learner_connections_total{result="refused_at_limit"}'
+        check(wait_for("refusals counted", 10, lambda: scrape(metrics_port).get(refused, 0) >= 2),
+              "the connections beyond 3 are counted as refused_at_limit")
         samples = scrape(metrics_port)
-        check(sample(samples, "asympo_learner_max_connections") == 3,
+        check(samples.get("asympo_learner_max_connections") == 3,
               "asympo_learner_max_connections is 3")
         check(closed >= 2, "at least 2 of 5 idle connections were closed at once (%d)" % closed)
         for s in conns:
@@ -228,11 +220,11 @@ def run(proc, port, metrics_port, learner_pb2, learner_pb2_grpc, rollout_pb2, ck
           "its checkpoint was written")
 
     samples = scrape(metrics_port)
-    limit = sample(samples, "asympo_learner_max_connections")
+    limit = samples.get("asympo_learner_max_connections")
     expect(limit == LEARNER_NOFILE - 128, "/metrics: the default limit is %s (ulimit -n %d less 128)"
            % (limit, LEARNER_NOFILE))
-    accepted = sample(samples, "asympo_learner_connections_total", "accepted") or 0
-    refused = sample(samples, "asympo_learner_connections_total", "refused_at_limit") or 0
+    accepted = samples.get('asympo_learner_connections_total{result="accepted"}', 0)
+    refused = samples.get('asympo_learner_connections_total{result="refused_at_limit"}', 0)
     expect(refused >= IDLE_CONNECTIONS - limit and accepted + refused >= IDLE_CONNECTIONS,
            "/metrics: %d connections accepted, %d refused at the limit" % (accepted, refused))
 

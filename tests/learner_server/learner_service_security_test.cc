@@ -16,6 +16,7 @@
 #include "common/security/x509.h"
 #include "learner_server/learner_service.h"
 #include "tests/testing/certs.h"
+#include "tests/testing/grpc_metadata.h"
 #include "tests/testing/metrics.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -25,6 +26,7 @@ namespace {
 
 using ::asympo::testing::MetricValue;
 using ::asympo::testing::TestCertificates;
+using ::asympo::testing::Trailing;
 using ::testing::HasSubstr;
 
 v1::RolloutBatch Batch(int groups) {
@@ -45,12 +47,6 @@ v1::RolloutBatch Batch(int groups) {
 std::string Read(const std::string& cert) {
   auto text = security::ReadSecretFile(TestCertificates::Path(cert), "test certificate");
   return text.ok() ? *text : "";
-}
-
-std::string Trailing(const grpc::ClientContext& ctx, const std::string& key) {
-  const auto& md = ctx.GetServerTrailingMetadata();
-  auto it = md.find(key);
-  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
 class LearnerServiceSecurityTest : public ::testing::Test {

@@ -11,11 +11,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/grpc_metadata.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::Trailing;
 using ::asympo::testing::WaitFor;
 using ::testing::HasSubstr;
 
@@ -34,12 +36,6 @@ v1::RolloutBatch Batch(int groups, int responses = 3, const std::string& tag = "
     }
   }
   return b;
-}
-
-std::string Trailing(const grpc::ClientContext& ctx, const std::string& key) {
-  const auto& md = ctx.GetServerTrailingMetadata();
-  auto it = md.find(key);
-  return it == md.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
 class LearnerServiceTest : public ::testing::Test {
