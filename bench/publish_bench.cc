@@ -7,10 +7,14 @@
 //
 //   publish_bench --config tiny|100m [--device cpu|cuda] [--dtype float32|bfloat16]
 //                 [--groups 8] [--responses 8] [--tokens 64] [--steps 10] [--rounds 3]
-//                 [--malloc_tuned 1] [--modes stage]
+//                 [--malloc_tuned 1] [--modes stage|release] [--free_heap_limit_mib 256]
 // Prints one JSON object per mode and round, then a markdown table of medians.
 // --malloc_tuned 1 sets asympo-learner's glibc thresholds; --modes stage
-// compares no publishing with staging alone (the trainer's share).
+// compares no publishing with staging alone (the trainer's share); --modes
+// release compares no publishing without and with the release of freed heap
+// memory (common/daemon/heap_release.h, checking every 2 s): as
+// asympo-learner does it (only what requests can have left; none arrive
+// here) and releasing every excess over --free_heap_limit_mib.
 //
 //   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
 // The parts of moving one snapshot, each timed alone (medians), and per
@@ -26,6 +30,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +41,7 @@
 #include "bench/bench_flags.h"
 #include "bench/bench_models.h"
 #include "common/daemon/daemon_runtime.h"
+#include "common/daemon/heap_release.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "learner_server/snapshot_publisher.h"
@@ -113,10 +119,12 @@ struct Setup {
   asympo::ModelOptions model;
   at::ScalarType dtype;
   int64_t groups, responses, tokens, steps;
+  int64_t free_heap_limit_mib;
 };
 
-// Median step seconds of `steps` steps (after one warm-up step) in `mode`.
-double RunMode(const Setup& s, const std::string& mode) {
+// Median step seconds of `steps` steps (after one warm-up step) in `mode`;
+// `released_mib`: what the heap release gave back meanwhile.
+double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
   auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
   asympo::broadcast::BroadcastSender sender(
@@ -132,6 +140,14 @@ double RunMode(const Setup& s, const std::string& mode) {
     publisher = std::make_unique<InlinePublisher>(
         &sender, asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
   }
+  prometheus::Registry registry;
+  std::unique_ptr<asympo::daemon::HeapReleaser> releaser;
+  if (mode == "release" || mode == "release_all") {
+    asympo::daemon::HeapReleaseOptions ho;
+    ho.keep_bytes = s.free_heap_limit_mib << 20;
+    if (mode == "release") ho.received_bytes = [] { return int64_t{0}; };
+    releaser = std::make_unique<asympo::daemon::HeapReleaser>(ho, registry, "asympo_bench");
+  }
   asympo::learner::TrainerOptions to;
   to.lr.peak_lr = 1e-5;
   auto trainer = asympo::learner::Trainer::Create(to, model.get(), publisher.get()).value();
@@ -142,6 +158,12 @@ double RunMode(const Setup& s, const std::string& mode) {
       },
       s.steps, DeviceWait(s.model.device.is_cuda()));
   if (auto* p = dynamic_cast<asympo::learner::SnapshotPublisher*>(publisher.get())) p->Flush();
+  *released_mib = 0;
+  for (const prometheus::MetricFamily& f : registry.Collect()) {
+    if (f.name == "asympo_bench_heap_released_bytes_total") {
+      *released_mib = f.metric.at(0).counter.value / (1 << 20);
+    }
+  }
   return median;
 }
 
@@ -258,6 +280,8 @@ int main(int argc, char** argv) {
   const int64_t rounds = Flag(argc, argv, "--rounds", 3);
   std::vector<std::string> modes = {"none", "async", "inline"};
   if (FlagS(argc, argv, "--modes", "") == "stage") modes = {"none", "stage"};
+  if (FlagS(argc, argv, "--modes", "") == "release") modes = {"none", "release", "release_all"};
+  s.free_heap_limit_mib = Flag(argc, argv, "--free_heap_limit_mib", 256);
   asympo::bench::RejectUnknownFlags(argc, argv);
   if (transfer) return Transfer(s, reps);
   std::map<std::string, std::vector<double>> medians;
@@ -266,10 +290,13 @@ int main(int argc, char** argv) {
     // first (right after the previous model was torn down).
     for (size_t k = 0; k < modes.size(); ++k) {
       const std::string& mode = modes[(k + static_cast<size_t>(r)) % modes.size()];
-      const double m = RunMode(s, mode);
+      double released_mib = 0;
+      const double m = RunMode(s, mode, &released_mib);
       medians[mode].push_back(m);
-      std::printf("{\"config\": \"%s\", \"mode\": \"%s\", \"round\": %lld, \"step_s\": %.5f}\n",
-                  s.config.c_str(), mode.c_str(), static_cast<long long>(r), m);
+      std::printf(
+          "{\"config\": \"%s\", \"mode\": \"%s\", \"round\": %lld, \"step_s\": %.5f, "
+          "\"released_mib\": %.1f}\n",
+          s.config.c_str(), mode.c_str(), static_cast<long long>(r), m, released_mib);
     }
   }
   const double base = Median(medians["none"]);
@@ -281,7 +308,9 @@ int main(int argc, char** argv) {
       {"none", "none (--broadcast_every 0)"},
       {"async", "--broadcast_every 1 (SnapshotPublisher)"},
       {"inline", "every step, inline on the trainer thread"},
-      {"stage", "stage only (the trainer's part)"}};
+      {"stage", "stage only (the trainer's part)"},
+      {"release", "none, with asympo-learner's heap release"},
+      {"release_all", "none, releasing all freed heap memory above --free_heap_limit_mib"}};
   for (const std::string& mode : modes) {
     const double m = Median(medians[mode]);
     std::printf("| %s | %.1f ms | %.3fx |\n", names.at(mode).c_str(), 1e3 * m, m / base);

@@ -3,6 +3,7 @@
 // before it is parsed, and each reply is serialized here. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 
 #include <google/protobuf/message.h>
@@ -27,5 +28,14 @@ absl::Status ParseRawBatch(const grpc::ByteBuffer& raw, const BatchLimits& limit
 
 // `message` serialized into `out` (replacing its contents).
 void SerializeReply(const google::protobuf::Message& message, grpc::ByteBuffer* out);
+
+// Adds the size of `raw` to `*received` (when not null): the bytes of every
+// request a daemon has taken in, whatever became of it, for the release of
+// the memory that requests leave behind (common/daemon/heap_release.h).
+inline void CountReceived(std::atomic<int64_t>* received, const grpc::ByteBuffer& raw) {
+  if (received != nullptr) {
+    received->fetch_add(static_cast<int64_t>(raw.Length()), std::memory_order_relaxed);
+  }
+}
 
 }  // namespace asympo

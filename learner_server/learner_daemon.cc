@@ -198,8 +198,10 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
     ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), nullptr));
     return absl::OkStatus();
   }
+  broadcast::BroadcastSenderOptions bo = o.broadcast;
+  bo.received_bytes = &received_bytes_;
   sender_ = std::make_unique<broadcast::BroadcastSender>(
-      o.broadcast, broadcast::ModelSignatureOf(*model_, o.publish_dtype), &registry);
+      std::move(bo), broadcast::ModelSignatureOf(*model_, o.publish_dtype), &registry);
   ASYMPO_ASSIGN_OR_RETURN(publisher_,
                           SnapshotPublisher::Create(sender_.get(), *model_, o.publish_dtype,
                                                     o.broadcast_every, &registry));
@@ -257,6 +259,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = sender_->model_signature();
+  so.received_bytes = &received_bytes_;
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE

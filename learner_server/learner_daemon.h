@@ -127,6 +127,9 @@ class LearnerDaemon {
   void Shutdown();
 
   int port() const { return port_; }
+  // The bytes of every request taken in so far, on every method and
+  // whatever became of it (common/daemon/heap_release.h). Any thread.
+  int64_t received_bytes() const { return received_bytes_.load(std::memory_order_relaxed); }
   // The policy version (the trainer's). Any thread.
   uint64_t version() const { return trainer_->version(); }
   broadcast::BroadcastSender& broadcaster() { return *sender_; }
@@ -161,6 +164,7 @@ class LearnerDaemon {
   // Declared in dependency order: what is used by another member comes
   // first, so that it is destroyed after it.
   LearnerDaemonOptions options_;
+  std::atomic<int64_t> received_bytes_{0};            // of every request (CountReceived)
   std::unique_ptr<security::Authorizer> authorizer_;  // rank 0
   std::shared_ptr<grpc::ServerCredentials> credentials_;
   std::unique_ptr<DataParallel> dp_;

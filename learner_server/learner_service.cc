@@ -129,6 +129,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
   SubmitReactor(const LearnerService* svc, grpc::CallbackServerContext* ctx,
                 const grpc::ByteBuffer* request, grpc::ByteBuffer* response)
       : svc_(svc), ctx_(ctx), response_(response), retry_after_(svc->options().retry_after) {
+    CountReceived(svc_->options().received_bytes, *request);
     absl::StatusOr<const security::Principal*> p = svc_->Authorize(*ctx_, security::Role::kSubmit);
     if (!p.ok()) {
       Finish(ToGrpcStatus(p.status()));
@@ -235,6 +236,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       End(grpc::Status::OK);
       return;
     }
+    CountReceived(svc_->options().received_bytes, raw_);
     std::vector<QueuedGroup> groups;
     absl::Duration retry_after = svc_->options().retry_after;
     counts_ = BatchCounts{};
@@ -396,6 +398,7 @@ grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  CountReceived(options_.received_bytes, *request);
   absl::StatusOr<const security::Principal*> p = Authorize(*context, security::Role::kStatus);
   v1::GetStatusRequest parsed;
   absl::Status s = p.ok() ? ParseRawRequest(*request, &parsed) : p.status();

@@ -95,6 +95,8 @@ struct LearnerServiceOptions {
   // reply and each queued group's arrival version. Called from gRPC
   // threads. Empty: always 0.
   std::function<uint64_t()> version;
+  // When set, the bytes of every request (CountReceived), before any check.
+  std::atomic<int64_t>* received_bytes = nullptr;
 };
 
 using LearnerServiceBase =

@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
+#include "common/daemon/heap_release.h"
 #include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -131,6 +132,10 @@ ABSL_FLAG(int64_t, max_submit_streams, 1024,
 ABSL_FLAG(int32_t, max_connections, 0,
           "Connections to --listen open at once; one more is closed at once. 0: the soft "
           "RLIMIT_NOFILE less 128, at most 4096 (asympo_learner_max_connections shows it).");
+ABSL_FLAG(int64_t, free_heap_limit_mib, 256,
+          "Freed heap memory kept for reuse (MiB). Above it the learner gives the free pages "
+          "back to the kernel, checked every 2 s, so that a burst of large requests does not "
+          "stay resident (asympo_learner_heap_released_bytes_total).");
 ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
           "A SubmitStream that sends no batch for this long is closed.");
 ABSL_FLAG(int64_t, batch_id_window, 65536,
@@ -478,9 +483,20 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  const int64_t free_heap_limit_mib = absl::GetFlag(FLAGS_free_heap_limit_mib);
+  if (free_heap_limit_mib < 0 || free_heap_limit_mib > (int64_t{1} << 20)) {
+    return Fail(absl::StrCat("--free_heap_limit_mib=", free_heap_limit_mib,
+                             ": expected 0 to 1048576 (1 TiB)"));
+  }
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
       asympo::learner::LearnerDaemon::Create(*std::move(options), (*runtime)->registry());
   if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
+  // Gives back what requests leave on the heap, not what steps keep for
+  // reuse (common/daemon/heap_release.h).
+  asympo::daemon::HeapReleaseOptions heap;
+  heap.keep_bytes = free_heap_limit_mib << 20;
+  heap.received_bytes = [&daemon] { return (*daemon)->received_bytes(); };
+  const asympo::daemon::HeapReleaser heap_releaser(heap, (*runtime)->registry(), "asympo_learner");
   const absl::StatusOr<int64_t> steps = (*runtime)->RunUntilStopped<absl::StatusOr<int64_t>>(
       [&daemon] { (*daemon)->Shutdown(); }, [&daemon] { return (*daemon)->Run(); });
   if (!steps.ok()) return Fail(std::string(steps.status().message()));

@@ -257,6 +257,7 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* raw_request,
                                                     grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  CountReceived(state_->options.received_bytes, *raw_request);
   v1::RegisterRequest request;
   v1::RegisterResponse response;
   std::string principal;
@@ -337,6 +338,7 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal,
 grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request) {
   State& st = *state_;
+  CountReceived(st.options.received_bytes, *raw_request);
   v1::SubscribeRequest request;
   std::string principal;
   grpc::Status status = st.Authorize(*ctx, &principal);
@@ -367,6 +369,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
 grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
     grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw_request) {
   State& st = *state_;
+  CountReceived(st.options.received_bytes, *raw_request);
   v1::FetchSnapshotRequest parsed;
   std::string principal;
   grpc::Status status = st.Authorize(*ctx, &principal);
@@ -414,6 +417,7 @@ grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerCon
                                                          const grpc::ByteBuffer* raw_request,
                                                          grpc::ByteBuffer* raw_response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  CountReceived(state_->options.received_bytes, *raw_request);
   v1::ReportVersionRequest request;
   WireLimits limits;
   limits.max_string_bytes = 64 << 10;  // the receiver's error text

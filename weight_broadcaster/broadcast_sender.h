@@ -45,6 +45,7 @@
 // otherwise waits for the Subscribe streams that never end by themselves.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -113,6 +114,9 @@ struct BroadcastSenderOptions {
   // sleep this long before each chunk.
   std::vector<uint64_t> corrupt_versions;
   absl::Duration chunk_delay = absl::ZeroDuration();
+
+  // When set, the bytes of every request (CountReceived), before any check.
+  std::atomic<int64_t>* received_bytes = nullptr;
 
   // The NCCL transport (off by default; see "NCCL" in docs/protocol.md).
   // With nccl_world_size N >= 2 the sender is rank 0 of an N-rank

@@ -13,14 +13,18 @@
           handshakes and none with 1.0 or 1.1
   loop    a rollout daemon trains the learner over mTLS with a token, and
           gets its weights back
+  memory  a burst of large Submits that fail validation leaves no memory
+          behind: the learner gives the freed heap back to the kernel
 
 security_test.py SCENARIO PROTO_DIR LEARNER ROLLOUT MAKE_CERTS WORK"""
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
@@ -304,12 +308,69 @@ def loop(env):
     env.stop_all()
 
 
+def resident_mib(pid):
+    with open("/proc/%d/status" % pid) as f:
+        return int(f.read().split("VmRSS:")[1].split()[0]) / 1024.0
+
+
+def memory(env):
+    """36 Submits of 48 MB, twelve at a time, each of 24 million empty groups
+    (refused on the wire): gRPC receives each into fresh buffers, and glibc
+    kept them all, 0.7 GiB resident for good. With --free_heap_limit_mib=64
+    the learner must come back to within 64 MiB (and some slack) of where it
+    started."""
+    for bad in ["-1", "1048577"]:
+        refused_at_start(env, ["--free_heap_limit_mib=" + bad, "--metrics_address="],
+                         "heap_limit" + bad, ["--free_heap_limit_mib=" + bad, "expected 0 to"])
+    port, metrics_port = free_port(), free_port()
+    proc = env.run_learner(["--listen=127.0.0.1:%d" % port,
+                            "--metrics_address=127.0.0.1:%d" % metrics_port,
+                            "--free_heap_limit_mib=64"], "memory")
+    stub = env.pb2_grpc.LearnerStub(grpc.insecure_channel("127.0.0.1:%d" % port))
+    stub.GetStatus(env.pb2.GetStatusRequest(), wait_for_ready=True, timeout=60)
+    start = resident_mib(proc.pid)
+    peak = [start]
+    done = threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], resident_mib(proc.pid))
+    threading.Thread(target=watch, daemon=True).start()
+    payload = b"\x0a\x00" * (24 << 20)
+    codes = []
+
+    def send(n):
+        ch = grpc.insecure_channel("127.0.0.1:%d" % port, options=[
+            ("grpc.use_local_subchannel_pool", 1), ("grpc.max_send_message_length", -1)])
+        call = ch.unary_unary("/asympo.v1.Learner/Submit")
+        for _ in range(n):
+            codes.append(code_of(lambda: call(payload, timeout=120))[0])
+    senders = [threading.Thread(target=send, args=(3,)) for _ in range(12)]
+    for t in senders:
+        t.start()
+    for t in senders:
+        t.join()
+    done.set()
+    check(codes == [grpc.StatusCode.INVALID_ARGUMENT] * 36,
+          "36 Submits of 48 MB: each refused on the wire (%s)" % sorted(set(c.name for c in codes)))
+    deadline = time.time() + 20
+    while resident_mib(proc.pid) > start + 64 + 96 and time.time() < deadline:
+        time.sleep(0.2)
+    after = resident_mib(proc.pid)
+    check(after <= start + 64 + 96, "resident memory %.0f MiB at start, %.0f MiB at the peak, %.0f "
+          "MiB after: back within the 64 MiB kept for reuse" % (start, peak[0], after))
+    m = re.search(r"^asympo_learner_heap_released_bytes_total\S* (\S+)$", scrape(metrics_port), re.M)
+    released = float(m.group(1)) if m else 0.0
+    check(released > 0, "/metrics: %.0f MiB given back to the kernel" % (released / 2**20))
+    env.stop_all()
+
+
 def main():
     scenario, proto_dir, learner, rollout, make_certs, work = sys.argv[1:7]
     if shutil.which("openssl") is None:
         print("SKIP: openssl missing")
         sys.exit(77)
-    scenarios = {"policy": policy, "tls": tls, "loop": loop}
+    scenarios = {"policy": policy, "tls": tls, "loop": loop, "memory": memory}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     env = Env(proto_dir, learner, rollout, make_certs, work)
     try:

@@ -77,6 +77,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     o.limits.max_groups_per_batch = 4;
     o.full_queue_timeout = absl::Seconds(2);
     o.authorizer = authorizer_.get();
+    o.received_bytes = &received_;
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     security::ServerTlsOptions tls;
     tls.cert_file = TestCertificates::Path("server.pem");
@@ -135,6 +136,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
   prometheus::Registry registry_;
   std::unique_ptr<security::Authorizer> authorizer_;
   LearnerCounters counters_;
+  std::atomic<int64_t> received_{0};
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -172,10 +174,15 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
   };
   for (const auto& c : cases) {
     const double before = Refusals(c.cause);
+    const int64_t received_before = received_.load();
     const grpc::Status s = Submit(Client(c.token, c.cert).get(), 2);
     EXPECT_EQ(s.error_code(), c.code) << c.token << c.cert << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.token << c.cert;
     EXPECT_EQ(Refusals(c.cause) - (std::isnan(before) ? 0 : before), 1) << c.cause;
+    // What gRPC received is counted all the same (its memory is released
+    // like any other request's: common/daemon/heap_release.h).
+    EXPECT_EQ(received_.load() - received_before, static_cast<int64_t>(Batch(2).ByteSizeLong()))
+        << c.cause;
   }
   // A client that does not trust the learner's CA never gets to call.
   security::ClientTlsOptions untrusting;

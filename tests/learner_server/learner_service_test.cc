@@ -52,6 +52,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.version = [this] { return version_.load(); };
     o.fault_reply_delay = reply_delay_;
     o.max_streams = max_streams_;
+    o.received_bytes = &received_;
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -74,6 +75,7 @@ class LearnerServiceTest : public ::testing::Test {
   }
 
   LearnerCounters counters_;
+  std::atomic<int64_t> received_{0};
   absl::Duration reply_delay_ = absl::ZeroDuration();
   int64_t max_streams_ = 1024;
   std::atomic<uint64_t> version_{0};  // the trainer's, in the daemon
@@ -95,6 +97,32 @@ TEST_F(LearnerServiceTest, QueuesAValidBatch) {
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[1].group.prompt_id(), "p1");
   EXPECT_EQ(groups[0].tokens, 3 * 3);  // 3 responses x (2 prompt + 1 response) tokens
+}
+
+// Every request's bytes are counted, whatever becomes of it, for the
+// release of what requests leave on the heap (common/daemon/heap_release.h).
+TEST_F(LearnerServiceTest, CountsTheBytesOfEveryRequest) {
+  Start(8);
+  v1::SubmitResponse r;
+  const v1::RolloutBatch good = Batch(2);
+  v1::RolloutBatch bad = Batch(1, 3, "bad");
+  bad.mutable_groups(0)->mutable_responses(0)->set_tokens(0, 100000);  // beyond the vocabulary
+  ASSERT_TRUE(Submit(good, &r).ok());
+  EXPECT_EQ(Submit(bad, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  grpc::ClientContext ctx;
+  v1::SubmitResponse stream_reply;
+  auto writer = stub_->SubmitStream(&ctx, &stream_reply);
+  const v1::RolloutBatch streamed = Batch(1, 3, "s");
+  ASSERT_TRUE(writer->Write(streamed));
+  ASSERT_TRUE(writer->Write(Batch(1, 3, "t")));
+  writer->WritesDone();
+  ASSERT_TRUE(writer->Finish().ok());
+  grpc::ClientContext status_ctx;
+  v1::LearnerStatus status;
+  ASSERT_TRUE(stub_->GetStatus(&status_ctx, {}, &status).ok());
+  EXPECT_EQ(received_.load(),
+            static_cast<int64_t>(good.ByteSizeLong() + bad.ByteSizeLong() +
+                                 2 * streamed.ByteSizeLong()));  // GetStatus's request is empty
 }
 
 TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {

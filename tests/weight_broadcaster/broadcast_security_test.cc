@@ -1,6 +1,7 @@
 // The WeightBroadcast service with bearer tokens and roles: who may fetch
 // weights, sessions that belong to their principal, and requests that do
 // not parse.
+#include <atomic>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -40,6 +41,7 @@ class BroadcastSecurityTest : public ::testing::Test {
     BroadcastSenderOptions o;
     o.packing = testing::TestPacking();
     o.authorizer = authorizer_.get();
+    o.received_bytes = &received_;
     server_ = std::make_unique<SenderServer>(o);
     ASSERT_TRUE(server_->Publish(1).ok());
   }
@@ -64,6 +66,7 @@ class BroadcastSecurityTest : public ::testing::Test {
   asympo::testing::ScopedTempDir dir_{"bauth"};
   prometheus::Registry registry_;
   std::unique_ptr<security::Authorizer> authorizer_;
+  std::atomic<int64_t> received_{0};
   std::unique_ptr<SenderServer> server_;
 };
 
@@ -81,6 +84,43 @@ TEST_F(BroadcastSecurityTest, OnlyTheRoleReadWeightsGetsWeights) {
   v1::WeightChunk chunk;
   EXPECT_FALSE(reader->Read(&chunk));
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+}
+
+// Every request's bytes are counted on every method, refused ones too (for
+// the release of what requests leave on the heap: common/daemon/heap_release.h).
+TEST_F(BroadcastSecurityTest, CountsTheBytesOfEveryRequest) {
+  v1::RegisterResponse r;
+  ASSERT_EQ(Register("gen-tok", "r1", &r).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  v1::RegisterRequest registration;
+  registration.set_receiver_id("r1");
+  registration.set_model_signature(ModelSignature(testing::TestSpecs()));
+  int64_t expected = static_cast<int64_t>(registration.ByteSizeLong());
+  EXPECT_EQ(received_.load(), expected);
+  const std::string garbage = "\x0a\xff\xff\xff\xff\x0f";
+  EXPECT_EQ(RawUnaryCall(Channel("a-tok"), "/asympo.v1.WeightBroadcast/ReportVersion", garbage)
+                .error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  expected += static_cast<int64_t>(garbage.size());
+  EXPECT_EQ(received_.load(), expected);
+  auto stub = v1::WeightBroadcast::NewStub(Channel("gen-tok"));
+  v1::SubscribeRequest subscribe;
+  subscribe.set_session_id("s-1");
+  grpc::ClientContext subscribe_ctx;
+  auto announcements = stub->Subscribe(&subscribe_ctx, subscribe);
+  v1::SnapshotAnnouncement announcement;
+  EXPECT_FALSE(announcements->Read(&announcement));
+  EXPECT_EQ(announcements->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  expected += static_cast<int64_t>(subscribe.ByteSizeLong());
+  v1::FetchSnapshotRequest fetch;
+  fetch.set_session_id("s-1");
+  fetch.set_version(1);
+  grpc::ClientContext fetch_ctx;
+  auto chunks = stub->FetchSnapshot(&fetch_ctx, fetch);
+  v1::WeightChunk chunk;
+  EXPECT_FALSE(chunks->Read(&chunk));
+  EXPECT_EQ(chunks->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  expected += static_cast<int64_t>(fetch.ByteSizeLong());
+  EXPECT_EQ(received_.load(), expected);
 }
 
 TEST_F(BroadcastSecurityTest, ASessionBelongsToThePrincipalThatRegisteredIt) {
