@@ -47,7 +47,11 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
       }
       st.sessions.erase(s);
     }
-    LOG(INFO) << "receiver " << id << " registered again; its previous session ends";
+    if (int64_t held_back = 0; st.registered_again_log.Allow(&held_back)) {
+      LOG(INFO) << "receiver " << QuoteForMessage(id)
+                << " registered again; its previous session ends"
+                << st.registered_again_log.HeldBack(held_back);
+    }
   }
   st.session_of[id] = session_id;
   SenderState::Session& session = st.sessions[session_id];
@@ -454,8 +458,11 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
   }
   if (!request.error().empty()) {
     st.CountFailure();
-    LOG(WARNING) << "receiver " << QuoteForMessage(receiver_id) << " (still at version "
-                 << request.version() << ") reports: " << QuoteForMessage(request.error(), 512);
+    if (int64_t held_back = 0; st.failure_report_log.Allow(&held_back)) {
+      LOG(WARNING) << "receiver " << QuoteForMessage(receiver_id) << " (still at version "
+                   << request.version() << ") reports: " << QuoteForMessage(request.error(), 512)
+                   << st.failure_report_log.HeldBack(held_back);
+    }
   }
   return grpc::Status::OK;
 }

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
 #include "common/call_reaper.h"
+#include "common/log_throttle.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -103,6 +104,10 @@ struct SenderState {
   const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   // Cancels fetches that stall or last too long.
   CallReaper reaper;
+  // The lines a client can repeat in a loop: a receiver registering again,
+  // a receiver's failure report (common/log_throttle.h).
+  LogThrottle registered_again_log;
+  LogThrottle failure_report_log;
 
   absl::Mutex publish_mu;  // serializes Publish calls
   mutable absl::Mutex mu;

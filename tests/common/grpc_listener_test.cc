@@ -25,11 +25,13 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
+#include "tests/testing/log_lines.h"
 #include "tests/testing/wait.h"
 
 namespace asympo {
 namespace {
 
+using ::asympo::testing::LineCounter;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kVersion = 7;
@@ -235,22 +237,6 @@ TEST(GrpcListenerTest, DestructorIsPrompt) {
   EXPECT_LT(absl::Now() - t0, absl::Milliseconds(500));
   if (idle >= 0) ::close(idle);
 }
-
-// Counts the log lines that contain `text`.
-class LineCounter : public google::LogSink {
- public:
-  explicit LineCounter(std::string text) : text_(std::move(text)) { google::AddLogSink(this); }
-  ~LineCounter() override { google::RemoveLogSink(this); }
-  void send(google::LogSeverity, const char*, const char*, int, const google::LogMessageTime&,
-            const char* message, size_t length) override {
-    if (std::string(message, length).find(text_) != std::string::npos) ++count_;
-  }
-  int count() const { return count_.load(); }
-
- private:
-  std::string text_;
-  std::atomic<int> count_{0};
-};
 
 // The highest descriptor number open in this process.
 int HighestOpenDescriptor() {

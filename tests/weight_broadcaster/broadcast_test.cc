@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/log_lines.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
 
 namespace asympo::broadcast {
@@ -415,6 +416,31 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
   req.set_version(3);
   req.clear_error();
   EXPECT_TRUE(stub->ReportVersion(&ok_ctx, req, &resp).ok());
+}
+
+// A client that registers again and again, or reports the same failure in
+// a loop, gets a log line every 10 s, not one per call; every report is
+// still counted.
+TEST(BroadcastTest, RepeatedRegistrationsAndReportsDoNotFloodTheLog) {
+  SenderServer server;
+  ASSERT_TRUE(server.Publish(1).ok());
+  auto stub = server.NewStub();
+  const asympo::testing::LineCounter again("registered again");
+  const asympo::testing::LineCounter reports("reports: \"cannot load");
+  std::string session;
+  for (int i = 0; i < 40; ++i) session = RegisterDirect(stub.get(), "rollout-0");
+  for (int i = 0; i < 40; ++i) {
+    grpc::ClientContext ctx;
+    v1::ReportVersionRequest req;
+    req.set_session_id(session);
+    req.set_version(1);
+    req.set_error("cannot load version 1");
+    v1::ReportVersionResponse resp;
+    ASSERT_TRUE(stub->ReportVersion(&ctx, req, &resp).ok());
+  }
+  EXPECT_EQ(again.count(), 1);
+  EXPECT_EQ(reports.count(), 1);
+  EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 40);
 }
 
 TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
