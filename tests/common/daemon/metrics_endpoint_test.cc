@@ -360,10 +360,13 @@ TEST(MetricsEndpointTest, ClientsThatDoNotReadTheAnswerDoNotHoldUpScrapes) {
   // The first bytes of the answers reach every reader: each is being
   // answered, and none reads on.
   for (int fd : readers) ASSERT_TRUE(Readable(fd, absl::Seconds(5)));
+  // Held up, a scrape would wait for a reader's 5 s send timeout; serving
+  // the 6.5 MB answer itself takes up to about 1.4 s under ThreadSanitizer
+  // on a busy 2-core machine.
   for (int i = 0; i < 3; ++i) {
     const auto [took, status] = TimedScrape((*e)->port());
     EXPECT_EQ(status, "HTTP/1.1 200 OK") << "scrape " << i;
-    EXPECT_LT(took, absl::Seconds(1)) << "scrape " << i;
+    EXPECT_LT(took, absl::Seconds(3)) << "scrape " << i;
   }
   for (int fd : readers) ::close(fd);
 }
