@@ -133,9 +133,10 @@ ABSL_FLAG(int32_t, max_connections, 0,
           "Connections to --listen open at once; one more is closed at once. 0: the soft "
           "RLIMIT_NOFILE less 128, at most 4096 (asympo_learner_max_connections shows it).");
 ABSL_FLAG(int64_t, free_heap_limit_mib, 256,
-          "Freed heap memory kept for reuse (MiB). Above it the learner gives the free pages "
-          "back to the kernel, checked every 2 s, so that a burst of large requests does not "
-          "stay resident (asympo_learner_heap_released_bytes_total).");
+          "Freed heap memory kept resident for reuse (MiB). When requests leave more, the "
+          "learner gives the free pages back to the kernel (checked every 2 s; what training "
+          "steps free is kept), so that a burst of large requests does not stay resident "
+          "(asympo_learner_heap_released_bytes_total).");
 ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
           "A SubmitStream that sends no batch for this long is closed.");
 ABSL_FLAG(int64_t, batch_id_window, 65536,
