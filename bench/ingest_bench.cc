@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -23,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "bench/bench_flags.h"
+#include "common/daemon/heap_release.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
@@ -116,13 +116,6 @@ Result Stream(int port, int clients, int batches, const v1::RolloutBatch& batch,
           ok.load() * static_cast<int64_t>(batch.ByteSizeLong())};
 }
 
-int64_t RssBytes() {
-  std::ifstream f("/proc/self/statm");
-  int64_t size = 0, rss = 0;
-  f >> size >> rss;
-  return rss * sysconf(_SC_PAGESIZE);
-}
-
 // The command line; defaults as in the usage at the top of this file.
 struct Args {
   int clients;
@@ -198,14 +191,14 @@ void CompareSinks(const Args& args, const v1::RolloutBatch& batch, int bare_port
 // False if the service rejects the batch.
 bool MeasureFullQueue(const Args& args, const v1::RolloutBatch& batch, LearnerService* service,
                       GroupQueue* queue) {
-  const int64_t before = RssBytes();
+  const int64_t before = asympo::daemon::ResidentBytes();
   while (queue->Stats().depth_groups + args.groups <= args.capacity) {
     std::vector<asympo::learner::QueuedGroup> gs;
     v1::RolloutBatch copy = batch;
     if (!service->Prepare(&copy, &gs).ok()) return false;
     if (!queue->Push(std::move(gs), absl::Now()).ok()) break;
   }
-  const int64_t after = RssBytes();
+  const int64_t after = asympo::daemon::ResidentBytes();
   // Bound (docs/protocol.md): K groups x (prompt + G x response tokens) x 4
   // bytes for the ids, plus at most 128 bytes of message and allocator
   // overhead per response and 512 per group.

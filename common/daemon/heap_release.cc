@@ -80,7 +80,7 @@ HeapRelease HeapReleaser::Check() {
   r.free_bytes = s.free_bytes;
   r.idle_bytes = std::clamp<int64_t>(s.Unaccounted() - floor_, 0, s.free_bytes);
   resident_bytes_.Set(static_cast<double>(s.resident_bytes));
-  if (r.free_bytes <= options_.keep_bytes || r.idle_bytes <= options_.keep_bytes) return r;
+  if (r.idle_bytes <= options_.keep_bytes) return r;  // idle_bytes <= free_bytes
   if (options_.received_bytes && r.received_bytes < (r.idle_bytes - options_.keep_bytes) / 2) {
     return r;
   }

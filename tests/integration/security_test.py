@@ -20,7 +20,6 @@ security_test.py SCENARIO PROTO_DIR LEARNER ROLLOUT MAKE_CERTS WORK"""
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -359,8 +358,7 @@ def memory(env):
     after = resident_mib(proc.pid)
     check(after <= start + 64 + 96, "resident memory %.0f MiB at start, %.0f MiB at the peak, %.0f "
           "MiB after: back within the 64 MiB kept for reuse" % (start, peak[0], after))
-    m = re.search(r"^asympo_learner_heap_released_bytes_total\S* (\S+)$", scrape(metrics_port), re.M)
-    released = float(m.group(1)) if m else 0.0
+    released = sample(scrape(metrics_port), "asympo_learner_heap_released_bytes_total")
     check(released > 0, "/metrics: %.0f MiB given back to the kernel" % (released / 2**20))
     env.stop_all()
 

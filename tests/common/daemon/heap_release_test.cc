@@ -13,6 +13,7 @@
 
 #include "absl/time/clock.h"
 #include "common/daemon/daemon_runtime.h"
+#include "tests/testing/metrics.h"
 #include "tests/testing/wait.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -25,6 +26,8 @@
 
 namespace asympo::daemon {
 namespace {
+
+using ::asympo::testing::MetricValue;
 
 constexpr int64_t kMiB = int64_t{1} << 20;
 
@@ -79,15 +82,6 @@ struct Releaser {
   HeapReleaser releaser;
 };
 
-double Value(prometheus::Registry& registry, const std::string& name) {
-  for (const prometheus::MetricFamily& f : registry.Collect()) {
-    if (f.name != name) continue;
-    return f.type == prometheus::MetricType::Counter ? f.metric.at(0).counter.value
-                                                     : f.metric.at(0).gauge.value;
-  }
-  return -1;
-}
-
 TEST_F(HeapReleaseTest, GivesFreedPagesBackAboveTheLimit) {
   Releaser r(64 * kMiB);
   Burst burst(320);
@@ -101,10 +95,10 @@ TEST_F(HeapReleaseTest, GivesFreedPagesBackAboveTheLimit) {
   EXPECT_GE(release.released_bytes, 96 * kMiB)
       << "resident before " << before << ", after " << after;
   EXPECT_LE(after, before - 96 * kMiB);
-  EXPECT_EQ(Value(r.registry, "asympo_test_heap_released_bytes_total"),
+  EXPECT_EQ(MetricValue(r.registry, "asympo_test_heap_released_bytes_total"),
             static_cast<double>(release.released_bytes));
-  EXPECT_NEAR(Value(r.registry, "asympo_test_resident_memory_bytes"), static_cast<double>(after),
-              16.0 * kMiB);
+  EXPECT_NEAR(MetricValue(r.registry, "asympo_test_resident_memory_bytes"),
+              static_cast<double>(after), 16.0 * kMiB);
 }
 
 TEST_F(HeapReleaseTest, KeepsFreedMemoryUpToTheLimit) {
@@ -117,7 +111,7 @@ TEST_F(HeapReleaseTest, KeepsFreedMemoryUpToTheLimit) {
   EXPECT_FALSE(release.released);
   EXPECT_EQ(release.released_bytes, 0);
   EXPECT_GE(after, before - 16 * kMiB) << "the freed memory stays resident for reuse";
-  EXPECT_EQ(Value(r.registry, "asympo_test_heap_released_bytes_total"), 0);
+  EXPECT_EQ(MetricValue(r.registry, "asympo_test_heap_released_bytes_total"), 0);
 }
 
 TEST_F(HeapReleaseTest, DoesNotReleaseAgainWhatItGaveBack) {
@@ -235,8 +229,8 @@ TEST_F(HeapReleaseTest, ItsThreadReleasesAndCountsIt) {
   Burst burst(256);
   burst.FreeBlocks();
   EXPECT_TRUE(asympo::testing::WaitFor([&] {
-    return Value(registry, "asympo_test_heap_released_bytes_total") >= 96.0 * kMiB;
-  })) << Value(registry, "asympo_test_heap_released_bytes_total");
+    return MetricValue(registry, "asympo_test_heap_released_bytes_total") >= 96.0 * kMiB;
+  })) << MetricValue(registry, "asympo_test_heap_released_bytes_total");
 }
 
 TEST_F(HeapReleaseTest, StopsAtOnceNotAfterTheInterval) {
