@@ -144,6 +144,12 @@ uint64_t SocketInode(int fd) {
 
 int OpenSpare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
+// Whether `listen_fd` has a connection waiting to be accepted.
+bool HasPending(int listen_fd) {
+  pollfd p{listen_fd, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLIN) != 0;
+}
+
 }  // namespace
 
 int DefaultMaxConnections() {
@@ -312,16 +318,26 @@ void GrpcListener::ShedWithoutDescriptors(int listen_fd, int error) {
   ++descriptor_exhaustions_;
   Report(GrpcListenerEvent::kDescriptorExhaustion);
   if (spare_fd_ < 0) spare_fd_ = OpenSpare();
-  if (spare_fd_ >= 0) {
+  for (int i = 0; i < kAcceptBatch && spare_fd_ >= 0 && HasPending(listen_fd); ++i) {
+    // The reserve's slot is free only between these two calls: another
+    // thread that opens a descriptor then takes it, and accept4 fails.
     ::close(spare_fd_);
-    for (int i = 0; i < kAcceptBatch; ++i) {
-      const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) break;
-      ++refused_without_descriptors_;
-      Report(GrpcListenerEvent::kRefusedWithoutDescriptors);
-      ::close(fd);
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      spare_fd_ = OpenSpare();  // -1 if another thread took the slot; tried again next time
+      break;
     }
-    spare_fd_ = OpenSpare();  // -1 if another thread took the slot; tried again next time
+    ++refused_without_descriptors_;
+    Report(GrpcListenerEvent::kRefusedWithoutDescriptors);
+    // Closes the connection and keeps its slot as the reserve in one step
+    // (a copy of the eventfd), so that the slot is never free after the
+    // last connection, where a thread opening descriptors would take it.
+    if (::dup3(wake_fd_, fd, O_CLOEXEC) == fd) {
+      spare_fd_ = fd;
+    } else {
+      ::close(fd);
+      spare_fd_ = OpenSpare();
+    }
   }
   MaybeLogRefusals(absl::StrCat("out of file descriptors (accept4: ", ErrnoText(error),
                                 "; RLIMIT_NOFILE soft limit: raise ulimit -n)"));

@@ -26,10 +26,15 @@
 // the kernel queues connections in the listen backlog.
 //
 // Out of descriptors (accept4 fails with EMFILE or ENFILE), the listener
-// uses a descriptor it keeps in reserve (/dev/null, opened at Bind): it
-// closes it, accepts and at once closes the pending connections, so that
-// their clients fail fast rather than hang, opens the reserve again, waits
-// `exhausted_backoff` and goes on accepting. Each such event is counted
+// uses a descriptor it keeps in reserve (/dev/null, opened at Bind): for
+// each pending connection it closes the reserve, accepts the connection
+// into the freed slot and closes it at once, so that its client fails fast
+// rather than hangs; it closes it with dup3 (a copy of its eventfd over the
+// connection's descriptor), which keeps the slot as the reserve in the same
+// step. The slot is thus free only between a close and the accept4 that
+// follows, never after the last connection, where another thread opening
+// descriptors would take it for good. It then waits `exhausted_backoff`
+// and goes on accepting. Each such event is counted
 // (stats()) and logged at most once per `log_interval`, with the counts since
 // the last line, not once per connection.
 //
