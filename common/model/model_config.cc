@@ -1,11 +1,14 @@
 #include "common/model/model_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
 namespace asympo {
@@ -13,29 +16,51 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Missing(const char* key) {
-  return absl::InvalidArgumentError(absl::StrCat("config.json: \"", key, "\" is missing"));
+absl::Status Invalid(absl::string_view what, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat("config.json: ", what, " ", rule));
 }
 
-absl::StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def) {
+absl::Status Missing(absl::string_view key) {
+  return Invalid(absl::StrCat("\"", key, "\""), "is missing");
+}
+
+bool Present(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && !it->is_null();
+}
+
+// `path` names the key in messages ("rope_parameters.factor"); `key` is looked up in `j`.
+absl::StatusOr<int64_t> GetInt(const Json& j, const char* key, std::optional<int64_t> def,
+                               absl::string_view path = {}) {
+  if (path.empty()) path = key;
   auto it = j.find(key);
   if (it == j.end() || it->is_null()) {
     if (def.has_value()) return *def;
-    return Missing(key);
+    return Missing(path);
+  }
+  // 8192.0 is how Python writes some integers that passed through a float.
+  if (it->is_number_float() && it->get<double>() == std::floor(it->get<double>()) &&
+      std::abs(it->get<double>()) < 9e15) {
+    return static_cast<int64_t>(it->get<double>());
   }
   if (!it->is_number_integer()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: \"", key, "\" must be an integer, got ", it->dump()));
+    return Invalid(absl::StrCat("\"", path, "\""),
+                   absl::StrCat("must be an integer, got ", it->dump()));
   }
   return it->get<int64_t>();
 }
 
-absl::StatusOr<double> GetDouble(const Json& j, const char* key, double def) {
+absl::StatusOr<double> GetDouble(const Json& j, const char* key, std::optional<double> def,
+                                 absl::string_view path = {}) {
+  if (path.empty()) path = key;
   auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return def;
+  if (it == j.end() || it->is_null()) {
+    if (def.has_value()) return *def;
+    return Missing(path);
+  }
   if (!it->is_number()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: \"", key, "\" must be a number, got ", it->dump()));
+    return Invalid(absl::StrCat("\"", path, "\""),
+                   absl::StrCat("must be a number, got ", it->dump()));
   }
   return it->get<double>();
 }
@@ -45,8 +70,197 @@ bool GetBool(const Json& j, const char* key, bool def) {
   return (it == j.end() || !it->is_boolean()) ? def : it->get<bool>();
 }
 
+// The rotary settings one source of config.json gives: transformers <= 4
+// writes a top-level "rope_theta" and a "rope_scaling" object; transformers 5
+// writes one "rope_parameters" object holding both (rope_theta, rope_type and
+// the scaling factors).
+struct RopeSource {
+  std::string name;  // "rope_parameters" or "rope_scaling", for messages
+  std::optional<double> theta;
+  RopeScaling scaling;
+  std::optional<double> partial_rotary_factor;
+};
+
+// Reads one rope object (`r`, named `name`) as transformers does, with its
+// required keys per type: linear needs factor; llama3 needs factor,
+// low_freq_factor and high_freq_factor, and takes
+// original_max_position_embeddings from the object, else from the top level,
+// else max_position_embeddings (transformers 5's rule).
+absl::StatusOr<RopeSource> ReadRopeObject(const Json& r, const std::string& name, const Json& top,
+                                          int64_t max_position_embeddings) {
+  RopeSource s;
+  s.name = name;
+  const auto field = [&](const char* key) { return absl::StrCat(name, ".", key); };
+  std::string type_key = "rope_type";
+  if (!Present(r, "rope_type") && Present(r, "type")) type_key = "type";
+  if (Present(r, type_key.c_str())) {
+    const Json& t = r[type_key];
+    if (!t.is_string()) {
+      return Invalid(absl::StrCat("\"", field(type_key.c_str()), "\""),
+                     absl::StrCat("must be a string, got ", t.dump()));
+    }
+    s.scaling.type = t.get<std::string>();
+  }
+  const std::string& type = s.scaling.type;
+  if (type != "default" && type != "linear" && type != "llama3") {
+    return Invalid(absl::StrCat("\"", field(type_key.c_str()), "\" \"", type, "\""),
+                   "is not supported; expected default, linear or llama3 (dynamic, yarn, longrope "
+                   "and the other scalings of transformers are not implemented)");
+  }
+  if (Present(r, "rope_theta")) {
+    ASYMPO_ASSIGN_OR_RETURN(s.theta, GetDouble(r, "rope_theta", std::nullopt, field("rope_theta")));
+  }
+  if (Present(r, "partial_rotary_factor")) {
+    ASYMPO_ASSIGN_OR_RETURN(
+        s.partial_rotary_factor,
+        GetDouble(r, "partial_rotary_factor", std::nullopt, field("partial_rotary_factor")));
+  }
+  if (type == "default") return s;
+  ASYMPO_ASSIGN_OR_RETURN(s.scaling.factor, GetDouble(r, "factor", std::nullopt, field("factor")));
+  if (type == "linear") return s;
+  ASYMPO_ASSIGN_OR_RETURN(s.scaling.low_freq_factor,
+                          GetDouble(r, "low_freq_factor", std::nullopt, field("low_freq_factor")));
+  ASYMPO_ASSIGN_OR_RETURN(s.scaling.high_freq_factor, GetDouble(r, "high_freq_factor", std::nullopt,
+                                                                field("high_freq_factor")));
+  ASYMPO_ASSIGN_OR_RETURN(const int64_t fallback,
+                          GetInt(top, "original_max_position_embeddings", max_position_embeddings));
+  ASYMPO_ASSIGN_OR_RETURN(s.scaling.original_max_position_embeddings,
+                          GetInt(r, "original_max_position_embeddings", fallback,
+                                 field("original_max_position_embeddings")));
+  return s;
+}
+
+bool SameScaling(const RopeScaling& a, const RopeScaling& b) {
+  if (a.type != b.type) return false;
+  if (a.type == "default") return true;
+  if (a.factor != b.factor) return false;
+  if (a.type == "linear") return true;
+  return a.low_freq_factor == b.low_freq_factor && a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
+}
+
+// "rope_parameters" may hold one object per attention layer type
+// ({"full_attention": {...}}) in transformers 5; every layer here is a full
+// attention layer (CheckAttentionLayers), so its entry is the one that counts.
+absl::StatusOr<const Json*> FlatRopeParameters(const Json& rp) {
+  bool nested = !rp.empty();
+  for (const auto& [key, value] : rp.items()) {
+    nested = nested && value.is_object() && absl::EndsWith(key, "_attention");
+  }
+  if (!nested) return &rp;
+  auto it = rp.find("full_attention");
+  if (it == rp.end()) {
+    return Invalid(
+        "\"rope_parameters\"",
+        absl::StrCat("is given per layer type but has no \"full_attention\" entry: ", rp.dump()));
+  }
+  return &*it;
+}
+
+// Rotary settings from whichever layouts config.json uses. When both are
+// present (a config written by one version and edited by another) they must
+// agree: picking one silently would give wrong logits for the other.
+absl::Status ParseRope(const Json& j, ModelConfig& c) {
+  std::vector<RopeSource> sources;
+  if (Present(j, "rope_parameters")) {
+    if (!j["rope_parameters"].is_object()) {
+      return Invalid("\"rope_parameters\"",
+                     absl::StrCat("must be an object, got ", j["rope_parameters"].dump()));
+    }
+    ASYMPO_ASSIGN_OR_RETURN(const Json* rp, FlatRopeParameters(j["rope_parameters"]));
+    ASYMPO_ASSIGN_OR_RETURN(RopeSource s,
+                            ReadRopeObject(*rp, "rope_parameters", j, c.max_position_embeddings));
+    sources.push_back(std::move(s));
+  }
+  RopeSource legacy;
+  legacy.name = "rope_scaling";
+  if (Present(j, "rope_scaling")) {
+    if (!j["rope_scaling"].is_object()) {
+      return Invalid("\"rope_scaling\"",
+                     absl::StrCat("must be an object or null, got ", j["rope_scaling"].dump()));
+    }
+    ASYMPO_ASSIGN_OR_RETURN(
+        legacy, ReadRopeObject(j["rope_scaling"], "rope_scaling", j, c.max_position_embeddings));
+  }
+  if (Present(j, "rope_theta")) {
+    ASYMPO_ASSIGN_OR_RETURN(legacy.theta, GetDouble(j, "rope_theta", std::nullopt));
+  }
+  if (Present(j, "partial_rotary_factor")) {
+    ASYMPO_ASSIGN_OR_RETURN(legacy.partial_rotary_factor,
+                            GetDouble(j, "partial_rotary_factor", std::nullopt));
+  }
+  // The legacy source counts when it says anything, or when it is the only one.
+  if (sources.empty() || Present(j, "rope_scaling") || legacy.theta.has_value() ||
+      legacy.partial_rotary_factor.has_value()) {
+    sources.push_back(std::move(legacy));
+  }
+  const RopeSource& first = sources.front();
+  if (sources.size() == 2) {
+    const RopeSource& second = sources.back();
+    if (first.theta && second.theta && *first.theta != *second.theta) {
+      return Invalid("\"rope_parameters.rope_theta\" and \"rope_theta\"",
+                     absl::StrCat("disagree (", *first.theta, " and ", *second.theta, ")"));
+    }
+    if (Present(j, "rope_scaling") && !SameScaling(first.scaling, second.scaling)) {
+      return Invalid("\"rope_parameters\" and \"rope_scaling\"",
+                     absl::StrCat("disagree: ", j["rope_parameters"].dump(), " and ",
+                                  j["rope_scaling"].dump()));
+    }
+  }
+  c.rope_theta = 10000.0;  // transformers' default_theta
+  for (const RopeSource& s : sources) {
+    if (s.theta) c.rope_theta = *s.theta;
+    if (s.partial_rotary_factor && *s.partial_rotary_factor != 1.0) {
+      return Invalid(absl::StrCat("\"", s.name == "rope_parameters" ? "rope_parameters." : "",
+                                  "partial_rotary_factor\" ", *s.partial_rotary_factor),
+                     "is not supported: Llama and Qwen3 rotate the whole head (1.0)");
+    }
+  }
+  // Prefer the source that carries a scaling (both agree when both do).
+  c.rope_scaling = first.scaling;
+  for (const RopeSource& s : sources) {
+    if (s.scaling.type != "default") c.rope_scaling = s.scaling;
+  }
+  return absl::OkStatus();
+}
+
+// Every layer must be a full (global) causal attention layer: the model has
+// no sliding-window attention. transformers lists the layers' kinds in
+// "layer_types" (Qwen3, 4.53 and later); older Qwen3 configs say
+// use_sliding_window, sliding_window and max_window_layers instead.
+absl::Status CheckAttentionLayers(const Json& j, const ModelConfig& c) {
+  if (Present(j, "layer_types")) {
+    const Json& types = j["layer_types"];
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.num_hidden_layers) {
+      return Invalid("\"layer_types\"", absl::StrCat("must list one kind per layer (",
+                                                     c.num_hidden_layers, "), got ", types.dump()));
+    }
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != "full_attention") {
+        return Invalid(absl::StrCat("\"layer_types[", i, "]\" ", types[i].dump()),
+                       "is not supported; every layer must be \"full_attention\" (no "
+                       "sliding-window attention)");
+      }
+    }
+    return absl::OkStatus();
+  }
+  if (GetBool(j, "use_sliding_window", false) && Present(j, "sliding_window")) {
+    ASYMPO_ASSIGN_OR_RETURN(const int64_t max_window_layers,
+                            GetInt(j, "max_window_layers", int64_t{28}));
+    if (max_window_layers < c.num_hidden_layers) {
+      return Invalid("\"use_sliding_window\": true",
+                     absl::StrCat("is not supported: layers ", max_window_layers, " to ",
+                                  c.num_hidden_layers - 1, " would use sliding-window attention"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
+// Missing keys take the defaults of transformers' LlamaConfig and
+// Qwen3Config, so that a config.json means here what it means there (Qwen3's
+// head_dim is 128 unless given, not hidden_size / num_attention_heads).
 absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
   Json j = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) {
@@ -58,41 +272,40 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
     return absl::InvalidArgumentError(absl::StrCat("config.json: model_type \"", c.model_type,
                                                    "\" is not supported; expected llama or qwen3"));
   }
+  const bool qwen3 = c.model_type == "qwen3";
   ASYMPO_ASSIGN_OR_RETURN(c.vocab_size, GetInt(j, "vocab_size", std::nullopt));
   ASYMPO_ASSIGN_OR_RETURN(c.hidden_size, GetInt(j, "hidden_size", std::nullopt));
   ASYMPO_ASSIGN_OR_RETURN(c.intermediate_size, GetInt(j, "intermediate_size", std::nullopt));
   ASYMPO_ASSIGN_OR_RETURN(c.num_hidden_layers, GetInt(j, "num_hidden_layers", std::nullopt));
   ASYMPO_ASSIGN_OR_RETURN(c.num_attention_heads, GetInt(j, "num_attention_heads", std::nullopt));
-  ASYMPO_ASSIGN_OR_RETURN(c.num_key_value_heads,
-                          GetInt(j, "num_key_value_heads", c.num_attention_heads));
   if (c.num_attention_heads <= 0) {
     return absl::InvalidArgumentError("config.json: \"num_attention_heads\" must be positive");
   }
-  ASYMPO_ASSIGN_OR_RETURN(c.head_dim, GetInt(j, "head_dim", c.hidden_size / c.num_attention_heads));
+  // A null count means "as many as the query heads" in both classes; an
+  // absent one is Qwen3Config's default of 32.
+  ASYMPO_ASSIGN_OR_RETURN(
+      c.num_key_value_heads,
+      GetInt(j, "num_key_value_heads",
+             qwen3 && !j.contains("num_key_value_heads") ? 32 : c.num_attention_heads));
+  ASYMPO_ASSIGN_OR_RETURN(
+      c.head_dim, GetInt(j, "head_dim", qwen3 ? 128 : c.hidden_size / c.num_attention_heads));
   ASYMPO_ASSIGN_OR_RETURN(c.max_position_embeddings,
-                          GetInt(j, "max_position_embeddings", int64_t{4096}));
+                          GetInt(j, "max_position_embeddings", qwen3 ? 32768 : 2048));
   ASYMPO_ASSIGN_OR_RETURN(c.rms_norm_eps, GetDouble(j, "rms_norm_eps", 1e-6));
-  ASYMPO_ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, "rope_theta", 10000.0));
+  ASYMPO_RETURN_IF_ERROR(ParseRope(j, c));
+  ASYMPO_RETURN_IF_ERROR(CheckAttentionLayers(j, c));
   c.tie_word_embeddings = GetBool(j, "tie_word_embeddings", false);
   c.attention_bias = GetBool(j, "attention_bias", false);
-  c.qk_norm = c.model_type == "qwen3";
+  c.qk_norm = qwen3;
   if (GetBool(j, "mlp_bias", false)) {
     return absl::InvalidArgumentError("config.json: \"mlp_bias\": true is not supported");
   }
-  if (auto it = j.find("rope_scaling"); it != j.end() && it->is_object()) {
-    const Json& r = *it;
-    c.rope_scaling.type = r.value("rope_type", r.value("type", std::string("default")));
-    if (c.rope_scaling.type != "default" && c.rope_scaling.type != "linear" &&
-        c.rope_scaling.type != "llama3") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config.json: rope_scaling type \"", c.rope_scaling.type,
-                       "\" is not supported; expected default, linear or llama3"));
+  if (Present(j, "hidden_act")) {
+    const Json& act = j["hidden_act"];
+    if (act != "silu" && act != "swish") {
+      return Invalid(absl::StrCat("\"hidden_act\" ", act.dump()),
+                     "is not supported; expected \"silu\" (SwiGLU)");
     }
-    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.factor, GetDouble(r, "factor", 1.0));
-    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.low_freq_factor, GetDouble(r, "low_freq_factor", 1.0));
-    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.high_freq_factor, GetDouble(r, "high_freq_factor", 4.0));
-    ASYMPO_ASSIGN_OR_RETURN(c.rope_scaling.original_max_position_embeddings,
-                            GetInt(r, "original_max_position_embeddings", int64_t{8192}));
   }
   if (auto it = j.find("eos_token_id"); it != j.end()) {
     if (it->is_number_integer()) {
@@ -106,7 +319,13 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(std::string_view text) {
   if (auto it = j.find("bos_token_id"); it != j.end() && it->is_number_integer()) {
     c.bos_token_id = it->get<int32_t>();
   }
-  c.torch_dtype = j.value("torch_dtype", std::string("float32"));
+  // transformers 4.56 and later write "dtype"; earlier ones "torch_dtype".
+  for (const char* key : {"dtype", "torch_dtype"}) {
+    if (auto it = j.find(key); it != j.end() && it->is_string()) {
+      c.torch_dtype = it->get<std::string>();
+      break;
+    }
+  }
   ASYMPO_RETURN_IF_ERROR(c.Validate());
   return c;
 }
@@ -172,6 +391,16 @@ absl::Status ModelConfig::Validate() const {
   }
   if (rope_scaling.type != "default" && !(rope_scaling.factor > 0)) {
     return absl::InvalidArgumentError("config: rope_scaling factor must be positive");
+  }
+  if (rope_scaling.type == "llama3" &&
+      !(rope_scaling.low_freq_factor > 0 &&
+        rope_scaling.high_freq_factor > rope_scaling.low_freq_factor &&
+        rope_scaling.original_max_position_embeddings > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: llama3 rope scaling needs 0 < low_freq_factor < high_freq_factor and a positive "
+        "original_max_position_embeddings, got ",
+        rope_scaling.low_freq_factor, ", ", rope_scaling.high_freq_factor, " and ",
+        rope_scaling.original_max_position_embeddings));
   }
   for (int32_t eos : eos_token_ids) {
     if (eos < 0 || eos >= vocab_size) {

@@ -14,8 +14,10 @@
 
 namespace asympo {
 
-// rope_scaling of config.json. Supported types: "default" (none), "linear"
-// (positions divided by factor) and "llama3" (Llama 3.1+ frequency bands).
+// Rotary scaling: config.json's "rope_scaling" (transformers <= 4) or the
+// scaling keys of "rope_parameters" (transformers 5). Supported types:
+// "default" (none), "linear" (positions divided by factor) and "llama3"
+// (Llama 3.1+ frequency bands).
 struct RopeScaling {
   std::string type = "default";
   double factor = 1.0;
@@ -33,7 +35,9 @@ struct ModelConfig {
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;
-  int64_t head_dim = 0;  // defaults to hidden_size / num_attention_heads
+  // Absent from config.json: 128 for qwen3, hidden_size / num_attention_heads
+  // for llama (as transformers).
+  int64_t head_dim = 0;
   int64_t max_position_embeddings = 4096;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
@@ -43,11 +47,18 @@ struct ModelConfig {
   bool qk_norm = false;         // Qwen3: RMSNorm on each head's q and k
   std::vector<int32_t> eos_token_ids;
   std::optional<int32_t> bos_token_id;
-  // "float32" or "bfloat16": the dtype the checkpoint is stored in.
+  // "float32" or "bfloat16": the dtype the checkpoint is stored in
+  // (config.json's "dtype", or "torch_dtype" before transformers 4.56).
   std::string torch_dtype = "float32";
 
-  // Parses a Hugging Face config.json. Unknown model types, missing sizes
-  // and unsupported rope scaling are INVALID_ARGUMENT errors naming the key.
+  // Parses a Hugging Face config.json as any transformers version writes it:
+  // rope_theta and rope_scaling at the top (<= 4.x) or inside rope_parameters
+  // (5.x; both layouts must agree when both are present), torch_dtype or
+  // dtype. Missing keys take transformers' LlamaConfig / Qwen3Config
+  // defaults. Unknown model types, missing sizes, rope types other than
+  // default/linear/llama3, partial rotary embeddings, sliding-window layers
+  // and activations other than SiLU are INVALID_ARGUMENT errors naming the
+  // key.
   static absl::StatusOr<ModelConfig> FromJson(std::string_view json);
   static absl::StatusOr<ModelConfig> FromFile(const std::string& path);
 

@@ -38,18 +38,29 @@ def load_safetensors(path):
     return out
 
 
+def rope_settings(cfg):
+    """(theta, scaling) from either layout of config.json: transformers <= 4
+    writes a top-level rope_theta and a rope_scaling dict, transformers 5 one
+    rope_parameters dict holding both (optionally one per layer type)."""
+    params = cfg.get("rope_parameters") or {}
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = params["full_attention"]
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    return theta, cfg.get("rope_scaling") or params
+
+
 def rope_inv_freq(cfg):
     dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    base = cfg.get("rope_theta", 10000.0)
+    base, scaling = rope_settings(cfg)
     inv = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    scaling = cfg.get("rope_scaling") or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "linear":
         inv = inv / scaling["factor"]
     elif kind == "llama3":
         factor = scaling["factor"]
         low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old = scaling["original_max_position_embeddings"]
+        old = scaling.get("original_max_position_embeddings",
+                          cfg.get("original_max_position_embeddings", cfg.get("max_position_embeddings")))
         wavelen = 2 * math.pi / inv
         scaled = torch.where(wavelen > old / low, inv / factor, inv)
         smooth = (old / wavelen - low) / (high - low)

@@ -43,7 +43,8 @@ class Policy(torch.nn.Module):
         self.kv_heads = cfg.get("num_key_value_heads", self.heads)
         self.head_dim = cfg.get("head_dim") or cfg["hidden_size"] // self.heads
         self.eps = cfg.get("rms_norm_eps", 1e-6)
-        base = cfg.get("rope_theta", 10000.0)
+        # transformers 5 keeps rope_theta inside rope_parameters.
+        base = (cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 10000.0))
         self.inv_freq = 1.0 / base ** (torch.arange(0, self.head_dim, 2).float() / self.head_dim)
 
     def load(self, state_dict):

@@ -1,6 +1,7 @@
 // Export and load round trips, and logits against an independent PyTorch
 // implementation of the Hugging Face forward pass
-// (tests/reference/hf_reference_model.py, run with Debian's python3-torch).
+// (tests/reference/hf_reference_model.py, run with Debian's python3-torch),
+// from config.json as transformers 4 and 5 write it.
 #include "common/model/model_io.h"
 
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "common/model/safetensors.h"
 #include "tests/testing/temp_dir.h"
@@ -122,6 +124,25 @@ torch::Tensor ReferenceLogits(const std::string& dir, const std::vector<int64_t>
   return f ? logits : torch::Tensor();
 }
 
+// Rewrites DIR/config.json as transformers 5 saves it: rope_theta and
+// rope_scaling move into rope_parameters, torch_dtype becomes dtype.
+void RewriteAsTransformersFive(const std::string& dir) {
+  nlohmann::json j;
+  std::ifstream(dir + "/config.json") >> j;
+  nlohmann::json rope =
+      j["rope_scaling"].is_object() ? j["rope_scaling"] : nlohmann::json::object();
+  rope["rope_theta"] = j["rope_theta"];
+  if (!rope.contains("rope_type")) rope["rope_type"] = "default";
+  j["rope_parameters"] = rope;
+  j["dtype"] = j["torch_dtype"];
+  for (const char* key : {"rope_theta", "rope_scaling", "torch_dtype"}) j.erase(key);
+  std::ofstream(dir + "/config.json") << j.dump(2);
+}
+
+// Each model is exported, then loaded back from its config.json as
+// transformers 4 writes it (the export's own) and as transformers 5 writes
+// it; both must match the reference (which reads either layout) and the
+// exported model's own logits.
 TEST(ModelIoTest, LogitsMatchAnIndependentPyTorchImplementation) {
   Dirs dirs;
   if (std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") != 0) {
@@ -129,21 +150,29 @@ TEST(ModelIoTest, LogitsMatchAnIndependentPyTorchImplementation) {
   }
   for (const ModelConfig& c : {ModelConfig::Tiny(64), LlamaStyle()}) {
     const auto m = Random(c, 8);
-    const std::string dir = dirs.New("ref_" + c.model_type);
-    ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
     // Long enough to cross the llama3 scaling bands (original context 32).
     std::vector<int64_t> ids;
     for (int i = 0; i < 70; ++i) ids.push_back((i * 37 + 11) % c.vocab_size);
-    const torch::Tensor ref = ReferenceLogits(dir, ids, c.vocab_size);
-    ASSERT_TRUE(ref.defined()) << "the reference program failed";
     torch::NoGradGuard no_grad;
     const int64_t t = static_cast<int64_t>(ids.size());
-    const torch::Tensor ours =
-        m->Logits(m->Forward(torch::tensor(ids).unsqueeze(0), torch::arange(t).unsqueeze(0),
-                             torch::ones({1, t}, torch::kBool)));
-    const double max_diff = (ours - ref).abs().max().item<double>();
-    EXPECT_LT(max_diff, 1e-4) << c.model_type;
-    RecordProperty("max_abs_diff_" + c.model_type, std::to_string(max_diff));
+    const auto logits = [&](const PolicyModel& p) {
+      return p.Logits(p.Forward(torch::tensor(ids).unsqueeze(0), torch::arange(t).unsqueeze(0),
+                                torch::ones({1, t}, torch::kBool)));
+    };
+    const torch::Tensor ours = logits(*m);
+    for (const std::string layout : {"4", "5"}) {
+      const std::string dir = dirs.New("ref_" + c.model_type + "_" + layout);
+      ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
+      if (layout == "5") RewriteAsTransformersFive(dir);
+      const auto loaded = LoadPolicyModel(dir, {});
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      EXPECT_TRUE(torch::equal(logits(**loaded), ours)) << c.model_type << " layout " << layout;
+      const torch::Tensor ref = ReferenceLogits(dir, ids, c.vocab_size);
+      ASSERT_TRUE(ref.defined()) << "the reference program failed";
+      const double max_diff = (ours - ref).abs().max().item<double>();
+      EXPECT_LT(max_diff, 1e-4) << c.model_type << " layout " << layout;
+      RecordProperty("max_abs_diff_" + c.model_type + "_" + layout, std::to_string(max_diff));
+    }
   }
 }
 

@@ -124,54 +124,5 @@ TEST(PolicyModelTest, LoadParametersChecksNamesAndShapes) {
                         "[64], got [3, 3])"));
 }
 
-TEST(ModelConfigTest, ParsesLlamaAndQwen3ConfigJson) {
-  const auto llama = ModelConfig::FromJson(R"({
-    "model_type": "llama", "vocab_size": 128256, "hidden_size": 3072,
-    "intermediate_size": 8192, "num_hidden_layers": 28, "num_attention_heads": 24,
-    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-05,
-    "rope_theta": 500000.0, "tie_word_embeddings": true, "eos_token_id": [128001, 128008],
-    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
-  ASSERT_TRUE(llama.ok()) << llama.status();
-  EXPECT_EQ(llama->rope_scaling.type, "llama3");
-  EXPECT_FALSE(llama->qk_norm);
-  EXPECT_EQ(llama->eos_token_ids.size(), 2u);
-  // Llama-3.2-3B has about 3.21 billion parameters.
-  EXPECT_NEAR(llama->NumParameters() / 1e9, 3.21, 0.01);
-  const auto qwen = ModelConfig::FromJson(R"({
-    "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2048,
-    "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
-    "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000,
-    "tie_word_embeddings": true, "eos_token_id": 151643})");
-  ASSERT_TRUE(qwen.ok()) << qwen.status();
-  EXPECT_TRUE(qwen->qk_norm);
-  // Qwen3-1.7B: about 1.72 billion parameters.
-  EXPECT_NEAR(qwen->NumParameters() / 1e9, 1.72, 0.01);
-  const auto round = ModelConfig::FromJson(qwen->ToJson());
-  ASSERT_TRUE(round.ok());
-  EXPECT_EQ(round->NumParameters(), qwen->NumParameters());
-}
-
-TEST(ModelConfigTest, RejectsUnsupportedConfigsByKey) {
-  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "gpt2"})").status().message()),
-              HasSubstr("model_type \"gpt2\" is not supported"));
-  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama"})").status().message()),
-              HasSubstr("\"vocab_size\" is missing"));
-  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
-    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 3,
-    "num_key_value_heads": 2})")
-                              .status()
-                              .message()),
-              HasSubstr("num_attention_heads 3 is not a multiple of num_key_value_heads 2"));
-  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"model_type": "llama", "vocab_size": 10,
-    "hidden_size": 8, "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 2,
-    "rope_scaling": {"rope_type": "yarn", "factor": 4}})")
-                              .status()
-                              .message()),
-              HasSubstr("rope_scaling type \"yarn\" is not supported"));
-  EXPECT_THAT(std::string(ModelConfig::FromJson("[1, 2]").status().message()),
-              HasSubstr("not a JSON object"));
-}
-
 }  // namespace
 }  // namespace asympo
