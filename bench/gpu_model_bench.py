@@ -13,21 +13,38 @@ Prints one JSON object like model_bench's.
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 
-import torch
+try:
+    import torch
+except ImportError:
+    print("gpu_model_bench: PyTorch is not installed", file=sys.stderr)
+    sys.exit(77)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+from hf_compat import dtype_kwargs, rope_kwargs  # noqa: E402
 
 
 def qwen3_config(name):
+    import transformers
     from transformers import Qwen3Config
     small = name == "qwen3-0.6b"
     return Qwen3Config(vocab_size=151936, hidden_size=1024 if small else 2048,
                        intermediate_size=3072 if small else 6144, num_hidden_layers=28,
                        num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                       rope_theta=1000000.0, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                       tie_word_embeddings=True, attention_bias=False)
+                       max_position_embeddings=40960, rms_norm_eps=1e-6,
+                       tie_word_embeddings=True, attention_bias=False,
+                       **rope_kwargs(transformers.__version__, 1000000.0))
+
+
+def from_config(cfg, dtype):
+    import transformers
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa",
+                                            **dtype_kwargs(transformers.__version__, dtype))
 
 
 def train_flops(c, batch, seq, response):
@@ -52,9 +69,8 @@ def timed(fn, reps):
 
 
 def bench_train(a, cfg):
-    from transformers import AutoModelForCausalLM
     torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32, attn_implementation="sdpa").cuda()
+    model = from_config(cfg, torch.float32).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
     prompt = a.seq - a.response
     ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda")
@@ -79,9 +95,8 @@ def bench_train(a, cfg):
 
 
 def bench_generate(a, cfg):
-    from transformers import AutoModelForCausalLM
     torch.manual_seed(1)
-    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").cuda().eval()
+    model = from_config(cfg, torch.bfloat16).cuda().eval()
     ids = torch.randint(0, cfg.vocab_size, (a.batch, 16), device="cuda")
     mask = torch.ones_like(ids)
 

@@ -12,9 +12,13 @@ be no worse than 1.5x transformers' own bf16 error (plus a small floor), and
 the greedy next token must agree on at least 97% of positions.
 Exits 77 (skip) without CUDA or transformers.
 """
+import json
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hf_compat import dtype_kwargs, rope_kwargs, save_kwargs  # noqa: E402
 
 try:
     import torch
@@ -33,25 +37,31 @@ except ImportError:
 
 
 def configs():
+    v = transformers.__version__
     common = dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
                   rms_norm_eps=1e-6)
-    yield "qwen3", Qwen3Config(head_dim=32, rope_theta=1000000.0, tie_word_embeddings=True, **common)
-    yield "llama", LlamaConfig(rope_theta=500000.0, tie_word_embeddings=False,
-                               rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                               **common)
+    yield "qwen3", Qwen3Config(head_dim=32, tie_word_embeddings=True, **rope_kwargs(v, 1000000.0), **common)
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    yield "llama", LlamaConfig(tie_word_embeddings=False, **rope_kwargs(v, 500000.0, llama3), **common)
 
 
 def check(name, config, binary, work):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    v = transformers.__version__
+    model = AutoModelForCausalLM.from_config(config, **dtype_kwargs(v, torch.float32))
     with torch.no_grad():  # larger weights than the default init: more bf16 rounding to compare
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.05)
     d = os.path.join(work, name)
-    model.save_pretrained(d, safe_serialization=True)
+    model.save_pretrained(d, **save_kwargs(v))
+    with open(os.path.join(d, "config.json")) as f:
+        saved = json.load(f)
+    # transformers 5 writes rope_parameters, 4.x rope_theta and rope_scaling:
+    # whichever it is, the C++ loader must read the same rotary settings.
+    print("%s: config.json rotary keys %s" % (name, {k: saved[k] for k in saved if k.startswith("rope")}))
     ids = torch.randint(0, config.vocab_size, (4, 96))
     ids_file = os.path.join(work, name + ".ids")
     with open(ids_file, "w") as f:
