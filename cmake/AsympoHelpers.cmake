@@ -40,8 +40,14 @@ function(asympo_add_gtest)
   else()
     target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} GTest::gmock GTest::gtest_main)
   endif()
+  # One GPU per node: tests labelled gpu never run beside each other, whatever
+  # ctest's -j (the NCCL watchdog tests time themselves).
+  set(lock)
+  if("gpu" IN_LIST ARG_LABELS)
+    set(lock RESOURCE_LOCK gpu)
+  endif()
   gtest_discover_tests(${ARG_NAME}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}"
+    PROPERTIES LABELS "${ARG_LABELS}" ${lock}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -40,7 +40,7 @@ ROOMS = [
     ("rollout_server", "asympo_rollout", 5),
 ]
 SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaster"]
-TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference", "tests/bench",
+TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference", "tests/bench", "tests/deploy",
              "tests/common/tokenizer/reference", "tests/fuzz", "tests/sanitizers"]
 BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
 MAX_FUNCTION_LINES = 80
