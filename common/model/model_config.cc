@@ -75,11 +75,21 @@ bool GetBool(const Json& j, const char* key, bool def) {
 // writes one "rope_parameters" object holding both (rope_theta, rope_type and
 // the scaling factors).
 struct RopeSource {
-  std::string name;  // "rope_parameters" or "rope_scaling", for messages
   std::optional<double> theta;
   RopeScaling scaling;
   std::optional<double> partial_rotary_factor;
 };
+
+// Sets s.theta and s.partial_rotary_factor from "rope_theta" and
+// "partial_rotary_factor" where `j` has them; `prefix` names `j` in messages.
+absl::Status ReadThetaAndPartial(const Json& j, absl::string_view prefix, RopeSource& s) {
+  for (const auto& [key, value] : {std::pair{"rope_theta", &s.theta},
+                                   std::pair{"partial_rotary_factor", &s.partial_rotary_factor}}) {
+    if (!Present(j, key)) continue;
+    ASYMPO_ASSIGN_OR_RETURN(*value, GetDouble(j, key, std::nullopt, absl::StrCat(prefix, key)));
+  }
+  return absl::OkStatus();
+}
 
 // Reads one rope object (`r`, named `name`) as transformers does, with its
 // required keys per type: linear needs factor; llama3 needs factor,
@@ -89,7 +99,6 @@ struct RopeSource {
 absl::StatusOr<RopeSource> ReadRopeObject(const Json& r, const std::string& name, const Json& top,
                                           int64_t max_position_embeddings) {
   RopeSource s;
-  s.name = name;
   const auto field = [&](const char* key) { return absl::StrCat(name, ".", key); };
   std::string type_key = "rope_type";
   if (!Present(r, "rope_type") && Present(r, "type")) type_key = "type";
@@ -107,14 +116,7 @@ absl::StatusOr<RopeSource> ReadRopeObject(const Json& r, const std::string& name
                    "is not supported; expected default, linear or llama3 (dynamic, yarn, longrope "
                    "and the other scalings of transformers are not implemented)");
   }
-  if (Present(r, "rope_theta")) {
-    ASYMPO_ASSIGN_OR_RETURN(s.theta, GetDouble(r, "rope_theta", std::nullopt, field("rope_theta")));
-  }
-  if (Present(r, "partial_rotary_factor")) {
-    ASYMPO_ASSIGN_OR_RETURN(
-        s.partial_rotary_factor,
-        GetDouble(r, "partial_rotary_factor", std::nullopt, field("partial_rotary_factor")));
-  }
+  ASYMPO_RETURN_IF_ERROR(ReadThetaAndPartial(r, name + ".", s));
   if (type == "default") return s;
   ASYMPO_ASSIGN_OR_RETURN(s.scaling.factor, GetDouble(r, "factor", std::nullopt, field("factor")));
   if (type == "linear") return s;
@@ -161,66 +163,49 @@ absl::StatusOr<const Json*> FlatRopeParameters(const Json& rp) {
 // present (a config written by one version and edited by another) they must
 // agree: picking one silently would give wrong logits for the other.
 absl::Status ParseRope(const Json& j, ModelConfig& c) {
-  std::vector<RopeSource> sources;
+  std::optional<RopeSource> five;  // "rope_parameters"
   if (Present(j, "rope_parameters")) {
     if (!j["rope_parameters"].is_object()) {
       return Invalid("\"rope_parameters\"",
                      absl::StrCat("must be an object, got ", j["rope_parameters"].dump()));
     }
     ASYMPO_ASSIGN_OR_RETURN(const Json* rp, FlatRopeParameters(j["rope_parameters"]));
-    ASYMPO_ASSIGN_OR_RETURN(RopeSource s,
+    ASYMPO_ASSIGN_OR_RETURN(five,
                             ReadRopeObject(*rp, "rope_parameters", j, c.max_position_embeddings));
-    sources.push_back(std::move(s));
   }
-  RopeSource legacy;
-  legacy.name = "rope_scaling";
-  if (Present(j, "rope_scaling")) {
+  RopeSource four;  // "rope_scaling" and the top-level keys
+  const bool has_scaling = Present(j, "rope_scaling");
+  if (has_scaling) {
     if (!j["rope_scaling"].is_object()) {
       return Invalid("\"rope_scaling\"",
                      absl::StrCat("must be an object or null, got ", j["rope_scaling"].dump()));
     }
     ASYMPO_ASSIGN_OR_RETURN(
-        legacy, ReadRopeObject(j["rope_scaling"], "rope_scaling", j, c.max_position_embeddings));
+        four, ReadRopeObject(j["rope_scaling"], "rope_scaling", j, c.max_position_embeddings));
   }
-  if (Present(j, "rope_theta")) {
-    ASYMPO_ASSIGN_OR_RETURN(legacy.theta, GetDouble(j, "rope_theta", std::nullopt));
-  }
-  if (Present(j, "partial_rotary_factor")) {
-    ASYMPO_ASSIGN_OR_RETURN(legacy.partial_rotary_factor,
-                            GetDouble(j, "partial_rotary_factor", std::nullopt));
-  }
-  // The legacy source counts when it says anything, or when it is the only one.
-  if (sources.empty() || Present(j, "rope_scaling") || legacy.theta.has_value() ||
-      legacy.partial_rotary_factor.has_value()) {
-    sources.push_back(std::move(legacy));
-  }
-  const RopeSource& first = sources.front();
-  if (sources.size() == 2) {
-    const RopeSource& second = sources.back();
-    if (first.theta && second.theta && *first.theta != *second.theta) {
+  ASYMPO_RETURN_IF_ERROR(ReadThetaAndPartial(j, "", four));
+  if (five.has_value()) {
+    if (five->theta && four.theta && *five->theta != *four.theta) {
       return Invalid("\"rope_parameters.rope_theta\" and \"rope_theta\"",
-                     absl::StrCat("disagree (", *first.theta, " and ", *second.theta, ")"));
+                     absl::StrCat("disagree (", *five->theta, " and ", *four.theta, ")"));
     }
-    if (Present(j, "rope_scaling") && !SameScaling(first.scaling, second.scaling)) {
+    if (has_scaling && !SameScaling(five->scaling, four.scaling)) {
       return Invalid("\"rope_parameters\" and \"rope_scaling\"",
                      absl::StrCat("disagree: ", j["rope_parameters"].dump(), " and ",
                                   j["rope_scaling"].dump()));
     }
   }
-  c.rope_theta = 10000.0;  // transformers' default_theta
-  for (const RopeSource& s : sources) {
-    if (s.theta) c.rope_theta = *s.theta;
-    if (s.partial_rotary_factor && *s.partial_rotary_factor != 1.0) {
-      return Invalid(absl::StrCat("\"", s.name == "rope_parameters" ? "rope_parameters." : "",
-                                  "partial_rotary_factor\" ", *s.partial_rotary_factor),
-                     "is not supported: Llama and Qwen3 rotate the whole head (1.0)");
+  for (const auto& [s, prefix] :
+       {std::pair{five ? &*five : nullptr, "rope_parameters."}, std::pair{&four, ""}}) {
+    if (s != nullptr && s->partial_rotary_factor && *s->partial_rotary_factor != 1.0) {
+      return Invalid(
+          absl::StrCat("\"", prefix, "partial_rotary_factor\" ", *s->partial_rotary_factor),
+          "is not supported: Llama and Qwen3 rotate the whole head (1.0)");
     }
   }
-  // Prefer the source that carries a scaling (both agree when both do).
-  c.rope_scaling = first.scaling;
-  for (const RopeSource& s : sources) {
-    if (s.scaling.type != "default") c.rope_scaling = s.scaling;
-  }
+  // Where both layouts are present they agree; 10000 is transformers' default_theta.
+  c.rope_theta = five && five->theta ? *five->theta : four.theta.value_or(10000.0);
+  c.rope_scaling = five ? five->scaling : four.scaling;
   return absl::OkStatus();
 }
 
