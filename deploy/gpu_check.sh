@@ -206,15 +206,18 @@ run_step() {  # PART NAME CMD...
     return 124
   fi
   ((t > left)) && t=$left
-  local t0 rc status
+  local t0 rc status took
   t0=$(date +%s)
   timeout --kill-after=10 "$t" "$@" >"$logs/$name.out" 2>"$logs/$name.log"
   rc=$?
-  status=ok
-  ((rc == 124 || rc == 137)) && status=timed_out
-  ((rc != 0 && rc != 124 && rc != 137)) && status=failed
-  say "$part/$name: $status after $(($(date +%s) - t0)) s (timeout ${t} s)"
-  record "$part" "$name" "$status" "$rc" "$(($(date +%s) - t0))" "$t"
+  took=$(($(date +%s) - t0))
+  case $rc in
+    0) status=ok ;;
+    124 | 137) status=timed_out ;;
+    *) status=failed ;;
+  esac
+  say "$part/$name: $status after ${took} s (timeout ${t} s)"
+  record "$part" "$name" "$status" "$rc" "$took" "$t"
   sync_out
   return "$rc"
 }

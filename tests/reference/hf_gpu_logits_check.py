@@ -36,27 +36,28 @@ except ImportError:
     sys.exit(77)
 
 
+VERSION = transformers.__version__
+
+
 def configs():
-    v = transformers.__version__
     common = dict(vocab_size=1000, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
                   num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
                   rms_norm_eps=1e-6)
-    yield "qwen3", Qwen3Config(head_dim=32, tie_word_embeddings=True, **rope_kwargs(v, 1000000.0), **common)
+    yield "qwen3", Qwen3Config(head_dim=32, tie_word_embeddings=True, **rope_kwargs(VERSION, 1000000.0), **common)
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 64}
-    yield "llama", LlamaConfig(tie_word_embeddings=False, **rope_kwargs(v, 500000.0, llama3), **common)
+    yield "llama", LlamaConfig(tie_word_embeddings=False, **rope_kwargs(VERSION, 500000.0, llama3), **common)
 
 
 def check(name, config, binary, work):
     torch.manual_seed(0)
-    v = transformers.__version__
-    model = AutoModelForCausalLM.from_config(config, **dtype_kwargs(v, torch.float32))
+    model = AutoModelForCausalLM.from_config(config, **dtype_kwargs(VERSION, torch.float32))
     with torch.no_grad():  # larger weights than the default init: more bf16 rounding to compare
         for p in model.parameters():
             if p.dim() > 1:
                 p.normal_(0, 0.05)
     d = os.path.join(work, name)
-    model.save_pretrained(d, **save_kwargs(v))
+    model.save_pretrained(d, **save_kwargs(VERSION))
     with open(os.path.join(d, "config.json")) as f:
         saved = json.load(f)
     # transformers 5 writes rope_parameters, 4.x rope_theta and rope_scaling:
