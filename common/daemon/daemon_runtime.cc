@@ -120,8 +120,13 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
 
 void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
   LogDescriptorLimitOnce();
-  absl::MutexLock lock(&stop_->mu);
-  stop_->shutdown = std::move(shutdown);
+  {
+    absl::MutexLock lock(&stop_->mu);
+    stop_->shutdown = std::move(shutdown);
+  }
+  // Scripts and supervisors wait for this line: from here on a stop signal
+  // is a clean stop (exit 0), before it a stop during start-up (exit 1).
+  LOG(INFO) << "ready: SIGINT or SIGTERM now stops it cleanly";
 }
 
 absl::Status CheckMetricsAddress(const std::string& address, bool insecure) {
@@ -146,20 +151,18 @@ absl::StatusOr<std::string> RunName(const std::string& flag) {
                         absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()), "-",
                         ::getpid());
   }
-  const bool good = flag.size() <= kMaxLength &&
-                    std::all_of(flag.begin(), flag.end(), [](char c) {
+  const bool good = flag.size() <= kMaxLength && std::all_of(flag.begin(), flag.end(), [](char c) {
                       return absl::ascii_isalnum(c) || absl::StrContains("._:@/+-", c);
                     });
   if (!good) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--run_name: \"", absl::CHexEscape(flag.substr(0, kMaxLength)),
-        "\" must be 1-128 characters of letters, digits and ._:@/+-"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--run_name: \"", absl::CHexEscape(flag.substr(0, kMaxLength)),
+                     "\" must be 1-128 characters of letters, digits and ._:@/+-"));
   }
   return flag;
 }
 
-absl::Status DaemonRuntime::ServeMetrics(const std::string& address,
-                                         const std::string& run_name) {
+absl::Status DaemonRuntime::ServeMetrics(const std::string& address, const std::string& run_name) {
   LogDescriptorLimitOnce();  // the first place after Install where logging has started
   if (address.empty()) return absl::OkStatus();
   MetricsEndpointOptions options;

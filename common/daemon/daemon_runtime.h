@@ -71,7 +71,8 @@ class DaemonRuntime {
   // data-parallel ranks), ends the process at once with exit status 1 and
   // "<program>: stopped by a signal during start-up": nothing has been
   // written yet, and a rank waiting for a peer that was stopped with it
-  // would otherwise wait out its whole rendezvous timeout.
+  // would otherwise wait out its whole rendezvous timeout. The line "ready:
+  // SIGINT or SIGTERM now stops it cleanly" is logged between the two.
   template <typename Result>
   Result RunUntilStopped(std::function<void()> shutdown, const std::function<Result()>& run) {
     SetShutdown(std::move(shutdown));

@@ -252,10 +252,13 @@ def scenario_kill(build, work):
          "--checkpoint_dir=" + os.path.join(w, "ckpt")],
         stdout=open(log_path, "w"), stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     deadline = time.time() + 60
-    while time.time() < deadline and "resumed from" not in open(log_path).read():
+    # Not "resumed from": a stop before "ready" is a stop during start-up.
+    while time.time() < deadline and one.poll() is None and "ready: " not in open(log_path).read():
         time.sleep(0.2)
     one.send_signal(signal.SIGINT)
-    check(one.wait(30) == 0, "one process resumed the 2 sharded ranks' checkpoint and exited 0")
+    rc = one.wait(30)
+    check(rc == 0, "one process resumed the 2 sharded ranks' checkpoint and exited 0 (exit %d; log tail: %s)"
+          % (rc, open(log_path).read()[-600:]))
     check("resumed from" in open(log_path).read() and ckpts[-1] in open(log_path).read(),
           "it resumed from %s" % ckpts[-1])
 

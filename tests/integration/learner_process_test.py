@@ -154,6 +154,18 @@ def stop_during_start(learner):
     rc = proc.wait(timeout=60)
     check(rc == 1 and time.time() - t0 < 5, "it ends at once (%.1f s, exit %d)" % (time.time() - t0, rc))
     check("stopped by a signal during start-up" in open(learner.log_path).read(), "and says why")
+    # From the "ready" line on, a stop is clean, however soon after it comes
+    # (three starts; the later ones resume the checkpoint the first wrote).
+    for i in range(3):
+        proc = learner.start(free_port(), [])
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None and "ready: " not in open(learner.log_path).read():
+            time.sleep(0.01)
+        check("ready: " in open(learner.log_path).read(), "start %d: the learner logs ready" % i)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout=60)
+        check(rc == 0, "SIGTERM as soon as the learner logs ready: exit 0 (start %d, exit %d; log tail: %s)"
+              % (i, rc, open(learner.log_path).read()[-600:]))
 
 
 def kill_restart(learner):
