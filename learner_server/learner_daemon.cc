@@ -474,6 +474,7 @@ absl::StatusOr<int64_t> LearnerDaemon::RunWorker() {
   int64_t steps = 0;
   while (true) {
     ASYMPO_ASSIGN_OR_RETURN(StepMessage m, dp_->Receive());
+    if (options_.on_progress) options_.on_progress();
     if (m.kind == StepMessage::Kind::kIdle) continue;
     if (m.kind == StepMessage::Kind::kStop) break;
     if (m.kind == StepMessage::Kind::kGather) {
@@ -497,6 +498,7 @@ absl::StatusOr<int64_t> LearnerDaemon::Run() {
   if (is_worker()) return RunWorker();
   int64_t steps = 0, untrained = 0;
   while (TrainOneStep(&steps, &untrained)) {
+    if (options_.on_progress) options_.on_progress();
     if (options_.max_steps > 0 && steps >= options_.max_steps) {
       Shutdown();
       break;

@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -107,6 +108,10 @@ struct LearnerDaemonOptions {
   // above; every other rank only trains the share of each step rank 0 sends
   // it: no gRPC server, queue, checkpoints, CSV or export.
   DataParallelOptions data_parallel;
+  // When set, called by the training loop after each step and each idle
+  // wait for data (rank 0), and after each message from rank 0 (the other
+  // ranks): the liveness heartbeat (learner_server/heartbeat.h).
+  std::function<void()> on_progress;
 };
 
 class LearnerDaemon {

@@ -25,6 +25,7 @@
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
+#include "learner_server/heartbeat.h"
 #include "learner_server/learner_daemon.h"
 
 // Service.
@@ -174,6 +175,11 @@ ABSL_FLAG(absl::Duration, broadcast_nccl_timeout, absl::Seconds(60),
 ABSL_FLAG(absl::Duration, broadcast_fetch_idle_timeout, absl::Minutes(1),
           "A snapshot fetch whose receiver takes no chunk for this long is cancelled.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
+ABSL_FLAG(std::string, heartbeat_file, "",
+          "Every rank: rewrite this file (\"<unix seconds> <beats>\") at most once a second while "
+          "the training loop makes progress (after each step, and while it waits idle for data), "
+          "for a liveness probe (deploy/kubernetes/base/learner-probe.sh). Removed at start; "
+          "empty: none.");
 // Data parallelism (docs/operations.md, "Several learner ranks"). Unset
 // flags fall back to torchrun's RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT,
 // then Slurm's SLURM_PROCID/SLURM_NTASKS.
@@ -429,6 +435,21 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   return absl::OkStatus();
 }
 
+// --heartbeat_file: the training loop beats through on_progress; the
+// heartbeat lives as long as the options' copy in the daemon.
+absl::Status HeartbeatFlag(LearnerDaemonOptions* o) {
+  const std::string path = absl::GetFlag(FLAGS_heartbeat_file);
+  if (path.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<asympo::learner::Heartbeat>> hb =
+      asympo::learner::Heartbeat::Create(path);
+  if (!hb.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--heartbeat_file: ", hb.status().message()));
+  o->on_progress = [hb = std::shared_ptr<asympo::learner::Heartbeat>(*std::move(hb))] {
+    hb->Beat().IgnoreError();  // logged by Beat; the probe sees the stale file
+  };
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   LearnerDaemonOptions o;
   ASYMPO_RETURN_IF_ERROR(DataParallelFlags(&o));
@@ -438,6 +459,7 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   ASYMPO_RETURN_IF_ERROR(QueueAndCheckpointFlags(&o));
   ASYMPO_RETURN_IF_ERROR(BroadcastFlags(&o));
   ASYMPO_RETURN_IF_ERROR(SecurityFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(HeartbeatFlag(&o));
   return o;
 }
 

@@ -5,10 +5,17 @@
 // would start them. Only what a cluster provides is replaced: the
 // volumes' mount paths by folders here, the pods' addresses and DNS names
 // by 127.0.0.1, the ports by free ones (appended flags, which win), and
-// /usr/local/bin by the build. The learner trains a few steps and stops.
+// /usr/local/bin by the build, and a Secret's key by the file
+// SECRETS_DIR/<secret>/<key> where there is one (the shipped Secrets hold
+// placeholders). The probes run as a kubelet runs them: startup until it
+// passes, then liveness and readiness, on every rank. The learner trains a
+// few steps; then rank 0 is stopped (SIGSTOP) longer than
+// ASYMPO_HEARTBEAT_MAX_AGE, and the liveness probe must fail on every rank
+// (rank 0 stalled in a step, the others waiting on it in a collective) and
+// pass again once it goes on (SIGCONT); then every pod gets SIGTERM.
 //
 //   node kubernetes_pods.cjs --prefix NPM_PREFIX --build BUILD_DIR --work DIR
-//       NAME=RENDERED.yaml...
+//       [--secrets SECRETS_DIR] NAME=RENDERED.yaml...
 //
 // Renderings whose learner is not the built-in tiny model on the CPU are
 // skipped. Prints PASS/FAIL/SKIP lines and, last, "RESULT passed=N failed=M".
@@ -26,6 +33,7 @@ for (let i = 2; i < process.argv.length; i++) {
   if (a === "--prefix") opts.prefix = process.argv[++i];
   else if (a === "--build") opts.build = path.resolve(process.argv[++i]);
   else if (a === "--work") opts.work = path.resolve(process.argv[++i]);
+  else if (a === "--secrets") opts.secrets = path.resolve(process.argv[++i]);
   else if (!a.startsWith("--") && a.includes("=")) {
     opts.renders.push({ name: a.slice(0, a.indexOf("=")), file: a.slice(a.indexOf("=") + 1) });
   } else throw new Error(`unknown argument ${a}`);
@@ -75,6 +83,7 @@ class Pod {
     this.name = podName;
     this.dir = dir;
     this.mounts = []; // [mountPath, local folder], longest first
+    this.secretFiles = new Set();
     fs.mkdirSync(dir, { recursive: true });
     const spec = workload.spec.template.spec;
     for (const m of container.volumeMounts || []) {
@@ -90,13 +99,33 @@ class Pod {
           fs.writeFileSync(path.join(local, k), text);
         }
       }
+      if (v && v.secret) this.writeSecret(v.secret.secretName, local);
     }
     this.mounts.sort((a, b) => b[0].length - a[0].length);
     for (const [, local] of this.mounts) {
       for (const f of fs.readdirSync(local)) {
         const p = path.join(local, f);
-        if (fs.statSync(p).isFile()) fs.writeFileSync(p, this.local(fs.readFileSync(p, "utf8")));
+        if (fs.statSync(p).isFile() && !this.secretFiles.has(p)) {
+          fs.writeFileSync(p, this.local(fs.readFileSync(p, "utf8")));
+        }
       }
+    }
+  }
+  // A Secret's keys (stringData, data), each replaced by
+  // SECRETS_DIR/<name>/<key> when that file exists; the files here are
+  // left out of the path rewriting (they are credentials, not text).
+  writeSecret(name, local) {
+    const s = this.objects.find((o) => o.kind === "Secret" && o.metadata.name === name);
+    const keys = { ...((s && s.stringData) || {}) };
+    for (const [k, b64] of Object.entries((s && s.data) || {})) {
+      keys[k] = Buffer.from(b64, "base64").toString("utf8");
+    }
+    for (const [k, text] of Object.entries(keys)) {
+      const given = opts.secrets && path.join(opts.secrets, name, k);
+      const file = path.join(local, k);
+      if (given && fs.existsSync(given)) fs.copyFileSync(given, file);
+      else fs.writeFileSync(file, text);
+      this.secretFiles.add(file);
     }
   }
   // Mount paths and the image's binaries, as paths on this machine.
@@ -137,6 +166,15 @@ class Pod {
     for (const [k, v] of Object.entries(overrides)) env[k] = this.local(String(v));
     env.HOME = this.local(env.HOME || this.dir);
     this.envVars = env;
+    // What the process and its probes see: values naming a mounted path
+    // (ASYMPO_HEARTBEAT_FILE) as paths here. argv() expands $(VAR) from the
+    // values as written and rewrites the result once.
+    this.procEnv = { ...env };
+    for (const e of this.c.env || []) {
+      if (e.value !== undefined && overrides[e.name] === undefined) {
+        this.procEnv[e.name] = this.local(env[e.name]);
+      }
+    }
     return env;
   }
   argv(extra) {
@@ -154,7 +192,7 @@ class Pod {
     const argv = this.argv(extra);
     this.log = path.join(this.dir, "log");
     const out = fs.openSync(this.log, "w");
-    this.proc = spawn(argv[0], argv.slice(1), { env: this.envVars, stdio: ["ignore", out, out] });
+    this.proc = spawn(argv[0], argv.slice(1), { env: this.procEnv, stdio: ["ignore", out, out] });
     this.exit = new Promise((resolve) => this.proc.on("exit", (code, sig) => resolve(sig || code)));
     this.exited = undefined;
     this.exit.then((x) => (this.exited = x));
@@ -164,7 +202,7 @@ class Pod {
     if (!p || !p.exec) return null;
     const argv = p.exec.command.map((a) => this.local(a));
     const r = spawnSync(argv[0], argv.slice(1), {
-      env: { ...this.envVars, ...env },
+      env: { ...this.procEnv, ...env },
       timeout: 10000,
     });
     return r.status === 0;
@@ -197,6 +235,29 @@ function flagValue(pod, name) {
     } else if (m[1] === name) value = m[2] === undefined ? "true" : m[2];
   }
   return value;
+}
+
+// Rank 0 stopped (SIGSTOP) for 5 s, its heartbeat allowed 3 s: every
+// rank's liveness probe must fail (rank 0 stalled in its step, the others
+// waiting on it), and pass again once it goes on (SIGCONT).
+async function stallRankZero(ranks, ports, problems, notes) {
+  const env = { ...ports, ASYMPO_HEARTBEAT_MAX_AGE: "3" };
+  ranks[0].proc.kill("SIGSTOP");
+  await sleep(5000);
+  const stalled = ranks.map((pod) => pod.probe("livenessProbe", env) === false);
+  ranks[0].proc.kill("SIGCONT");
+  let back = false;
+  for (const until = Date.now() + 15000; !back && Date.now() < until; ) {
+    await sleep(500);
+    back = ranks.every((pod) => pod.probe("livenessProbe", env) === true);
+  }
+  stalled.forEach((failed, i) => {
+    if (!failed) problems.push(`rank ${i}'s liveness probe passed with rank 0 stopped for 5 s`);
+  });
+  if (!back) problems.push("the liveness probes did not pass again once rank 0 went on");
+  if (stalled.every(Boolean) && back) {
+    notes.push(`liveness failed on ${ranks.length} rank(s) while rank 0 stalled, passed after`);
+  }
 }
 
 async function runRender(r) {
@@ -256,7 +317,22 @@ async function runRender(r) {
     ]);
   }
   rollout.start([`--learner=127.0.0.1:${grpc}`, `--metrics_address=127.0.0.1:${rmetrics}`]);
-  const seen = { live: false, ready: false, othersFailed: false, metrics: null, rmetrics: null };
+  const seen = { metrics: null, rmetrics: null };
+  // Each rank's probes as a kubelet runs them: startup until it passes, then
+  // liveness and readiness.
+  const state = ranks.map(() => ({ started: false, live: false, ready: false, liveFailed: 0 }));
+  const probeRanks = (env) =>
+    ranks.forEach((pod, i) => {
+      const s = state[i];
+      if (pod.exited !== undefined) return;
+      if (!s.started) {
+        s.started = pod.probe("startupProbe", env) !== false;
+        return;
+      }
+      if (pod.probe("livenessProbe", env) === false) s.liveFailed++;
+      else s.live = true;
+      if (pod.probe("readinessProbe", env)) s.ready = true;
+    });
   const deadline = Date.now() + 120000;
   const steps = (text) => {
     const m = /^asympo_learner_steps_total(?:\{[^}]*\})? (\d+)/m.exec(text || "");
@@ -264,19 +340,9 @@ async function runRender(r) {
   };
   let trained = 0;
   while (ranks[0].exited === undefined && Date.now() < deadline) {
-    const done = seen.live && seen.ready && seen.metrics && seen.rmetrics && trained >= 3;
-    if (done) break;
-    if (ranks[0].probe("livenessProbe", ports)) seen.live = true;
-    if (ranks[0].probe("readinessProbe", ports)) seen.ready = true;
-    for (const pod of ranks.slice(1)) {
-      if (
-        pod.exited === undefined &&
-        (pod.probe("readinessProbe", ports) === false ||
-          pod.probe("livenessProbe", ports) === false)
-      ) {
-        seen.othersFailed = true;
-      }
-    }
+    const probed = state.every((s) => s.live && s.ready);
+    if (probed && seen.metrics && seen.rmetrics && trained >= 3) break;
+    probeRanks(ports);
     const scrape = await get(`http://127.0.0.1:${metrics}/metrics`);
     if (scrape) {
       seen.metrics = scrape;
@@ -289,7 +355,9 @@ async function runRender(r) {
     problems.push(`rank 0 exited by itself after ${trained} steps`);
   } else if (Date.now() >= deadline) {
     problems.push(`within 120 s: ${trained} of 3 steps, probes and metrics ${JSON.stringify({
-      live: seen.live, ready: seen.ready, metrics: !!seen.metrics, rollout: !!seen.rmetrics})}`);
+      probes: state, metrics: !!seen.metrics, rollout: !!seen.rmetrics})}`);
+  } else {
+    await stallRankZero(ranks, ports, problems, notes);
   }
   for (const pod of ranks) if (pod.exited === undefined) pod.proc.kill("SIGTERM");
   const codes = await Promise.race([Promise.all(ranks.map((p) => p.exit)), sleep(60000)]);
@@ -303,8 +371,15 @@ async function runRender(r) {
   }
   (codes || []).forEach((c, i) => c !== 0 && problems.push(`rank ${i} exited with ${c}`));
   if (rcode !== 0) problems.push(`the rollout daemon exited with ${rcode} after SIGTERM`);
-  if (!seen.live || !seen.ready) problems.push("rank 0's probes never passed");
-  if (seen.othersFailed) problems.push("a probe of a rank other than 0 failed");
+  state.forEach((s, i) => {
+    if (!s.started || !s.live || !s.ready) problems.push(`rank ${i}'s probes: ${JSON.stringify(s)}`);
+    if (s.liveFailed) problems.push(`rank ${i}'s liveness probe failed while it trained`);
+  });
+  if (flagValue(ranks[0], "tls_cert")) {
+    if (/callers authenticated/.test(fs.readFileSync(ranks[0].log, "utf8"))) {
+      notes.push("TLS with authenticated callers");
+    } else problems.push("rank 0 has --tls_cert but did not log TLS with authenticated callers");
+  }
   const run = `run="${runName}"`;
   if (!seen.metrics || !seen.metrics.includes(run))
     problems.push(`the learner's /metrics lacks ${run}`);

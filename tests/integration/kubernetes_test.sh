@@ -94,7 +94,7 @@ for d in "${dirs[@]}"; do
   echo "rendered deploy/kubernetes/$d: $(grep -c '^kind:' "$out") objects"
   renders+=("$d=$out")
 done
-[[ ${#dirs[@]} -ge 4 ]] || die "expected at least the overlays cpu-tiny and gpu"
+[[ ${#dirs[@]} -ge 5 ]] || die "expected at least the overlays cpu-tiny, gpu and tls"
 
 # --- the flags each daemon knows -----------------------------------------
 help_flags() {  # BINARY: the flags its --help lists
@@ -148,8 +148,22 @@ if [[ -n $build ]]; then
   pod_renders=()
   for r in "${renders[@]}"; do [[ $r == monitoring=* ]] || pod_renders+=("$r"); done
   set +e
+  # The Secrets of overlays/tls hold placeholders: real ones, as an operator
+  # would fill them in (the certificate names 127.0.0.1, where the rollout
+  # dials the learner here).
+  secrets=$tmp/secrets
+  mkdir -p "$secrets/asympo-learner-tls" "$secrets/asympo-rollout-credentials"
+  "$here/../testing/make_certs.sh" "$tmp/certs" >/dev/null || die "make_certs.sh failed"
+  cp "$tmp/certs/server.pem" "$secrets/asympo-learner-tls/tls.crt"
+  cp "$tmp/certs/server.key" "$secrets/asympo-learner-tls/tls.key"
+  cp "$tmp/certs/ca.pem" "$secrets/asympo-rollout-credentials/ca.crt"
+  token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  echo "$token" >"$secrets/asympo-rollout-credentials/token"
+  printf '{"principals": [{"name": "rollouts", "token_sha256": "%s", %s}]}\n' \
+    "$(printf %s "$token" | sha256sum | cut -d' ' -f1)" \
+    '"roles": ["submit", "read_weights", "status"]' >"$secrets/asympo-learner-tls/principals.json"
   timeout 420 node "$here/kubernetes_pods.cjs" --prefix "$prefix" --build "$build" \
-    --work "$tmp/pods" "${pod_renders[@]}" >"$tmp/pods.out" 2>&1
+    --work "$tmp/pods" --secrets "$secrets" "${pod_renders[@]}" >"$tmp/pods.out" 2>&1
   rc=$?
   set -e
   grep -v '^RESULT ' "$tmp/pods.out" || true
@@ -181,26 +195,40 @@ hdr='  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt
 { echo "$hdr"
   echo '   0: 00000000000000000000000000000000:C383 00000000000000000000000000000000:0000 0A 0'
 } >"$net/tcp6"
-probe_case() {  # WANT_RC HOST MODE TCP6: one run of the probe
-  local want=$1 host=$2 mode=$3 tables=$4 got
+# BEAT: the heartbeat file's line, "none" for no file.
+probe_case() {  # WANT_RC HOST MODE TCP6 BEAT: one run of the probe
+  local want=$1 host=$2 mode=$3 tables=$4 beat=$5 got
   mkdir -p "$tmp/net-$tables"
   cp "$net/tcp" "$tmp/net-$tables/tcp"
   [[ $tables == with6 ]] && cp "$net/tcp6" "$tmp/net-$tables/tcp6"
+  rm -f "$tmp/beat"
+  [[ $beat == none ]] || echo "$beat" >"$tmp/beat"
   set +e
-  HOSTNAME=$host ASYMPO_PROC_NET=$tmp/net-$tables sh "$probe" "$mode" 2>/dev/null
+  HOSTNAME=$host ASYMPO_PROC_NET=$tmp/net-$tables ASYMPO_HEARTBEAT_FILE=$tmp/beat \
+    ASYMPO_HEARTBEAT_MAX_AGE=600 sh "$probe" "$mode" >/dev/null 2>&1
   got=$?
   set -e
-  [[ $got == "$want" ]] || echo "$host $mode ($tables): exit $got, want $want"
+  [[ $got == "$want" ]] || echo "$host $mode ($tables, beat $beat): exit $got, want $want"
 }
+now=$(date +%s)
 probe_problems=$(
-  probe_case 0 asympo-learner-0 live with6    # 9464 listens (tcp)
-  probe_case 0 asympo-learner-0 ready with6   # 50051 listens (tcp6 only)
-  probe_case 1 asympo-learner-0 ready no6     # 50051 only as a connection
-  probe_case 0 asympo-learner-3 ready no6     # other ranks serve nothing
-  probe_case 2 asympo-learner-0 bogus with6
+  probe_case 1 asympo-learner-0 startup with6 none        # still loading
+  probe_case 0 asympo-learner-0 startup with6 "$now 1"    # the loop has begun
+  probe_case 0 asympo-learner-2 live no6 "$((now - 30)) 9"  # every rank, by its beat
+  probe_case 1 asympo-learner-2 live no6 "$((now - 700)) 9" # stalled past 600 s
+  probe_case 1 asympo-learner-0 live with6 "$((now - 601)) 9"
+  probe_case 1 asympo-learner-0 live with6 none
+  probe_case 1 asympo-learner-0 live with6 "garbage"
+  probe_case 0 asympo-learner-0 ready with6 "$now 1"      # 50051 listens (tcp6 only)
+  probe_case 1 asympo-learner-0 ready no6 "$now 1"        # 50051 only as a connection
+  probe_case 0 asympo-learner-3 ready no6 "$now 1"        # other ranks: their beat
+  probe_case 1 asympo-learner-3 ready no6 none
+  probe_case 2 asympo-learner-0 bogus with6 none
+  probe_case 0 asympo-learner-0 --help with6 none
 )
 if [[ -z $probe_problems ]]; then
-  ok "learner-probe.sh: rank 0 passes only while its port listens, other ranks always"
+  ok "learner-probe.sh: startup at the first beat, liveness by its age on every rank," \
+     "readiness by rank 0's port"
 else
   bad "learner-probe.sh: $probe_problems"
 fi

@@ -381,6 +381,61 @@ const portOf = (addr) => Number(String(addr).slice(String(addr).lastIndexOf(":")
 const matches = (selector, labels) =>
   Object.entries(selector || {}).every(([k, v]) => (labels || {})[k] === v);
 
+// Every rank's liveness reflects its training loop: --heartbeat_file on the
+// path the probes read, a startup probe for the first beat, exec probes of
+// learner-probe.sh, and a documented stall time (ASYMPO_HEARTBEAT_MAX_AGE).
+function checkHeartbeat(where, c, spec, flags, objects) {
+  const hp = [];
+  const file = envValue(c, "ASYMPO_HEARTBEAT_FILE", objects);
+  const maxAge = Number(envValue(c, "ASYMPO_HEARTBEAT_MAX_AGE", objects));
+  const flag = last(flags, "heartbeat_file");
+  if (!file) hp.push("no ASYMPO_HEARTBEAT_FILE");
+  if (flag !== "$(ASYMPO_HEARTBEAT_FILE)") hp.push(`--heartbeat_file is ${flag}`);
+  const mount = (c.volumeMounts || []).find((m) => (file || "").startsWith(m.mountPath + "/"));
+  const vol = mount && (spec.volumes || []).find((v) => v.name === mount.name);
+  if (!vol || !vol.emptyDir) hp.push(`the heartbeat ${file} is not on a writable emptyDir`);
+  if (!(maxAge >= 60)) hp.push(`ASYMPO_HEARTBEAT_MAX_AGE ${maxAge} is not 60 s or more`);
+  for (const [p, mode] of [
+    ["startupProbe", "startup"],
+    ["livenessProbe", "live"],
+    ["readinessProbe", "ready"],
+  ]) {
+    const cmd = ((c[p] || {}).exec || {}).command || [];
+    if (!/learner-probe\.sh$/.test(cmd[cmd.length - 2] || "") || cmd[cmd.length - 1] !== mode) {
+      hp.push(`${p} does not run learner-probe.sh ${mode}`);
+    }
+  }
+  const live = c.livenessProbe || {};
+  const stall = maxAge + (live.periodSeconds || 10) * (live.failureThreshold || 3);
+  check(
+    `${where}: startup at the first heartbeat; liveness fails ${maxAge}-${stall} s after ` +
+      "its training loop stalls, on every rank",
+    hp,
+  );
+}
+
+// A flag naming a file under a Secret or ConfigMap mount names a key the
+// rendered object has (--tls_cert, --auth_file, --tls_token_file, ...).
+function checkMountedFiles(where, c, spec, flags, objects) {
+  const mp = [];
+  let n = 0;
+  for (const f of flags) {
+    if (f.name === "flagfile" || typeof f.value !== "string") continue;
+    const mount = (c.volumeMounts || []).find((m) => f.value.startsWith(m.mountPath + "/"));
+    const vol = mount && (spec.volumes || []).find((v) => v.name === mount.name);
+    const ref = vol && (vol.secret || vol.configMap);
+    if (!ref) continue;
+    n++;
+    const [kind, name] = vol.secret ? ["Secret", ref.secretName] : ["ConfigMap", ref.name];
+    const o = objects.find((x) => x.kind === kind && x.metadata.name === name);
+    const key = f.value.slice(mount.mountPath.length + 1);
+    const keys = o ? Object.keys({ ...(o.data || {}), ...(o.stringData || {}) }) : [];
+    if (!o) mp.push(`--${f.name}=${f.value}: ${kind} ${name} is not rendered`);
+    else if (!keys.includes(key)) mp.push(`--${f.name}=${f.value}: ${kind} ${name} has no ${key}`);
+  }
+  if (n) check(`${where}: the ${n} files its flags name are keys of mounted objects`, mp);
+}
+
 for (const r of renders) {
   const objects = r.objects;
   const overlay = r.name.startsWith("overlays/");
@@ -478,7 +533,12 @@ for (const r of renders) {
         sp.push(`image ${c.image} is not asympo-rl with a fixed tag`);
       }
       for (const p of ["readinessProbe", "livenessProbe"]) if (!c[p]) sp.push(`no ${p}`);
+      if ((c.args || []).includes("--insecure")) {
+        sp.push("--insecure is hard-coded in the args (an overlay's flag file chooses it)");
+      }
       check(`${where}: non-root, read-only, no capabilities, resources, probes, image tag`, sp);
+      if (d === "learner") checkHeartbeat(where, c, spec, flags, objects);
+      checkMountedFiles(where, c, spec, flags, objects);
 
       // GPUs: wanted by --device=cuda, requested in requests and limits alike.
       const gp = [];
@@ -496,9 +556,17 @@ for (const r of renders) {
       if (r.name === "overlays/gpu" && !(Number(gpuLimit) >= 1)) {
         gp.push("the gpu overlay does not request nvidia.com/gpu");
       }
+      // A GPU pod is Guaranteed (requests equal limits for cpu and memory):
+      // the last that a node under memory pressure evicts.
+      for (const k of gpuLimit !== undefined ? ["cpu", "memory"] : []) {
+        const [rq, lm] = [(res.requests || {})[k], (res.limits || {})[k]];
+        if (rq === undefined || String(rq) !== String(lm)) {
+          gp.push(`${k} request ${rq} and limit ${lm} differ: not Guaranteed QoS`);
+        }
+      }
       check(
         `${where}: GPU requests match --device=${device}` +
-          (gpuLimit !== undefined ? ` (nvidia.com/gpu: ${gpuLimit})` : ""),
+          (gpuLimit !== undefined ? ` (nvidia.com/gpu: ${gpuLimit}, Guaranteed QoS)` : ""),
         gp,
       );
     }
