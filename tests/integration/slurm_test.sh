@@ -13,20 +13,23 @@
 #              on this machine, node "localhost"); left out, saying why, when
 #              that slurmd cannot start.
 #   scancel    a run without --max_steps, stopped by `scancel --batch
-#              --signal=TERM` once it trains: every target answers /metrics
-#              with the run's label, the learner checkpoints, the job
-#              completes with status 0.
+#              --signal=INT` (the graceful stop) once it trains: every target
+#              answers /metrics with the run's label, the learner checkpoints,
+#              the job completes with status 0, no CANCELLED line.
 #   rank_dies  learner rank 1 killed (SIGKILL) while training: rank 0
 #              checkpoints and exits, the rollouts are stopped, the job FAILS.
 #   rollouts_fail  every rollout refuses its flags: the learner is stopped,
 #              the job FAILS saying why.
+#   examples, time_limit, plain_scancel: in slurm_scenarios.sh (docs/cluster.md's
+#              CPU examples as written, with TLS and in plaintext; a job
+#              stopped by its time limit; a plain scancel).
 #
 #   tests/integration/slurm_test.sh BUILD_DIR [SCENARIO...]   (default: all)
 #
 # The daemons run from BUILD_DIR/learner_server/asympo-learner and
 # BUILD_DIR/rollout_server/asympo-rollout (copied first). Everything the test
 # starts is stopped on exit; KEEP_SLURM_TEST_DIR=1 keeps its folder (logs,
-# slurm.conf), which is also kept when it fails. SLURM_TEST_BUDGET (200 s)
+# slurm.conf), which is also kept when it fails. SLURM_TEST_BUDGET (330 s)
 # bounds all its waits together.
 # Exit 0: passed; 1: failed; 77: skipped (Slurm or munge missing, not root,
 # or the daemons cannot start here), with the reason printed.
@@ -37,13 +40,14 @@ sbatch_script=$here/../../deploy/slurm/asympo.sbatch
 build=${1:?usage: slurm_test.sh BUILD_DIR [SCENARIO...]}
 shift
 scenarios=("$@")
-((${#scenarios[@]})) || scenarios=(colocated two_nodes scancel rank_dies rollouts_fail)
+((${#scenarios[@]})) ||
+  scenarios=(colocated two_nodes scancel rank_dies rollouts_fail examples time_limit plain_scancel)
 
 say() { printf '%s slurm_test: %s\n' "$(date +%H:%M:%S)" "$*"; }
 # Every wait ends by this time (SLURM_TEST_BUDGET seconds from now), leaving
-# the clean-up time before the ctest TIMEOUT (240 s) would kill the test
+# the clean-up time before the ctest TIMEOUT (450 s) would kill the test
 # without it.
-budget_end=$((SECONDS + ${SLURM_TEST_BUDGET:-200}))
+budget_end=$((SECONDS + ${SLURM_TEST_BUDGET:-330}))
 # deadline_in TIMEOUT: the deadline TIMEOUT seconds from now, capped by the budget.
 deadline_in() { local t=$((SECONDS + $1)); echo $((t < budget_end ? t : budget_end)); }
 skip() { say "SKIP: $*"; exit 77; }
@@ -152,11 +156,11 @@ ctld_port=$base
 slurmd_ports=($((base + 1)) $((base + 2)))
 # srun listens on ports of its own range: they must not be any scenario's.
 srun_ports="$((base + 48))-$((base + 63))"
-# Scenario k (0..5) uses ports base + 3 + 8k ... (learner gRPC, rendezvous,
-# metrics), all below base + 48.
+# Scenario k (0..8) uses ports base + 3 + 5k ... + 4 (learner gRPC,
+# rendezvous, metrics, two rollouts' metrics), all below base + 48.
 scenario_port() {
-  (($1 <= 5)) || fail "scenario index $1: only 6 fit in the port block"
-  echo $((base + 3 + 8 * $1 + $2))
+  (($1 <= 8)) || fail "scenario index $1: only 9 fit in the port block"
+  echo $((base + 3 + 5 * $1 + $2))
 }
 
 # --- munge -------------------------------------------------------------------
@@ -237,7 +241,7 @@ EOF
   if [[ -n $two_nodes ]]; then
     echo "NodeName=$node1 NodeAddr=127.0.0.1 Port=${slurmd_ports[1]} CPUs=$cpus RealMemory=1000"
   fi
-  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=10 State=UP"
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=60 State=UP"
 } >"$SLURM_CONF"
 
 slurmctld -D -i -f "$SLURM_CONF" >>"$tmp/log/slurmctld.out" 2>&1 &
@@ -294,8 +298,9 @@ run_job() {
   ASYMPO_LEARNER_METRICS_PORT=$(scenario_port "$k" 2)
   ASYMPO_ROLLOUT_METRICS_PORT=$(scenario_port "$k" 3)
   export ASYMPO_PORT MASTER_PORT ASYMPO_LEARNER_METRICS_PORT ASYMPO_ROLLOUT_METRICS_PORT
-  # --time=10: the script's `#SBATCH --signal=B:TERM@300` then comes 5
-  # minutes in, long after the job is over (with --time=5 it would come at once).
+  # --time=10: the script's `#SBATCH --signal=B:USR1@300` then comes 5
+  # minutes in, long after the job is over (with --time=5 it comes at once).
+  # A --time in SBATCH_ARGS comes later and wins.
   job=$(sbatch --parsable --time=10 --output="$out" "$@" "$sbatch_script") ||
     fail "$name: sbatch refused the script"
   jobs_submitted+=("$job")
@@ -477,11 +482,12 @@ scenario_scancel() {
       sleep 0.5
     done
   done
-  say "scancel: every target answers with run=\"$ASYMPO_RUN_NAME\"; scancel --batch --signal=TERM"
-  scancel --batch --signal=TERM "$job"
+  say "scancel: every target answers with run=\"$ASYMPO_RUN_NAME\"; scancel --batch --signal=INT"
+  scancel --batch --signal=INT "$job"
   wait_job 90
   check_job_ok
-  grep -q "got SIGTERM" "$out" || fail "the script did not see SIGTERM: $(cat "$out")"
+  grep -q "got SIGINT" "$out" || fail "the script did not see SIGINT: $(cat "$out")"
+  no_errors_in_output
   local steps
   steps=$(grep -o 'stopped after [0-9]* steps' "$rank0" | grep -o '[0-9]*' || true)
   [[ -n $steps ]] || { dump "$rank0"; fail "rank 0 did not stop cleanly"; }
@@ -592,6 +598,9 @@ metrics_have_run() {
     2>/dev/null) || return 1
   grep -qF "run=\"$ASYMPO_RUN_NAME\"" <<<"$body"
 }
+
+# shellcheck source=tests/integration/slurm_scenarios.sh
+source "$here/slurm_scenarios.sh"
 
 start=$SECONDS
 for s in "${scenarios[@]}"; do
