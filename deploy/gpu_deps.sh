@@ -6,6 +6,17 @@
 #   deploy/gpu_deps.sh [DIR]          # default .devdeps/ (ignored by git)
 # deploy/gpu_check.sh on the node unpacks them with `dpkg -x` into a prefix.
 set -euo pipefail
+case ${1:-} in
+  -h | --help)
+    cat <<'EOF'
+usage: deploy/gpu_deps.sh [DIR]
+
+Downloads (apt-get download, no install) the Debian 12 packages a GPU node's
+build lacks into DIR [.devdeps/], for deploy/gpu_check.sh to unpack there.
+EOF
+    exit 0 ;;
+  -*) echo "gpu_deps: unknown option \"$1\" (--help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 dest=${1:-.devdeps}
 mkdir -p "$dest"

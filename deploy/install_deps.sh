@@ -12,7 +12,19 @@ set -euo pipefail
 mode=${1:-}
 case $mode in
   "" | --build | --check) ;;
-  *) echo "install_deps: unknown option \"$mode\" (expected --build or --check)" >&2; exit 2 ;;
+  -h | --help)
+    cat <<'EOF'
+usage: deploy/install_deps.sh [--build | --check | --help]
+
+Installs with apt-get (as root, or through sudo) the Debian 12 packages that
+ASymPO-RL builds and tests against and that are missing; does nothing when
+all are present.
+  (none)    build and test dependencies
+  --build   only what building the programs needs
+  --check   list what is missing and exit 1 if anything is; installs nothing
+EOF
+    exit 0 ;;
+  *) echo "install_deps: unknown option \"$mode\" (expected --build, --check or --help)" >&2; exit 2 ;;
 esac
 
 # The programs: compilers, CMake, and the libraries they link.

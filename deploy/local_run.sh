@@ -9,6 +9,20 @@
 #   deploy/local_run.sh --max_steps 2000 --task reverse --objective spo
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  case $arg in
+    -h | --help)
+      cat <<'EOF'
+usage: deploy/local_run.sh [local_run.py flags]
+
+Installs the missing Debian packages (deploy/install_deps.sh), builds
+asympo-learner, asympo-rollout and asympo-eval in BUILD_DIR [build], then runs
+deploy/local_run.py with the flags given. Its flags:
+
+EOF
+      exec /usr/bin/python3 deploy/local_run.py --help ;;
+  esac
+done
 deploy/install_deps.sh
 build_dir=${BUILD_DIR:-build}
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -25,7 +25,11 @@ while (($#)); do
   case $1 in
     --seconds) seconds=$2; shift 2 ;;
     --seconds=*) seconds=${1#*=}; shift ;;
-    -h | --help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h | --help)
+      echo "usage: deploy/run_fuzz.sh [--seconds N] [TARGET...]"
+      echo
+      sed -n '2,16s/^# \{0,1\}//p' "$0"
+      exit 0 ;;
     -*) echo "run_fuzz: unknown option \"$1\"" >&2; exit 2 ;;
     *) targets+=("$1"); shift ;;
   esac

@@ -33,6 +33,11 @@ cd "$(dirname "$0")/.."
 leg=${1:-all}
 case $leg in
   asan | asan-full | tsan | all) ;;
+  -h | --help)
+    echo "usage: deploy/run_sanitizers.sh [asan | asan-full | tsan | all]   (default: all)"
+    echo
+    sed -n '2,28s/^# \{0,1\}//p' "$0"
+    exit 0 ;;
   *) echo "run_sanitizers: unknown leg \"$leg\" (asan, asan-full, tsan or all)" >&2; exit 2 ;;
 esac
 jobs=${JOBS:-$(nproc)}

@@ -7,6 +7,24 @@
 #   BUILD_DIR=build-x ./deploy/run_tests.sh
 #   CTEST_ARGS="-L unit" ./deploy/run_tests.sh
 set -euo pipefail
+for arg in "$@"; do
+  case $arg in
+    -h | --help)
+      cat <<'EOF'
+usage: deploy/run_tests.sh [-h|--help]
+
+Installs the missing Debian packages (deploy/install_deps.sh), configures and
+builds everything in BUILD_DIR, and runs every test but label container.
+
+Environment:
+  BUILD_DIR    the build tree [build]
+  JOBS         compilers and tests at once [nproc]
+  CTEST_ARGS   ctest's selection [-LE container], e.g. "-L unit"
+EOF
+      exit 0 ;;
+    *) echo "run_tests: unknown argument \"$arg\" (it takes none; --help)" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 
 build_dir=${BUILD_DIR:-build}

@@ -17,6 +17,14 @@
 # MIRROR (Debian mirror for debootstrap), KEEP_BASE_DIR (keep the rootfs).
 # Exits 77 with the reason when podman cannot build or run containers here.
 set -euo pipefail
+case ${1:-} in
+  -h | --help)
+    echo "usage: deploy/container/build_cpu_image.sh [TAG]"
+    echo
+    sed -n '2,17s/^# \{0,1\}//p' "$0"
+    exit 0 ;;
+  -*) echo "build_cpu_image: unknown option \"$1\" (--help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/../.."
 
 tag=${1:-asympo-rl:0.1.0}
