@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
 
 absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
   LearnerDaemonOptions& o = options_;
+  o.tls.registry = &registry;  // asympo_tls_*: renewed files refused or taken
   ASYMPO_ASSIGN_OR_RETURN(credentials_, security::MakeServerCredentials(o.tls));
   o.auth.client_ca_file = o.tls.client_ca_file;
   ASYMPO_ASSIGN_OR_RETURN(authorizer_, security::Authorizer::Create(o.auth, &registry));

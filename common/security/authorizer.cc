@@ -1,7 +1,5 @@
 #include "common/security/authorizer.h"
 
-#include <sys/stat.h>
-
 #include <utility>
 
 #include <glog/logging.h>
@@ -130,12 +128,6 @@ std::string FirstProperty(const grpc::AuthContext& auth, const char* name) {
   return values.empty() ? "" : std::string(values.front().data(), values.front().size());
 }
 
-int64_t MtimeOf(const std::string& path) {
-  struct stat st {};
-  if (stat(path.c_str(), &st) != 0) return -1;
-  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-}
-
 }  // namespace
 
 const char* RoleName(Role role) {
@@ -251,8 +243,11 @@ absl::StatusOr<std::unique_ptr<Authorizer>> Authorizer::Create(const AuthOptions
   }
   if (!options.client_ca_file.empty()) {
     absl::MutexLock lock(&a->mu_);
-    ASYMPO_ASSIGN_OR_RETURN(a->ca_, CertificateAuthority::Load(options.client_ca_file));
-    a->ca_mtime_ = MtimeOf(options.client_ca_file);
+    a->ca_file_ = std::make_unique<CredentialFiles>(CredentialPaths{"", "", options.client_ca_file},
+                                                    registry);
+    ASYMPO_RETURN_IF_ERROR(a->ca_file_->Load());
+    ASYMPO_ASSIGN_OR_RETURN(
+        a->ca_, CertificateAuthority::FromText(a->ca_file_->current().ca, options.client_ca_file));
     a->ca_checked_ = absl::Now();
   }
   return a;
@@ -274,16 +269,11 @@ absl::StatusOr<CertificateIdentity> Authorizer::VerifyCertificate(const std::str
   absl::MutexLock lock(&mu_);
   if (now - ca_checked_ >= options_.ca_reload_interval) {  // a renewed CA bundle
     ca_checked_ = now;
-    const int64_t mtime = MtimeOf(options_.client_ca_file);
-    if (mtime != ca_mtime_) {
-      auto fresh = CertificateAuthority::Load(options_.client_ca_file);
-      if (fresh.ok()) {
+    if (ca_file_->Reread(now) == CredentialFiles::Reload::kTaken) {
+      auto fresh = CertificateAuthority::FromText(ca_file_->current().ca, options_.client_ca_file);
+      if (fresh.ok()) {  // it passed the same checks
         ca_ = *std::move(fresh);
-        ca_mtime_ = mtime;
         verified_.clear();
-        LOG(INFO) << "reloaded the client CA " << options_.client_ca_file;
-      } else {
-        LOG(ERROR) << "keeping the client CA loaded before: " << fresh.status().message();
       }
     }
   }

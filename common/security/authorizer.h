@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/security/credential_files.h"
 #include "common/security/x509.h"
 
 namespace asympo::security {
@@ -129,7 +130,9 @@ class Authorizer {
   absl::Mutex mu_;
   std::unique_ptr<CertificateAuthority> ca_ ABSL_GUARDED_BY(mu_);
   absl::Time ca_checked_ ABSL_GUARDED_BY(mu_);
-  int64_t ca_mtime_ ABSL_GUARDED_BY(mu_) = 0;
+  // The client CA file: a renewed one is taken only if it passes the
+  // start-up checks; a bad one is logged, counted, and ca_ stays.
+  std::unique_ptr<CredentialFiles> ca_file_ ABSL_GUARDED_BY(mu_);
   struct Verified {
     absl::StatusOr<CertificateIdentity> identity;
     absl::Time at;

@@ -1,5 +1,6 @@
 #include "common/security/tls.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/security/credential_publisher.h"
 #include "common/security/x509.h"
 #include "common/status_macros.h"
 
@@ -78,6 +80,33 @@ absl::StatusOr<std::string> ReadToken(const std::string& file) {
   return token;
 }
 
+// gRPC reads the publisher's private copies: a second is plenty for files
+// that change only when the publisher swaps them, and adds no delay of its
+// own to a renewal.
+constexpr unsigned kProviderRefreshSeconds = 1;
+
+absl::StatusOr<std::unique_ptr<CredentialPublisher>> StartPublisher(
+    CredentialPaths files, unsigned reload_seconds, prometheus::Registry* registry) {
+  CredentialPublisherOptions o;
+  o.files = std::move(files);
+  o.interval = absl::Seconds(std::max(1u, reload_seconds));
+  o.registry = registry;
+  return CredentialPublisher::Start(std::move(o));
+}
+
+// `object`, owning `publisher` too: the publisher goes when the last copy
+// of the pointer does, after the object.
+template <typename T>
+std::shared_ptr<T> KeepAlive(std::shared_ptr<T> object,
+                             std::unique_ptr<CredentialPublisher> publisher) {
+  struct Holder {
+    std::unique_ptr<CredentialPublisher> publisher;
+    std::shared_ptr<T> object;
+  };
+  auto holder = std::make_shared<Holder>(Holder{std::move(publisher), std::move(object)});
+  return std::shared_ptr<T>(holder, holder->object.get());
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
@@ -95,8 +124,10 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
       return absl::InvalidArgumentError(absl::StrCat("--tls_client_ca: ", s.message()));
     }
   }
+  ASYMPO_ASSIGN_OR_RETURN(
+      auto publisher, StartPublisher({o.cert_file, o.key_file, ""}, o.reload_seconds, o.registry));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      o.key_file, o.cert_file, o.reload_seconds);
+      publisher->key_path(), publisher->cert_path(), kProviderRefreshSeconds);
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_identity_key_cert_pairs();
   // A client certificate is asked for, and verified per call by the
@@ -106,7 +137,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   options.set_cert_request_type(o.client_ca_file.empty()
                                     ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
                                     : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_BUT_DONT_VERIFY);
-  return grpc::experimental::TlsServerCredentials(options);
+  return KeepAlive(grpc::experimental::TlsServerCredentials(options), std::move(publisher));
 }
 
 absl::Status CheckListenPolicy(absl::string_view address, bool tls, bool authenticates,
@@ -132,6 +163,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(const std::st
                                                                    grpc::ChannelArguments args) {
   ASYMPO_RETURN_IF_ERROR(CheckPair(o.cert_file, o.key_file, "tls_cert", "tls_key"));
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  std::unique_ptr<CredentialPublisher> publisher;  // with TLS
   if (o.ca_file.empty()) {
     if (!o.cert_file.empty()) {
       return absl::InvalidArgumentError(
@@ -146,8 +178,11 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(const std::st
     if (absl::Status s = CheckCaFile(o.ca_file); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", s.message()));
     }
+    ASYMPO_ASSIGN_OR_RETURN(publisher, StartPublisher({o.cert_file, o.key_file, o.ca_file},
+                                                      o.reload_seconds, o.registry));
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        o.key_file, o.cert_file, o.ca_file, o.reload_seconds);
+        publisher->key_path(), publisher->cert_path(), publisher->ca_path(),
+        kProviderRefreshSeconds);
     grpc::experimental::TlsChannelCredentialsOptions options;
     options.set_certificate_provider(provider);
     options.watch_root_certs();
@@ -155,12 +190,18 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(const std::st
     creds = grpc::experimental::TlsCredentials(options);
     if (!o.server_name.empty()) args.SetSslTargetNameOverride(o.server_name);
   }
-  if (o.token_file.empty()) return grpc::CreateCustomChannel(target, creds, args);
-  ASYMPO_ASSIGN_OR_RETURN(std::string token, ReadToken(o.token_file));
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<BearerInterceptorFactory>(std::move(token)));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(target, creds, args,
-                                                                 std::move(factories));
+  std::shared_ptr<grpc::Channel> channel;
+  if (o.token_file.empty()) {
+    channel = grpc::CreateCustomChannel(target, creds, args);
+  } else {
+    ASYMPO_ASSIGN_OR_RETURN(std::string token, ReadToken(o.token_file));
+    std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+    factories.push_back(std::make_unique<BearerInterceptorFactory>(std::move(token)));
+    channel = grpc::experimental::CreateCustomChannelWithInterceptors(target, creds, args,
+                                                                      std::move(factories));
+  }
+  if (publisher == nullptr) return channel;
+  return KeepAlive(std::move(channel), std::move(publisher));
 }
 
 }  // namespace asympo::security

@@ -3,7 +3,8 @@
 // that nothing listens beyond loopback in plaintext unless the operator
 // says so (--insecure). docs/security.md is the operator's guide.
 //
-// Thread-safe (pure functions and immutable results).
+// Thread-safe. With TLS, the credentials and channels made here own a
+// CredentialPublisher: gRPC reads only files that passed the checks.
 #pragma once
 
 #include <memory>
@@ -13,6 +14,7 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -29,14 +31,19 @@ struct ServerTlsOptions {
   // certificate, which the learner's Authorizer verifies against it.
   std::string client_ca_file;
   // How often the certificate and key files are read again (a renewed
-  // certificate is served from the next handshake on).
+  // certificate is served from the next handshake on). A renewed pair
+  // passes the start-up checks first, or is refused, logged and counted
+  // while the pair in force stays (CredentialPublisher).
   unsigned reload_seconds = 10;
+  // For the asympo_tls_* metrics (credential_files.h); may be null.
+  prometheus::Registry* registry = nullptr;
 };
 
 // Server credentials: TLS when a certificate is given, else plaintext.
 // INVALID_ARGUMENT naming the flag and file when a file is missing, does
 // not parse, the key is not the certificate's or the certificate has
-// expired.
+// expired. The credentials own the thread that watches the files: keep
+// them (or a server built with them) for as long as the server runs.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const ServerTlsOptions& options);
 
@@ -59,7 +66,10 @@ struct ClientTlsOptions {
   std::string token_file;
   // Allow a token to travel in plaintext to a host beyond loopback.
   bool insecure = false;
+  // How often the files are read again; a renewed version passes the
+  // start-up checks first, as the server's (ServerTlsOptions).
   unsigned reload_seconds = 10;
+  prometheus::Registry* registry = nullptr;  // may be null
 };
 
 // A channel to `target` with `options`' security: TLS when a CA file is

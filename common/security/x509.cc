@@ -2,18 +2,22 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace asympo::security {
 namespace {
@@ -39,12 +43,55 @@ std::unique_ptr<BIO, BioFree> MemoryBio(absl::string_view pem) {
   return std::unique_ptr<BIO, BioFree>(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
 }
 
-// Every certificate in a PEM text, in order.
+// Every certificate in a PEM text, in order, up to the first that does not
+// parse.
 std::vector<X509Ptr> ReadCertificates(absl::string_view pem) {
   std::vector<X509Ptr> out;
   auto bio = MemoryBio(pem);
   while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) out.emplace_back(x);
+  ERR_clear_error();  // the end of the text is a "no start line" error
   return out;
+}
+
+// How many certificate blocks a PEM text opens, parsed or not.
+size_t CertificateBlocks(absl::string_view pem) {
+  size_t n = 0;
+  for (absl::string_view begin :
+       {"-----BEGIN CERTIFICATE-----", "-----BEGIN X509 CERTIFICATE-----"}) {
+    for (size_t at = pem.find(begin); at != absl::string_view::npos; at = pem.find(begin, at + 1)) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// Every certificate of a PEM text, or why not: none, or a block that does
+// not parse (a file cut short, say).
+absl::StatusOr<std::vector<X509Ptr>> ReadAllCertificates(absl::string_view pem,
+                                                         absl::string_view what,
+                                                         absl::string_view name) {
+  std::vector<X509Ptr> certs = ReadCertificates(pem);
+  const size_t blocks = CertificateBlocks(pem);
+  if (certs.empty() && blocks == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " ", name, pem.empty() ? " is empty" : " holds no PEM certificate"));
+  }
+  if (certs.size() < std::max<size_t>(blocks, 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", name, ": certificate ",
+                                                   certs.size() + 1, " of ", blocks,
+                                                   " does not parse (a file cut short?)"));
+  }
+  return certs;
+}
+
+int NoPassword(char* /*buf*/, int /*size*/, int /*rwflag*/, void* /*u*/) { return 0; }
+
+std::unique_ptr<EVP_PKEY, KeyFree> ReadKey(absl::string_view pem) {
+  auto bio = MemoryBio(pem);
+  std::unique_ptr<EVP_PKEY, KeyFree> key(
+      PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassword, nullptr));
+  ERR_clear_error();
+  return key;
 }
 
 std::string TimeText(const ASN1_TIME* t) {
@@ -134,42 +181,76 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string
   return s.str();
 }
 
+absl::Status CheckCertificateText(absl::string_view pem, absl::string_view name, absl::Time now) {
+  auto certs = ReadAllCertificates(pem, "certificate", name);
+  if (!certs.ok()) return certs.status();
+  const std::string fault = ValidityFault(certs->front().get(), absl::ToTimeT(now));
+  if (!fault.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("certificate ", name, " ", fault));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPrivateKeyText(absl::string_view pem, absl::string_view name) {
+  if (ReadKey(pem) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", name, pem.empty() ? " is empty" : " holds no unencrypted PEM private key"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckKeyMatches(absl::string_view cert_pem, absl::string_view key_pem,
+                             absl::string_view cert_name, absl::string_view key_name) {
+  std::vector<X509Ptr> certs = ReadCertificates(cert_pem);
+  auto key = ReadKey(key_pem);
+  if (certs.empty() || key == nullptr ||
+      X509_check_private_key(certs.front().get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(
+        absl::StrCat("key ", key_name, " is not the key of certificate ", cert_name));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckCaText(absl::string_view pem, absl::string_view name, absl::Time now) {
+  auto certs = ReadAllCertificates(pem, "CA file", name);
+  if (!certs.ok()) return certs.status();
+  std::string fault;
+  for (const X509Ptr& cert : *certs) {
+    fault = ValidityFault(cert.get(), absl::ToTimeT(now));
+    if (fault.empty()) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "CA file ", name, ": no certificate of it is valid now (the last one ", fault, ")"));
+}
+
+absl::StatusOr<absl::Time> CertificateNotAfter(absl::string_view pem) {
+  std::vector<X509Ptr> certs = ReadCertificates(pem);
+  struct tm tm {};
+  if (certs.empty() || ASN1_TIME_to_tm(X509_get0_notAfter(certs.front().get()), &tm) != 1) {
+    return absl::InvalidArgumentError("no certificate to read an expiry date from");
+  }
+  return absl::FromTimeT(timegm(&tm));
+}
+
 absl::Status CheckKeyPair(const std::string& cert_file, const std::string& key_file) {
   const auto cert_pem = ReadSecretFile(cert_file, "certificate");
   if (!cert_pem.ok()) return absl::InvalidArgumentError(cert_pem.status().message());
   const auto key_pem = ReadSecretFile(key_file, "key");
   if (!key_pem.ok()) return absl::InvalidArgumentError(key_pem.status().message());
-  std::vector<X509Ptr> certs = ReadCertificates(*cert_pem);
-  if (certs.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("certificate ", cert_file, " holds no PEM certificate"));
+  const absl::Time now = absl::Now();
+  if (auto certs = ReadAllCertificates(*cert_pem, "certificate", cert_file); !certs.ok()) {
+    return certs.status();
   }
-  auto bio = MemoryBio(*key_pem);
-  std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
-  if (key == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key ", key_file, " holds no unencrypted PEM private key"));
-  }
-  if (X509_check_private_key(certs.front().get(), key.get()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key ", key_file, " is not the key of certificate ", cert_file));
-  }
-  const std::string fault = ValidityFault(certs.front().get(), time(nullptr));
-  if (!fault.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("certificate ", cert_file, " ", fault));
-  }
-  return absl::OkStatus();
+  ASYMPO_RETURN_IF_ERROR(CheckPrivateKeyText(*key_pem, key_file));
+  ASYMPO_RETURN_IF_ERROR(CheckKeyMatches(*cert_pem, *key_pem, cert_file, key_file));
+  return CheckCertificateText(*cert_pem, cert_file, now);
 }
 
 absl::Status CheckCaFile(const std::string& ca_file) {
   const auto pem = ReadSecretFile(ca_file, "CA file");
   if (!pem.ok()) return absl::InvalidArgumentError(pem.status().message());
-  if (ReadCertificates(*pem).empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CA file ", ca_file, " holds no PEM certificate"));
-  }
-  return absl::OkStatus();
+  return CheckCaText(*pem, ca_file, absl::Now());
 }
 
 struct CertificateAuthority::Store {
@@ -185,14 +266,20 @@ absl::StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::Load
     const std::string& ca_file) {
   const auto pem = ReadSecretFile(ca_file, "CA file");
   if (!pem.ok()) return absl::InvalidArgumentError(pem.status().message());
+  return FromText(*pem, ca_file);
+}
+
+absl::StatusOr<std::unique_ptr<CertificateAuthority>> CertificateAuthority::FromText(
+    absl::string_view pem, absl::string_view name) {
+  ASYMPO_RETURN_IF_ERROR(CheckCaText(pem, name, absl::Now()));
   auto store = std::make_unique<Store>();
   int n = 0;
-  for (X509Ptr& cert : ReadCertificates(*pem)) {
+  for (X509Ptr& cert : ReadCertificates(pem)) {
     if (X509_STORE_add_cert(store->store, cert.get()) == 1) ++n;
   }
+  ERR_clear_error();
   if (n == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CA file ", ca_file, " holds no PEM certificate"));
+    return absl::InvalidArgumentError(absl::StrCat("CA file ", name, " holds no PEM certificate"));
   }
   return std::unique_ptr<CertificateAuthority>(new CertificateAuthority(std::move(store)));
 }

@@ -28,8 +28,26 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string
 // INVALID_ARGUMENT naming the files and the fault.
 absl::Status CheckKeyPair(const std::string& cert_file, const std::string& key_file);
 
-// Checks that a PEM file holds at least one certificate (a CA bundle).
+// Checks that a PEM file holds a CA bundle (CheckCaText).
 absl::Status CheckCaFile(const std::string& ca_file);
+
+// The checks behind CheckKeyPair and CheckCaFile, on texts already read, as
+// at start so at every reload (CredentialFiles). Each is INVALID_ARGUMENT
+// naming `name` (a path) and the fault.
+//
+// A certificate chain: at least one certificate, every PEM block of it
+// parses (a file cut short does not pass), the first is valid at `now`.
+absl::Status CheckCertificateText(absl::string_view pem, absl::string_view name, absl::Time now);
+// An unencrypted PEM private key.
+absl::Status CheckPrivateKeyText(absl::string_view pem, absl::string_view name);
+// The key is the chain's first certificate's (both parse).
+absl::Status CheckKeyMatches(absl::string_view cert_pem, absl::string_view key_pem,
+                             absl::string_view cert_name, absl::string_view key_name);
+// A CA bundle: at least one certificate, every PEM block parses, and at
+// least one certificate is valid at `now`.
+absl::Status CheckCaText(absl::string_view pem, absl::string_view name, absl::Time now);
+// When the first certificate of a PEM chain stops being valid.
+absl::StatusOr<absl::Time> CertificateNotAfter(absl::string_view pem);
 
 // The identity a client certificate carries.
 struct CertificateIdentity {
@@ -40,8 +58,11 @@ struct CertificateIdentity {
 // A CA bundle that verifies client certificates.
 class CertificateAuthority {
  public:
-  // Loads `ca_file` (PEM, one or more certificates).
+  // Loads `ca_file` (PEM, one or more certificates; CheckCaText).
   static absl::StatusOr<std::unique_ptr<CertificateAuthority>> Load(const std::string& ca_file);
+  // The same from the file's text, `name` for messages.
+  static absl::StatusOr<std::unique_ptr<CertificateAuthority>> FromText(absl::string_view pem,
+                                                                        absl::string_view name);
   ~CertificateAuthority();
 
   // Verifies the PEM `leaf` (with the PEM `chain` the peer sent, which may
