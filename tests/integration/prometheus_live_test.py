@@ -1,19 +1,26 @@
 """The shipped monitoring against live runs: a real Prometheus with
-deploy/prometheus/alerts.yml, a real Alertmanager, and two runs at once.
+deploy/prometheus/prometheus.yml (its scrape and rule intervals, 5 s and
+15 s, and its file_sd folders; only the Alertmanager's address changed) and
+alerts.yml, a real Alertmanager, and three runs at once:
 
-- "live-collapse": an asympo-learner fed by a generator whose rewards fall
-  from 0.8 to 0.1 after 40 steps (what a collapsing policy's rollouts look
-  like to the learner);
+- "live-collapse", found in the Slurm script's folder (runs/slurm/prometheus,
+  a file as asympo.sbatch writes it): an asympo-learner fed by a generator
+  whose rewards fall from 0.8 to 0.1, with one noisy step 20 s after the
+  fall (mean 6.5: the reward EMA back within the detector's recovery band,
+  so the detector clears) followed by 15 s without steps; then the run
+  stops while collapsed;
 - "live-healthy": deploy/local_run.py with one rollout daemon learning the
-  copy task.
+  copy task (its own file in runs/prometheus_targets);
+- "live-noisy": a learner fed rewards around 0.6 with step-to-step noise and
+  now and then a step near 0.
 
-Checks: Prometheus discovers both runs from the file_sd targets the test and
-local_run write; AsympoRewardCollapse fires for the collapsing run only and
-reaches the Alertmanager's webhook with its run label and its own values;
-nothing fires for the healthy run; every query of the Grafana dashboard
-(deploy/grafana/asympo-dashboard.json) is valid, and its main panels have
-data. Prometheus scrapes and evaluates every second here, so the alerts'
-own `for:` periods (2 minutes for the collapse) set the test's length.
+Checks: AsympoRewardCollapse fires for the collapsing run within 60 s of
+the fall and stays firing through the noisy step, reaches the Alertmanager's
+webhook with its run label and its own values, and is not sent as resolved
+when the run stops: AsympoRunEndedCollapsed says that it ended collapsed.
+Nothing fires, nor is pending, for the two healthy runs. Every query of the
+Grafana dashboard is valid and has data. Before all that,
+tests/deploy/monitoring_config_test.py checks the configuration itself.
 
     python3 prometheus_live_test.py SOURCE_DIR BUILD_DIR WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when Prometheus, the
@@ -22,6 +29,7 @@ Alertmanager or grpc are missing.
 import http.server
 import json
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -33,16 +41,19 @@ import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
 
-COLLAPSE, HEALTHY = "live-collapse", "live-healthy"
+COLLAPSE, HEALTHY, NOISY = "live-collapse", "live-healthy", "live-noisy"
+PAGE = 'ALERTS{alertname="AsympoRewardCollapse",alertstate="firing",run="%s"}' % COLLAPSE
 
 
 class Webhook(http.server.BaseHTTPRequestHandler):
-    """The Alertmanager's receiver: keeps every notification it is sent."""
-    received = []
+    """The Alertmanager's receiver: keeps every alert it is sent, with the
+    time it came."""
+    received = []  # (time, status, labels, annotations)
 
     def do_POST(self):
-        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        Webhook.received.append(json.loads(body))
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        for a in body["alerts"]:
+            Webhook.received.append((time.time(), a["status"], a["labels"], a["annotations"]))
         self.send_response(200)
         self.end_headers()
 
@@ -56,22 +67,19 @@ def write_json(path, value):
     os.replace(path + ".tmp", path)
 
 
-def configs(src, work, targets, am_port, hook_port):
-    """Prometheus and Alertmanager configurations; returns their paths."""
-    prom = os.path.join(work, "prometheus.yml")
+def configs(src, work, am_port, hook_port):
+    """The shipped prometheus.yml and alerts.yml in WORK/deploy/prometheus, so
+    that its file_sd folders are WORK/runs/...; an Alertmanager
+    configuration. Returns their paths."""
+    conf = os.path.join(work, "deploy", "prometheus")
+    os.makedirs(conf)
+    shutil.copy(os.path.join(src, "deploy", "prometheus", "alerts.yml"), conf)
+    with open(os.path.join(src, "deploy", "prometheus", "prometheus.yml")) as f:
+        text = f.read()
+    check(text.count('"127.0.0.1:9093"') == 1, "prometheus.yml sends alerts to 127.0.0.1:9093")
+    prom = os.path.join(conf, "prometheus.yml")
     with open(prom, "w") as f:
-        f.write("""global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-rule_files: [%s]
-alerting:
-  alertmanagers:
-    - static_configs: [{targets: ["127.0.0.1:%d"]}]
-scrape_configs:
-  - job_name: asympo
-    honor_labels: true
-    file_sd_configs: [{files: ["%s/*.json"], refresh_interval: 1s}]
-""" % (json.dumps(os.path.join(src, "deploy", "prometheus", "alerts.yml")), am_port, targets))
+        f.write(text.replace('"127.0.0.1:9093"', '"127.0.0.1:%d"' % am_port))
     am = os.path.join(work, "alertmanager.yml")
     with open(am, "w") as f:
         f.write("""route:
@@ -82,7 +90,7 @@ scrape_configs:
   repeat_interval: 1h
 receivers:
   - name: hook
-    webhook_configs: [{url: "http://127.0.0.1:%d/", send_resolved: false}]
+    webhook_configs: [{url: "http://127.0.0.1:%d/", send_resolved: true}]
 """ % hook_port)
     return prom, am
 
@@ -117,21 +125,57 @@ def wait_for(what, predicate, timeout):
     check(False, "%s within %d s" % (what, timeout))
 
 
-def collapsing_generator(stubs, port, stop):
-    """Submits one step's groups (2) every 0.1 s: rewards with mean 0.8 for
-    40 steps, then 0.1."""
+class CollapsePlan:
+    """The collapsing run's rewards: mean 0.8 until fall(), then 0.1, but
+    one noisy step (mean 6.5) 20 s after the fall and no step for the 15 s
+    after it."""
+
+    def __init__(self):
+        self.fell = self.noisy = None
+
+    def fall(self):
+        self.fell = time.time()
+
+    def __call__(self, step):
+        if self.fell is None:
+            return [1.0, 1.0, 0.6, 0.6]
+        if time.time() - self.fell >= 20 and self.noisy is None:
+            self.noisy = time.time()
+            return [7.0, 7.0, 6.0, 6.0]
+        if self.noisy is not None and time.time() - self.noisy < 15:
+            return None
+        return [0.2, 0.0, 0.2, 0.0]
+
+
+def noisy_healthy(seed):
+    """Rewards around 0.6 (+-0.2 per step), and every 40th step near 0."""
+    rng = random.Random(seed)
+
+    def rewards(step):
+        if step % 40 == 39:
+            return [0.1, 0.0, 0.1, 0.0]
+        m = 0.6 + rng.uniform(-0.2, 0.2)
+        return [m + 0.2, m + 0.2, m - 0.2, m - 0.2]
+    return rewards
+
+
+def generator(stubs, port, source, rewards, stop):
+    """Submits one step's groups (2) every 0.1 s with rewards(step), or
+    nothing while it returns None."""
     learner_pb2_grpc, rollout_pb2 = stubs
-    channel = grpc.insecure_channel("127.0.0.1:%d" % port)
-    stub = learner_pb2_grpc.LearnerStub(channel)
+    stub = learner_pb2_grpc.LearnerStub(grpc.insecure_channel("127.0.0.1:%d" % port))
     step = 0
     while not stop.is_set():
-        rewards = [1.0, 1.0, 0.6, 0.6] if step < 40 else [0.2, 0.0, 0.2, 0.0]
+        r = rewards(step)
+        if r is None:
+            stop.wait(0.2)
+            continue
         groups = [rollout_pb2.PromptGroup(
             prompt_id="p%d-%d" % (step, g), prompt_tokens=[1, 2 + g, 3],
-            responses=[rollout_pb2.Response(tokens=[4 + i, 5, 6], reward=r)
-                       for i, r in enumerate(rewards)]) for g in range(2)]
+            responses=[rollout_pb2.Response(tokens=[4 + i, 5, 6], reward=x) for i, x in enumerate(r)])
+            for g in range(2)]
         try:
-            stub.Submit(rollout_pb2.RolloutBatch(source="collapsing", groups=groups), timeout=10)
+            stub.Submit(rollout_pb2.RolloutBatch(source=source, groups=groups), timeout=10)
             step += 1
         except grpc.RpcError:
             pass  # full queue or not up yet: try again
@@ -139,64 +183,111 @@ def collapsing_generator(stubs, port, stop):
 
 
 def dashboard_checks(src, prom):
-    """Every dashboard query is valid; the main panels have data."""
+    """Every dashboard query is valid and has data."""
     with open(os.path.join(src, "deploy", "grafana", "asympo-dashboard.json")) as f:
         dash = json.load(f)
     exprs = [(p["title"], t["expr"]) for p in dash["panels"] for t in p.get("targets", [])]
     check(len(exprs) >= 30, "the dashboard has %d queries in %d panels" %
           (len(exprs), sum(1 for p in dash["panels"] if p.get("targets"))))
-    empty = []
-    for title, expr in exprs:
-        result = prom.query(expr.replace("$run", "live-.+"))
-        if not result:
-            empty.append(title)
+    empty = [title for title, expr in exprs if not prom.query(expr.replace("$run", "live-.+"))]
     check(not empty, "every dashboard query has data from the live runs (none: %s)" % empty)
     runs = prom.values('count by (run) (asympo_learner_version{run=~"live-.+"})')
-    check(set(runs) == {COLLAPSE, HEALTHY}, "the dashboard's run variable offers both runs")
+    check(set(runs) == {COLLAPSE, HEALTHY, NOISY}, "the dashboard's run variable offers the three runs")
 
 
-def collapse_checks(prom):
-    """The collapse alert fires for the collapsing run, through the
-    Alertmanager, quoting its own values; nothing fires for the healthy one."""
-    firing = 'ALERTS{alertname="AsympoRewardCollapse",alertstate="firing"}'
-    wait_for("AsympoRewardCollapse fires for %s" % COLLAPSE,
-             lambda: COLLAPSE in prom.values(firing), 200)
-    check(set(prom.values(firing)) == {COLLAPSE}, "it fires for that run only")
-    wait_for("the Alertmanager delivers it to the webhook",
-             lambda: any(a["labels"].get("alertname") == "AsympoRewardCollapse"
-                         for n in Webhook.received for a in n["alerts"]), 30)
-    alert = [a for n in Webhook.received for a in n["alerts"]
-             if a["labels"].get("alertname") == "AsympoRewardCollapse"][0]
-    print("delivered:", json.dumps(alert["labels"]), alert["annotations"]["description"])
-    check(alert["labels"]["run"] == COLLAPSE and alert["labels"]["severity"] == "page" and
-          "exported_run" not in alert["labels"],
-          "the delivered alert carries run=%s (once) and severity page" % COLLAPSE)
-    description = alert["annotations"]["description"]
-    ema = float(description.split("Reward EMA ")[1].split(" ")[0])
-    peak = float(description.split("(peak ")[1].split(")")[0])
-    check(ema < 0.3 and 0.7 < peak < 0.85,
+def watch_page(prom, plan):
+    """From the fall until 20 s after the noisy step's pause: the time the
+    page first fires; checks that it never stops once fired and that the
+    detector cleared during the noisy step."""
+    fired, detector = None, []
+    while plan.noisy is None or time.time() < plan.noisy + 35:
+        firing = bool(prom.values(PAGE))
+        if fired is None and firing:
+            fired = time.time()
+        if fired is not None and not firing:
+            check(False, "the page, once fired, stays firing (not at %.0f s after the fall)"
+                  % (time.time() - plan.fell))
+        detector.append(prom.values('asympo_learner_collapse_suspected{run="%s"}' % COLLAPSE).get(COLLAPSE))
+        if time.time() > plan.fell + 120:
+            check(False, "the noisy step came and went within 120 s of the fall")
+        time.sleep(1)
+    check(fired is not None, "AsympoRewardCollapse fired, and stayed firing through the noisy step")
+    print("fall to page: %.1f s (the noisy step %.1f s after the fall)" % (fired - plan.fell, plan.noisy - plan.fell))
+    check(fired - plan.fell <= 60, "the page fired within 60 s of the fall")
+    cleared = 1 in detector and 0 in detector[detector.index(1):]
+    check(cleared, "the learner's detector cleared during the noisy step (%s)" % detector)
+    return fired
+
+
+def delivered(alertname, status):
+    return [(t, labels, notes) for t, s, labels, notes in Webhook.received
+            if labels.get("alertname") == alertname and s == status and labels.get("run") == COLLAPSE]
+
+
+def page_checks(prom, fired):
+    wait_for("the Alertmanager delivers the page to the webhook",
+             lambda: delivered("AsympoRewardCollapse", "firing"), 30)
+    t, labels, notes = delivered("AsympoRewardCollapse", "firing")[0]
+    print("delivered %.1f s after firing:" % (t - fired), json.dumps(labels), notes["description"])
+    check(labels["severity"] == "page" and labels.get("slurm_job_id") == "4242" and
+          "exported_run" not in labels,
+          "the delivered page carries run=%s (once), the Slurm target's labels and severity page" % COLLAPSE)
+    ema = float(notes["description"].split("Reward EMA ")[1].split(" ")[0])
+    peak = float(notes["description"].split("(peak ")[1].split(")")[0])
+    # The EMA of the moment it fired: 0.1-0.4 after the fall, or up to 0.75
+    # when it fires during the noisy step's pause.
+    check(0.05 < ema < 0.76 and 0.7 < peak < 0.85,
           "its description quotes the collapsing run's own EMA %.3f and peak %.3f" % (ema, peak))
-    pending = prom.values('ALERTS{alertname="AsympoRewardCollapseFromSeries"}')
-    check(COLLAPSE in pending and HEALTHY not in pending,
-          "AsympoRewardCollapseFromSeries is under way for the collapsing run only")
+    check(set(prom.values('ALERTS{alertname="AsympoRewardCollapse"}')) == {COLLAPSE},
+          "it fires for that run only")
     others = prom.query('ALERTS{run="%s",alertname!~"AsympoRewardCollapse.*"}' % COLLAPSE)
     check(not others, "no other alert for the collapsing run (%s)" % others)
-    healthy = prom.query('max_over_time(ALERTS{run="%s"}[15m])' % HEALTHY)
-    check(not healthy, "no alert, not even pending, for the healthy run (%s)" % healthy)
-    flagged = prom.values('max_over_time(asympo_learner_collapse_suspected{run="%s"}[15m])' % HEALTHY)
-    check(flagged.get(HEALTHY) == 0, "the healthy run's detector never flagged it")
+
+
+def healthy_checks(prom):
+    for run in (HEALTHY, NOISY):
+        alerts = prom.query('max_over_time(ALERTS{run="%s"}[15m])' % run)
+        check(not alerts, "no alert, not even pending, for the healthy run %s (%s)" % (run, alerts))
+        flagged = prom.values('max_over_time(asympo_learner_collapse_suspected{run="%s"}[15m])' % run)
+        state = prom.values('max_over_time(asympo_learner:reward_collapse{run="%s"}[15m])' % run)
+        check(flagged.get(run) == 0 and state.get(run) == 0,
+              "%s: neither the detector nor the page's windowed state ever flagged it" % run)
     rise = prom.values('asympo_learner_reward_ema{run="%s"} - '
                        'min_over_time(asympo_learner_reward_ema{run="%s"}[15m])' % (HEALTHY, HEALTHY))
-    steps = prom.values('asympo_learner_steps_total{run="%s"}' % HEALTHY)
-    print("healthy run: %d steps, reward EMA %.3f above its lowest" %
-          (steps.get(HEALTHY, 0), rise.get(HEALTHY, 0)))
-    check(steps.get(HEALTHY, 0) >= 50 and rise.get(HEALTHY, 0) > 0.02,
-          "the healthy run trained and its reward rose")
+    steps = prom.values('asympo_learner_steps_total{run=~"%s|%s"}' % (HEALTHY, NOISY))
+    print("healthy runs: %s steps; %s reward EMA %.3f above its lowest" % (steps, HEALTHY, rise.get(HEALTHY, 0)))
+    check(steps.get(HEALTHY, 0) >= 50 and steps.get(NOISY, 0) >= 200 and rise.get(HEALTHY, 0) > 0.02,
+          "the healthy runs trained and %s's reward rose" % HEALTHY)
+
+
+def stop_checks(prom, stopped):
+    """The collapsing run has stopped: the page is not resolved, and
+    AsympoRunEndedCollapsed says the run ended collapsed."""
+    ended = 'ALERTS{alertname="AsympoRunEndedCollapsed",alertstate="firing",run="%s"}' % COLLAPSE
+    wait_for("AsympoRunEndedCollapsed fires", lambda: prom.values(ended), 60)
+    print("run stopped to AsympoRunEndedCollapsed: %.1f s" % (time.time() - stopped))
+    wait_for("the Alertmanager delivers it", lambda: delivered("AsympoRunEndedCollapsed", "firing"), 30)
+    print("delivered:", delivered("AsympoRunEndedCollapsed", "firing")[0][2]["summary"])
+    hold = time.time() + 30
+    while time.time() < hold:
+        if not prom.values(PAGE):
+            check(False, "the page stays firing after the run stopped")
+        time.sleep(1)
+    check(True, "the page stayed firing for 30 s more")
+    check(not delivered("AsympoRewardCollapse", "resolved"),
+          "the page was never sent as resolved (%s)" % delivered("AsympoRewardCollapse", "resolved"))
 
 
 def start(name, cmd, work, **kw):
     log = open(os.path.join(work, name + ".log"), "w")
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, **kw)
+
+
+def learner(build, work, name, api, metrics):
+    return start("learner-" + name, [
+        os.path.join(build, "learner_server", "asympo-learner"), "--listen=127.0.0.1:%d" % api,
+        "--metrics_address=127.0.0.1:%d" % metrics, "--run_name=" + name,
+        "--prompts_per_step=2", "--queue_capacity=8", "--max_groups_per_batch=8", "--lr=1e-4"], work)
 
 
 def main():
@@ -206,56 +297,79 @@ def main():
         print("SKIP: prometheus and prometheus-alertmanager (Debian packages) are needed")
         sys.exit(77)
     shutil.rmtree(work, ignore_errors=True)
-    targets = os.path.join(work, "targets")
-    os.makedirs(targets)
+    local_targets = os.path.join(work, "runs", "prometheus_targets")
+    slurm_targets = os.path.join(work, "runs", "slurm", "prometheus")
+    os.makedirs(local_targets)
+    os.makedirs(slurm_targets)
+    rc = subprocess.call([sys.executable, os.path.join(src, "tests", "deploy", "monitoring_config_test.py"),
+                          src, os.path.join(work, "config")])
+    check(rc == 0, "tests/deploy/monitoring_config_test.py (exit %d)" % rc)
     learner_pb2, learner_pb2_grpc, rollout_pb2 = generate_stubs(
         os.path.join(src, "proto"), os.path.join(work, "stubs"))
+    stubs = (learner_pb2_grpc, rollout_pb2)
 
     hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
     threading.Thread(target=hook.serve_forever, daemon=True).start()
     prom_port, am_port = free_port(), free_port()
-    prom_cfg, am_cfg = configs(src, work, targets, am_port, hook.server_address[1])
+    prom_cfg, am_cfg = configs(src, work, am_port, hook.server_address[1])
     procs = [start("alertmanager", [am_bin, "--config.file=" + am_cfg, "--storage.path=" +
                                     os.path.join(work, "am-data"), "--web.listen-address=127.0.0.1:%d" % am_port,
                                     "--cluster.listen-address="], work),
              start("prometheus", [prometheus_bin, "--config.file=" + prom_cfg, "--storage.tsdb.path=" +
                                   os.path.join(work, "prom-data"),
                                   "--web.listen-address=127.0.0.1:%d" % prom_port], work)]
-    api, metrics = free_port(), free_port()
-    procs.append(start("learner-collapse", [
-        os.path.join(build, "learner_server", "asympo-learner"), "--listen=127.0.0.1:%d" % api,
-        "--metrics_address=127.0.0.1:%d" % metrics, "--run_name=" + COLLAPSE,
-        "--prompts_per_step=2", "--queue_capacity=8", "--max_groups_per_batch=8", "--lr=1e-4"], work))
-    write_json(os.path.join(targets, COLLAPSE + ".json"), [
-        {"targets": ["127.0.0.1:%d" % metrics], "labels": {"job": "asympo-learner", "run": COLLAPSE}}])
+    ports = {name: (free_port(), free_port()) for name in (COLLAPSE, NOISY)}
+    collapsing = learner(build, work, COLLAPSE, *ports[COLLAPSE])
+    procs.append(learner(build, work, NOISY, *ports[NOISY]))
+    slurm_file = os.path.join(slurm_targets, "asympo-4242-learner.json")
+    write_json(slurm_file, [{"targets": ["127.0.0.1:%d" % ports[COLLAPSE][1]], "labels": {
+        "job": "asympo-learner", "run": COLLAPSE, "slurm_job_id": "4242"}}])
+    write_json(os.path.join(local_targets, NOISY + ".json"), [
+        {"targets": ["127.0.0.1:%d" % ports[NOISY][1]], "labels": {"job": "asympo-learner", "run": NOISY}}])
     healthy = start("local_run", [
         sys.executable, os.path.join(src, "deploy", "local_run.py"), "--build_dir", build,
-        "--out", os.path.join(work, "healthy"), "--run_name", HEALTHY, "--prometheus_targets", targets,
+        "--out", os.path.join(work, "healthy"), "--run_name", HEALTHY, "--prometheus_targets", local_targets,
         "--rollouts", "1", "--max_steps", "0", "--minutes", "8", "--lr_schedule", "constant",
         "--no_eval", "--interval", "30"], work)
-    stop = threading.Event()
-    generator = threading.Thread(target=collapsing_generator, args=((learner_pb2_grpc, rollout_pb2), api, stop))
-    generator.start()
+    plan, stop, stop_collapse = CollapsePlan(), threading.Event(), threading.Event()
+    generators = [threading.Thread(target=generator, args=(stubs, ports[COLLAPSE][0], "collapsing", plan,
+                                                           stop_collapse)),
+                  threading.Thread(target=generator, args=(stubs, ports[NOISY][0], "noisy", noisy_healthy(7),
+                                                           stop))]
+    for g in generators:
+        g.start()
     prom = Prometheus(prom_port)
     try:
-        wait_for("Prometheus scrapes both runs' learners from the file_sd targets",
-                 lambda: prom.values('up{job="asympo-learner"} == 1').keys() >= {COLLAPSE, HEALTHY}, 90)
-        check(True, "both learners are up in Prometheus, told apart by their run label")
-        wait_for("the collapsing run's detector flags it",
-                 lambda: prom.values('asympo_learner_collapse_suspected == 1').get(COLLAPSE), 60)
-        collapse_checks(prom)
+        wait_for("Prometheus scrapes the three learners from the two file_sd folders",
+                 lambda: prom.values('up{job="asympo-learner"} == 1').keys() >= {COLLAPSE, HEALTHY, NOISY}, 90)
+        check(True, "the three learners are up in Prometheus, told apart by their run label")
+        up = time.time()
+        time.sleep(30)  # a healthy stretch in every window of the rules
+        plan.fall()
+        fired = watch_page(prom, plan)
+        page_checks(prom, fired)
         dashboard_checks(src, prom)
+        os.remove(slurm_file)  # as asympo.sbatch does at the end of its job
+        stop_collapse.set()
+        collapsing.send_signal(signal.SIGTERM)
+        stopped = time.time()
+        stop_checks(prom, stopped)
+        time.sleep(max(0, up + 210 - time.time()))  # the healthy runs watched for 3.5 minutes at least
+        healthy_checks(prom)
     finally:
         stop.set()
-        generator.join()
+        stop_collapse.set()
+        for g in generators:
+            g.join()
         healthy.send_signal(signal.SIGINT)
         healthy.wait(timeout=60)
-        for p in procs:
-            p.send_signal(signal.SIGTERM)
-        for p in procs:
+        for p in procs + [collapsing]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs + [collapsing]:
             p.wait(timeout=30)
         hook.shutdown()
-    check(not os.path.exists(os.path.join(targets, HEALTHY + ".json")),
+    check(not os.path.exists(os.path.join(local_targets, HEALTHY + ".json")),
           "local_run removed its targets file when it stopped")
 
 
