@@ -61,8 +61,8 @@ class Files {
 };
 
 TEST(CredentialFilesTest, TheChecksAtStartNameTheFileAndTheFault) {
-  const absl::Time now = absl::Now();
   const std::string cert = Text(TestCertificates::Path("server.pem"));
+  const absl::Time now = absl::Now();  // after the certificates are made (notBefore)
   EXPECT_TRUE(CheckCertificateText(cert, "c.pem", now).ok());
   EXPECT_THAT(CheckCertificateText("", "c.pem", now).message(), HasSubstr("c.pem is empty"));
   EXPECT_THAT(CheckCertificateText(cert.substr(0, cert.size() / 2), "c.pem", now).message(),
