@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Runs the pods of rendered manifests on this machine, for kubernetes_test.sh:
-// every learner rank of the StatefulSet and one rollout daemon, with the
+// every learner rank (rank 0's StatefulSet and the workers') and one rollout daemon, with the
 // containers' own command, args, env, flag files and probes, as a kubelet
 // would start them. Only what a cluster provides is replaced: the
 // volumes' mount paths by folders here, the pods' addresses and DNS names
@@ -265,13 +265,19 @@ async function runRender(r) {
     .map((d) => d.toJS())
     .filter(Boolean);
   r.objects = objects;
-  const sts = objects.find((o) => o.kind === "StatefulSet");
+  // Rank 0's StatefulSet (asympo-learner) and that of ranks 1 and up
+  // (asympo-learner-worker: ordinal + 1).
+  const learnerOf = (o) => o.spec.template.spec.containers.find((c) => daemonOf(c) === "learner");
+  const sets = objects.filter((o) => o.kind === "StatefulSet" && learnerOf(o));
+  const sts = sets.find((o) => o.metadata.name === "asympo-learner");
+  const wsts = sets.find((o) => o !== sts);
   const dep = objects.find((o) => o.kind === "Deployment");
-  const lc = sts && sts.spec.template.spec.containers.find((c) => daemonOf(c) === "learner");
+  const lc = sts && learnerOf(sts);
   const rc = dep && dep.spec.template.spec.containers.find((c) => daemonOf(c) === "rollout");
   if (!lc || !rc) return [`${r.name}: no learner StatefulSet and rollout Deployment`];
   const base = path.join(opts.work, r.name.replace(/\//g, "_"));
-  const world = sts.spec.replicas === undefined ? 1 : sts.spec.replicas;
+  const workers = !wsts ? 0 : wsts.spec.replicas === undefined ? 1 : wsts.spec.replicas;
+  const world = 1 + workers;
   const [grpc, metrics, master, rmetrics] = [
     await freePort(),
     await freePort(),
@@ -281,7 +287,8 @@ async function runRender(r) {
   const ports = { ASYMPO_GRPC_PORT: String(grpc), ASYMPO_METRICS_PORT: String(metrics) };
   const ranks = [];
   for (let i = 0; i < world; i++) {
-    const pod = new Pod(r, sts, lc, `${sts.metadata.name}-${i}`, path.join(base, `rank${i}`));
+    const [set, name] = i === 0 ? [sts, `${sts.metadata.name}-0`] : [wsts, `${wsts.metadata.name}-${i - 1}`];
+    const pod = new Pod(r, set, learnerOf(set), name, path.join(base, `rank${i}`));
     pod.env({ MASTER_ADDR: "127.0.0.1", MASTER_PORT: String(master) });
     ranks.push(pod);
   }

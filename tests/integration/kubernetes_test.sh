@@ -196,8 +196,8 @@ hdr='  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt
   echo '   0: 00000000000000000000000000000000:C383 00000000000000000000000000000000:0000 0A 0'
 } >"$net/tcp6"
 # BEAT: the heartbeat file's line, "none" for no file.
-probe_case() {  # WANT_RC HOST MODE TCP6 BEAT: one run of the probe
-  local want=$1 host=$2 mode=$3 tables=$4 beat=$5 got
+probe_case() {  # WANT_RC HOST MODE TCP6 BEAT [RANK_OFFSET]: one run of the probe
+  local want=$1 host=$2 mode=$3 tables=$4 beat=$5 offset=${6:-0} got
   mkdir -p "$tmp/net-$tables"
   cp "$net/tcp" "$tmp/net-$tables/tcp"
   [[ $tables == with6 ]] && cp "$net/tcp6" "$tmp/net-$tables/tcp6"
@@ -205,7 +205,7 @@ probe_case() {  # WANT_RC HOST MODE TCP6 BEAT: one run of the probe
   [[ $beat == none ]] || echo "$beat" >"$tmp/beat"
   set +e
   HOSTNAME=$host ASYMPO_PROC_NET=$tmp/net-$tables ASYMPO_HEARTBEAT_FILE=$tmp/beat \
-    ASYMPO_HEARTBEAT_MAX_AGE=600 sh "$probe" "$mode" >/dev/null 2>&1
+    ASYMPO_HEARTBEAT_MAX_AGE=600 ASYMPO_RANK_OFFSET=$offset sh "$probe" "$mode" >/dev/null 2>&1
   got=$?
   set -e
   [[ $got == "$want" ]] || echo "$host $mode ($tables, beat $beat): exit $got, want $want"
@@ -223,6 +223,7 @@ probe_problems=$(
   probe_case 1 asympo-learner-0 ready no6 "$now 1"        # 50051 only as a connection
   probe_case 0 asympo-learner-3 ready no6 "$now 1"        # other ranks: their beat
   probe_case 1 asympo-learner-3 ready no6 none
+  probe_case 0 asympo-learner-worker-0 ready no6 "$now 1" 1  # rank 1, not rank 0
   probe_case 2 asympo-learner-0 bogus with6 none
   probe_case 0 asympo-learner-0 --help with6 none
 )

@@ -381,6 +381,45 @@ const portOf = (addr) => Number(String(addr).slice(String(addr).lastIndexOf(":")
 const matches = (selector, labels) =>
   Object.entries(selector || {}).every(([k, v]) => (labels || {})[k] === v);
 
+// Ranks 1 and up (StatefulSet W): rank 0's pod template but for the name,
+// labels, offset, ports and the volume, which they lack (they write
+// nothing); selectors that keep the two sets apart; the same headless
+// Service; the same flags.
+function checkWorkers(L, W, objects, lp) {
+  if (L.o.spec.volumeClaimTemplates === undefined) lp.push("rank 0 has no volumeClaimTemplate");
+  if (!W) {
+    lp.push("no StatefulSet of learner ranks with ASYMPO_RANK_OFFSET=1");
+    return;
+  }
+  const wn = W.o.metadata.name;
+  if (W.o.spec.volumeClaimTemplates) lp.push(`${wn} has volumeClaimTemplates: it writes nothing`);
+  if ((W.c.volumeMounts || []).some((m) => (L.c.volumeMounts || []).some(
+    (x) => x.name === m.name && (L.o.spec.volumeClaimTemplates || []).some(
+      (t) => t.metadata.name === m.name)))) {
+    lp.push(`${wn} mounts rank 0's checkpoint volume`);
+  }
+  for (const k of ["serviceName", "podManagementPolicy"]) {
+    if (W.o.spec[k] !== L.o.spec[k]) lp.push(`${wn}'s ${k} is not rank 0's`);
+  }
+  if ((W.o.spec.updateStrategy || {}).type !== "OnDelete") lp.push(`${wn} is not OnDelete`);
+  const [lt, wt] = [L.o.spec.template.metadata.labels, W.o.spec.template.metadata.labels];
+  if (!matches(W.o.spec.selector.matchLabels, wt) || matches(W.o.spec.selector.matchLabels, lt) ||
+      !matches(L.o.spec.selector.matchLabels, lt) || matches(L.o.spec.selector.matchLabels, wt)) {
+    lp.push("the selectors of rank 0 and the workers do not keep their pods apart");
+  }
+  const headless = objects.find((o) => o.kind === "Service" && o.metadata.name === L.o.spec.serviceName);
+  if (headless && !matches(headless.spec.selector, wt)) lp.push("the headless Service misses the workers");
+  if (envValue(W.c, "ASYMPO_RANK_OFFSET", objects) !== "1") lp.push(`${wn}'s offset is not 1`);
+  if (JSON.stringify(W.c.command) !== JSON.stringify(L.c.command)) {
+    lp.push(`${wn}'s command is not rank 0's`);
+  }
+  const flagList = (x) => x.flags.map((f) => `--${f.name}=${f.value}`).join(" ");
+  if (flagList(W) !== flagList(L)) lp.push(`${wn}'s flags are not rank 0's`);
+  for (const k of ["WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "RUN_NAME"]) {
+    if (envValue(W.c, k, objects) !== envValue(L.c, k, objects)) lp.push(`${wn}'s ${k} differs`);
+  }
+}
+
 // Every rank's liveness reflects its training loop: --heartbeat_file on the
 // path the probes read, a startup probe for the first beat, exec probes of
 // learner-probe.sh, and a documented stall time (ASYMPO_HEARTBEAT_MAX_AGE).
@@ -421,7 +460,9 @@ function checkMountedFiles(where, c, spec, flags, objects) {
   let n = 0;
   for (const f of flags) {
     if (f.name === "flagfile" || typeof f.value !== "string") continue;
-    const mount = (c.volumeMounts || []).find((m) => f.value.startsWith(m.mountPath + "/"));
+    const mount = (c.volumeMounts || [])
+      .filter((m) => f.value.startsWith(m.mountPath + "/"))
+      .sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
     const vol = mount && (spec.volumes || []).find((v) => v.name === mount.name);
     const ref = vol && (vol.secret || vol.configMap);
     if (!ref) continue;
@@ -459,7 +500,9 @@ for (const r of renders) {
         }
       }
       check(`${where}: every flag is one asympo-${d} knows (${flags.length} flags)`, problems);
-      daemons[d] = { o, spec, c, flags };
+      // The learner's ranks 1 and up are a StatefulSet of their own.
+      const role = d === "learner" && envValue(c, "ASYMPO_RANK_OFFSET", objects) === "1";
+      daemons[role ? "workers" : d] = { o, spec, c, flags };
 
       // $(VAR) in args and env: defined before use.
       const vp = [];
@@ -538,7 +581,10 @@ for (const r of renders) {
       }
       check(`${where}: non-root, read-only, no capabilities, resources, probes, image tag`, sp);
       if (d === "learner") checkHeartbeat(where, c, spec, flags, objects);
-      checkMountedFiles(where, c, spec, flags, objects);
+      // Ranks 1 and up read no file but the flag file (no TLS, no checkpoints).
+      if (envValue(c, "ASYMPO_RANK_OFFSET", objects) !== "1") {
+        checkMountedFiles(where, c, spec, flags, objects);
+      }
 
       // GPUs: wanted by --device=cuda, requested in requests and limits alike.
       const gp = [];
@@ -584,7 +630,11 @@ for (const r of renders) {
   }
   const world = Number(envValue(L.c, "WORLD_SIZE", objects));
   const replicas = L.o.spec.replicas === undefined ? 1 : L.o.spec.replicas;
-  if (world !== replicas) lp.push(`WORLD_SIZE ${world} but ${replicas} learner replicas`);
+  const W = daemons.workers;
+  const workers = !W ? 0 : W.o.spec.replicas === undefined ? 1 : W.o.spec.replicas;
+  if (replicas !== 1) lp.push(`rank 0's StatefulSet has ${replicas} replicas, not 1`);
+  if (world !== 1 + workers) lp.push(`WORLD_SIZE ${world} but 1 + ${workers} learner ranks`);
+  checkWorkers(L, W, objects, lp);
   if (world > 1 && last(L.flags, "dist_insecure") !== "true") {
     lp.push(`${world} ranks without --dist_insecure`);
   }
@@ -610,9 +660,12 @@ for (const r of renders) {
     lp.push("POD_NAMESPACE is not the pod's namespace");
   }
   if (envValue(L.c, "MASTER_PORT", objects) !== "29500") lp.push("MASTER_PORT is not 29500");
-  if (!(L.c.command || []).join(" ").includes("RANK=${HOSTNAME##*-}")) {
-    lp.push("the learner's command does not take RANK from the pod's ordinal");
+  const cmd = (L.c.command || []).join(" ");
+  if (!cmd.includes("ordinal=${HOSTNAME##*-}") ||
+      !cmd.includes("RANK=$((ordinal + ${ASYMPO_RANK_OFFSET:-0}))")) {
+    lp.push("the learner's command does not take RANK from the pod's ordinal and offset");
   }
+  if (envValue(L.c, "ASYMPO_RANK_OFFSET", objects) !== "0") lp.push("rank 0's offset is not 0");
   // Secure by default: the daemons refuse to listen beyond loopback in
   // plaintext, and to serve /metrics there, unless told so.
   const beyondLoopback = (a) => a !== undefined && !/^(127\.|localhost:|\[::1\])/.test(a);
@@ -640,7 +693,10 @@ for (const r of renders) {
       ...L.o.spec.template.metadata.labels,
       "statefulset.kubernetes.io/pod-name": `${L.o.metadata.name}-0`,
     };
-    const pod1 = { ...pod0, "statefulset.kubernetes.io/pod-name": `${L.o.metadata.name}-1` };
+    const pod1 = W
+      ? { ...W.o.spec.template.metadata.labels,
+          "statefulset.kubernetes.io/pod-name": `${W.o.metadata.name}-0` }
+      : { ...pod0, "statefulset.kubernetes.io/pod-name": `${L.o.metadata.name}-1` };
     if (!matches(svc.spec.selector, pod0) || matches(svc.spec.selector, pod1)) {
       lp.push("Service asympo-learner does not select rank 0 alone");
     }
@@ -691,7 +747,7 @@ for (const r of renders) {
     lp.push(`--checkpoint_dir=${ckpt} is not on the learner's volumeClaimTemplate`);
   }
   check(
-    `${r.name}: ${world} learner rank(s) meet at rank 0; rollouts reach it at ` +
+    `${r.name}: ${world} learner rank(s) meet at rank 0, the only one with a volume; rollouts reach it at ` +
       "asympo-learner:50051",
     lp,
   );

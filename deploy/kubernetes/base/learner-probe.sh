@@ -25,10 +25,12 @@
 # namespace) has it in state 0A (LISTEN): what a tcpSocket probe checks.
 set -eu
 mode=${1:-}
-# The container runtime sets HOSTNAME to the pod's name (asympo-learner-<i>).
+# The container runtime sets HOSTNAME to the pod's name (asympo-learner-0,
+# asympo-learner-worker-<i>); the rank is its ordinal plus
+# ASYMPO_RANK_OFFSET (1 for the workers), as in the container's command.
 # shellcheck disable=SC3028  # set in the environment, not by the shell
 host=${HOSTNAME:-$(cat /proc/sys/kernel/hostname)}
-rank=${RANK:-${host##*-}}
+rank=$((${host##*-} + ${ASYMPO_RANK_OFFSET:-0}))
 beat_file=${ASYMPO_HEARTBEAT_FILE:-/tmp/asympo-heartbeat}
 max_age=${ASYMPO_HEARTBEAT_MAX_AGE:-600}
 
