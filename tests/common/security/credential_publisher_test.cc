@@ -310,5 +310,54 @@ TEST(CredentialPublisherTest, AServerOutlivesAnEmptiedCertificateAndTakesTheRene
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
 }
 
+// A rollout's side: its client key and CA emptied under a running channel.
+// The server closes connections every half second, so each check below is
+// a new handshake with the pair and CA in force.
+TEST(CredentialPublisherTest, AClientChannelOutlivesAnEmptiedKeyAndCa) {
+  Files f;
+  f.Copy("client.pem", "cert.pem");
+  f.Copy("client.key", "key.pem");
+  f.Copy("ca.pem", "ca.pem");
+  ServerTlsOptions server_tls;
+  server_tls.cert_file = TestCertificates::Path("server.pem");
+  server_tls.key_file = TestCertificates::Path("server.key");
+  server_tls.client_ca_file = TestCertificates::Path("ca.pem");
+  auto server_creds = MakeServerCredentials(server_tls);
+  ASSERT_TRUE(server_creds.ok()) << server_creds.status();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", *server_creds, &port);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS, 500);
+  grpc::CallbackGenericService no_methods;
+  builder.RegisterCallbackGenericService(&no_methods);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  prometheus::Registry registry;
+  ClientTlsOptions c;
+  c.ca_file = f.Path("ca.pem");
+  c.cert_file = f.Path("cert.pem");
+  c.key_file = f.Path("key.pem");
+  c.reload_seconds = 1;
+  c.registry = &registry;
+  auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c);
+  ASSERT_TRUE(channel.ok()) << channel.status();
+  const auto connects = [&] {
+    return (*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  };
+  EXPECT_TRUE(connects());
+  f.Replace("key.pem", "");
+  f.Replace("ca.pem", "");
+  EXPECT_TRUE(asympo::testing::WaitFor(
+      [&] {
+        return MetricValue(registry, "asympo_tls_reload_failures_total", f.Path("key.pem")) == 1;
+      },
+      absl::Seconds(10)));
+  for (int i = 0; i < 6; ++i) {  // 3 s: several reconnections
+    absl::SleepFor(absl::Milliseconds(500));
+    EXPECT_TRUE(connects()) << i;
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
 }  // namespace
 }  // namespace asympo::security
