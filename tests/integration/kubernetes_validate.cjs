@@ -424,6 +424,16 @@ function checkWorkers(L, W, objects, lp) {
 // path the probes read, a startup probe for the first beat, exec probes of
 // learner-probe.sh, and a documented stall time (ASYMPO_HEARTBEAT_MAX_AGE).
 function checkHeartbeat(where, c, spec, flags, objects) {
+  const live = c.livenessProbe || {};
+  const maxAge = Number(envValue(c, "ASYMPO_HEARTBEAT_MAX_AGE", objects));
+  const stall = maxAge + (live.periodSeconds || 10) * (live.failureThreshold || 3);
+  check(
+    `${where}: startup at the first heartbeat; liveness fails ${maxAge}-${stall} s after ` +
+      "its training loop stalls, on every rank",
+    heartbeatProblems(c, spec, flags, objects),
+  );
+}
+function heartbeatProblems(c, spec, flags, objects) {
   const hp = [];
   const file = envValue(c, "ASYMPO_HEARTBEAT_FILE", objects);
   const maxAge = Number(envValue(c, "ASYMPO_HEARTBEAT_MAX_AGE", objects));
@@ -444,18 +454,30 @@ function checkHeartbeat(where, c, spec, flags, objects) {
       hp.push(`${p} does not run learner-probe.sh ${mode}`);
     }
   }
-  const live = c.livenessProbe || {};
-  const stall = maxAge + (live.periodSeconds || 10) * (live.failureThreshold || 3);
-  check(
-    `${where}: startup at the first heartbeat; liveness fails ${maxAge}-${stall} s after ` +
-      "its training loop stalls, on every rank",
-    hp,
-  );
+  return hp;
+}
+
+// A container with a GPU is Guaranteed: requests equal limits for cpu and
+// memory (the last that a node under memory pressure evicts).
+function qosProblems(res) {
+  const qp = [];
+  const gpu = (res.limits || {})["nvidia.com/gpu"];
+  for (const k of gpu !== undefined ? ["cpu", "memory"] : []) {
+    const [rq, lm] = [(res.requests || {})[k], (res.limits || {})[k]];
+    if (rq === undefined || String(rq) !== String(lm)) {
+      qp.push(`${k} request ${rq} and limit ${lm} differ: not Guaranteed QoS`);
+    }
+  }
+  return qp;
 }
 
 // A flag naming a file under a Secret or ConfigMap mount names a key the
 // rendered object has (--tls_cert, --auth_file, --tls_token_file, ...).
 function checkMountedFiles(where, c, spec, flags, objects) {
+  const [n, mp] = mountedFileProblems(c, spec, flags, objects);
+  if (n) check(`${where}: the ${n} files its flags name are keys of mounted objects`, mp);
+}
+function mountedFileProblems(c, spec, flags, objects) {
   const mp = [];
   let n = 0;
   for (const f of flags) {
@@ -474,7 +496,7 @@ function checkMountedFiles(where, c, spec, flags, objects) {
     if (!o) mp.push(`--${f.name}=${f.value}: ${kind} ${name} is not rendered`);
     else if (!keys.includes(key)) mp.push(`--${f.name}=${f.value}: ${kind} ${name} has no ${key}`);
   }
-  if (n) check(`${where}: the ${n} files its flags name are keys of mounted objects`, mp);
+  return [n, mp];
 }
 
 for (const r of renders) {
@@ -602,14 +624,7 @@ for (const r of renders) {
       if (r.name === "overlays/gpu" && !(Number(gpuLimit) >= 1)) {
         gp.push("the gpu overlay does not request nvidia.com/gpu");
       }
-      // A GPU pod is Guaranteed (requests equal limits for cpu and memory):
-      // the last that a node under memory pressure evicts.
-      for (const k of gpuLimit !== undefined ? ["cpu", "memory"] : []) {
-        const [rq, lm] = [(res.requests || {})[k], (res.limits || {})[k]];
-        if (rq === undefined || String(rq) !== String(lm)) {
-          gp.push(`${k} request ${rq} and limit ${lm} differ: not Guaranteed QoS`);
-        }
-      }
+      gp.push(...qosProblems(res));
       check(
         `${where}: GPU requests match --device=${device}` +
           (gpuLimit !== undefined ? ` (nvidia.com/gpu: ${gpuLimit}, Guaranteed QoS)` : ""),
@@ -778,6 +793,53 @@ for (const r of renders) {
     if (!admits) np.push("the NetworkPolicy does not admit the rollouts to 50051");
   }
   check(`${r.name}: namespace and NetworkPolicy`, np);
+}
+
+// The rules above reject broken copies of real learners, so that they cannot
+// pass vacuously.
+{
+  const clone = (x) => JSON.parse(JSON.stringify(x));
+  const learnerIn = (r, name = "asympo-learner") => {
+    const o = r.objects.find((x) => x.kind === "StatefulSet" && x.metadata.name === name);
+    const spec = o.spec.template.spec;
+    const c = spec.containers.find((x) => daemonOf(x) === "learner");
+    return { o, spec, c, flags: flagsOf(c, spec, r.objects, []), objects: r.objects };
+  };
+  const controls = [];
+  const gpu = renders.find((r) => r.name === "overlays/gpu");
+  const tls = renders.find((r) => r.name === "overlays/tls");
+  if (gpu) {
+    const L = learnerIn(gpu);
+    const hb = (c, flags) => heartbeatProblems(c, L.spec, flags || L.flags, L.objects);
+    let c = clone(L.c);
+    delete c.startupProbe;
+    controls.push(["without a startupProbe", hb(c)]);
+    c = clone(L.c);
+    c.livenessProbe = { tcpSocket: { port: 9464 } };
+    controls.push(["whose liveness probe checks a port", hb(c)]);
+    controls.push(["without --heartbeat_file", hb(L.c, L.flags.filter((f) => f.name !== "heartbeat_file"))]);
+    c = clone(L.c);
+    c.resources.requests.memory = "64Gi";
+    controls.push(["with a GPU and 64Gi of memory requested under its limit", qosProblems(c.resources)]);
+    const W = clone(learnerIn(gpu, "asympo-learner-worker"));
+    W.o.spec.volumeClaimTemplates = L.o.spec.volumeClaimTemplates;
+    const wp = [];
+    checkWorkers(L, W, L.objects, wp);
+    controls.push(["whose workers get a volume too", wp]);
+  }
+  if (tls) {
+    const L = learnerIn(tls);
+    const objects = clone(L.objects);
+    delete objects.find((x) => x.kind === "Secret" && x.metadata.name === "asympo-learner-tls")
+      .stringData["tls.key"];
+    controls.push(["whose Secret lacks the key --tls_key names",
+      mountedFileProblems(L.c, L.spec, L.flags, objects)[1]]);
+  }
+  if (!gpu || !tls) fail("negative controls of the project's rules: no gpu or tls overlay");
+  for (const [what, problems] of controls) {
+    if (problems.length) pass(`the project's rules reject a learner ${what}: ${problems[0]}`);
+    else fail(`the project's rules accept a learner ${what}`);
+  }
 }
 
 // --- monitoring -----------------------------------------------------------
