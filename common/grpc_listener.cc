@@ -1,5 +1,6 @@
 #include "common/grpc_listener.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -142,6 +143,31 @@ uint64_t SocketInode(int fd) {
   return static_cast<uint64_t>(st.st_ino);
 }
 
+// gRPC's peer string for `a` (its grpc_sockaddr_to_uri: an IPv4-mapped
+// IPv6 address as IPv4) and the bare address, for the connection table.
+void PeerOf(const sockaddr_storage& a, std::string* peer, std::string* address) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (a.ss_family == AF_INET6) {
+    const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    const int port = ntohs(in6->sin6_port);
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+      ::inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], text, sizeof(text));
+      *address = text;
+      *peer = absl::StrCat("ipv4:", text, ":", port);
+      return;
+    }
+    ::inet_ntop(AF_INET6, &in6->sin6_addr, text, sizeof(text));
+    *address = text;
+    if (in6->sin6_scope_id != 0) absl::StrAppend(address, "%", in6->sin6_scope_id);
+    *peer = absl::StrCat("ipv6:[", *address, "]:", port);
+    return;
+  }
+  const auto* in4 = reinterpret_cast<const sockaddr_in*>(&a);
+  ::inet_ntop(AF_INET, &in4->sin_addr, text, sizeof(text));
+  *address = text;
+  *peer = absl::StrCat("ipv4:", text, ":", ntohs(in4->sin_port));
+}
+
 int OpenSpare() { return ::open("/dev/null", O_RDONLY | O_CLOEXEC); }
 
 // Whether `listen_fd` has a connection waiting to be accepted.
@@ -165,9 +191,13 @@ int DefaultMaxConnections() {
 absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Bind(
     const std::string& address, std::shared_ptr<grpc::ServerCredentials> credentials,
     grpc::ServerBuilder* builder, GrpcListenerOptions options) {
-  if (options.max_connections < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("gRPC listener: max_connections is ",
-                                                   options.max_connections, "; it must be >= 0"));
+  if (options.max_connections < 0 || options.max_connections_per_peer < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gRPC listener: max_connections is ", options.max_connections,
+        " and max_connections_per_peer ", options.max_connections_per_peer, "; both must be >= 0"));
+  }
+  if (options.unauthenticated_grace <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("gRPC listener: unauthenticated_grace must be positive");
   }
   absl::StatusOr<HostPort> hp = SplitHostPort(address, "gRPC address");
   if (!hp.ok()) return hp.status();
@@ -180,6 +210,14 @@ absl::StatusOr<std::unique_ptr<GrpcListener>> GrpcListener::Bind(
   l->options_ = options;
   l->max_connections_ =
       options.max_connections > 0 ? options.max_connections : DefaultMaxConnections();
+  ConnectionLimits limits;
+  limits.max_connections = l->max_connections_;
+  limits.max_per_peer = options.max_connections_per_peer > 0
+                            ? options.max_connections_per_peer
+                            : std::max(16, l->max_connections_ / 4);
+  limits.max_per_peer = std::min(limits.max_per_peer, l->max_connections_);
+  limits.grace = options.unauthenticated_grace;
+  l->table_ = std::make_shared<ConnectionTable>(limits);
   l->bound_address_ = BoundAddress(l->listen_fds_.front(), &l->port_);
   l->wake_fd_ = ::eventfd(0, EFD_CLOEXEC);
   l->spare_fd_ = OpenSpare();
@@ -207,7 +245,12 @@ GrpcListener::~GrpcListener() {
 void GrpcListener::Start() {
   CHECK(!thread_.joinable()) << "GrpcListener::Start called twice";
   LOG(INFO) << "gRPC listening on " << bound_address_ << " (at most " << max_connections_
-            << " connections)";
+            << " connections, " << table_->limits().max_per_peer << " from one address"
+            << (table_->limits().grace == absl::InfiniteDuration()
+                    ? std::string()
+                    : absl::StrCat("; closed without an authorized call within ",
+                                   absl::FormatDuration(table_->limits().grace)))
+            << ")";
   thread_ = std::thread([this] { AcceptLoop(); });
 }
 
@@ -215,6 +258,8 @@ GrpcListenerStats GrpcListener::stats() const {
   GrpcListenerStats s;
   s.accepted = accepted_.load();
   s.refused_at_limit = refused_at_limit_.load();
+  s.refused_at_peer_limit = refused_at_peer_limit_.load();
+  s.closed_unauthenticated = closed_unauthenticated_.load();
   s.descriptor_exhaustions = descriptor_exhaustions_.load();
   s.refused_without_descriptors = refused_without_descriptors_.load();
   s.other_accept_errors = other_accept_errors_.load();
@@ -224,11 +269,16 @@ GrpcListenerStats GrpcListener::stats() const {
 void GrpcListener::AcceptLoop() {
   std::vector<pollfd> polled = {{wake_fd_, POLLIN, 0}};
   for (const int fd : listen_fds_) polled.push_back({fd, POLLIN, 0});
+  // With a grace, expired connections are looked for between accepts.
+  const int timeout_ms = table_->limits().grace == absl::InfiniteDuration() ? -1 : 200;
   for (;;) {
-    if (::poll(polled.data(), polled.size(), -1) < 0) {
+    const int ready = ::poll(polled.data(), polled.size(), timeout_ms);
+    if (ready < 0) {
       CHECK_EQ(errno, EINTR) << "poll: " << ErrnoText(errno);
       continue;
     }
+    if (timeout_ms >= 0) CloseExpired();
+    if (ready == 0) continue;
     if (polled[0].revents != 0) return;
     bool pause = false;
     for (size_t i = 1; i < polled.size(); ++i) {
@@ -240,9 +290,12 @@ void GrpcListener::AcceptLoop() {
 
 bool GrpcListener::AcceptPending(int listen_fd) {
   for (int i = 0; i < kAcceptBatch; ++i) {
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    sockaddr_storage peer{};
+    socklen_t len = sizeof(peer);
+    const int fd = ::accept4(listen_fd, reinterpret_cast<sockaddr*>(&peer), &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-      Admit(listen_fd, fd);
+      Admit(listen_fd, fd, peer);
       continue;
     }
     const int error = errno;
@@ -276,25 +329,34 @@ bool GrpcListener::AcceptPending(int listen_fd) {
   return true;
 }
 
-void GrpcListener::Admit(int listen_fd, int fd) {
+void GrpcListener::Admit(int listen_fd, int fd, const sockaddr_storage& peer_addr) {
+  std::string peer, address;
+  PeerOf(peer_addr, &peer, &address);
   // A full check costs one fstat per open connection: at most one per
-  // kPruneInterval, so that a flood at the limit costs little.
+  // kPruneInterval, so that a flood at a limit costs little.
   const absl::Time now = absl::Now();
-  if (static_cast<int>(open_.size()) >= max_connections_ && now - last_prune_ >= kPruneInterval) {
-    Prune();
+  const ConnectionLimits& limits = table_->limits();
+  if ((table_->open() >= limits.max_connections ||
+       table_->open_from(address) >= limits.max_per_peer) &&
+      now - last_prune_ >= kPruneInterval) {
+    table_->Prune([](int f, uint64_t inode) { return SocketInode(f) == inode; });
     last_prune_ = now;
   }
-  if (static_cast<int>(open_.size()) >= max_connections_) {
-    ++refused_at_limit_;  // before the client can see the close
-    Report(GrpcListenerEvent::kRefusedAtLimit);
+  // Recorded before gRPC has it: gRPC may close it at any time after.
+  const ConnectionTable::Admission a = table_->Admit(fd, SocketInode(fd), peer, address, now);
+  for (const ConnectionRef& c : a.evicted) CloseUnauthenticated(c);
+  if (a.verdict != ConnectionTable::Verdict::kAdmitted) {
+    const bool per_peer = a.verdict == ConnectionTable::Verdict::kRefusedAtPeerLimit;
+    ++(per_peer ? refused_at_peer_limit_ : refused_at_limit_);  // before the client sees the close
+    Report(per_peer ? GrpcListenerEvent::kRefusedAtPeerLimit : GrpcListenerEvent::kRefusedAtLimit);
     ::close(fd);
-    MaybeLogRefusals(absl::StrCat(max_connections_, " connections open, the limit"));
+    MaybeLogRefusals(per_peer ? absl::StrCat(limits.max_per_peer, " connections open from ",
+                                             address, ", the limit per address")
+                              : absl::StrCat(max_connections_, " connections open, the limit"));
     return;
   }
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  // Recorded before gRPC has it: gRPC may close it at any time after.
-  open_[fd] = SocketInode(fd);
   grpc::experimental::ExternalConnectionAcceptor::NewConnectionParameters p;
   p.listener_fd = listen_fd;
   p.fd = fd;
@@ -303,15 +365,22 @@ void GrpcListener::Admit(int listen_fd, int fd) {
   Report(GrpcListenerEvent::kAccepted);
 }
 
-void GrpcListener::Prune() {
-  for (auto it = open_.begin(); it != open_.end();) {
-    const uint64_t inode = SocketInode(it->first);
-    if (inode == 0 || inode != it->second) {
-      open_.erase(it++);
-    } else {
-      ++it;
-    }
-  }
+void GrpcListener::CloseExpired() {
+  for (const ConnectionRef& c : table_->Expired(absl::Now())) CloseUnauthenticated(c);
+}
+
+void GrpcListener::CloseUnauthenticated(const ConnectionRef& c) {
+  // gRPC owns the descriptor: shutdown ends the connection, gRPC then
+  // closes it. The inode check keeps a reused number's socket alone.
+  if (SocketInode(c.fd) != c.inode) return;
+  ::shutdown(c.fd, SHUT_RDWR);
+  ++closed_unauthenticated_;
+  Report(GrpcListenerEvent::kClosedUnauthenticated);
+  MaybeLogRefusals("closing connections that made no authorized call in time or at a limit");
+}
+
+std::function<void(const std::string& peer)> GrpcListener::authorized_hook() const {
+  return [table = table_](const std::string& peer) { table->MarkAuthorized(peer); };
 }
 
 void GrpcListener::ShedWithoutDescriptors(int listen_fd, int error) {
@@ -347,12 +416,16 @@ void GrpcListener::MaybeLogRefusals(const std::string& why) {
   const absl::Time now = absl::Now();
   if (now - last_log_ < options_.log_interval) return;
   const GrpcListenerStats s = stats();
-  const int64_t refused = s.refused_at_limit + s.refused_without_descriptors;
+  const int64_t refused = s.refused_at_limit + s.refused_at_peer_limit +
+                          s.refused_without_descriptors + s.closed_unauthenticated;
   LOG(WARNING) << "gRPC listener on " << bound_address_ << ": " << why << "; "
-               << refused - logged_refusals_ << " connections refused since the last report ("
-               << s.refused_at_limit << " at the limit, " << s.refused_without_descriptors
-               << " without descriptors in " << s.descriptor_exhaustions << " exhaustions in all; "
-               << s.other_accept_errors << " other accept errors); still accepting";
+               << refused - logged_refusals_
+               << " connections refused or closed since the last report (" << s.refused_at_limit
+               << " at the limit, " << s.refused_at_peer_limit << " at the limit per address, "
+               << s.closed_unauthenticated << " closed without an authorized call, "
+               << s.refused_without_descriptors << " without descriptors in "
+               << s.descriptor_exhaustions << " exhaustions in all; " << s.other_accept_errors
+               << " other accept errors); still accepting";
   last_log_ = now;
   logged_refusals_ = refused;
 }

@@ -50,6 +50,14 @@
 // metrics need out of the clients' reach; the reserve descriptor handles the rest (other parts of
 // the process using them up).
 //
+// Fair shares (common/connection_table.h): connections are also limited per
+// peer address, and one that has made no authorized call within
+// `unauthenticated_grace` is closed (shutdown(2): gRPC then sees the
+// connection end and closes its descriptor). A connection at a limit takes
+// the place of the oldest one there that has not authorized; the service
+// reports authorized calls through authorized_hook(), with gRPC's peer
+// string, which the listener records for each connection it accepts.
+//
 // Thread-safety: Bind and the destructor from one thread; Start once; port(),
 // bound_address(), max_connections() and stats() from any thread. The
 // destructor stops accepting and joins the accept thread promptly (an
@@ -65,12 +73,14 @@
 #include <thread>
 #include <vector>
 
+#include <sys/socket.h>
+
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/connection_table.h"
 
 namespace asympo {
 
@@ -89,6 +99,8 @@ int DefaultMaxConnections();
 enum class GrpcListenerEvent {
   kAccepted,                   // a connection handed to gRPC
   kRefusedAtLimit,             // closed at once: max_connections open
+  kRefusedAtPeerLimit,         // closed at once: max_connections_per_peer open from its address
+  kClosedUnauthenticated,      // closed: no authorized call in the grace, or evicted at a limit
   kDescriptorExhaustion,       // accept4 failed with EMFILE or ENFILE
   kRefusedWithoutDescriptors,  // closed at once through the reserve then
   kOtherAcceptError,           // another accept4 failure (ENOBUFS, ENOMEM)
@@ -98,6 +110,12 @@ struct GrpcListenerOptions {
   // Connections handed to gRPC and still open, at most; one more is
   // accepted and closed at once. 0: DefaultMaxConnections() at Bind.
   int max_connections = 0;
+  // Connections from one peer address (IP) open at once, at most. 0: a
+  // quarter of max_connections, at least 16 (never above max_connections).
+  int max_connections_per_peer = 0;
+  // A connection with no authorized call this long after it was accepted
+  // is closed; an infinite duration: never.
+  absl::Duration unauthenticated_grace = absl::InfiniteDuration();
   // After running out of descriptors, accepting pauses this long.
   absl::Duration exhausted_backoff = absl::Milliseconds(100);
   // Refused connections are logged at most once per interval.
@@ -112,6 +130,9 @@ struct GrpcListenerStats {
   int64_t accepted = 0;
   // Connections closed at once because max_connections were open.
   int64_t refused_at_limit = 0;
+  int64_t refused_at_peer_limit = 0;
+  // Closed for want of an authorized call: past the grace, or evicted.
+  int64_t closed_unauthenticated = 0;
   // accept4 failures with EMFILE or ENFILE, and the connections closed at
   // once through the reserve descriptor then.
   int64_t descriptor_exhaustions = 0;
@@ -146,6 +167,11 @@ class GrpcListener {
   // "ip:port" or "[ip6]:port" of the first bound socket.
   const std::string& bound_address() const { return bound_address_; }
   int max_connections() const { return max_connections_; }
+  int max_connections_per_peer() const { return table_->limits().max_per_peer; }
+  // For the services' authorizer: marks the connection of a peer string
+  // (ServerContext::peer()) as one that made an authorized call. Callable
+  // from any thread, also after the listener is gone.
+  std::function<void(const std::string& peer)> authorized_hook() const;
   GrpcListenerStats stats() const;
 
  private:
@@ -154,9 +180,11 @@ class GrpcListener {
   // Accepts what `listen_fd` has pending; false when accepting must pause.
   bool AcceptPending(int listen_fd);
   // Hands `fd` to gRPC, or closes it when max_connections are open.
-  void Admit(int listen_fd, int fd);
-  // Drops the records of connections gRPC has closed.
-  void Prune();
+  void Admit(int listen_fd, int fd, const sockaddr_storage& peer);
+  // Closes the connections past the grace without an authorized call.
+  void CloseExpired();
+  // Shuts `c` down if its descriptor still names its socket.
+  void CloseUnauthenticated(const ConnectionRef& c);
   // EMFILE/ENFILE: sheds the pending connections through the reserve.
   void ShedWithoutDescriptors(int listen_fd, int error);
   void Report(GrpcListenerEvent e) {
@@ -178,13 +206,15 @@ class GrpcListener {
   std::thread thread_;
 
   // The accept thread's own.
-  absl::flat_hash_map<int, uint64_t> open_;  // descriptor -> socket inode
+  std::shared_ptr<ConnectionTable> table_;
   absl::Time last_prune_ = absl::InfinitePast();
   absl::Time last_log_ = absl::InfinitePast();
   int64_t logged_refusals_ = 0;
 
   std::atomic<int64_t> accepted_{0};
   std::atomic<int64_t> refused_at_limit_{0};
+  std::atomic<int64_t> refused_at_peer_limit_{0};
+  std::atomic<int64_t> closed_unauthenticated_{0};
   std::atomic<int64_t> descriptor_exhaustions_{0};
   std::atomic<int64_t> refused_without_descriptors_{0};
   std::atomic<int64_t> other_accept_errors_{0};

@@ -20,6 +20,7 @@
 #include "common/host_port.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
+#include "common/security/call_gate.h"
 #include "common/status_macros.h"
 #include "learner_server/checkpoint.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
@@ -88,12 +89,17 @@ std::function<void(GrpcListenerEvent)> ListenerCounters(prometheus::Registry& re
                      .Name("asympo_learner_connections_total")
                      .Help(
                          "Connections to the learner's port, by what became of them: accepted, "
-                         "refused_at_limit (--max_connections open), refused_no_descriptors "
-                         "(the process was out of file descriptors)")
+                         "refused_at_limit (--max_connections open), refused_at_peer_limit "
+                         "(--max_connections_per_peer open from its address), "
+                         "closed_unauthenticated (no authorized call within "
+                         "--connection_auth_grace, or its place taken at a limit), "
+                         "refused_no_descriptors (the process was out of file descriptors)")
                      .Register(registry);
   prometheus::Counter* accepted = &family.Add({{"result", "accepted"}});
   prometheus::Counter* at_limit = &family.Add({{"result", "refused_at_limit"}});
   prometheus::Counter* no_fds = &family.Add({{"result", "refused_no_descriptors"}});
+  prometheus::Counter* at_peer_limit = &family.Add({{"result", "refused_at_peer_limit"}});
+  prometheus::Counter* unauthenticated = &family.Add({{"result", "closed_unauthenticated"}});
   prometheus::Counter* errors =
       &metrics::AddCounter(registry, "asympo_learner_accept_errors_total",
                            "accept4 failures on the learner's port: running out of file "
@@ -108,6 +114,12 @@ std::function<void(GrpcListenerEvent)> ListenerCounters(prometheus::Registry& re
         break;
       case GrpcListenerEvent::kRefusedWithoutDescriptors:
         no_fds->Increment();
+        break;
+      case GrpcListenerEvent::kRefusedAtPeerLimit:
+        at_peer_limit->Increment();
+        break;
+      case GrpcListenerEvent::kClosedUnauthenticated:
+        unauthenticated->Increment();
         break;
       case GrpcListenerEvent::kDescriptorExhaustion:
       case GrpcListenerEvent::kOtherAcceptError:
@@ -178,6 +190,9 @@ absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
   o.broadcast.authorizer = authorizer_.get();
   if (!IsLoopbackAddress(o.listen_address) &&
       (o.tls.cert_file.empty() || !authorizer_->authenticates())) {
+  // Callers are authenticated on their headers, before gRPC reads a message.
+  credentials_ = security::GateCallsOnMetadata(credentials_, !o.tls.cert_file.empty(),
+                                               o.listen_address, authorizer_.get());
     LOG(WARNING) << "--insecure: listening on " << o.listen_address
                  << (o.tls.cert_file.empty() ? " in plaintext" : "")
                  << (authorizer_->authenticates() ? "" : " without client authentication")
@@ -259,6 +274,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.authorizer = authorizer_.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
+  so.max_streams_per_principal = o.max_streams_per_principal;
   so.model_signature = sender_->model_signature();
   so.received_bytes = &received_bytes_;
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
@@ -272,6 +288,8 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
       GrpcListener::Bind(o.listen_address, credentials_, &builder, std::move(lo));
   const auto cannot_listen = [&](absl::string_view why) {
     return absl::UnavailableError(
+  lo.max_connections_per_peer = o.max_connections_per_peer;
+  lo.unauthenticated_grace = o.connection_auth_grace;
         absl::StrCat("cannot listen on ", o.listen_address,
                      " (the port is in use, by another learner perhaps, or the address is not "
                      "one of this host's): ",
@@ -288,6 +306,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
       "Connections to the learner's port that may be open at once (--max_connections)")
       .Set(listener_->max_connections());
   builder.RegisterService(service_.get());
+  authorizer_->SetOnAuthorized(listener_->authorized_hook());
   builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(so.max_message_bytes));
   // Rollouts' weight receivers send keepalive pings every 20 s on their

@@ -73,6 +73,12 @@ struct LearnerDaemonOptions {
   int max_connections = 0;
   // LearnerServiceOptions::fault_reply_delay (tests only).
   absl::Duration fault_reply_delay = absl::ZeroDuration();
+  // GrpcListenerOptions::max_connections_per_peer and
+  // unauthenticated_grace.
+  int max_connections_per_peer = 0;
+  absl::Duration connection_auth_grace = absl::Seconds(10);
+  // LearnerServiceOptions::max_streams_per_principal.
+  int64_t max_streams_per_principal = 0;
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
   // (empty: none); the newest valid one is restored at start.
   std::string checkpoint_dir;

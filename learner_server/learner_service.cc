@@ -199,16 +199,8 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
 class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   StreamReactor(const LearnerService* svc, grpc::CallbackServerContext* ctx,
-                grpc::ByteBuffer* response, bool refuse)
-      : svc_(svc), ctx_(ctx), response_(response), counted_(!refuse) {
-    if (refuse) {
-      const absl::Status full = absl::ResourceExhaustedError(
-          absl::StrCat("the learner has ", svc_->options().max_streams,
-                       " SubmitStreams open, its limit; close one, or use Submit"));
-      AddRetryHint(ctx_, full, svc_->options().retry_after);
-      Finish(ToGrpcStatus(full));
-      return;
-    }
+                grpc::ByteBuffer* response)
+      : svc_(svc), ctx_(ctx), response_(response) {
     absl::StatusOr<const security::Principal*> p = svc_->Authorize(*ctx_, security::Role::kSubmit);
     if (!p.ok()) {
       End(ToGrpcStatus(p.status()));
@@ -219,6 +211,14 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         svc_->reaper().Add(ctx_, svc_->options().stream_idle_timeout, absl::InfiniteDuration());
     StartRead(&raw_);
   }
+    share_key_ = security::ShareKey(svc_->options().authorizer, **p, *ctx_);
+    if (absl::Status full = svc_->OpenStream(share_key_); !full.ok()) {
+      svc_->CountRefusal("RESOURCE_EXHAUSTED", "streams");
+      AddRetryHint(ctx_, full, svc_->options().retry_after);
+      End(ToGrpcStatus(full));
+      return;
+    }
+    counted_ = true;
 
   void OnReadDone(bool ok) override {
     svc_->reaper().Touch(reaped_);
@@ -255,7 +255,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
   void OnCancel() override { push_.Cancel(svc_->queue()); }
   void OnDone() override {
-    if (counted_ && !closed_) svc_->StreamClosed();  // ended without End (it does not)
+    if (counted_ && !closed_) svc_->StreamClosed(share_key_);  // ended without End (it does not)
     svc_->reaper().Remove(reaped_);
     delete this;
   }
@@ -265,7 +265,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   // client sees the stream end once Finish is called and may open another
   // at once; OnDone comes later.
   void End(const grpc::Status& status) {
-    if (counted_ && !closed_) svc_->StreamClosed();
+    if (counted_ && !closed_) svc_->StreamClosed(share_key_);
     closed_ = true;
     Finish(status);
   }
@@ -306,8 +306,9 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   BatchCounts counts_;
   uint64_t accepted_ = 0;
   PushTracker push_;
-  const bool counted_;   // counted in the service's open streams
-  bool closed_ = false;  // End gave the place back
+  std::string share_key_;  // whose stream it is, for the per-principal limit
+  bool counted_ = false;   // counted in the service's open streams
+  bool closed_ = false;    // End gave the place back
 };
 
 }  // namespace
@@ -323,6 +324,34 @@ LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
 absl::StatusOr<const security::Principal*> LearnerService::Authorize(
     const grpc::CallbackServerContext& ctx, security::Role role) const {
   return security::AuthorizeCall(options_.authorizer, ctx, role);
+      streams_(options_.max_streams, options_.max_streams_per_principal),
+}
+
+int64_t LearnerService::open_streams() const {
+  absl::MutexLock lock(&streams_mu_);
+  return streams_.held();
+}
+
+absl::Status LearnerService::OpenStream(const std::string& key) const {
+  absl::MutexLock lock(&streams_mu_);
+  switch (streams_.Acquire(key)) {
+    case KeyedLimit::kTaken:
+      return absl::OkStatus();
+    case KeyedLimit::kFullForKey:
+      return absl::ResourceExhaustedError(
+          absl::StrCat(QuoteForMessage(key), " holds ", streams_.per_key(),
+                       " SubmitStreams open, its limit; close one, or use Submit"));
+    case KeyedLimit::kFullInAll:
+      break;
+  }
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the learner has ", streams_.total(),
+                   " SubmitStreams open, its limit; close one, or use Submit"));
+}
+
+void LearnerService::StreamClosed(const std::string& key) const {
+  absl::MutexLock lock(&streams_mu_);
+  streams_.Release(key);
 }
 
 absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,
@@ -389,9 +418,7 @@ grpc::ServerUnaryReactor* LearnerService::Submit(grpc::CallbackServerContext* co
 
 grpc::ServerReadReactor<grpc::ByteBuffer>* LearnerService::SubmitStream(
     grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
-  const bool refuse = open_streams_.fetch_add(1) >= options_.max_streams;
-  if (refuse) open_streams_.fetch_sub(1);
-  return new StreamReactor(this, context, response, refuse);
+  return new StreamReactor(this, context, response);
 }
 
 grpc::ServerUnaryReactor* LearnerService::GetStatus(grpc::CallbackServerContext* context,

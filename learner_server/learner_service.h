@@ -24,10 +24,12 @@
 #include <functional>
 #include <string>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/batch_validation.h"
 #include "common/call_reaper.h"
+#include "common/keyed_limit.h"
 #include "common/security/authorizer.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/source_rates.h"
@@ -81,6 +83,9 @@ struct LearnerServiceOptions {
   // buffer, so idle streams would otherwise pile up without bound.
   int64_t max_streams = 1024;
   // A SubmitStream that sends no batch for this long is cancelled.
+  // Of them, the most one principal (one peer address without
+  // authentication) may hold; 0: a quarter, at least 1.
+  int64_t max_streams_per_principal = 0;
   absl::Duration stream_idle_timeout = absl::Minutes(10);
   // The largest request, in bytes (gRPC's receive limit is the same).
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -153,15 +158,20 @@ class LearnerService final : public LearnerServiceBase {
   SubmitObserver* observer() const { return observer_; }
   uint64_t version() const { return options_.version ? options_.version() : 0; }
   // SubmitStreams open now.
-  int64_t open_streams() const { return open_streams_.load(); }
-  void StreamClosed() const { open_streams_.fetch_sub(1); }
+  int64_t open_streams() const;
+  // Takes a stream's place for the share key `key` (security::ShareKey):
+  // RESOURCE_EXHAUSTED naming the limit when `key` holds
+  // max_streams_per_principal or all hold max_streams.
+  absl::Status OpenStream(const std::string& key) const;
+  void StreamClosed(const std::string& key) const;
 
  private:
   LearnerServiceOptions options_;
   GroupQueue* queue_;
   LearnerCounters* counters_;
   SubmitObserver* observer_;
-  mutable std::atomic<int64_t> open_streams_{0};
+  mutable absl::Mutex streams_mu_;
+  mutable KeyedLimit streams_ ABSL_GUARDED_BY(streams_mu_);
   mutable SourceRates rates_;
   mutable CallReaper reaper_;
 };

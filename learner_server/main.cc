@@ -146,6 +146,22 @@ ABSL_FLAG(int64_t, batch_id_window, 65536,
 // Checkpoints.
 ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no checkpoints).");
 ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
+ABSL_FLAG(int32_t, max_connections_per_peer, 0,
+          "Connections from one peer address (IP) open at once; one more takes the place of "
+          "that address's oldest connection without an authorized call, or is closed at once. "
+          "0: a quarter of --max_connections, at least 16.");
+ABSL_FLAG(absl::Duration, connection_auth_grace, absl::Seconds(10),
+          "A connection that has made no authorized call this long after it was accepted is "
+          "closed (clients reconnect when they next call).");
+ABSL_FLAG(int64_t, max_streams_per_principal, 0,
+          "SubmitStreams one principal (one peer address without authentication) may hold open "
+          "at once. 0: a quarter of --max_submit_streams, at least 1.");
+ABSL_FLAG(int32_t, max_fetches_per_principal, 0,
+          "Weight fetches one principal (one peer address without authentication) may have under "
+          "way at once, of the 256 in all. 0: a quarter of them.");
+ABSL_FLAG(int32_t, max_registrations_per_principal, 0,
+          "Weight receivers one principal (one peer address without authentication) may hold "
+          "registered at once, of the 4096 in all. 0: a quarter of them.");
 ABSL_FLAG(int32_t, keep_checkpoints, 3, "Checkpoints kept (0: all).");
 ABSL_FLAG(std::string, export_dir, "",
           "Also write the policy here as a Hugging Face directory at each checkpoint and at exit.");
@@ -427,6 +443,39 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
     f.master_port = absl::GetFlag(FLAGS_dist_master_port);
   }
   f.master_addr = absl::GetFlag(FLAGS_dist_master_addr);
+// Connections per peer and their grace, and each principal's share of
+// streams, fetches and registrations (docs/security.md, "Fair shares").
+absl::Status FairShareFlags(LearnerDaemonOptions* o) {
+  o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
+  o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
+  o->max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
+  o->broadcast.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
+  o->broadcast.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
+  const auto out_of = [](const char* flag, int64_t v, int64_t hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", v, ": expected 0 (the default share) to ", hi));
+  };
+  if (o->max_connections_per_peer < 0 || o->max_connections_per_peer > (1 << 20)) {
+    return out_of("max_connections_per_peer", o->max_connections_per_peer, 1 << 20);
+  }
+  if (o->max_streams_per_principal < 0 || o->max_streams_per_principal > (1 << 20)) {
+    return out_of("max_streams_per_principal", o->max_streams_per_principal, 1 << 20);
+  }
+  if (o->broadcast.max_fetches_per_principal < 0 || o->broadcast.max_fetches_per_principal > 256) {
+    return out_of("max_fetches_per_principal", o->broadcast.max_fetches_per_principal, 256);
+  }
+  if (o->broadcast.max_sessions_per_principal < 0 ||
+      o->broadcast.max_sessions_per_principal > 4096) {
+    return out_of("max_registrations_per_principal", o->broadcast.max_sessions_per_principal, 4096);
+  }
+  if (o->connection_auth_grace < absl::Seconds(1) || o->connection_auth_grace > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connection_auth_grace=", absl::FormatDuration(o->connection_auth_grace),
+                     ": expected 1s to 1h"));
+  }
+  return absl::OkStatus();
+}
+
   f.local_addr = absl::GetFlag(FLAGS_dist_local_addr);
   f.timeout = absl::GetFlag(FLAGS_dist_timeout);
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
@@ -439,6 +488,7 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
 // heartbeat lives as long as the options' copy in the daemon.
 absl::Status HeartbeatFlag(LearnerDaemonOptions* o) {
   const std::string path = absl::GetFlag(FLAGS_heartbeat_file);
+  ASYMPO_RETURN_IF_ERROR(FairShareFlags(o));
   if (path.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<asympo::learner::Heartbeat>> hb =
       asympo::learner::Heartbeat::Create(path);

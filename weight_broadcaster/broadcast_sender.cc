@@ -33,6 +33,7 @@ double SecondsSince(std::chrono::steady_clock::time_point t0) {
 // Starts a session for `request`, ending the receiver's previous one.
 SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterRequest& request,
                                           const std::string& principal,
+                                          const std::string& share_key,
                                           v1::RegisterResponse* response)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
   const std::string& id = request.receiver_id();
@@ -57,7 +58,14 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   SenderState::Session& session = st.sessions[session_id];
   session.receiver_id = id;
   session.principal = principal;
+  session.share_key = share_key;
+  // A version above the latest published is taken as the latest: a lie
+  // must not move the oldest-version gauge, and a learner restarted from an
+  // older checkpoint must not refuse its receivers (their versions are
+  // above its own until they load its weights). Before any publish there is
+  // nothing to check against.
   session.version = request.current_version();
+  if (st.latest != nullptr) session.version = std::min(session.version, st.latest->version());
   response->set_session_id(session_id);
   response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
   st.UpdateReceiverGauges();
@@ -264,16 +272,16 @@ grpc::ServerUnaryReactor* BroadcastSender::Register(grpc::CallbackServerContext*
   CountReceived(state_->options.received_bytes, *raw_request);
   v1::RegisterRequest request;
   v1::RegisterResponse response;
-  std::string principal;
-  grpc::Status status = state_->Authorize(*ctx, &principal);
+  std::string principal, share_key;
+  grpc::Status status = state_->Authorize(*ctx, &principal, &share_key);
   if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &request));
-  if (status.ok()) status = DoRegister(principal, request, &response);
+  if (status.ok()) status = DoRegister(principal, share_key, request, &response);
   if (status.ok()) SerializeReply(response, raw_response);
   reactor->Finish(status);
   return reactor;
 }
 
-grpc::Status BroadcastSender::DoRegister(const std::string& principal,
+grpc::Status BroadcastSender::DoRegister(const std::string& principal, const std::string& share_key,
                                          const v1::RegisterRequest& request,
                                          v1::RegisterResponse* response) {
   State& st = *state_;
@@ -303,24 +311,23 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal,
     absl::MutexLock lock(&st.mu);
     st.ExpireUnsubscribedLocked();
     auto owner = st.session_of.find(id);
-    SenderState::Session* previous = nullptr;
-    if (owner != st.session_of.end() &&
-        st.FindSessionLocked(owner->second, principal, &previous).error_code() ==
-            grpc::StatusCode::PERMISSION_DENIED) {
-      status = grpc::Status(
-          grpc::StatusCode::PERMISSION_DENIED,
-          absl::StrCat("receiver ", QuoteForMessage(id), " is registered by another principal"));
+    if (owner != st.session_of.end() && st.TakenByAnotherLocked(owner->second, principal)) {
+      if (st.options.authorizer != nullptr) {
+        st.options.authorizer->CountRefusal("PERMISSION_DENIED", "session_owner");
+      }
+      status =
+          grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                       absl::StrCat("receiver ", QuoteForMessage(id), " is registered by ",
+                                    st.anonymous() ? "another connection" : "another principal"));
     } else if (st.shut_down) {
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
-    } else if (static_cast<int>(st.sessions.size()) >= st.options.max_sessions &&
-               owner == st.session_of.end()) {
-      status =
-          grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                       absl::StrCat("the learner holds ", st.sessions.size(),
-                                    " registrations, its limit; unsubscribed ones end after ",
-                                    absl::FormatDuration(st.options.unsubscribed_session_ttl)));
+    } else if (grpc::Status full =
+                   st.RegistrationRoomLocked(owner != st.session_of.end(), id, share_key);
+               !full.ok()) {
+      status = full;
     } else {
-      SenderState::Session& session = CreateSessionLocked(st, request, principal, response);
+      SenderState::Session& session =
+          CreateSessionLocked(st, request, principal, share_key, response);
       if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {
         transport = v1::TRANSPORT_NCCL;
         response->set_nccl_unique_id(st.nccl_unique_id);
@@ -375,8 +382,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
   State& st = *state_;
   CountReceived(st.options.received_bytes, *raw_request);
   v1::FetchSnapshotRequest parsed;
-  std::string principal;
-  grpc::Status status = st.Authorize(*ctx, &principal);
+  std::string principal, share_key;
+  grpc::Status status = st.Authorize(*ctx, &principal, &share_key);
   if (status.ok()) status = ToGrpcStatus(ParseRawRequest(*raw_request, &parsed));
   if (!status.ok()) return internal::RefuseFetch(&st, status);
   const v1::FetchSnapshotRequest* request = &parsed;
@@ -386,15 +393,24 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
     State::Session* session = nullptr;
     status = st.FindSessionLocked(request->session_id(), principal, &session);
     if (!status.ok()) return internal::RefuseFetch(&st, status);
-    if (session->fetches >= st.options.max_fetches_per_session ||
-        st.fetches >= st.options.max_concurrent_fetches) {
+    const int total = st.options.max_concurrent_fetches;
+    const int per_key = std::min(total, st.options.max_fetches_per_principal > 0
+                                            ? st.options.max_fetches_per_principal
+                                            : std::max(1, total / 4));
+    const auto mine = st.fetches_by_key.find(share_key);
+    const int of_key = mine == st.fetches_by_key.end() ? 0 : mine->second;
+    if (session->fetches >= st.options.max_fetches_per_session || of_key >= per_key ||
+        st.fetches >= total) {
+      if (of_key >= per_key && st.options.authorizer != nullptr) {
+        st.options.authorizer->CountRefusal("RESOURCE_EXHAUSTED", "fetches");
+      }
       return internal::RefuseFetch(
           &st, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat(session->fetches, " fetches of this session and ",
-                                         st.fetches, " in all are under way (limits ",
-                                         st.options.max_fetches_per_session, " and ",
-                                         st.options.max_concurrent_fetches,
-                                         "); finish or cancel one first")));
+                            absl::StrCat(session->fetches, " fetches of this session, ", of_key,
+                                         " of ", QuoteForMessage(share_key), " and ", st.fetches,
+                                         " in all are under way (limits ",
+                                         st.options.max_fetches_per_session, ", ", per_key, " and ",
+                                         total, "); finish or cancel one first")));
     }
     // Only the newest snapshot is served. An older one stays alive while
     // fetches that started before it was replaced finish, but a new fetch
@@ -409,6 +425,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
     snapshot = st.latest;
     ++session->fetches;
     ++st.fetches;
+    ++st.fetches_by_key[share_key];
+    State::Fetching& f = st.fetching[request->session_id()];
+    f.share_key = share_key;
+    ++f.count;
   }
   uint64_t chunk =
       request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
@@ -439,6 +459,7 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
   State& st = *state_;
   grpc::Status status;
   std::string receiver_id;
+  bool count_failure = false;
   {
     absl::MutexLock lock(&st.mu);
     State::Session* session = nullptr;
@@ -454,9 +475,17 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
     }
     session->version = request.version();
     receiver_id = session->receiver_id;
+    // One session's reports count at most once per interval: a receiver
+    // (or a client posing as one) cannot raise the failure count at will.
+    const absl::Time now = absl::Now();
+    if (!request.error().empty() &&
+        now - session->failure_counted >= st.options.failure_count_interval) {
+      session->failure_counted = now;
+      count_failure = true;
+    }
     st.UpdateReceiverGauges();
   }
-  if (!request.error().empty()) {
+  if (!request.error().empty() && count_failure) {
     st.CountFailure();
     if (int64_t held_back = 0; st.failure_report_log.Allow(&held_back)) {
       LOG(WARNING) << "receiver " << QuoteForMessage(receiver_id) << " (still at version "

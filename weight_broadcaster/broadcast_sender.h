@@ -23,11 +23,18 @@
 // Security: every call is authorized for the role read_weights
 // (BroadcastSenderOptions::authorizer), and a session belongs to the
 // principal that registered it: another principal can neither register
-// under its receiver id nor use its session (PERMISSION_DENIED). The
-// methods are served raw and parse their requests themselves
-// (common/wire_check.h): a request that does not parse is INVALID_ARGUMENT.
-// A fetch that writes nothing for fetch_idle_timeout, or lasts longer than
-// max_fetch_duration, is cancelled.
+// under its receiver id nor use its session (PERMISSION_DENIED). Where
+// callers are anonymous (no authorizer, or one that authenticates nobody)
+// a session belongs to the connection that registered it: another
+// connection may take its receiver id over only once it has stayed
+// unsubscribed for kUnsubscribedTakeover. Registrations and fetches under
+// way are limited per principal (per peer address where callers are
+// anonymous) as well as in all. A Register's current_version above the
+// latest published is recorded as the latest (refusing it, as ReportVersion
+// does, would lock out the receivers of a learner restarted from an older
+// checkpoint). The methods are served raw and parse their requests
+// themselves (common/wire_check.h): a request that does not parse is INVALID_ARGUMENT. A fetch that
+// writes nothing for fetch_idle_timeout, or lasts longer than max_fetch_duration, is cancelled.
 //
 // NCCL (opt-in, BroadcastSenderOptions::nccl_world_size; sender_nccl.cc):
 // receivers given an NCCL rank in Register are not announced anything by
@@ -96,12 +103,21 @@ struct BroadcastSenderOptions {
   // max_sessions registrations are held (one more is RESOURCE_EXHAUSTED).
   absl::Duration unsubscribed_session_ttl = absl::Minutes(1);
   int max_sessions = 4096;
+  // Of them, the most one principal (one peer address without
+  // authentication) may hold; 0: a quarter.
+  int max_sessions_per_principal = 0;
   // Fetches under way at once, in all and per session; one more is
   // RESOURCE_EXHAUSTED. Each holds its snapshot in memory until it ends, so
   // fetches that are never read would otherwise pin old snapshots without
   // bound. A receiver fetches one version at a time.
   int max_concurrent_fetches = 256;
   int max_fetches_per_session = 2;
+  // Of max_concurrent_fetches, the most one principal (one peer address
+  // without authentication) may have under way; 0: a quarter.
+  int max_fetches_per_principal = 0;
+  // A session's failure reports (ReportVersion with an error) count in
+  // asympo_broadcast_failures_total at most once per this interval.
+  absl::Duration failure_count_interval = absl::Seconds(10);
   // A fetch whose receiver takes no chunk for this long, or that lasts
   // longer than the second, is cancelled (its snapshot is let go).
   absl::Duration fetch_idle_timeout = absl::Minutes(1);
@@ -205,8 +221,8 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
 
  private:
   // The calls once authorized (for `principal`) and parsed.
-  grpc::Status DoRegister(const std::string& principal, const v1::RegisterRequest& request,
-                          v1::RegisterResponse* response);
+  grpc::Status DoRegister(const std::string& principal, const std::string& share_key,
+                          const v1::RegisterRequest& request, v1::RegisterResponse* response);
   grpc::Status DoReportVersion(const std::string& principal,
                                const v1::ReportVersionRequest& request);
 

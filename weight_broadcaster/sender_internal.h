@@ -56,6 +56,11 @@ struct Snapshot {
 class SubscribeReactor;
 
 // BroadcastSender's state (BroadcastSender::State derives from it).
+// Where callers are anonymous, how long a registration must stay
+// unsubscribed before another connection may take its receiver id over (its
+// own connection may have gone; a receiver subscribes within milliseconds).
+inline constexpr absl::Duration kUnsubscribedTakeover = absl::Seconds(5);
+
 struct SenderState {
   SenderState(BroadcastSenderOptions o, std::string signature, prometheus::Registry* registry);
 
@@ -67,17 +72,42 @@ struct SenderState {
     SubscribeReactor* stream = nullptr;
     int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
     absl::Time registered = absl::Now();
-    int fetches = 0;  // under way
-    std::string principal;  // who registered it; only they may use it
+    int fetches = 0;                                    // under way
+    std::string principal;                              // who registered it; only they may use it
+    std::string share_key;                              // security::ShareKey of who registered it
+    absl::Time failure_counted = absl::InfinitePast();  // its last failure report counted
   };
 
-  // The caller's principal name if it may read weights; else the refusal.
-  grpc::Status Authorize(const grpc::CallbackServerContext& ctx, std::string* principal) const;
+  // The caller's owner name if it may read weights; else the refusal. The
+  // owner is the principal's name where callers authenticate, else the
+  // caller's peer string (its connection): anonymous callers share one
+  // principal, and a receiver id must not be theirs to take over.
+  // `share_key`, when given, gets security::ShareKey.
+  grpc::Status Authorize(const grpc::CallbackServerContext& ctx, std::string* principal,
+                         std::string* share_key = nullptr) const;
+  // Whether callers are anonymous (owners are connections).
+  bool anonymous() const {
+    return options.authorizer == nullptr || !options.authorizer->authenticates();
+  }
   // The session `session_id` if it exists and belongs to `principal`:
   // FAILED_PRECONDITION for an unknown one, PERMISSION_DENIED for another
   // principal's.
   grpc::Status FindSessionLocked(const std::string& session_id, const std::string& principal,
                                  Session** session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // Whether session `session_id` (of a receiver id being registered again)
+  // is another owner's, one `principal` may not replace. Where callers are
+  // anonymous, an owner is a connection, which may have gone: its session
+  // may be taken over once it has stayed unsubscribed for
+  // kUnsubscribedTakeover.
+  bool TakenByAnotherLocked(const std::string& session_id, const std::string& principal) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // OK when a new registration of receiver `id` fits: within max_sessions
+  // in all (unless it is `replacing` its own) and within the per-principal
+  // share of `share_key`; else RESOURCE_EXHAUSTED, counted.
+  grpc::Status RegistrationRoomLocked(bool replacing, const std::string& id,
+                                      const std::string& share_key) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // A fetch that FetchSnapshot counted has ended.
   void FetchDone(const std::string& session_id);
@@ -118,6 +148,14 @@ struct SenderState {
       ABSL_GUARDED_BY(mu);  // receiver -> session
   std::mt19937_64 rng ABSL_GUARDED_BY(mu);
   int fetches ABSL_GUARDED_BY(mu) = 0;  // under way, all sessions
+  // Fetches under way by share key, and each fetching session's key and
+  // count (a session may end before its fetches do).
+  absl::flat_hash_map<std::string, int> fetches_by_key ABSL_GUARDED_BY(mu);
+  struct Fetching {
+    std::string share_key;
+    int count = 0;
+  };
+  absl::flat_hash_map<std::string, Fetching> fetching ABSL_GUARDED_BY(mu);  // by session id
 
   // NCCL (broadcast_sender.cc). While the phase is kCollecting or kRunning,
   // sessions with an NCCL rank get announcements only from nccl_thread,

@@ -195,16 +195,22 @@ SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
 void SenderState::FetchDone(const std::string& session_id) {
   absl::MutexLock lock(&mu);
   --fetches;
+  if (auto f = fetching.find(session_id); f != fetching.end()) {
+    auto k = fetches_by_key.find(f->second.share_key);
+    if (k != fetches_by_key.end() && --k->second <= 0) fetches_by_key.erase(k);
+    if (--f->second.count <= 0) fetching.erase(f);
+  }
   auto it = sessions.find(session_id);
   if (it != sessions.end()) --it->second.fetches;
 }
 
-grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx,
-                                    std::string* principal) const {
+grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx, std::string* principal,
+                                    std::string* share_key) const {
   absl::StatusOr<const security::Principal*> p =
       security::AuthorizeCall(options.authorizer, ctx, security::Role::kReadWeights);
   if (!p.ok()) return ToGrpcStatus(p.status());
-  *principal = (*p)->name;
+  *principal = anonymous() ? ctx.peer() : (*p)->name;
+  if (share_key != nullptr) *share_key = security::ShareKey(options.authorizer, **p, ctx);
   return grpc::Status::OK;
 }
 
@@ -225,6 +231,41 @@ grpc::Status SenderState::FindSessionLocked(const std::string& session_id,
   }
   *session = &it->second;
   return grpc::Status::OK;
+}
+
+bool SenderState::TakenByAnotherLocked(const std::string& session_id,
+                                       const std::string& principal) const {
+  auto it = sessions.find(session_id);
+  if (it == sessions.end() || it->second.principal == principal) return false;
+  const SenderState::Session& s = it->second;
+  return !(anonymous() && s.stream == nullptr && s.nccl_rank == 0 &&
+           absl::Now() - s.registered >= kUnsubscribedTakeover);
+}
+
+grpc::Status SenderState::RegistrationRoomLocked(bool replacing, const std::string& id,
+                                                 const std::string& share_key) const {
+  const int total = options.max_sessions;
+  const int per_key =
+      std::min(total, options.max_sessions_per_principal > 0 ? options.max_sessions_per_principal
+                                                             : std::max(1, total / 4));
+  if (!replacing && static_cast<int>(sessions.size()) >= total) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the learner holds ", sessions.size(),
+                                     " registrations, its limit; unsubscribed ones end after ",
+                                     absl::FormatDuration(options.unsubscribed_session_ttl)));
+  }
+  int mine = 0;
+  for (const auto& [sid, s] : sessions) {
+    mine += s.share_key == share_key && s.receiver_id != id ? 1 : 0;
+  }
+  if (mine < per_key) return grpc::Status::OK;
+  if (options.authorizer != nullptr) {
+    options.authorizer->CountRefusal("RESOURCE_EXHAUSTED", "registrations");
+  }
+  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                      absl::StrCat(QuoteForMessage(share_key), " holds ", mine,
+                                   " registrations, its limit; unsubscribed ones end after ",
+                                   absl::FormatDuration(options.unsubscribed_session_ttl)));
 }
 
 void SenderState::ExpireUnsubscribedLocked() {

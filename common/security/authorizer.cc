@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 
@@ -113,14 +114,21 @@ absl::StatusOr<std::string> OptionalString(const nlohmann::json& e, const char* 
   return e[key].get<std::string>();
 }
 
+// The token of an "authorization" header value (null: no header); "" when
+// there is none, "\0" when the header is not "Bearer <token>".
+std::string BearerToken(const absl::string_view* header) {
+  if (header == nullptr) return "";
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (!absl::StartsWith(*header, kBearer)) return std::string(1, '\0');  // present, malformed
+  return std::string(header->substr(kBearer.size()));
+}
+
 std::string BearerToken(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find("authorization");
   if (it == md.end()) return "";
   const absl::string_view value(it->second.data(), it->second.size());
-  constexpr absl::string_view kBearer = "Bearer ";
-  if (!absl::StartsWith(value, kBearer)) return std::string(1, '\0');  // present, malformed
-  return std::string(value.substr(kBearer.size()));
+  return BearerToken(&value);
 }
 
 std::string FirstProperty(const grpc::AuthContext& auth, const char* name) {
@@ -152,6 +160,24 @@ absl::StatusOr<const Principal*> AuthorizeCall(Authorizer* authorizer,
   }();
   if (authorizer == nullptr) return kAnonymous;
   return authorizer->Authorize(ctx, role);
+}
+
+std::string PeerAddress(absl::string_view peer) {
+  absl::string_view rest = peer;
+  if (!absl::ConsumePrefix(&rest, "ipv4:") && !absl::ConsumePrefix(&rest, "ipv6:")) {
+    return std::string(peer);
+  }
+  const size_t colon = rest.rfind(':');
+  if (colon == absl::string_view::npos) return std::string(rest);
+  absl::string_view host = rest.substr(0, colon);
+  if (absl::ConsumePrefix(&host, "[")) absl::ConsumeSuffix(&host, "]");
+  return std::string(host);
+}
+
+std::string ShareKey(const Authorizer* authorizer, const Principal& principal,
+                     const grpc::ServerContextBase& ctx) {
+  if (authorizer != nullptr && authorizer->authenticates()) return principal.name;
+  return absl::StrCat("peer ", PeerAddress(ctx.peer()));
 }
 
 absl::StatusOr<std::vector<Principal>> ParsePrincipals(const std::string& json,
@@ -322,8 +348,19 @@ absl::StatusOr<const Principal*> Authorizer::FromCertificate(const grpc::AuthCon
   return p.get();
 }
 
+absl::StatusOr<const Principal*> Authorizer::Authenticate(const absl::string_view* authorization,
+                                                          const grpc::AuthContext* auth) {
+  return Identify(BearerToken(authorization), auth);
+}
+
 absl::StatusOr<const Principal*> Authorizer::Identify(const grpc::ServerContextBase& ctx) {
-  const std::string token = BearerToken(ctx);
+  const std::shared_ptr<const grpc::AuthContext> auth =
+      wants_client_certificates() ? ctx.auth_context() : nullptr;
+  return Identify(BearerToken(ctx), auth.get());
+}
+
+absl::StatusOr<const Principal*> Authorizer::Identify(const std::string& token,
+                                                      const grpc::AuthContext* auth) {
   if (!token.empty() && !by_token_hash_.empty()) {
     auto it = by_token_hash_.find(Sha256Hex(token));
     if (it == by_token_hash_.end()) {
@@ -332,10 +369,7 @@ absl::StatusOr<const Principal*> Authorizer::Identify(const grpc::ServerContextB
     }
     return it->second;
   }
-  if (wants_client_certificates()) {
-    const std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
-    if (auth != nullptr) return FromCertificate(*auth);
-  }
+  if (wants_client_certificates() && auth != nullptr) return FromCertificate(*auth);
   if (!authenticates()) return &anonymous_;
   return Refuse(absl::UnauthenticatedError(
                     "no credentials: send the header \"authorization: Bearer <token>\"" +
@@ -356,7 +390,12 @@ absl::StatusOr<const Principal*> Authorizer::Authorize(const grpc::ServerContext
                                    RoleName(role), " (it has: ", absl::StrJoin(has, ", "), ")")),
                   "role");
   }
+  if (on_authorized_) on_authorized_(ctx.peer());
   return p;
+}
+
+void Authorizer::SetOnAuthorized(std::function<void(const std::string& peer)> on_authorized) {
+  on_authorized_ = std::move(on_authorized);
 }
 
 }  // namespace asympo::security

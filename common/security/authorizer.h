@@ -27,6 +27,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -39,6 +40,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/security/credential_files.h"
@@ -91,6 +93,17 @@ class Authorizer;
 absl::StatusOr<const Principal*> AuthorizeCall(Authorizer* authorizer,
                                                const grpc::ServerContextBase& ctx, Role role);
 
+// The address of a gRPC peer string without its port: "ipv4:10.0.0.7:40312"
+// gives "10.0.0.7", "ipv6:[::1]:40312" gives "::1"; anything else itself.
+std::string PeerAddress(absl::string_view peer);
+
+// The key a caller's fair shares (open streams, fetches under way,
+// registrations) are counted under: its principal's name where `authorizer`
+// authenticates callers, else "peer " and its peer address, since anonymous
+// callers all share one principal.
+std::string ShareKey(const Authorizer* authorizer, const Principal& principal,
+                     const grpc::ServerContextBase& ctx);
+
 class Authorizer {
  public:
   static absl::StatusOr<std::unique_ptr<Authorizer>> Create(const AuthOptions& options,
@@ -101,6 +114,19 @@ class Authorizer {
   // untrusted or unknown) or PERMISSION_DENIED (a principal without the
   // role), counted.
   absl::StatusOr<const Principal*> Authorize(const grpc::ServerContextBase& ctx, Role role);
+
+  // The same check on what a call carries before any of its message is read
+  // (its "authorization" header, null when absent, and its connection's auth
+  // context, may be null): the principal, without a role check, or the
+  // refusal, counted (security::GateCallsOnMetadata runs it).
+  absl::StatusOr<const Principal*> Authenticate(const absl::string_view* authorization,
+                                                const grpc::AuthContext* auth);
+
+  // Called with ServerContext::peer() ("ipv4:127.0.0.1:40312") of every call
+  // that Authorize lets through, from gRPC's threads: the listener's
+  // connection table marks the connection as one that authenticated. Set
+  // before the server starts.
+  void SetOnAuthorized(std::function<void(const std::string& peer)> on_authorized);
 
   // Counts a refusal made elsewhere (a quota): code as GrpcCodeName, cause
   // a short snake_case word.
@@ -115,6 +141,9 @@ class Authorizer {
  private:
   explicit Authorizer(AuthOptions options, prometheus::Registry* registry);
   absl::StatusOr<const Principal*> Identify(const grpc::ServerContextBase& ctx);
+  // `token`: "" without one, "\0" for a malformed header.
+  absl::StatusOr<const Principal*> Identify(const std::string& token,
+                                            const grpc::AuthContext* auth);
   absl::StatusOr<const Principal*> FromCertificate(const grpc::AuthContext& auth);
   absl::StatusOr<CertificateIdentity> VerifyCertificate(const std::string& leaf,
                                                         const std::string& chain);
@@ -126,6 +155,7 @@ class Authorizer {
   absl::flat_hash_map<std::string, const Principal*> by_certificate_;
   Principal anonymous_;
   prometheus::Family<prometheus::Counter>* refusals_ = nullptr;
+  std::function<void(const std::string& peer)> on_authorized_;
 
   absl::Mutex mu_;
   std::unique_ptr<CertificateAuthority> ca_ ABSL_GUARDED_BY(mu_);

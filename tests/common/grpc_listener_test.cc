@@ -107,12 +107,25 @@ int ConnectIdle(int port) {
 }
 
 // Whether the server closed `fd` (end of file or reset) within `timeout`.
+// gRPC's peer string of the client end `fd`, as the server sees it.
+std::string PeerString(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return "ipv4:127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+}
+
 bool ClosedByPeer(int fd, absl::Duration timeout) {
-  pollfd p{fd, POLLIN, 0};
-  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) <= 0) return false;
-  char c;
-  const ssize_t n = ::recv(fd, &c, 1, MSG_DONTWAIT);
-  return n == 0 || (n < 0 && errno == ECONNRESET);
+  // What gRPC sent first (its SETTINGS) is read past.
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    pollfd p{fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&p, 1, static_cast<int>(left)) <= 0) return false;
+    char buf[256];
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
+  }
 }
 
 TEST(GrpcListenerTest, ServesCallsOnAPickedPort) {
@@ -209,6 +222,9 @@ TEST(GrpcListenerTest, ConnectionsBeyondTheLimitAreClosedAtOnce) {
   ASSERT_GE(a, 0);
   ASSERT_GE(b, 0);
   ASSERT_TRUE(testing::WaitFor([&] { return s.listener->stats().accepted == 2; }));
+  // Both made an authorized call: neither gives its place to a newcomer.
+  s.listener->authorized_hook()(PeerString(a));
+  s.listener->authorized_hook()(PeerString(b));
   const int c = ConnectIdle(port);
   ASSERT_GE(c, 0);
   EXPECT_TRUE(ClosedByPeer(c, absl::Seconds(2))) << "the third is closed, not left hanging";
@@ -225,6 +241,60 @@ TEST(GrpcListenerTest, ConnectionsBeyondTheLimitAreClosedAtOnce) {
   EXPECT_TRUE(testing::WaitFor([&] { return CallStatus("127.0.0.1:" + std::to_string(port)).ok(); },
                                absl::Seconds(5)));
   ::close(b);
+}
+
+TEST(GrpcListenerTest, ANewcomerTakesThePlaceOfTheOldestUnauthorizedConnection) {
+  GrpcListenerOptions options;
+  options.max_connections = 2;
+  Served s("127.0.0.1:0", options);
+  ASSERT_NE(s.listener, nullptr);
+  const int port = s.listener->port();
+  const int a = ConnectIdle(port);
+  ASSERT_TRUE(testing::WaitFor([&] { return s.listener->stats().accepted == 1; }));
+  const int b = ConnectIdle(port);
+  ASSERT_TRUE(testing::WaitFor([&] { return s.listener->stats().accepted == 2; }));
+  s.listener->authorized_hook()(PeerString(b));
+  const int c = ConnectIdle(port);
+  EXPECT_TRUE(ClosedByPeer(a, absl::Seconds(2))) << "the oldest that never authorized goes";
+  EXPECT_FALSE(ClosedByPeer(b, absl::Milliseconds(100)));
+  EXPECT_FALSE(ClosedByPeer(c, absl::Milliseconds(100)));
+  EXPECT_EQ(s.listener->stats().closed_unauthenticated, 1);
+  EXPECT_EQ(s.listener->stats().refused_at_limit, 0);
+  for (const int fd : {a, b, c}) ::close(fd);
+}
+
+TEST(GrpcListenerTest, LimitsConnectionsPerPeerAddress) {
+  GrpcListenerOptions options;
+  options.max_connections = 8;
+  options.max_connections_per_peer = 1;
+  Served s("127.0.0.1:0", options);
+  ASSERT_NE(s.listener, nullptr);
+  EXPECT_EQ(s.listener->max_connections_per_peer(), 1);
+  const int a = ConnectIdle(s.listener->port());
+  ASSERT_TRUE(testing::WaitFor([&] { return s.listener->stats().accepted == 1; }));
+  s.listener->authorized_hook()(PeerString(a));
+  const int b = ConnectIdle(s.listener->port());
+  EXPECT_TRUE(ClosedByPeer(b, absl::Seconds(2)));
+  EXPECT_EQ(s.listener->stats().refused_at_peer_limit, 1);
+  EXPECT_FALSE(ClosedByPeer(a, absl::Milliseconds(100)));
+  ::close(a);
+  ::close(b);
+}
+
+TEST(GrpcListenerTest, ClosesConnectionsWithoutAnAuthorizedCallAfterTheGrace) {
+  GrpcListenerOptions options;
+  options.unauthenticated_grace = absl::Milliseconds(300);
+  Served s("127.0.0.1:0", options);
+  ASSERT_NE(s.listener, nullptr);
+  const int idle = ConnectIdle(s.listener->port());
+  const int known = ConnectIdle(s.listener->port());
+  ASSERT_TRUE(testing::WaitFor([&] { return s.listener->stats().accepted == 2; }));
+  s.listener->authorized_hook()(PeerString(known));
+  EXPECT_TRUE(ClosedByPeer(idle, absl::Seconds(3)));
+  EXPECT_FALSE(ClosedByPeer(known, absl::Milliseconds(500)));
+  EXPECT_EQ(s.listener->stats().closed_unauthenticated, 1);
+  ::close(idle);
+  ::close(known);
 }
 
 TEST(GrpcListenerTest, DestructorIsPrompt) {

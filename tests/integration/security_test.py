@@ -363,18 +363,23 @@ def memory(env):
     env.stop_all()
 
 
-def main():
+def run_scenario(scenarios):
+    """Runs the scenario sys.argv[1] names, of `scenarios` (name: function
+    of an Env), with the rest of the command line as the module says."""
     scenario, proto_dir, learner, rollout, make_certs, work = sys.argv[1:7]
     if shutil.which("openssl") is None:
         print("SKIP: openssl missing")
         sys.exit(77)
-    scenarios = {"policy": policy, "tls": tls, "loop": loop, "memory": memory}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     env = Env(proto_dir, learner, rollout, make_certs, work)
     try:
         scenarios[scenario](env)
     finally:
         env.stop_all()
+
+
+def main():
+    run_scenario({"policy": policy, "tls": tls, "loop": loop, "memory": memory})
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.version = [this] { return version_.load(); };
     o.fault_reply_delay = reply_delay_;
     o.max_streams = max_streams_;
+    o.max_streams_per_principal = max_streams_per_principal_;
     o.received_bytes = &received_;
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
@@ -78,7 +79,8 @@ class LearnerServiceTest : public ::testing::Test {
   std::atomic<int64_t> received_{0};
   absl::Duration reply_delay_ = absl::ZeroDuration();
   int64_t max_streams_ = 1024;
-  std::atomic<uint64_t> version_{0};  // the trainer's, in the daemon
+  int64_t max_streams_per_principal_ = 1024;  // one client: its share is the whole
+  std::atomic<uint64_t> version_{0};          // the trainer's, in the daemon
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -348,9 +350,13 @@ TEST_F(LearnerServiceTest, UnknownFieldsAreNotKeptInTheQueue) {
   Start(8);
   v1::RolloutBatch b = Batch(2);
   const std::string padding(1 << 20, 'x');  // a field this learner does not know
-  b.mutable_groups(0)->GetReflection()->MutableUnknownFields(b.mutable_groups(0))
+  b.mutable_groups(0)
+      ->GetReflection()
+      ->MutableUnknownFields(b.mutable_groups(0))
       ->AddLengthDelimited(99, padding);
-  b.mutable_groups(1)->mutable_responses(0)->GetReflection()
+  b.mutable_groups(1)
+      ->mutable_responses(0)
+      ->GetReflection()
       ->MutableUnknownFields(b.mutable_groups(1)->mutable_responses(0))
       ->AddLengthDelimited(98, padding);
   v1::SubmitResponse r;
@@ -403,6 +409,29 @@ TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
   EXPECT_TRUE(writer->Finish().ok());  // room again
 }
 
+// Without an authorizer every caller is "anonymous": the share is counted
+// per peer address, and one address cannot hold every stream.
+TEST_F(LearnerServiceTest, OnePeerCannotHoldEverySubmitStream) {
+  max_streams_ = 4;
+  max_streams_per_principal_ = 1;
+  Start(16);
+  grpc::ClientContext held_ctx;
+  v1::SubmitResponse held_r;
+  auto held = stub_->SubmitStream(&held_ctx, &held_r);
+  ASSERT_TRUE(held->Write(Batch(1, 3, "held")));
+  ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 1; }));
+  grpc::ClientContext ctx;
+  v1::SubmitResponse r;
+  auto second = stub_->SubmitStream(&ctx, &r);
+  second->Write(Batch(1));
+  second->WritesDone();
+  const grpc::Status s = second->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("\"peer 127.0.0.1\" holds 1 SubmitStreams open"));
+  ASSERT_TRUE(held->WritesDone());
+  EXPECT_TRUE(held->Finish().ok());
+  EXPECT_TRUE(WaitFor([&] { return service_->open_streams() == 0; }));
+}
+
 }  // namespace
 }  // namespace asympo::learner
-
