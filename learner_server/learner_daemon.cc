@@ -188,11 +188,11 @@ absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
   ASYMPO_RETURN_IF_ERROR(security::CheckListenPolicy(o.listen_address, !o.tls.cert_file.empty(),
                                                      authorizer_->authenticates(), o.insecure));
   o.broadcast.authorizer = authorizer_.get();
-  if (!IsLoopbackAddress(o.listen_address) &&
-      (o.tls.cert_file.empty() || !authorizer_->authenticates())) {
   // Callers are authenticated on their headers, before gRPC reads a message.
   credentials_ = security::GateCallsOnMetadata(credentials_, !o.tls.cert_file.empty(),
                                                o.listen_address, authorizer_.get());
+  if (!IsLoopbackAddress(o.listen_address) &&
+      (o.tls.cert_file.empty() || !authorizer_->authenticates())) {
     LOG(WARNING) << "--insecure: listening on " << o.listen_address
                  << (o.tls.cert_file.empty() ? " in plaintext" : "")
                  << (authorizer_->authenticates() ? "" : " without client authentication")
@@ -270,11 +270,11 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.retry_after = o.retry_after;
   so.fault_reply_delay = o.fault_reply_delay;
   so.max_streams = o.max_submit_streams;
+  so.max_streams_per_principal = o.max_streams_per_principal;
   so.stream_idle_timeout = o.stream_idle_timeout;
   so.authorizer = authorizer_.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
-  so.max_streams_per_principal = o.max_streams_per_principal;
   so.model_signature = sender_->model_signature();
   so.received_bytes = &received_bytes_;
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
@@ -283,13 +283,13 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   // (common/grpc_listener.h).
   GrpcListenerOptions lo;
   lo.max_connections = o.max_connections;
+  lo.max_connections_per_peer = o.max_connections_per_peer;
+  lo.unauthenticated_grace = o.connection_auth_grace;
   lo.on_event = ListenerCounters(registry);
   absl::StatusOr<std::unique_ptr<GrpcListener>> listener =
       GrpcListener::Bind(o.listen_address, credentials_, &builder, std::move(lo));
   const auto cannot_listen = [&](absl::string_view why) {
     return absl::UnavailableError(
-  lo.max_connections_per_peer = o.max_connections_per_peer;
-  lo.unauthenticated_grace = o.connection_auth_grace;
         absl::StrCat("cannot listen on ", o.listen_address,
                      " (the port is in use, by another learner perhaps, or the address is not "
                      "one of this host's): ",
@@ -301,12 +301,12 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
         listener.status().message(), absl::StrCat("cannot listen on ", o.listen_address, ": ")));
   }
   listener_ = *std::move(listener);
+  authorizer_->SetOnAuthorized(listener_->authorized_hook());
   metrics::AddGauge(
       registry, "asympo_learner_max_connections",
       "Connections to the learner's port that may be open at once (--max_connections)")
       .Set(listener_->max_connections());
   builder.RegisterService(service_.get());
-  authorizer_->SetOnAuthorized(listener_->authorized_hook());
   builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(so.max_message_bytes));
   // Rollouts' weight receivers send keepalive pings every 20 s on their

@@ -206,11 +206,6 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       End(ToGrpcStatus(p.status()));
       return;
     }
-    principal_ = *p;
-    reaped_ =
-        svc_->reaper().Add(ctx_, svc_->options().stream_idle_timeout, absl::InfiniteDuration());
-    StartRead(&raw_);
-  }
     share_key_ = security::ShareKey(svc_->options().authorizer, **p, *ctx_);
     if (absl::Status full = svc_->OpenStream(share_key_); !full.ok()) {
       svc_->CountRefusal("RESOURCE_EXHAUSTED", "streams");
@@ -219,6 +214,11 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       return;
     }
     counted_ = true;
+    principal_ = *p;
+    reaped_ =
+        svc_->reaper().Add(ctx_, svc_->options().stream_idle_timeout, absl::InfiniteDuration());
+    StartRead(&raw_);
+  }
 
   void OnReadDone(bool ok) override {
     svc_->reaper().Touch(reaped_);
@@ -319,13 +319,8 @@ LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
       queue_(queue),
       counters_(counters),
       observer_(observer),
-      rates_(options_.limits.max_groups_per_batch) {}
-
-absl::StatusOr<const security::Principal*> LearnerService::Authorize(
-    const grpc::CallbackServerContext& ctx, security::Role role) const {
-  return security::AuthorizeCall(options_.authorizer, ctx, role);
       streams_(options_.max_streams, options_.max_streams_per_principal),
-}
+      rates_(options_.limits.max_groups_per_batch) {}
 
 int64_t LearnerService::open_streams() const {
   absl::MutexLock lock(&streams_mu_);
@@ -352,6 +347,11 @@ absl::Status LearnerService::OpenStream(const std::string& key) const {
 void LearnerService::StreamClosed(const std::string& key) const {
   absl::MutexLock lock(&streams_mu_);
   streams_.Release(key);
+}
+
+absl::StatusOr<const security::Principal*> LearnerService::Authorize(
+    const grpc::CallbackServerContext& ctx, security::Role role) const {
+  return security::AuthorizeCall(options_.authorizer, ctx, role);
 }
 
 absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,

@@ -355,6 +355,39 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
                    &t.fault_exception_steps);
 }
 
+// Connections per peer and their grace, and each principal's share of
+// streams, fetches and registrations (docs/security.md, "Fair shares").
+absl::Status FairShareFlags(LearnerDaemonOptions* o) {
+  o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
+  o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
+  o->max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
+  o->broadcast.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
+  o->broadcast.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
+  const auto out_of = [](const char* flag, int64_t v, int64_t hi) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, "=", v, ": expected 0 (the default share) to ", hi));
+  };
+  if (o->max_connections_per_peer < 0 || o->max_connections_per_peer > (1 << 20)) {
+    return out_of("max_connections_per_peer", o->max_connections_per_peer, 1 << 20);
+  }
+  if (o->max_streams_per_principal < 0 || o->max_streams_per_principal > (1 << 20)) {
+    return out_of("max_streams_per_principal", o->max_streams_per_principal, 1 << 20);
+  }
+  if (o->broadcast.max_fetches_per_principal < 0 || o->broadcast.max_fetches_per_principal > 256) {
+    return out_of("max_fetches_per_principal", o->broadcast.max_fetches_per_principal, 256);
+  }
+  if (o->broadcast.max_sessions_per_principal < 0 ||
+      o->broadcast.max_sessions_per_principal > 4096) {
+    return out_of("max_registrations_per_principal", o->broadcast.max_sessions_per_principal, 4096);
+  }
+  if (o->connection_auth_grace < absl::Seconds(1) || o->connection_auth_grace > absl::Hours(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--connection_auth_grace=", absl::FormatDuration(o->connection_auth_grace),
+                     ": expected 1s to 1h"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   o->queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
   o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
@@ -367,6 +400,7 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
     return absl::InvalidArgumentError("--max_submit_streams must be positive");
   }
   o->max_connections = absl::GetFlag(FLAGS_max_connections);
+  ASYMPO_RETURN_IF_ERROR(FairShareFlags(o));
   if (o->max_connections < 0) {
     return absl::InvalidArgumentError(absl::StrCat("--max_connections=", o->max_connections,
                                                    ": expected 0 (the default limit) or more"));
@@ -443,39 +477,6 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
     f.master_port = absl::GetFlag(FLAGS_dist_master_port);
   }
   f.master_addr = absl::GetFlag(FLAGS_dist_master_addr);
-// Connections per peer and their grace, and each principal's share of
-// streams, fetches and registrations (docs/security.md, "Fair shares").
-absl::Status FairShareFlags(LearnerDaemonOptions* o) {
-  o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
-  o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
-  o->max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
-  o->broadcast.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
-  o->broadcast.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
-  const auto out_of = [](const char* flag, int64_t v, int64_t hi) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", flag, "=", v, ": expected 0 (the default share) to ", hi));
-  };
-  if (o->max_connections_per_peer < 0 || o->max_connections_per_peer > (1 << 20)) {
-    return out_of("max_connections_per_peer", o->max_connections_per_peer, 1 << 20);
-  }
-  if (o->max_streams_per_principal < 0 || o->max_streams_per_principal > (1 << 20)) {
-    return out_of("max_streams_per_principal", o->max_streams_per_principal, 1 << 20);
-  }
-  if (o->broadcast.max_fetches_per_principal < 0 || o->broadcast.max_fetches_per_principal > 256) {
-    return out_of("max_fetches_per_principal", o->broadcast.max_fetches_per_principal, 256);
-  }
-  if (o->broadcast.max_sessions_per_principal < 0 ||
-      o->broadcast.max_sessions_per_principal > 4096) {
-    return out_of("max_registrations_per_principal", o->broadcast.max_sessions_per_principal, 4096);
-  }
-  if (o->connection_auth_grace < absl::Seconds(1) || o->connection_auth_grace > absl::Hours(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--connection_auth_grace=", absl::FormatDuration(o->connection_auth_grace),
-                     ": expected 1s to 1h"));
-  }
-  return absl::OkStatus();
-}
-
   f.local_addr = absl::GetFlag(FLAGS_dist_local_addr);
   f.timeout = absl::GetFlag(FLAGS_dist_timeout);
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
@@ -488,7 +489,6 @@ absl::Status FairShareFlags(LearnerDaemonOptions* o) {
 // heartbeat lives as long as the options' copy in the daemon.
 absl::Status HeartbeatFlag(LearnerDaemonOptions* o) {
   const std::string path = absl::GetFlag(FLAGS_heartbeat_file);
-  ASYMPO_RETURN_IF_ERROR(FairShareFlags(o));
   if (path.empty()) return absl::OkStatus();
   absl::StatusOr<std::unique_ptr<asympo::learner::Heartbeat>> hb =
       asympo::learner::Heartbeat::Create(path);
