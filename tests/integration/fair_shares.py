@@ -124,6 +124,7 @@ def run(env):
     proto_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
     wb, wb_grpc = weight_stubs(proto_dir, env.work)
     port, metrics_port = start_secure_learner(env, [
+        "--prompts_per_step=64",  # no step: the latest version stays put
         "--max_submit_streams=8", "--max_streams_per_principal=2",
         "--max_registrations_per_principal=3", "--max_fetches_per_principal=2"])
     gen = env.pb2_grpc.LearnerStub(channel(env, port))
