@@ -290,6 +290,22 @@ def learner(build, work, name, api, metrics):
         "--prompts_per_step=2", "--queue_capacity=8", "--max_groups_per_batch=8", "--lr=1e-4"], work)
 
 
+def monitoring(src, work, prometheus_bin, am_bin):
+    """Starts the webhook, the Alertmanager and Prometheus; returns the
+    webhook's server, Prometheus's port and the two processes."""
+    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
+    threading.Thread(target=hook.serve_forever, daemon=True).start()
+    prom_port, am_port = free_port(), free_port()
+    prom_cfg, am_cfg = configs(src, work, am_port, hook.server_address[1])
+    procs = [start("alertmanager", [am_bin, "--config.file=" + am_cfg, "--storage.path=" +
+                                    os.path.join(work, "am-data"), "--web.listen-address=127.0.0.1:%d" % am_port,
+                                    "--cluster.listen-address="], work),
+             start("prometheus", [prometheus_bin, "--config.file=" + prom_cfg, "--storage.tsdb.path=" +
+                                  os.path.join(work, "prom-data"),
+                                  "--web.listen-address=127.0.0.1:%d" % prom_port], work)]
+    return hook, prom_port, procs
+
+
 def main():
     src, build, work = sys.argv[1], sys.argv[2], sys.argv[3]
     prometheus_bin, am_bin = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
@@ -308,16 +324,7 @@ def main():
         os.path.join(src, "proto"), os.path.join(work, "stubs"))
     stubs = (learner_pb2_grpc, rollout_pb2)
 
-    hook = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Webhook)
-    threading.Thread(target=hook.serve_forever, daemon=True).start()
-    prom_port, am_port = free_port(), free_port()
-    prom_cfg, am_cfg = configs(src, work, am_port, hook.server_address[1])
-    procs = [start("alertmanager", [am_bin, "--config.file=" + am_cfg, "--storage.path=" +
-                                    os.path.join(work, "am-data"), "--web.listen-address=127.0.0.1:%d" % am_port,
-                                    "--cluster.listen-address="], work),
-             start("prometheus", [prometheus_bin, "--config.file=" + prom_cfg, "--storage.tsdb.path=" +
-                                  os.path.join(work, "prom-data"),
-                                  "--web.listen-address=127.0.0.1:%d" % prom_port], work)]
+    hook, prom_port, procs = monitoring(src, work, prometheus_bin, am_bin)
     ports = {name: (free_port(), free_port()) for name in (COLLAPSE, NOISY)}
     collapsing = learner(build, work, COLLAPSE, *ports[COLLAPSE])
     procs.append(learner(build, work, NOISY, *ports[NOISY]))
