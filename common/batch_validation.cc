@@ -45,6 +45,11 @@ absl::Status CheckResponse(const v1::Response& r, const BatchLimits& limits,
     return absl::InvalidArgumentError(
         absl::StrCat(where, ": reward is ", r.reward(), "; rewards must be finite"));
   }
+  if (std::fabs(r.reward()) > limits.max_abs_reward) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": reward is ", r.reward(), ", beyond max_abs_reward ",
+                     limits.max_abs_reward, "; rewards must lie within +-max_abs_reward"));
+  }
   const int n_lp = r.behavior_logprobs_size();
   if (n_lp == 0) {
     if (limits.require_behavior_logprobs) {
@@ -88,6 +93,10 @@ absl::Status ValidateBatchLimits(const BatchLimits& l) {
     return absl::InvalidArgumentError(
         absl::StrCat("min_group_size must be at least 2 (an advantage needs a group mean), got ",
                      l.min_group_size));
+  }
+  if (!(l.max_abs_reward > 0 && l.max_abs_reward <= kMaxAbsRewardBound)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_abs_reward must be in (0, ", kMaxAbsRewardBound, "], got ", l.max_abs_reward));
   }
   if (l.max_group_size < l.min_group_size) {
     return absl::InvalidArgumentError(absl::StrCat("max_group_size ", l.max_group_size,

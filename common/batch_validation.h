@@ -25,6 +25,10 @@ struct BatchLimits {
   int32_t max_response_tokens = 4096;
   // Groups per batch, inclusive upper bound.
   int32_t max_groups_per_batch = 1024;
+  // Rewards must lie within [-max_abs_reward, max_abs_reward]: a reward of
+  // 1e30 is finite but overflows a step's float32 sums, and one such group
+  // would make the whole step non-finite.
+  double max_abs_reward = 1e6;
   // When true (the `grpo` baseline) every response must carry
   // behavior_logprobs; otherwise they are optional, and checked when present.
   bool require_behavior_logprobs = false;
@@ -34,8 +38,12 @@ inline constexpr size_t kMaxPromptIdBytes = 256;
 inline constexpr size_t kMaxSourceBytes = 128;
 inline constexpr size_t kMaxBatchIdBytes = 128;
 
+// The largest max_abs_reward a learner accepts (a float32 reward's range).
+inline constexpr double kMaxAbsRewardBound = 3.4e38;
+
 // Checks that the limits themselves are coherent (positive sizes,
-// 2 <= min_group_size <= max_group_size). INVALID_ARGUMENT names the field.
+// 2 <= min_group_size <= max_group_size, 0 < max_abs_reward <=
+// kMaxAbsRewardBound). INVALID_ARGUMENT names the field.
 absl::Status ValidateBatchLimits(const BatchLimits& limits);
 
 // Checks every rule on every group and response of `batch`. Returns OK, or

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/flag_ranges.h"
 
 #ifndef ASYMPO_VERSION
 #define ASYMPO_VERSION "unknown"
@@ -58,12 +59,44 @@ void PrintHelp() {
     mine.emplace(std::string(name), flag);
   }
   for (const auto& [name, flag] : mine) {
-    absl::StrAppend(&out, "  --", name, " (default: ",
-                    flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(), ")\n",
-                    Wrap(flag->Help(), "      "));
+    const std::string range = FlagRangeText(name);
+    absl::StrAppend(&out, "  --", name,
+                    " (default: ", flag->DefaultValue().empty() ? "\"\"" : flag->DefaultValue(),
+                    range.empty() ? "" : "; range ", range, ")\n", Wrap(flag->Help(), "      "));
   }
   absl::StrAppend(&out, "  --flagfile=FILE reads flags from FILE; --version prints the version.\n");
   std::fputs(out.c_str(), stdout);
+}
+
+// Each "--name=value" (or "--name value") of a flag this program knows,
+// parsed the way ParseCommandLine will, so that a malformed value ends the
+// program with INVALID_ARGUMENT naming the flag, the value and the range
+// (exit 2) rather than Abseil's exit 1. Other forms are left to Abseil.
+absl::Status CheckFlagValues(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    const size_t eq = arg.find('=');
+    const std::string name(arg.substr(0, eq));
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr || name == "flagfile") continue;
+    std::string value;
+    if (eq != absl::string_view::npos) {
+      value = std::string(arg.substr(eq + 1));
+    } else if (!flag->IsOfType<bool>() && i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      continue;
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      const std::string range = FlagRangeText(name);
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": ", error,
+                                                     range.empty() ? "" : "; expected ", range));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -91,6 +124,10 @@ absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
     if (arg == "--") break;
     if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull" ||
         arg == "--helpshort") {
+      if (absl::Status s = CheckFlagRanges(MainFile()); s.code() == absl::StatusCode::kInternal) {
+        std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+        std::exit(1);
+      }
       PrintHelp();
       std::exit(0);
     }
@@ -99,10 +136,12 @@ absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
       std::exit(0);
     }
   }
+  if (absl::Status s = CheckFlagValues(argc, argv); !s.ok()) return s;
   const std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args[1], "\""));
   }
+  if (absl::Status s = CheckFlagRanges(MainFile()); !s.ok()) return s;
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   return absl::OkStatus();

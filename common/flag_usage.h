@@ -19,9 +19,11 @@ std::string VersionString(const char* argv0);
 // --help (-h, --helpfull, --helpshort) prints the usage text and this
 // program's flags with their defaults (not the test-only ones, whose help
 // starts "Testing only") and --version the VersionString, to stdout, and
-// both exit 0. Otherwise parses the command line's flags (exits on a bad
-// flag, as Abseil does); a positional argument is INVALID_ARGUMENT naming
-// it. Then sends glog to stderr.
+// both exit 0. Otherwise parses the command line's flags: a value that does
+// not parse ("--max_steps=abc") or lies outside its flag's range
+// (common/flag_ranges.h) is INVALID_ARGUMENT naming the flag, the value and
+// the range, as is a positional argument; an unknown flag exits as Abseil
+// does. Then sends glog to stderr.
 absl::Status ParseFlagsAndStartLogging(int argc, char** argv);
 
 }  // namespace asympo

@@ -200,16 +200,25 @@ def main():
                     help="exit 1 unless asympo-eval's held-out greedy accuracy reaches this")
     ap.add_argument("--check_rise", type=float, default=None,
                     help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
+    # Every numeric option's range, shown by --help and checked (exit 2).
+    ranges = {"max_steps": (0, 10**9), "minutes": (0.01, 10**6), "rollouts": (0, 64),
+              "learner_ranks": (1, 16), "vocab": (2, 1 << 20), "lr": (0, 1),
+              "group_size": (2, 4096), "prompts_per_step": (1, 65536), "temperature": (0, 100),
+              "queue_capacity": (1, 1 << 24), "seed": (0, 2**63 - 1), "interval": (0.1, 3600),
+              "eval_k": (0, 65536), "check_greedy": (0, 1), "check_rise": (-1, 1)}
+    def text(lo, hi):
+        return "%s to %s" % tuple(str(x) if isinstance(x, int) else "%g" % x for x in (lo, hi))
+    for action in ap._actions:
+        if action.dest in ranges:
+            action.help = (action.help or "") + " (range %s)" % text(*ranges[action.dest])
     args = ap.parse_args()
+    for name, (lo, hi) in ranges.items():
+        value = getattr(args, name)
+        if value is not None and not lo <= value <= hi:  # also refuses nan
+            ap.error("--%s %s: expected %s" % (name, value, text(lo, hi)))
     for a in args.learner_arg:
         if not a.startswith("--") or "=" not in a:
             ap.error("--learner_arg %r: expected one learner flag as --FLAG=VALUE" % a)
-    if not 1 <= args.learner_ranks <= 16:
-        ap.error("--learner_ranks %d: expected 1..16" % args.learner_ranks)
-    if args.max_steps < 0:
-        ap.error("--max_steps %d: expected 0 or more" % args.max_steps)
-    if not args.minutes > 0:
-        ap.error("--minutes %g: expected more than 0" % args.minutes)
     if args.lr_schedule == "cosine" and args.max_steps == 0:
         ap.error("--lr_schedule cosine decays over --max_steps steps; give --max_steps, or --lr_schedule constant")
 

@@ -185,6 +185,8 @@ absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
   ASYMPO_ASSIGN_OR_RETURN(credentials_, security::MakeServerCredentials(o.tls));
   o.auth.client_ca_file = o.tls.client_ca_file;
   ASYMPO_ASSIGN_OR_RETURN(authorizer_, security::Authorizer::Create(o.auth, &registry));
+  // A malformed address is named as such, not refused as beyond loopback.
+  ASYMPO_RETURN_IF_ERROR(SplitHostPort(o.listen_address, "--listen").status());
   ASYMPO_RETURN_IF_ERROR(security::CheckListenPolicy(o.listen_address, !o.tls.cert_file.empty(),
                                                      authorizer_->authenticates(), o.insecure));
   o.broadcast.authorizer = authorizer_.get();
@@ -210,6 +212,8 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(options_.limits));
   metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
   skipped_ = std::make_unique<SkippedSteps>(registry);
+  ASYMPO_RETURN_IF_ERROR(ValidateQuarantineOptions(o.quarantine));
+  quarantine_ = std::make_unique<SourceQuarantine>(o.quarantine, registry);
   if (is_worker()) {  // no broadcast: rank 0 publishes
     ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), nullptr));
     return absl::OkStatus();
@@ -277,6 +281,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   so.version = [trainer = trainer_.get()] { return trainer->version(); };
   so.model_signature = sender_->model_signature();
   so.received_bytes = &received_bytes_;
+  so.quarantine = quarantine_.get();
   service_ = std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get());
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE
@@ -319,15 +324,15 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   port_ = listener_->port();
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(trainer_->version());
-  const char* transport = o.tls.cert_file.empty()          ? "plaintext"
+  const char* transport = o.tls.cert_file.empty()        ? "plaintext"
                           : o.tls.client_ca_file.empty() ? "TLS"
                                                          : "mTLS";
   LOG(INFO) << "learner serving on port " << port_ << " (" << transport
             << (authorizer_->authenticates() ? ", callers authenticated" : ", callers anonymous")
-            << ", objective " << so.objective << ", model "
-            << o.model << ", " << model_->config().NumParameters() << " parameters on "
-            << model_->options().device << ", " << DTypeName(model_->options().dtype)
-            << " weights, " << DTypeName(model_->compute_dtype()) << " compute, broadcast as "
+            << ", objective " << so.objective << ", model " << o.model << ", "
+            << model_->config().NumParameters() << " parameters on " << model_->options().device
+            << ", " << DTypeName(model_->options().dtype) << " weights, "
+            << DTypeName(model_->compute_dtype()) << " compute, broadcast as "
             << DTypeName(o.publish_dtype) << ", queue " << o.queue.capacity_groups << " groups)";
   return absl::OkStatus();
 }
@@ -420,8 +425,9 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return failure_.ok();
   }
   const int64_t n = static_cast<int64_t>(groups.size());
-  std::vector<std::string> batch_ids;
+  std::vector<std::string> batch_ids, sources;
   for (const QueuedGroup& g : groups) {
+    sources.push_back(g.source);
     if (!g.batch_id.empty() && (batch_ids.empty() || batch_ids.back() != g.batch_id)) {
       batch_ids.push_back(g.batch_id);
     }
@@ -436,9 +442,16 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
     }
     skipped_->Record(step.status(), n);
     counters_.skipped_groups.fetch_add(static_cast<uint64_t>(n));
+    if (StepSkipReason(step.status()) == kSkipPoisonedGroups) {
+      // One source's poison, not the learner's failure: it does not count
+      // toward --max_consecutive_skipped_steps; the quarantine stops it.
+      DropPoisoned(sources, /*counted=*/true);
+      return true;
+    }
     return !TooManySkipped(step.status());
   }
   skipped_in_a_row_ = 0;
+  if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
   queue_->MarkTrained(batch_ids);
   ++*steps;
   counters_.steps.fetch_add(1);
@@ -459,13 +472,34 @@ bool LearnerDaemon::TrainOneStep(int64_t* steps, int64_t* untrained) {
   return true;
 }
 
+void LearnerDaemon::DropPoisoned(const std::vector<std::string>& sources, bool counted) {
+  if (!counted) counters_.skipped_groups.fetch_add(sources.size());
+  const absl::Time now = absl::Now();
+  for (const std::string& source : sources) {
+    if (int64_t held_back = 0; poisoned_log_.Allow(&held_back, now)) {
+      LOG(WARNING) << "a group of source " << QuoteForMessage(source)
+                   << " made the step's loss or gradient non-finite by itself and was dropped "
+                      "(asympo_learner_poisoned_groups_total)"
+                   << poisoned_log_.HeldBack(held_back);
+    }
+    if (quarantine_->RecordPoisoned(source, 1, now)) {
+      LOG(WARNING) << "source " << QuoteForMessage(source) << " sent "
+                   << options_.quarantine.max_poisoned_groups << " poisoned groups within "
+                   << absl::FormatDuration(options_.quarantine.window)
+                   << "; its batches are refused for "
+                   << absl::FormatDuration(options_.quarantine.duration);
+    }
+  }
+}
+
 bool LearnerDaemon::TooManySkipped(const absl::Status& last) {
   const int64_t limit = options_.max_consecutive_skipped_steps;
   if (limit <= 0 || ++skipped_in_a_row_ < limit) return false;
   Fail(absl::FailedPreconditionError(absl::StrCat(
       skipped_in_a_row_, " training steps in a row were skipped (the last: ", last.message(),
       "); the learner stops rather than take groups it cannot train on. The weights of version ",
-      trainer_->version(), " are kept; see the skipped-step log lines and "
+      trainer_->version(),
+      " are kept; see the skipped-step log lines and "
       "--max_consecutive_skipped_steps")));
   return true;
 }
@@ -506,6 +540,12 @@ absl::StatusOr<int64_t> LearnerDaemon::RunWorker() {
       if (IsRankFailure(step.status())) return step.status();
       LOG(WARNING) << "step skipped on every rank: " << step.status().message();
       continue;
+    }
+    if (int64_t held_back = 0; !step->dropped.empty() && poisoned_log_.Allow(&held_back)) {
+      LOG(WARNING) << step->dropped.size()
+                   << " group(s) of this rank's share were dropped from the step as poisoned "
+                      "(non-finite by their rewards)"
+                   << poisoned_log_.HeldBack(held_back);
     }
     ++steps;
   }

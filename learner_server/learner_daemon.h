@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
 #include "common/grpc_listener.h"
+#include "common/log_throttle.h"
 #include "common/model/policy_model.h"
 #include "common/security/authorizer.h"
 #include "common/security/tls.h"
@@ -34,6 +35,7 @@
 #include "learner_server/learner_service.h"
 #include "learner_server/skipped_steps.h"
 #include "learner_server/snapshot_publisher.h"
+#include "learner_server/source_quarantine.h"
 #include "learner_server/trainer.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
@@ -71,14 +73,14 @@ struct LearnerDaemonOptions {
   // Connections to listen_address open at once (GrpcListenerOptions); 0:
   // the soft RLIMIT_NOFILE less 128, at most 4,096.
   int max_connections = 0;
-  // LearnerServiceOptions::fault_reply_delay (tests only).
-  absl::Duration fault_reply_delay = absl::ZeroDuration();
   // GrpcListenerOptions::max_connections_per_peer and
   // unauthenticated_grace.
   int max_connections_per_peer = 0;
   absl::Duration connection_auth_grace = absl::Seconds(10);
   // LearnerServiceOptions::max_streams_per_principal.
   int64_t max_streams_per_principal = 0;
+  // LearnerServiceOptions::fault_reply_delay (tests only).
+  absl::Duration fault_reply_delay = absl::ZeroDuration();
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
   // (empty: none); the newest valid one is restored at start.
   std::string checkpoint_dir;
@@ -103,6 +105,8 @@ struct LearnerDaemonOptions {
   // checkpointed state reproduces) would otherwise take the generators'
   // groups for ever without training on them.
   int64_t max_consecutive_skipped_steps = 100;
+  // When a source's groups keep poisoning steps (SourceQuarantine).
+  QuarantineOptions quarantine;
   // The per-step INFO line: every step of the first 10, then at most one
   // per this interval, and when a collapse suspicion begins (at most once an
   // interval too; zero: every step). The step CSV and the metrics have
@@ -166,6 +170,10 @@ class LearnerDaemon {
   // Counts a skipped step; past max_consecutive_skipped_steps in a row,
   // stops the job (Fail) and returns true.
   bool TooManySkipped(const absl::Status& last);
+  // Counts groups dropped from a step as poisoned, one per entry of
+  // `sources` (in skipped_groups unless `counted` already), and may
+  // quarantine their sources. In data-parallel mode, rank 0's share only.
+  void DropPoisoned(const std::vector<std::string>& sources, bool counted = false);
   void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
   // Writes a checkpoint (and the export); a failure is counted and logged.
   absl::Status Checkpoint();
@@ -185,6 +193,8 @@ class LearnerDaemon {
   std::unique_ptr<Trainer> trainer_;
   std::unique_ptr<LearnerMetrics> metrics_;
   std::unique_ptr<SkippedSteps> skipped_;
+  std::unique_ptr<SourceQuarantine> quarantine_;
+  LogThrottle poisoned_log_;
   std::unique_ptr<GroupQueue> queue_;
   LearnerCounters counters_;
   std::unique_ptr<LearnerService> service_;

@@ -16,6 +16,8 @@ namespace {
 constexpr char kAcceptedBatchesKey[] = "asympo-accepted-batches";
 // Marks a refusal for the source's rate (the retry hint is the rate's).
 constexpr char kRatePayload[] = "asympo.learner/rate";
+// Marks a refusal of a quarantined source (with kRatePayload: its hint).
+constexpr char kQuarantinePayload[] = "asympo.learner/quarantine";
 
 bool IsQuotaRefusal(const absl::Status& s) {
   return GroupQueue::IsSourceLimitRefusal(s) || s.GetPayload(kRatePayload).has_value();
@@ -44,8 +46,10 @@ void Account(const LearnerService& svc, const std::string& source, const absl::S
   LearnerCounters* k = svc.counters();
   if (IsQuotaRefusal(s)) {
     k->rejected_quota_batches.fetch_add(1);
-    svc.CountRefusal("RESOURCE_EXHAUSTED",
-                     GroupQueue::IsSourceLimitRefusal(s) ? "queue_share" : "rate");
+    svc.CountRefusal("RESOURCE_EXHAUSTED", GroupQueue::IsSourceLimitRefusal(s) ? "queue_share"
+                                           : s.GetPayload(kQuarantinePayload).has_value()
+                                               ? "quarantined"
+                                               : "rate");
   } else if (s.ok()) {
     k->accepted_batches.fetch_add(1);
     k->accepted_groups.fetch_add(static_cast<uint64_t>(c.groups));
@@ -118,7 +122,8 @@ class PushTracker {
 absl::Status PrepareForPush(const LearnerService& svc, const grpc::ByteBuffer& raw,
                             const security::Principal& p, std::vector<QueuedGroup>* groups,
                             BatchCounts* counts, absl::Duration* retry_after) {
-  absl::Status s = svc.Prepare(raw, p.name, groups, counts);
+  absl::Status s = svc.AdmitSource(p, retry_after);
+  if (s.ok()) s = svc.Prepare(raw, p.name, groups, counts);
   if (s.ok()) s = svc.AdmitRate(p, counts->groups, retry_after);
   return s;
 }
@@ -354,6 +359,17 @@ absl::StatusOr<const security::Principal*> LearnerService::Authorize(
   return security::AuthorizeCall(options_.authorizer, ctx, role);
 }
 
+absl::Status LearnerService::AdmitSource(const security::Principal& p,
+                                         absl::Duration* retry_after) const {
+  if (options_.quarantine == nullptr) return absl::OkStatus();
+  absl::Status s = options_.quarantine->Admit(p.name, absl::Now(), retry_after);
+  if (!s.ok()) {
+    s.SetPayload(kRatePayload, absl::Cord("1"));
+    s.SetPayload(kQuarantinePayload, absl::Cord("1"));
+  }
+  return s;
+}
+
 absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,
                                        absl::Duration* retry_after) const {
   absl::Status s = rates_.Admit(p.name, p.groups_per_second, groups, absl::Now(), retry_after);
@@ -468,6 +484,7 @@ v1::LearnerStatus LearnerService::Status() const {
   l->set_max_groups_per_batch(options_.limits.max_groups_per_batch);
   l->set_max_batch_id_bytes(static_cast<int32_t>(kMaxBatchIdBytes));
   l->set_max_message_bytes(options_.max_message_bytes);
+  l->set_max_abs_reward(options_.limits.max_abs_reward);
   return status;
 }
 

@@ -32,6 +32,7 @@
 #include "common/keyed_limit.h"
 #include "common/security/authorizer.h"
 #include "learner_server/group_queue.h"
+#include "learner_server/source_quarantine.h"
 #include "learner_server/source_rates.h"
 
 namespace asympo::learner {
@@ -82,10 +83,10 @@ struct LearnerServiceOptions {
   // RESOURCE_EXHAUSTED. Each open stream holds a reactor and its batch
   // buffer, so idle streams would otherwise pile up without bound.
   int64_t max_streams = 1024;
-  // A SubmitStream that sends no batch for this long is cancelled.
   // Of them, the most one principal (one peer address without
   // authentication) may hold; 0: a quarter, at least 1.
   int64_t max_streams_per_principal = 0;
+  // A SubmitStream that sends no batch for this long is cancelled.
   absl::Duration stream_idle_timeout = absl::Minutes(10);
   // The largest request, in bytes (gRPC's receive limit is the same).
   int64_t max_message_bytes = int64_t{64} << 20;
@@ -102,6 +103,9 @@ struct LearnerServiceOptions {
   std::function<uint64_t()> version;
   // When set, the bytes of every request (CountReceived), before any check.
   std::atomic<int64_t>* received_bytes = nullptr;
+  // When set, a quarantined source's batches are refused before they are
+  // parsed (RESOURCE_EXHAUSTED, the hint the time left).
+  SourceQuarantine* quarantine = nullptr;
 };
 
 using LearnerServiceBase =
@@ -138,6 +142,8 @@ class LearnerService final : public LearnerServiceBase {
                                                        security::Role role) const;
   // Takes `groups` from the principal's rate; RESOURCE_EXHAUSTED with
   // *retry_after when it is over it.
+  // OK unless the principal is quarantined (LearnerServiceOptions::quarantine).
+  absl::Status AdmitSource(const security::Principal& p, absl::Duration* retry_after) const;
   absl::Status AdmitRate(const security::Principal& p, int64_t groups,
                          absl::Duration* retry_after) const;
   // Gives back what AdmitRate took for groups the queue did not keep.

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
 #include "common/daemon/heap_release.h"
+#include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -96,6 +97,9 @@ ABSL_FLAG(int32_t, max_group_size, 64, "Most responses per group.");
 ABSL_FLAG(int32_t, max_prompt_tokens, 4096, "Most tokens per prompt.");
 ABSL_FLAG(int32_t, max_response_tokens, 4096, "Most tokens per response.");
 ABSL_FLAG(int32_t, max_groups_per_batch, 64, "Most groups per submitted batch.");
+ABSL_FLAG(double, max_abs_reward, 1e6,
+          "Largest |reward| a batch may carry; a batch with a larger one is refused (a finite "
+          "but huge reward overflows the step's float32 sums).");
 // Steps.
 ABSL_FLAG(int64_t, prompts_per_step, 8, "Prompt groups per optimizer step.");
 ABSL_FLAG(int64_t, micro_batch_tokens, 16384,
@@ -114,6 +118,15 @@ ABSL_FLAG(double, adam_eps, 1e-8, "AdamW epsilon.");
 ABSL_FLAG(double, weight_decay, 0.0, "AdamW decoupled weight decay.");
 ABSL_FLAG(double, max_grad_norm, 1.0, "Clip the global gradient norm to this (<= 0 disables).");
 ABSL_FLAG(int64_t, max_steps, 0, "Stop after this many steps (0: run until SIGINT/SIGTERM).");
+ABSL_FLAG(int64_t, quarantine_after_groups, 3,
+          "Refuse a source's batches for --quarantine_duration once this many of its groups "
+          "were dropped from their steps as poisoned (non-finite by themselves) within "
+          "--quarantine_window; 0: never.");
+ABSL_FLAG(absl::Duration, quarantine_window, absl::Minutes(10),
+          "The window of --quarantine_after_groups.");
+ABSL_FLAG(absl::Duration, quarantine_duration, absl::Minutes(10),
+          "How long a quarantined source's batches are refused (RESOURCE_EXHAUSTED with the time "
+          "left as the retry hint).");
 ABSL_FLAG(int64_t, max_consecutive_skipped_steps, 100,
           "Stop with an error (exit 2) after this many skipped steps in a row, instead of "
           "taking groups that cannot be trained on (0: never).");
@@ -133,19 +146,6 @@ ABSL_FLAG(int64_t, max_submit_streams, 1024,
 ABSL_FLAG(int32_t, max_connections, 0,
           "Connections to --listen open at once; one more is closed at once. 0: the soft "
           "RLIMIT_NOFILE less 128, at most 4096 (asympo_learner_max_connections shows it).");
-ABSL_FLAG(int64_t, free_heap_limit_mib, 256,
-          "Freed heap memory kept resident for reuse (MiB). When requests leave more, the "
-          "learner gives the free pages back to the kernel (checked every 2 s; what training "
-          "steps free is kept), so that a burst of large requests does not stay resident "
-          "(asympo_learner_heap_released_bytes_total).");
-ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
-          "A SubmitStream that sends no batch for this long is closed.");
-ABSL_FLAG(int64_t, batch_id_window, 65536,
-          "Accepted batch ids remembered for exactly-once delivery (at least --queue_capacity; "
-          "the trained ones are kept in checkpoints).");
-// Checkpoints.
-ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no checkpoints).");
-ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
 ABSL_FLAG(int32_t, max_connections_per_peer, 0,
           "Connections from one peer address (IP) open at once; one more takes the place of "
           "that address's oldest connection without an authorized call, or is closed at once. "
@@ -162,6 +162,19 @@ ABSL_FLAG(int32_t, max_fetches_per_principal, 0,
 ABSL_FLAG(int32_t, max_registrations_per_principal, 0,
           "Weight receivers one principal (one peer address without authentication) may hold "
           "registered at once, of the 4096 in all. 0: a quarter of them.");
+ABSL_FLAG(int64_t, free_heap_limit_mib, 256,
+          "Freed heap memory kept resident for reuse (MiB). When requests leave more, the "
+          "learner gives the free pages back to the kernel (checked every 2 s; what training "
+          "steps free is kept), so that a burst of large requests does not stay resident "
+          "(asympo_learner_heap_released_bytes_total).");
+ABSL_FLAG(absl::Duration, submit_stream_idle_timeout, absl::Minutes(10),
+          "A SubmitStream that sends no batch for this long is closed.");
+ABSL_FLAG(int64_t, batch_id_window, 65536,
+          "Accepted batch ids remembered for exactly-once delivery (at least --queue_capacity; "
+          "the trained ones are kept in checkpoints).");
+// Checkpoints.
+ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no checkpoints).");
+ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
 ABSL_FLAG(int32_t, keep_checkpoints, 3, "Checkpoints kept (0: all).");
 ABSL_FLAG(std::string, export_dir, "",
           "Also write the policy here as a Hugging Face directory at each checkpoint and at exit.");
@@ -231,6 +244,77 @@ ABSL_FLAG(absl::Duration, fault_submit_reply_delay, absl::ZeroDuration(),
 ABSL_FLAG(std::vector<std::string>, fault_exception_steps, {},
           "Testing only: the training step attempts of this process (1-based) that throw a "
           "LibTorch error after their first micro-batch (skipped and counted, weights kept).");
+
+// The documented ranges (--help shows them; a value outside is refused).
+ASYMPO_FLAG_RANGE(source_queue_share, 1e-6, 1);
+ASYMPO_FLAG_RANGE(source_groups_per_second, 0, 1e6);
+ASYMPO_FLAG_RANGE(tiny_vocab_size, 2, 1 << 20);
+ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
+ASYMPO_FLAG_RANGE(threads, 1, 1024);
+ASYMPO_FLAG_RANGE(spo_alpha, 0, 1);
+ASYMPO_FLAG_RANGE(p_low, 0, 1);
+ASYMPO_FLAG_RANGE(p_high, 0, 1);
+ASYMPO_FLAG_RANGE(scale_floor, 0, 100);
+ASYMPO_FLAG_RANGE(clip_eps_low, 0, 1);
+ASYMPO_FLAG_RANGE(clip_eps_high, 0, 100);
+ASYMPO_FLAG_RANGE(min_group_size, 2, 4096);
+ASYMPO_FLAG_RANGE(max_group_size, 2, 4096);
+ASYMPO_FLAG_RANGE(max_prompt_tokens, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(max_response_tokens, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(max_groups_per_batch, 1, 65536);
+ASYMPO_FLAG_RANGE(max_abs_reward, 1e-6, asympo::kMaxAbsRewardBound);
+ASYMPO_FLAG_RANGE(prompts_per_step, 1, 65536);
+ASYMPO_FLAG_RANGE(micro_batch_tokens, 1, 1 << 30);
+ASYMPO_FLAG_RANGE(logprob_chunk_rows, 0, 1 << 30);
+ASYMPO_FLAG_RANGE(lr, 0, 1);
+ASYMPO_FLAG_RANGE(warmup_steps, 0, 1e12);
+ASYMPO_FLAG_RANGE(total_steps, 0, 1e12);
+ASYMPO_FLAG_RANGE(min_lr_ratio, 0, 1);
+ASYMPO_FLAG_RANGE(adam_beta1, 0, 0.999999);
+ASYMPO_FLAG_RANGE(adam_beta2, 0, 0.999999);
+ASYMPO_FLAG_RANGE(adam_eps, 1e-20, 1);
+ASYMPO_FLAG_RANGE(weight_decay, 0, 10);
+ASYMPO_FLAG_RANGE(max_grad_norm, -1, 1e6);
+ASYMPO_FLAG_RANGE(max_steps, 0, 1e12);
+ASYMPO_FLAG_RANGE(quarantine_after_groups, 0, 1000000);
+ASYMPO_DURATION_FLAG_RANGE(quarantine_window, absl::Seconds(1), absl::Hours(168));
+ASYMPO_DURATION_FLAG_RANGE(quarantine_duration, absl::Seconds(1), absl::Hours(168));
+ASYMPO_FLAG_RANGE(max_consecutive_skipped_steps, 0, 1e9);
+ASYMPO_DURATION_FLAG_RANGE(log_every, absl::ZeroDuration(), absl::Hours(24));
+ASYMPO_FLAG_RANGE(queue_capacity, 1, 1 << 24);
+ASYMPO_FLAG_RANGE(max_waiting_submissions, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(max_submit_streams, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(max_connections, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(max_connections_per_peer, 0, 1 << 20);
+ASYMPO_DURATION_FLAG_RANGE(connection_auth_grace, absl::Seconds(1), absl::Hours(1));
+ASYMPO_FLAG_RANGE(max_streams_per_principal, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(max_fetches_per_principal, 0, 256);
+ASYMPO_FLAG_RANGE(max_registrations_per_principal, 0, 4096);
+ASYMPO_FLAG_RANGE(free_heap_limit_mib, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(batch_id_window, 1, 1 << 26);
+ASYMPO_FLAG_RANGE(checkpoint_every, 0, 1e12);
+ASYMPO_FLAG_RANGE(keep_checkpoints, 0, 100000);
+ASYMPO_FLAG_RANGE(collapse_ema_alpha, 1e-6, 1);
+ASYMPO_FLAG_RANGE(collapse_warmup_steps, 0, 1e9);
+ASYMPO_FLAG_RANGE(collapse_drop_fraction, 0, 1);
+ASYMPO_FLAG_RANGE(collapse_min_drop, 0, 1e6);
+ASYMPO_FLAG_RANGE(collapse_confirm_steps, 1, 1e9);
+ASYMPO_FLAG_RANGE(collapse_recover_fraction, 0, 1);
+ASYMPO_FLAG_RANGE(broadcast_every, 1, 1e9);
+ASYMPO_FLAG_RANGE(broadcast_bucket_mb, 1, 4096);
+ASYMPO_FLAG_RANGE(broadcast_chunk_kb, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(broadcast_nccl_world_size, 0, 4096);
+ASYMPO_FLAG_RANGE(dist_rank, -1, 65535);
+ASYMPO_FLAG_RANGE(dist_world_size, -1, 65536);
+ASYMPO_FLAG_RANGE(dist_master_port, -1, 65535);
+ASYMPO_DURATION_FLAG_RANGE(full_queue_timeout, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(retry_after, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(submit_stream_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(broadcast_nccl_timeout, absl::Milliseconds(1), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(broadcast_fetch_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(dist_timeout, absl::Seconds(1), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(fault_broadcast_chunk_delay, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(fault_submit_reply_delay, absl::ZeroDuration(), absl::Hours(1));
 
 namespace {
 
@@ -326,6 +410,7 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
   o->limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
   o->limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
   o->limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o->limits.max_abs_reward = absl::GetFlag(FLAGS_max_abs_reward);
   o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
   asympo::learner::TrainerOptions& t = o->trainer;
   t.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
@@ -342,6 +427,9 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
   t.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
   o->max_consecutive_skipped_steps = absl::GetFlag(FLAGS_max_consecutive_skipped_steps);
+  o->quarantine.max_poisoned_groups = absl::GetFlag(FLAGS_quarantine_after_groups);
+  o->quarantine.window = absl::GetFlag(FLAGS_quarantine_window);
+  o->quarantine.duration = absl::GetFlag(FLAGS_quarantine_duration);
   if (o->max_consecutive_skipped_steps < 0) {
     return absl::InvalidArgumentError("--max_consecutive_skipped_steps must be >= 0");
   }
@@ -529,6 +617,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  LOG(INFO) << "starting " << asympo::VersionString(argv[0]);
   const int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) return Fail("--threads must be positive");
   at::set_num_threads(threads);

@@ -22,7 +22,7 @@ SkippedSteps::SkippedSteps(prometheus::Registry& registry, absl::Duration log_in
   // alerts see the series before the first failure.
   absl::MutexLock lock(&mu_);
   for (const char* reason : {kSkipNonFiniteLoss, kSkipNonFiniteGradient, kSkipInvalidBatch,
-                             kSkipOutOfMemory, kSkipTorchError}) {
+                             kSkipOutOfMemory, kSkipTorchError, kSkipPoisonedGroups}) {
     reasons_[reason].steps = &steps_.Add({{"reason", reason}});
   }
 }

@@ -45,10 +45,21 @@ class DiagnosticsPool {
   // The sums, for adding up across data-parallel ranks (SetSums undoes it).
   static constexpr size_t kSums = 15;
   std::vector<double> Sums() const {
-    return {loss_,    mass_,   pos_,       neg_,        imbalance_,
-            clip_low_, clip_high_, nll_, length_,      reward_,
-            reward_sq_, degenerate_, static_cast<double>(groups_),
-            static_cast<double>(responses_), static_cast<double>(tokens_)};
+    return {loss_,
+            mass_,
+            pos_,
+            neg_,
+            imbalance_,
+            clip_low_,
+            clip_high_,
+            nll_,
+            length_,
+            reward_,
+            reward_sq_,
+            degenerate_,
+            static_cast<double>(groups_),
+            static_cast<double>(responses_),
+            static_cast<double>(tokens_)};
   }
   void SetSums(const double* v, double gpg_alpha) {
     loss_ = v[0], mass_ = v[1], pos_ = v[2], neg_ = v[3], imbalance_ = v[4];
@@ -209,6 +220,10 @@ double SecondsSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
+absl::Status WithStepSkipReason(absl::Status status, absl::string_view reason) {
+  return WithReason(std::move(status), reason);
+}
+
 std::string StepSkipReason(const absl::Status& status) {
   const auto reason = status.GetPayload(kSkipReasonUrl);
   return reason.has_value() ? std::string(*reason) : std::string("error");
@@ -322,6 +337,10 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<StepResult> result =
       Guarded("training step", [&] { return StepUnguarded(groups); });
+  const std::string reason = result.ok() ? "" : StepSkipReason(result.status());
+  if (groups.size() > 1 && (reason == kSkipNonFiniteLoss || reason == kSkipNonFiniteGradient)) {
+    result = StepWithoutPoisonedGroups(groups, result.status());
+  }
   if (result.ok()) result->seconds = SecondsSince(start);
   return result;
 }
@@ -354,8 +373,7 @@ absl::StatusOr<StepResult> Trainer::ApplyUnguarded(StepResult result,
   return result;
 }
 
-absl::StatusOr<double> Trainer::StepShardedOptimizer(double lr,
-                                                     const std::vector<bool>& stepped) {
+absl::StatusOr<double> Trainer::StepShardedOptimizer(double lr, const std::vector<bool>& stepped) {
   ASYMPO_ASSIGN_OR_RETURN(const double norm, sharded_->ReduceGradients());
   optimizer_.ZeroGrad();  // the summed gradient is in the reduced chunk now
   if (!std::isfinite(norm)) {
@@ -395,8 +413,7 @@ absl::StatusOr<double> Trainer::ClipGradients() {
   for (const at::Tensor& p : model_->parameters()) {
     if (p.grad().defined()) squares.push_back(p.grad().pow(2).sum().to(at::kDouble));
   }
-  const double norm =
-      squares.empty() ? 0.0 : std::sqrt(at::stack(squares).sum().item<double>());
+  const double norm = squares.empty() ? 0.0 : std::sqrt(at::stack(squares).sum().item<double>());
   if (!std::isfinite(norm)) {
     return WithReason(absl::InternalError("the gradient is not finite; the step was skipped"),
                       kSkipNonFiniteGradient);
@@ -503,6 +520,10 @@ absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& sh
   std::vector<double> sums;
   absl::StatusOr<StepResult> local = Guarded(
       "computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals, &sums); });
+  const std::string reason = local.ok() ? "" : StepSkipReason(local.status());
+  if (reason == kSkipNonFiniteLoss || reason == kSkipNonFiniteGradient) {
+    local = ShardWithoutPoisonedGroups(shard, totals, &sums, local.status());
+  }
   std::vector<bool> stepped;
   ASYMPO_ASSIGN_OR_RETURN(StepResult result,
                           ReduceShard(std::move(local), sums, reducer, &stepped));
@@ -515,8 +536,7 @@ absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& sh
 
 absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local,
                                                 const std::vector<double>& sums,
-                                                StepReducer* reducer,
-                                                std::vector<bool>* stepped) {
+                                                StepReducer* reducer, std::vector<bool>* stepped) {
   // [pool sums | tokens, micro-batches, gpg alpha, ranks with groups |
   //  failures per reason | ranks with a gradient, per parameter]
   const std::vector<at::Tensor> params = model_->parameters();
@@ -540,10 +560,17 @@ absl::StatusOr<StepResult> Trainer::ReduceShard(absl::StatusOr<StepResult> local
     if (v[failures + k] == 0) continue;
     optimizer_.ZeroGrad();
     if (!local.ok()) return local.status();
-    return WithReason(absl::InternalError(absl::StrCat(
-                          v[failures + k], " other rank(s) failed this step (", kLocalReasons[k],
-                          "); it was skipped on every rank")),
-                      kLocalReasons[k]);
+    return WithReason(
+        absl::InternalError(absl::StrCat(v[failures + k], " other rank(s) failed this step (",
+                                         kLocalReasons[k], "); it was skipped on every rank")),
+        kLocalReasons[k]);
+  }
+  if (v[DiagnosticsPool::kSums + 3] == 0) {  // every rank dropped all its groups as poisoned
+    optimizer_.ZeroGrad();
+    return WithStepSkipReason(
+        absl::InternalError("every group of the step, on every rank, made the loss or the "
+                            "gradient non-finite by its rewards; the step was skipped"),
+        kSkipPoisonedGroups);
   }
   for (size_t i = 0; i < params.size(); ++i) stepped->push_back(v[defined + i] != 0);
   std::vector<at::Tensor> gradients;

@@ -84,10 +84,15 @@ inline constexpr char kSkipNonFiniteGradient[] = "nonfinite_gradient";
 inline constexpr char kSkipInvalidBatch[] = "invalid_batch";
 inline constexpr char kSkipOutOfMemory[] = "out_of_memory";
 inline constexpr char kSkipTorchError[] = "torch_error";
+// Every group of the step made it non-finite by its rewards (StepResult::
+// dropped, trainer_isolation.cc): the sources' fault, not the learner's.
+inline constexpr char kSkipPoisonedGroups[] = "poisoned_groups";
 
 // The reason carried by a status from Trainer::Step (one of the kSkip*
 // names; "error" for a status without one).
 std::string StepSkipReason(const absl::Status& status);
+// `status` carrying `reason` (one of the kSkip* names) for StepSkipReason.
+absl::Status WithStepSkipReason(absl::Status status, absl::string_view reason);
 
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 
@@ -103,7 +108,12 @@ struct StepResult {
   int64_t micro_batches = 0;
   int64_t tokens = 0;  // prompt + response tokens processed
   double seconds = 0;
-  std::vector<uint64_t> staleness;  // per group: version at use - arrival
+  std::vector<uint64_t> staleness;  // per trained group: version at use - arrival
+  // Indices (into Step's groups) of the groups dropped from the step because
+  // each alone made the loss or the gradient non-finite (a poisoned group);
+  // the step trained on the others.
+  std::vector<size_t> dropped;
+  std::vector<std::string> dropped_sources;  // their QueuedGroup::source, in order
 };
 
 // One micro-batch as tensors (trainer.cc).
@@ -126,11 +136,15 @@ class Trainer {
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(TrainerOptions options, PolicyModel* model,
                                                          WeightPublisher* publisher);
 
-  // Trains one step on `groups` (at least one). On error (bad data that
-  // slipped past validation, a non-finite loss or gradient, an exception
-  // from LibTorch) the weights and the optimizer are unchanged, the
-  // gradients are cleared, the version does not move, and the status
-  // carries its StepSkipReason. Never throws.
+  // Trains one step on `groups` (at least one). When the step's loss or
+  // gradient is not finite, each group is tried alone: the groups that are
+  // non-finite by their rewards are dropped (StepResult::dropped) and the
+  // step trains on the rest, as if they had never been popped. On error
+  // (bad data that slipped past validation, a non-finite step with no group
+  // to blame, or every group to blame: kSkipPoisonedGroups; an exception
+  // from LibTorch) the weights
+  // and the optimizer are unchanged, the gradients are cleared, the version
+  // does not move, and the status carries its StepSkipReason. Never throws.
   absl::StatusOr<StepResult> Step(std::vector<QueuedGroup> groups);
 
   // One data-parallel step: this rank's `shard` of a step whose totals over
@@ -138,7 +152,11 @@ class Trainer {
   // diagnostics are summed across ranks by `reducer`, then every rank
   // clips and steps alike, so the weights stay equal to a single process
   // training all the groups. A failure on any rank skips the step on every
-  // rank (with a failing rank's reason). A failed collective returns the
+  // rank (with a failing rank's reason), except that each rank first drops
+  // the groups of its shard that are non-finite by their rewards, as Step
+  // does (StepResult::dropped indexes `shard`; the step's totals still
+  // count them); a step whose every group was dropped is skipped as
+  // kSkipPoisonedGroups. A failed collective returns the
   // reducer's status as it is: the job cannot go on (IsRankFailure).
   // `staleness` covers this rank's shard only; `seconds` includes the
   // exchange.
@@ -181,6 +199,23 @@ class Trainer {
                                      const std::function<absl::StatusOr<StepResult>()>& step);
   // Step and ComputeGradients without the exception guard.
   absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
+  // Step's second try after `failure`, a non-finite step (trainer_isolation.cc).
+  absl::StatusOr<StepResult> StepWithoutPoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                                       const absl::Status& failure);
+  // StepShard's local half after `failure`: this rank's shard without its
+  // poisoned groups (the step's totals unchanged; possibly no group left).
+  absl::StatusOr<StepResult> ShardWithoutPoisonedGroups(const std::vector<QueuedGroup>& shard,
+                                                        const StepTotals& totals,
+                                                        std::vector<double>* sums,
+                                                        const absl::Status& failure);
+  // The indices of `groups` that are non-finite by their rewards (each
+  // tried alone, then with its rewards' signs), or `failure` when a group is
+  // non-finite for another reason (the model's) or fails otherwise.
+  absl::StatusOr<std::vector<size_t>> PoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                                     const absl::Status& failure);
+  // OK when `group` alone gives a finite loss and gradient; leaves no
+  // gradient behind.
+  absl::Status TryAlone(const QueuedGroup& group);
   // Also stores the DiagnosticsPool's sums in `sums` when given (for
   // ReduceShard).
   absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups,

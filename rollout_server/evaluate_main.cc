@@ -14,6 +14,7 @@
 #include <ATen/Parallel.h>
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -48,6 +49,18 @@ ABSL_FLAG(uint64_t, seed, 0, "Seed of the samples.");
 ABSL_FLAG(int32_t, prompts_per_batch, 32, "Prompts generated together.");
 ABSL_FLAG(std::string, output, "", "Also write the JSON report to this file.");
 ABSL_FLAG(bool, per_prompt, false, "Include each prompt's greedy tokens and counts in the JSON.");
+
+// The documented ranges (--help shows them; a value outside is refused).
+ASYMPO_FLAG_RANGE(tiny_vocab_size, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(threads, 1, 1024);
+ASYMPO_FLAG_RANGE(max_prompts, 0, 1e12);
+ASYMPO_FLAG_RANGE(k, 0, 65536);
+ASYMPO_FLAG_RANGE(samples, 0, 65536);
+ASYMPO_FLAG_RANGE(temperature, 0, 100);
+ASYMPO_FLAG_RANGE(top_p, 0, 1);
+ASYMPO_FLAG_RANGE(max_new_tokens, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
+ASYMPO_FLAG_RANGE(prompts_per_batch, 1, 65536);
 
 namespace {
 
@@ -104,7 +117,8 @@ absl::Status Run() {
   source.model = absl::GetFlag(FLAGS_model);
   source.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   source.checkpoint = absl::GetFlag(FLAGS_checkpoint);
-  if (source.tiny_vocab_size < 0) return absl::InvalidArgumentError("--tiny_vocab_size must be >= 0");
+  if (source.tiny_vocab_size < 0)
+    return absl::InvalidArgumentError("--tiny_vocab_size must be >= 0");
   std::string described;
   ASYMPO_ASSIGN_OR_RETURN(
       std::unique_ptr<asympo::PolicyModel> model,
@@ -117,8 +131,7 @@ absl::Status Run() {
   const asympo::rollout::GenerationEngine engine(model.get());
   ASYMPO_ASSIGN_OR_RETURN(const asympo::rollout::EvaluationReport report,
                           asympo::rollout::Evaluate(engine, *task, prompts, options));
-  const std::string json =
-      asympo::rollout::EvaluationJson(report, absl::GetFlag(FLAGS_per_prompt));
+  const std::string json = asympo::rollout::EvaluationJson(report, absl::GetFlag(FLAGS_per_prompt));
   const std::string output = absl::GetFlag(FLAGS_output);
   if (!output.empty()) {
     std::ofstream out(output);

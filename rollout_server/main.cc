@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon/daemon_runtime.h"
+#include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
@@ -92,6 +93,26 @@ ABSL_FLAG(std::string, weight_transport, "grpc",
 ABSL_FLAG(int32_t, cuda_device, -1,
           "CUDA device of the NCCL weight transport (-1: the --device GPU, or 0 on the CPU).");
 ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
+
+// The documented ranges (--help shows them; a value outside is refused).
+ASYMPO_FLAG_RANGE(tiny_vocab_size, 2, 1 << 20);
+ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
+ASYMPO_FLAG_RANGE(threads, 1, 1024);
+ASYMPO_FLAG_RANGE(group_size, 2, 4096);
+ASYMPO_FLAG_RANGE(prompts_per_generation, 1, 65536);
+ASYMPO_FLAG_RANGE(temperature, 0, 100);
+ASYMPO_FLAG_RANGE(top_k, 0, 1 << 24);
+ASYMPO_FLAG_RANGE(top_p, 0, 1);
+ASYMPO_FLAG_RANGE(max_new_tokens, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(max_buffered_groups, 1, 1 << 24);
+ASYMPO_FLAG_RANGE(max_groups_per_batch, 1, 65536);
+ASYMPO_DURATION_FLAG_RANGE(min_backoff, absl::Milliseconds(1), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(max_backoff, absl::Milliseconds(1), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(submit_timeout, absl::Milliseconds(1), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(drain_timeout, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_FLAG_RANGE(weight_chunk_kb, 0, 1 << 20);
+ASYMPO_FLAG_RANGE(cuda_device, -1, 1023);
+ASYMPO_FLAG_RANGE(max_groups, 0, 1e15);
 
 namespace {
 
@@ -176,6 +197,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
+  LOG(INFO) << "starting " << asympo::VersionString(argv[0]);
   if (absl::GetFlag(FLAGS_list_tasks)) {
     for (const auto& [name, description] : asympo::rollout::TaskNames()) {
       std::cout << name << "\t" << description << "\n";
@@ -198,8 +220,7 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  if (absl::Status s =
-          (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name);
+  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name);
       !s.ok()) {
     return Fail(std::string(s.message()));
   }

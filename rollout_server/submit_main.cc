@@ -45,6 +45,7 @@
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/batch_validation.h"
 #include "common/crc32c.h"
+#include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/grpc_status.h"
 #include "common/security/tls.h"
@@ -85,6 +86,12 @@ ABSL_FLAG(absl::Duration, progress_every, absl::Seconds(2),
 ABSL_FLAG(bool, check_only, false, "Check every row against the learner's limits; send nothing.");
 
 namespace asympo {
+// The documented ranges (--help shows them; a value outside is refused).
+ASYMPO_FLAG_RANGE(groups_per_batch, 1, 65536);
+ASYMPO_DURATION_FLAG_RANGE(timeout, absl::Milliseconds(1), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(retry_deadline, absl::ZeroDuration(), absl::Hours(24 * 7));
+ASYMPO_DURATION_FLAG_RANGE(progress_every, absl::ZeroDuration(), absl::Hours(24));
+
 namespace {
 
 struct Row {

@@ -130,7 +130,12 @@ void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
 }
 
 absl::Status CheckMetricsAddress(const std::string& address, bool insecure) {
-  if (address.empty() || insecure || IsLoopbackAddress(address)) return absl::OkStatus();
+  if (address.empty()) return absl::OkStatus();
+  // A malformed address is named as such, not refused as beyond loopback.
+  if (absl::StatusOr<HostPort> parsed = SplitHostPort(address, "--metrics_address"); !parsed.ok()) {
+    return parsed.status();
+  }
+  if (insecure || IsLoopbackAddress(address)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "refusing to serve /metrics on ", address,
       " beyond loopback: it is plain HTTP without authentication; give --metrics_insecure to "

@@ -116,6 +116,18 @@ INSTANTIATE_TEST_SUITE_P(
                b->mutable_groups(0)->mutable_responses(2)->set_reward(-INFINITY);
              },
              "response 2: reward is -inf"},
+        Case{"HugeReward",
+             [](v1::RolloutBatch* b, BatchLimits*) {
+               b->mutable_groups(1)->mutable_responses(2)->set_reward(3e38f);
+             },
+             "group 1 (prompt_id \"p1\") response 2: reward is 3e+38, beyond max_abs_reward "
+             "1e+06; rewards must lie within +-max_abs_reward"},
+        Case{"RewardBeyondALowerBound",
+             [](v1::RolloutBatch* b, BatchLimits* l) {
+               l->max_abs_reward = 1;
+               b->mutable_groups(0)->mutable_responses(0)->set_reward(-1.5f);
+             },
+             "response 0: reward is -1.5, beyond max_abs_reward 1"},
         Case{"MissingBehaviorLogProbs",
              [](v1::RolloutBatch* b, BatchLimits* l) { l->require_behavior_logprobs = true; },
              "group 0 (prompt_id \"p0\") response 0: behavior_logprobs missing"},
@@ -171,7 +183,21 @@ TEST(BatchValidationTest, ChecksTheLimitsThemselves) {
   l.vocab_size = 0;
   EXPECT_THAT(std::string(ValidateBatchLimits(l).message()),
               HasSubstr("vocab_size must be positive"));
+  for (const double bad : {0.0, -1.0, 1e39, static_cast<double>(NAN)}) {
+    l = Limits();
+    l.max_abs_reward = bad;
+    EXPECT_THAT(std::string(ValidateBatchLimits(l).message()),
+                HasSubstr("max_abs_reward must be in (0, 3.4e+38]"))
+        << bad;
+  }
   EXPECT_TRUE(ValidateBatchLimits(Limits()).ok());
+}
+
+TEST(BatchValidationTest, AcceptsRewardsAtTheBound) {
+  v1::RolloutBatch b = ValidBatch();
+  b.mutable_groups(0)->mutable_responses(0)->set_reward(1e6f);
+  b.mutable_groups(0)->mutable_responses(1)->set_reward(-1e6f);
+  EXPECT_TRUE(ValidateRolloutBatch(b, Limits()).ok());
 }
 
 TEST(BatchValidationTest, CountsGroupsResponsesAndTokens) {

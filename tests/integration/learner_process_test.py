@@ -9,6 +9,9 @@ skipped_steps: steps that fail (a NaN loss, a LibTorch exception, injected
 retry_after_deadline: a Submit the learner accepts but answers after the
   client's deadline (--fault_submit_reply_delay) is sent again with its
   batch_id: acknowledged as a duplicate, trained once, counted on /metrics.
+poisoned: rewards beyond --max_abs_reward are refused; with the bound
+  raised, a group whose rewards overflow is dropped from its step while the
+  others train, and its source is quarantined after repeated poison.
 retry_after_restart: batch ids survive a restart from a checkpoint (SIGTERM,
   then kill -9): a trained batch sent again is a duplicate, a batch that was
   still queued at the stop is accepted again and trained once.
@@ -282,12 +285,83 @@ def retry_after_restart(learner):
     check(proc.wait(timeout=60) == 0, "clean exit")
 
 
+def poisoned(learner):
+    """Rewards beyond --max_abs_reward are refused at validation. With the
+    bound raised, a group whose rewards overflow float32 sums is dropped
+    from its step while the honest group beside it trains; a step of poison
+    only is skipped without counting toward --max_consecutive_skipped_steps;
+    the source is then refused for a while, and the learner never stops."""
+    pb = learner.rollout_pb2
+
+    def group(tag, poison):
+        rewards = [-3e38, 3e38, 3e38] if poison else [1.0, 0.0, 0.0]
+        return pb.PromptGroup(prompt_id=tag, prompt_tokens=[1, 2, 3], responses=[
+            pb.Response(tokens=[5 + r, 9], reward=x) for r, x in enumerate(rewards)])
+
+    port = free_port()
+    proc = learner.start(port, [])
+    stub = learner.stub_for(port)
+    try:
+        stub.Submit(pb.RolloutBatch(groups=[group("huge", True)]), timeout=10)
+        check(False, "a reward of 3e38 is refused under the default bound")
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and "max_abs_reward 1e+06" in e.details(),
+              "a reward of 3e38 is refused at validation: %s" % e.details())
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+
+    shutil.rmtree(learner.ckpt, ignore_errors=True)
+    port, metrics_port = free_port(), free_port()
+    proc = learner.start(port, ["--max_abs_reward=3.4e38", "--quarantine_after_groups=7",
+                                "--quarantine_duration=1h", "--max_consecutive_skipped_steps=2"],
+                         "127.0.0.1:%d" % metrics_port)
+    stub = learner.stub_for(port)
+    stub.Submit(pb.RolloutBatch(groups=[group("h0", False), group("p0", True)]), timeout=10)
+    status = wait_status(learner, stub, "the step trained the honest group", lambda s: s.version >= 1)
+    check(status.trained_groups == 1 and status.skipped_groups == 1,
+          "1 group trained, the poisoned one dropped (trained %d, skipped %d)" % (
+              status.trained_groups, status.skipped_groups))
+    for i in range(3):  # three steps of poison only: skipped, not counted toward the stop
+        stub.Submit(pb.RolloutBatch(groups=[group("q%da" % i, True), group("q%db" % i, True)]),
+                    timeout=10)
+        wait_status(learner, stub, "poison-only step %d skipped" % i,
+                    lambda s, i=i: s.skipped_groups >= 3 + 2 * i)
+    check(proc.poll() is None, "3 skipped steps of poison in a row do not stop a learner "
+          "whose --max_consecutive_skipped_steps is 2")
+
+    def scrape():
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10)
+        return text.read().decode()
+    deadline = time.time() + 30
+    while time.time() < deadline and metric(scrape(), "asympo_learner_quarantined_sources") != 1:
+        time.sleep(0.05)
+    check(metric(scrape(), "asympo_learner_quarantined_sources") == 1,
+          "the source is quarantined after 7 poisoned groups")
+    try:
+        stub.Submit(pb.RolloutBatch(groups=[group("h1", False), group("h2", False)]), timeout=10)
+        check(False, "the source is refused once it sent 7 poisoned groups")
+    except grpc.RpcError as e:
+        hint = dict(e.trailing_metadata() or ()).get("asympo-retry-after-ms", "0")
+        check(e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "is refused until" in e.details()
+              and int(hint) > 3000 * 1000,
+              "the source is refused for an hour: %s (hint %s ms)" % (e.details(), hint))
+    text = scrape()
+    check(metric(text, 'asympo_learner_poisoned_groups_total{source="anonymous"}') == 7,
+          "7 poisoned groups counted by source")
+    check(metric(text, 'asympo_learner_steps_skipped_total{reason="poisoned_groups"}') == 3,
+          "3 steps skipped as poisoned_groups")
+    check(metric(text, 'asympo_learner_refusals_total{code="RESOURCE_EXHAUSTED",cause="quarantined"}')
+          in (None, 1), "the refusal is counted where refusals are")
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+
+
 def main():
     scenario, proto_dir, binary, work = sys.argv[1:5]
     scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps,
                  "retry_after_deadline": retry_after_deadline,
                  "retry_after_restart": retry_after_restart, "skipped_in_a_row": skipped_in_a_row,
-                 "stop_during_start": stop_during_start}
+                 "stop_during_start": stop_during_start, "poisoned": poisoned}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     scenarios[scenario](Learner(proto_dir, binary, work))
 

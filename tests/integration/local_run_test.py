@@ -96,7 +96,7 @@ def failing_learner(build, work):
     # learner's own message, not only an exit status.
     r = launch(build, "--out", os.path.join(work, "failing"), "--learner_arg=--adam_beta1=2",
                "--no_eval", "--minutes", "1", timeout=90)
-    check(r.returncode == 1 and "beta1 is 2" in r.stdout,
+    check(r.returncode == 1 and "--adam_beta1=2: expected 0 to 0.999999" in r.stdout,
           "a failing learner's own error is shown (exit %d: %s)"
           % (r.returncode, r.stdout.strip().splitlines()[-1:]))
 

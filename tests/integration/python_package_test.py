@@ -97,7 +97,20 @@ def scenario_client():
         check(False, "the learner refuses it too")
     except asympo_rl.InvalidBatchError as e:
         check(local in str(e), "the local message is the learner's: %s" % local)
-    check(client.status().accepted_batches == 0, "nothing of the invalid batch was queued")
+    huge = groups(1, "huge")
+    huge[0].responses[0].reward = 3e38
+    try:
+        client.submit(huge)
+        check(False, "a reward beyond max_abs_reward is refused before sending")
+    except asympo_rl.InvalidBatchError as e:
+        local = str(e)
+    try:
+        raw.submit(huge)
+        check(False, "the learner refuses the huge reward too")
+    except asympo_rl.InvalidBatchError as e:
+        check(local in str(e) and "max_abs_reward 1e+06" in local,
+              "the local message is the learner's: %s" % local)
+    check(client.status().accepted_batches == 0, "nothing of the invalid batches was queued")
 
     r = client.submit(groups(3, "a"))
     check(r.accepted_groups == 3 and not r.duplicate, "3 groups accepted: no room for 2 more")

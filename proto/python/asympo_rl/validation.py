@@ -39,6 +39,10 @@ def _response(r, limits, require_logprobs, where, g, j):
         raise InvalidBatchError(str(e), g, j) from None
     if not math.isfinite(r.reward):
         raise InvalidBatchError("%s: reward is %s; rewards must be finite" % (where, r.reward), g, j)
+    bound = limits.max_abs_reward  # 0: a learner that predates the bound
+    if bound > 0 and abs(r.reward) > bound:
+        raise InvalidBatchError("%s: reward is %g, beyond max_abs_reward %g; rewards must lie within "
+                                "+-max_abs_reward" % (where, r.reward, bound), g, j)
     n = len(r.behavior_logprobs)
     if n == 0:
         if require_logprobs:
