@@ -23,6 +23,7 @@ Grafana dashboard is valid and has data. Before all that,
 tests/deploy/monitoring_config_test.py checks the configuration itself.
 
     python3 prometheus_live_test.py SOURCE_DIR BUILD_DIR WORK_DIR
+(its files in a new WORK_DIR/run-* folder, removed when every check passed).
 Exit 0 on success, 1 on a failed check, 77 when Prometheus, the
 Alertmanager or grpc are missing.
 """
@@ -34,6 +35,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -42,6 +44,7 @@ import urllib.request
 from learner_client import check, free_port, generate_stubs, grpc
 
 COLLAPSE, HEALTHY, NOISY = "live-collapse", "live-healthy", "live-noisy"
+CONFIG_TEST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "deploy", "monitoring_config_test.py")
 PAGE = 'ALERTS{alertname="AsympoRewardCollapse",alertstate="firing",run="%s"}' % COLLAPSE
 
 
@@ -306,19 +309,27 @@ def monitoring(src, work, prometheus_bin, am_bin):
     return hook, prom_port, procs
 
 
+def work_folders(root):
+    """A folder of its own under ROOT (a second run of this test at the same
+    time, in the same build tree, must not delete this one's files) and its
+    two file_sd folders, as in a checkout."""
+    os.makedirs(root, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="run-", dir=root)
+    print("work folder:", work)
+    folders = [os.path.join(work, "runs", "prometheus_targets"), os.path.join(work, "runs", "slurm", "prometheus")]
+    for d in folders:
+        os.makedirs(d)
+    return [work] + folders
+
+
 def main():
     src, build, work = sys.argv[1], sys.argv[2], sys.argv[3]
     prometheus_bin, am_bin = shutil.which("prometheus"), shutil.which("prometheus-alertmanager")
     if not prometheus_bin or not am_bin:
         print("SKIP: prometheus and prometheus-alertmanager (Debian packages) are needed")
         sys.exit(77)
-    shutil.rmtree(work, ignore_errors=True)
-    local_targets = os.path.join(work, "runs", "prometheus_targets")
-    slurm_targets = os.path.join(work, "runs", "slurm", "prometheus")
-    os.makedirs(local_targets)
-    os.makedirs(slurm_targets)
-    rc = subprocess.call([sys.executable, os.path.join(src, "tests", "deploy", "monitoring_config_test.py"),
-                          src, os.path.join(work, "config")])
+    work, local_targets, slurm_targets = work_folders(work)
+    rc = subprocess.call([sys.executable, CONFIG_TEST, src, os.path.join(work, "config")])
     check(rc == 0, "tests/deploy/monitoring_config_test.py (exit %d)" % rc)
     learner_pb2, learner_pb2_grpc, rollout_pb2 = generate_stubs(
         os.path.join(src, "proto"), os.path.join(work, "stubs"))
@@ -378,6 +389,7 @@ def main():
         hook.shutdown()
     check(not os.path.exists(os.path.join(local_targets, HEALTHY + ".json")),
           "local_run removed its targets file when it stopped")
+    shutil.rmtree(work, ignore_errors=True)  # kept where a check failed
 
 
 if __name__ == "__main__":
