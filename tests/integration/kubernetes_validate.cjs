@@ -742,6 +742,17 @@ for (const r of renders) {
   if (envValue(L.c, "RUN_NAME", objects) !== envValue(R.c, "RUN_NAME", objects)) {
     lp.push("the learner's and the rollouts' RUN_NAME differ");
   }
+  // The PodMonitors take `up`'s run label from app.kubernetes.io/instance.
+  if (overlay) {
+    const runName = envValue(L.c, "RUN_NAME", objects);
+    for (const o of objects) {
+      if (!["StatefulSet", "Deployment"].includes(o.kind)) continue;
+      const instance = ((o.spec.template.metadata || {}).labels || {})["app.kubernetes.io/instance"];
+      if (instance !== runName) {
+        lp.push(`${id(o)}'s pods are labelled app.kubernetes.io/instance=${instance}, not RUN_NAME ${runName}`);
+      }
+    }
+  }
   for (const f of ["model", "dtype", "tiny_vocab_size"]) {
     if ((last(L.flags, f) || "") !== (last(R.flags, f) || "")) {
       lp.push(`--${f} differs: learner ${last(L.flags, f)}, rollouts ${last(R.flags, f)}`);
