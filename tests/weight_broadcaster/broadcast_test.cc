@@ -101,7 +101,11 @@ TEST(BroadcastTest, LateJoinerGetsOnlyTheLatestVersion) {
 int64_t FirstAnnouncement(SenderServer& server, uint64_t after_version) {
   auto stub = server.NewStub();
   v1::RegisterRequest reg;
-  reg.set_receiver_id("direct");
+  // An id of its own: without an authorizer a receiver id stays with the
+  // connection that registered it for a while after its stream ends, and
+  // each call may come on another connection.
+  static int calls = 0;
+  reg.set_receiver_id("direct-" + std::to_string(++calls));
   reg.set_model_signature(ModelSignature(testing::TestSpecs()));
   v1::RegisterResponse resp;
   grpc::ClientContext rctx;
