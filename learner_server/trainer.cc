@@ -337,10 +337,8 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<StepResult> result =
       Guarded("training step", [&] { return StepUnguarded(groups); });
-  const std::string reason = result.ok() ? "" : StepSkipReason(result.status());
-  if (groups.size() > 1 && (reason == kSkipNonFiniteLoss || reason == kSkipNonFiniteGradient)) {
+  if (!result.ok() && groups.size() > 1)
     result = StepWithoutPoisonedGroups(groups, result.status());
-  }
   if (result.ok()) result->seconds = SecondsSince(start);
   return result;
 }
@@ -520,10 +518,7 @@ absl::StatusOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& sh
   std::vector<double> sums;
   absl::StatusOr<StepResult> local = Guarded(
       "computing gradients", [&] { return ComputeGradientsUnguarded(shard, totals, &sums); });
-  const std::string reason = local.ok() ? "" : StepSkipReason(local.status());
-  if (reason == kSkipNonFiniteLoss || reason == kSkipNonFiniteGradient) {
-    local = ShardWithoutPoisonedGroups(shard, totals, &sums, local.status());
-  }
+  if (!local.ok()) local = ShardWithoutPoisonedGroups(shard, totals, &sums, local.status());
   std::vector<bool> stepped;
   ASYMPO_ASSIGN_OR_RETURN(StepResult result,
                           ReduceShard(std::move(local), sums, reducer, &stepped));

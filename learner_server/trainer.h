@@ -199,7 +199,8 @@ class Trainer {
                                      const std::function<absl::StatusOr<StepResult>()>& step);
   // Step and ComputeGradients without the exception guard.
   absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
-  // Step's second try after `failure`, a non-finite step (trainer_isolation.cc).
+  // Step's second try after `failure` (trainer_isolation.cc); `failure`
+  // itself unless it is a non-finite loss or gradient with poison to blame.
   absl::StatusOr<StepResult> StepWithoutPoisonedGroups(const std::vector<QueuedGroup>& groups,
                                                        const absl::Status& failure);
   // StepShard's local half after `failure`: this rank's shard without its
@@ -209,8 +210,9 @@ class Trainer {
                                                         std::vector<double>* sums,
                                                         const absl::Status& failure);
   // The indices of `groups` that are non-finite by their rewards (each
-  // tried alone, then with its rewards' signs), or `failure` when a group is
-  // non-finite for another reason (the model's) or fails otherwise.
+  // tried alone, then with its rewards' signs), or `failure` when that is not
+  // a non-finite loss or gradient, or a group is non-finite for another
+  // reason (the model's) or fails otherwise.
   absl::StatusOr<std::vector<size_t>> PoisonedGroups(const std::vector<QueuedGroup>& groups,
                                                      const absl::Status& failure);
   // OK when `group` alone gives a finite loss and gradient; leaves no

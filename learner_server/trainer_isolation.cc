@@ -56,6 +56,7 @@ absl::Status Trainer::TryAlone(const QueuedGroup& group) {
 
 absl::StatusOr<std::vector<size_t>> Trainer::PoisonedGroups(const std::vector<QueuedGroup>& groups,
                                                             const absl::Status& failure) {
+  if (!NonFinite(failure)) return failure;  // only a non-finite step can have poison to blame
   std::vector<size_t> poisoned;
   for (size_t i = 0; i < groups.size(); ++i) {
     const absl::Status alone = TryAlone(groups[i]);
