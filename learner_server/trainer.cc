@@ -337,8 +337,7 @@ absl::StatusOr<StepResult> Trainer::Step(std::vector<QueuedGroup> groups) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<StepResult> result =
       Guarded("training step", [&] { return StepUnguarded(groups); });
-  if (!result.ok() && groups.size() > 1)
-    result = StepWithoutPoisonedGroups(groups, result.status());
+  if (!result.ok()) result = StepWithoutPoisonedGroups(groups, result.status());
   if (result.ok()) result->seconds = SecondsSince(start);
   return result;
 }
