@@ -28,21 +28,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import raw_http2  # noqa: E402
 from learner_client import check, free_port, grpc  # noqa: E402
 from security_test import (batch, channel, code_of, resident_mib, run_scenario,  # noqa: E402
-                           sample, scrape, start_secure_learner)
+                           sample, scrape, start_secure_learner, watch_peak)
 
 MB60 = 60 * 1000 * 1000
 SUBMIT = "/asympo.v1.Learner/Submit"
 TOKEN = (("authorization", "Bearer gen-token"),)
-
-
-def watch_peak(pid):
-    peak, done = [resident_mib(pid)], threading.Event()
-
-    def watch():
-        while not done.wait(0.05):
-            peak[0] = max(peak[0], resident_mib(pid))
-    threading.Thread(target=watch, daemon=True).start()
-    return peak, done
 
 
 def wait_serving(env, port, tls=True):

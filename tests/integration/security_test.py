@@ -328,13 +328,7 @@ def memory(env):
     stub = env.pb2_grpc.LearnerStub(grpc.insecure_channel("127.0.0.1:%d" % port))
     stub.GetStatus(env.pb2.GetStatusRequest(), wait_for_ready=True, timeout=60)
     start = resident_mib(proc.pid)
-    peak = [start]
-    done = threading.Event()
-
-    def watch():
-        while not done.wait(0.05):
-            peak[0] = max(peak[0], resident_mib(proc.pid))
-    threading.Thread(target=watch, daemon=True).start()
+    peak, done = watch_peak(proc.pid)
     payload = b"\x0a\x00" * (24 << 20)
     codes = []
 
@@ -361,6 +355,18 @@ def memory(env):
     released = sample(scrape(metrics_port), "asympo_learner_heap_released_bytes_total")
     check(released > 0, "/metrics: %.0f MiB given back to the kernel" % (released / 2**20))
     env.stop_all()
+
+
+def watch_peak(pid):
+    """Samples `pid`'s resident MiB every 50 ms: returns [peak] (updated in
+    place) and the event that stops the sampling."""
+    peak, done = [resident_mib(pid)], threading.Event()
+
+    def watch():
+        while not done.wait(0.05):
+            peak[0] = max(peak[0], resident_mib(pid))
+    threading.Thread(target=watch, daemon=True).start()
+    return peak, done
 
 
 def run_scenario(scenarios):

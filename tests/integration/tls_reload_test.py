@@ -31,7 +31,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from learner_client import check, free_port, grpc  # noqa: E402
-from security_test import Env, batch, code_of, principals, sample, scrape, wait_exit  # noqa: E402
+from security_test import batch, code_of, principals, run_scenario, sample, scrape, wait_exit  # noqa: E402
 
 TOKEN = (("authorization", "Bearer gen-token"),)
 
@@ -205,16 +205,7 @@ def reload_scenario(env, scenario):
 
 
 def main():
-    scenario, proto_dir, learner, rollout, make_certs, work = sys.argv[1:7]
-    if shutil.which("openssl") is None:
-        print("SKIP: openssl missing")
-        sys.exit(77)
-    check(scenario in SCENARIOS, "scenario %s is one of %s" % (scenario, sorted(SCENARIOS)))
-    env = Env(proto_dir, learner, rollout, make_certs, work)
-    try:
-        reload_scenario(env, scenario)
-    finally:
-        env.stop_all()
+    run_scenario({name: (lambda env, name=name: reload_scenario(env, name)) for name in SCENARIOS})
 
 
 if __name__ == "__main__":
