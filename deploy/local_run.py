@@ -338,7 +338,10 @@ def main():
         print("local_run: interrupted; stopping every process")
     final_rollout = [scrape(p) or {} for p in rollout_metrics]
     run.stop_all()
-    os.remove(targets)  # ended: no longer a target (nor a down one)
+    try:
+        os.remove(targets)  # ended: no longer a target (nor a down one)
+    except FileNotFoundError:
+        pass  # an earlier run of the same --run_name, stopping, removed it
     for name, p, _ in run.procs:
         if p.returncode not in (0, -signal.SIGTERM) and not failed:
             failed = exit_report(name, p.returncode, args.out)
