@@ -39,10 +39,11 @@ absl::Status ValidateOptions(const LearnerDaemonOptions& o) {
         absl::StrCat("queue capacity ", o.queue.capacity_groups, " is below prompts_per_step ",
                      o.prompts_per_step, "; a step could never be filled"));
   }
-  if (o.limits.max_groups_per_batch > o.queue.capacity_groups) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_groups_per_batch ", o.limits.max_groups_per_batch, " exceeds the queue capacity ",
-        o.queue.capacity_groups, "; such a batch could never be queued"));
+  if (o.service.limits.max_groups_per_batch > o.queue.capacity_groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_groups_per_batch ", o.service.limits.max_groups_per_batch,
+                     " exceeds the queue capacity ", o.queue.capacity_groups,
+                     "; such a batch could never be queued"));
   }
   if (o.queue.batch_id_window < o.queue.capacity_groups) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -207,9 +208,10 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   const LearnerDaemonOptions& o = options_;
   ASYMPO_ASSIGN_OR_RETURN(model_,
                           CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
-  options_.limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
-  options_.limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
-  ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(options_.limits));
+  BatchLimits& limits = options_.service.limits;
+  limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
+  limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
+  ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(limits));
   metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
   skipped_ = std::make_unique<SkippedSteps>(registry);
   ASYMPO_RETURN_IF_ERROR(ValidateQuarantineOptions(o.quarantine));
@@ -268,14 +270,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   queue_ = std::make_unique<GroupQueue>(o.queue);
   queue_->RestoreBatchIds(restored_batch_ids_);
   restored_batch_ids_.clear();
-  LearnerServiceOptions so;
-  so.limits = o.limits;
-  so.full_queue_timeout = o.full_queue_timeout;
-  so.retry_after = o.retry_after;
-  so.fault_reply_delay = o.fault_reply_delay;
-  so.max_streams = o.max_submit_streams;
-  so.max_streams_per_principal = o.max_streams_per_principal;
-  so.stream_idle_timeout = o.stream_idle_timeout;
+  LearnerServiceOptions so = o.service;
   so.authorizer = authorizer_.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [trainer = trainer_.get()] { return trainer->version(); };

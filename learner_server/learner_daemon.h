@@ -51,8 +51,11 @@ struct LearnerDaemonOptions {
   security::ServerTlsOptions tls;
   security::AuthOptions auth;
   bool insecure = false;
-  // LearnerServiceOptions::stream_idle_timeout.
-  absl::Duration stream_idle_timeout = absl::Minutes(10);
+  // The Learner service: batch limits (vocab_size is taken from the
+  // model), the queue-full wait and retry hint, the stream limits and
+  // timeout. Its authorizer, objective, version, model_signature,
+  // received_bytes and quarantine are filled in by the daemon.
+  LearnerServiceOptions service;
   // "tiny" for the built-in model, or a Hugging Face model directory.
   std::string model = "tiny";
   int64_t tiny_vocab_size = 64;
@@ -63,13 +66,8 @@ struct LearnerDaemonOptions {
   // exported directories are in it (--dtype).
   at::ScalarType publish_dtype = at::kFloat;
   TrainerOptions trainer;
-  BatchLimits limits;  // vocab_size is taken from the model
   int64_t prompts_per_step = 8;
   GroupQueueOptions queue;
-  absl::Duration full_queue_timeout = absl::Seconds(30);
-  absl::Duration retry_after = absl::Seconds(1);
-  // LearnerServiceOptions::max_streams.
-  int64_t max_submit_streams = 1024;
   // Connections to listen_address open at once (GrpcListenerOptions); 0:
   // the soft RLIMIT_NOFILE less 128, at most 4,096.
   int max_connections = 0;
@@ -77,10 +75,6 @@ struct LearnerDaemonOptions {
   // unauthenticated_grace.
   int max_connections_per_peer = 0;
   absl::Duration connection_auth_grace = absl::Seconds(10);
-  // LearnerServiceOptions::max_streams_per_principal.
-  int64_t max_streams_per_principal = 0;
-  // LearnerServiceOptions::fault_reply_delay (tests only).
-  absl::Duration fault_reply_delay = absl::ZeroDuration();
   // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
   // (empty: none); the newest valid one is restored at start.
   std::string checkpoint_dir;

@@ -368,7 +368,7 @@ absl::Status SecurityFlags(LearnerDaemonOptions* o) {
   o->auth.default_queue_share = absl::GetFlag(FLAGS_source_queue_share);
   o->auth.default_groups_per_second = absl::GetFlag(FLAGS_source_groups_per_second);
   o->insecure = absl::GetFlag(FLAGS_insecure);
-  o->stream_idle_timeout = absl::GetFlag(FLAGS_submit_stream_idle_timeout);
+  o->service.stream_idle_timeout = absl::GetFlag(FLAGS_submit_stream_idle_timeout);
   o->broadcast.fetch_idle_timeout = absl::GetFlag(FLAGS_broadcast_fetch_idle_timeout);
   return absl::OkStatus();
 }
@@ -395,12 +395,12 @@ absl::Status ObjectiveFlags(asympo::learner::PolicyLossOptions* loss) {
 }
 
 absl::Status StepFlags(LearnerDaemonOptions* o) {
-  o->limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
-  o->limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
-  o->limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
-  o->limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
-  o->limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
-  o->limits.max_abs_reward = absl::GetFlag(FLAGS_max_abs_reward);
+  o->service.limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
+  o->service.limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
+  o->service.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  o->service.limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
+  o->service.limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o->service.limits.max_abs_reward = absl::GetFlag(FLAGS_max_abs_reward);
   o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
   asympo::learner::TrainerOptions& t = o->trainer;
   t.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
@@ -432,7 +432,7 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
 void FairShareFlags(LearnerDaemonOptions* o) {
   o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
   o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
-  o->max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
+  o->service.max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
   o->broadcast.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
   o->broadcast.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
 }
@@ -441,12 +441,12 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   o->queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
   o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
   o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
-  o->max_submit_streams = absl::GetFlag(FLAGS_max_submit_streams);
+  o->service.max_streams = absl::GetFlag(FLAGS_max_submit_streams);
   o->max_connections = absl::GetFlag(FLAGS_max_connections);
   FairShareFlags(o);
-  o->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
-  o->retry_after = absl::GetFlag(FLAGS_retry_after);
-  o->fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);
+  o->service.full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
+  o->service.retry_after = absl::GetFlag(FLAGS_retry_after);
+  o->service.fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);
   o->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o->checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);

@@ -44,7 +44,7 @@ LearnerDaemonOptions Options(const std::string& ckpt, int64_t max_steps) {
   o.listen_address = "127.0.0.1:0";
   o.prompts_per_step = 2;
   o.queue.capacity_groups = 8;
-  o.limits.max_groups_per_batch = 8;
+  o.service.limits.max_groups_per_batch = 8;
   o.trainer.lr.peak_lr = 1e-3;
   o.checkpoint_dir = ckpt;
   o.checkpoint_every = 2;
