@@ -44,6 +44,7 @@
 #include "common/daemon/heap_release.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
+#include "learner_server/learner_metrics.h"
 #include "learner_server/snapshot_publisher.h"
 #include "learner_server/trainer.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
@@ -129,10 +130,13 @@ double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
   auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
   asympo::broadcast::BroadcastSender sender(
       {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), nullptr);
+  prometheus::Registry publisher_metrics;  // not exported; outlives the publisher
   std::unique_ptr<asympo::learner::WeightPublisher> publisher;
   if (mode == "async") {
-    publisher =
-        asympo::learner::SnapshotPublisher::Create(&sender, *model, s.dtype, 1, nullptr).value();
+    publisher = asympo::learner::SnapshotPublisher::Create(
+                    &sender, *model, s.dtype, 1,
+                    asympo::learner::RegisterSnapshotCounters(publisher_metrics))
+                    .value();
   } else if (mode == "stage") {
     publisher = std::make_unique<StageOnlyPublisher>(
         asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());

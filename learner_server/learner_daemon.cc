@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
-#include "common/daemon/metric_builders.h"
 #include "common/grpc_listener.h"
 #include "common/grpc_status.h"
 #include "common/host_port.h"
@@ -83,28 +82,14 @@ absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) 
   return absl::OkStatus();
 }
 
-// asympo_learner_connections_total{result}: what the listener did with each
-// connection to the learner's port, counted as it happens.
-std::function<void(GrpcListenerEvent)> ListenerCounters(prometheus::Registry& registry) {
-  auto& family = prometheus::BuildCounter()
-                     .Name("asympo_learner_connections_total")
-                     .Help(
-                         "Connections to the learner's port, by what became of them: accepted, "
-                         "refused_at_limit (--max_connections open), refused_at_peer_limit "
-                         "(--max_connections_per_peer open from its address), "
-                         "closed_unauthenticated (no authorized call within "
-                         "--connection_auth_grace, or its place taken at a limit), "
-                         "refused_no_descriptors (the process was out of file descriptors)")
-                     .Register(registry);
-  prometheus::Counter* accepted = &family.Add({{"result", "accepted"}});
-  prometheus::Counter* at_limit = &family.Add({{"result", "refused_at_limit"}});
-  prometheus::Counter* no_fds = &family.Add({{"result", "refused_no_descriptors"}});
-  prometheus::Counter* at_peer_limit = &family.Add({{"result", "refused_at_peer_limit"}});
-  prometheus::Counter* unauthenticated = &family.Add({{"result", "closed_unauthenticated"}});
-  prometheus::Counter* errors =
-      &metrics::AddCounter(registry, "asympo_learner_accept_errors_total",
-                           "accept4 failures on the learner's port: running out of file "
-                           "descriptors (EMFILE, ENFILE) or kernel memory; accepting pauses");
+// Counts what the listener did with each connection.
+std::function<void(GrpcListenerEvent)> CountConnections(const ConnectionCounters& counters) {
+  prometheus::Counter* accepted = &counters.accepted;
+  prometheus::Counter* at_limit = &counters.refused_at_limit;
+  prometheus::Counter* no_fds = &counters.refused_no_descriptors;
+  prometheus::Counter* at_peer_limit = &counters.refused_at_peer_limit;
+  prometheus::Counter* unauthenticated = &counters.closed_unauthenticated;
+  prometheus::Counter* errors = &counters.accept_errors;
   return [=](GrpcListenerEvent e) {
     switch (e) {
       case GrpcListenerEvent::kAccepted:
@@ -213,9 +198,10 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
   ASYMPO_RETURN_IF_ERROR(ValidateBatchLimits(limits));
   metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
-  skipped_ = std::make_unique<SkippedSteps>(registry);
+  skipped_ = std::make_unique<SkippedSteps>(RegisterSkippedStepCounters(registry));
   ASYMPO_RETURN_IF_ERROR(ValidateQuarantineOptions(o.quarantine));
-  quarantine_ = std::make_unique<SourceQuarantine>(o.quarantine, registry);
+  quarantine_ =
+      std::make_unique<SourceQuarantine>(o.quarantine, RegisterQuarantineCounters(registry));
   if (is_worker()) {  // no broadcast: rank 0 publishes
     ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), nullptr));
     return absl::OkStatus();
@@ -224,9 +210,9 @@ absl::Status LearnerDaemon::BuildModelAndTrainer(prometheus::Registry& registry)
   bo.received_bytes = &received_bytes_;
   sender_ = std::make_unique<broadcast::BroadcastSender>(
       std::move(bo), broadcast::ModelSignatureOf(*model_, o.publish_dtype), &registry);
-  ASYMPO_ASSIGN_OR_RETURN(publisher_,
-                          SnapshotPublisher::Create(sender_.get(), *model_, o.publish_dtype,
-                                                    o.broadcast_every, &registry));
+  ASYMPO_ASSIGN_OR_RETURN(
+      publisher_, SnapshotPublisher::Create(sender_.get(), *model_, o.publish_dtype,
+                                            o.broadcast_every, RegisterSnapshotCounters(registry)));
   ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(o.trainer, model_.get(), publisher_.get()));
   return absl::OkStatus();
 }
@@ -285,7 +271,8 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   lo.max_connections = o.max_connections;
   lo.max_connections_per_peer = o.max_connections_per_peer;
   lo.unauthenticated_grace = o.connection_auth_grace;
-  lo.on_event = ListenerCounters(registry);
+  const ConnectionCounters connections = RegisterConnectionCounters(registry);
+  lo.on_event = CountConnections(connections);
   absl::StatusOr<std::unique_ptr<GrpcListener>> listener =
       GrpcListener::Bind(o.listen_address, credentials_, &builder, std::move(lo));
   const auto cannot_listen = [&](absl::string_view why) {
@@ -302,10 +289,7 @@ absl::Status LearnerDaemon::StartServer(prometheus::Registry& registry) {
   }
   listener_ = *std::move(listener);
   authorizer_->SetOnAuthorized(listener_->authorized_hook());
-  metrics::AddGauge(
-      registry, "asympo_learner_max_connections",
-      "Connections to the learner's port that may be open at once (--max_connections)")
-      .Set(listener_->max_connections());
+  connections.max_connections.Set(listener_->max_connections());
   builder.RegisterService(service_.get());
   builder.RegisterService(sender_.get());
   builder.SetMaxReceiveMessageSize(static_cast<int>(so.max_message_bytes));

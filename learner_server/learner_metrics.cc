@@ -210,4 +210,62 @@ void LearnerMetrics::OnBatch(const std::string& source, const std::string& resul
   }
 }
 
+SkippedStepCounters RegisterSkippedStepCounters(prometheus::Registry& r) {
+  return {prometheus::BuildCounter()
+              .Name("asympo_learner_steps_skipped_total")
+              .Help("Training steps that failed and were skipped (weights, optimizer and "
+                    "version unchanged), by reason: nonfinite_loss, nonfinite_gradient, "
+                    "invalid_batch, out_of_memory, torch_error.")
+              .Register(r),
+          AddCounter(r, "asympo_learner_skipped_groups_total",
+                     "Groups taken from the queue by skipped steps (not trained on).")};
+}
+
+QuarantineCounters RegisterQuarantineCounters(prometheus::Registry& r) {
+  return {prometheus::BuildCounter()
+              .Name("asympo_learner_poisoned_groups_total")
+              .Help("Groups dropped from their step because each alone made the loss or "
+                    "the gradient non-finite, by source")
+              .Register(r),
+          prometheus::BuildCounter()
+              .Name("asympo_learner_quarantines_total")
+              .Help("Times a source was refused for a while for sending poisoned "
+                    "groups (--quarantine_after_groups), by source")
+              .Register(r),
+          AddGauge(r, "asympo_learner_quarantined_sources",
+                   "Sources whose batches are refused now for sending "
+                   "poisoned groups")};
+}
+
+prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& r) {
+  return AddCounter(
+      r, "asympo_learner_snapshots_coalesced_total",
+      "Versions staged for broadcast but replaced by a newer one before the publisher thread "
+      "picked them up (it fell behind the trainer).");
+}
+
+ConnectionCounters RegisterConnectionCounters(prometheus::Registry& r) {
+  auto& family = prometheus::BuildCounter()
+                     .Name("asympo_learner_connections_total")
+                     .Help(
+                         "Connections to the learner's port, by what became of them: accepted, "
+                         "refused_at_limit (--max_connections open), refused_at_peer_limit "
+                         "(--max_connections_per_peer open from its address), "
+                         "closed_unauthenticated (no authorized call within "
+                         "--connection_auth_grace, or its place taken at a limit), "
+                         "refused_no_descriptors (the process was out of file descriptors)")
+                     .Register(r);
+  return {family.Add({{"result", "accepted"}}),
+          family.Add({{"result", "refused_at_limit"}}),
+          family.Add({{"result", "refused_no_descriptors"}}),
+          family.Add({{"result", "refused_at_peer_limit"}}),
+          family.Add({{"result", "closed_unauthenticated"}}),
+          AddCounter(r, "asympo_learner_accept_errors_total",
+                     "accept4 failures on the learner's port: running out of file "
+                     "descriptors (EMFILE, ENFILE) or kernel memory; accepting pauses"),
+          AddGauge(r, "asympo_learner_max_connections",
+                   "Connections to the learner's port that may be open at once "
+                   "(--max_connections)")};
+}
+
 }  // namespace asympo::learner

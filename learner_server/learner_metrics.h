@@ -2,9 +2,14 @@
 // are a contract for dashboards and alerts) and the reward-collapse
 // detector behind asympo_learner_collapse_suspected.
 //
-// The caller owns the registry; families are built once in the constructor,
-// never on the hot path. Thread-safe: prometheus-cpp metrics are atomic, and
-// ObserveStep is called by the one trainer thread.
+// Every asympo_learner_* family of the learner is registered here, in
+// learner_metrics.cc: LearnerMetrics' own, and those of the parts that
+// count for themselves (skipped steps, the source quarantine, the snapshot
+// publisher, the listener), which the Register* functions below build and
+// the daemon hands to each part. The caller owns the registry (a
+// prometheus::Registry&, as everywhere in the learner); families are built
+// once, at start, never on the hot path. Thread-safe: prometheus-cpp
+// metrics are atomic, and ObserveStep is called by the one trainer thread.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +28,8 @@
 #include "absl/synchronization/mutex.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_service.h"
+#include "learner_server/skipped_steps.h"
+#include "learner_server/source_quarantine.h"
 #include "learner_server/trainer.h"
 
 namespace asympo::learner {
@@ -108,5 +115,25 @@ class LearnerMetrics : public SubmitObserver {
   std::map<std::string, prometheus::Gauge*> queued_by_source_ ABSL_GUARDED_BY(sources_mu_);
   prometheus::Histogram &staleness_, &step_seconds_;
 };
+
+// The families of the parts that count for themselves.
+// asympo_learner_steps_skipped_total{reason}, asympo_learner_skipped_groups_total.
+SkippedStepCounters RegisterSkippedStepCounters(prometheus::Registry& registry);
+// asympo_learner_poisoned_groups_total{source},
+// asympo_learner_quarantines_total{source}, asympo_learner_quarantined_sources.
+QuarantineCounters RegisterQuarantineCounters(prometheus::Registry& registry);
+// asympo_learner_snapshots_coalesced_total (SnapshotPublisher).
+prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& registry);
+
+// What the listener did with each connection to the learner's port
+// (asympo_learner_connections_total{result}), its accept errors and its
+// connection limit.
+struct ConnectionCounters {
+  prometheus::Counter &accepted, &refused_at_limit, &refused_no_descriptors, &refused_at_peer_limit,
+      &closed_unauthenticated;
+  prometheus::Counter& accept_errors;  // asympo_learner_accept_errors_total
+  prometheus::Gauge& max_connections;  // asympo_learner_max_connections
+};
+ConnectionCounters RegisterConnectionCounters(prometheus::Registry& registry);
 
 }  // namespace asympo::learner

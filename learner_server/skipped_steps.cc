@@ -2,22 +2,12 @@
 
 #include <glog/logging.h>
 
-#include "common/daemon/metric_builders.h"
 #include "learner_server/trainer.h"
 
 namespace asympo::learner {
 
-SkippedSteps::SkippedSteps(prometheus::Registry& registry, absl::Duration log_interval)
-    : log_interval_(log_interval),
-      steps_(prometheus::BuildCounter()
-                 .Name("asympo_learner_steps_skipped_total")
-                 .Help("Training steps that failed and were skipped (weights, optimizer and "
-                       "version unchanged), by reason: nonfinite_loss, nonfinite_gradient, "
-                       "invalid_batch, out_of_memory, torch_error.")
-                 .Register(registry)),
-      groups_(
-          metrics::AddCounter(registry, "asympo_learner_skipped_groups_total",
-                              "Groups taken from the queue by skipped steps (not trained on).")) {
+SkippedSteps::SkippedSteps(SkippedStepCounters counters, absl::Duration log_interval)
+    : log_interval_(log_interval), steps_(counters.steps), groups_(counters.groups) {
   // Every reason is exported from the start, at 0, so that rate() and
   // alerts see the series before the first failure.
   absl::MutexLock lock(&mu_);

@@ -13,7 +13,6 @@
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
-#include <prometheus/registry.h>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -22,9 +21,17 @@
 
 namespace asympo::learner {
 
+// What SkippedSteps counts in, registered with the learner's other metrics
+// (RegisterSkippedStepCounters, learner_metrics.h).
+struct SkippedStepCounters {
+  prometheus::Family<prometheus::Counter>& steps;  // by reason
+  prometheus::Counter& groups;
+};
+
 class SkippedSteps {
  public:
-  SkippedSteps(prometheus::Registry& registry, absl::Duration log_interval = absl::Minutes(1));
+  explicit SkippedSteps(SkippedStepCounters counters,
+                        absl::Duration log_interval = absl::Minutes(1));
 
   // A step failed with `error` after its `groups` groups were taken from
   // the queue (they are not trained on).

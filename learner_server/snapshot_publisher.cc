@@ -2,14 +2,13 @@
 
 #include <glog/logging.h>
 
-#include "common/daemon/metric_builders.h"
 #include "common/status_macros.h"
 
 namespace asympo::learner {
 
 absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
     broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
-    int64_t every, prometheus::Registry* registry) {
+    int64_t every, prometheus::Counter& coalesced) {
   if (every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
@@ -21,19 +20,16 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
                           broadcast::SnapshotStaging::Create(
                               model, dtype, device_buckets ? &sender->packing() : nullptr));
   return std::unique_ptr<SnapshotPublisher>(
-      new SnapshotPublisher(sender, every, std::move(staging), registry));
+      new SnapshotPublisher(sender, every, std::move(staging), coalesced));
 }
 
 SnapshotPublisher::SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
                                      std::unique_ptr<broadcast::SnapshotStaging> staging,
-                                     prometheus::Registry* registry)
-    : sender_(sender), every_(static_cast<uint64_t>(every)), staging_(std::move(staging)) {
-  if (registry != nullptr) {
-    coalesced_counter_ = &metrics::AddCounter(
-        *registry, "asympo_learner_snapshots_coalesced_total",
-        "Versions staged for broadcast but replaced by a newer one before the publisher thread "
-        "picked them up (it fell behind the trainer).");
-  }
+                                     prometheus::Counter& coalesced)
+    : sender_(sender),
+      every_(static_cast<uint64_t>(every)),
+      staging_(std::move(staging)),
+      coalesced_counter_(coalesced) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -58,7 +54,7 @@ void SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model) {
   }
   if (staged_.has_value()) {
     ++coalesced_;
-    if (coalesced_counter_ != nullptr) coalesced_counter_->Increment();
+    coalesced_counter_.Increment();
     VLOG(1) << "version " << *staged_ << " replaced by " << version << " before broadcast";
   }
   staged_ = version;

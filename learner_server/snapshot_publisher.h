@@ -22,7 +22,6 @@
 #include <thread>
 
 #include <prometheus/counter.h>
-#include <prometheus/registry.h>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -34,12 +33,14 @@ namespace asympo::learner {
 
 class SnapshotPublisher : public WeightPublisher {
  public:
-  // `sender` must outlive the publisher; `registry` may be null. The staging
+  // `sender` must outlive the publisher, and `coalesced` too (counts the
+  // versions replaced before they were picked up; learner_metrics.h
+  // registers it: RegisterSnapshotCounters). The staging
   // buffers (two snapshots' worth in `dtype`: one on the model's device, one
   // on the host) are allocated here.
   static absl::StatusOr<std::unique_ptr<SnapshotPublisher>> Create(
       broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
-      int64_t every, prometheus::Registry* registry);
+      int64_t every, prometheus::Counter& coalesced);
   // Publishes what is staged, then stops the thread.
   ~SnapshotPublisher() override;
 
@@ -59,7 +60,7 @@ class SnapshotPublisher : public WeightPublisher {
  private:
   SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
-                    prometheus::Registry* registry);
+                    prometheus::Counter& coalesced);
   // With mu_ held: waits until nothing is staged, copied or being sent.
   void AwaitIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
@@ -69,7 +70,7 @@ class SnapshotPublisher : public WeightPublisher {
   broadcast::BroadcastSender* const sender_;
   const uint64_t every_;
   const std::unique_ptr<broadcast::SnapshotStaging> staging_;
-  prometheus::Counter* coalesced_counter_ = nullptr;
+  prometheus::Counter& coalesced_counter_;
 
   mutable absl::Mutex mu_;
   std::optional<uint64_t> staged_ ABSL_GUARDED_BY(mu_);  // waiting for the thread

@@ -2,7 +2,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/daemon/metric_builders.h"
 #include "common/grpc_status.h"
 
 namespace asympo::learner {
@@ -23,21 +22,11 @@ absl::Status ValidateQuarantineOptions(const QuarantineOptions& o) {
   return absl::OkStatus();
 }
 
-SourceQuarantine::SourceQuarantine(QuarantineOptions options, prometheus::Registry& registry)
+SourceQuarantine::SourceQuarantine(QuarantineOptions options, QuarantineCounters counters)
     : options_(options),
-      poisoned_(prometheus::BuildCounter()
-                    .Name("asympo_learner_poisoned_groups_total")
-                    .Help("Groups dropped from their step because each alone made the loss or "
-                          "the gradient non-finite, by source")
-                    .Register(registry)),
-      quarantines_(prometheus::BuildCounter()
-                       .Name("asympo_learner_quarantines_total")
-                       .Help("Times a source was refused for a while for sending poisoned "
-                             "groups (--quarantine_after_groups), by source")
-                       .Register(registry)),
-      quarantined_(metrics::AddGauge(registry, "asympo_learner_quarantined_sources",
-                                     "Sources whose batches are refused now for sending "
-                                     "poisoned groups")) {}
+      poisoned_(counters.poisoned),
+      quarantines_(counters.quarantines),
+      quarantined_(counters.quarantined) {}
 
 bool SourceQuarantine::RecordPoisoned(const std::string& source, int64_t groups, absl::Time now) {
   poisoned_.Add({{"source", source}}).Increment(static_cast<double>(groups));

@@ -23,7 +23,6 @@
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
-#include <prometheus/registry.h>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -43,9 +42,17 @@ struct QuarantineOptions {
 // window and duration in [1s, 7 days].
 absl::Status ValidateQuarantineOptions(const QuarantineOptions& options);
 
+// What SourceQuarantine counts in, registered with the learner's other
+// metrics (RegisterQuarantineCounters, learner_metrics.h).
+struct QuarantineCounters {
+  prometheus::Family<prometheus::Counter>& poisoned;     // by source
+  prometheus::Family<prometheus::Counter>& quarantines;  // by source
+  prometheus::Gauge& quarantined;
+};
+
 class SourceQuarantine {
  public:
-  SourceQuarantine(QuarantineOptions options, prometheus::Registry& registry);
+  SourceQuarantine(QuarantineOptions options, QuarantineCounters counters);
 
   // Records `groups` poisoned groups of `source` at `now`. Returns true
   // when this starts a quarantine of the source.

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "learner_server/learner_metrics.h"
 #include "learner_server/trainer.h"
 #include "tests/testing/metrics.h"
 
@@ -18,7 +19,7 @@ absl::Status WithReason(const char* reason) {
 
 TEST(SkippedStepsTest, EveryReasonIsExportedFromTheStartAtZero) {
   prometheus::Registry registry;
-  SkippedSteps skipped(registry);
+  SkippedSteps skipped(RegisterSkippedStepCounters(registry));
   for (const char* reason : {kSkipNonFiniteLoss, kSkipNonFiniteGradient, kSkipInvalidBatch,
                              kSkipOutOfMemory, kSkipTorchError}) {
     EXPECT_EQ(MetricValue(registry, "asympo_learner_steps_skipped_total", reason), 0) << reason;
@@ -28,7 +29,7 @@ TEST(SkippedStepsTest, EveryReasonIsExportedFromTheStartAtZero) {
 
 TEST(SkippedStepsTest, CountsByReasonAndLogsOncePerReasonAndInterval) {
   prometheus::Registry registry;
-  SkippedSteps skipped(registry, absl::Hours(1));
+  SkippedSteps skipped(RegisterSkippedStepCounters(registry), absl::Hours(1));
   for (int i = 0; i < 5; ++i) skipped.Record(WithReason(kSkipNonFiniteLoss), 8);
   skipped.Record(WithReason(kSkipTorchError), 8);
   skipped.Record(absl::InternalError("no reason attached"), 2);
@@ -45,7 +46,7 @@ TEST(SkippedStepsTest, CountsByReasonAndLogsOncePerReasonAndInterval) {
 
 TEST(SkippedStepsTest, LogsAgainOnceTheIntervalHasPassed) {
   prometheus::Registry registry;
-  SkippedSteps skipped(registry, absl::ZeroDuration());
+  SkippedSteps skipped(RegisterSkippedStepCounters(registry), absl::ZeroDuration());
   for (int i = 0; i < 3; ++i) skipped.Record(WithReason(kSkipOutOfMemory), 1);
   EXPECT_EQ(skipped.logged(kSkipOutOfMemory), 3);
 }

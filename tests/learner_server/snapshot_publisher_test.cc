@@ -5,18 +5,22 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include "learner_server/learner_metrics.h"
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/status_matchers.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 TEST(SnapshotStagingTest, AStagedCopyIsConsistentAndInThePublishDtype) {
   auto model = Tiny();
   auto staging = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
   std::vector<torch::Tensor> expected;
   for (const auto& p : model->parameters()) expected.push_back(p.detach().to(torch::kBFloat16));
-  ASSERT_TRUE(staging->Stage(*model).ok());
+  ASSERT_OK(staging->Stage(*model));
   {
     torch::NoGradGuard no_grad;
     for (const auto& p : model->parameters()) p.add_(1.0);  // the next optimizer step
@@ -33,7 +37,8 @@ TEST(SnapshotStagingTest, AStagedCopyIsConsistentAndInThePublishDtype) {
   }
   EXPECT_EQ(broadcast::ModelSignature(broadcast::ModelTensorSpecs(*model, at::kBFloat16)),
             broadcast::ModelSignatureOf(*model, at::kBFloat16));
-  EXPECT_NE(broadcast::ModelSignatureOf(*model, at::kBFloat16), broadcast::ModelSignatureOf(*model));
+  EXPECT_NE(broadcast::ModelSignatureOf(*model, at::kBFloat16),
+            broadcast::ModelSignatureOf(*model));
 }
 
 TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
@@ -41,7 +46,7 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
   broadcast::PackingOptions packing;
   packing.bucket_bytes = 4096;
   auto staging = broadcast::SnapshotStaging::Create(*model, at::kBFloat16, &packing).value();
-  ASSERT_TRUE(staging->Stage(*model).ok());
+  ASSERT_OK(staging->Stage(*model));
   const auto views = staging->CopyToHost().value();
   broadcast::DeviceBuckets device = staging->DeviceBucketsOfStage();
   const v1::SnapshotManifest plan =
@@ -58,21 +63,21 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
   }
   // While a snapshot holds those buckets, the next stage goes elsewhere;
   // once it lets go, the buffer is used again.
-  ASSERT_TRUE(staging->Stage(*model).ok());
-  ASSERT_TRUE(staging->CopyToHost().ok());
+  ASSERT_OK(staging->Stage(*model));
+  ASSERT_OK(staging->CopyToHost());
   broadcast::DeviceBuckets second = staging->DeviceBucketsOfStage();
   EXPECT_NE(second.buckets[0], device.buckets[0]);
   const void* first_buffer = device.buckets[0];
   const void* second_buffer = second.buckets[0];
   device.keep_alive.reset();  // the snapshots let go
   second.keep_alive.reset();
-  ASSERT_TRUE(staging->Stage(*model).ok());
-  ASSERT_TRUE(staging->CopyToHost().ok());
+  ASSERT_OK(staging->Stage(*model));
+  ASSERT_OK(staging->CopyToHost());
   const void* third = staging->DeviceBucketsOfStage().buckets[0];
   EXPECT_TRUE(third == first_buffer || third == second_buffer) << "a third buffer was allocated";
   // Without the bucket layout there are no device buckets.
   auto plain = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
-  ASSERT_TRUE(plain->Stage(*model).ok());
+  ASSERT_OK(plain->Stage(*model));
   EXPECT_TRUE(plain->DeviceBucketsOfStage().buckets.empty());
 }
 
@@ -80,12 +85,14 @@ TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
   auto model = Tiny();
   broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
                                     nullptr);
-  auto publisher =
-      SnapshotPublisher::Create(&sender, *model, at::kBFloat16, /*every=*/2, nullptr).value();
-  ASSERT_TRUE(publisher->PublishNow(0, *model).ok());
+  prometheus::Registry registry;
+  auto publisher = SnapshotPublisher::Create(&sender, *model, at::kBFloat16, /*every=*/2,
+                                             RegisterSnapshotCounters(registry))
+                       .value();
+  ASSERT_OK(publisher->PublishNow(0, *model));
   EXPECT_EQ(sender.latest_version(), 0u);  // synchronous
   auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), publisher.get()).value();
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(trainer->Step(FixedGroups(3)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_OK(trainer->Step(FixedGroups(3)));
   publisher->Flush();
   EXPECT_EQ(sender.latest_version(), 4u);  // 2 and 4 are published, 5 is not
   EXPECT_GE(publisher->coalesced(), 0);
@@ -94,9 +101,10 @@ TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
 TEST(SnapshotPublisherTest, ADtypeThatCannotBeBroadcastIsRefusedAtCreation) {
   auto model = Tiny();
   broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model), nullptr);
-  auto p = SnapshotPublisher::Create(&sender, *model, at::kDouble, 1, nullptr);
-  ASSERT_FALSE(p.ok());
-  EXPECT_NE(std::string(p.status().message()).find("cannot be broadcast"), std::string::npos);
+  prometheus::Registry registry;
+  auto p = SnapshotPublisher::Create(&sender, *model, at::kDouble, 1,
+                                     RegisterSnapshotCounters(registry));
+  EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "cannot be broadcast"));
 }
 
 }  // namespace
