@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include <grpcpp/support/status.h>
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -43,6 +44,15 @@ TEST(StatusMatchersTest, AFailureShowsTheStatus) {
       EXPECT_THAT(absl::StatusOr<int>(absl::DataLossError("crc mismatch in bucket 2")),
                   StatusIs(absl::StatusCode::kDataLoss, "bucket 3")),
       "crc mismatch in bucket 2");
+}
+
+TEST(StatusMatchersTest, WorksOnGrpcStatusWithEitherCodeEnum) {
+  grpc::Status exhausted(grpc::StatusCode::RESOURCE_EXHAUSTED, "queue full; retry after 2s");
+  EXPECT_THAT(exhausted, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "retry after"));
+  EXPECT_THAT(exhausted, StatusIs(absl::StatusCode::kResourceExhausted, "queue full"));
+  EXPECT_THAT(exhausted, Not(StatusIs(grpc::StatusCode::UNAVAILABLE)));
+  EXPECT_OK(grpc::Status::OK);
+  EXPECT_NONFATAL_FAILURE(EXPECT_OK(exhausted), "queue full; retry after 2s");
 }
 
 }  // namespace

@@ -6,11 +6,15 @@
 //   ASSERT_OK_AND_ASSIGN(auto result, trainer->Step(groups));
 //
 // StatusIs(code, substring) matches a status of that code whose message
-// contains `substring` (any message when it is empty).
+// contains `substring` (any message when it is empty). They also match a
+// grpc::Status (anything with error_code() and error_message()), and the code
+// may be given as a grpc::StatusCode: the two enums number the canonical codes
+// alike.
 #pragma once
 
 #include <ostream>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <gmock/gmock.h>
@@ -29,6 +33,12 @@ template <typename T>
 const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
   return status_or.status();
 }
+// A grpc::Status, without including gRPC here.
+template <typename GrpcStatus>
+auto GetStatus(const GrpcStatus& status)
+    -> decltype(status.error_code(), status.error_message(), absl::Status()) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
 
 template <typename StatusType>
 class StatusIsMatcher : public ::testing::MatcherInterface<const StatusType&> {
@@ -38,7 +48,7 @@ class StatusIsMatcher : public ::testing::MatcherInterface<const StatusType&> {
 
   bool MatchAndExplain(const StatusType& value,
                        ::testing::MatchResultListener* listener) const override {
-    const absl::Status& status = GetStatus(value);
+    const absl::Status& status = GetStatus(value);  // may be a temporary (gRPC)
     *listener << "whose status is " << status;
     return status.code() == code_ && absl::StrContains(status.message(), substring_);
   }
@@ -79,6 +89,12 @@ class StatusIsPolymorphic {
 inline internal_status::StatusIsPolymorphic StatusIs(absl::StatusCode code,
                                                      absl::string_view substring = "") {
   return internal_status::StatusIsPolymorphic(code, std::string(substring));
+}
+// The same with another enum of the canonical codes (grpc::StatusCode).
+template <typename Code, typename = std::enable_if_t<std::is_enum_v<Code> &&
+                                                     !std::is_same_v<Code, absl::StatusCode>>>
+internal_status::StatusIsPolymorphic StatusIs(Code code, absl::string_view substring = "") {
+  return StatusIs(static_cast<absl::StatusCode>(code), substring);
 }
 
 // An OK Status, or a StatusOr holding a value.
