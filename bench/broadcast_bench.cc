@@ -32,6 +32,7 @@
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
+#include <prometheus/registry.h>
 
 #include "bench/bench_flags.h"
 #include "common/crc32c.h"
@@ -226,6 +227,7 @@ bc::BroadcastSenderOptions SenderOptions(const Args& args) {
 struct Publisher {
   Model model;
   std::string signature;
+  prometheus::Registry registry;  // not exported
   bc::BroadcastSender sender;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -234,7 +236,7 @@ struct Publisher {
   Publisher(const Args& args, int64_t params_m)
       : model(params_m * 1000000, args.tensor_m * 1000000),
         signature(bc::ModelSignature(model.specs)),
-        sender(SenderOptions(args), signature, nullptr) {
+        sender(SenderOptions(args), signature, registry) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&sender);
@@ -252,14 +254,16 @@ using Snapshots = std::vector<std::shared_ptr<const bc::ReceivedSnapshot>>;
 
 // Starts `n` receivers, one channel each. New receivers first fetch the
 // version already published (untimed). False if one fetches anything else.
-bool StartReceivers(const Args& args, const Publisher& publisher, int64_t n, Receivers* receivers) {
+// Their metrics go to `registry`.
+bool StartReceivers(const Args& args, const Publisher& publisher, int64_t n,
+                    prometheus::Registry& registry, Receivers* receivers) {
   for (int64_t i = 0; i < n; ++i) {
     bc::WeightReceiverOptions ro;
     ro.target = "127.0.0.1:" + std::to_string(publisher.port);
     ro.receiver_id = "bench-" + std::to_string(i);
     ro.model_signature = publisher.signature;
     ro.max_chunk_bytes = static_cast<uint32_t>(args.chunk_kib << 10);
-    receivers->push_back(*bc::WeightReceiver::Start(ro));
+    receivers->push_back(*bc::WeightReceiver::Start(ro, registry));
   }
   const uint64_t version = publisher.version;
   for (auto& rx : *receivers) {
@@ -368,8 +372,9 @@ void PrintRow(int64_t params_m, int64_t n, const CellTimes& times, double crc_bp
 bool BenchSnapshotSize(const Args& args, int64_t params_m, double crc_bps) {
   Publisher publisher(args, params_m);
   for (const int64_t n : args.receiver_counts) {
+    prometheus::Registry registry;  // outlives the receivers; not exported
     Receivers receivers;
-    if (!StartReceivers(args, publisher, n, &receivers)) return false;
+    if (!StartReceivers(args, publisher, n, registry, &receivers)) return false;
     CellTimes times;
     if (!RunRounds(args, &publisher, &receivers, &times)) return false;
     PrintRow(params_m, n, times, crc_bps);

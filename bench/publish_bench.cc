@@ -128,9 +128,9 @@ struct Setup {
 double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
   auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
+  prometheus::Registry publisher_metrics;  // not exported; outlives the sender and publisher
   asympo::broadcast::BroadcastSender sender(
-      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), nullptr);
-  prometheus::Registry publisher_metrics;  // not exported; outlives the publisher
+      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), publisher_metrics);
   std::unique_ptr<asympo::learner::WeightPublisher> publisher;
   if (mode == "async") {
     publisher = asympo::learner::SnapshotPublisher::Create(
@@ -214,8 +214,9 @@ int Transfer(const Setup& s, int reps) {
   spare_options.random_init = false;
   auto spare = asympo::PolicyModel::CreateRandom(cfg, spare_options).value();
   auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value();
+  prometheus::Registry registry;  // not exported
   asympo::broadcast::BroadcastSender sender(
-      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), nullptr);
+      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), registry);
   std::vector<asympo::broadcast::TensorView> views;
   uint64_t version = 0;
   const double stage = Seconds([&] { Must(staging->Stage(*model)); }, cuda, reps);

@@ -113,8 +113,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
   ro.nccl_device = o.cuda_device;
   ro.min_backoff = o.min_backoff;
   ro.max_backoff = o.max_backoff;
-  ro.registry = &registry;
-  ASYMPO_ASSIGN_OR_RETURN(d->receiver_, broadcast::WeightReceiver::Start(ro));
+  ASYMPO_ASSIGN_OR_RETURN(d->receiver_, broadcast::WeightReceiver::Start(ro, registry));
   d->policy_ = std::make_unique<DoubleBufferedPolicy>(std::move(models[0]), std::move(models[1]),
                                                       d->receiver_.get(), &d->metrics_->flips);
 

@@ -61,12 +61,12 @@ std::shared_ptr<grpc::Channel> ReceiverChannel(const WeightReceiverOptions& o) {
 }
 
 struct ReceiverState {
-  explicit ReceiverState(WeightReceiverOptions o)
+  ReceiverState(WeightReceiverOptions o, prometheus::Registry& registry)
       : options(std::move(o)),
-        metrics(options.registry ? std::make_unique<ReceiverMetrics>(*options.registry) : nullptr),
+        metrics(registry),
         channel(ReceiverChannel(options)),
         stub(v1::WeightBroadcast::NewStub(channel)),
-        fetcher(channel, options.max_chunk_bytes, metrics ? &metrics->fetch_bytes : nullptr),
+        fetcher(channel, options.max_chunk_bytes, metrics.fetch_bytes),
         reporter(stub.get()) {}
 
   void Run();
@@ -133,11 +133,11 @@ struct ReceiverState {
   void SetConnected(bool c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     connected = c;
     if (c) session_connected = true;
-    if (metrics) metrics->connected.Set(c ? 1 : 0);
+    metrics.connected.Set(c ? 1 : 0);
   }
 
   const WeightReceiverOptions options;
-  const std::unique_ptr<ReceiverMetrics> metrics;  // null without a registry
+  ReceiverMetrics metrics;
   const std::shared_ptr<grpc::Channel> channel;
   const std::unique_ptr<v1::WeightBroadcast::Stub> stub;
   SnapshotFetcher fetcher;  // keeps its buffers across sessions
@@ -317,7 +317,7 @@ bool ReceiverState::Wanted(uint64_t version) {
 }
 
 void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double seconds) {
-  if (metrics) metrics->fetch_seconds.Observe(seconds);
+  metrics.fetch_seconds.Observe(seconds);
   VLOG(1) << "received version " << snapshot->version() << " (" << snapshot->manifest.total_bytes()
           << " bytes) in " << seconds << " s";
   absl::MutexLock lock(&mu);
@@ -375,7 +375,7 @@ void ReceiverState::TransferFailed(const std::string& error) {
     ++failures;
     loaded = loaded_version;
   }
-  if (metrics) metrics->failures.Increment();
+  metrics.failures.Increment();
   LOG(WARNING) << error << "; keeping version " << loaded;
   reporter.Report(loaded, error);
 }
@@ -392,7 +392,7 @@ struct WeightReceiver::State : ReceiverState {
 };
 
 absl::StatusOr<std::unique_ptr<WeightReceiver>> WeightReceiver::Start(
-    WeightReceiverOptions options) {
+    WeightReceiverOptions options, prometheus::Registry& registry) {
   if (options.target.empty()) return absl::InvalidArgumentError("receiver target is empty");
   if (options.receiver_id.empty() || options.receiver_id.size() > kMaxReceiverIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes,
@@ -410,8 +410,8 @@ absl::StatusOr<std::unique_ptr<WeightReceiver>> WeightReceiver::Start(
       !s.ok()) {
     return s;
   }
-  auto state = std::make_unique<State>(std::move(options));
-  if (state->metrics) state->metrics->connected.Set(0);
+  auto state = std::make_unique<State>(std::move(options), registry);
+  state->metrics.connected.Set(0);
   State* s = state.get();
   s->thread = std::thread([s] { s->Run(); });
   return std::unique_ptr<WeightReceiver>(new WeightReceiver(std::move(state)));
@@ -441,7 +441,7 @@ void WeightReceiver::ReportLoaded(uint64_t version) {
     absl::MutexLock lock(&state_->mu);
     state_->loaded_version = version;
   }
-  if (state_->metrics) state_->metrics->version.Set(static_cast<double>(version));
+  state_->metrics.version.Set(static_cast<double>(version));
   state_->reporter.Report(version, "");
 }
 

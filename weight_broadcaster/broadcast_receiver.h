@@ -58,8 +58,6 @@ struct WeightReceiverOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // A fetch that takes longer than this fails (and is reported).
   absl::Duration fetch_timeout = absl::Minutes(10);
-  // May be null (no metrics).
-  prometheus::Registry* registry = nullptr;
   // NCCL (off by default; see "NCCL" in docs/protocol.md): offer
   // TRANSPORT_NCCL before gRPC. When the learner hands out a rank, the
   // receiver joins its communicator on CUDA device nccl_device after
@@ -77,7 +75,10 @@ class WeightReceiver {
   // Starts the background thread; never blocks on the network.
   // INVALID_ARGUMENT for an empty target, a receiver_id that is empty or over
   // 128 bytes, backoffs not 0 < min <= max, or a non-positive fetch_timeout.
-  static absl::StatusOr<std::unique_ptr<WeightReceiver>> Start(WeightReceiverOptions options);
+  // The receiver's metrics are registered in `registry`, which must outlive
+  // it.
+  static absl::StatusOr<std::unique_ptr<WeightReceiver>> Start(WeightReceiverOptions options,
+                                                               prometheus::Registry& registry);
   ~WeightReceiver();  // Stop()
 
   // The newest verified snapshot not yet taken, or null. Older pending

@@ -154,7 +154,7 @@ struct BroadcastSender::State : SenderState {
 };
 
 BroadcastSender::BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
-                                 prometheus::Registry* registry)
+                                 prometheus::Registry& registry)
     : state_(std::make_unique<State>(std::move(options), std::move(model_signature), registry)) {
   State& st = *state_;
   const int world = st.options.nccl_world_size;
@@ -210,11 +210,9 @@ absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<Tensor
     st.nccl_cv.SignalAll();
   }
   const v1::SnapshotManifest& m = snapshot->manifest();
-  if (st.metrics) {
-    st.metrics->publish_seconds.Observe(SecondsSince(t0));
-    st.metrics->version.Set(static_cast<double>(version));
-    st.metrics->snapshot_bytes.Set(static_cast<double>(m.total_bytes()));
-  }
+  st.metrics.publish_seconds.Observe(SecondsSince(t0));
+  st.metrics.version.Set(static_cast<double>(version));
+  st.metrics.snapshot_bytes.Set(static_cast<double>(m.total_bytes()));
   VLOG(1) << "published version " << version << ": " << m.total_bytes() << " bytes in "
           << m.buckets_size() << " buckets";
   return absl::OkStatus();

@@ -162,10 +162,10 @@ using WeightBroadcastServiceBase = v1::WeightBroadcast::WithRawCallbackMethod_Re
 class BroadcastSender final : public WeightBroadcastServiceBase {
  public:
   // `model_signature` is ModelSignature() of the tensors every Publish will
-  // carry; Register refuses receivers with another one. `registry` may be
-  // null (no metrics).
+  // carry; Register refuses receivers with another one. The sender's
+  // metrics are registered in `registry`, which must outlive it.
   BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
-                  prometheus::Registry* registry);
+                  prometheus::Registry& registry);
   ~BroadcastSender() override;
 
   // Packs and announces version `version`. INVALID_ARGUMENT when the

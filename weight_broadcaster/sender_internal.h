@@ -62,7 +62,7 @@ class SubscribeReactor;
 inline constexpr absl::Duration kUnsubscribedTakeover = absl::Seconds(5);
 
 struct SenderState {
-  SenderState(BroadcastSenderOptions o, std::string signature, prometheus::Registry* registry);
+  SenderState(BroadcastSenderOptions o, std::string signature, prometheus::Registry& registry);
 
   // One registration. A session ends when its Subscribe stream ends or when
   // its receiver registers again.
@@ -123,14 +123,12 @@ struct SenderState {
   void UpdateReceiverGauges() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Called by a Subscribe stream's OnDone: drops its session.
   void StreamDone(const std::string& session_id, SubscribeReactor* stream);
-  void CountFailure() {
-    if (metrics) metrics->failures.Increment();
-  }
+  void CountFailure() { metrics.failures.Increment(); }
 
   const BroadcastSenderOptions options;
   const std::string model_signature;
   const absl::flat_hash_set<uint64_t> corrupt_versions;
-  std::unique_ptr<SenderMetrics> metrics;  // null without a registry
+  SenderMetrics metrics;
   const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   // Cancels fetches that stall or last too long.
   CallReaper reaper;

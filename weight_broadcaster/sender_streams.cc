@@ -55,7 +55,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "receiver went away"));
       return;
     }
-    if (state_->metrics) state_->metrics->bytes.Increment(static_cast<double>(last_size_));
+    state_->metrics.bytes.Increment(static_cast<double>(last_size_));
     NextLocked();
   }
 
@@ -95,7 +95,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     }
     if (bucket_ >= m.buckets_size()) {
       succeeded_ = true;
-      if (state_->metrics) state_->metrics->transfer_seconds.Observe(SecondsSince(start_));
+      state_->metrics.transfer_seconds.Observe(SecondsSince(start_));
       FinishLocked(grpc::Status::OK);
       return;
     }
@@ -184,13 +184,12 @@ Snapshot::~Snapshot() {
 }
 
 SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
-                         prometheus::Registry* registry)
+                         prometheus::Registry& registry)
     : options(std::move(o)),
       model_signature(std::move(signature)),
       corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
-      rng(std::random_device{}()) {
-  if (registry != nullptr) metrics = std::make_unique<SenderMetrics>(*registry);
-}
+      metrics(registry),
+      rng(std::random_device{}()) {}
 
 void SenderState::FetchDone(const std::string& session_id) {
   absl::MutexLock lock(&mu);
@@ -283,7 +282,6 @@ void SenderState::ExpireUnsubscribedLocked() {
 }
 
 void SenderState::UpdateReceiverGauges() {
-  if (!metrics) return;
   int active = 0;
   std::set<uint64_t> versions;
   for (const auto& [id, s] : sessions) {
@@ -291,9 +289,9 @@ void SenderState::UpdateReceiverGauges() {
     ++active;
     versions.insert(s.version);
   }
-  metrics->receivers.Set(active);
-  metrics->versions_in_use.Set(static_cast<double>(versions.size()));
-  metrics->oldest_version.Set(versions.empty() ? 0.0 : static_cast<double>(*versions.begin()));
+  metrics.receivers.Set(active);
+  metrics.versions_in_use.Set(static_cast<double>(versions.size()));
+  metrics.oldest_version.Set(versions.empty() ? 0.0 : static_cast<double>(*versions.begin()));
 }
 
 void SenderState::StreamDone(const std::string& session_id, SubscribeReactor* stream) {

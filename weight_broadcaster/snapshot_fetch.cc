@@ -13,7 +13,7 @@
 namespace asympo::broadcast {
 
 SnapshotFetcher::SnapshotFetcher(std::shared_ptr<grpc::Channel> channel, uint32_t max_chunk_bytes,
-                                 prometheus::Counter* bytes)
+                                 prometheus::Counter& bytes)
     : channel_(std::move(channel)), max_chunk_bytes_(max_chunk_bytes), bytes_(bytes) {}
 
 std::shared_ptr<ReceivedSnapshot> SnapshotFetcher::NewSnapshot(
@@ -78,7 +78,7 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> SnapshotFetcher::Fetch(
     if (!chunk.ok()) {
       bad = chunk.status();
     } else {
-      if (bytes_ != nullptr) bytes_->Increment(static_cast<double>(chunk->size));
+      bytes_.Increment(static_cast<double>(chunk->size));
       const uint64_t b = chunk->bucket;
       if (chunk->version != version) {
         bad = absl::DataLossError(absl::StrCat("chunk of version ", chunk->version));

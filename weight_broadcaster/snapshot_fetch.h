@@ -30,9 +30,9 @@ namespace asympo::broadcast {
 
 class SnapshotFetcher {
  public:
-  // `bytes` (may be null) counts the data bytes received.
+  // `bytes` counts the data bytes received.
   SnapshotFetcher(std::shared_ptr<grpc::Channel> channel, uint32_t max_chunk_bytes,
-                  prometheus::Counter* bytes);
+                  prometheus::Counter& bytes);
 
   // Fetches manifest.version() under `session_id` on `ctx` (whose deadline
   // and cancellation are the caller's). Errors: the manifest's own
@@ -57,7 +57,7 @@ class SnapshotFetcher {
 
   const std::shared_ptr<grpc::Channel> channel_;
   const uint32_t max_chunk_bytes_;
-  prometheus::Counter* const bytes_;
+  prometheus::Counter& bytes_;
   const std::shared_ptr<Pool> pool_ = std::make_shared<Pool>();
   // FetchSnapshot called raw, with a method object built as the generated
   // stub builds its own.

@@ -83,9 +83,9 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
 
 TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
   auto model = Tiny();
-  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
-                                    nullptr);
   prometheus::Registry registry;
+  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
+                                    registry);
   auto publisher = SnapshotPublisher::Create(&sender, *model, at::kBFloat16, /*every=*/2,
                                              RegisterSnapshotCounters(registry))
                        .value();
@@ -100,8 +100,8 @@ TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
 
 TEST(SnapshotPublisherTest, ADtypeThatCannotBeBroadcastIsRefusedAtCreation) {
   auto model = Tiny();
-  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model), nullptr);
   prometheus::Registry registry;
+  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model), registry);
   auto p = SnapshotPublisher::Create(&sender, *model, at::kDouble, 1,
                                      RegisterSnapshotCounters(registry));
   EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "cannot be broadcast"));

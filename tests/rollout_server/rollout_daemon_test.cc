@@ -17,12 +17,15 @@
 
 #include "asympo/v1/learner.grpc.pb.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 #include "weight_broadcaster/broadcast_sender.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::rollout {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 // Answers Submit with the scripted codes in order, then `then`; records
 // every batch it accepted.
@@ -86,17 +89,15 @@ using ::asympo::testing::WaitFor;
 class RolloutDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto model = PolicyModel::CreateRandom(ModelConfig::Tiny(64), {});
-    ASSERT_TRUE(model.ok());
-    model_ = *std::move(model);
-    sender_ = std::make_unique<broadcast::BroadcastSender>(
-        broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), nullptr);
-    auto staging = broadcast::SnapshotStaging::Create(*model_, model_->options().dtype);
-    ASSERT_TRUE(staging.ok()) << staging.status();
-    ASSERT_TRUE((*staging)->Stage(*model_).ok());
-    auto views = (*staging)->CopyToHost();
-    ASSERT_TRUE(views.ok()) << views.status();
-    ASSERT_TRUE(sender_->Publish(7, *views).ok());
+    ASSERT_OK_AND_ASSIGN(model_, PolicyModel::CreateRandom(ModelConfig::Tiny(64), {}));
+    sender_ = std::make_unique<broadcast::BroadcastSender>(broadcast::BroadcastSenderOptions{},
+                                                           broadcast::ModelSignatureOf(*model_),
+                                                           sender_registry_);
+    ASSERT_OK_AND_ASSIGN(auto staging,
+                         broadcast::SnapshotStaging::Create(*model_, model_->options().dtype));
+    ASSERT_OK(staging->Stage(*model_));
+    ASSERT_OK_AND_ASSIGN(auto views, staging->CopyToHost());
+    ASSERT_OK(sender_->Publish(7, views));
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(&learner_);
@@ -125,7 +126,7 @@ class RolloutDaemonTest : public ::testing::Test {
     o.max_backoff = absl::Milliseconds(100);
     o.drain_timeout = drain;
     auto d = RolloutDaemon::Create(o, *registry_);
-    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_OK(d);
     daemon_ = *std::move(d);
     run_ = std::thread([this] { result_ = daemon_->Run(); });
   }
@@ -142,6 +143,7 @@ class RolloutDaemonTest : public ::testing::Test {
   // As in main: the registry outlives the daemon.
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<PolicyModel> model_;
+  prometheus::Registry sender_registry_;  // outlives the sender
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
@@ -204,7 +206,7 @@ TEST_F(RolloutDaemonTest, HoldsAtMostTheBufferWhileRefusedAndLosesNothing) {
   // while refused, none is left after the drain at shutdown.
   daemon_->Shutdown();
   run_.join();
-  ASSERT_TRUE(result_.ok()) << result_.status();
+  ASSERT_OK(result_);
   EXPECT_EQ(learner_.AcceptedGroups(), M("asympo_rollout_groups_generated_total"));
   EXPECT_EQ(*result_, learner_.AcceptedGroups());
   EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
@@ -259,7 +261,7 @@ TEST_F(RolloutDaemonTest, CountsGroupsLeftAtShutdown) {
   ASSERT_TRUE(WaitFor([&] { return M("asympo_rollout_groups_generated_total") >= 4; }));
   daemon_->Shutdown();
   run_.join();
-  ASSERT_TRUE(result_.ok()) << result_.status();
+  ASSERT_OK(result_);
   EXPECT_EQ(*result_, 0);
   EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "shutdown"), 4);
 }
@@ -268,20 +270,17 @@ TEST(RolloutDaemonOptionsTest, RejectsBadOptionsByName) {
   prometheus::Registry registry;
   RolloutDaemonOptions o;
   o.group_size = 1;
-  auto d = RolloutDaemon::Create(o, registry);
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("group_size"), std::string::npos);
+  EXPECT_THAT(RolloutDaemon::Create(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "group_size"));
   o.group_size = 4;
   o.max_buffered_groups = 2;
   o.prompts_per_generation = 4;
-  d = RolloutDaemon::Create(o, registry);
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("max_buffered_groups"), std::string::npos);
+  EXPECT_THAT(RolloutDaemon::Create(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_buffered_groups"));
   o.max_buffered_groups = 8;
   o.task.name = "no-such-task";
-  d = RolloutDaemon::Create(o, registry);
-  ASSERT_FALSE(d.ok());
-  EXPECT_NE(d.status().message().find("no-such-task"), std::string::npos) << d.status();
+  EXPECT_THAT(RolloutDaemon::Create(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "no-such-task"));
 }
 
 }  // namespace

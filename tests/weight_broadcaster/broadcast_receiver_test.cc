@@ -134,8 +134,9 @@ TEST(WeightReceiverTest, EveryBrokenTransferIsCountedReportedAndDropped) {
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service);
     std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-    auto receiver =
-        *WeightReceiver::Start(ReceiverOptions("127.0.0.1:" + std::to_string(port), "rx"));
+    prometheus::Registry registry;
+    auto receiver = *WeightReceiver::Start(
+        ReceiverOptions("127.0.0.1:" + std::to_string(port), "rx"), registry);
     if (c.error.empty()) {
       ASSERT_TRUE(receiver->WaitForPending(absl::Seconds(2)));
       testing::ExpectWeightsOf(*receiver->TakePending(), 1);

@@ -9,11 +9,13 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/log_lines.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
 
 namespace asympo::broadcast {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 using testing::ExpectWeightsOf;
 using ::testing::HasSubstr;
@@ -34,10 +36,7 @@ struct Rx {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<WeightReceiver> receiver;
 
-  Rx(WeightReceiverOptions o) {
-    o.registry = registry.get();
-    receiver = *WeightReceiver::Start(std::move(o));
-  }
+  Rx(WeightReceiverOptions o) { receiver = *WeightReceiver::Start(std::move(o), *registry); }
   WeightReceiver* operator->() { return receiver.get(); }
   double Metric(const std::string& name) { return MetricValue(*registry, name); }
   // Waits for a pending snapshot of `version`, checks its bytes and loads it.
@@ -59,7 +58,7 @@ TEST(BroadcastTest, TwoReceiversGetEveryVersionByteExact) {
       << server.sender().active_receivers();
 
   for (uint64_t v : {1, 2}) {
-    ASSERT_TRUE(server.Publish(v).ok());
+    ASSERT_OK(server.Publish(v));
     a.ExpectAndLoad(v);
     b.ExpectAndLoad(v);
   }
@@ -89,7 +88,7 @@ TEST(BroadcastTest, TwoReceiversGetEveryVersionByteExact) {
 
 TEST(BroadcastTest, LateJoinerGetsOnlyTheLatestVersion) {
   SenderServer server(SmallBuckets());
-  for (uint64_t v : {3, 4, 7}) ASSERT_TRUE(server.Publish(v).ok());
+  for (uint64_t v : {3, 4, 7}) ASSERT_OK(server.Publish(v));
   Rx late(ReceiverOptions(server.target(), "late"));
   late.ExpectAndLoad(7);
   EXPECT_EQ(late.Metric("asympo_rollout_weight_fetch_seconds"), 1);  // 3 and 4 never fetched
@@ -124,14 +123,14 @@ TEST(BroadcastTest, AFreshLearnersVersionZeroReachesReceivers) {
   SenderServer server(SmallBuckets());
   Rx early(ReceiverOptions(server.target(), "early"));
   ASSERT_TRUE(WaitUntil([&] { return early->connected(); }));
-  ASSERT_TRUE(server.Publish(0).ok());  // the initial weights
+  ASSERT_OK(server.Publish(0));  // the initial weights
   early.ExpectAndLoad(0);
   Rx late(ReceiverOptions(server.target(), "late"));
   late.ExpectAndLoad(0);
   // after_version 0 announces the latest whatever its version.
   EXPECT_EQ(FirstAnnouncement(server, 0), 0);
 
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   early.ExpectAndLoad(1);
   late.ExpectAndLoad(1);
   EXPECT_EQ(FirstAnnouncement(server, 0), 1);
@@ -140,22 +139,20 @@ TEST(BroadcastTest, AFreshLearnersVersionZeroReachesReceivers) {
 
 TEST(BroadcastTest, PublishRejectsOldVersionsAndWrongTensors) {
   SenderServer server(SmallBuckets());
-  ASSERT_TRUE(server.Publish(5).ok());
-  EXPECT_EQ(server.Publish(5).code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(server.Publish(4).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_OK(server.Publish(5));
+  EXPECT_THAT(server.Publish(5), StatusIs(absl::StatusCode::kInvalidArgument, "not greater"));
+  EXPECT_THAT(server.Publish(4), StatusIs(absl::StatusCode::kInvalidArgument, "not greater"));
 
   std::vector<std::string> w = testing::Weights(6);
   std::vector<TensorView> views = testing::Views(w);
   views[1].size_bytes -= 2;
-  absl::Status s = server.sender().Publish(6, views);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("model.layers.0.mlp.up_proj.weight"));
+  EXPECT_THAT(server.sender().Publish(6, views),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.layers.0.mlp.up_proj.weight"));
 
   views = testing::Views(w);
   views[3].spec.shape = {10, 100};  // another architecture
-  s = server.sender().Publish(6, views);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("signature"));
+  EXPECT_THAT(server.sender().Publish(6, views),
+              StatusIs(absl::StatusCode::kInvalidArgument, "signature"));
   EXPECT_EQ(server.sender().latest_version(), 5u);
 }
 
@@ -165,11 +162,11 @@ TEST(BroadcastTest, CorruptTransferIsCountedAndOldWeightsKept) {
   SenderServer server(o);
   Rx a(ReceiverOptions(server.target(), "rollout-0"));
   Rx b(ReceiverOptions(server.target(), "rollout-1"));
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   a.ExpectAndLoad(1);
   b.ExpectAndLoad(1);
 
-  ASSERT_TRUE(server.Publish(2).ok());
+  ASSERT_OK(server.Publish(2));
   ASSERT_TRUE(WaitUntil([&] { return a->failures() == 1 && b->failures() == 1; }));
   EXPECT_EQ(a->TakePending(), nullptr);
   EXPECT_EQ(b->TakePending(), nullptr);
@@ -180,7 +177,7 @@ TEST(BroadcastTest, CorruptTransferIsCountedAndOldWeightsKept) {
   EXPECT_THAT(server.sender().receiver_versions(),
               ElementsAre(Pair("rollout-0", 1), Pair("rollout-1", 1)));
 
-  ASSERT_TRUE(server.Publish(3).ok());
+  ASSERT_OK(server.Publish(3));
   a.ExpectAndLoad(3);
   b.ExpectAndLoad(3);
   EXPECT_EQ(a->failures(), 1);
@@ -217,7 +214,7 @@ TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
   WeightReceiverOptions o = ReceiverOptions(server.target(), "other-model");
   o.model_signature = "4-deadbeef";
   Rx other(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   EXPECT_FALSE(other->WaitForPending(absl::Milliseconds(150)));
   EXPECT_FALSE(other->connected());
   EXPECT_EQ(server.sender().active_receivers(), 0);
@@ -225,7 +222,7 @@ TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
 
 TEST(BroadcastTest, UnknownSessionIsRefusedOnEveryCall) {
   SenderServer server(SmallBuckets());
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   {
     grpc::ClientContext ctx;
@@ -294,8 +291,8 @@ TEST(BroadcastTest, FetchOfAVersionNotHeldIsNotFound) {
   const std::string session = RegisterDirect(stub.get(), "direct");
   EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
             grpc::StatusCode::NOT_FOUND);  // nothing published yet
-  ASSERT_TRUE(server.Publish(1).ok());
-  ASSERT_TRUE(server.Publish(2).ok());
+  ASSERT_OK(server.Publish(1));
+  ASSERT_OK(server.Publish(2));
   EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
             grpc::StatusCode::NOT_FOUND);  // replaced
   EXPECT_EQ(FetchDirect(stub.get(), session, 3, 0).status.error_code(),
@@ -310,7 +307,7 @@ TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
   o.max_chunk_bytes_cap = 3000;
   o.min_chunk_bytes = 1;  // this test's buckets are small; the floor has its own test
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
   auto stub = server.NewStub();
   const std::string session = RegisterDirect(stub.get(), "direct");
@@ -350,7 +347,7 @@ TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
   BroadcastSenderOptions o = SmallBuckets();
   o.min_chunk_bytes = 500;
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   const std::string session = RegisterDirect(stub.get(), "direct");
   const Fetched f = FetchDirect(stub.get(), session, 1, 1);  // asks for 1-byte chunks
@@ -364,7 +361,7 @@ TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
 
 TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
   SenderServer server(SmallBuckets());
-  ASSERT_TRUE(server.Publish(3).ok());
+  ASSERT_OK(server.Publish(3));
   auto stub = server.NewStub();
   {  // a 4000-byte signature: the error names the rule, not all of it
     v1::RegisterRequest req;
@@ -428,7 +425,7 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
 // cannot raise the failure count at will.
 TEST(BroadcastTest, RepeatedRegistrationsAndReportsDoNotFloodTheLog) {
   SenderServer server;
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   const asympo::testing::LineCounter again("registered again");
   const asympo::testing::LineCounter reports("reports: \"cannot load");
@@ -454,7 +451,7 @@ TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
   o.max_sessions = 3;
   o.max_sessions_per_principal = 3;  // one client here; shares have a test of their own
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   const auto try_register = [&](const std::string& id) {
     v1::RegisterRequest req;
@@ -498,7 +495,7 @@ TEST(BroadcastTest, FetchesUnderWayAreBoundedPerSessionAndInAll) {
   o.max_concurrent_fetches = 3;
   o.max_fetches_per_principal = 3;  // one client here; shares have a test of their own
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   struct Open {
     std::unique_ptr<grpc::ClientContext> ctx = std::make_unique<grpc::ClientContext>();
@@ -544,7 +541,7 @@ TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
   const int port = first->port();
   Rx a(ReceiverOptions(first->target(), "rollout-0"));
   Rx b(ReceiverOptions(first->target(), "rollout-1"));
-  ASSERT_TRUE(first->Publish(5).ok());
+  ASSERT_OK(first->Publish(5));
   a.ExpectAndLoad(5);
   b.ExpectAndLoad(5);
 
@@ -564,10 +561,10 @@ TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
   // Registration carried the version each receiver samples with.
   EXPECT_THAT(second.sender().receiver_versions(),
               ElementsAre(Pair("rollout-0", 5), Pair("rollout-1", 5)));
-  ASSERT_TRUE(second.Publish(3).ok());
+  ASSERT_OK(second.Publish(3));
   a.ExpectAndLoad(3);
   b.ExpectAndLoad(3);
-  ASSERT_TRUE(second.Publish(4).ok());
+  ASSERT_OK(second.Publish(4));
   a.ExpectAndLoad(4);
   EXPECT_EQ(a->failures(), 0);
   EXPECT_EQ(a.Metric("asympo_rollout_weight_connected"), 1);
@@ -579,7 +576,7 @@ TEST(BroadcastTest, RegisteringAgainReplacesTheOldSession) {
   const std::string old_session = RegisterDirect(stub.get(), "rollout-0");
   const std::string new_session = RegisterDirect(stub.get(), "rollout-0");
   EXPECT_NE(old_session, new_session);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   EXPECT_EQ(FetchDirect(stub.get(), old_session, 1, 0).status.error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_TRUE(FetchDirect(stub.get(), new_session, 1, 0).status.ok());
@@ -593,9 +590,9 @@ TEST(BroadcastTest, SlowReceiverSkipsToTheNewestVersion) {
   SenderServer server(o);
   Rx a(ReceiverOptions(server.target(), "slow"));
   ASSERT_TRUE(WaitUntil([&] { return a->connected(); }));
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_bytes_total") > 0; }));
-  for (uint64_t v : {2, 3, 4}) ASSERT_TRUE(server.Publish(v).ok());  // while 1 is in flight
+  for (uint64_t v : {2, 3, 4}) ASSERT_OK(server.Publish(v));  // while 1 is in flight
   ASSERT_TRUE(WaitUntil([&] { return a.Metric("asympo_rollout_weight_fetch_seconds") == 2; }));
   a.ExpectAndLoad(4);  // 1 was replaced while pending; 2 and 3 were never fetched
   EXPECT_EQ(a->failures(), 0);
@@ -606,7 +603,7 @@ TEST(BroadcastTest, StopIsPromptDuringAFetchAndTheSenderCountsTheCancel) {
   o.default_chunk_bytes = 64;  // ~140 chunks, 0.2 s apart: the fetch is far from done
   o.chunk_delay = absl::Milliseconds(200);
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   Rx a(ReceiverOptions(server.target(), "stopped"));
   ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_bytes_total") > 0; }));
   const auto t0 = std::chrono::steady_clock::now();
@@ -635,13 +632,17 @@ TEST(BroadcastTest, StopIsPromptWhileTheLearnerIsDown) {
 }
 
 TEST(BroadcastTest, ReceiverRejectsBadOptions) {
+  prometheus::Registry registry;
   WeightReceiverOptions o = ReceiverOptions("127.0.0.1:1", "");
-  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(WeightReceiver::Start(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "receiver_id"));
   o = ReceiverOptions("127.0.0.1:1", "r");
   o.max_backoff = absl::Milliseconds(1);
-  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(WeightReceiver::Start(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "backoff"));
   o = ReceiverOptions("", "r");
-  EXPECT_EQ(WeightReceiver::Start(o).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(WeightReceiver::Start(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "target"));
 }
 
 }  // namespace

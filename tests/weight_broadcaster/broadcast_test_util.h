@@ -99,7 +99,7 @@ class SenderServer {
   explicit SenderServer(BroadcastSenderOptions options = {}, int port = 0)
       : registry_(std::make_shared<prometheus::Registry>()),
         sender_(std::make_unique<BroadcastSender>(std::move(options), ModelSignature(TestSpecs()),
-                                                  registry_.get())) {
+                                                  *registry_)) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
                              &port_);
@@ -140,9 +140,8 @@ class SenderServer {
   int port_ = 0;
 };
 
-// Receiver options for tests: fast backoff, its own registry.
-inline WeightReceiverOptions ReceiverOptions(const std::string& target, const std::string& id,
-                                             prometheus::Registry* registry = nullptr) {
+// Receiver options for tests: fast backoff.
+inline WeightReceiverOptions ReceiverOptions(const std::string& target, const std::string& id) {
   WeightReceiverOptions o;
   o.target = target;
   o.receiver_id = id;
@@ -150,7 +149,6 @@ inline WeightReceiverOptions ReceiverOptions(const std::string& target, const st
   o.min_backoff = absl::Milliseconds(10);
   o.max_backoff = absl::Milliseconds(100);
   o.fetch_timeout = absl::Seconds(5);
-  o.registry = registry;
   return o;
 }
 

@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
 #include "tests/weight_broadcaster/nccl/fake_nccl.h"
 #include "weight_broadcaster/broadcast_receiver.h"
@@ -26,8 +27,8 @@ using testing::SenderServer;
 using testing::TestPacking;
 using testing::TestSpecs;
 using testing::Views;
-using testing::Weights;
 using testing::WaitUntil;
+using testing::Weights;
 
 // The fake's controls, looked up in the library the loader opens.
 struct Fake {
@@ -74,10 +75,10 @@ BroadcastSenderOptions NcclSenderOptions(int world_size, absl::Duration timeout)
 struct Receiver {
   Receiver(const std::string& target, const std::string& id, bool prefer_nccl,
            absl::Duration timeout) {
-    WeightReceiverOptions o = ReceiverOptions(target, id, &registry);
+    WeightReceiverOptions o = ReceiverOptions(target, id);
     o.prefer_nccl = prefer_nccl;
     o.nccl = FakeNccl(timeout);
-    receiver = WeightReceiver::Start(std::move(o)).value();
+    receiver = WeightReceiver::Start(std::move(o), registry).value();
   }
 
   // Waits for version `version` and checks its bytes.
@@ -113,7 +114,7 @@ class NcclBroadcastTest : public ::testing::Test {
 
 TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   SenderServer server(NcclSenderOptions(3, absl::Seconds(20)));
-  ASSERT_TRUE(server.Publish(1).ok());  // before the world is full
+  ASSERT_OK(server.Publish(1));  // before the world is full
   Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
   Receiver grpc_only(server.target(), "grpc", false, absl::Seconds(20));
   Receiver b(server.target(), "nccl-b", true, absl::Seconds(20));
@@ -121,7 +122,7 @@ TEST_F(NcclBroadcastTest, ReceiversThatPreferNcclGetEveryVersionOverNccl) {
   a.ExpectVersion(1);
   b.ExpectVersion(1);
   grpc_only.ExpectVersion(1);
-  ASSERT_TRUE(server.Publish(2).ok());
+  ASSERT_OK(server.Publish(2));
   a.ExpectVersion(2);
   b.ExpectVersion(2);
   grpc_only.ExpectVersion(2);
@@ -157,7 +158,7 @@ TEST_F(NcclBroadcastTest, BucketsGivenInDeviceMemoryAreBroadcastFromThere) {
   SenderServer server(NcclSenderOptions(2, absl::Seconds(20)));
   EXPECT_TRUE(server.sender().nccl_configured());
   Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   a.ExpectVersion(1);
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 1; }));
   const int64_t staged_before = Stats().host_to_device_copies;
@@ -180,7 +181,7 @@ TEST_F(NcclBroadcastTest, BucketsGivenInDeviceMemoryAreBroadcastFromThere) {
   wrong.buckets.pop_back();
   EXPECT_EQ(server.sender().Publish(2, Views(w), &wrong).code(),
             absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(server.sender().Publish(2, Views(w), &device).ok());
+  ASSERT_OK(server.sender().Publish(2, Views(w), &device));
   a.ExpectVersion(2);
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 2; }));
   EXPECT_EQ(Stats().host_to_device_copies, staged_before)
@@ -196,13 +197,13 @@ TEST_F(NcclBroadcastTest, AHungBroadcastFallsBackToGrpcForEveryone) {
   Receiver a(server.target(), "nccl-a", true, absl::Milliseconds(300));
   Receiver b(server.target(), "nccl-b", true, absl::Milliseconds(300));
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   a.ExpectVersion(1);
   b.ExpectVersion(1);
   EXPECT_EQ(a.FetchedBytes(), 0);
 
   // Version 2 hangs: every rank's watchdog aborts, and it comes over gRPC.
-  ASSERT_TRUE(server.Publish(2).ok());
+  ASSERT_OK(server.Publish(2));
   a.ExpectVersion(2);
   b.ExpectVersion(2);
   EXPECT_FALSE(server.sender().nccl_active());
@@ -212,7 +213,7 @@ TEST_F(NcclBroadcastTest, AHungBroadcastFallsBackToGrpcForEveryone) {
     EXPECT_EQ(r->receiver->failures(), 1);
     EXPECT_GT(r->FetchedBytes(), 0);
   }
-  ASSERT_TRUE(server.Publish(3).ok());
+  ASSERT_OK(server.Publish(3));
   a.ExpectVersion(3);
   b.ExpectVersion(3);
   EXPECT_EQ(server.sender().nccl_versions_sent(), 1);
@@ -225,7 +226,7 @@ TEST_F(NcclBroadcastTest, WithoutNcclLibrariesTheSenderStaysOnGrpc) {
   o.nccl.load.nccl_library = "/nonexistent/libnccl.so.2";
   SenderServer server(o);
   Receiver a(server.target(), "a", true, absl::Seconds(5));
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   a.ExpectVersion(1);
   EXPECT_FALSE(a.receiver->using_nccl());
   EXPECT_FALSE(server.sender().nccl_active());
