@@ -24,7 +24,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
-#include "common/grpc_listener.h"
+#include "common/listener/grpc_listener.h"
 #include "common/log_throttle.h"
 #include "common/model/policy_model.h"
 #include "common/security/authorizer.h"

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
-#include "common/raw_messages.h"
+#include "common/wire/raw_messages.h"
 
 namespace asympo::learner {
 namespace {

@@ -11,7 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/grpc_status.h"
-#include "common/raw_messages.h"
+#include "common/wire/raw_messages.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
 

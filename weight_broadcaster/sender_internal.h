@@ -18,7 +18,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
-#include "common/call_reaper.h"
+#include "common/listener/call_reaper.h"
 #include "common/log_throttle.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/broadcast_sender.h"

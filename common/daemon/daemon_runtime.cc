@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo::daemon {
 

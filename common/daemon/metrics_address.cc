@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo::daemon {
 namespace {

@@ -22,7 +22,7 @@
 #include "absl/time/clock.h"
 #include "common/daemon/metrics_address.h"
 #include "common/daemon/metrics_http.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo::daemon {
 namespace {

@@ -6,7 +6,7 @@
 #include <grpcpp/security/auth_metadata_processor.h>
 
 #include "common/grpc_status.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo::security {
 namespace {

@@ -18,7 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo::security {
 

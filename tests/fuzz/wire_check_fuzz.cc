@@ -17,7 +17,7 @@
 #include "asympo/v1/rollout.pb.h"
 #include "asympo/v1/weight_broadcast.pb.h"
 #include "common/batch_validation.h"
-#include "common/wire_check.h"
+#include "common/wire/wire_check.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/quiet_protobuf.h"
 

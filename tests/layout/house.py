@@ -29,6 +29,8 @@ import sys
 ROOMS = [
     ("proto", "asympo_proto", 0),
     ("common", "asympo_common", 1),
+    ("common/listener", "asympo_listener", 1),
+    ("common/wire", "asympo_wire", 2),
     ("common/tokenizer", "asympo_tokenizer", 2),
     ("common/model", "asympo_model", 2),
     ("common/daemon", "asympo_daemon", 2),

@@ -7,7 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 #include "common/security/authorizer.h"
 #include "common/security/tls.h"
 #include "common/security/x509.h"

@@ -1,4 +1,4 @@
-#include "common/raw_messages.h"
+#include "common/wire/raw_messages.h"
 
 #include <vector>
 

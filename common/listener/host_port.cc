@@ -1,4 +1,4 @@
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

@@ -1,4 +1,4 @@
-#include "common/connection_table.h"
+#include "common/listener/connection_table.h"
 
 namespace asympo {
 

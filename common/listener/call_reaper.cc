@@ -1,4 +1,4 @@
-#include "common/call_reaper.h"
+#include "common/listener/call_reaper.h"
 
 namespace asympo {
 

@@ -1,4 +1,4 @@
-// Internals of common/wire_check.cc and common/batch_wire_check.cc: the
+// Internals of common/wire/wire_check.cc and batch_wire_check.cc: the
 // slices of a serialized message as one protobuf input stream, and a reader
 // of a message's fields that keeps the first fault with its byte offset.
 // Not part of the public API.
@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "common/wire_check.h"
+#include "common/wire/wire_check.h"
 
 namespace asympo::wire_internal {
 

@@ -1,4 +1,4 @@
-#include "common/grpc_listener.h"
+#include "common/listener/grpc_listener.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,7 +20,7 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
-#include "common/host_port.h"
+#include "common/listener/host_port.h"
 
 namespace asympo {
 namespace {

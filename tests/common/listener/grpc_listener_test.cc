@@ -1,4 +1,4 @@
-#include "common/grpc_listener.h"
+#include "common/listener/grpc_listener.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "common/wire_check.h"
+#include "common/wire/wire_check.h"
 
 #include <string>
 
@@ -217,9 +217,9 @@ TEST(WireCheckTest, FaultsInsideAGroupOrATagAreNotMissed) {
   std::string valid = ValidBatch().SerializeAsString();
   // A length of 7 bytes whose low 32 bits are 0: protobuf refuses it.
   const std::string long_length = std::string("\x0a\x80\x80\x80\x80\x80\xff\x08", 8) + valid;
-  for (const std::string& bytes : {bad_tag_in_group + valid,
-                                   std::string("\xf8\xe1\xf5\xfe\xdf\xdf\xdf\xdf\x20"),
-                                   valid + "\xe0", long_length}) {
+  for (const std::string& bytes :
+       {bad_tag_in_group + valid, std::string("\xf8\xe1\xf5\xfe\xdf\xdf\xdf\xdf\x20"),
+        valid + "\xe0", long_length}) {
     const absl::Status s = Check(bytes);
     v1::RolloutBatch parsed;
     EXPECT_FALSE(parsed.ParseFromString(bytes));  // the parser refuses it too

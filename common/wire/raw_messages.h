@@ -1,5 +1,5 @@
 // Requests and replies of the raw (grpc::ByteBuffer) gRPC methods the
-// learner serves: each request is checked on the wire (common/wire_check.h)
+// learner serves: each request is checked on the wire (common/wire/wire_check.h)
 // before it is parsed, and each reply is serialized here. Thread-safe.
 #pragma once
 
@@ -12,7 +12,7 @@
 #include "absl/status/status.h"
 #include "asympo/v1/rollout.pb.h"
 #include "common/batch_validation.h"
-#include "common/wire_check.h"
+#include "common/wire/wire_check.h"
 
 namespace asympo {
 

@@ -1,4 +1,4 @@
-#include "common/wire_check.h"
+#include "common/wire/wire_check.h"
 
 #include <algorithm>
 #include <utility>
@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "common/wire_reader.h"
+#include "common/wire/wire_reader.h"
 
 namespace asympo {
 namespace wire_internal {

@@ -50,7 +50,7 @@
 // metrics need out of the clients' reach; the reserve descriptor handles the rest (other parts of
 // the process using them up).
 //
-// Fair shares (common/connection_table.h): connections are also limited per
+// Fair shares (common/listener/connection_table.h): connections are also limited per
 // peer address, and one that has made no authorized call within
 // `unauthenticated_grace` is closed (shutdown(2): gRPC then sees the
 // connection end and closes its descriptor). A connection at a limit takes
@@ -80,7 +80,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/connection_table.h"
+#include "common/listener/connection_table.h"
 
 namespace asympo {
 

@@ -1,6 +1,6 @@
 // ConnectionTable (per-peer limits, eviction of connections that never
 // authorized, the grace) and KeyedLimit (places per key and in all).
-#include "common/connection_table.h"
+#include "common/listener/connection_table.h"
 
 #include <gtest/gtest.h>
 

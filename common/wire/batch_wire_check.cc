@@ -1,4 +1,4 @@
-// The wire check of a RolloutBatch (common/wire_check.h,
+// The wire check of a RolloutBatch (common/wire/wire_check.h,
 // CheckRolloutBatchWire): counts and lengths bounded on the bytes, with the
 // validator's own messages.
 #include <string>
@@ -9,8 +9,8 @@
 #include "asympo/v1/rollout.pb.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
-#include "common/wire_check.h"
-#include "common/wire_reader.h"
+#include "common/wire/wire_check.h"
+#include "common/wire/wire_reader.h"
 
 namespace asympo {
 namespace {
