@@ -1,4 +1,5 @@
 #include "learner_server/adamw.h"
+#include "tests/testing/status_matchers.h"
 
 #include <cmath>
 
@@ -52,7 +53,7 @@ TEST(AdamWTest, StateRoundTripsBitExactly) {
     torch::NoGradGuard g;
     b.copy_(a);
   }
-  ASSERT_TRUE(ob.LoadState(oa.StateTensors(), oa.step_count()).ok());
+  ASSERT_OK(ob.LoadState(oa.StateTensors(), oa.step_count()));
   for (auto* pair : {&oa, &ob}) {
     torch::Tensor& t = pair == &oa ? a : b;
     pair->ZeroGrad();

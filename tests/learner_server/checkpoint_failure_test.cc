@@ -13,11 +13,13 @@
 #include <gtest/gtest.h>
 
 #include "learner_server/checkpoint.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // Every descriptor this process may open is taken while it lives (the soft
@@ -66,14 +68,13 @@ TEST(CheckpointFailureTest, ASaveOutOfDescriptorsLeavesNoTemporaryDirectoryAndNa
     OutOfDescriptors exhausted;
     saved = SaveCheckpoint(tmp.path(), 3, *model, optimizer, "--config");
   }
-  ASSERT_FALSE(saved.ok());
-  EXPECT_THAT(std::string(saved.status().message()), HasSubstr("Too many open files (errno 24)"));
+  ASSERT_THAT(saved, StatusIs(absl::StatusCode::kInternal, "Too many open files (errno 24)"));
   EXPECT_THAT(Unfinished(tmp.path()), ::testing::IsEmpty());
   EXPECT_FALSE(std::filesystem::exists(tmp.Path("ckpt-000000000003")));
 
   // With descriptors again, the same save succeeds.
   saved = SaveCheckpoint(tmp.path(), 3, *model, optimizer, "--config");
-  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_OK(saved);
   EXPECT_TRUE(std::filesystem::exists(tmp.Path("ckpt-000000000003/meta.json")));
   EXPECT_THAT(Unfinished(tmp.path()), ::testing::IsEmpty());
 }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "learner_server/trainer.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
@@ -54,27 +55,27 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   // Run A: two steps, checkpoint, two more steps.
   auto a = Tiny(1);
   auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
-  ASSERT_TRUE(ta->Step(Groups()).ok());
-  ASSERT_TRUE(ta->Step(Groups()).ok());
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(ta->Step(Groups()));
   const auto saved =
       SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "--objective=asympo");
-  ASSERT_TRUE(saved.ok()) << saved.status();
+  ASSERT_OK(saved);
   const torch::Tensor draw_a = torch::rand({4});  // the CPU generator moves on after the save
-  ASSERT_TRUE(ta->Step(Groups()).ok());
-  ASSERT_TRUE(ta->Step(Groups()).ok());
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(ta->Step(Groups()));
 
   // Run B: a fresh process would start from other weights; restore, replay.
   auto b = Tiny(99);
   auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->has_value());
   EXPECT_EQ((*loaded)->version, 2u);
   EXPECT_EQ((*loaded)->config, "--objective=asympo");
   tb->set_version((*loaded)->version);
   EXPECT_TRUE(torch::equal(torch::rand({4}), draw_a));  // RNG state restored
-  ASSERT_TRUE(tb->Step(Groups()).ok());
-  ASSERT_TRUE(tb->Step(Groups()).ok());
+  ASSERT_OK(tb->Step(Groups()));
+  ASSERT_OK(tb->Step(Groups()));
   EXPECT_EQ(tb->version(), ta->version());
   ExpectSameWeights(*a, *b);
   EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
@@ -84,11 +85,11 @@ TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);
   auto t = Trainer::Create(Options(), m.get(), nullptr).value();
-  ASSERT_TRUE(t->Step(Groups()).ok());
-  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, t->optimizer(), "").ok());
+  ASSERT_OK(t->Step(Groups()));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, t->optimizer(), ""));
   auto snapshot = Tiny(1);
-  ASSERT_TRUE(snapshot->LoadParameters(m->named_parameters()).ok());
-  ASSERT_TRUE(t->Step(Groups()).ok());
+  ASSERT_OK(snapshot->LoadParameters(m->named_parameters()));
+  ASSERT_OK(t->Step(Groups()));
   const auto newest = SaveCheckpoint(tmp.path(), 2, *m, t->optimizer(), "").value();
   // Flip one byte in the middle of the newest state file.
   {
@@ -109,7 +110,7 @@ TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);
   AdamW opt(m->parameters(), {});
-  for (uint64_t v = 1; v <= 4; ++v) ASSERT_TRUE(SaveCheckpoint(tmp.path(), v, *m, opt, "", 2).ok());
+  for (uint64_t v = 1; v <= 4; ++v) ASSERT_OK(SaveCheckpoint(tmp.path(), v, *m, opt, "", 2));
   const auto all = ListCheckpoints(tmp.path());
   ASSERT_EQ(all.size(), 2u);  // keep_last = 2
   std::filesystem::resize_file(all[0] + "/state.safetensors", 100);
@@ -126,7 +127,7 @@ TEST(CheckpointTest, TrainedBatchIdsRoundTripAndAMalformedListSkipsTheCheckpoint
   auto m = Tiny(1);
   AdamW opt(m->parameters(), {});
   const std::vector<std::string> ids = {"rollout-0/00ab/0", "vllm \"3\"/\u00e9/17", ""};
-  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, ids).ok());
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, ids));
   const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {"x"}).value();
   auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
   ASSERT_TRUE(loaded.has_value());
@@ -154,7 +155,7 @@ TEST(CheckpointTest, AMetaJsonWhoseNumbersDoNotFitTheirFieldsSkipsTheCheckpoint)
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);
   AdamW opt(m->parameters(), {});
-  ASSERT_TRUE(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0).ok());
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0));
   const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0).value();
   nlohmann::json meta;
   std::ifstream(newest.path + "/meta.json") >> meta;

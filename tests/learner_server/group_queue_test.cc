@@ -9,10 +9,12 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::vector<QueuedGroup> Groups(int n, const std::string& tag) {
@@ -25,8 +27,8 @@ absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
 TEST(GroupQueueTest, PopsWholeBatchesInArrivalOrder) {
   GroupQueue q({/*capacity_groups=*/8, /*max_waiting_pushes=*/4});
-  ASSERT_TRUE(q.Push(Groups(2, "a"), Soon()).ok());
-  ASSERT_TRUE(q.Push(Groups(3, "b"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
+  ASSERT_OK(q.Push(Groups(3, "b"), Soon()));
   const auto out = q.Pop(4, Soon());
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[0].group.prompt_id(), "a0");
@@ -36,7 +38,7 @@ TEST(GroupQueueTest, PopsWholeBatchesInArrivalOrder) {
 
 TEST(GroupQueueTest, AFullQueueHoldsThePushUntilRoomThenAdmitsItWhole) {
   GroupQueue q({4, 4});
-  ASSERT_TRUE(q.Push(Groups(3, "a"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(3, "a"), Soon()));
   absl::Notification admitted;
   absl::Status status = absl::UnknownError("not run");
   q.PushAsync(Groups(2, "b"), Soon(), [&](const absl::Status& s) {
@@ -47,17 +49,16 @@ TEST(GroupQueueTest, AFullQueueHoldsThePushUntilRoomThenAdmitsItWhole) {
   EXPECT_EQ(q.Stats().waiting_pushes, 1);
   EXPECT_EQ(q.Pop(1, Soon()).size(), 1u);  // frees room for both b groups
   ASSERT_TRUE(admitted.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_TRUE(status.ok());
+  EXPECT_OK(status);
   EXPECT_EQ(q.Stats().depth_groups, 4);
 }
 
 TEST(GroupQueueTest, AWaitingPushFailsWithResourceExhaustedAtItsDeadline) {
   GroupQueue q({2, 4});
-  ASSERT_TRUE(q.Push(Groups(2, "a"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
   const absl::Time start = absl::Now();
   const absl::Status s = q.Push(Groups(1, "b"), absl::Now() + absl::Milliseconds(200));
-  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("stayed full"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, "stayed full"));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
   // Nothing of it was queued; what was accepted is still there.
   EXPECT_EQ(q.Stats().depth_groups, 2);
@@ -66,20 +67,19 @@ TEST(GroupQueueTest, AWaitingPushFailsWithResourceExhaustedAtItsDeadline) {
 
 TEST(GroupQueueTest, RefusesOversizeBatchesAndTooManyWaiters) {
   GroupQueue q({3, 1});
-  EXPECT_EQ(q.Push(Groups(4, "x"), Soon()).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE(q.Push(Groups(3, "a"), Soon()).ok());
+  EXPECT_THAT(q.Push(Groups(4, "x"), Soon()), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(q.Push(Groups(3, "a"), Soon()));
   absl::Notification first;
   q.PushAsync(Groups(1, "b"), Soon(), [&](const absl::Status&) { first.Notify(); });
   const absl::Status second = q.Push(Groups(1, "c"), Soon());
-  EXPECT_EQ(second.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(second.message()), HasSubstr("already waiting"));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kResourceExhausted, "already waiting"));
   q.Close();
   EXPECT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
 TEST(GroupQueueTest, CancelWithdrawsAWaitingPush) {
   GroupQueue q({1, 4});
-  ASSERT_TRUE(q.Push(Groups(1, "a"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(1, "a"), Soon()));
   absl::Status status;
   absl::Notification done;
   const uint64_t ticket = q.PushAsync(Groups(1, "b"), Soon(), [&](const absl::Status& s) {
@@ -89,14 +89,14 @@ TEST(GroupQueueTest, CancelWithdrawsAWaitingPush) {
   ASSERT_NE(ticket, 0u);
   q.CancelPush(ticket);
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(q.Pop(1, Soon()).size(), 1u);
   EXPECT_EQ(q.Stats().depth_groups, 0);
 }
 
 TEST(GroupQueueTest, CloseFailsWaitersAndDrainsWhatWasAccepted) {
   GroupQueue q({2, 4});
-  ASSERT_TRUE(q.Push(Groups(2, "a"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
   absl::Status status;
   absl::Notification done;
   q.PushAsync(Groups(1, "b"), Soon(), [&](const absl::Status& s) {
@@ -105,8 +105,8 @@ TEST(GroupQueueTest, CloseFailsWaitersAndDrainsWhatWasAccepted) {
   });
   q.Close();
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
-  EXPECT_EQ(q.Push(Groups(1, "c"), Soon()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(q.Push(Groups(1, "c"), Soon()), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(q.Pop(5, Soon()).size(), 2u);  // closed: returns what is left
 }
 
@@ -150,13 +150,13 @@ std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string&
 
 TEST(GroupQueueBatchIdTest, ASecondPushOfAnAcceptedIdIsAnsweredAlreadyExistsAndNotQueued) {
   GroupQueue q({8, 4});
-  ASSERT_TRUE(q.Push(Batch(2, "a", "id-1"), Soon()).ok());
+  ASSERT_OK(q.Push(Batch(2, "a", "id-1"), Soon()));
   const absl::Status again = q.Push(Batch(2, "a", "id-1"), Soon());
-  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
-  EXPECT_THAT(std::string(again.message()), HasSubstr("batch_id \"id-1\" was accepted before"));
-  EXPECT_TRUE(q.Push(Batch(1, "b", "id-2"), Soon()).ok());
-  EXPECT_TRUE(q.Push(Groups(1, "no-id"), Soon()).ok());  // no id: no deduplication
-  EXPECT_TRUE(q.Push(Groups(1, "no-id"), Soon()).ok());
+  EXPECT_THAT(again,
+              StatusIs(absl::StatusCode::kAlreadyExists, "batch_id \"id-1\" was accepted before"));
+  EXPECT_OK(q.Push(Batch(1, "b", "id-2"), Soon()));
+  EXPECT_OK(q.Push(Groups(1, "no-id"), Soon()));  // no id: no deduplication
+  EXPECT_OK(q.Push(Groups(1, "no-id"), Soon()));
   const GroupQueueStats s = q.Stats();
   EXPECT_EQ(s.depth_groups, 5);
   EXPECT_EQ(s.accepted_groups, 5);
@@ -166,15 +166,15 @@ TEST(GroupQueueBatchIdTest, ASecondPushOfAnAcceptedIdIsAnsweredAlreadyExistsAndN
 
 TEST(GroupQueueBatchIdTest, ADuplicateIsAnsweredAtOnceEvenWhenTheQueueIsFull) {
   GroupQueue q({2, 4});
-  ASSERT_TRUE(q.Push(Batch(2, "a", "full"), Soon()).ok());
+  ASSERT_OK(q.Push(Batch(2, "a", "full"), Soon()));
   const absl::Time start = absl::Now();
-  EXPECT_EQ(q.Push(Batch(2, "a", "full"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(q.Push(Batch(2, "a", "full"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
 TEST(GroupQueueBatchIdTest, TwoWaitingPushesOfOneIdAreQueuedOnce) {
   GroupQueue q({2, 4});
-  ASSERT_TRUE(q.Push(Groups(2, "x"), Soon()).ok());
+  ASSERT_OK(q.Push(Groups(2, "x"), Soon()));
   std::vector<absl::Status> status(2);
   absl::Notification done[2];
   for (int i = 0; i < 2; ++i) {
@@ -187,27 +187,27 @@ TEST(GroupQueueBatchIdTest, TwoWaitingPushesOfOneIdAreQueuedOnce) {
   EXPECT_EQ(q.Pop(2, Soon()).size(), 2u);
   ASSERT_TRUE(done[0].WaitForNotificationWithTimeout(absl::Seconds(5)));
   ASSERT_TRUE(done[1].WaitForNotificationWithTimeout(absl::Seconds(5)));
-  EXPECT_TRUE(status[0].ok()) << status[0];
-  EXPECT_EQ(status[1].code(), absl::StatusCode::kAlreadyExists) << status[1];
+  EXPECT_OK(status[0]);
+  EXPECT_THAT(status[1], StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_EQ(q.Stats().depth_groups, 2);
   EXPECT_EQ(q.Stats().accepted_groups, 4);
 }
 
 TEST(GroupQueueBatchIdTest, APushThatTimedOutIsNotRememberedSoItsRetryIsQueued) {
   GroupQueue q({1, 4});
-  ASSERT_TRUE(q.Push(Groups(1, "x"), Soon()).ok());
-  EXPECT_EQ(q.Push(Batch(1, "r", "late"), absl::Now() + absl::Milliseconds(50)).code(),
-            absl::StatusCode::kResourceExhausted);
+  ASSERT_OK(q.Push(Groups(1, "x"), Soon()));
+  EXPECT_THAT(q.Push(Batch(1, "r", "late"), absl::Now() + absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(q.Pop(1, Soon()).size(), 1u);
-  EXPECT_TRUE(q.Push(Batch(1, "r", "late"), Soon()).ok());
+  EXPECT_OK(q.Push(Batch(1, "r", "late"), Soon()));
   EXPECT_EQ(q.Stats().duplicate_batches, 0);
 }
 
 TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembersThem) {
   GroupQueue q({8, 4});
-  ASSERT_TRUE(q.Push(Batch(1, "a", "a"), Soon()).ok());
-  ASSERT_TRUE(q.Push(Batch(2, "b", "b"), Soon()).ok());
-  ASSERT_TRUE(q.Push(Batch(1, "c", "c"), Soon()).ok());
+  ASSERT_OK(q.Push(Batch(1, "a", "a"), Soon()));
+  ASSERT_OK(q.Push(Batch(2, "b", "b"), Soon()));
+  ASSERT_OK(q.Push(Batch(1, "c", "c"), Soon()));
   const std::vector<QueuedGroup> step = q.Pop(2, Soon());  // a and half of b
   std::vector<std::string> ids;
   for (const QueuedGroup& g : step) ids.push_back(g.batch_id);
@@ -217,9 +217,11 @@ TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembers
   // A restarted queue refuses the trained ids and accepts the untrained one.
   GroupQueue restarted({8, 4});
   restarted.RestoreBatchIds(q.TrainedBatchIds());
-  EXPECT_EQ(restarted.Push(Batch(1, "a", "a"), Soon()).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_EQ(restarted.Push(Batch(2, "b", "b"), Soon()).code(), absl::StatusCode::kAlreadyExists);
-  EXPECT_TRUE(restarted.Push(Batch(1, "c", "c"), Soon()).ok());
+  EXPECT_THAT(restarted.Push(Batch(1, "a", "a"), Soon()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(restarted.Push(Batch(2, "b", "b"), Soon()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_OK(restarted.Push(Batch(1, "c", "c"), Soon()));
   EXPECT_EQ(restarted.TrainedBatchIds(), (std::vector<std::string>{"a", "b"}));
 }
 
@@ -229,13 +231,13 @@ TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
   o.batch_id_window = 3;
   GroupQueue q(o);
   for (int i = 0; i < 5; ++i) {
-    ASSERT_TRUE(q.Push(Batch(1, "g", "id" + std::to_string(i)), Soon()).ok());
+    ASSERT_OK(q.Push(Batch(1, "g", "id" + std::to_string(i)), Soon()));
     q.MarkTrained({"id" + std::to_string(i)});
   }
   EXPECT_EQ(q.Stats().batch_ids, 3);
   EXPECT_EQ(q.TrainedBatchIds(), (std::vector<std::string>{"id2", "id3", "id4"}));
-  EXPECT_TRUE(q.Push(Batch(1, "g", "id0"), Soon()).ok());  // forgotten
-  EXPECT_EQ(q.Push(Batch(1, "g", "id4"), Soon()).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_OK(q.Push(Batch(1, "g", "id0"), Soon()));  // forgotten
+  EXPECT_THAT(q.Push(Batch(1, "g", "id4"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 }  // namespace

@@ -9,12 +9,14 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
 namespace {
 
 using ::asympo::testing::ScopedTempDir;
+using ::asympo::testing::StatusIs;
 
 std::string Read(const std::string& path) {
   std::ifstream in(path);
@@ -28,9 +30,9 @@ const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
 TEST(HeartbeatTest, FirstBeatWritesTheTimeAndCount) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"));
-  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_OK(hb);
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat")));  // no beat yet: startup not done
-  ASSERT_TRUE((*hb)->Beat(kT0).ok());
+  ASSERT_OK((*hb)->Beat(kT0));
   EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat.tmp")));
 }
@@ -38,11 +40,11 @@ TEST(HeartbeatTest, FirstBeatWritesTheTimeAndCount) {
 TEST(HeartbeatTest, BeatsAtMostOncePerInterval) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"), absl::Seconds(5));
-  ASSERT_TRUE(hb.ok()) << hb.status();
-  ASSERT_TRUE((*hb)->Beat(kT0).ok());
-  ASSERT_TRUE((*hb)->Beat(kT0 + absl::Seconds(4)).ok());
+  ASSERT_OK(hb);
+  ASSERT_OK((*hb)->Beat(kT0));
+  ASSERT_OK((*hb)->Beat(kT0 + absl::Seconds(4)));
   EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
-  ASSERT_TRUE((*hb)->Beat(kT0 + absl::Seconds(5)).ok());
+  ASSERT_OK((*hb)->Beat(kT0 + absl::Seconds(5)));
   EXPECT_EQ(Read(dir.Path("beat")), "1700000005 2\n");
   EXPECT_EQ((*hb)->written(), 2);
 }
@@ -51,40 +53,39 @@ TEST(HeartbeatTest, RemovesTheFileOfAnEarlierRun) {
   ScopedTempDir dir("heartbeat");
   std::ofstream(dir.Path("beat")) << "1700000000 42\n";
   auto hb = Heartbeat::Create(dir.Path("beat"));
-  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_OK(hb);
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat")));
 }
 
 TEST(HeartbeatTest, RefusesAFolderThatDoesNotExistNamingIt) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("missing/beat"));
-  ASSERT_FALSE(hb.ok());
-  EXPECT_NE(hb.status().message().find(dir.Path("missing")), std::string::npos) << hb.status();
-  EXPECT_FALSE(Heartbeat::Create("").ok());
-  EXPECT_FALSE(Heartbeat::Create(dir.path() + "/").ok());
+  EXPECT_THAT(hb, StatusIs(absl::StatusCode::kInvalidArgument, dir.Path("missing")));
+  EXPECT_THAT(Heartbeat::Create(""), StatusIs(absl::StatusCode::kInvalidArgument, "file name"));
+  EXPECT_THAT(Heartbeat::Create(dir.path() + "/"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "file name"));
 }
 
 TEST(HeartbeatTest, AFailedWriteIsReturnedAndTheNextGoodOneRecovers) {
   if (geteuid() == 0) GTEST_SKIP() << "root writes into a read-only folder";
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"));
-  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_OK(hb);
   ASSERT_EQ(chmod(dir.path().c_str(), 0500), 0);
-  EXPECT_FALSE((*hb)->Beat(kT0).ok());
+  EXPECT_THAT((*hb)->Beat(kT0), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat")));
   ASSERT_EQ(chmod(dir.path().c_str(), 0700), 0);
-  ASSERT_TRUE((*hb)->Beat(kT0 + absl::Milliseconds(10)).ok());  // not held back by the failure
+  ASSERT_OK((*hb)->Beat(kT0 + absl::Milliseconds(10)));  // not held back by the failure
   EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
 }
 
 TEST(HeartbeatTest, AFileInPlaceOfTheFolderFailsTheBeat) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"));
-  ASSERT_TRUE(hb.ok()) << hb.status();
+  ASSERT_OK(hb);
   std::filesystem::create_directory(dir.Path("beat"));  // rename onto a folder fails
   const absl::Status s = (*hb)->Beat(kT0);
-  EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("beat"), std::string::npos) << s;
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, "beat"));
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat.tmp")));
 }
 

@@ -1,4 +1,5 @@
 #include "learner_server/learner_metrics.h"
+#include "tests/testing/status_matchers.h"
 
 #include <cstdlib>
 #include <fstream>
@@ -79,7 +80,7 @@ TEST(CollapseDetectorTest, BadOptionsAreNamed) {
   o = CollapseOptions();
   o.confirm_steps = 0;
   EXPECT_NE(ValidateCollapseOptions(o).message().find("confirm_steps"), std::string::npos);
-  EXPECT_TRUE(ValidateCollapseOptions(CollapseOptions()).ok());
+  EXPECT_OK(ValidateCollapseOptions(CollapseOptions()));
 }
 
 // Step rewards recorded from bench/task_learning runs: the `reward` column

@@ -18,6 +18,7 @@
 #include "tests/testing/certs.h"
 #include "tests/testing/grpc_metadata.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -25,6 +26,7 @@ namespace asympo::learner {
 namespace {
 
 using ::asympo::testing::MetricValue;
+using ::asympo::testing::StatusIs;
 using ::asympo::testing::TestCertificates;
 using ::asympo::testing::Trailing;
 using ::testing::HasSubstr;
@@ -69,7 +71,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     auth.principals_file = dir_.Path("principals.json");
     auth.client_ca_file = TestCertificates::Path("ca.pem");
     auto authorizer = security::Authorizer::Create(auth, &registry_);
-    ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+    ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
     queue_ = std::make_unique<GroupQueue>(GroupQueueOptions{64, 64});
     LearnerServiceOptions o;
@@ -84,7 +86,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     tls.key_file = TestCertificates::Path("server.key");
     tls.client_ca_file = TestCertificates::Path("ca.pem");
     auto creds = security::MakeServerCredentials(tls);
-    ASSERT_TRUE(creds.ok()) << creds.status();
+    ASSERT_OK(creds);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", *creds, &port_);
     builder.RegisterService(service_.get());
@@ -118,7 +120,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
       o.key_file = TestCertificates::Path(cert + ".key");
     }
     auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), o);
-    EXPECT_TRUE(channel.ok()) << channel.status();
+    EXPECT_OK(channel);
     return v1::Learner::NewStub(*channel);
   }
 
@@ -144,11 +146,11 @@ class LearnerServiceSecurityTest : public ::testing::Test {
 };
 
 TEST_F(LearnerServiceSecurityTest, KnownCallersInTheirRolesAreServed) {
-  EXPECT_TRUE(Submit(Client("gen-token").get(), 2).ok());
-  EXPECT_TRUE(Submit(Client("", "client").get(), 2).ok());
+  EXPECT_OK(Submit(Client("gen-token").get(), 2));
+  EXPECT_OK(Submit(Client("", "client").get(), 2));
   grpc::ClientContext ctx;
   v1::LearnerStatus status;
-  ASSERT_TRUE(Client("gen-token")->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+  ASSERT_OK(Client("gen-token")->GetStatus(&ctx, v1::GetStatusRequest(), &status));
   EXPECT_EQ(status.accepted_groups(), 4u);
   EXPECT_EQ(status.limits().max_message_bytes(), int64_t{64} << 20);
   EXPECT_EQ(queue_->Stats().depth_groups, 4);
@@ -176,8 +178,7 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
     const double before = Refusals(c.cause);
     const int64_t received_before = received_.load();
     const grpc::Status s = Submit(Client(c.token, c.cert).get(), 2);
-    EXPECT_EQ(s.error_code(), c.code) << c.token << c.cert << ": " << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr(c.message)) << c.token << c.cert;
+    EXPECT_THAT(s, StatusIs(c.code, c.message)) << c.token << c.cert;
     EXPECT_EQ(Refusals(c.cause) - (std::isnan(before) ? 0 : before), 1) << c.cause;
     // What gRPC received is counted all the same (its memory is released
     // like any other request's: common/daemon/heap_release.h).
@@ -188,24 +189,24 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
   security::ClientTlsOptions untrusting;
   untrusting.ca_file = TestCertificates::Path("rogue_ca.pem");
   auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), untrusting);
-  ASSERT_TRUE(channel.ok());
+  ASSERT_OK(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  EXPECT_EQ(Submit(v1::Learner::NewStub(*channel).get(), 2, &ctx).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(Submit(v1::Learner::NewStub(*channel).get(), 2, &ctx),
+              StatusIs(grpc::StatusCode::UNAVAILABLE));
   // Plaintext to a TLS port fails too.
   auto plain = v1::Learner::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
                                                         grpc::InsecureChannelCredentials()));
   grpc::ClientContext plain_ctx;
   plain_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  EXPECT_FALSE(Submit(plain.get(), 2, &plain_ctx).ok());
+  EXPECT_THAT(Submit(plain.get(), 2, &plain_ctx), StatusIs(grpc::StatusCode::UNAVAILABLE));
   EXPECT_EQ(queue_->Stats().depth_groups, 0);
   EXPECT_EQ(counters_.accepted_batches.load(), 0u);
   // GetStatus needs the role status.
   grpc::ClientContext status_ctx;
   v1::LearnerStatus status;
-  EXPECT_EQ(Client("reader-token")->GetStatus(&status_ctx, {}, &status).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(Client("reader-token")->GetStatus(&status_ctx, {}, &status),
+              StatusIs(grpc::StatusCode::PERMISSION_DENIED));
 }
 
 TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsShareOfTheQueue) {
@@ -220,40 +221,40 @@ TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsShareOfTheQueue) {
       queued += 4;
       continue;
     }
-    ASSERT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    ASSERT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
     ASSERT_THAT(s.error_message(), HasSubstr("over its rate"));
     absl::SleepFor(absl::Milliseconds(std::stoi(Trailing(ctx, "asympo-retry-after-ms"))));
   }
   absl::SleepFor(absl::Seconds(1));  // the rate is not what refuses the next one
   grpc::ClientContext ctx;
   const grpc::Status full = Submit(gen.get(), 4, &ctx);
-  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(full.error_message(), HasSubstr("source \"gen\" holds 16 groups"));
+  EXPECT_THAT(full,
+              StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "source \"gen\" holds 16 groups"));
   EXPECT_EQ(Trailing(ctx, "asympo-retry-after-ms"), "1000");
   EXPECT_EQ(Refusals("queue_share"), 1);
   // Another source is not held back by gen's share.
-  EXPECT_TRUE(Submit(Client("", "client").get(), 4).ok());
+  EXPECT_OK(Submit(Client("", "client").get(), 4));
   // Once the learner trains some of gen's groups, gen may send again.
   ASSERT_EQ(queue_->Pop(8, absl::Now() + absl::Seconds(1)).size(), 8u);
-  EXPECT_TRUE(Submit(gen.get(), 4).ok());
+  EXPECT_OK(Submit(gen.get(), 4));
   EXPECT_GE(counters_.rejected_quota_batches.load(), 1u);
 }
 
 TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsRateWithARetryHint) {
   auto gen = Client("gen-token");
-  EXPECT_TRUE(Submit(gen.get(), 4).ok());
-  EXPECT_TRUE(Submit(gen.get(), 4).ok());  // the burst: 8 groups
+  EXPECT_OK(Submit(gen.get(), 4));
+  EXPECT_OK(Submit(gen.get(), 4));  // the burst: 8 groups
   grpc::ClientContext ctx;
   const grpc::Status s = Submit(gen.get(), 4, &ctx);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(s.error_message(), HasSubstr("over its rate of 8 groups per second"));
+  EXPECT_THAT(
+      s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "over its rate of 8 groups per second"));
   const int hint = std::stoi(Trailing(ctx, "asympo-retry-after-ms"));
   EXPECT_GT(hint, 0);
   EXPECT_LE(hint, 500);
   EXPECT_EQ(Refusals("rate"), 1);
   EXPECT_EQ(queue_->Stats().depth_groups, 8);
   absl::SleepFor(absl::Milliseconds(hint));
-  EXPECT_TRUE(Submit(gen.get(), 4).ok());
+  EXPECT_OK(Submit(gen.get(), 4));
 }
 
 // What the queue does not take costs no rate: a duplicate (answered OK, not
@@ -265,10 +266,10 @@ TEST_F(LearnerServiceSecurityTest, GroupsTheQueueDoesNotTakeCostNoRate) {
   b.set_batch_id("gen/1");
   grpc::ClientContext first_ctx;
   v1::SubmitResponse first;
-  ASSERT_TRUE(gen->Submit(&first_ctx, b, &first).ok());
+  ASSERT_OK(gen->Submit(&first_ctx, b, &first));
   grpc::ClientContext again_ctx;
   v1::SubmitResponse again;
-  ASSERT_TRUE(gen->Submit(&again_ctx, b, &again).ok());
+  ASSERT_OK(gen->Submit(&again_ctx, b, &again));
   EXPECT_EQ(again.duplicate_batches(), 1u);
   // A stream that sends the same batch twice more: two duplicates.
   grpc::ClientContext stream_ctx;
@@ -277,12 +278,12 @@ TEST_F(LearnerServiceSecurityTest, GroupsTheQueueDoesNotTakeCostNoRate) {
   ASSERT_TRUE(stream->Write(b));
   ASSERT_TRUE(stream->Write(b));
   stream->WritesDone();
-  ASSERT_TRUE(stream->Finish().ok());
+  ASSERT_OK(stream->Finish());
   EXPECT_EQ(stream_reply.duplicate_batches(), 2u);
   // Of the burst of 8, only the first batch's 4 were spent.
   grpc::ClientContext ctx;
   const grpc::Status s = Submit(gen.get(), 4, &ctx);
-  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_OK(s);
   EXPECT_EQ(queue_->Stats().depth_groups, 8);
   EXPECT_TRUE(std::isnan(Refusals("rate")));
 }
@@ -315,7 +316,7 @@ TEST(LearnerServiceLimitsTest, AnIdleSubmitStreamIsClosed) {
   ASSERT_TRUE(writer->Write(Batch(1)));  // active: not idle yet
   const absl::Time t0 = absl::Now();
   const grpc::Status s = writer->Finish();  // without WritesDone: the client idles
-  EXPECT_FALSE(s.ok());
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::CANCELLED));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(5));
   EXPECT_EQ(queue.Stats().depth_groups, 1);  // what it sent stays accepted
   EXPECT_TRUE(
@@ -352,7 +353,7 @@ TEST(LearnerServiceTlsReloadTest, ARenewedCertificateIsServedWithoutARestart) {
   tls.key_file = dir.Path("key.pem");
   tls.reload_seconds = 1;
   auto creds = security::MakeServerCredentials(tls);
-  ASSERT_TRUE(creds.ok()) << creds.status();
+  ASSERT_OK(creds);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", *creds, &port);
@@ -374,8 +375,8 @@ TEST(LearnerServiceTlsReloadTest, ARenewedCertificateIsServedWithoutARestart) {
   EXPECT_FALSE(served_for("rogue_ca.pem"));
   copy("server2.key", "key.pem");
   copy("server2.pem", "cert.pem");
-  EXPECT_TRUE(asympo::testing::WaitFor([&] { return served_for("rogue_ca.pem"); },
-                                       absl::Seconds(15)));
+  EXPECT_TRUE(
+      asympo::testing::WaitFor([&] { return served_for("rogue_ca.pem"); }, absl::Seconds(15)));
   EXPECT_FALSE(served_for("ca.pem"));
   queue.Close();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -12,11 +12,13 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/grpc_metadata.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::asympo::testing::Trailing;
 using ::asympo::testing::WaitFor;
 using ::testing::HasSubstr;
@@ -91,7 +93,7 @@ TEST_F(LearnerServiceTest, QueuesAValidBatch) {
   Start(8);
   v1::SubmitResponse r;
   const grpc::Status s = Submit(Batch(2), &r);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   EXPECT_EQ(r.accepted_groups(), 2u);
   EXPECT_EQ(r.accepted_responses(), 6u);
   EXPECT_EQ(r.queue_depth_groups(), 2u);
@@ -109,8 +111,8 @@ TEST_F(LearnerServiceTest, CountsTheBytesOfEveryRequest) {
   const v1::RolloutBatch good = Batch(2);
   v1::RolloutBatch bad = Batch(1, 3, "bad");
   bad.mutable_groups(0)->mutable_responses(0)->set_tokens(0, 100000);  // beyond the vocabulary
-  ASSERT_TRUE(Submit(good, &r).ok());
-  EXPECT_EQ(Submit(bad, &r).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_OK(Submit(good, &r));
+  EXPECT_THAT(Submit(bad, &r), StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
   grpc::ClientContext ctx;
   v1::SubmitResponse stream_reply;
   auto writer = stub_->SubmitStream(&ctx, &stream_reply);
@@ -118,10 +120,10 @@ TEST_F(LearnerServiceTest, CountsTheBytesOfEveryRequest) {
   ASSERT_TRUE(writer->Write(streamed));
   ASSERT_TRUE(writer->Write(Batch(1, 3, "t")));
   writer->WritesDone();
-  ASSERT_TRUE(writer->Finish().ok());
+  ASSERT_OK(writer->Finish());
   grpc::ClientContext status_ctx;
   v1::LearnerStatus status;
-  ASSERT_TRUE(stub_->GetStatus(&status_ctx, {}, &status).ok());
+  ASSERT_OK(stub_->GetStatus(&status_ctx, {}, &status));
   EXPECT_EQ(received_.load(),
             static_cast<int64_t>(good.ByteSizeLong() + bad.ByteSizeLong() +
                                  2 * streamed.ByteSizeLong()));  // GetStatus's request is empty
@@ -151,7 +153,7 @@ TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {
     c.mutate(&b);
     v1::SubmitResponse r;
     const grpc::Status s = Submit(b, &r);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
     EXPECT_THAT(s.error_message(), HasSubstr(c.message));
   }
   EXPECT_EQ(queue_->Stats().depth_groups, 0);  // nothing of any of them
@@ -161,11 +163,11 @@ TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {
 TEST_F(LearnerServiceTest, AFullQueueHoldsTheProducerThenReturnsResourceExhausted) {
   Start(2, absl::Milliseconds(300));
   v1::SubmitResponse r;
-  ASSERT_TRUE(Submit(Batch(2), &r).ok());
+  ASSERT_OK(Submit(Batch(2), &r));
   grpc::ClientContext ctx;
   const absl::Time start = absl::Now();
   const grpc::Status s = Submit(Batch(1, 3, "late"), &r, &ctx);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(290));  // held, not refused at once
   EXPECT_EQ(Trailing(ctx, "asympo-retry-after-ms"), "750");
   EXPECT_EQ(queue_->Stats().depth_groups, 2);
@@ -175,7 +177,7 @@ TEST_F(LearnerServiceTest, AFullQueueHoldsTheProducerThenReturnsResourceExhauste
 TEST_F(LearnerServiceTest, AHeldProducerIsAdmittedWhenTheTrainerFreesRoom) {
   Start(2, absl::Seconds(10));
   v1::SubmitResponse r;
-  ASSERT_TRUE(Submit(Batch(2), &r).ok());
+  ASSERT_OK(Submit(Batch(2), &r));
   std::thread trainer([&] {
     // Frees room only once the producer is held.
     ASSERT_TRUE(WaitFor([&] { return queue_->Stats().waiting_pushes == 1; }));
@@ -183,7 +185,7 @@ TEST_F(LearnerServiceTest, AHeldProducerIsAdmittedWhenTheTrainerFreesRoom) {
   });
   const grpc::Status s = Submit(Batch(2, 3, "second"), &r);
   trainer.join();
-  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_OK(s);
   EXPECT_EQ(queue_->Stats().depth_groups, 2);
 }
 
@@ -198,8 +200,7 @@ TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) 
   writer->Write(bad);
   writer->WritesDone();
   const grpc::Status s = writer->Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("batch 3: group 0"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "batch 3: group 0"));
   EXPECT_EQ(Trailing(ctx, "asympo-accepted-batches"), "3");
   EXPECT_EQ(queue_->Stats().depth_groups, 3);
 }
@@ -227,7 +228,7 @@ TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
   const grpc::Status s = writer->Finish();
   stop = true;
   trainer.join();
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   EXPECT_EQ(r.accepted_batches(), 40u);
   EXPECT_EQ(r.accepted_groups(), 80u);
   EXPECT_EQ(popped.load() + queue_->Stats().depth_groups, 80);
@@ -267,11 +268,11 @@ TEST_F(LearnerServiceTest, ConcurrentSubmittersAreAccountedExactly) {
 TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   Start(8);
   v1::SubmitResponse r;
-  ASSERT_TRUE(Submit(Batch(3), &r).ok());
+  ASSERT_OK(Submit(Batch(3), &r));
   version_ = 7;
   grpc::ClientContext ctx;
   v1::LearnerStatus st;
-  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st).ok());
+  ASSERT_OK(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st));
   EXPECT_EQ(st.version(), 7u);
   EXPECT_EQ(st.queue_depth_groups(), 3u);
   EXPECT_EQ(st.queue_capacity_groups(), 8u);
@@ -290,10 +291,10 @@ v1::RolloutBatch WithId(v1::RolloutBatch b, const std::string& id) {
 TEST_F(LearnerServiceTest, ARetriedBatchIdIsAcknowledgedAsTheFirstButQueuedOnce) {
   Start(8);
   v1::SubmitResponse first, again;
-  ASSERT_TRUE(Submit(WithId(Batch(2), "gen-a/1"), &first).ok());
+  ASSERT_OK(Submit(WithId(Batch(2), "gen-a/1"), &first));
   EXPECT_EQ(first.duplicate_batches(), 0u);
   const grpc::Status s = Submit(WithId(Batch(2), "gen-a/1"), &again);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   EXPECT_EQ(again.duplicate_batches(), 1u);
   EXPECT_EQ(again.accepted_batches(), 1u);
   EXPECT_EQ(again.accepted_groups(), 2u);
@@ -304,7 +305,7 @@ TEST_F(LearnerServiceTest, ARetriedBatchIdIsAcknowledgedAsTheFirstButQueuedOnce)
   EXPECT_EQ(counters_.duplicate_batches.load(), 1u);
   grpc::ClientContext ctx;
   v1::LearnerStatus st;
-  ASSERT_TRUE(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st).ok());
+  ASSERT_OK(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st));
   EXPECT_EQ(st.duplicate_batches(), 1u);
   EXPECT_EQ(st.accepted_batches(), 1u);
   EXPECT_EQ(st.batch_id_window(), 65536u);
@@ -318,12 +319,12 @@ TEST_F(LearnerServiceTest, ASubmitAcceptedJustBeforeItsDeadlineThenRetriedIsQueu
   grpc::ClientContext short_deadline;
   short_deadline.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
   const grpc::Status lost = Submit(WithId(Batch(3), "gen-b/7"), &r, &short_deadline);
-  EXPECT_EQ(lost.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << lost.error_message();
+  EXPECT_THAT(lost, StatusIs(grpc::StatusCode::DEADLINE_EXCEEDED));
   EXPECT_EQ(queue_->Stats().depth_groups, 3);  // accepted all the same
   grpc::ClientContext retry;
   retry.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   const grpc::Status s = Submit(WithId(Batch(3), "gen-b/7"), &r, &retry);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   EXPECT_EQ(r.duplicate_batches(), 1u);
   EXPECT_EQ(queue_->Stats().depth_groups, 3);
   EXPECT_EQ(counters_.accepted_groups.load(), 3u);
@@ -339,7 +340,7 @@ TEST_F(LearnerServiceTest, AStreamAcknowledgesDuplicatesAndQueuesEachIdOnce) {
   ASSERT_TRUE(writer->Write(WithId(Batch(1), "s/2")));
   ASSERT_TRUE(writer->WritesDone());
   const grpc::Status s = writer->Finish();
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   EXPECT_EQ(r.accepted_batches(), 3u);
   EXPECT_EQ(r.duplicate_batches(), 1u);
   EXPECT_EQ(queue_->Stats().depth_groups, 3);
@@ -361,7 +362,7 @@ TEST_F(LearnerServiceTest, UnknownFieldsAreNotKeptInTheQueue) {
       ->AddLengthDelimited(98, padding);
   v1::SubmitResponse r;
   const grpc::Status s = Submit(b, &r);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_OK(s);
   const auto groups = queue_->Pop(2, absl::Now() + absl::Seconds(1));
   ASSERT_EQ(groups.size(), 2u);
   for (const QueuedGroup& g : groups) {
@@ -391,13 +392,13 @@ TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
     third.writer->Write(Batch(1));
     third.writer->WritesDone();
     const grpc::Status s = third.writer->Finish();
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("2 SubmitStreams open, its limit"));
+    EXPECT_THAT(s,
+                StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "2 SubmitStreams open, its limit"));
     EXPECT_EQ(Trailing(third.ctx, "asympo-retry-after-ms"), "750");
   }
   for (auto& o : open) {
     ASSERT_TRUE(o->writer->WritesDone());
-    ASSERT_TRUE(o->writer->Finish().ok());
+    ASSERT_OK(o->writer->Finish());
   }
   ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 0; }));
   EXPECT_EQ(queue_->Stats().depth_groups, 2);
@@ -406,7 +407,7 @@ TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
   auto writer = stub_->SubmitStream(&ctx, &r);
   ASSERT_TRUE(writer->Write(Batch(1)));
   ASSERT_TRUE(writer->WritesDone());
-  EXPECT_TRUE(writer->Finish().ok());  // room again
+  EXPECT_OK(writer->Finish());  // room again
 }
 
 // Without an authorizer every caller is "anonymous": the share is counted
@@ -426,10 +427,10 @@ TEST_F(LearnerServiceTest, OnePeerCannotHoldEverySubmitStream) {
   second->Write(Batch(1));
   second->WritesDone();
   const grpc::Status s = second->Finish();
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("\"peer 127.0.0.1\" holds 1 SubmitStreams open"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "\"peer 127.0.0.1\" holds 1 SubmitStreams open"));
   ASSERT_TRUE(held->WritesDone());
-  EXPECT_TRUE(held->Finish().ok());
+  EXPECT_OK(held->Finish());
   EXPECT_TRUE(WaitFor([&] { return service_->open_streams() == 0; }));
 }
 

@@ -11,6 +11,7 @@
 #include "learner_server/checkpoint.h"
 #include "learner_server/token_logprobs.h"
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
@@ -30,13 +31,13 @@ TEST(MixedPrecisionTest, Bf16ComputeKeepsFloat32MastersGradientsAndMoments) {
   auto model = Tiny(3, at::kBFloat16);
   EXPECT_EQ(model->compute_dtype(), at::kBFloat16);
   auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), nullptr).value();
-  ASSERT_TRUE(trainer->ComputeGradients(FixedGroups(4)).ok());
+  ASSERT_OK(trainer->ComputeGradients(FixedGroups(4)));
   for (const auto& [name, p] : model->named_parameters()) {
     EXPECT_EQ(p.scalar_type(), at::kFloat) << name;
     ASSERT_TRUE(p.grad().defined()) << name;
     EXPECT_EQ(p.grad().scalar_type(), at::kFloat) << name;
   }
-  ASSERT_TRUE(trainer->Step(FixedGroups(4)).ok());
+  ASSERT_OK(trainer->Step(FixedGroups(4)));
   const auto state = trainer->optimizer().StateTensors();
   ASSERT_FALSE(state.empty());
   for (const auto& [name, t] : state) EXPECT_EQ(t.scalar_type(), at::kFloat) << name;
@@ -62,8 +63,8 @@ TEST(MixedPrecisionTest, Bf16GradientsAndUpdatesTrackTheFloat32Reference) {
 
   const torch::Tensor before = Flat(ref->parameters());
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(tr->Step(FixedGroups(6)).ok());
-    ASSERT_TRUE(tb->Step(FixedGroups(6)).ok());
+    ASSERT_OK(tr->Step(FixedGroups(6)));
+    ASSERT_OK(tb->Step(FixedGroups(6)));
   }
   const torch::Tensor update_r = Flat(ref->parameters()) - before;
   const torch::Tensor update_b = Flat(bf->parameters()) - before;
@@ -102,13 +103,13 @@ void ExpectCrossResume(at::ScalarType written_with, at::ScalarType resumed_with)
   asympo::testing::ScopedTempDir tmp("mixed_precision_ckpt");
   auto a = Tiny(1, written_with);
   auto ta = Trainer::Create(Options(Objective::kAsympo), a.get(), nullptr).value();
-  ASSERT_TRUE(ta->Step(FixedGroups(3)).ok());
-  ASSERT_TRUE(ta->Step(FixedGroups(3)).ok());
-  ASSERT_TRUE(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "").ok());
+  ASSERT_OK(ta->Step(FixedGroups(3)));
+  ASSERT_OK(ta->Step(FixedGroups(3)));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), ""));
   auto b = Tiny(99, resumed_with);
   auto tb = Trainer::Create(Options(Objective::kAsympo), b.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->has_value());
   for (size_t i = 0; i < a->named_parameters().size(); ++i) {
     EXPECT_TRUE(torch::equal(a->named_parameters()[i].second, b->named_parameters()[i].second))
@@ -122,7 +123,7 @@ void ExpectCrossResume(at::ScalarType written_with, at::ScalarType resumed_with)
   }
   EXPECT_EQ(tb->optimizer().step_count(), 2);
   tb->set_version((*loaded)->version);
-  EXPECT_TRUE(tb->Step(FixedGroups(3)).ok());
+  EXPECT_OK(tb->Step(FixedGroups(3)));
 }
 
 TEST(MixedPrecisionTest, ACheckpointWrittenWithBf16ComputeResumesWithFloat32) {
@@ -136,7 +137,7 @@ TEST(MixedPrecisionTest, ACheckpointWrittenWithFloat32ResumesWithBf16Compute) {
 TEST(MixedPrecisionTest, ExportWritesThePublishDtypeFromFloat32Masters) {
   asympo::testing::ScopedTempDir tmp("mixed_precision_export");
   auto model = Tiny(3, at::kBFloat16);
-  ASSERT_TRUE(ExportPolicyModel(*model, tmp.path(), int64_t{5} << 30, at::kBFloat16).ok());
+  ASSERT_OK(ExportPolicyModel(*model, tmp.path(), int64_t{5} << 30, at::kBFloat16));
   ModelOptions o;
   o.dtype = at::kBFloat16;
   auto loaded = LoadPolicyModel(tmp.path(), o).value();

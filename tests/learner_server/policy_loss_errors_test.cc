@@ -6,6 +6,7 @@
 
 #include "learner_server/policy_loss.h"
 #include "tests/learner_server/loss_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
@@ -13,11 +14,11 @@ namespace {
 using ::asympo::learner::testing::Batch;
 using ::asympo::learner::testing::MakeLoss;
 using ::asympo::learner::testing::RandomBatch;
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 void ExpectInvalid(const absl::Status& status, const std::string& fragment) {
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
-  EXPECT_THAT(std::string(status.message()), HasSubstr(fragment));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, fragment));
 }
 
 absl::Status ComputeStatus(Objective objective, const LossInputs& in) {
@@ -31,7 +32,7 @@ TEST(PolicyLossErrorsTest, GrpoWithoutBehaviorLogProbsIsAnError) {
   // Every other objective ignores them.
   for (Objective o : {Objective::kNaive, Objective::kSpo, Objective::kAsympo,
                       Objective::kAsympoStable, Objective::kGpg}) {
-    EXPECT_TRUE(MakeLoss(o).Compute(b.Inputs(false)).ok()) << ObjectiveName(o);
+    EXPECT_OK(MakeLoss(o).Compute(b.Inputs(false))) << ObjectiveName(o);
   }
 }
 
@@ -146,7 +147,8 @@ TEST(PolicyLossErrorsTest, RejectsBadOptionsByName) {
 TEST(PolicyLossErrorsTest, ErrorsLeaveTheInputsUntouched) {
   const Batch b = RandomBatch({3, 1}, 4, 10);
   const torch::Tensor before = b.logp.detach().clone();
-  ASSERT_FALSE(MakeLoss(Objective::kAsympo).Compute(b.Inputs()).ok());
+  ASSERT_THAT(MakeLoss(Objective::kAsympo).Compute(b.Inputs()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_TRUE(torch::equal(before.nan_to_num(0), b.logp.detach().nan_to_num(0)));
   EXPECT_FALSE(b.logp.grad().defined());
 }

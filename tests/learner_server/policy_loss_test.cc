@@ -12,6 +12,7 @@
 
 #include "learner_server/token_logprobs.h"
 #include "tests/learner_server/loss_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
@@ -20,6 +21,7 @@ using ::asympo::learner::testing::Batch;
 using ::asympo::learner::testing::GradOf;
 using ::asympo::learner::testing::MakeLoss;
 using ::asympo::learner::testing::RandomBatch;
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // Plain-loop reference quantities, independent of the library's tensor code.
@@ -68,13 +70,11 @@ double ItemOf(const torch::Tensor& t) { return t.item<double>(); }
 TEST(PolicyLossTest, ParsesEveryObjectiveNameAndRejectsUnknown) {
   for (std::string_view name : ObjectiveNames()) {
     auto parsed = ParseObjective(name);
-    ASSERT_TRUE(parsed.ok()) << name;
+    ASSERT_OK(parsed) << name;
     EXPECT_EQ(ObjectiveName(*parsed), name);
   }
   auto bad = ParseObjective("ppo");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("unknown objective \"ppo\""));
+  ASSERT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument, "unknown objective \"ppo\""));
   EXPECT_THAT(bad.status().message(), HasSubstr("asympo_stable"));
 }
 
@@ -494,8 +494,7 @@ using testing::MakeLoss;
 // Rewards like 0.7 are not dyadic: the group mean rounds, and the
 // advantages of an all-equal group come out as +-2e-16 rather than 0.
 TEST(DegenerateGroupTest, AllEqualRewardsAreDecidedFromTheRewardsThemselves) {
-  const torch::Tensor logp =
-      torch::full({5, 2}, -1.0, torch::kDouble).requires_grad_(true);
+  const torch::Tensor logp = torch::full({5, 2}, -1.0, torch::kDouble).requires_grad_(true);
   LossInputs in;
   in.token_logprobs = logp;
   in.mask = torch::ones({5, 2}, torch::kBool);

@@ -1,4 +1,5 @@
 #include "learner_server/sharded_adamw.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -64,9 +65,9 @@ TEST(ShardedAdamWTest, OneRankInSmallRoundsEqualsAdamWBitForBit) {
     for (int i = 0; i < 3; ++i) norm += a[i].grad().pow(2).sum().item<double>();
     plain.Step(1e-2);
     absl::StatusOr<double> got = sharded.ReduceGradients();
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_NEAR(*got, std::sqrt(norm), 1e-5 * std::sqrt(norm));
-    ASSERT_TRUE(sharded.Apply(1e-2, 1.0, {true, true, true, false}).ok());
+    ASSERT_OK(sharded.Apply(1e-2, 1.0, {true, true, true, false}));
     for (size_t i = 0; i < a.size(); ++i) {
       EXPECT_TRUE(torch::equal(a[i], b[i])) << "parameter " << i << " after step " << step;
     }
@@ -86,11 +87,11 @@ TEST(ShardedAdamWTest, GatheredStateIsAdamWsAndScattersBack) {
     Backward(a, step);
     Backward(b, step);
     plain.Step(1e-2);
-    ASSERT_TRUE(sharded.ReduceGradients().ok());
-    ASSERT_TRUE(sharded.Apply(1e-2, 1.0, {true, true, true, false}).ok());
+    ASSERT_OK(sharded.ReduceGradients());
+    ASSERT_OK(sharded.Apply(1e-2, 1.0, {true, true, true, false}));
   }
   AdamW full(b, o);
-  ASSERT_TRUE(sharded.GatherState(&full).ok());
+  ASSERT_OK(sharded.GatherState(&full));
   EXPECT_EQ(full.step_count(), 2);
   const auto want = plain.StateTensors(), got = full.StateTensors();
   ASSERT_EQ(got.size(), want.size());  // parameter 3, never stepped, has none
@@ -100,13 +101,13 @@ TEST(ShardedAdamWTest, GatheredStateIsAdamWsAndScattersBack) {
   }
   // A fresh sharded optimizer takes the state back and steps on alike.
   ShardedAdamW again(b, o, &one, 5);
-  ASSERT_TRUE(again.ScatterState(plain).ok());
+  ASSERT_OK(again.ScatterState(plain));
   EXPECT_EQ(again.step_count(), 2);
   Backward(a, 3);
   Backward(b, 3);
   plain.Step(1e-2);
-  ASSERT_TRUE(again.ReduceGradients().ok());
-  ASSERT_TRUE(again.Apply(1e-2, 1.0, {true, true, true, false}).ok());
+  ASSERT_OK(again.ReduceGradients());
+  ASSERT_OK(again.Apply(1e-2, 1.0, {true, true, true, false}));
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
 
@@ -120,8 +121,8 @@ TEST(ShardedAdamWTest, ScaleClipsTheGradientBeforeTheUpdate) {
   Backward(b, 1);
   for (int i = 0; i < 3; ++i) a[i].grad().mul_(0.25);
   plain.Step(1e-2);
-  ASSERT_TRUE(sharded.ReduceGradients().ok());
-  ASSERT_TRUE(sharded.Apply(1e-2, 0.25, {true, true, true, false}).ok());
+  ASSERT_OK(sharded.ReduceGradients());
+  ASSERT_OK(sharded.Apply(1e-2, 0.25, {true, true, true, false}));
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << i;
 }
 

@@ -1,4 +1,5 @@
 #include "learner_server/token_logprobs.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -41,7 +42,7 @@ TEST(TokenLogProbsTest, IgnoresAnyIdInPadding) {
   const torch::Tensor logits = torch::randn({1, 3, 5});
   const torch::Tensor targets = torch::tensor({{1, -100, 99}}, torch::kLong);
   const torch::Tensor mask = torch::tensor({{1, 0, 0}}, torch::kBool);
-  EXPECT_TRUE(TokenLogProbs(logits, targets, mask).ok());
+  EXPECT_OK(TokenLogProbs(logits, targets, mask));
 }
 
 TEST(TokenLogProbsTest, RejectsOutOfVocabularyTargetsAndBadShapes) {

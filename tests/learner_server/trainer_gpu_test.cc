@@ -8,6 +8,7 @@
 
 #include "tests/learner_server/trainer_test_util.h"
 #include "tests/testing/gpu.h"
+#include "tests/testing/status_matchers.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
@@ -33,7 +34,7 @@ TEST(TrainerGpuTest, Bf16StepOnTheGpuTracksTheFloat32StepOnTheCpu) {
     ng += b.pow(2).sum().item<double>();
   }
   EXPECT_GT(dot / std::sqrt(nc * ng), 0.99);
-  ASSERT_TRUE(tg->Step(FixedGroups(6)).ok());
+  ASSERT_OK(tg->Step(FixedGroups(6)));
   for (const auto& [name, t] : tg->optimizer().StateTensors()) {
     EXPECT_TRUE(t.is_cuda()) << name;
     EXPECT_EQ(t.scalar_type(), torch::kFloat) << name;
@@ -45,7 +46,7 @@ TEST(TrainerGpuTest, StagingCopiesDeviceWeightsIntoPinnedHostMemory) {
   auto gpu = Tiny(3, torch::kBFloat16, torch::kCUDA);
   auto staging = broadcast::SnapshotStaging::Create(*gpu, torch::kBFloat16).value();
   EXPECT_TRUE(staging->pinned());
-  ASSERT_TRUE(staging->Stage(*gpu).ok());
+  ASSERT_OK(staging->Stage(*gpu));
   const auto views = staging->CopyToHost().value();
   for (size_t i = 0; i < views.size(); ++i) {
     const torch::Tensor want = gpu->parameters()[i].detach().to(torch::kCPU, torch::kBFloat16);
