@@ -13,6 +13,7 @@
 #include "common/security/tls.h"
 #include "common/security/x509.h"
 #include "tests/testing/raw_call.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
 
@@ -20,6 +21,7 @@ namespace asympo::broadcast {
 namespace {
 
 using ::asympo::testing::RawUnaryCall;
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 using testing::SenderServer;
 
@@ -36,21 +38,21 @@ class BroadcastSecurityTest : public ::testing::Test {
     security::AuthOptions auth;
     auth.principals_file = dir_.Path("principals.json");
     auto authorizer = security::Authorizer::Create(auth, &registry_);
-    ASSERT_TRUE(authorizer.ok()) << authorizer.status();
+    ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
     BroadcastSenderOptions o;
     o.packing = testing::TestPacking();
     o.authorizer = authorizer_.get();
     o.received_bytes = &received_;
     server_ = std::make_unique<SenderServer>(o);
-    ASSERT_TRUE(server_->Publish(1).ok());
+    ASSERT_OK(server_->Publish(1));
   }
 
   std::shared_ptr<grpc::Channel> Channel(const std::string& token) {
     security::ClientTlsOptions o;
     if (!token.empty()) o.token_file = dir_.Path(token);
     auto channel = security::CreateClientChannel(server_->target(), o);
-    EXPECT_TRUE(channel.ok()) << channel.status();
+    EXPECT_OK(channel);
     return *channel;
   }
 
@@ -72,9 +74,9 @@ class BroadcastSecurityTest : public ::testing::Test {
 
 TEST_F(BroadcastSecurityTest, OnlyTheRoleReadWeightsGetsWeights) {
   v1::RegisterResponse r;
-  EXPECT_EQ(Register("gen-tok", "r1", &r).error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(Register("", "r1", &r).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  ASSERT_TRUE(Register("a-tok", "r1", &r).ok());
+  EXPECT_THAT(Register("gen-tok", "r1", &r), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
+  EXPECT_THAT(Register("", "r1", &r), StatusIs(grpc::StatusCode::UNAUTHENTICATED));
+  ASSERT_OK(Register("a-tok", "r1", &r));
   // Fetching needs the role too, even with a valid session id.
   grpc::ClientContext ctx;
   v1::FetchSnapshotRequest f;
@@ -83,23 +85,22 @@ TEST_F(BroadcastSecurityTest, OnlyTheRoleReadWeightsGetsWeights) {
   auto reader = v1::WeightBroadcast::NewStub(Channel("gen-tok"))->FetchSnapshot(&ctx, f);
   v1::WeightChunk chunk;
   EXPECT_FALSE(reader->Read(&chunk));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(reader->Finish(), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
 }
 
 // Every request's bytes are counted on every method, refused ones too (for
 // the release of what requests leave on the heap: common/daemon/heap_release.h).
 TEST_F(BroadcastSecurityTest, CountsTheBytesOfEveryRequest) {
   v1::RegisterResponse r;
-  ASSERT_EQ(Register("gen-tok", "r1", &r).error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  ASSERT_THAT(Register("gen-tok", "r1", &r), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
   v1::RegisterRequest registration;
   registration.set_receiver_id("r1");
   registration.set_model_signature(ModelSignature(testing::TestSpecs()));
   int64_t expected = static_cast<int64_t>(registration.ByteSizeLong());
   EXPECT_EQ(received_.load(), expected);
   const std::string garbage = "\x0a\xff\xff\xff\xff\x0f";
-  EXPECT_EQ(RawUnaryCall(Channel("a-tok"), "/asympo.v1.WeightBroadcast/ReportVersion", garbage)
-                .error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(RawUnaryCall(Channel("a-tok"), "/asympo.v1.WeightBroadcast/ReportVersion", garbage),
+              StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
   expected += static_cast<int64_t>(garbage.size());
   EXPECT_EQ(received_.load(), expected);
   auto stub = v1::WeightBroadcast::NewStub(Channel("gen-tok"));
@@ -109,7 +110,7 @@ TEST_F(BroadcastSecurityTest, CountsTheBytesOfEveryRequest) {
   auto announcements = stub->Subscribe(&subscribe_ctx, subscribe);
   v1::SnapshotAnnouncement announcement;
   EXPECT_FALSE(announcements->Read(&announcement));
-  EXPECT_EQ(announcements->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(announcements->Finish(), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
   expected += static_cast<int64_t>(subscribe.ByteSizeLong());
   v1::FetchSnapshotRequest fetch;
   fetch.set_session_id("s-1");
@@ -118,19 +119,18 @@ TEST_F(BroadcastSecurityTest, CountsTheBytesOfEveryRequest) {
   auto chunks = stub->FetchSnapshot(&fetch_ctx, fetch);
   v1::WeightChunk chunk;
   EXPECT_FALSE(chunks->Read(&chunk));
-  EXPECT_EQ(chunks->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(chunks->Finish(), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
   expected += static_cast<int64_t>(fetch.ByteSizeLong());
   EXPECT_EQ(received_.load(), expected);
 }
 
 TEST_F(BroadcastSecurityTest, ASessionBelongsToThePrincipalThatRegisteredIt) {
   v1::RegisterResponse mine;
-  ASSERT_TRUE(Register("a-tok", "rollout-0", &mine).ok());
+  ASSERT_OK(Register("a-tok", "rollout-0", &mine));
   // b cannot take over a's receiver id ...
   v1::RegisterResponse theirs;
   const grpc::Status s = Register("b-tok", "rollout-0", &theirs);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(s.error_message(), HasSubstr("registered by another principal"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::PERMISSION_DENIED, "registered by another principal"));
   // ... nor use a's session.
   auto b = v1::WeightBroadcast::NewStub(Channel("b-tok"));
   grpc::ClientContext report_ctx;
@@ -139,8 +139,8 @@ TEST_F(BroadcastSecurityTest, ASessionBelongsToThePrincipalThatRegisteredIt) {
   report.set_version(1);
   report.set_error("spoofed");
   v1::ReportVersionResponse ignored;
-  EXPECT_EQ(b->ReportVersion(&report_ctx, report, &ignored).error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(b->ReportVersion(&report_ctx, report, &ignored),
+              StatusIs(grpc::StatusCode::PERMISSION_DENIED));
   EXPECT_EQ(server_->Metric("asympo_broadcast_failures_total"), 0);
   grpc::ClientContext sub_ctx;
   v1::SubscribeRequest sub;
@@ -148,10 +148,10 @@ TEST_F(BroadcastSecurityTest, ASessionBelongsToThePrincipalThatRegisteredIt) {
   auto stream = b->Subscribe(&sub_ctx, sub);
   v1::SnapshotAnnouncement a;
   EXPECT_FALSE(stream->Read(&a));
-  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(stream->Finish(), StatusIs(grpc::StatusCode::PERMISSION_DENIED));
   // a's session is untouched: a registers again under its id at will.
   EXPECT_EQ(server_->sender().receiver_versions().size(), 1u);
-  EXPECT_TRUE(Register("a-tok", "rollout-0", &mine).ok());
+  EXPECT_OK(Register("a-tok", "rollout-0", &mine));
 }
 
 TEST_F(BroadcastSecurityTest, RequestsThatDoNotParseAreInvalidArgumentsNamingTheType) {
@@ -159,8 +159,9 @@ TEST_F(BroadcastSecurityTest, RequestsThatDoNotParseAreInvalidArgumentsNamingThe
   for (const char* method :
        {"/asympo.v1.WeightBroadcast/Register", "/asympo.v1.WeightBroadcast/ReportVersion"}) {
     const grpc::Status s = RawUnaryCall(channel, method, "\x0a\xff\xff\xff\xff\x0f");
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
-    EXPECT_THAT(s.error_message(), HasSubstr("the request is not a valid asympo.v1.")) << method;
+    EXPECT_THAT(
+        s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "the request is not a valid asympo.v1."))
+        << method;
   }
   // Invalid UTF-8 in a string field is named, not logged by protobuf.
   v1::RegisterRequest r;
@@ -168,8 +169,8 @@ TEST_F(BroadcastSecurityTest, RequestsThatDoNotParseAreInvalidArgumentsNamingThe
   std::string bytes = r.SerializeAsString();
   bytes[2] = '\xc3';
   const grpc::Status s = RawUnaryCall(channel, "/asympo.v1.WeightBroadcast/Register", bytes);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("field receiver_id is not valid UTF-8"));
+  EXPECT_THAT(s,
+              StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "field receiver_id is not valid UTF-8"));
 }
 
 }  // namespace
@@ -187,7 +188,7 @@ TEST(BroadcastLimitsTest, AStalledFetchIsCancelledByTheLearner) {
   o.fetch_idle_timeout = absl::Milliseconds(200);
   o.chunk_delay = absl::Seconds(3);  // the stall
   testing::SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = server.NewStub();
   const std::string session = [&] {
     grpc::ClientContext ctx;
@@ -195,7 +196,7 @@ TEST(BroadcastLimitsTest, AStalledFetchIsCancelledByTheLearner) {
     r.set_receiver_id("slow");
     r.set_model_signature(ModelSignature(testing::TestSpecs()));
     v1::RegisterResponse resp;
-    EXPECT_TRUE(stub->Register(&ctx, r, &resp).ok());
+    EXPECT_OK(stub->Register(&ctx, r, &resp));
     return resp.session_id();
   }();
   grpc::ClientContext ctx;
@@ -207,7 +208,7 @@ TEST(BroadcastLimitsTest, AStalledFetchIsCancelledByTheLearner) {
   v1::WeightChunk chunk;
   while (reader->Read(&chunk)) {
   }
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_THAT(reader->Finish(), StatusIs(grpc::StatusCode::CANCELLED));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
   // Its place is free again: two more fetches of this session may start.
   grpc::ClientContext again;

@@ -9,11 +9,13 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
 
 namespace asympo::broadcast {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -57,19 +59,18 @@ struct Subscribed {
 
 TEST(BroadcastSharesTest, AnotherConnectionCannotTakeASubscribedReceiverId) {
   SenderServer server;
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto owner = OwnConnection(server), other = OwnConnection(server);
   v1::RegisterResponse mine, theirs;
-  ASSERT_TRUE(Register(owner.get(), "victim", &mine).ok());
+  ASSERT_OK(Register(owner.get(), "victim", &mine));
   Subscribed stream(owner.get(), mine.session_id());
   ASSERT_TRUE(stream.ok);
   const grpc::Status s = Register(other.get(), "victim", &theirs);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("another connection"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::PERMISSION_DENIED, "another connection"));
   EXPECT_EQ(server.sender().active_receivers(), 1);
   // Its own connection may register again (the receiver's own restart of
   // the session).
-  EXPECT_TRUE(Register(owner.get(), "victim", &mine).ok());
+  EXPECT_OK(Register(owner.get(), "victim", &mine));
 }
 
 TEST(BroadcastSharesTest, RegistrationsAreSharedPerPeerAddress) {
@@ -77,23 +78,23 @@ TEST(BroadcastSharesTest, RegistrationsAreSharedPerPeerAddress) {
   o.max_sessions = 8;
   o.max_sessions_per_principal = 2;
   SenderServer server(o);
-  ASSERT_TRUE(server.Publish(1).ok());
+  ASSERT_OK(server.Publish(1));
   auto stub = OwnConnection(server);
   v1::RegisterResponse r;
-  ASSERT_TRUE(Register(stub.get(), "a", &r).ok());
-  ASSERT_TRUE(Register(stub.get(), "b", &r).ok());
-  ASSERT_TRUE(Register(stub.get(), "b", &r).ok());  // again: its own place
+  ASSERT_OK(Register(stub.get(), "a", &r));
+  ASSERT_OK(Register(stub.get(), "b", &r));
+  ASSERT_OK(Register(stub.get(), "b", &r));  // again: its own place
   const grpc::Status s = Register(stub.get(), "c", &r);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("\"peer 127.0.0.1\" holds 2 registrations"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          "\"peer 127.0.0.1\" holds 2 registrations"));
 }
 
 TEST(BroadcastSharesTest, ARegisteredVersionAboveTheLatestIsTakenAsTheLatest) {
   SenderServer server;
-  ASSERT_TRUE(server.Publish(3).ok());
+  ASSERT_OK(server.Publish(3));
   auto stub = OwnConnection(server);
   v1::RegisterResponse r;
-  ASSERT_TRUE(Register(stub.get(), "liar", &r, uint64_t{1} << 63).ok());
+  ASSERT_OK(Register(stub.get(), "liar", &r, uint64_t{1} << 63));
   Subscribed stream(stub.get(), r.session_id());
   ASSERT_TRUE(stream.ok);
   EXPECT_THAT(server.sender().receiver_versions(), ElementsAre(Pair("liar", 3)));

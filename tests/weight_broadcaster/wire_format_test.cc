@@ -12,9 +12,12 @@
 
 #include "asympo/v1/weight_broadcast.pb.h"
 #include "common/crc32c.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::broadcast {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 std::string Bytes(size_t n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -38,7 +41,7 @@ std::vector<grpc::Slice> Cut(const std::string& wire, const std::vector<size_t>&
 // Parses `slices` and checks every field and the data (and its CRC).
 void ExpectChunk(const std::vector<grpc::Slice>& slices, const v1::WeightChunk& want) {
   absl::StatusOr<ChunkView> c = ParseChunk(slices);
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->version, want.version());
   EXPECT_EQ(c->bucket, want.bucket());
   EXPECT_EQ(c->offset, want.offset());
@@ -136,7 +139,7 @@ TEST(WireFormatTest, RejectsMalformedChunks) {
   };
   for (const std::string& wire : bad) {
     absl::StatusOr<ChunkView> c = ParseChunk(Cut(wire, {}));
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << "accepted " << wire.size();
+    EXPECT_THAT(c, StatusIs(absl::StatusCode::kDataLoss)) << "accepted " << wire.size();
   }
 }
 
@@ -154,12 +157,12 @@ TEST(WireFormatTest, ReadsTagsAndLengthsAsProtobufDoes) {
   if (c.ok()) {
     EXPECT_EQ(c->version, reference.version());
   } else {
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss);
+    EXPECT_THAT(c, StatusIs(absl::StatusCode::kDataLoss));
   }
   const std::string padded_version("\x88\x80\x80\x80\x00\x05", 6);  // 5-byte tag 8
   ASSERT_TRUE(reference.ParseFromString(padded_version));
   c = ParseChunk(Cut(padded_version, {2}));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->version, 5u);
 
   const std::vector<std::string> bad = {
@@ -172,7 +175,7 @@ TEST(WireFormatTest, ReadsTagsAndLengthsAsProtobufDoes) {
   for (const std::string& wire : bad) {
     ASSERT_FALSE(reference.ParseFromString(wire)) << "protobuf takes case " << wire.size();
     c = ParseChunk(Cut(wire, {}));
-    EXPECT_EQ(c.status().code(), absl::StatusCode::kDataLoss) << "accepted " << wire.size();
+    EXPECT_THAT(c, StatusIs(absl::StatusCode::kDataLoss)) << "accepted " << wire.size();
   }
 }
 

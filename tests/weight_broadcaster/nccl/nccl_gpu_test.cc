@@ -10,12 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/testing/status_matchers.h"
 #include "weight_broadcaster/nccl/nccl_loader.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 
 namespace asympo::broadcast {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -23,10 +25,9 @@ TEST(NcclTransportWithoutGpuTest, CreateFailsCleanlyWhereNoGpuOrNcclIsPresent) {
   if (GpuAvailable()) GTEST_SKIP() << "this machine has a GPU; NcclTransportGpuTest covers it";
   absl::StatusOr<std::unique_ptr<NcclBroadcaster>> b =
       NcclBroadcaster::Create(std::string(128, '\0'), 0, 1, 0);
-  ASSERT_FALSE(b.ok());
-  EXPECT_THAT(b.status().code(),
-              ::testing::AnyOf(absl::StatusCode::kUnavailable, absl::StatusCode::kNotFound,
-                               absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(b, ::testing::AnyOf(StatusIs(absl::StatusCode::kUnavailable),
+                                  StatusIs(absl::StatusCode::kNotFound),
+                                  StatusIs(absl::StatusCode::kFailedPrecondition)));
   EXPECT_THAT(std::string(b.status().message()),
               ::testing::AnyOf(HasSubstr("NCCL"), HasSubstr("CUDA")));
 }
@@ -46,22 +47,22 @@ TEST(NcclTransportWithoutGpuTest, CreateFailsCleanlyWhereNoGpuOrNcclIsPresent) {
 TEST(NcclTransportGpuTest, OneRankBroadcastsAndReadsBackSeveralMiB) {
   SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_OK(id);
   NcclBroadcasterOptions options;
   options.staging_bytes = 2 << 20;  // 1 MiB pieces: a 5 MiB bucket takes 6
   options.timeout = absl::Seconds(30);
   auto b = NcclBroadcaster::Create(*id, 0, 1, 0, options);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ((*b)->piece_bytes(), 1u << 20);
   std::string src((5 << 20) + 123, '\0');
   std::mt19937 rng(6);
   for (char& c : src) c = static_cast<char>(rng());
   std::string copy = src;
-  ASSERT_TRUE((*b)->Broadcast(copy.data(), copy.size()).ok());
+  ASSERT_OK((*b)->Broadcast(copy.data(), copy.size()));
   EXPECT_TRUE(copy == src);
   std::string readback(src.size(), '\0');
   const absl::Time start = absl::Now();
-  ASSERT_TRUE((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()).ok());
+  ASSERT_OK((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()));
   const absl::Duration took = absl::Now() - start;
   EXPECT_TRUE(readback == src);
   RecordProperty("readback_seconds", absl::StrCat(absl::ToDoubleSeconds(took)));
@@ -72,12 +73,12 @@ TEST(NcclTransportGpuTest, OneRankBroadcastsStraightFromDeviceMemory) {
   SKIP_WITHOUT_GPU();
   const NcclApi& api = *LoadNccl().value();
   absl::StatusOr<std::string> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_OK(id);
   NcclBroadcasterOptions options;
   options.staging_bytes = 2 << 20;
   options.timeout = absl::Seconds(30);
   auto b = NcclBroadcaster::Create(*id, 0, 1, 0, options);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   std::string src((3 << 20) + 77, '\0');
   std::mt19937 rng(7);
   for (char& c : src) c = static_cast<char>(rng());
@@ -85,7 +86,7 @@ TEST(NcclTransportGpuTest, OneRankBroadcastsStraightFromDeviceMemory) {
   ASSERT_EQ(api.cudaMalloc(&device, src.size()), nccl::kCudaSuccess);
   ASSERT_EQ(api.cudaMemcpy(device, src.data(), src.size(), nccl::kMemcpyHostToDevice),
             nccl::kCudaSuccess);
-  EXPECT_TRUE((*b)->BroadcastFromDevice(device, src.size()).ok());
+  EXPECT_OK((*b)->BroadcastFromDevice(device, src.size()));
   std::string back(src.size(), '\0');
   ASSERT_EQ(api.cudaMemcpy(back.data(), device, back.size(), nccl::kMemcpyDeviceToHost),
             nccl::kCudaSuccess);
@@ -97,13 +98,12 @@ TEST(NcclTransportGpuTest, OneRankBroadcastsStraightFromDeviceMemory) {
 TEST(NcclTransportGpuTest, InitWatchdogFiresWhenThePeerNeverJoins) {
   SKIP_WITHOUT_GPU();
   absl::StatusOr<std::string> id = NewNcclUniqueId();
-  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_OK(id);
   NcclBroadcasterOptions options;
   options.init_timeout = absl::Seconds(3);
   const absl::Time start = absl::Now();
   auto b = NcclBroadcaster::Create(*id, 0, 2, 0, options);  // rank 1 never comes
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded) << b.status();
+  ASSERT_THAT(b, StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_THAT(b.status().message(),
               AllOf(HasSubstr("communicator init"), HasSubstr("rank 0 of 2")));
   EXPECT_LT(absl::Now() - start, absl::Seconds(60));

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/nccl/fake_nccl.h"
 #include "weight_broadcaster/nccl/nccl_loader.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
@@ -27,6 +28,7 @@
 namespace asympo::broadcast {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
@@ -115,8 +117,7 @@ TEST(NcclLoaderTest, DefaultLoadSucceedsOrNamesTheMissingLibrary) {
     EXPECT_NE((*api)->cudaMemcpyAsync, nullptr);
     return;
   }
-  EXPECT_EQ(api.status().code(), absl::StatusCode::kUnavailable) << api.status();
-  EXPECT_THAT(api.status().message(), HasSubstr("library not found"));
+  EXPECT_THAT(api, StatusIs(absl::StatusCode::kUnavailable, "library not found"));
   EXPECT_THAT(api.status().message(), HasSubstr("gRPC transport"));
 }
 
@@ -124,8 +125,7 @@ TEST(NcclLoaderTest, ReportsALibraryNamedInOptionsThatCannotBeOpened) {
   NcclLoadOptions load = FakeLibraries();
   load.nccl_library = "/nonexistent/libnccl.so.2";
   absl::StatusOr<const NcclApi*> api = LoadNccl(load);
-  ASSERT_FALSE(api.ok());
-  EXPECT_EQ(api.status().code(), absl::StatusCode::kNotFound);
+  ASSERT_THAT(api, StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(api.status().message(),
               AllOf(HasSubstr("NCCL library"), HasSubstr("/nonexistent/libnccl.so.2")));
 }
@@ -133,8 +133,7 @@ TEST(NcclLoaderTest, ReportsALibraryNamedInOptionsThatCannotBeOpened) {
 TEST(NcclLoaderTest, ReportsALibraryNamedInTheEnvironmentThatCannotBeOpened) {
   ScopedEnv cudart("ASYMPO_CUDART_LIBRARY", "/nonexistent/libcudart.so");
   absl::StatusOr<const NcclApi*> api = LoadNccl();
-  ASSERT_FALSE(api.ok());
-  EXPECT_EQ(api.status().code(), absl::StatusCode::kNotFound);
+  ASSERT_THAT(api, StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(api.status().message(),
               AllOf(HasSubstr("CUDA runtime"), HasSubstr("/nonexistent/libcudart.so"),
                     HasSubstr("ASYMPO_CUDART_LIBRARY")));
@@ -144,15 +143,14 @@ TEST(NcclLoaderTest, RejectsALibraryWithoutNcclSymbols) {
   NcclLoadOptions load = FakeLibraries();
   load.nccl_library = "libm.so.6";
   absl::StatusOr<const NcclApi*> api = LoadNccl(load);
-  ASSERT_FALSE(api.ok());
-  EXPECT_EQ(api.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_THAT(api, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(api.status().message(), AllOf(HasSubstr("libm.so.6"), HasSubstr("ncclGetVersion")));
 }
 
 TEST(NcclLoaderTest, LoadsTheFakeAndDecodesVersions) {
   FakeControls::Get().reset();
   absl::StatusOr<const NcclApi*> api = LoadNccl(FakeLibraries());
-  ASSERT_TRUE(api.ok()) << api.status();
+  ASSERT_OK(api);
   EXPECT_EQ((*api)->nccl_version, 22809);
   EXPECT_TRUE((*api)->SupportsNonBlockingInit());
   EXPECT_EQ(*LoadNccl(FakeLibraries()), *api);  // cached
@@ -184,17 +182,17 @@ class NcclTransportFakeTest : public ::testing::Test {
 
 TEST_F(NcclTransportFakeTest, OneRankReadbackRoundTripsAcrossPieceBoundaries) {
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options(16 << 10));
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ((*b)->piece_bytes(), 8u << 10);
   EXPECT_TRUE((*b)->nonblocking());
   for (size_t n : {size_t{1}, size_t{8191}, size_t{8192}, size_t{8193}, size_t{3 * 8192 + 5},
                    size_t{100000}}) {
     const std::string src = RandomBytes(n, static_cast<uint32_t>(n));
     std::string readback(n, '\xEE');
-    ASSERT_TRUE((*b)->BroadcastWithReadback(src.data(), readback.data(), n).ok()) << n;
+    ASSERT_OK((*b)->BroadcastWithReadback(src.data(), readback.data(), n)) << n;
     EXPECT_TRUE(readback == src) << "bytes differ for n = " << n;
     std::string copy = src;
-    ASSERT_TRUE((*b)->Broadcast(copy.data(), n).ok()) << n;
+    ASSERT_OK((*b)->Broadcast(copy.data(), n)) << n;
     EXPECT_TRUE(copy == src) << "the root's buffer changed for n = " << n;
   }
   EXPECT_TRUE((*b)->healthy());
@@ -243,7 +241,7 @@ TEST_F(NcclTransportFakeTest, ThreeRanksReceiveTheRootsBytesInPiecesOfTheRootsSi
   }
   for (std::thread& t : threads) t.join();
   for (int rank = 0; rank < kWorld; ++rank) {
-    ASSERT_TRUE(results[rank].ok()) << "rank " << rank << ": " << results[rank];
+    ASSERT_OK(results[rank]) << "rank " << rank << ": " << results[rank];
     EXPECT_EQ(pieces[rank], 8u << 10) << "rank " << rank;
     ASSERT_EQ(received[rank].size(), buckets.size());
     for (size_t i = 0; i < buckets.size(); ++i) {
@@ -263,10 +261,10 @@ TEST_F(NcclTransportFakeTest, WaitsOutInProgressInitAndEnqueue) {
   config.enqueue_pending_polls = 3;
   Configure(config);
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options());
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   const std::string src = RandomBytes(30000, 1);
   std::string readback(src.size(), '\0');
-  ASSERT_TRUE((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()).ok());
+  ASSERT_OK((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()));
   EXPECT_TRUE(readback == src);
   EXPECT_EQ(FakeStats().use_after_abort, 0);
 }
@@ -278,12 +276,12 @@ TEST_F(NcclTransportFakeTest, WatchdogAbortsAHungBroadcastAndLaterCallsFailFast)
   NcclBroadcasterOptions options = Options();
   options.timeout = absl::Milliseconds(100);
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, options);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   std::string bucket = RandomBytes(20000, 2);
   const absl::Time start = absl::Now();
   absl::Status status = (*b)->Broadcast(bucket.data(), bucket.size());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_THAT(status.message(),
               AllOf(HasSubstr("broadcast of 20000 bytes"), HasSubstr("rank 0 of 1"),
                     HasSubstr("timed out"), HasSubstr("communicator aborted")));
@@ -291,7 +289,7 @@ TEST_F(NcclTransportFakeTest, WatchdogAbortsAHungBroadcastAndLaterCallsFailFast)
   EXPECT_EQ(FakeStats().aborts, 1);
 
   absl::Status again = (*b)->Broadcast(bucket.data(), bucket.size());
-  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again, StatusIs(absl::StatusCode::kFailedPrecondition));
   EXPECT_THAT(again.message(), AllOf(HasSubstr("aborted earlier"), HasSubstr("timed out")));
   b->reset();
   EXPECT_EQ(FakeStats().aborts, 1);  // never twice
@@ -303,8 +301,7 @@ TEST_F(NcclTransportFakeTest, InitTimesOutAndAbortsWhenAPeerNeverJoins) {
   NcclBroadcasterOptions options = Options();
   options.init_timeout = absl::Milliseconds(100);
   auto b = NcclBroadcaster::Create(NewId(), 0, 2, 0, options);
-  ASSERT_FALSE(b.ok());
-  EXPECT_EQ(b.status().code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_THAT(b, StatusIs(absl::StatusCode::kDeadlineExceeded));
   EXPECT_THAT(b.status().message(), AllOf(HasSubstr("communicator init"), HasSubstr("rank 0 of 2"),
                                           HasSubstr("aborted")));
   EXPECT_EQ(FakeStats().aborts, 1);
@@ -316,19 +313,17 @@ TEST_F(NcclTransportFakeTest, BlockingInitOnAHelperThreadWorksAndIsAbandonedOnTi
   options.nonblocking_init = false;
   {
     auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, options);
-    ASSERT_TRUE(b.ok()) << b.status();
+    ASSERT_OK(b);
     EXPECT_FALSE((*b)->nonblocking());
     const std::string src = RandomBytes(10000, 3);
     std::string readback(src.size(), '\0');
-    ASSERT_TRUE((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()).ok());
+    ASSERT_OK((*b)->BroadcastWithReadback(src.data(), readback.data(), src.size()));
     EXPECT_TRUE(readback == src);
   }
   const int aborts_before = FakeStats().aborts;
   options.init_timeout = absl::Milliseconds(100);
   auto hung = NcclBroadcaster::Create(NewId(), 0, 2, 0, options);
-  ASSERT_FALSE(hung.ok());
-  EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_THAT(hung.status().message(), HasSubstr("helper thread"));
+  ASSERT_THAT(hung, StatusIs(absl::StatusCode::kDeadlineExceeded, "helper thread"));
   // When the stuck ncclCommInitRank finally returns, its communicator is
   // aborted by the abandoned thread.
   FakeControls::Get().release_blocked_inits();
@@ -343,12 +338,12 @@ TEST_F(NcclTransportFakeTest, AsyncErrorFromAPeerAbortsAndIsReported) {
   config.fail_from_broadcast = 1;
   Configure(config);
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options());
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   std::string bucket = RandomBytes(5000, 4);
   const absl::Time start = absl::Now();
   absl::Status status = (*b)->Broadcast(bucket.data(), bucket.size());
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));  // not the 20 s watchdog
-  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_THAT(status.message(), AllOf(HasSubstr("ncclRemoteError"), HasSubstr("rank 0 of 1")));
   EXPECT_FALSE((*b)->healthy());
   EXPECT_EQ(FakeStats().aborts, 1);
@@ -359,7 +354,7 @@ TEST_F(NcclTransportFakeTest, CancelFromAnotherThreadAbortsAWaitingBroadcast) {
   config.hang_from_broadcast = 1;
   Configure(config);
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options());
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   NcclBroadcaster* broadcaster = b->get();
   std::thread canceller([&] {
     while (FakeStats().enqueued < 2) std::this_thread::yield();  // the bucket is in flight
@@ -368,31 +363,31 @@ TEST_F(NcclTransportFakeTest, CancelFromAnotherThreadAbortsAWaitingBroadcast) {
   std::string bucket = RandomBytes(5000, 5);
   absl::Status status = broadcaster->Broadcast(bucket.data(), bucket.size());
   canceller.join();
-  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kCancelled));
   EXPECT_FALSE(broadcaster->healthy());
   EXPECT_EQ(FakeStats().aborts, 1);
 }
 
 TEST_F(NcclTransportFakeTest, CancelWhileIdleFailsTheNextCall) {
   auto b = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options());
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   (*b)->Cancel();
   std::string bucket = "abc";
-  EXPECT_EQ((*b)->Broadcast(bucket.data(), bucket.size()).code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT((*b)->Broadcast(bucket.data(), bucket.size()),
+              StatusIs(absl::StatusCode::kCancelled));
   EXPECT_FALSE((*b)->healthy());
 }
 
 TEST_F(NcclTransportFakeTest, RejectsBadArgumentsBeforeTouchingNccl) {
   const std::string id = NewId();
-  EXPECT_EQ(NcclBroadcaster::Create("short", 0, 1, 0, Options()).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NcclBroadcaster::Create(id, 2, 2, 0, Options()).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(NcclBroadcaster::Create(id, 0, 1, 0, Options(100)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(NcclBroadcaster::Create("short", 0, 1, 0, Options()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(NcclBroadcaster::Create(id, 2, 2, 0, Options()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(NcclBroadcaster::Create(id, 0, 1, 0, Options(100)),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   absl::Status no_device = NcclBroadcaster::Create(id, 0, 1, 3, Options()).status();
-  EXPECT_EQ(no_device.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(no_device.message(), HasSubstr("only 1"));
+  EXPECT_THAT(no_device, StatusIs(absl::StatusCode::kInvalidArgument, "only 1"));
   EXPECT_EQ(FakeStats().inits, 0);
 }
 
@@ -402,8 +397,7 @@ TEST_F(NcclTransportFakeTest, NoCudaDeviceFailsCleanly) {
   Configure(config);
   EXPECT_FALSE(GpuAvailable(FakeLibraries()));
   absl::Status status = NcclBroadcaster::Create(NewId(), 0, 1, 0, Options()).status();
-  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(status.message(), HasSubstr("cudaErrorNoDevice"));
+  EXPECT_THAT(status, StatusIs(absl::StatusCode::kFailedPrecondition, "cudaErrorNoDevice"));
 }
 
 TEST_F(NcclTransportFakeTest, UniqueIdsAre128BytesAndDistinct) {
