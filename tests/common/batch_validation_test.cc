@@ -1,4 +1,5 @@
 #include "common/batch_validation.h"
+#include "tests/testing/status_matchers.h"
 
 #include <cmath>
 #include <functional>
@@ -9,6 +10,7 @@
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 BatchLimits Limits() {
@@ -53,8 +55,7 @@ TEST_P(InvalidBatchTest, IsRejectedWithAMessageNamingGroupAndRule) {
   BatchLimits limits = Limits();
   GetParam().mutate(&batch, &limits);
   const absl::Status s = ValidateRolloutBatch(batch, limits);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_THAT(std::string(s.message()), HasSubstr(GetParam().message));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, GetParam().message));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -146,7 +147,7 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 TEST(BatchValidationTest, AcceptsAValidBatch) {
-  EXPECT_TRUE(ValidateRolloutBatch(ValidBatch(), Limits()).ok());
+  EXPECT_OK(ValidateRolloutBatch(ValidBatch(), Limits()));
 }
 
 TEST(BatchValidationTest, AcceptsBehaviorLogProbsWhenWellFormed) {
@@ -159,7 +160,7 @@ TEST(BatchValidationTest, AcceptsBehaviorLogProbsWhenWellFormed) {
       r.add_behavior_logprobs(0.0f);
     }
   }
-  EXPECT_TRUE(ValidateRolloutBatch(b, l).ok());
+  EXPECT_OK(ValidateRolloutBatch(b, l));
 }
 
 TEST(BatchValidationTest, EscapesUntrustedPromptIdsInMessages) {
@@ -190,14 +191,14 @@ TEST(BatchValidationTest, ChecksTheLimitsThemselves) {
                 HasSubstr("max_abs_reward must be in (0, 3.4e+38]"))
         << bad;
   }
-  EXPECT_TRUE(ValidateBatchLimits(Limits()).ok());
+  EXPECT_OK(ValidateBatchLimits(Limits()));
 }
 
 TEST(BatchValidationTest, AcceptsRewardsAtTheBound) {
   v1::RolloutBatch b = ValidBatch();
   b.mutable_groups(0)->mutable_responses(0)->set_reward(1e6f);
   b.mutable_groups(0)->mutable_responses(1)->set_reward(-1e6f);
-  EXPECT_TRUE(ValidateRolloutBatch(b, Limits()).ok());
+  EXPECT_OK(ValidateRolloutBatch(b, Limits()));
 }
 
 TEST(BatchValidationTest, CountsGroupsResponsesAndTokens) {

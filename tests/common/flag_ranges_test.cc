@@ -7,6 +7,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/time/time.h"
+#include "tests/testing/status_matchers.h"
 
 ABSL_FLAG(double, test_rate, 0.5, "A ranged double.");
 ASYMPO_FLAG_RANGE(test_rate, 0, 1);
@@ -19,6 +20,7 @@ ABSL_FLAG(bool, test_switch, false, "Not numeric: needs no range.");
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr char kThisFile[] = "tests/common/flag_ranges_test.cc";
@@ -32,14 +34,12 @@ class FlagRangesTest : public ::testing::Test {
   }
 };
 
-TEST_F(FlagRangesTest, TheDefaultsAreWithinTheirRanges) {
-  EXPECT_TRUE(CheckFlagRanges(kThisFile).ok()) << CheckFlagRanges(kThisFile);
-}
+TEST_F(FlagRangesTest, TheDefaultsAreWithinTheirRanges) { EXPECT_OK(CheckFlagRanges(kThisFile)); }
 
 TEST_F(FlagRangesTest, AValueOutsideItsRangeIsNamedWithTheRange) {
   absl::SetFlag(&FLAGS_test_rate, 1e9);
   absl::Status s = CheckFlagRanges(kThisFile);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(s.message(), "--test_rate=1000000000: expected 0 to 1");
   absl::SetFlag(&FLAGS_test_rate, 0.5);
   absl::SetFlag(&FLAGS_test_count, -1);
@@ -60,7 +60,7 @@ TEST_F(FlagRangesTest, TheBoundsAreInclusive) {
   absl::SetFlag(&FLAGS_test_rate, 1.0);
   absl::SetFlag(&FLAGS_test_count, 1 << 20);
   absl::SetFlag(&FLAGS_test_wait, absl::Milliseconds(1));
-  EXPECT_TRUE(CheckFlagRanges(kThisFile).ok());
+  EXPECT_OK(CheckFlagRanges(kThisFile));
 }
 
 TEST_F(FlagRangesTest, TheRangeTextIsWhatHelpShows) {
@@ -72,8 +72,7 @@ TEST_F(FlagRangesTest, TheRangeTextIsWhatHelpShows) {
 TEST_F(FlagRangesTest, ANumericFlagWithoutARangeIsABuildDefect) {
   // flag_ranges_unranged.cc defines one.
   const absl::Status s = CheckFlagRanges("tests/common/flag_ranges_unranged.cc");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
-  EXPECT_THAT(s.message(), HasSubstr("--test_unranged has no documented range"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInternal, "--test_unranged has no documented range"));
 }
 
 }  // namespace

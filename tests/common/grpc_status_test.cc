@@ -1,14 +1,17 @@
 #include "common/grpc_status.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gtest/gtest.h>
 
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
+
 TEST(GrpcStatusTest, KeepsCodeAndMessageBothWays) {
-  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  EXPECT_OK(ToGrpcStatus(absl::OkStatus()));
   const grpc::Status g = ToGrpcStatus(absl::ResourceExhaustedError("queue full"));
-  EXPECT_EQ(g.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(g, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
   EXPECT_EQ(g.error_message(), "queue full");
   // Every code maps to the same number in both vocabularies.
   for (int code = 1; code <= 16; ++code) {
@@ -19,10 +22,10 @@ TEST(GrpcStatusTest, KeepsCodeAndMessageBothWays) {
 }
 
 TEST(GrpcStatusTest, NamesTheCallInTheMessage) {
-  EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK, "Register").ok());
+  EXPECT_OK(FromGrpcStatus(grpc::Status::OK, "Register"));
   const absl::Status s =
       FromGrpcStatus(grpc::Status(grpc::StatusCode::UNAVAILABLE, "connection refused"), "Register");
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(s.message(), "Register: connection refused");
 }
 

@@ -9,20 +9,22 @@
 
 #include "common/daemon/metric_builders.h"
 #include "tests/testing/http.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::daemon {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(DaemonRuntimeTest, ServesTheRegistryAndNamesTheFlagOnError) {
   auto runtime = DaemonRuntime::Install();
-  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  ASSERT_OK(runtime);
   EXPECT_EQ((*runtime)->metrics_port(), 0);
-  ASSERT_TRUE((*runtime)->ServeMetrics("").ok());  // empty: no endpoint
+  ASSERT_OK((*runtime)->ServeMetrics(""));  // empty: no endpoint
   metrics::AddGauge((*runtime)->registry(), "asympo_test_gauge", "A test gauge.").Set(5);
-  ASSERT_TRUE((*runtime)->ServeMetrics("127.0.0.1:0").ok());
+  ASSERT_OK((*runtime)->ServeMetrics("127.0.0.1:0"));
   EXPECT_THAT(asympo::testing::HttpGet("127.0.0.1", (*runtime)->metrics_port(), "/metrics"),
               HasSubstr("asympo_test_gauge 5"));
   const absl::Status bad = (*runtime)->ServeMetrics(":9464");
@@ -31,9 +33,9 @@ TEST(DaemonRuntimeTest, ServesTheRegistryAndNamesTheFlagOnError) {
 
 TEST(DaemonRuntimeTest, LabelsEverySeriesWithTheRunName) {
   auto runtime = DaemonRuntime::Install();
-  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  ASSERT_OK(runtime);
   metrics::AddGauge((*runtime)->registry(), "asympo_test_gauge", "A test gauge.").Set(5);
-  ASSERT_TRUE((*runtime)->ServeMetrics("127.0.0.1:0", "slurm-4711").ok());
+  ASSERT_OK((*runtime)->ServeMetrics("127.0.0.1:0", "slurm-4711"));
   EXPECT_THAT(asympo::testing::HttpGet("127.0.0.1", (*runtime)->metrics_port(), "/metrics"),
               HasSubstr("asympo_test_gauge{run=\"slurm-4711\"} 5"));
 }
@@ -41,28 +43,27 @@ TEST(DaemonRuntimeTest, LabelsEverySeriesWithTheRunName) {
 TEST(RunNameTest, KeepsAGoodNameAndNamesTheFlagForABadOne) {
   for (const char* good : {"slurm-4711", "exp_3.lr1e-5", "team/a:b@c+d", "x"}) {
     absl::StatusOr<std::string> name = RunName(good);
-    ASSERT_TRUE(name.ok()) << good << ": " << name.status();
+    ASSERT_OK(name) << good << ": " << name.status();
     EXPECT_EQ(*name, good);
   }
-  for (const std::string bad : {std::string("a b"), std::string("quote\""),
-                                std::string("new\nline"), std::string(129, 'x'),
-                                std::string("caf\xc3\xa9")}) {
+  for (const std::string bad :
+       {std::string("a b"), std::string("quote\""), std::string("new\nline"), std::string(129, 'x'),
+        std::string("caf\xc3\xa9")}) {
     const absl::Status s = RunName(bad).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("--run_name"));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "--run_name")) << bad;
   }
 }
 
 TEST(RunNameTest, WithoutANameMakesOneFromTheHostAndTheStartTime) {
   absl::StatusOr<std::string> a = RunName("");
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_THAT(*a, ::testing::MatchesRegex("[A-Za-z0-9._-]+-[0-9]{8}T[0-9]{6}Z-[0-9]+"));
-  EXPECT_TRUE(RunName(*a).ok());  // a made name is a valid name
+  EXPECT_OK(RunName(*a));  // a made name is a valid name
 }
 
 TEST(DaemonRuntimeTest, ASignalDuringTheRunCallsShutdownAndNothingCallsItAfter) {
   auto runtime = DaemonRuntime::Install();
-  ASSERT_TRUE(runtime.ok());
+  ASSERT_OK(runtime);
   std::atomic<int> shutdowns{0};
   const int result = (*runtime)->RunUntilStopped<int>(
       [&] { ++shutdowns; },

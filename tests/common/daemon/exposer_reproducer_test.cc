@@ -28,6 +28,7 @@
 
 #include "common/daemon/metrics_endpoint.h"
 #include "tests/testing/http.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::daemon {
 namespace {
@@ -111,7 +112,7 @@ TEST(ExposerReproducerTest, TheCauseIsTheThreadStackTooSmallForTheStaticTls) {
 TEST(ExposerReproducerTest, TheDaemonsEndpointServesInTheSameProcess) {
   UseLibTorchGrpcAndGlog();
   auto endpoint = MetricsEndpoint::Start("127.0.0.1:0", std::make_shared<prometheus::Registry>());
-  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  ASSERT_OK(endpoint);
   EXPECT_THAT(asympo::testing::HttpGet("127.0.0.1", (*endpoint)->port(), "/metrics"),
               ::testing::StartsWith("HTTP/1.1 200"));
 }

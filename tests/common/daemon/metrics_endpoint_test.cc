@@ -21,6 +21,7 @@
 #include "absl/time/clock.h"
 #include "common/daemon/metric_builders.h"
 #include "tests/testing/http.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::daemon {
@@ -30,6 +31,7 @@ using ::asympo::testing::ConnectTo;
 using ::asympo::testing::HttpBody;
 using ::asympo::testing::HttpExchange;
 using ::asympo::testing::HttpGet;
+using ::asympo::testing::StatusIs;
 using ::asympo::testing::WaitFor;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
@@ -109,7 +111,7 @@ std::shared_ptr<prometheus::Registry> Registry() {
 std::unique_ptr<MetricsEndpoint> Start(const std::string& address,
                                        const MetricsEndpointOptions& options = {}) {
   auto e = MetricsEndpoint::Start(address, Registry(), options);
-  EXPECT_TRUE(e.ok()) << e.status();
+  EXPECT_OK(e);
   return e.ok() ? *std::move(e) : nullptr;
 }
 
@@ -150,7 +152,7 @@ TEST(MetricsEndpointTest, AddsTheRunLabelsToEverySeriesAndKeepsTheSeriesOwn) {
   MetricsEndpointOptions options;
   options.labels = {{"run", "exp-7"}};
   auto e = MetricsEndpoint::Start("127.0.0.1:0", r, options);
-  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_OK(e);
   const std::string body = HttpBody(HttpGet("127.0.0.1", (*e)->port(), "/metrics"));
   EXPECT_THAT(body, HasSubstr("asympo_test_requests_total{run=\"exp-7\"} 3"));
   EXPECT_THAT(body, HasSubstr("asympo_test_dropped_total{reason=\"full\",run=\"exp-7\"} 2"));
@@ -253,11 +255,11 @@ TEST(MetricsEndpointTest, BadAddressesAreNamedErrors) {
   for (const char* address : {":0", "127.0.0.1", "127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:9x",
                               "::1:0", "[::1:0", "[nope]:0"}) {
     auto e = MetricsEndpoint::Start(address, Registry());
-    ASSERT_FALSE(e.ok()) << address;
-    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument) << address;
-    EXPECT_THAT(std::string(e.status().message()), HasSubstr(std::string("\"") + address + "\""));
+    ASSERT_THAT(e, StatusIs(absl::StatusCode::kInvalidArgument, std::string("\"") + address + "\""))
+        << address;
   }
-  EXPECT_FALSE(MetricsEndpoint::Start("127.0.0.1:0", nullptr).ok());
+  EXPECT_THAT(MetricsEndpoint::Start("127.0.0.1:0", nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "without a registry"));
 }
 
 TEST(MetricsEndpointTest, APortInUseIsUnavailableNamingTheAddress) {
@@ -265,9 +267,7 @@ TEST(MetricsEndpointTest, APortInUseIsUnavailableNamingTheAddress) {
   ASSERT_NE(first, nullptr);
   const std::string taken = "127.0.0.1:" + std::to_string(first->port());
   auto second = MetricsEndpoint::Start(taken, Registry());
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr(taken));
+  ASSERT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, taken));
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
 }
 
@@ -349,7 +349,7 @@ TEST(MetricsEndpointTest, ClientsThatDoNotReadTheAnswerDoNotHoldUpScrapes) {
   o.threads = 2;
   o.send_timeout = absl::Seconds(5);
   auto e = MetricsEndpoint::Start("127.0.0.1:0", r, o);
-  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_OK(e);
   std::vector<int> readers;
   for (int i = 0; i < o.threads; ++i) {
     readers.push_back(ConnectTo("127.0.0.1", (*e)->port()));

@@ -6,16 +6,18 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::daemon {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::asympo::testing::WaitFor;
 
 TEST(StopSignalsTest, TheFirstSignalCallsStopOnce) {
   auto signals = StopSignals::Install();
-  ASSERT_TRUE(signals.ok()) << signals.status();
+  ASSERT_OK(signals);
   std::atomic<int> calls{0};
   (*signals)->OnStop([&] { ++calls; });
   ASSERT_EQ(::raise(SIGTERM), 0);
@@ -27,7 +29,7 @@ TEST(StopSignalsTest, TheFirstSignalCallsStopOnce) {
 
 TEST(StopSignalsTest, ASignalBeforeOnStopIsNotLost) {
   auto signals = StopSignals::Install();
-  ASSERT_TRUE(signals.ok());
+  ASSERT_OK(signals);
   ASSERT_EQ(::raise(SIGINT), 0);
   std::atomic<int> calls{0};
   (*signals)->OnStop([&] { ++calls; });
@@ -36,7 +38,7 @@ TEST(StopSignalsTest, ASignalBeforeOnStopIsNotLost) {
 
 TEST(StopSignalsTest, DestructionEndsTheWatcherWithoutCallingStop) {
   auto signals = StopSignals::Install();
-  ASSERT_TRUE(signals.ok());
+  ASSERT_OK(signals);
   std::atomic<int> calls{0};
   (*signals)->OnStop([&] { ++calls; });
   const absl::Time t0 = absl::Now();
@@ -44,12 +46,12 @@ TEST(StopSignalsTest, DestructionEndsTheWatcherWithoutCallingStop) {
   EXPECT_LT(absl::Now() - t0, absl::Seconds(1));
   EXPECT_EQ(calls.load(), 0);
   // A new instance can be installed once the old one is gone.
-  EXPECT_TRUE(StopSignals::Install().ok());
+  EXPECT_OK(StopSignals::Install());
 }
 
 TEST(StopSignalsTest, DestructionWaitsForAStopInProgress) {
   auto signals = StopSignals::Install();
-  ASSERT_TRUE(signals.ok());
+  ASSERT_OK(signals);
   std::atomic<bool> started{false}, finished{false};
   (*signals)->OnStop([&] {
     started = true;
@@ -64,10 +66,9 @@ TEST(StopSignalsTest, DestructionWaitsForAStopInProgress) {
 
 TEST(StopSignalsTest, OnlyOneInstanceAtATime) {
   auto first = StopSignals::Install();
-  ASSERT_TRUE(first.ok());
+  ASSERT_OK(first);
   auto second = StopSignals::Install();
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_THAT(second, StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
 }  // namespace

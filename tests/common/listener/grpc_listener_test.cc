@@ -26,12 +26,14 @@
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "tests/testing/log_lines.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo {
 namespace {
 
 using ::asympo::testing::LineCounter;
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr uint64_t kVersion = 7;
@@ -135,7 +137,7 @@ TEST(GrpcListenerTest, ServesCallsOnAPickedPort) {
   EXPECT_EQ(s.listener->bound_address(), "127.0.0.1:" + std::to_string(s.listener->port()));
   uint64_t version = 0;
   const grpc::Status status = CallStatus(s.listener->bound_address(), &version);
-  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_OK(status);
   EXPECT_EQ(version, kVersion);
   EXPECT_EQ(s.listener->stats().accepted, 1);
 }
@@ -144,8 +146,8 @@ TEST(GrpcListenerTest, ServesANameOnEachOfItsAddresses) {
   Served s("localhost:0");
   ASSERT_NE(s.listener, nullptr);
   const std::string port = std::to_string(s.listener->port());
-  EXPECT_TRUE(CallStatus("127.0.0.1:" + port).ok());
-  EXPECT_TRUE(CallStatus("localhost:" + port).ok());
+  EXPECT_OK(CallStatus("127.0.0.1:" + port));
+  EXPECT_OK(CallStatus("localhost:" + port));
 }
 
 TEST(GrpcListenerTest, ServesBracketedIpv6) {
@@ -160,7 +162,7 @@ TEST(GrpcListenerTest, ServesBracketedIpv6) {
   Served s("[::1]:0");
   ASSERT_NE(s.listener, nullptr);
   EXPECT_EQ(s.listener->bound_address(), "[::1]:" + std::to_string(s.listener->port()));
-  EXPECT_TRUE(CallStatus(s.listener->bound_address()).ok());
+  EXPECT_OK(CallStatus(s.listener->bound_address()));
 }
 
 TEST(GrpcListenerTest, ASecondBindOnThePortFailsNamingTheAddress) {
@@ -169,11 +171,9 @@ TEST(GrpcListenerTest, ASecondBindOnThePortFailsNamingTheAddress) {
   const std::string address = first.listener->bound_address();
   grpc::ServerBuilder builder;
   auto second = GrpcListener::Bind(address, grpc::InsecureServerCredentials(), &builder);
-  ASSERT_FALSE(second.ok());
-  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr("cannot listen on " + address));
+  ASSERT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, "cannot listen on " + address));
   EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
-  EXPECT_TRUE(CallStatus(address).ok()) << "the first still serves";
+  EXPECT_OK(CallStatus(address)) << "the first still serves";
 }
 
 TEST(GrpcListenerTest, RejectsMalformedAddresses) {
@@ -181,9 +181,8 @@ TEST(GrpcListenerTest, RejectsMalformedAddresses) {
        {"127.0.0.1", "127.0.0.1:65536", "::1:80", "[::1:80", ":80", "[nothost]:80"}) {
     grpc::ServerBuilder builder;
     auto bound = GrpcListener::Bind(address, grpc::InsecureServerCredentials(), &builder);
-    ASSERT_FALSE(bound.ok()) << address;
-    EXPECT_EQ(bound.status().code(), absl::StatusCode::kInvalidArgument) << address;
-    EXPECT_THAT(std::string(bound.status().message()), HasSubstr("\"" + address + "\""));
+    ASSERT_THAT(bound, StatusIs(absl::StatusCode::kInvalidArgument, "\"" + address + "\""))
+        << address;
   }
 }
 
@@ -300,7 +299,7 @@ TEST(GrpcListenerTest, ClosesConnectionsWithoutAnAuthorizedCallAfterTheGrace) {
 TEST(GrpcListenerTest, DestructorIsPrompt) {
   Served s("127.0.0.1:0");
   ASSERT_NE(s.listener, nullptr);
-  ASSERT_TRUE(CallStatus(s.listener->bound_address()).ok());
+  ASSERT_OK(CallStatus(s.listener->bound_address()));
   const int idle = ConnectIdle(s.listener->port());
   const absl::Time t0 = absl::Now();
   s.listener.reset();

@@ -11,10 +11,12 @@
 
 #include "common/tokenizer/tokenizer_text.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using tokenizer_internal::BytesToByteLevel;
@@ -125,7 +127,7 @@ std::string TestTokenizerJson(const Options& options = {}) {
 
 std::unique_ptr<Tokenizer> Load(const Options& options = {}) {
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(TestTokenizerJson(options));
-  EXPECT_TRUE(tok.ok()) << tok.status();
+  EXPECT_OK(tok);
   return tok.ok() ? *std::move(tok) : nullptr;
 }
 
@@ -164,7 +166,7 @@ TEST(TokenizerTest, RoundTripsText) {
         "emoji \xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x92\xbb\xf0\x9f\x8f\xbd",
         "$\\frac{1}{2}$ 1234567890", "control \x01\x7f bytes"}) {
     absl::StatusOr<std::string> decoded = tok->Decode(tok->Encode(s));
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    ASSERT_OK(decoded);
     EXPECT_EQ(*decoded, s);
   }
 }
@@ -226,9 +228,9 @@ TEST(TokenizerTest, DecodeRejectsUnknownIdsNamingThem) {
   auto tok = Load();
   for (int32_t bad : {-1, 280, 100000}) {
     absl::StatusOr<std::string> s = tok->Decode({kHello, bad});
-    ASSERT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(s.status().message()),
-                HasSubstr("token id " + std::to_string(bad) + " at position 1"));
+    ASSERT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                            "token id " + std::to_string(bad) + " at position 1"))
+        << bad;
   }
 }
 
@@ -354,21 +356,19 @@ TEST(TokenizerErrorsTest, NameWhatIsUnsupportedOrWrong) {
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const absl::Status s = LoadError(cases[i].mutate);
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << "case " << i << ": " << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr(cases[i].message)) << "case " << i;
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, cases[i].message))
+        << "case " << i << ": " << s;
   }
 }
 
 TEST(TokenizerErrorsTest, RejectsMalformedJson) {
   const absl::Status s = Tokenizer::FromJson("{\"model\": ").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("not valid JSON"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "not valid JSON"));
 }
 
 TEST(TokenizerErrorsTest, MissingFileIsNotFoundNamingThePath) {
   const absl::Status s = Tokenizer::FromFile("/nonexistent/dir/tokenizer.json").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("/nonexistent/dir/tokenizer.json"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, "/nonexistent/dir/tokenizer.json"));
 }
 
 TEST(TokenizerErrorsTest, FileErrorsNameThePath) {

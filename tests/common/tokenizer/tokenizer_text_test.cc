@@ -1,4 +1,5 @@
 #include "common/tokenizer/tokenizer_text.h"
+#include "tests/testing/status_matchers.h"
 
 #include <string>
 #include <utility>
@@ -11,6 +12,7 @@ namespace asympo {
 namespace tokenizer_internal {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
@@ -38,10 +40,9 @@ TEST(Utf8Test, RepairReplacesEachMaximalInvalidPart) {
 }
 
 TEST(Utf8Test, ValidateNamesTheOffset) {
-  EXPECT_TRUE(ValidateUtf8("h\xc3\xa9llo").ok());
+  EXPECT_OK(ValidateUtf8("h\xc3\xa9llo"));
   const absl::Status s = ValidateUtf8("abc\xff");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("byte 3 (0xFF)"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "byte 3 (0xFF)"));
 }
 
 TEST(NormalizeTest, ComposesAndDecomposes) {
@@ -67,7 +68,7 @@ TEST(ByteLevelTest, MapsEveryByteReversibly) {
 
 std::vector<std::pair<size_t, size_t>> FindAll(const char* pattern, const std::string& text) {
   auto re = Regex::Compile(pattern);
-  EXPECT_TRUE(re.ok()) << re.status();
+  EXPECT_OK(re);
   std::vector<std::pair<size_t, size_t>> spans;
   if (re.ok()) (*re)->FindAll(text, &spans);
   return spans;
@@ -102,8 +103,7 @@ TEST(RegexTest, LongInputsDoNotExhaustTheMatcher) {
 
 TEST(RegexTest, BadPatternNamesItself) {
   auto re = Regex::Compile("(?<bad");
-  ASSERT_FALSE(re.ok());
-  EXPECT_THAT(std::string(re.status().message()), HasSubstr("(?<bad"));
+  EXPECT_THAT(re, StatusIs(absl::StatusCode::kInvalidArgument, "(?<bad"));
 }
 
 }  // namespace

@@ -10,9 +10,13 @@
 
 #include "asympo/v1/rollout.pb.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo {
 namespace {
+
+using ::asympo::testing::IsOk;
+using ::asympo::testing::StatusIs;
 
 BatchLimits Limits() {
   BatchLimits l;
@@ -59,9 +63,9 @@ void Tag(std::string* out, int field, int wire_type) {
 TEST(WireCheckTest, AcceptsAValidBatchAndItParsesToTheSameMessage) {
   const v1::RolloutBatch b = ValidBatch();
   const std::string bytes = b.SerializeAsString();
-  ASSERT_TRUE(Check(bytes).ok()) << Check(bytes);
+  ASSERT_OK(Check(bytes));
   v1::RolloutBatch parsed;
-  ASSERT_TRUE(ParseCheckedWire({bytes}, &parsed).ok());
+  ASSERT_OK(ParseCheckedWire({bytes}, &parsed));
   EXPECT_EQ(parsed.SerializeAsString(), bytes);
 }
 
@@ -73,13 +77,13 @@ TEST(WireCheckTest, AnswersTheSameWhateverTheSlicing) {
   for (size_t i = 0; i < bytes.size(); ++i) one_byte.emplace_back(bytes.data() + i, 1);
   const absl::Status whole = Check(bytes);
   const absl::Status sliced = CheckRolloutBatchWire(one_byte, Limits());
-  EXPECT_FALSE(whole.ok());
+  EXPECT_THAT(whole, ::testing::Not(IsOk()));
   EXPECT_EQ(whole, sliced);
   const std::string valid = ValidBatch().SerializeAsString();
   WireSlices halves = {absl::string_view(valid).substr(0, 7), absl::string_view(valid).substr(7)};
-  EXPECT_TRUE(CheckRolloutBatchWire(halves, Limits()).ok());
+  EXPECT_OK(CheckRolloutBatchWire(halves, Limits()));
   v1::RolloutBatch parsed;
-  ASSERT_TRUE(ParseCheckedWire(halves, &parsed).ok());
+  ASSERT_OK(ParseCheckedWire(halves, &parsed));
   EXPECT_EQ(parsed.SerializeAsString(), valid);
 }
 
@@ -160,7 +164,7 @@ TEST(WireCheckTest, CountMessagesMatchTheValidators) {
   }
   for (const v1::RolloutBatch& b : bad) {
     const absl::Status expected = ValidateRolloutBatch(b, Limits());
-    ASSERT_FALSE(expected.ok());
+    ASSERT_THAT(expected, ::testing::Not(IsOk()));
     EXPECT_EQ(Check(b.SerializeAsString()), expected);
   }
 }
@@ -198,7 +202,7 @@ TEST(WireCheckTest, MalformedBytesAreNamedAsSuch) {
   const std::string valid = ValidBatch().SerializeAsString();
   for (size_t cut : {size_t{1}, valid.size() / 2, valid.size() - 1}) {
     const absl::Status s = Check(valid.substr(0, cut));
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << cut;
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument)) << cut;
     EXPECT_TRUE(
         absl::StartsWith(s.message(), "the request is not a valid asympo.v1.RolloutBatch: "))
         << s;
@@ -206,7 +210,7 @@ TEST(WireCheckTest, MalformedBytesAreNamedAsSuch) {
   std::string group_wire_type;
   Tag(&group_wire_type, 5, 3);
   EXPECT_TRUE(absl::StrContains(Check(group_wire_type).message(), "group wire type"));
-  EXPECT_FALSE(Check("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff").ok());
+  EXPECT_THAT(Check("\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff"), ::testing::Not(IsOk()));
 }
 
 // Faults found by fuzzing (tests/fuzz/corpus/wire_check/crash-*): each was
@@ -250,7 +254,7 @@ TEST(WireCheckTest, BoundsUnknownFieldsButKeepsAFew) {
     extra.push_back('\x01');
   }
   std::string bytes = b.SerializeAsString() + extra;
-  EXPECT_TRUE(Check(bytes).ok());
+  EXPECT_OK(Check(bytes));
   std::string many;
   for (int i = 0; i < 65; ++i) {
     Tag(&many, 100, 0);
@@ -272,7 +276,7 @@ TEST(WireCheckTest, GenericCheckNamesTheTypeAndTheField) {
   r.set_receiver_id("rollout-0");
   r.add_transports(v1::TRANSPORT_GRPC);
   const auto& type = *v1::RegisterRequest::descriptor();
-  EXPECT_TRUE(CheckMessageWire(type, {r.SerializeAsString()}).ok());
+  EXPECT_OK(CheckMessageWire(type, {r.SerializeAsString()}));
   r.set_receiver_id("bad\xff");
   EXPECT_EQ(CheckMessageWire(type, {r.SerializeAsString()}).message(),
             "the request is not a valid asympo.v1.RegisterRequest: field receiver_id is not valid "
@@ -285,7 +289,8 @@ TEST(WireCheckTest, GenericCheckNamesTheTypeAndTheField) {
   small.max_bytes = 4;
   EXPECT_TRUE(absl::StrContains(CheckMessageWire(type, {r.SerializeAsString()}, small).message(),
                                 "a asympo.v1.RegisterRequest is at most 4"));
-  EXPECT_FALSE(CheckMessageWire(type, {"\x0a\x05"}).ok());  // a length past the end
+  EXPECT_THAT(CheckMessageWire(type, {"\x0a\x05"}),
+              ::testing::Not(IsOk()));  // a length past the end
 }
 
 TEST(WireCheckTest, Utf8Rules) {
