@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/security/tls.h"
+#include "common/submit_retry.h"
 #include "rollout_server/batch_assembler.h"
 
 namespace asympo::rollout {
@@ -66,7 +67,7 @@ SubmitClient::SubmitClient(SubmitClientOptions options, SubmitMetrics* metrics)
       metrics_(metrics),
       channel_(LearnerChannel(options_)),
       stub_(v1::Learner::NewStub(channel_)),
-      backoff_(options_.min_backoff),
+      backoff_(options_.min_backoff, options_.max_backoff),
       batch_id_prefix_(BatchIdPrefix(options_.source)) {
   metrics_->buffer_capacity.Set(static_cast<double>(options_.max_buffered_groups));
   metrics_->connected.Set(0);
@@ -180,29 +181,39 @@ SubmitClient::Outcome SubmitClient::Connect() {
   if (!s.ok()) {
     CountError(s.error_code());
     metrics_->connected.Set(0);
+    if (DecideGetStatus(s.error_code(), RetryHintOf(ctx).has_value()) == SubmitDecision::kFatal) {
+      Stop(FromGrpcStatus(s, absl::StrCat("the learner at ", options_.learner_address,
+                                          " refused GetStatus: ", GrpcCodeName(s.error_code()))));
+      return Outcome::kStop;
+    }
+    const absl::Duration wait = backoff_.Next(std::nullopt);
     LOG_EVERY_N(WARNING, 10) << "learner at " << options_.learner_address << " unavailable ("
                              << s.error_message() << "); retrying in "
-                             << absl::FormatDuration(backoff_);
-    Pause(backoff_);
-    NextBackoff();
+                             << absl::FormatDuration(wait);
+    Pause(wait);
     return Outcome::kRetry;
   }
   const absl::Status accepted =
       options_.check_status ? options_.check_status(status) : absl::OkStatus();
-  absl::MutexLock lock(&mu_);
   if (!accepted.ok()) {
-    refused_ = accepted;
-    stopping_ = true;
-    drain_deadline_ = absl::Now();
+    Stop(accepted);
     return Outcome::kStop;
   }
+  absl::MutexLock lock(&mu_);
   status_ = status;
   connected_ = true;
-  backoff_ = options_.min_backoff;
+  backoff_.Reset();
   metrics_->connected.Set(1);
   LOG(INFO) << "connected to the learner at " << options_.learner_address << " (version "
             << status.version() << ", objective " << status.objective() << ")";
   return Outcome::kSent;
+}
+
+void SubmitClient::Stop(absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  refused_ = std::move(why);
+  stopping_ = true;
+  drain_deadline_ = absl::Now();
 }
 
 std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
@@ -236,50 +247,65 @@ std::optional<v1::RolloutBatch> SubmitClient::TakeBatch() {
 void SubmitClient::Retry(v1::RolloutBatch batch) { retry_ = std::move(batch); }
 
 void SubmitClient::Send(v1::RolloutBatch batch) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(GrpcDeadline(options_.submit_timeout));
   v1::SubmitResponse response;
-  const grpc::Status s = stub_->Submit(&ctx, batch, &response);
+  const SubmitAttempt a = SubmitUntilSettled(
+      *stub_, batch, {options_.submit_timeout, /*wait_for_ready=*/false}, backoff_,
+      [this](const SubmitAttempt& a) {
+        CountError(a.status.error_code());
+        if (a.hinted) {  // the learner is there and busy: wait its hint and send again
+          VLOG(1) << "learner queue full; retrying in " << absl::FormatDuration(a.wait);
+          Pause(a.wait);
+          return !Done();
+        }
+        // Perhaps not accepted: read the learner's status again (it may
+        // have restarted), then the same batch with the same id.
+        LOG(WARNING) << "submit failed (" << GrpcCodeName(a.status.error_code()) << ": "
+                     << a.status.error_message() << "); reconnecting";
+        connected_ = false;
+        metrics_->connected.Set(0);
+        Pause(a.wait);
+        return false;
+      },
+      &response);
   const int n = batch.groups_size();
-  if (s.ok()) {
-    if (response.duplicate_batches() > 0) {
-      VLOG(1) << "batch " << batch.batch_id() << " had been accepted before its retry";
-    }
-    metrics_->groups_sent.Increment(n);
-    absl::MutexLock lock(&mu_);
-    accepted_groups_ += n;
-    in_flight_ = 0;
-    UpdateBufferGaugeLocked();
-    return;
+  switch (a.decision) {
+    case SubmitDecision::kAccepted:
+      Accepted(batch, response);
+      return;
+    case SubmitDecision::kRetry:
+      Retry(std::move(batch));  // sent first once connected, or counted by the drain
+      return;
+    case SubmitDecision::kDropBatch:
+      // The learner will never accept these groups (for example they break
+      // a limit it changed, or the batch is over its message size): drop
+      // and count them, and read its status (objective, limits) again.
+      CountError(a.status.error_code());
+      LOG(ERROR) << "the learner rejected a batch of " << n
+                 << " groups: " << a.status.error_message();
+      metrics_->dropped_rejected.Increment(n);
+      connected_ = false;
+      break;
+    case SubmitDecision::kFatal:
+      CountError(a.status.error_code());
+      Retry(std::move(batch));  // counted with the buffer as not sent before shutdown
+      Stop(FromGrpcStatus(a.status, absl::StrCat("the learner refused a batch: ",
+                                                 GrpcCodeName(a.status.error_code()))));
+      return;
   }
-  CountError(s.error_code());
-  if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
-      s.error_code() == grpc::StatusCode::FAILED_PRECONDITION || IsFinalResourceExhausted(s, ctx)) {
-    // The learner will never accept these groups (for example it switched
-    // to grpo and wants behavior log-probs, or the batch is over its
-    // message size): drop and count them, and read its status (objective,
-    // limits) again.
-    LOG(ERROR) << "the learner rejected a batch of " << n << " groups: " << s.error_message();
-    metrics_->dropped_rejected.Increment(n);
-    connected_ = false;
-    absl::MutexLock lock(&mu_);
-    in_flight_ = 0;
-    UpdateBufferGaugeLocked();
-    return;
+  absl::MutexLock lock(&mu_);
+  in_flight_ = 0;
+  UpdateBufferGaugeLocked();
+}
+
+void SubmitClient::Accepted(const v1::RolloutBatch& batch, const v1::SubmitResponse& response) {
+  if (response.duplicate_batches() > 0) {
+    VLOG(1) << "batch " << batch.batch_id() << " had been accepted before its retry";
   }
-  Retry(std::move(batch));  // perhaps not accepted: again, the same batch with the same id
-  if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-    const absl::Duration wait = RetryAfterHint(ctx);
-    VLOG(1) << "learner queue full; retrying in " << absl::FormatDuration(wait);
-    Pause(wait);
-    return;
-  }
-  LOG(WARNING) << "submit failed (" << GrpcCodeName(s.error_code()) << ": " << s.error_message()
-               << "); reconnecting";
-  connected_ = false;
-  metrics_->connected.Set(0);
-  Pause(backoff_);
-  NextBackoff();
+  metrics_->groups_sent.Increment(batch.groups_size());
+  absl::MutexLock lock(&mu_);
+  accepted_groups_ += batch.groups_size();
+  in_flight_ = 0;
+  UpdateBufferGaugeLocked();
 }
 
 }  // namespace asympo::rollout

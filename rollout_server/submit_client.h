@@ -1,13 +1,18 @@
 // The rollout daemon's submit client: a bounded buffer of scored groups and
 // a thread that sends them to the learner (Learner.Submit) in batches.
 //
-// - Connection: it reads GetStatus first (and again after a rejected
+// - Connection: it reads GetStatus first (and again after a failed
 //   batch). check_status may refuse the learner's status for good (a
 //   configuration the learner can never accept, such as another group size
 //   bound); the client then stops and Finish() returns that error.
-// - Outages: while the learner is away it reconnects with exponential
-//   backoff (min_backoff doubling up to max_backoff). On RESOURCE_EXHAUSTED
-//   it waits the learner's asympo-retry-after-ms hint (1 s without one).
+// - Answers: what each refusal means is decided by the one Submit retry
+//   policy (common/submit_retry.h, docs/protocol.md "Retries"). retry: while the
+//   learner is away it reconnects with exponential backoff (min_backoff
+//   doubling up to max_backoff, with jitter); on RESOURCE_EXHAUSTED it waits
+//   the learner's asympo-retry-after-ms hint. drop_batch: the batch is
+//   dropped and counted. fatal (credentials, roles, an address that serves
+//   no learner), on Submit or GetStatus: the client stops as for a refused
+//   status, and Finish() returns the error.
 // - Nothing is lost to backpressure or outages: groups stay in the buffer
 //   until the learner accepted them, and WaitForRoom holds the producer
 //   while the buffer is full.
@@ -42,6 +47,7 @@
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/security/tls.h"
+#include "common/submit_retry.h"
 #include "rollout_server/rollout_metrics.h"
 
 namespace asympo::rollout {
@@ -104,8 +110,11 @@ class SubmitClient {
   Outcome Connect();
   // The next batch from the front of the buffer (waits briefly for one).
   std::optional<v1::RolloutBatch> TakeBatch();
-  // Sends `batch` and handles the answer.
+  // Sends `batch` through the retry policy and settles it.
   void Send(v1::RolloutBatch batch);
+  void Accepted(const v1::RolloutBatch& batch, const v1::SubmitResponse& response);
+  // Stops taking and sending work for good; Finish() returns `why`.
+  void Stop(absl::Status why);
   // Keeps a batch that was not accepted, to be sent again as it is.
   void Retry(v1::RolloutBatch batch);
   // The drain deadline passed, or nothing is left to send after Finish.
@@ -113,7 +122,6 @@ class SubmitClient {
   // Sleeps `d`, or only briefly once stopping (while draining).
   void Pause(absl::Duration d);
   void CountError(grpc::StatusCode code);
-  void NextBackoff() { backoff_ = std::min(backoff_ * 2, options_.max_backoff); }
   void UpdateBufferGaugeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SubmitClientOptions options_;
@@ -123,7 +131,7 @@ class SubmitClient {
   std::thread thread_;
   // The submit thread's own.
   bool connected_ = false;
-  absl::Duration backoff_;
+  SubmitBackoff backoff_;
   // The batch to send again (its groups count in in_flight_), and the
   // parts of the next batch id.
   std::optional<v1::RolloutBatch> retry_;

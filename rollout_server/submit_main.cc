@@ -15,9 +15,12 @@
 // retry, a rerun) trains it once. A window with a bad row is not sent. The
 // ids of confirmed windows are appended to --state (fsynced), and a rerun
 // skips them: an interrupted run resumes where it stopped, and a rerun after
-// a row was fixed sends only what was not confirmed. The learner's
-// backpressure (RESOURCE_EXHAUSTED and its retry hint) and outages are waited
-// out, within --retry_deadline per batch.
+// a row was fixed sends only what was not confirmed. The learner's answers
+// are read with the one Submit retry policy (common/submit_retry.h, docs/protocol.md
+// "Retries"): backpressure (RESOURCE_EXHAUSTED and its retry hint) and
+// outages are waited out, within --retry_deadline per batch; a batch that is
+// final (drop_batch) is reported as refused and the run goes on; a fatal
+// answer (credentials, roles, no learner at the address) stops it.
 //
 // Exit status: 0 when every row was accepted; 1 when a row was bad or
 // refused (the rest was sent); 2 for a usage error, an unreadable file or a
@@ -30,7 +33,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -50,6 +52,7 @@
 #include "common/grpc_status.h"
 #include "common/security/tls.h"
 #include "common/status_macros.h"
+#include "common/submit_retry.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -199,57 +202,45 @@ struct Tally {
   bool waiting = false;
 };
 
-bool Retryable(grpc::StatusCode c) {
-  return c == grpc::StatusCode::RESOURCE_EXHAUSTED || c == grpc::StatusCode::UNAVAILABLE ||
-         c == grpc::StatusCode::DEADLINE_EXCEEDED || c == grpc::StatusCode::ABORTED ||
-         c == grpc::StatusCode::INTERNAL || c == grpc::StatusCode::UNKNOWN;
-}
-
-// Sends one batch until it is accepted (true), refused as invalid (false,
-// *refusal set) or a final error (returned as the status).
+// Sends one batch through the Submit retry policy (docs/protocol.md,
+// "Retries") until it is accepted (true), dropped as final (false, *refusal
+// set), or a fatal error or the spent --retry_deadline (returned).
 absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& batch, Tally* t,
                                std::string* refusal) {
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_retry_deadline);
-  absl::Duration backoff = absl::Milliseconds(100);
-  std::mt19937_64 rng(std::random_device{}());
-  while (true) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(GrpcDeadline(absl::GetFlag(FLAGS_timeout)));
-    ctx.set_wait_for_ready(true);
-    v1::SubmitResponse r;
-    const grpc::Status s = stub->Submit(&ctx, batch, &r);
-    if (s.ok()) {
+  SubmitBackoff backoff(absl::Milliseconds(100), absl::Seconds(10));
+  v1::SubmitResponse r;
+  const SubmitAttempt a = SubmitUntilSettled(
+      *stub, batch, {absl::GetFlag(FLAGS_timeout), /*wait_for_ready=*/true}, backoff,
+      [&](const SubmitAttempt& a) {
+        t->waiting = a.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+        if (absl::Now() + a.wait > give_up) return false;
+        absl::SleepFor(a.wait);
+        return true;
+      },
+      &r);
+  const grpc::Status& s = a.status;
+  switch (a.decision) {
+    case SubmitDecision::kAccepted:
       t->waiting = false;
       t->groups_sent += batch.groups_size();
       t->duplicates += static_cast<int64_t>(r.duplicate_batches());
       t->version = r.learner_version();
       t->queue = r.queue_depth_groups();
       return true;
-    }
-    if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT || IsFinalResourceExhausted(s, ctx)) {
+    case SubmitDecision::kDropBatch:
       *refusal = s.error_message();  // a retry could not pass
       return false;
-    }
-    if (!Retryable(s.error_code())) {
+    case SubmitDecision::kFatal:
       return absl::FailedPreconditionError(
           absl::StrCat("the learner refused batch ", batch.batch_id(), ": ",
                        GrpcCodeName(s.error_code()), ": ", s.error_message()));
-    }
-    absl::Duration wait = backoff;
-    if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
-      t->waiting = true;
-      wait = RetryAfterHint(ctx);
-    } else {
-      backoff = std::min(backoff * 2, absl::Seconds(10));
-    }
-    wait *= 1.0 + 0.2 * std::uniform_real_distribution<double>(0, 1)(rng);
-    if (absl::Now() + wait > give_up) {
-      return absl::UnavailableError(absl::StrCat(
-          "batch ", batch.batch_id(), " was not accepted within --retry_deadline (last: ",
-          GrpcCodeName(s.error_code()), ": ", s.error_message(), ")"));
-    }
-    absl::SleepFor(wait);
+    case SubmitDecision::kRetry:
+      break;
   }
+  return absl::UnavailableError(
+      absl::StrCat("batch ", batch.batch_id(), " was not accepted within --retry_deadline (last: ",
+                   GrpcCodeName(s.error_code()), ": ", s.error_message(), ")"));
 }
 
 std::string BaseName(const std::string& path) {

@@ -13,6 +13,10 @@ weights: every snapshot arrives verified, with the learner's names, shapes
 example: the external generator example (PyTorch sampler, the subscriber's
          weights, its own reward, the client's submissions) makes the
          learner's reward rise.
+retry_policy: the client's Submit retry policy (asympo_rl.client.decide_submit)
+         for every gRPC status code, the same as docs/protocol.md's table
+         ("Retries") and the C++ tools'; the hint and the backoff; which
+         error each decision raises. No learner.
 tls:     against a learner with TLS and a principals file (certificates
          made by tests/testing/make_certs.sh): the client and the
          subscriber with a token of the right roles; a wrong token and a
@@ -363,12 +367,101 @@ def scenario_tls():
                   "a submit with %s is refused at once, not retried: %s" % (token, e))
     stop(proc)
 
+def scenario_retry_policy():
+    import grpc
+    from asympo_rl import client as c
+    C = grpc.StatusCode
+    # Every code (RESOURCE_EXHAUSTED twice: without and with the hint), as
+    # tests/common/submit_retry_test.cc has it for the C++ tools.
+    table = {"OK": "accepted", "CANCELLED": "retry", "UNKNOWN": "retry",
+             "INVALID_ARGUMENT": "drop_batch", "DEADLINE_EXCEEDED": "retry", "NOT_FOUND": "fatal",
+             "ALREADY_EXISTS": "fatal", "PERMISSION_DENIED": "fatal",
+             "RESOURCE_EXHAUSTED": "drop_batch", "FAILED_PRECONDITION": "drop_batch",
+             "ABORTED": "retry", "OUT_OF_RANGE": "drop_batch", "UNIMPLEMENTED": "fatal",
+             "INTERNAL": "retry", "UNAVAILABLE": "retry", "DATA_LOSS": "fatal",
+             "UNAUTHENTICATED": "fatal"}
+    check(sorted(table) == sorted(code.name for code in C), "the table names every gRPC code")
+    for code in C:
+        check(c.decide_submit(code, False) == table[code.name], "%s: %s" % (code.name, table[code.name]))
+        hinted = "retry" if code == C.RESOURCE_EXHAUSTED else table[code.name]
+        check(c.decide_submit(code, True) == hinted, "%s with the hint: %s" % (code.name, hinted))
+        status = "fatal" if table[code.name] == "drop_batch" else table[code.name]
+        check(c.decide_get_status(code, False) == status, "GetStatus %s: %s" % (code.name, status))
+    check(c.decide_submit(C.FAILED_PRECONDITION, False) == c.DROP_BATCH,
+          "FAILED_PRECONDITION drops the batch (it used to raise RefusedError)")
+
+    # docs/protocol.md says the same, row by row.
+    doc = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs",
+                            "protocol.md")).read()
+    section = doc[doc.index("## Retries"):]
+    section = section[:section.index("\n## ")]
+    documented = {}
+    for line in section.splitlines():
+        m = re.match(r"^\| `([A-Z_]+)`( with [^|]*| without it)? \| ([a-z_]+) \|", line)
+        if m:
+            documented[(m.group(1), bool(m.group(2) and "with " in m.group(2)))] = m.group(3)
+    check(len(documented) == 18, "docs/protocol.md's table has 18 rows (%d)" % len(documented))
+    for code in C:
+        check(documented.get((code.name, False)) == table[code.name],
+              "docs/protocol.md agrees on %s" % code.name)
+    check(documented.get(("RESOURCE_EXHAUSTED", True)) == "retry",
+          "docs/protocol.md: RESOURCE_EXHAUSTED with the hint is retried")
+
+    class Error(grpc.RpcError):
+        def __init__(self, code, hint=None):
+            self._code, self._hint = code, hint
+
+        def code(self):
+            return self._code
+
+        def details(self):
+            return "scripted"
+
+        def trailing_metadata(self):
+            return () if self._hint is None else ((c.RETRY_AFTER_KEY, self._hint),)
+
+    check(c.retry_hint(Error(C.RESOURCE_EXHAUSTED, "250")) == 0.25, "the hint in seconds")
+    check(c.retry_hint(Error(C.RESOURCE_EXHAUSTED, "x")) == 1.0, "an unreadable hint: 1 s")
+    check(c.retry_hint(Error(C.RESOURCE_EXHAUSTED, "-5")) == 1.0, "a negative hint: 1 s")
+    check(c.retry_hint(Error(C.RESOURCE_EXHAUSTED, "999999")) == 60.0, "a hint: at most 60 s")
+    check(c.retry_hint(Error(C.RESOURCE_EXHAUSTED)) is None, "no hint")
+    check(c.retry_hint(Error(C.UNAVAILABLE, "250")) is None, "only RESOURCE_EXHAUSTED has a hint")
+
+    client = asympo_rl.LearnerClient("127.0.0.1:1", source="policy", min_backoff=0.1,
+                                     max_backoff=0.35, validate=False)
+    slept = []
+    real_sleep = c.time.sleep
+    c.time.sleep = slept.append
+    try:
+        backoff = c._Backoff(client)
+        for _ in range(4):
+            backoff.wait(Error(C.UNAVAILABLE), "t")
+        backoff.wait(Error(C.RESOURCE_EXHAUSTED, "300"), "t")
+    finally:
+        c.time.sleep = real_sleep
+    for got, base in zip(slept, [0.1, 0.2, 0.35, 0.35, 0.3]):
+        check(base <= got <= base * 1.2 + 1e-9, "waited %.3f s for %.2f s plus jitter" % (got, base))
+    for code, error in [(C.INVALID_ARGUMENT, asympo_rl.InvalidBatchError),
+                        (C.FAILED_PRECONDITION, asympo_rl.InvalidBatchError),
+                        (C.RESOURCE_EXHAUSTED, asympo_rl.InvalidBatchError),
+                        (C.UNAUTHENTICATED, asympo_rl.RefusedError),
+                        (C.NOT_FOUND, asympo_rl.RefusedError)]:
+        try:
+            client._raise_if_final(Error(code), "batch b")
+            check(False, "%s raises %s" % (code.name, error.__name__))
+        except error:
+            check(True, "%s raises %s" % (code.name, error.__name__))
+    for code, hint in [(C.UNAVAILABLE, None), (C.RESOURCE_EXHAUSTED, "100"), (C.CANCELLED, None)]:
+        client._raise_if_final(Error(code, hint), "batch b")  # retried: no error
+    check(True, "retried codes raise nothing")
+    client.close()
+
 
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
-     "tls": scenario_tls}[SCENARIO]()
+     "tls": scenario_tls, "retry_policy": scenario_retry_policy}[SCENARIO]()
 
 
 if __name__ == "__main__":

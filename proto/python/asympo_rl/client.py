@@ -6,12 +6,13 @@
 
 Every batch gets a batch_id ("<source>/<session>/<n>") unless one is given,
 so that a retry after a lost reply is acknowledged by the learner as a
-duplicate and trained once (docs/protocol.md, "Exactly-once"). Retryable
-refusals are retried with the same id: RESOURCE_EXHAUSTED after the
-learner's asympo-retry-after-ms hint (plus up to 20% jitter), UNAVAILABLE,
-DEADLINE_EXCEEDED and other transient codes after a jittered exponential
-backoff, until retry_deadline seconds have passed. Batches are validated
-before sending with the learner's own rules and messages."""
+duplicate and trained once (docs/protocol.md, "Exactly-once"). Every answer
+is read with the project's one Submit retry policy (docs/protocol.md,
+"Retries"; the same table as the C++ tools' common/submit_retry.h):
+retry, with the same id, after the learner's asympo-retry-after-ms hint or
+a jittered exponential backoff, until retry_deadline seconds have passed;
+drop_batch raises InvalidBatchError; fatal raises RefusedError. Batches are
+validated before sending with the learner's own rules and messages."""
 import collections
 import os
 import random
@@ -26,9 +27,64 @@ from .errors import InvalidBatchError, LearnerBusyError, LearnerUnavailableError
 
 RETRY_AFTER_KEY = "asympo-retry-after-ms"
 ACCEPTED_BATCHES_KEY = "asympo-accepted-batches"
-RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-             grpc.StatusCode.ABORTED, grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL,
-             grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
+
+# The one Submit retry policy, docs/protocol.md "Retries" (the C++ tools:
+# common/submit_retry.h, DecideSubmit). The decisions:
+#   retry       send the same batch, same batch_id, again after the hint or
+#               the backoff
+#   drop_batch  final for this batch (InvalidBatchError): no retry can pass
+#               it; the caller drops it and goes on
+#   fatal       a configuration error (RefusedError): credentials, roles, an
+#               address that serves no learner of this protocol
+ACCEPTED, RETRY, DROP_BATCH, FATAL = "accepted", "retry", "drop_batch", "fatal"
+_C = grpc.StatusCode
+SUBMIT_POLICY = {
+    _C.OK: ACCEPTED,
+    # The outcome is unknown: the same batch again, same id.
+    _C.CANCELLED: RETRY, _C.UNKNOWN: RETRY, _C.DEADLINE_EXCEEDED: RETRY, _C.ABORTED: RETRY,
+    _C.INTERNAL: RETRY, _C.UNAVAILABLE: RETRY,
+    # With asympo-retry-after-ms: RETRY (decide_submit); without it: gRPC
+    # refused a message over its size limit.
+    _C.RESOURCE_EXHAUSTED: DROP_BATCH,
+    # The batch breaks a rule, or the learner's state does not admit it.
+    _C.INVALID_ARGUMENT: DROP_BATCH, _C.FAILED_PRECONDITION: DROP_BATCH,
+    _C.OUT_OF_RANGE: DROP_BATCH,
+    # Credentials and roles, or no learner of this protocol at the address.
+    _C.UNAUTHENTICATED: FATAL, _C.PERMISSION_DENIED: FATAL, _C.NOT_FOUND: FATAL,
+    _C.ALREADY_EXISTS: FATAL, _C.UNIMPLEMENTED: FATAL, _C.DATA_LOSS: FATAL,
+}
+
+
+def decide_submit(code, has_retry_hint):
+    """The decision for a finished Submit or SubmitStream with status `code`
+    (a grpc.StatusCode); has_retry_hint: its trailing metadata carried
+    asympo-retry-after-ms."""
+    if code == _C.RESOURCE_EXHAUSTED and has_retry_hint:
+        return RETRY
+    return SUBMIT_POLICY.get(code, FATAL)
+
+
+def decide_get_status(code, has_retry_hint):
+    """The same for GetStatus, which has no batch to drop."""
+    decision = decide_submit(code, has_retry_hint)
+    return FATAL if decision == DROP_BATCH else decision
+
+
+def retry_hint(error):
+    """The learner's hint of a RESOURCE_EXHAUSTED refusal, in seconds (1 when
+    unreadable or negative, at most 60), or None without one."""
+    if error.code() != _C.RESOURCE_EXHAUSTED:
+        return None
+    hint = _trailing(error, RETRY_AFTER_KEY)
+    if hint is None:
+        return None
+    try:
+        ms = int(hint)
+    except ValueError:
+        return 1.0
+    return 1.0 if ms < 0 else min(ms / 1000.0, 60.0)
+
+
 FINISH_REASONS = {None: 0, "": 0, "stop": 1, "length": 2}
 
 SubmitResult = collections.namedtuple(
@@ -81,26 +137,24 @@ def _trailing(error, key):
 
 
 class _Backoff:
-    """Jittered exponential backoff within a deadline."""
+    """The wait before a retry, within a deadline: the learner's hint when
+    there is one, else min_backoff doubling up to max_backoff; both plus up
+    to 20% jitter (as SubmitBackoff in common/submit_retry.h)."""
 
     def __init__(self, client):
         self.client, self.attempt = client, 0
+        self.current = client.min_backoff
         self.deadline = time.monotonic() + client.retry_deadline
 
     def wait(self, error, what):
         """Sleeps before the next attempt, or raises once the budget is spent."""
         self.attempt += 1
         code = error.code()
-        hint = _trailing(error, RETRY_AFTER_KEY) if code == grpc.StatusCode.RESOURCE_EXHAUSTED else None
-        if hint is not None:
-            try:
-                delay = min(max(int(hint), 0) / 1000.0, 60.0)
-            except ValueError:
-                delay = 1.0
-            delay *= 1 + 0.2 * random.random()
-        else:
-            cap = min(self.client.max_backoff, self.client.min_backoff * 2 ** (self.attempt - 1))
-            delay = random.uniform(cap / 2, cap)
+        delay = retry_hint(error)
+        if delay is None:
+            delay = self.current
+            self.current = min(self.current * 2, self.client.max_backoff)
+        delay *= 1 + 0.2 * random.random()
         if time.monotonic() + delay > self.deadline or (
                 self.client.max_attempts and self.attempt >= self.client.max_attempts):
             cls = LearnerBusyError if code == grpc.StatusCode.RESOURCE_EXHAUSTED else LearnerUnavailableError
@@ -161,7 +215,7 @@ class LearnerClient:
                 self._status = st
                 return st
             except grpc.RpcError as e:
-                if e.code() not in RETRYABLE:
+                if decide_get_status(e.code(), retry_hint(e) is not None) != RETRY:
                     raise RefusedError("GetStatus: %s: %s" % (e.code().name, e.details()), e.code())
                 backoff.wait(e, "GetStatus on " + self.target)
 
@@ -236,13 +290,12 @@ class LearnerClient:
                             total["duplicates"], 0, backoff.attempt + 1)
 
     def _raise_if_final(self, e, what):
+        """Raises unless the policy retries the answer (docs/protocol.md,
+        "Retries")."""
         code = e.code()
-        # RESOURCE_EXHAUSTED without the learner's retry hint is gRPC's own
-        # refusal of a message over the size limit: no retry can pass it.
-        too_large = (code == grpc.StatusCode.RESOURCE_EXHAUSTED and
-                     _trailing(e, RETRY_AFTER_KEY) is None)
-        if code == grpc.StatusCode.INVALID_ARGUMENT or too_large:
+        decision = decide_submit(code, retry_hint(e) is not None)
+        if decision == DROP_BATCH:
             self._status = None  # the limits may have changed (a restarted learner)
             raise InvalidBatchError("%s: the learner refused it: %s" % (what, e.details())) from None
-        if code not in RETRYABLE:
+        if decision == FATAL:
             raise RefusedError("%s: %s: %s" % (what, code.name, e.details()), code) from None

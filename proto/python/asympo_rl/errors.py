@@ -7,8 +7,10 @@ class AsympoError(Exception):
 
 class InvalidBatchError(AsympoError, ValueError):
     """A batch breaks one of the learner's rules (docs/protocol.md,
-    "Validation"). Raised before sending when the client's own check finds
-    it, with the learner's message otherwise. Never retried."""
+    "Validation"), or the learner cannot take it as it is: the retry
+    policy's drop_batch (docs/protocol.md, "Retries"). Raised before sending
+    when the client's own check finds it, with the learner's message
+    otherwise. Never retried."""
 
     def __init__(self, message, group=None, response=None):
         super().__init__(message)
@@ -17,8 +19,10 @@ class InvalidBatchError(AsympoError, ValueError):
 
 
 class RefusedError(AsympoError):
-    """The learner refused the call for good (FAILED_PRECONDITION,
-    PERMISSION_DENIED, UNAUTHENTICATED, ...). `code` is the grpc.StatusCode."""
+    """The learner refused the call for good: the retry policy's fatal, a
+    configuration error (PERMISSION_DENIED, UNAUTHENTICATED, NOT_FOUND,
+    UNIMPLEMENTED, ...; docs/protocol.md, "Retries"). `code` is the
+    grpc.StatusCode."""
 
     def __init__(self, message, code=None):
         super().__init__(message)
