@@ -1,4 +1,5 @@
 #include "common/batch_validation.h"
+#include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 namespace asympo {
 namespace {
 
+using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
@@ -24,22 +26,16 @@ BatchLimits Limits() {
   return l;
 }
 
+// Groups "p0", "p1" of prompt {1, 2}; response r holds {10 + r, 99}, and
+// only the first is rewarded.
 v1::RolloutBatch ValidBatch() {
-  v1::RolloutBatch b;
-  b.set_source("test");
-  for (int g = 0; g < 2; ++g) {
-    v1::PromptGroup* group = b.add_groups();
-    group->set_prompt_id("p" + std::to_string(g));
-    group->add_prompt_tokens(1);
-    group->add_prompt_tokens(2);
-    for (int r = 0; r < 3; ++r) {
-      v1::Response* resp = group->add_responses();
-      resp->add_tokens(10 + r);
-      resp->add_tokens(99);
-      resp->set_reward(r == 0 ? 1.0f : 0.0f);
-    }
-  }
-  return b;
+  return RolloutBatchBuilder(2, 3)
+      .Source("test")
+      .ResponseTokens([](int, int r) {
+        return std::vector<int32_t>{10 + r, 99};
+      })
+      .Rewards([](int, int r) { return r == 0 ? 1.0f : 0.0f; })
+      .Build();
 }
 
 struct Case {

@@ -10,12 +10,14 @@
 
 #include "asympo/v1/rollout.pb.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo {
 namespace {
 
 using ::asympo::testing::IsOk;
+using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 
 BatchLimits Limits() {
@@ -28,22 +30,13 @@ BatchLimits Limits() {
   return l;
 }
 
+// Groups "p0", "p1" of prompt {1, 2}; response j holds {3}, reward j.
 v1::RolloutBatch ValidBatch() {
-  v1::RolloutBatch b;
-  b.set_source("gen");
-  b.set_batch_id("gen/1");
-  for (int g = 0; g < 2; ++g) {
-    v1::PromptGroup* group = b.add_groups();
-    group->set_prompt_id("p" + std::to_string(g));
-    group->add_prompt_tokens(1);
-    group->add_prompt_tokens(2);
-    for (int j = 0; j < 2; ++j) {
-      v1::Response* r = group->add_responses();
-      r->add_tokens(3);
-      r->set_reward(static_cast<float>(j));
-    }
-  }
-  return b;
+  return RolloutBatchBuilder(2, 2)
+      .Source("gen")
+      .BatchId("gen/1")
+      .ResponseTokens([](int, int) { return std::vector<int32_t>{3}; })
+      .Build();
 }
 
 absl::Status Check(const std::string& bytes, const BatchLimits& limits = Limits()) {
