@@ -59,6 +59,26 @@ void AdamW::Step(double lr) {
   }
 }
 
+double GradientNorm(const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> squares;
+  for (const at::Tensor& p : params) {
+    if (p.grad().defined()) squares.push_back(p.grad().pow(2).sum().to(at::kDouble));
+  }
+  return squares.empty() ? 0.0 : std::sqrt(at::stack(squares).sum().item<double>());
+}
+
+absl::Status AdamW::Apply(double lr, double scale, const std::vector<bool>& /*stepped*/) {
+  if (scale != 1.0) {
+    at::NoGradGuard no_grad;
+    for (const at::Tensor& p : params_) {
+      if (p.grad().defined()) p.grad().mul_(scale);
+    }
+  }
+  Step(lr);
+  ZeroGrad();
+  return absl::OkStatus();
+}
+
 void AdamW::ZeroGrad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
 }

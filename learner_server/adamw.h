@@ -4,6 +4,10 @@
 // The state (step count, first and second moments) is plain tensors so that
 // checkpoints can save and restore it bit-exactly. Not thread-safe: the
 // trainer owns it and calls Step() between backward passes.
+//
+// Optimizer is how a training step drives an optimizer, whether it holds
+// every moment (AdamW) or this rank's share of them (ShardedAdamW, ZeRO-1):
+// the same calls, in the same order, for both.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace asympo::learner {
 
@@ -33,10 +38,45 @@ absl::Status ValidateAdamWOptions(const AdamWOptions& options);
 void AdamWUpdate(at::Tensor& p, const at::Tensor& g, at::Tensor& m, at::Tensor& v, double lr,
                  int64_t step, const AdamWOptions& options);
 
-class AdamW {
+// The L2 norm of the parameters' gradients (an undefined one counts as
+// zeros), with one host synchronisation for all of them.
+double GradientNorm(const std::vector<at::Tensor>& params);
+
+// A training step's update, after its gradients are in the parameters:
+//   norm = ReduceGradients();  then, on the norm, either
+//   Apply(lr, scale, stepped)  or  DropGradients()  (a skipped step).
+// Each call leaves the parameters' gradients undefined, except
+// ReduceGradients on an optimizer that does not reduce them.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  // True when ReduceGradients sums the gradients across data-parallel ranks
+  // itself; otherwise the caller sums them first (StepReducer).
+  virtual bool reduces_gradients() const = 0;
+  // The L2 norm of the step's gradient: over every rank's, summed, when the
+  // optimizer reduces them (a collective). A failed collective's status
+  // passes through.
+  virtual absl::StatusOr<double> ReduceGradients() = 0;
+  // Forgets the step's gradient; nothing else changes.
+  virtual void DropGradients() = 0;
+  // Updates the parameters with `stepped[i]` true from the step's gradient
+  // times `scale` (clipping), at learning rate `lr`.
+  virtual absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) = 0;
+};
+
+class AdamW : public Optimizer {
  public:
   // `params` are updated in place; their .grad() is read by Step().
   AdamW(std::vector<at::Tensor> params, AdamWOptions options);
+
+  // Optimizer. The gradients are the ones in the parameters, and a parameter
+  // is stepped when it has one (`stepped` must say the same: the
+  // data-parallel exchange gives a gradient to every parameter any rank has
+  // one for).
+  bool reduces_gradients() const override { return false; }
+  absl::StatusOr<double> ReduceGradients() override { return GradientNorm(params_); }
+  void DropGradients() override { ZeroGrad(); }
+  absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
 
   // One update with learning rate `lr` from the current gradients.
   // Parameters without a gradient are skipped (their state does not move).

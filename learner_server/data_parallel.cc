@@ -16,9 +16,10 @@
 #include <glog/logging.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "learner_server/trainer.h"
 
 namespace asympo::learner {
 namespace {
@@ -139,9 +140,7 @@ absl::Status DataParallel::SendHeader(StepMessage::Kind kind, const StepTotals& 
 
 absl::Status DataParallel::SendIdle() { return SendHeader(StepMessage::Kind::kIdle, {}, {}); }
 absl::Status DataParallel::SendStop() { return SendHeader(StepMessage::Kind::kStop, {}, {}); }
-absl::Status DataParallel::SendGather() {
-  return SendHeader(StepMessage::Kind::kGather, {}, {});
-}
+absl::Status DataParallel::SendGather() { return SendHeader(StepMessage::Kind::kGather, {}, {}); }
 
 absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup>& groups) {
   StepMessage own;
@@ -195,8 +194,8 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
   return m;
 }
 
-absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer,
-                                          uint64_t* version, bool moments) {
+absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, uint64_t* version,
+                                          bool moments) {
   at::NoGradGuard no_grad;
   const std::vector<at::Tensor> params = model->parameters();
   const int64_t n = static_cast<int64_t>(params.size());
@@ -258,8 +257,8 @@ class Timed {
 
 absl::Status DataParallel::SumValues(std::vector<double>* values) {
   Timed timed(&collective_seconds_);
-  at::Tensor t = at::from_blob(values->data(), {static_cast<int64_t>(values->size())},
-                               at::kDouble).clone();
+  at::Tensor t =
+      at::from_blob(values->data(), {static_cast<int64_t>(values->size())}, at::kDouble).clone();
   std::vector<at::Tensor> one{t};
   ASYMPO_RETURN_IF_ERROR(Collective("summing the step's diagnostics", options_.timeout,
                                     [&] { return group_->pg->allreduce(one); }));

@@ -6,8 +6,9 @@
 // rank its share with the step's totals, so that each rank's loss is its
 // part of the single-process loss. Every rank computes the gradients of its
 // share; the gradients and the step's diagnostics are summed across ranks
-// (all-reduce), and every rank applies the same clipping and AdamW update,
-// so the replicas stay identical (see Trainer::StepShard). With
+// (all-reduce; the exchange is a StepExchange, step_exchange.h), and every
+// rank applies the same clipping and AdamW update, so the replicas stay
+// identical (see Trainer::StepShard). With
 // shard_optimizer each rank keeps a chunk of the AdamW moments instead
 // (ShardedAdamW: reduce-scatter, AdamW on the chunk, all-gather), and a
 // checkpoint first gathers them on rank 0 ("gather" message).
@@ -39,7 +40,7 @@
 #include "learner_server/group_queue.h"
 #include "learner_server/policy_loss.h"
 #include "learner_server/sharded_adamw.h"
-#include "learner_server/trainer.h"
+#include "learner_server/step_exchange.h"
 
 namespace c10d {
 class Store;

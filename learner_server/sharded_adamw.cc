@@ -60,7 +60,9 @@ void ShardedAdamW::WriteParams(int64_t begin, const at::Tensor& in) {
     const int64_t lo = std::max(begin, offsets_[i]);
     const int64_t hi = std::min(end, offsets_[i] + params_[i].numel());
     if (lo >= hi) continue;
-    params_[i].view({-1}).narrow(0, lo - offsets_[i], hi - lo)
+    params_[i]
+        .view({-1})
+        .narrow(0, lo - offsets_[i], hi - lo)
         .copy_(in.narrow(0, lo - begin, hi - lo));
   }
 }
@@ -89,7 +91,7 @@ absl::StatusOr<double> ShardedAdamW::ReduceGradients() {
       return s;
     }
   }
-  // Per parameter, as Trainer::ClipGradients sums (the padding past the
+  // Per parameter, as GradientNorm sums (the padding past the
   // last parameter is zero).
   std::vector<double> squares{0.0};
   const int64_t lo = collectives_->rank() * chunk_;
@@ -102,6 +104,8 @@ absl::StatusOr<double> ShardedAdamW::ReduceGradients() {
     grad_.reset();
     return s;
   }
+  // The summed gradient is in the chunk now.
+  for (at::Tensor& p : params_) p.mutable_grad().reset();
   return std::sqrt(squares[0]);
 }
 

@@ -53,27 +53,30 @@ class ShardCollectives {
   virtual absl::Status SumValues(std::vector<double>* values) = 0;
 };
 
-class ShardedAdamW {
+class ShardedAdamW : public Optimizer {
  public:
   // Float elements exchanged per round, over all ranks (64 MiB).
   static constexpr int64_t kBucketElements = int64_t{16} << 20;
 
   // `params` (float32, one device) are updated in place; `collectives`
   // must outlive this. `bucket_elements`: the floats exchanged per round.
-  ShardedAdamW(std::vector<at::Tensor> params, AdamWOptions options,
-               ShardCollectives* collectives, int64_t bucket_elements = kBucketElements);
+  ShardedAdamW(std::vector<at::Tensor> params, AdamWOptions options, ShardCollectives* collectives,
+               int64_t bucket_elements = kBucketElements);
 
+  // Optimizer: the gradients are this rank's own until ReduceGradients.
+  bool reduces_gradients() const override { return true; }
   // Step 1: reduce-scatters the parameters' gradients (an undefined one
-  // counts as zeros) into this rank's chunk and returns the global L2 norm
-  // of the summed gradient. A failed collective's status passes through.
-  absl::StatusOr<double> ReduceGradients();
+  // counts as zeros) into this rank's chunk, clears the parameters'
+  // gradients, and returns the global L2 norm of the summed gradient. A
+  // failed collective's status passes through.
+  absl::StatusOr<double> ReduceGradients() override;
   // Drops the reduced chunk (a skipped step).
-  void DropGradients();
+  void DropGradients() override;
   // Step 3: scales the reduced chunk by `scale` (clipping), applies AdamW
   // with learning rate `lr` to this rank's elements of the parameters with
   // `stepped[i]` true, and all-gathers the weights into every rank's
   // parameters.
-  absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped);
+  absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
 
   // Collective. On rank 0, loads the whole state into `full` (built over the
   // same parameters) as views of two gathered buffers; elsewhere `full` is
@@ -105,9 +108,9 @@ class ShardedAdamW {
   std::vector<int64_t> offsets_;  // each parameter's first flat element
   AdamWOptions options_;
   ShardCollectives* collectives_;
-  int64_t total_ = 0;   // P
-  int64_t chunk_ = 0;   // c
-  int64_t piece_ = 0;   // elements per rank per round
+  int64_t total_ = 0;                // P
+  int64_t chunk_ = 0;                // c
+  int64_t piece_ = 0;                // elements per rank per round
   at::Tensor exp_avg_, exp_avg_sq_;  // this rank's chunk (c)
   at::Tensor grad_;                  // the reduced chunk during a step
   std::vector<bool> has_state_;      // per parameter: stepped at least once

@@ -2,8 +2,6 @@
 
 #include <glog/logging.h>
 
-#include "learner_server/trainer.h"
-
 namespace asympo::learner {
 
 SkippedSteps::SkippedSteps(SkippedStepCounters counters, absl::Duration log_interval)
@@ -11,18 +9,17 @@ SkippedSteps::SkippedSteps(SkippedStepCounters counters, absl::Duration log_inte
   // Every reason is exported from the start, at 0, so that rate() and
   // alerts see the series before the first failure.
   absl::MutexLock lock(&mu_);
-  for (const char* reason : {kSkipNonFiniteLoss, kSkipNonFiniteGradient, kSkipInvalidBatch,
-                             kSkipOutOfMemory, kSkipTorchError, kSkipPoisonedGroups}) {
-    reasons_[reason].steps = &steps_.Add({{"reason", reason}});
+  for (const SkipReason reason : kSkipReasons) {
+    reasons_[reason].steps = &steps_.Add({{"reason", std::string(SkipReasonLabel(reason))}});
   }
 }
 
-void SkippedSteps::Record(const absl::Status& error, int64_t groups) {
-  const std::string reason = StepSkipReason(error);
+void SkippedSteps::Record(const StepFailure& failure, int64_t groups) {
+  const absl::string_view reason = SkipReasonLabel(failure.reason);
+  const absl::Status& error = failure.status;
   groups_.Increment(static_cast<double>(groups));
   absl::MutexLock lock(&mu_);
-  PerReason& r = reasons_[reason];
-  if (r.steps == nullptr) r.steps = &steps_.Add({{"reason", reason}});
+  PerReason& r = reasons_[failure.reason];  // registered by the constructor
   r.steps->Increment();
   ++r.count;
   ++r.since_log;
@@ -47,13 +44,13 @@ int64_t SkippedSteps::total() const {
   return total;
 }
 
-int64_t SkippedSteps::count(const std::string& reason) const {
+int64_t SkippedSteps::count(SkipReason reason) const {
   absl::MutexLock lock(&mu_);
   auto it = reasons_.find(reason);
   return it == reasons_.end() ? 0 : it->second.count;
 }
 
-int64_t SkippedSteps::logged(const std::string& reason) const {
+int64_t SkippedSteps::logged(SkipReason reason) const {
   absl::MutexLock lock(&mu_);
   auto it = reasons_.find(reason);
   return it == reasons_.end() ? 0 : it->second.logged;

@@ -4,7 +4,7 @@
 // log: the first failure of a reason at once, later ones at most once per
 // log_interval, with how many were skipped meanwhile.
 //
-// The reasons are Trainer's kSkip* names (StepSkipReason). Thread-safe.
+// The reasons are SkipReasons (skip_reason.h), labelled alike. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "learner_server/skip_reason.h"
 
 namespace asympo::learner {
 
@@ -33,15 +34,15 @@ class SkippedSteps {
   explicit SkippedSteps(SkippedStepCounters counters,
                         absl::Duration log_interval = absl::Minutes(1));
 
-  // A step failed with `error` after its `groups` groups were taken from
+  // A step failed with `failure` after its `groups` groups were taken from
   // the queue (they are not trained on).
-  void Record(const absl::Status& error, int64_t groups);
+  void Record(const StepFailure& failure, int64_t groups);
 
   // Steps skipped, in all and for one reason; log lines written for a
   // reason (for tests).
   int64_t total() const;
-  int64_t count(const std::string& reason) const;
-  int64_t logged(const std::string& reason) const;
+  int64_t count(SkipReason reason) const;
+  int64_t logged(SkipReason reason) const;
 
  private:
   struct PerReason {
@@ -56,7 +57,7 @@ class SkippedSteps {
   prometheus::Family<prometheus::Counter>& steps_;
   prometheus::Counter& groups_;
   mutable absl::Mutex mu_;
-  std::map<std::string, PerReason> reasons_ ABSL_GUARDED_BY(mu_);
+  std::map<SkipReason, PerReason> reasons_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace asympo::learner

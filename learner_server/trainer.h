@@ -1,16 +1,18 @@
 // The trainer: one optimizer step from a step's prompt groups.
 //
-// A step's groups are packed whole into micro-batches under a token budget;
-// each micro-batch runs the policy on prompt + response, takes the response
-// tokens' log-probs (chunked), applies the objective with the step's totals
-// (so micro-batch gradients add up to the whole step's), and backpropagates.
-// Then gradients are clipped, AdamW steps with the scheduled learning rate,
-// the version increments and the new weights go to the WeightPublisher.
+// A step reads as the algorithm: lay out (the step's groups, whole, into
+// micro-batches: micro_batches.h), forward and loss (the policy on
+// prompt + response, the response tokens' log-probs, the objective with the
+// step's totals, so that micro-batch gradients add up to the whole step's),
+// backward (accumulating gradients, pooling diagnostics: loss_diagnostics.h),
+// reduce (data-parallel: across ranks, step_exchange.h), clip, update
+// (AdamW or its sharded form, behind one Optimizer: adamw.h) and publish
+// (the version increments and the new weights go to the WeightPublisher).
 //
 // A step that fails (a non-finite loss or gradient, bad data that slipped
 // past validation, a LibTorch error such as out-of-memory) leaves the
-// weights, the optimizer state and the version as they were, and its
-// status carries the reason for the metric label (StepSkipReason).
+// weights, the optimizer state and the version as they were, and says why
+// (StepOr::reason(), the metric label: skip_reason.h).
 //
 // Not thread-safe: one trainer thread owns it (and the model's weights),
 // except version(), which any thread may read.
@@ -18,19 +20,25 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/policy_model.h"
+#include "common/model/torch_errors.h"
 #include "learner_server/adamw.h"
 #include "learner_server/group_queue.h"
+#include "learner_server/loss_diagnostics.h"
 #include "learner_server/lr_schedule.h"
+#include "learner_server/micro_batches.h"
 #include "learner_server/policy_loss.h"
 #include "learner_server/sharded_adamw.h"
+#include "learner_server/skip_reason.h"
+#include "learner_server/step_exchange.h"
+#include "learner_server/step_faults.h"
 
 namespace asympo::learner {
 
@@ -41,21 +49,6 @@ class WeightPublisher {
  public:
   virtual ~WeightPublisher() = default;
   virtual void Publish(uint64_t version, const PolicyModel& model) = 0;
-};
-
-// Keeps a copy of the latest published weights, for tests and for an
-// in-process rollout.
-class InProcessPublisher : public WeightPublisher {
- public:
-  void Publish(uint64_t version, const PolicyModel& model) override;
-  uint64_t version() const { return version_; }
-  int64_t publishes() const { return publishes_; }
-  const std::vector<std::pair<std::string, at::Tensor>>& weights() const { return weights_; }
-
- private:
-  uint64_t version_ = 0;
-  int64_t publishes_ = 0;
-  std::vector<std::pair<std::string, at::Tensor>> weights_;
 };
 
 struct TrainerOptions {
@@ -78,27 +71,15 @@ struct TrainerOptions {
   std::vector<int64_t> fault_exception_steps;
 };
 
-// Why a step was skipped, the label of asympo_learner_steps_skipped_total.
-inline constexpr char kSkipNonFiniteLoss[] = "nonfinite_loss";
-inline constexpr char kSkipNonFiniteGradient[] = "nonfinite_gradient";
-inline constexpr char kSkipInvalidBatch[] = "invalid_batch";
-inline constexpr char kSkipOutOfMemory[] = "out_of_memory";
-inline constexpr char kSkipTorchError[] = "torch_error";
-// Every group of the step made it non-finite by its rewards (StepResult::
-// dropped, trainer_isolation.cc): the sources' fault, not the learner's.
-inline constexpr char kSkipPoisonedGroups[] = "poisoned_groups";
-
-// The reason carried by a status from Trainer::Step (one of the kSkip*
-// names; "error" for a status without one).
-std::string StepSkipReason(const absl::Status& status);
-// `status` carrying `reason` (one of the kSkip* names) for StepSkipReason.
-absl::Status WithStepSkipReason(absl::Status status, absl::string_view reason);
-
 absl::Status ValidateTrainerOptions(const TrainerOptions& options);
 
 // A step's totals over all its groups (what each micro-batch's loss, and
 // each data-parallel rank's, divides by).
 StepTotals StepTotalsOf(const std::vector<QueuedGroup>& groups);
+
+// Each group's staleness when a step from version `version` trains on it:
+// the versions between its arrival and its use.
+std::vector<uint64_t> StalenessOf(const std::vector<QueuedGroup>& groups, uint64_t version);
 
 struct StepResult {
   uint64_t version = 0;         // after the step
@@ -108,26 +89,15 @@ struct StepResult {
   int64_t micro_batches = 0;
   int64_t tokens = 0;  // prompt + response tokens processed
   double seconds = 0;
-  std::vector<uint64_t> staleness;  // per trained group: version at use - arrival
+  // Per trained group, StalenessOf. Step sets it; StepShard does not (a
+  // shard is not the step): the caller that split the step sets it for the
+  // whole step's groups.
+  std::vector<uint64_t> staleness;
   // Indices (into Step's groups) of the groups dropped from the step because
   // each alone made the loss or the gradient non-finite (a poisoned group);
   // the step trained on the others.
   std::vector<size_t> dropped;
   std::vector<std::string> dropped_sources;  // their QueuedGroup::source, in order
-};
-
-// One micro-batch as tensors (trainer.cc).
-struct MicroBatch;
-
-// Sums a step across data-parallel ranks (DataParallel). Each call is a
-// collective: every rank makes the same calls in the same order.
-class StepReducer {
- public:
-  virtual ~StepReducer() = default;
-  // Sums `values` element-wise across ranks, in place.
-  virtual absl::Status SumValues(std::vector<double>* values) = 0;
-  // Sums the tensors across ranks, in place (same shapes on every rank).
-  virtual absl::Status SumGradients(const std::vector<at::Tensor>& gradients) = 0;
 };
 
 class Trainer {
@@ -141,11 +111,11 @@ class Trainer {
   // non-finite by their rewards are dropped (StepResult::dropped) and the
   // step trains on the rest, as if they had never been popped. On error
   // (bad data that slipped past validation, a non-finite step with no group
-  // to blame, or every group to blame: kSkipPoisonedGroups; an exception
-  // from LibTorch) the weights
-  // and the optimizer are unchanged, the gradients are cleared, the version
-  // does not move, and the status carries its StepSkipReason. Never throws.
-  absl::StatusOr<StepResult> Step(std::vector<QueuedGroup> groups);
+  // to blame, or every group to blame: SkipReason::kPoisonedGroups; an
+  // exception from LibTorch) the weights and the optimizer are unchanged,
+  // the gradients are cleared, the version does not move, and the failure
+  // carries its SkipReason. Never throws.
+  StepOr<StepResult> Step(std::vector<QueuedGroup> groups);
 
   // One data-parallel step: this rank's `shard` of a step whose totals over
   // all ranks are `totals` (shards may be empty). The gradients and the
@@ -156,24 +126,23 @@ class Trainer {
   // the groups of its shard that are non-finite by their rewards, as Step
   // does (StepResult::dropped indexes `shard`; the step's totals still
   // count them); a step whose every group was dropped is skipped as
-  // kSkipPoisonedGroups. A failed collective returns the
-  // reducer's status as it is: the job cannot go on (IsRankFailure).
-  // `staleness` covers this rank's shard only; `seconds` includes the
-  // exchange.
-  absl::StatusOr<StepResult> StepShard(const std::vector<QueuedGroup>& shard,
-                                       const StepTotals& totals, StepReducer* reducer);
+  // kPoisonedGroups. A failed collective returns the reducer's status as
+  // it is: the job cannot go on (IsRankFailure). `staleness` is left empty
+  // (StepResult); `seconds` includes the exchange.
+  StepOr<StepResult> StepShard(const std::vector<QueuedGroup>& shard, const StepTotals& totals,
+                               StepReducer* reducer);
 
   // The first half of Step: zeroes and then accumulates the step's
   // gradients in the model's parameters, micro-batch by micro-batch, and
   // returns the pooled diagnostics (version, learning rate and grad norm
   // unset). Leaves the weights and the optimizer untouched. Never throws.
-  absl::StatusOr<StepResult> ComputeGradients(const std::vector<QueuedGroup>& groups);
+  StepOr<StepResult> ComputeGradients(const std::vector<QueuedGroup>& groups);
 
-  // ZeRO-1: from now on StepShard keeps 1/world_size of the AdamW moments
-  // on this rank (ShardedAdamW over `collectives`, which must outlive the
-  // trainer). Collective: rank 0's optimizer state (restored from a
-  // checkpoint, say) is split across the ranks, and optimizer() holds no
-  // moments afterwards.
+  // ZeRO-1: from now on the optimizer keeps 1/world_size of the AdamW
+  // moments on this rank (ShardedAdamW over `collectives`, which must
+  // outlive the trainer), and steps go through it. Collective: rank 0's
+  // optimizer state (restored from a checkpoint, say) is split across the
+  // ranks, and optimizer() holds no moments afterwards.
   absl::Status ShardOptimizer(ShardCollectives* collectives);
   // Collective, with a sharded optimizer: assembles the whole state in rank
   // 0's optimizer() for a checkpoint; ReleaseOptimizerState frees it again.
@@ -186,76 +155,89 @@ class Trainer {
   uint64_t version() const { return version_.load(); }
   // For restoring from a checkpoint.
   void set_version(uint64_t version) { version_ = version; }
+  // The whole AdamW state, for checkpoints (see ShardOptimizer).
   AdamW& optimizer() { return optimizer_; }
   const TrainerOptions& options() const { return options_; }
   const PolicyLoss& loss() const { return loss_; }
   PolicyModel& model() { return *model_; }
 
  private:
+  // What one rank's backward passes over some groups produced, before any
+  // exchange; the gradients are in the model's parameters.
+  struct Accumulated {
+    DiagnosticSums diagnostics;
+    int64_t tokens = 0;  // prompt + response tokens processed
+    int64_t micro_batches = 0;
+    std::vector<size_t> dropped;  // as StepResult's
+    std::vector<std::string> dropped_sources;
+  };
+
   Trainer(TrainerOptions options, PolicyLoss loss, PolicyModel* model, WeightPublisher* publisher);
-  // Runs `step` under GuardTorch; on error clears the gradients and gives
-  // the status its StepSkipReason.
-  absl::StatusOr<StepResult> Guarded(absl::string_view what,
-                                     const std::function<absl::StatusOr<StepResult>()>& step);
-  // Step and ComputeGradients without the exception guard.
-  absl::StatusOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
-  // Step's second try after `failure` (trainer_isolation.cc); `failure`
-  // itself unless it is a non-finite loss or gradient with poison to blame.
-  absl::StatusOr<StepResult> StepWithoutPoisonedGroups(const std::vector<QueuedGroup>& groups,
-                                                       const absl::Status& failure);
+
+  // Runs `fn` (returning a StepOr) under GuardTorch; a failure clears the
+  // gradients and, when it is an exception, takes its reason from its code.
+  template <typename Fn>
+  auto Guarded(absl::string_view what, Fn&& fn) -> decltype(fn()) {
+    auto result = GuardTorch(what, std::forward<Fn>(fn));
+    if (!result.ok()) optimizer_.ZeroGrad();
+    return result;
+  }
+  // Step without the exception guard and the second try.
+  StepOr<StepResult> StepUnguarded(const std::vector<QueuedGroup>& groups);
+  // Lay out, forward and loss, backward: zeroes the gradients, then
+  // accumulates those of `groups` micro-batch by micro-batch.
+  StepOr<Accumulated> Accumulate(const std::vector<QueuedGroup>& groups, const StepTotals& totals);
+  // One micro-batch's forward pass and loss.
+  StepOr<LossOutput> ForwardAndLoss(const MicroBatch& batch, const StepTotals& totals);
+  // StepShard's exchange: sums `exchange` (this rank's share, from `local`)
+  // across ranks, and the gradients too unless the optimizer reduces them.
+  // Fails with a failing rank's reason, or when no rank has a group left.
+  StepOr<StepResult> Reduce(const StepOr<Accumulated>& local, StepExchange& exchange,
+                            StepReducer& reducer);
+  // Reduce (the optimizer's part: ZeRO-1's reduce-scatter), clip, update
+  // and publish, from the accumulated gradients; `stepped`: per parameter,
+  // whether any rank has a gradient for it.
+  StepOr<StepResult> Update(StepResult result, const std::vector<bool>& stepped);
+  // Bumps the version and publishes the weights; returns the new version.
+  uint64_t Publish();
+  // This rank's share of the exchange.
+  StepExchange ExchangeOf(const StepOr<Accumulated>& local) const;
+  // The step's result from what its backward passes accumulated.
+  static StepResult ResultOf(const Accumulated& local);
+  // Per parameter, whether it has a gradient here.
+  std::vector<bool> Stepped() const;
+  static StepFailure NonFiniteGradient();
+
+  // The second tries (trainer_isolation.cc). Step's after `failure`:
+  // `failure` itself unless it is a non-finite loss or gradient with
+  // poison to blame.
+  StepOr<StepResult> StepWithoutPoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                               const StepFailure& failure);
   // StepShard's local half after `failure`: this rank's shard without its
   // poisoned groups (the step's totals unchanged; possibly no group left).
-  absl::StatusOr<StepResult> ShardWithoutPoisonedGroups(const std::vector<QueuedGroup>& shard,
-                                                        const StepTotals& totals,
-                                                        std::vector<double>* sums,
-                                                        const absl::Status& failure);
+  StepOr<Accumulated> ShardWithoutPoisonedGroups(const std::vector<QueuedGroup>& shard,
+                                                 const StepTotals& totals,
+                                                 const StepFailure& failure);
   // The indices of `groups` that are non-finite by their rewards (each
   // tried alone, then with its rewards' signs), or `failure` when that is not
   // a non-finite loss or gradient, or a group is non-finite for another
   // reason (the model's) or fails otherwise.
-  absl::StatusOr<std::vector<size_t>> PoisonedGroups(const std::vector<QueuedGroup>& groups,
-                                                     const absl::Status& failure);
-  // OK when `group` alone gives a finite loss and gradient; leaves no
-  // gradient behind.
-  absl::Status TryAlone(const QueuedGroup& group);
-  // Also stores the DiagnosticsPool's sums in `sums` when given (for
-  // ReduceShard).
-  absl::StatusOr<StepResult> ComputeGradientsUnguarded(const std::vector<QueuedGroup>& groups,
-                                                       const StepTotals& totals,
-                                                       std::vector<double>* sums = nullptr);
-  // The second half of a step: clips, steps AdamW, bumps and publishes the
-  // version. `result` comes from ComputeGradients. With `stepped` (a
-  // sharded optimizer; per parameter, whether any rank has a gradient for
-  // it) the gradients are still this rank's own and ShardedAdamW reduces
-  // them.
-  absl::StatusOr<StepResult> ApplyUnguarded(StepResult result,
-                                            const std::vector<QueuedGroup>& groups,
-                                            const std::vector<bool>* stepped = nullptr);
-  // StepShard's exchange: sums the diagnostics, the failures and (unless
-  // the optimizer is sharded) the gradients across ranks; sets `stepped`.
-  absl::StatusOr<StepResult> ReduceShard(absl::StatusOr<StepResult> local,
-                                         const std::vector<double>& sums, StepReducer* reducer,
-                                         std::vector<bool>* stepped);
-  // The sharded optimizer's step: reduce-scatter, clip, AdamW, all-gather.
-  // Returns the norm before clipping.
-  absl::StatusOr<double> StepShardedOptimizer(double lr, const std::vector<bool>& stepped);
-  // Counts a step attempt and sets this step's injected faults.
-  void ArmFaults();
-  // Forward, loss and backward of one micro-batch; adds to the gradients.
-  absl::StatusOr<LossDiagnostics> BackwardMicroBatch(const MicroBatch& batch,
-                                                     const StepTotals& totals);
-  // Clips the gradients to max_grad_norm; returns the norm before clipping.
-  absl::StatusOr<double> ClipGradients();
+  StepOr<std::vector<size_t>> PoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                             const StepFailure& failure);
+  // The gradient norm of `group` alone, when finite (a failure otherwise);
+  // leaves no gradient behind.
+  StepOr<double> TryAlone(const QueuedGroup& group);
 
   TrainerOptions options_;
   PolicyLoss loss_;
   PolicyModel* model_;
   WeightPublisher* publisher_;
-  AdamW optimizer_;
+  std::unique_ptr<MicroBatchLayout> layout_;
+  StepFaults faults_;
+  AdamW optimizer_;  // every moment; none once sharded (but a checkpoint's)
   std::unique_ptr<ShardedAdamW> sharded_;
+  Optimizer* stepper_ = &optimizer_;  // what updates: optimizer_, or sharded_
   std::atomic<uint64_t> version_{0};
-  int64_t step_calls_ = 0;                              // for fault injection
-  bool inject_nan_ = false, inject_exception_ = false;  // this step's faults
 };
 
 }  // namespace asympo::learner

@@ -12,9 +12,10 @@
 // activations), no group is to blame and the step stays skipped. The step
 // is then computed again on the groups kept, with their totals, exactly as
 // if only they had been popped. When every group is poisoned the step is
-// skipped as kSkipPoisonedGroups (the daemon blames their sources). The
+// skipped as SkipReason::kPoisonedGroups (the daemon blames their sources). The
 // extra passes cost up to two forward and backward passes per group, on
 // this path only.
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -24,9 +25,8 @@
 namespace asympo::learner {
 namespace {
 
-bool NonFinite(const absl::Status& s) {
-  const std::string reason = StepSkipReason(s);
-  return reason == kSkipNonFiniteLoss || reason == kSkipNonFiniteGradient;
+bool NonFinite(const StepFailure& f) {
+  return f.reason == SkipReason::kNonFiniteLoss || f.reason == SkipReason::kNonFiniteGradient;
 }
 
 // `q` with each reward replaced by its sign.
@@ -36,40 +36,6 @@ QueuedGroup WithSignRewards(QueuedGroup q) {
   }
   return q;
 }
-
-}  // namespace
-
-absl::Status Trainer::TryAlone(const QueuedGroup& group) {
-  const std::vector<QueuedGroup> one = {group};
-  return Guarded("trying one group alone",
-                 [&]() -> absl::StatusOr<StepResult> {
-                   absl::StatusOr<StepResult> r = ComputeGradientsUnguarded(one, StepTotalsOf(one));
-                   if (r.ok()) {
-                     absl::StatusOr<double> norm = ClipGradients();
-                     if (!norm.ok()) r = norm.status();
-                   }
-                   optimizer_.ZeroGrad();
-                   return r;
-                 })
-      .status();
-}
-
-absl::StatusOr<std::vector<size_t>> Trainer::PoisonedGroups(const std::vector<QueuedGroup>& groups,
-                                                            const absl::Status& failure) {
-  if (!NonFinite(failure)) return failure;  // only a non-finite step can have poison to blame
-  std::vector<size_t> poisoned;
-  for (size_t i = 0; i < groups.size(); ++i) {
-    const absl::Status alone = TryAlone(groups[i]);
-    if (alone.ok()) continue;
-    // Another kind of failure, or one its rewards do not explain: no group
-    // can be blamed.
-    if (!NonFinite(alone) || !TryAlone(WithSignRewards(groups[i])).ok()) return failure;
-    poisoned.push_back(i);
-  }
-  return poisoned;
-}
-
-namespace {
 
 std::vector<QueuedGroup> Without(const std::vector<QueuedGroup>& groups,
                                  const std::vector<size_t>& dropped) {
@@ -85,42 +51,70 @@ std::vector<QueuedGroup> Without(const std::vector<QueuedGroup>& groups,
   return kept;
 }
 
+// Sets `result`'s dropped and dropped_sources (a StepResult or the
+// trainer's Accumulated).
+template <typename Result>
 void SetDropped(const std::vector<QueuedGroup>& groups, std::vector<size_t> dropped,
-                StepResult* result) {
-  for (const size_t i : dropped) result->dropped_sources.push_back(groups[i].source);
-  result->dropped = std::move(dropped);
+                Result& result) {
+  for (const size_t i : dropped) result.dropped_sources.push_back(groups[i].source);
+  result.dropped = std::move(dropped);
 }
 
 }  // namespace
 
-absl::StatusOr<StepResult> Trainer::StepWithoutPoisonedGroups(
-    const std::vector<QueuedGroup>& groups, const absl::Status& failure) {
-  absl::StatusOr<std::vector<size_t>> dropped = PoisonedGroups(groups, failure);
+StepOr<double> Trainer::TryAlone(const QueuedGroup& group) {
+  const std::vector<QueuedGroup> one = {group};
+  return Guarded("trying one group alone", [&]() -> StepOr<double> {
+    StepOr<Accumulated> alone = Accumulate(one, StepTotalsOf(one));
+    if (!alone.ok()) return alone.failure();
+    const double norm = GradientNorm(model_->parameters());
+    optimizer_.ZeroGrad();
+    if (!std::isfinite(norm)) return NonFiniteGradient();
+    return norm;
+  });
+}
+
+StepOr<std::vector<size_t>> Trainer::PoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                                    const StepFailure& failure) {
+  if (!NonFinite(failure)) return failure;  // only a non-finite step can have poison to blame
+  std::vector<size_t> poisoned;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const StepOr<double> alone = TryAlone(groups[i]);
+    if (alone.ok()) continue;
+    // Another kind of failure, or one its rewards do not explain: no group
+    // can be blamed.
+    if (!NonFinite(alone.failure()) || !TryAlone(WithSignRewards(groups[i])).ok()) return failure;
+    poisoned.push_back(i);
+  }
+  return poisoned;
+}
+
+StepOr<StepResult> Trainer::StepWithoutPoisonedGroups(const std::vector<QueuedGroup>& groups,
+                                                      const StepFailure& failure) {
+  StepOr<std::vector<size_t>> dropped = PoisonedGroups(groups, failure);
   if (!dropped.ok() || dropped->empty()) return failure;
   if (dropped->size() == groups.size()) {
-    return WithStepSkipReason(
-        absl::InternalError(absl::StrCat(
-            "each of the step's ", groups.size(),
-            " groups made the loss or the gradient non-finite by its rewards; the step was "
-            "skipped")),
-        kSkipPoisonedGroups);
+    return StepFailure{absl::InternalError(absl::StrCat(
+                           "each of the step's ", groups.size(),
+                           " groups made the loss or the gradient non-finite by its rewards; "
+                           "the step was skipped")),
+                       SkipReason::kPoisonedGroups};
   }
   const std::vector<QueuedGroup> kept = Without(groups, *dropped);
-  absl::StatusOr<StepResult> result = Guarded("training step", [&] { return StepUnguarded(kept); });
-  if (result.ok()) SetDropped(groups, *std::move(dropped), &*result);
+  StepOr<StepResult> result = Guarded("training step", [&] { return StepUnguarded(kept); });
+  if (result.ok()) SetDropped(groups, *std::move(dropped), *result);
   return result;
 }
 
-absl::StatusOr<StepResult> Trainer::ShardWithoutPoisonedGroups(
-    const std::vector<QueuedGroup>& shard, const StepTotals& totals, std::vector<double>* sums,
-    const absl::Status& failure) {
-  absl::StatusOr<std::vector<size_t>> dropped = PoisonedGroups(shard, failure);
+StepOr<Trainer::Accumulated> Trainer::ShardWithoutPoisonedGroups(
+    const std::vector<QueuedGroup>& shard, const StepTotals& totals, const StepFailure& failure) {
+  StepOr<std::vector<size_t>> dropped = PoisonedGroups(shard, failure);
   if (!dropped.ok() || dropped->empty()) return failure;
   const std::vector<QueuedGroup> kept = Without(shard, *dropped);
-  absl::StatusOr<StepResult> result =
-      Guarded("computing gradients", [&] { return ComputeGradientsUnguarded(kept, totals, sums); });
-  if (result.ok()) SetDropped(shard, *std::move(dropped), &*result);
-  return result;
+  StepOr<Accumulated> local =
+      Guarded("computing gradients", [&] { return Accumulate(kept, totals); });
+  if (local.ok()) SetDropped(shard, *std::move(dropped), *local);
+  return local;
 }
 
 }  // namespace asympo::learner

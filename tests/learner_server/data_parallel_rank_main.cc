@@ -114,7 +114,7 @@ int Run(int argc, char** argv) {
   }
   std::FILE* csv = std::fopen((out + "/r" + std::to_string(rank) + ".csv").c_str(), "w");
   for (int step = first_step; step <= steps; ++step) {
-    absl::StatusOr<StepResult> r;
+    StepOr<StepResult> r;
     if (dp == nullptr) {
       r = trainer->Step(GroupsOf(step));
     } else if (rank == 0) {
@@ -133,7 +133,7 @@ int Run(int argc, char** argv) {
     } else {
       std::fprintf(csv, "%d,skipped,%llu,%s\n", step,
                    static_cast<unsigned long long>(trainer->version()),
-                   StepSkipReason(r.status()).c_str());
+                   std::string(SkipReasonLabel(r.reason())).c_str());
     }
     std::ofstream w(out + "/r" + std::to_string(rank) + "_s" + std::to_string(step) + ".bin",
                     std::ios::binary);

@@ -5,12 +5,15 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include "learner_server/step_exchange.h"
+#include "tests/testing/status_matchers.h"
 #include "trainer_test_util.h"
 
 namespace asympo::learner {
 namespace {
 
 using Env = std::map<std::string, std::string>;
+using ::asympo::testing::StatusIs;
 
 // A getenv over `env` (null for a variable it lacks).
 std::function<const char*(const char*)> Lookup(const Env& env) {
@@ -32,15 +35,16 @@ DataParallelFlags Insecure() {
 
 TEST(ResolveDataParallelTest, NothingSetIsOneProcess) {
   const auto o = Resolve({}, {});
-  ASSERT_TRUE(o.ok()) << o.status();
+  ASSERT_OK(o);
   EXPECT_EQ(o->world_size, 1);
   EXPECT_EQ(o->rank, 0);
 }
 
 TEST(ResolveDataParallelTest, TorchrunVariables) {
-  const auto o = Resolve(Insecure(), {{"RANK", "2"}, {"WORLD_SIZE", "4"},
-                                      {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29411"}});
-  ASSERT_TRUE(o.ok()) << o.status();
+  const auto o = Resolve(
+      Insecure(),
+      {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.0.0.5"}, {"MASTER_PORT", "29411"}});
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 2);
   EXPECT_EQ(o->world_size, 4);
   EXPECT_EQ(o->master_addr, "10.0.0.5");
@@ -48,9 +52,9 @@ TEST(ResolveDataParallelTest, TorchrunVariables) {
 }
 
 TEST(ResolveDataParallelTest, SlurmVariablesWhenTorchrunsAreAbsent) {
-  const auto o = Resolve(Insecure(), {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"},
-                                      {"MASTER_ADDR", "node7"}});
-  ASSERT_TRUE(o.ok()) << o.status();
+  const auto o =
+      Resolve(Insecure(), {{"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "3"}, {"MASTER_ADDR", "node7"}});
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 1);
   EXPECT_EQ(o->world_size, 3);
   EXPECT_EQ(o->master_port, 29500);
@@ -62,9 +66,9 @@ TEST(ResolveDataParallelTest, FlagsWinOverTheEnvironment) {
   f.world_size = 2;
   f.master_addr = "127.0.0.1";
   f.master_port = 30000;
-  const auto o = Resolve(f, {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "x"},
-                             {"MASTER_PORT", "1"}});
-  ASSERT_TRUE(o.ok()) << o.status();
+  const auto o =
+      Resolve(f, {{"RANK", "5"}, {"WORLD_SIZE", "8"}, {"MASTER_ADDR", "x"}, {"MASTER_PORT", "1"}});
+  ASSERT_OK(o);
   EXPECT_EQ(o->rank, 0);
   EXPECT_EQ(o->world_size, 2);
   EXPECT_EQ(o->master_addr, "127.0.0.1");
@@ -82,16 +86,16 @@ TEST(ResolveDataParallelTest, BadValuesAreNamed) {
                 .find("the rank is 4"),
             std::string::npos);
   EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "0"}}).find("world size is 0"), std::string::npos);
-  EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
-                .find("master port is 70000"),
-            std::string::npos);
+  EXPECT_NE(
+      message(Insecure(), {{"WORLD_SIZE", "2"}, {"MASTER_ADDR", "h"}, {"MASTER_PORT", "70000"}})
+          .find("master port is 70000"),
+      std::string::npos);
   EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "2"}}).find("MASTER_ADDR"), std::string::npos);
 }
 
 TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
   const auto o = Resolve({}, {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
-  ASSERT_FALSE(o.ok());
-  EXPECT_NE(std::string(o.status().message()).find("--dist_insecure"), std::string::npos);
+  EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "--dist_insecure"));
 }
 
 absl::StatusOr<std::string> Device(const std::string& flag, const Env& env) {
@@ -110,11 +114,9 @@ TEST(RankDeviceTest, CudaWithoutAnIndexTakesTheLocalRanksGpu) {
 
 TEST(RankDeviceTest, BadLocalRanksAreNamed) {
   const auto bad = Device("cuda", {{"LOCAL_RANK", "one"}});
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("LOCAL_RANK"), std::string::npos) << bad.status();
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument, "LOCAL_RANK"));
   const auto negative = Device("cuda", {{"SLURM_LOCALID", "-1"}});
-  ASSERT_FALSE(negative.ok());
-  EXPECT_NE(negative.status().message().find("SLURM_LOCALID"), std::string::npos);
+  EXPECT_THAT(negative, StatusIs(absl::StatusCode::kInvalidArgument, "SLURM_LOCALID"));
 }
 
 TEST(SplitByTokensTest, WholeGroupsBalancedByTokensInOrder) {
@@ -135,6 +137,67 @@ TEST(SplitByTokensTest, MoreRanksThanGroupsLeavesSomeEmpty) {
   EXPECT_EQ(split[0].size() + split[1].size(), 2u);
   EXPECT_TRUE(split[2].empty());
   EXPECT_FALSE(split[0].empty());  // rank 0 always holds the largest group
+}
+
+// Two ranks holding the same share: each summed value doubles.
+class TwoEqualRanks : public StepReducer {
+ public:
+  absl::Status SumValues(std::vector<double>* values) override {
+    ++calls;
+    for (double& v : *values) v *= 2;
+    return absl::OkStatus();
+  }
+  absl::Status SumGradients(const std::vector<at::Tensor>&) override { return absl::OkStatus(); }
+  int calls = 0;
+};
+
+TEST(StepExchangeTest, EverySummedFieldAddsUpAcrossTheRanksInOneCall) {
+  StepExchange e;
+  e.diagnostics.loss = 1.5;
+  e.diagnostics.positive_mass = 2;
+  e.diagnostics.s_pos = 1;
+  e.diagnostics.s_neg = 0.5;
+  e.diagnostics.reward = 6;
+  e.diagnostics.groups = 3;
+  e.diagnostics.responses = 12;
+  e.diagnostics.tokens = 40;
+  e.tokens = 90;
+  e.micro_batches = 2;
+  e.gpg_alpha = 1.25;
+  e.ranks_with_groups = 1;
+  e.has_gradient = {1, 0, 1};
+  EXPECT_EQ(e.failure(), std::nullopt);
+  e.failures[static_cast<size_t>(SkipReason::kOutOfMemory)] = 1;
+  TwoEqualRanks reducer;
+  ASSERT_OK(SumAcrossRanks(reducer, e));
+  EXPECT_EQ(reducer.calls, 1);
+  EXPECT_EQ(e.diagnostics.loss, 3.0);
+  EXPECT_EQ(e.diagnostics.groups, 6);
+  EXPECT_EQ(e.tokens, 180);
+  EXPECT_EQ(e.micro_batches, 4);
+  EXPECT_EQ(e.ranks_with_groups, 2);
+  EXPECT_EQ(e.has_gradient, (std::vector<int64_t>{2, 0, 2}));
+  EXPECT_EQ(e.failure(), SkipReason::kOutOfMemory);
+  const LossDiagnostics d = e.Pooled();  // means over the two ranks' sums
+  EXPECT_DOUBLE_EQ(d.loss, 3.0);
+  EXPECT_DOUBLE_EQ(d.s_pos, 0.5);
+  EXPECT_DOUBLE_EQ(d.s_neg, 0.25);
+  EXPECT_DOUBLE_EQ(d.reward_mean, 0.5);
+  EXPECT_DOUBLE_EQ(d.gpg_alpha, 1.25);  // averaged over the ranks with groups
+  EXPECT_EQ(d.responses, 24);
+}
+
+class BrokenRanks : public TwoEqualRanks {
+ public:
+  absl::Status SumValues(std::vector<double>*) override {
+    return absl::UnavailableError("a rank died");
+  }
+};
+
+TEST(StepExchangeTest, AFailedCollectivePassesThrough) {
+  StepExchange e;
+  BrokenRanks reducer;
+  EXPECT_THAT(SumAcrossRanks(reducer, e), StatusIs(absl::StatusCode::kUnavailable, "a rank died"));
 }
 
 }  // namespace

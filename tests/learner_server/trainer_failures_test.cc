@@ -9,10 +9,14 @@
 
 #include "learner_server/trainer.h"
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/in_process_publisher.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::InProcessPublisher;
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // Everything a failed step must not change.
@@ -54,8 +58,8 @@ class TrainerFailuresTest : public ::testing::Test {
   void Start(TrainerOptions options) {
     model_ = Tiny();
     trainer_ = Trainer::Create(options, model_.get(), &publisher_).value();
-    ASSERT_TRUE(trainer_->Step(FixedGroups(4)).ok());
-    ASSERT_TRUE(trainer_->Step(FixedGroups(4)).ok());
+    ASSERT_OK(trainer_->Step(FixedGroups(4)));
+    ASSERT_OK(trainer_->Step(FixedGroups(4)));
   }
 
   std::unique_ptr<PolicyModel> model_;
@@ -69,15 +73,14 @@ TEST_F(TrainerFailuresTest, AnInjectedNonFiniteLossIsSkippedAndChangesNothing) {
   Start(o);
   const Snapshot before = Take(*model_, *trainer_);
   const int64_t publishes = publisher_.publishes();
-  absl::StatusOr<StepResult> step = trainer_->Step(FixedGroups(4));
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipNonFiniteLoss);
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("loss is not finite"));
+  StepOr<StepResult> step = trainer_->Step(FixedGroups(4));
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal, "loss is not finite"));
+  EXPECT_EQ(step.reason(), SkipReason::kNonFiniteLoss);
   ExpectUnchanged(before, *model_, *trainer_);
   EXPECT_EQ(publisher_.publishes(), publishes) << "a skipped step published weights";
   // The next step trains.
-  absl::StatusOr<StepResult> next = trainer_->Step(FixedGroups(4));
-  ASSERT_TRUE(next.ok()) << next.status();
+  StepOr<StepResult> next = trainer_->Step(FixedGroups(4));
+  ASSERT_OK(next);
   EXPECT_EQ(next->version, before.version + 1);
 }
 
@@ -87,14 +90,13 @@ TEST_F(TrainerFailuresTest, AnInjectedLibTorchExceptionIsSkippedAndChangesNothin
   o.fault_exception_steps = {3};
   Start(o);
   const Snapshot before = Take(*model_, *trainer_);
-  absl::StatusOr<StepResult> step = trainer_->Step(FixedGroups(4));
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(step.status().code(), absl::StatusCode::kInternal);
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipTorchError);
+  StepOr<StepResult> step = trainer_->Step(FixedGroups(4));
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(step.reason(), SkipReason::kTorchError);
   EXPECT_THAT(std::string(step.status().message()),
               HasSubstr("training step: injected fault (--fault_exception_steps)"));
   ExpectUnchanged(before, *model_, *trainer_);
-  ASSERT_TRUE(trainer_->Step(FixedGroups(4)).ok());
+  ASSERT_OK(trainer_->Step(FixedGroups(4)));
   EXPECT_EQ(trainer_->version(), before.version + 1);
 }
 
@@ -103,12 +105,11 @@ TEST_F(TrainerFailuresTest, BadDataIsAnInvalidBatchAndChangesNothing) {
   const Snapshot before = Take(*model_, *trainer_);
   std::vector<QueuedGroup> groups = FixedGroups(4);
   groups[2].group.mutable_responses(1)->set_tokens(0, 1000);  // outside the vocabulary
-  absl::StatusOr<StepResult> step = trainer_->Step(std::move(groups));
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipInvalidBatch);
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("token 1000"));
+  StepOr<StepResult> step = trainer_->Step(std::move(groups));
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInvalidArgument, "token 1000"));
+  EXPECT_EQ(step.reason(), SkipReason::kInvalidBatch);
   ExpectUnchanged(before, *model_, *trainer_);
-  EXPECT_EQ(StepSkipReason(trainer_->Step({}).status()), kSkipInvalidBatch);
+  EXPECT_EQ(trainer_->Step({}).reason(), SkipReason::kInvalidBatch);
 }
 
 TEST_F(TrainerFailuresTest, NonFiniteLogProbsAreANonFiniteLossAndChangeNothing) {
@@ -119,9 +120,9 @@ TEST_F(TrainerFailuresTest, NonFiniteLogProbsAreANonFiniteLossAndChangeNothing) 
     model_->lm_head_weight()[0][0].fill_(std::numeric_limits<float>::infinity());
   }
   const Snapshot before = Take(*model_, *trainer_);
-  absl::StatusOr<StepResult> step = trainer_->Step(FixedGroups(4));
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipNonFiniteLoss) << step.status();
+  StepOr<StepResult> step = trainer_->Step(FixedGroups(4));
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal, "not finite"));
+  EXPECT_EQ(step.reason(), SkipReason::kNonFiniteLoss);
   ExpectUnchanged(before, *model_, *trainer_);
 }
 
@@ -131,15 +132,34 @@ TEST_F(TrainerFailuresTest, ANonFiniteGradientIsSkippedAndChangesNothing) {
   at::Tensor p = model_->parameters().back();
   p.register_hook([](at::Tensor g) { return g * std::numeric_limits<float>::quiet_NaN(); });
   const Snapshot before = Take(*model_, *trainer_);
-  absl::StatusOr<StepResult> step = trainer_->Step(FixedGroups(4));
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipNonFiniteGradient) << step.status();
-  EXPECT_THAT(std::string(step.status().message()), HasSubstr("gradient is not finite"));
+  StepOr<StepResult> step = trainer_->Step(FixedGroups(4));
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal, "gradient is not finite"));
+  EXPECT_EQ(step.reason(), SkipReason::kNonFiniteGradient);
   ExpectUnchanged(before, *model_, *trainer_);
 }
 
-TEST(StepSkipReasonTest, StatusesWithoutAReasonAreErrors) {
-  EXPECT_EQ(StepSkipReason(absl::InternalError("x")), "error");
+TEST(SkipReasonTest, LabelsAreTheMetricsAndCodesGiveTheRest) {
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kNonFiniteLoss), "nonfinite_loss");
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kNonFiniteGradient), "nonfinite_gradient");
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kInvalidBatch), "invalid_batch");
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kOutOfMemory), "out_of_memory");
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kTorchError), "torch_error");
+  EXPECT_EQ(SkipReasonLabel(SkipReason::kPoisonedGroups), "poisoned_groups");
+  EXPECT_EQ(SkipReasonOfCode(absl::StatusCode::kResourceExhausted), SkipReason::kOutOfMemory);
+  EXPECT_EQ(SkipReasonOfCode(absl::StatusCode::kInvalidArgument), SkipReason::kInvalidBatch);
+  EXPECT_EQ(SkipReasonOfCode(absl::StatusCode::kInternal), SkipReason::kTorchError);
+}
+
+TEST(SkipReasonTest, AStepOrCarriesItsFailuresReason) {
+  const StepOr<int> failed = StepFailure{absl::InternalError("x"), SkipReason::kPoisonedGroups};
+  EXPECT_THAT(failed, StatusIs(absl::StatusCode::kInternal, "x"));
+  EXPECT_EQ(failed.reason(), SkipReason::kPoisonedGroups);
+  EXPECT_EQ(failed.failure().reason, SkipReason::kPoisonedGroups);
+  const StepOr<int> plain = absl::ResourceExhaustedError("out of memory");
+  EXPECT_EQ(plain.reason(), SkipReason::kOutOfMemory);
+  const StepOr<int> value = 3;
+  ASSERT_OK(value);
+  EXPECT_EQ(*value, 3);
 }
 
 }  // namespace

@@ -9,10 +9,12 @@
 
 #include "learner_server/trainer.h"
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 
 // Rewards whose group sum overflows float32: finite each, but the
@@ -42,14 +44,14 @@ TEST_P(TrainerIsolationTest, APoisonedGroupIsDroppedAndTheOthersTrainAsIfAlone) 
   // step of it alone is skipped, blaming it).
   auto probe_model = Tiny();
   auto probe = Trainer::Create(options, probe_model.get(), nullptr).value();
-  const absl::StatusOr<StepResult> alone = probe->Step({poisoned[2]});
-  ASSERT_FALSE(alone.ok());
-  EXPECT_EQ(StepSkipReason(alone.status()), kSkipPoisonedGroups) << alone.status();
+  const StepOr<StepResult> alone = probe->Step({poisoned[2]});
+  ASSERT_THAT(alone, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(alone.reason(), SkipReason::kPoisonedGroups) << alone.status();
 
   auto model_a = Tiny();
   auto a = Trainer::Create(options, model_a.get(), nullptr).value();
-  absl::StatusOr<StepResult> step = a->Step(poisoned);
-  ASSERT_TRUE(step.ok()) << step.status();
+  StepOr<StepResult> step = a->Step(poisoned);
+  ASSERT_OK(step);
   EXPECT_THAT(step->dropped, ElementsAre(2u));
   EXPECT_EQ(step->diagnostics.groups, 3);
   EXPECT_EQ(step->staleness.size(), 3u);
@@ -57,8 +59,8 @@ TEST_P(TrainerIsolationTest, APoisonedGroupIsDroppedAndTheOthersTrainAsIfAlone) 
 
   auto model_b = Tiny();
   auto b = Trainer::Create(options, model_b.get(), nullptr).value();
-  absl::StatusOr<StepResult> reference = b->Step(honest);
-  ASSERT_TRUE(reference.ok()) << reference.status();
+  StepOr<StepResult> reference = b->Step(honest);
+  ASSERT_OK(reference);
   EXPECT_TRUE(reference->dropped.empty());
   EXPECT_EQ(step->diagnostics.loss, reference->diagnostics.loss);
   EXPECT_EQ(step->grad_norm, reference->grad_norm);
@@ -84,9 +86,9 @@ TEST(TrainerIsolationTest, AStepWhoseGroupsAreAllPoisonedIsSkipped) {
   std::vector<QueuedGroup> groups = FixedGroups(3);
   for (QueuedGroup& q : groups) Poison(&q);
   const std::vector<at::Tensor> before = Weights(*model);
-  absl::StatusOr<StepResult> step = trainer->Step(groups);
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipPoisonedGroups) << step.status();
+  StepOr<StepResult> step = trainer->Step(groups);
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(step.reason(), SkipReason::kPoisonedGroups) << step.status();
   EXPECT_THAT(std::string(step.status().message()),
               ::testing::HasSubstr("each of the step's 3 groups made the loss or the gradient "
                                    "non-finite by its rewards"));
@@ -113,22 +115,22 @@ TEST(TrainerIsolationTest, ADataParallelRankDropsItsPoisonedGroupsAndKeepsTheSte
 
   auto model_a = Tiny();
   auto a = Trainer::Create(Options(Objective::kAsympo), model_a.get(), nullptr).value();
-  absl::StatusOr<StepResult> step = a->StepShard(shard, totals, &reducer);
-  ASSERT_TRUE(step.ok()) << step.status();
+  StepOr<StepResult> step = a->StepShard(shard, totals, &reducer);
+  ASSERT_OK(step);
   EXPECT_THAT(step->dropped, ElementsAre(1u));
   EXPECT_THAT(step->dropped_sources, ElementsAre("gen-b"));
   // The same as a rank given the honest groups under the step's totals.
   auto model_b = Tiny();
   auto b = Trainer::Create(Options(Objective::kAsympo), model_b.get(), nullptr).value();
-  ASSERT_TRUE(b->StepShard(honest, totals, &reducer).ok());
+  ASSERT_OK(b->StepShard(honest, totals, &reducer));
   const std::vector<at::Tensor> wa = Weights(*model_a), wb = Weights(*model_b);
   for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(torch::equal(wa[i], wb[i])) << i;
 
   // A shard of poison only, on the only rank: the step is skipped.
   std::vector<QueuedGroup> poison = {shard[1], shard[1]};
   step = a->StepShard(poison, StepTotalsOf(poison), &reducer);
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipPoisonedGroups) << step.status();
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(step.reason(), SkipReason::kPoisonedGroups) << step.status();
   EXPECT_EQ(a->version(), 1u);
 }
 
@@ -139,9 +141,9 @@ TEST(TrainerIsolationTest, AStepOfOnePoisonedGroupBlamesItToo) {
   auto trainer = Trainer::Create(Options(Objective::kNaive), model.get(), nullptr).value();
   std::vector<QueuedGroup> groups = FixedGroups(1);
   Poison(&groups[0]);
-  const absl::StatusOr<StepResult> step = trainer->Step(groups);
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipPoisonedGroups) << step.status();
+  const StepOr<StepResult> step = trainer->Step(groups);
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(step.reason(), SkipReason::kPoisonedGroups) << step.status();
   EXPECT_EQ(trainer->version(), 0u);
 }
 
@@ -156,9 +158,9 @@ TEST(TrainerIsolationTest, AModelThatOverflowsBlamesNoGroup) {
   }
   std::vector<QueuedGroup> groups = FixedGroups(3);
   Poison(&groups[1]);
-  const absl::StatusOr<StepResult> step = trainer->Step(groups);
-  ASSERT_FALSE(step.ok());
-  EXPECT_EQ(StepSkipReason(step.status()), kSkipNonFiniteLoss) << step.status();
+  const StepOr<StepResult> step = trainer->Step(groups);
+  ASSERT_THAT(step, StatusIs(absl::StatusCode::kInternal));
+  EXPECT_EQ(step.reason(), SkipReason::kNonFiniteLoss) << step.status();
   EXPECT_EQ(trainer->version(), 0u);
 }
 

@@ -5,9 +5,13 @@
 #include <torch/types.h>
 
 #include "tests/learner_server/trainer_test_util.h"
+#include "tests/testing/in_process_publisher.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
+
+using ::asympo::testing::InProcessPublisher;
 
 TEST(TrainerTest, ATrainingStepLowersTheLossOnAFixedBatch) {
   auto model = Tiny();
@@ -59,8 +63,8 @@ TEST(TrainerTest, PublishesEveryVersionAndMeasuresStaleness) {
   auto model = Tiny();
   InProcessPublisher publisher;
   auto trainer = Trainer::Create(Options(Objective::kSpo), model.get(), &publisher).value();
-  ASSERT_TRUE(trainer->Step(FixedGroups(2)).ok());
-  ASSERT_TRUE(trainer->Step(FixedGroups(2)).ok());
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
   const auto r = trainer->Step(FixedGroups(3, /*arrival=*/1)).value();
   EXPECT_EQ(publisher.version(), 3u);
   EXPECT_EQ(publisher.publishes(), 3);
@@ -72,7 +76,7 @@ TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
   auto model = Tiny();
   auto trainer = Trainer::Create(Options(Objective::kGrpo), model.get(), nullptr).value();
   const auto r = trainer->Step(FixedGroups(3));
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_GT(r->diagnostics.clip_high_fraction + r->diagnostics.clip_low_fraction, 0.0);
 }
 
