@@ -167,10 +167,11 @@ absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
 
 absl::Status LearnerDaemon::SetUpSecurity(prometheus::Registry& registry) {
   LearnerDaemonOptions& o = options_;
-  o.tls.registry = &registry;  // asympo_tls_*: renewed files refused or taken
-  ASYMPO_ASSIGN_OR_RETURN(credentials_, security::MakeServerCredentials(o.tls));
+  // asympo_tls_*: renewed files refused or taken.
+  ASYMPO_ASSIGN_OR_RETURN(credentials_, security::MakeServerCredentials(o.tls, registry));
   o.auth.client_ca_file = o.tls.client_ca_file;
-  ASYMPO_ASSIGN_OR_RETURN(authorizer_, security::Authorizer::Create(o.auth, &registry));
+  ASYMPO_ASSIGN_OR_RETURN(authorizer_, security::Authorizer::Create(
+                                           o.auth, RegisterRefusalCounters(registry), registry));
   // A malformed address is named as such, not refused as beyond loopback.
   ASYMPO_RETURN_IF_ERROR(SplitHostPort(o.listen_address, "--listen").status());
   ASYMPO_RETURN_IF_ERROR(security::CheckListenPolicy(o.listen_address, !o.tls.cert_file.empty(),

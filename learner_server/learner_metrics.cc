@@ -244,6 +244,15 @@ prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& r) {
       "picked them up (it fell behind the trainer).");
 }
 
+prometheus::Family<prometheus::Counter>& RegisterRefusalCounters(prometheus::Registry& r) {
+  return prometheus::BuildCounter()
+      .Name("asympo_learner_refusals_total")
+      .Help(
+          "Calls refused before any work, by gRPC code and cause (bad or missing "
+          "credentials, a missing role, a quota)")
+      .Register(r);
+}
+
 ConnectionCounters RegisterConnectionCounters(prometheus::Registry& r) {
   auto& family = prometheus::BuildCounter()
                      .Name("asympo_learner_connections_total")

@@ -5,7 +5,7 @@
 // Every asympo_learner_* family of the learner is registered here, in
 // learner_metrics.cc: LearnerMetrics' own, and those of the parts that
 // count for themselves (skipped steps, the source quarantine, the snapshot
-// publisher, the listener), which the Register* functions below build and
+// publisher, the listener, the authorizer), which the Register* functions below build and
 // the daemon hands to each part. The caller owns the registry (a
 // prometheus::Registry&, as everywhere in the learner); families are built
 // once, at start, never on the hot path. Thread-safe: prometheus-cpp
@@ -124,6 +124,9 @@ SkippedStepCounters RegisterSkippedStepCounters(prometheus::Registry& registry);
 QuarantineCounters RegisterQuarantineCounters(prometheus::Registry& registry);
 // asympo_learner_snapshots_coalesced_total (SnapshotPublisher).
 prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& registry);
+// asympo_learner_refusals_total{code, cause}: the Authorizer counts the
+// calls it refuses, and the refusals made elsewhere (quotas), in it.
+prometheus::Family<prometheus::Counter>& RegisterRefusalCounters(prometheus::Registry& registry);
 
 // What the listener did with each connection to the learner's port
 // (asympo_learner_connections_total{result}), its accept errors and its

@@ -18,7 +18,8 @@ namespace {
 // How long TakeBatch waits for a group before the loop looks around again.
 constexpr absl::Duration kTakeWait = absl::Milliseconds(200);
 
-std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
+std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o,
+                                              prometheus::Registry& tls_registry) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS,
@@ -26,7 +27,7 @@ std::shared_ptr<grpc::Channel> LearnerChannel(const SubmitClientOptions& o) {
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
               static_cast<int>(absl::ToInt64Milliseconds(o.max_backoff)));
   // Start checked that the channel can be made (its files and policy).
-  return security::CreateClientChannel(o.learner_address, o.tls, args).value();
+  return security::CreateClientChannel(o.learner_address, o.tls, tls_registry, args).value();
 }
 
 // "<source, at most 64 bytes>/<16 random hex digits>/": with a sequence
@@ -54,7 +55,9 @@ absl::StatusOr<std::unique_ptr<SubmitClient>> SubmitClient::Start(SubmitClientOp
     return absl::InvalidArgumentError(
         "submit_timeout and status_timeout must be > 0 and drain_timeout >= 0");
   }
-  if (absl::Status s = security::CreateClientChannel(o.learner_address, o.tls).status(); !s.ok()) {
+  prometheus::Registry unexported;  // this channel is only a check
+  if (absl::Status s = security::CreateClientChannel(o.learner_address, o.tls, unexported).status();
+      !s.ok()) {
     return s;
   }
   std::unique_ptr<SubmitClient> client(new SubmitClient(std::move(o), metrics));
@@ -65,7 +68,7 @@ absl::StatusOr<std::unique_ptr<SubmitClient>> SubmitClient::Start(SubmitClientOp
 SubmitClient::SubmitClient(SubmitClientOptions options, SubmitMetrics* metrics)
     : options_(std::move(options)),
       metrics_(metrics),
-      channel_(LearnerChannel(options_)),
+      channel_(LearnerChannel(options_, tls_registry_)),
       stub_(v1::Learner::NewStub(channel_)),
       backoff_(options_.min_backoff, options_.max_backoff),
       batch_id_prefix_(BatchIdPrefix(options_.source)) {

@@ -405,8 +405,9 @@ absl::StatusOr<int> Main() {
   tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
   tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
   tls.insecure = absl::GetFlag(FLAGS_insecure);
-  ASYMPO_ASSIGN_OR_RETURN(auto channel,
-                          security::CreateClientChannel(absl::GetFlag(FLAGS_learner), tls));
+  prometheus::Registry tls_registry;  // asympo-submit exports no metrics
+  ASYMPO_ASSIGN_OR_RETURN(
+      auto channel, security::CreateClientChannel(absl::GetFlag(FLAGS_learner), tls, tls_registry));
   auto stub = v1::Learner::NewStub(channel);
   run.stub = stub.get();
   ASYMPO_ASSIGN_OR_RETURN(const v1::LearnerStatus st, LearnerStatus(stub.get()));

@@ -1,18 +1,8 @@
-// Who may call the learner, and as what: bearer tokens from a file of
-// hashes, or verified client certificates (mTLS), mapped to principals with
-// roles and quotas (docs/security.md).
-//
-// The principals file (JSON; --auth_file):
-//   {"principals": [
-//     {"name": "rollouts", "token_sha256": "<hex>",
-//      "roles": ["submit", "read_weights", "status"]},
-//     {"name": "team-a", "certificate": "gen.team-a.example",
-//      "roles": ["submit", "status"], "queue_share": 0.25,
-//      "groups_per_second": 40}]}
-// A token is stored only as the SHA-256 of its bytes (`sha256sum`); a
-// certificate entry matches a verified client certificate whose common
-// name or one of whose subject alternative names equals it. Tokens are
-// never logged, nor echoed in errors.
+// Who may call the learner, and as what: bearer tokens or verified client
+// certificates (mTLS) mapped to principals with roles and quotas
+// (docs/security.md). The principals and their file are principals_file.h's;
+// this authorizes each call against them. Tokens are never logged, nor
+// echoed in errors.
 //
 // Modes, by what is configured:
 // - nothing: every caller is the principal "anonymous" with every role (a
@@ -22,11 +12,10 @@
 //   with every role;
 // - a principals file: every caller must match one of its principals.
 //
-// Thread-safe. Refusals are counted in asympo_learner_refusals_total{code,
-// cause} (the registry may be null).
+// Thread-safe. Refusals are counted in the counter family its caller gives
+// (labels code and cause; the learner's asympo_learner_refusals_total).
 #pragma once
 
-#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,28 +33,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/security/credential_files.h"
+#include "common/security/principals_file.h"
 #include "common/security/x509.h"
 
 namespace asympo::security {
-
-enum class Role : uint32_t {
-  kSubmit = 1,       // Learner.Submit, Learner.SubmitStream
-  kReadWeights = 2,  // every WeightBroadcast call: the model's weights
-  kStatus = 4,       // Learner.GetStatus
-};
-
-// "submit", "read_weights", "status".
-const char* RoleName(Role role);
-
-struct Principal {
-  std::string name;  // also the `source` label of its metrics
-  uint32_t roles = 0;
-  // The share of the learner's queue its groups may hold (queued or
-  // waiting), and its rate in groups per second (0: no limit).
-  double queue_share = 1.0;
-  double groups_per_second = 0;
-  bool Has(Role r) const { return (roles & static_cast<uint32_t>(r)) != 0; }
-};
 
 struct AuthOptions {
   std::string principals_file;  // empty: no tokens, no principals
@@ -76,15 +47,6 @@ struct AuthOptions {
   // How often the CA file is looked at for changes.
   absl::Duration ca_reload_interval = absl::Seconds(10);
 };
-
-// Parses a principals file's text. INVALID_ARGUMENT naming the entry and
-// the rule (a name of 1-64 characters of [A-Za-z0-9._:@/+-], unique; a
-// 64-hex-digit token hash, unique; known roles; queue_share in (0, 1];
-// groups_per_second >= 0; no unknown keys).
-absl::StatusOr<std::vector<Principal>> ParsePrincipals(const std::string& json,
-                                                       const AuthOptions& defaults,
-                                                       std::vector<std::string>* token_hashes,
-                                                       std::vector<std::string>* certificates);
 
 class Authorizer;
 
@@ -106,8 +68,12 @@ std::string ShareKey(const Authorizer* authorizer, const Principal& principal,
 
 class Authorizer {
  public:
-  static absl::StatusOr<std::unique_ptr<Authorizer>> Create(const AuthOptions& options,
-                                                            prometheus::Registry* registry);
+  // Reads the principals file and the client CA of `options`. Refusals are
+  // counted in `refusals` (labels code and cause), the CA file's reloads in
+  // `registry` (credential_files.h); both must outlive the authorizer.
+  static absl::StatusOr<std::unique_ptr<Authorizer>> Create(
+      const AuthOptions& options, prometheus::Family<prometheus::Counter>& refusals,
+      prometheus::Registry& registry);
 
   // The caller of `ctx`, if it may act in `role`. UNAUTHENTICATED (no
   // credentials, an unknown token, a certificate that is missing, expired,
@@ -133,13 +99,15 @@ class Authorizer {
   void CountRefusal(const std::string& code, const std::string& cause);
 
   // Whether callers must authenticate (a principals file or a client CA).
-  bool authenticates() const { return !principals_.empty() || !options_.client_ca_file.empty(); }
+  bool authenticates() const {
+    return !table_.principals.empty() || !options_.client_ca_file.empty();
+  }
   // Whether client certificates are asked for.
   bool wants_client_certificates() const { return !options_.client_ca_file.empty(); }
   const AuthOptions& options() const { return options_; }
 
  private:
-  explicit Authorizer(AuthOptions options, prometheus::Registry* registry);
+  Authorizer(AuthOptions options, prometheus::Family<prometheus::Counter>& refusals);
   absl::StatusOr<const Principal*> Identify(const grpc::ServerContextBase& ctx);
   // `token`: "" without one, "\0" for a malformed header.
   absl::StatusOr<const Principal*> Identify(const std::string& token,
@@ -150,11 +118,9 @@ class Authorizer {
   absl::Status Refuse(absl::Status status, const std::string& cause);
 
   const AuthOptions options_;
-  std::vector<std::unique_ptr<Principal>> principals_;
-  absl::flat_hash_map<std::string, const Principal*> by_token_hash_;
-  absl::flat_hash_map<std::string, const Principal*> by_certificate_;
+  PrincipalTable table_;  // empty without a principals file
   Principal anonymous_;
-  prometheus::Family<prometheus::Counter>* refusals_ = nullptr;
+  prometheus::Family<prometheus::Counter>& refusals_;
   std::function<void(const std::string& peer)> on_authorized_;
 
   absl::Mutex mu_;

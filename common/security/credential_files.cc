@@ -33,9 +33,8 @@ TlsReloadMetrics::TlsReloadMetrics(prometheus::Registry& registry)
                   .Help("When the certificate in force expires (notAfter, Unix seconds)")
                   .Register(registry)) {}
 
-CredentialFiles::CredentialFiles(CredentialPaths paths, prometheus::Registry* registry)
-    : paths_(std::move(paths)),
-      metrics_(registry == nullptr ? nullptr : std::make_unique<TlsReloadMetrics>(*registry)) {}
+CredentialFiles::CredentialFiles(CredentialPaths paths, prometheus::Registry& registry)
+    : paths_(std::move(paths)), metrics_(registry) {}
 
 absl::StatusOr<CredentialTexts> CredentialFiles::Read(std::string* blame) const {
   CredentialTexts t;
@@ -108,23 +107,21 @@ CredentialFiles::Reload CredentialFiles::Reread(absl::Time now) {
 void CredentialFiles::Refuse(const absl::Status& why, const std::string& file,
                              const std::string& fingerprint) {
   if (fingerprint == refused_fingerprint_) return;  // logged and counted already
-  if (metrics_ != nullptr && !refused_file_.empty() && refused_file_ != file) {
-    metrics_->refused->Add({{"file", refused_file_}}).Set(0);
+  if (!refused_file_.empty() && refused_file_ != file) {
+    metrics_.refused->Add({{"file", refused_file_}}).Set(0);
   }
   refused_fingerprint_ = fingerprint;
   refused_file_ = file;
   refusal_ = why;
   LOG(ERROR) << "refusing the renewed TLS file " << file << ": " << why.message()
              << "; the credentials loaded before stay in force until good files appear";
-  if (metrics_ != nullptr) {
-    metrics_->failures->Add({{"file", file}}).Increment();
-    metrics_->refused->Add({{"file", file}}).Set(1);
-  }
+  metrics_.failures->Add({{"file", file}}).Increment();
+  metrics_.refused->Add({{"file", file}}).Set(1);
 }
 
 void CredentialFiles::ClearRefusal() {
-  if (metrics_ != nullptr && !refused_file_.empty()) {
-    metrics_->refused->Add({{"file", refused_file_}}).Set(0);
+  if (!refused_file_.empty()) {
+    metrics_.refused->Add({{"file", refused_file_}}).Set(0);
   }
   refusal_ = absl::OkStatus();
   refused_file_.clear();
@@ -140,7 +137,7 @@ void CredentialFiles::Take(CredentialTexts texts) {
         std::make_tuple(&paths_.ca_file, &current_.ca, &texts.ca)}) {
     if (*before == *after) continue;
     absl::StrAppend(&taken, taken.empty() ? "" : ", ", *path);
-    if (metrics_ != nullptr) metrics_->reloads->Add({{"file", *path}}).Increment();
+    metrics_.reloads->Add({{"file", *path}}).Increment();
   }
   current_ = std::move(texts);
   LOG(INFO) << "took the renewed TLS files " << taken << RecordExpiry();
@@ -150,10 +147,8 @@ std::string CredentialFiles::RecordExpiry() {
   if (paths_.cert_file.empty()) return "";
   auto not_after = CertificateNotAfter(current_.cert);
   if (!not_after.ok()) return "";
-  if (metrics_ != nullptr) {
-    metrics_->expiry->Add({{"file", paths_.cert_file}})
-        .Set(static_cast<double>(absl::ToUnixSeconds(*not_after)));
-  }
+  metrics_.expiry->Add({{"file", paths_.cert_file}})
+      .Set(static_cast<double>(absl::ToUnixSeconds(*not_after)));
   return absl::StrCat(" (the certificate expires ",
                       absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", *not_after, absl::UTCTimeZone()),
                       ")");

@@ -7,7 +7,7 @@
 // files appear. CredentialPublisher hands what passes to gRPC; the learner's
 // Authorizer uses it for the client CA.
 //
-// Metrics (a registry may be null; file = the operator's path):
+// Metrics (in the registry its owner gives; file = the operator's path):
 //   asympo_tls_reload_failures_total{file}  versions of the files refused
 //   asympo_tls_reload_refused{file}         1 while the file on disk is refused
 //   asympo_tls_reloads_total{file}          renewed files taken
@@ -64,7 +64,8 @@ class CredentialFiles {
  public:
   enum class Reload { kUnchanged, kTaken, kRefused };
 
-  CredentialFiles(CredentialPaths paths, prometheus::Registry* registry);
+  // `registry` must outlive the object.
+  CredentialFiles(CredentialPaths paths, prometheus::Registry& registry);
 
   // Reads and checks the files, at start: INVALID_ARGUMENT naming the file
   // and the fault (CheckCertificateText, CheckPrivateKeyText,
@@ -96,7 +97,7 @@ class CredentialFiles {
   std::string RecordExpiry();
 
   const CredentialPaths paths_;
-  std::unique_ptr<TlsReloadMetrics> metrics_;  // null without a registry
+  TlsReloadMetrics metrics_;
   CredentialTexts current_;
   absl::Status refusal_;
   std::string refused_file_;

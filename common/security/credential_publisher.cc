@@ -63,13 +63,12 @@ absl::Status WriteFile(const std::string& path, const std::string& text, int64_t
 
 }  // namespace
 
-CredentialPublisher::CredentialPublisher(CredentialPublisherOptions options, std::string dir)
-    : options_(std::move(options)),
-      dir_(std::move(dir)),
-      files_(options_.files, options_.registry) {}
+CredentialPublisher::CredentialPublisher(CredentialPublisherOptions options, std::string dir,
+                                         prometheus::Registry& registry)
+    : options_(std::move(options)), dir_(std::move(dir)), files_(options_.files, registry) {}
 
 absl::StatusOr<std::unique_ptr<CredentialPublisher>> CredentialPublisher::Start(
-    CredentialPublisherOptions options) {
+    CredentialPublisherOptions options, prometheus::Registry& registry) {
   if (options.files.cert_file.empty() != options.files.key_file.empty()) {
     return absl::InvalidArgumentError("a certificate and its key go together: both or neither");
   }
@@ -78,7 +77,8 @@ absl::StatusOr<std::unique_ptr<CredentialPublisher>> CredentialPublisher::Start(
   }
   std::string pattern = ParentDir(options.parent_dir) + "/asympo-tls-XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) return Errno("cannot make a directory like", pattern);
-  std::unique_ptr<CredentialPublisher> p(new CredentialPublisher(std::move(options), pattern));
+  std::unique_ptr<CredentialPublisher> p(
+      new CredentialPublisher(std::move(options), pattern, registry));
   {
     absl::MutexLock lock(&p->mu_);
     ASYMPO_RETURN_IF_ERROR(p->files_.Load());

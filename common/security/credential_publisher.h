@@ -42,15 +42,15 @@ struct CredentialPublisherOptions {
   // Where the private directory is made; empty: /dev/shm, else $TMPDIR or
   // /tmp.
   std::string parent_dir;
-  prometheus::Registry* registry = nullptr;  // may be null
 };
 
 class CredentialPublisher {
  public:
   // Checks the files as at start (INVALID_ARGUMENT naming the file and the
-  // fault), publishes them, and starts watching.
+  // fault), publishes them, and starts watching. Reloads are counted in
+  // `registry` (credential_files.h), which must outlive the publisher.
   static absl::StatusOr<std::unique_ptr<CredentialPublisher>> Start(
-      CredentialPublisherOptions options);
+      CredentialPublisherOptions options, prometheus::Registry& registry);
   ~CredentialPublisher();
   CredentialPublisher(const CredentialPublisher&) = delete;
   CredentialPublisher& operator=(const CredentialPublisher&) = delete;
@@ -69,7 +69,8 @@ class CredentialPublisher {
   int64_t generation() const;
 
  private:
-  CredentialPublisher(CredentialPublisherOptions options, std::string dir);
+  CredentialPublisher(CredentialPublisherOptions options, std::string dir,
+                      prometheus::Registry& registry);
   absl::Status Publish(const CredentialTexts& texts) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
 

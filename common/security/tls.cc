@@ -86,12 +86,11 @@ absl::StatusOr<std::string> ReadToken(const std::string& file) {
 constexpr unsigned kProviderRefreshSeconds = 1;
 
 absl::StatusOr<std::unique_ptr<CredentialPublisher>> StartPublisher(
-    CredentialPaths files, unsigned reload_seconds, prometheus::Registry* registry) {
+    CredentialPaths files, unsigned reload_seconds, prometheus::Registry& registry) {
   CredentialPublisherOptions o;
   o.files = std::move(files);
   o.interval = absl::Seconds(std::max(1u, reload_seconds));
-  o.registry = registry;
-  return CredentialPublisher::Start(std::move(o));
+  return CredentialPublisher::Start(std::move(o), registry);
 }
 
 // `object`, owning `publisher` too: the publisher goes when the last copy
@@ -110,7 +109,7 @@ std::shared_ptr<T> KeepAlive(std::shared_ptr<T> object,
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerTlsOptions& o) {
+    const ServerTlsOptions& o, prometheus::Registry& registry) {
   ASYMPO_RETURN_IF_ERROR(CheckPair(o.cert_file, o.key_file, "tls_cert", "tls_key"));
   if (o.cert_file.empty()) {
     if (!o.client_ca_file.empty()) {
@@ -125,7 +124,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     }
   }
   ASYMPO_ASSIGN_OR_RETURN(
-      auto publisher, StartPublisher({o.cert_file, o.key_file, ""}, o.reload_seconds, o.registry));
+      auto publisher, StartPublisher({o.cert_file, o.key_file, ""}, o.reload_seconds, registry));
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       publisher->key_path(), publisher->cert_path(), kProviderRefreshSeconds);
   grpc::experimental::TlsServerCredentialsOptions options(provider);
@@ -160,6 +159,7 @@ absl::Status CheckListenPolicy(absl::string_view address, bool tls, bool authent
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(const std::string& target,
                                                                    const ClientTlsOptions& o,
+                                                                   prometheus::Registry& registry,
                                                                    grpc::ChannelArguments args) {
   ASYMPO_RETURN_IF_ERROR(CheckPair(o.cert_file, o.key_file, "tls_cert", "tls_key"));
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
@@ -179,7 +179,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(const std::st
       return absl::InvalidArgumentError(absl::StrCat("--tls_ca: ", s.message()));
     }
     ASYMPO_ASSIGN_OR_RETURN(publisher, StartPublisher({o.cert_file, o.key_file, o.ca_file},
-                                                      o.reload_seconds, o.registry));
+                                                      o.reload_seconds, registry));
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         publisher->key_path(), publisher->cert_path(), publisher->ca_path(),
         kProviderRefreshSeconds);

@@ -35,8 +35,6 @@ struct ServerTlsOptions {
   // passes the start-up checks first, or is refused, logged and counted
   // while the pair in force stays (CredentialPublisher).
   unsigned reload_seconds = 10;
-  // For the asympo_tls_* metrics (credential_files.h); may be null.
-  prometheus::Registry* registry = nullptr;
 };
 
 // Server credentials: TLS when a certificate is given, else plaintext.
@@ -44,8 +42,10 @@ struct ServerTlsOptions {
 // not parse, the key is not the certificate's or the certificate has
 // expired. The credentials own the thread that watches the files: keep
 // them (or a server built with them) for as long as the server runs.
+// Reloads are counted in `registry` (the asympo_tls_* metrics,
+// credential_files.h), which must outlive the credentials.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
-    const ServerTlsOptions& options);
+    const ServerTlsOptions& options, prometheus::Registry& registry);
 
 // The listening policy: beyond loopback, a server needs TLS and a way to
 // authenticate its callers (a principals file or a client CA), unless
@@ -69,14 +69,15 @@ struct ClientTlsOptions {
   // How often the files are read again; a renewed version passes the
   // start-up checks first, as the server's (ServerTlsOptions).
   unsigned reload_seconds = 10;
-  prometheus::Registry* registry = nullptr;  // may be null
 };
 
 // A channel to `target` with `options`' security: TLS when a CA file is
 // given, the bearer token added to every call. INVALID_ARGUMENT naming the
 // flag and file for a bad file; FAILED_PRECONDITION for a token that would
-// travel in plaintext beyond loopback without `insecure`.
+// travel in plaintext beyond loopback without `insecure`. With TLS, reloads
+// are counted in `registry` (asympo_tls_*), which must outlive the channel.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateClientChannel(
-    const std::string& target, const ClientTlsOptions& options, grpc::ChannelArguments args = {});
+    const std::string& target, const ClientTlsOptions& options, prometheus::Registry& registry,
+    grpc::ChannelArguments args = {});
 
 }  // namespace asympo::security

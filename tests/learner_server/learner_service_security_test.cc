@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/security/tls.h"
 #include "common/security/x509.h"
+#include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
 #include "tests/testing/certs.h"
 #include "tests/testing/grpc_metadata.h"
@@ -70,7 +71,9 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     security::AuthOptions auth;
     auth.principals_file = dir_.Path("principals.json");
     auth.client_ca_file = TestCertificates::Path("ca.pem");
-    auto authorizer = security::Authorizer::Create(auth, &registry_);
+    // The learner's own refusal family (asympo_learner_refusals_total).
+    auto authorizer =
+        security::Authorizer::Create(auth, RegisterRefusalCounters(registry_), registry_);
     ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
     queue_ = std::make_unique<GroupQueue>(GroupQueueOptions{64, 64});
@@ -85,7 +88,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     tls.cert_file = TestCertificates::Path("server.pem");
     tls.key_file = TestCertificates::Path("server.key");
     tls.client_ca_file = TestCertificates::Path("ca.pem");
-    auto creds = security::MakeServerCredentials(tls);
+    auto creds = security::MakeServerCredentials(tls, registry_);
     ASSERT_OK(creds);
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", *creds, &port_);
@@ -119,7 +122,8 @@ class LearnerServiceSecurityTest : public ::testing::Test {
       o.cert_file = TestCertificates::Path(cert + ".pem");
       o.key_file = TestCertificates::Path(cert + ".key");
     }
-    auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), o);
+    auto channel =
+        security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), o, client_registry_);
     EXPECT_OK(channel);
     return v1::Learner::NewStub(*channel);
   }
@@ -136,6 +140,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
 
   testing::ScopedTempDir dir_{"auth"};
   prometheus::Registry registry_;
+  prometheus::Registry client_registry_;  // the clients' asympo_tls_*
   std::unique_ptr<security::Authorizer> authorizer_;
   LearnerCounters counters_;
   std::atomic<int64_t> received_{0};
@@ -188,7 +193,8 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
   // A client that does not trust the learner's CA never gets to call.
   security::ClientTlsOptions untrusting;
   untrusting.ca_file = TestCertificates::Path("rogue_ca.pem");
-  auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), untrusting);
+  auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port_), untrusting,
+                                               client_registry_);
   ASSERT_OK(channel);
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
@@ -352,7 +358,8 @@ TEST(LearnerServiceTlsReloadTest, ARenewedCertificateIsServedWithoutARestart) {
   tls.cert_file = dir.Path("cert.pem");
   tls.key_file = dir.Path("key.pem");
   tls.reload_seconds = 1;
-  auto creds = security::MakeServerCredentials(tls);
+  prometheus::Registry registry, client_registry;
+  auto creds = security::MakeServerCredentials(tls, registry);
   ASSERT_OK(creds);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -365,7 +372,8 @@ TEST(LearnerServiceTlsReloadTest, ARenewedCertificateIsServedWithoutARestart) {
     c.ca_file = TestCertificates::Path(ca);
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // no connection reuse
-    auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port), c, args);
+    auto channel = security::CreateClientChannel("127.0.0.1:" + std::to_string(port), c,
+                                                 client_registry, args);
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
     v1::LearnerStatus status;

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/security/tls.h"
 #include "common/security/x509.h"
+#include "tests/testing/authorizer_metrics.h"
 #include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -37,7 +38,7 @@ class BroadcastSecurityTest : public ::testing::Test {
     for (const char* t : {"a-tok", "b-tok", "gen-tok"}) std::ofstream(dir_.Path(t)) << t;
     security::AuthOptions auth;
     auth.principals_file = dir_.Path("principals.json");
-    auto authorizer = security::Authorizer::Create(auth, &registry_);
+    auto authorizer = security::Authorizer::Create(auth, metrics_.refusals, metrics_.registry);
     ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
     BroadcastSenderOptions o;
@@ -51,7 +52,7 @@ class BroadcastSecurityTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> Channel(const std::string& token) {
     security::ClientTlsOptions o;
     if (!token.empty()) o.token_file = dir_.Path(token);
-    auto channel = security::CreateClientChannel(server_->target(), o);
+    auto channel = security::CreateClientChannel(server_->target(), o, client_registry_);
     EXPECT_OK(channel);
     return *channel;
   }
@@ -66,7 +67,8 @@ class BroadcastSecurityTest : public ::testing::Test {
   }
 
   asympo::testing::ScopedTempDir dir_{"bauth"};
-  prometheus::Registry registry_;
+  asympo::testing::AuthorizerMetrics metrics_;
+  prometheus::Registry client_registry_;  // the clients' asympo_tls_*
   std::unique_ptr<security::Authorizer> authorizer_;
   std::atomic<int64_t> received_{0};
   std::unique_ptr<SenderServer> server_;

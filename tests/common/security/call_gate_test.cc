@@ -18,12 +18,21 @@
 #include "absl/synchronization/notification.h"
 #include "common/security/authorizer.h"
 #include "common/security/x509.h"
+#include "tests/testing/authorizer_metrics.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::security {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
+
+// What the test authorizers count into: it outlives them all.
+testing::AuthorizerMetrics& Metrics() {
+  static auto* const metrics = new testing::AuthorizerMetrics;
+  return *metrics;
+}
 
 std::unique_ptr<Authorizer> TokenAuthorizer(testing::ScopedTempDir& dir) {
   std::ofstream(dir.Path("p.json"))
@@ -31,8 +40,8 @@ std::unique_ptr<Authorizer> TokenAuthorizer(testing::ScopedTempDir& dir) {
                       Sha256Hex("gen-token"), "\", \"roles\": [\"submit\"]}]}");
   AuthOptions o;
   o.principals_file = dir.Path("p.json");
-  auto a = Authorizer::Create(o, nullptr);
-  EXPECT_TRUE(a.ok()) << a.status();
+  auto a = Authorizer::Create(o, Metrics().refusals, Metrics().registry);
+  EXPECT_OK(a);
   return *std::move(a);
 }
 
@@ -41,10 +50,10 @@ TEST(CallGateTest, AuthenticateChecksTheHeaderAlone) {
   std::unique_ptr<Authorizer> a = TokenAuthorizer(dir);
   const absl::string_view good = "Bearer gen-token", bad = "Bearer nope", odd = "Basic x";
   auto p = a->Authenticate(&good, nullptr);
-  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_OK(p);
   EXPECT_EQ((*p)->name, "gen");
   EXPECT_THAT(a->Authenticate(&bad, nullptr).status().message(), HasSubstr("not one"));
-  EXPECT_EQ(a->Authenticate(&odd, nullptr).status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(a->Authenticate(&odd, nullptr), StatusIs(absl::StatusCode::kUnauthenticated));
   EXPECT_THAT(a->Authenticate(nullptr, nullptr).status().message(), HasSubstr("no credentials"));
 }
 
@@ -99,21 +108,20 @@ TEST(CallGateTest, RefusesOnTheHeadersOverLoopbackPlaintext) {
   auto channel =
       grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
   grpc::Status s = Call(channel, "");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
-  EXPECT_THAT(s.error_message(), HasSubstr("no credentials"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::UNAUTHENTICATED, "no credentials"));
   s = Call(channel, "wrong");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::UNAUTHENTICATED));
   EXPECT_EQ(service.calls.load(), 0) << "refused calls never reach the service";
   s = Call(channel, "gen-token");
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED) << s.error_message();
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::UNIMPLEMENTED));
   EXPECT_EQ(service.calls.load(), 1);
   server->Shutdown();
 }
 
 TEST(CallGateTest, LeavesAnOpenLearnerAlone) {
   testing::ScopedTempDir dir("gate");
-  auto open = Authorizer::Create(AuthOptions(), nullptr);
-  ASSERT_TRUE(open.ok());
+  auto open = Authorizer::Create(AuthOptions(), Metrics().refusals, Metrics().registry);
+  ASSERT_OK(open);
   auto insecure = grpc::InsecureServerCredentials();
   EXPECT_EQ(GateCallsOnMetadata(insecure, false, "127.0.0.1:0", open->get()), insecure);
   EXPECT_EQ(GateCallsOnMetadata(insecure, false, "127.0.0.1:0", nullptr), insecure);

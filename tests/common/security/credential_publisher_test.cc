@@ -24,6 +24,7 @@
 #include "common/security/x509.h"
 #include "tests/testing/certs.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
@@ -63,7 +64,7 @@ class Files {
 TEST(CredentialFilesTest, TheChecksAtStartNameTheFileAndTheFault) {
   const std::string cert = Text(TestCertificates::Path("server.pem"));
   const absl::Time now = absl::Now();  // after the certificates are made (notBefore)
-  EXPECT_TRUE(CheckCertificateText(cert, "c.pem", now).ok());
+  EXPECT_OK(CheckCertificateText(cert, "c.pem", now));
   EXPECT_THAT(CheckCertificateText("", "c.pem", now).message(), HasSubstr("c.pem is empty"));
   EXPECT_THAT(CheckCertificateText(cert.substr(0, cert.size() / 2), "c.pem", now).message(),
               HasSubstr("certificate 1 of 1 does not parse"));
@@ -79,13 +80,13 @@ TEST(CredentialFilesTest, TheChecksAtStartNameTheFileAndTheFault) {
       CheckKeyMatches(cert, Text(TestCertificates::Path("other.key")), "c.pem", "k.pem").message(),
       HasSubstr("key k.pem is not the key of certificate c.pem"));
   const std::string ca = Text(TestCertificates::Path("ca.pem"));
-  EXPECT_TRUE(CheckCaText(ca, "ca.pem", now).ok());
+  EXPECT_OK(CheckCaText(ca, "ca.pem", now));
   EXPECT_THAT(CheckCaText(ca.substr(0, ca.size() - 40), "ca.pem", now).message(),
               HasSubstr("does not parse"));
   EXPECT_THAT(CheckCaText(Text(TestCertificates::Path("expired.pem")), "ca.pem", now).message(),
               HasSubstr("no certificate of it is valid now"));
   auto not_after = CertificateNotAfter(Text(TestCertificates::Path("expired.pem")));
-  ASSERT_TRUE(not_after.ok());
+  ASSERT_OK(not_after);
   EXPECT_EQ(*not_after,
             absl::FromCivil(absl::CivilSecond(2020, 1, 2, 0, 0, 0), absl::UTCTimeZone()));
 }
@@ -98,8 +99,8 @@ TEST(CredentialFilesTest, ABadRotationIsRefusedAndCountedAndTheOldPairStays) {
   f.Copy("server.pem", "cert.pem");
   f.Copy("server.key", "key.pem");
   prometheus::Registry registry;
-  CredentialFiles files({f.Path("cert.pem"), f.Path("key.pem"), ""}, &registry);
-  ASSERT_TRUE(files.Load().ok());
+  CredentialFiles files({f.Path("cert.pem"), f.Path("key.pem"), ""}, registry);
+  ASSERT_OK(files.Load());
   const CredentialTexts good = files.current();
   EXPECT_EQ(files.Reread(), Reload::kUnchanged);
   struct Case {
@@ -140,7 +141,7 @@ TEST(CredentialFilesTest, ABadRotationIsRefusedAndCountedAndTheOldPairStays) {
     f.Copy("server.pem", "cert.pem");  // back to the pair in force
     f.Copy("server.key", "key.pem");
     EXPECT_EQ(files.Reread(), Reload::kUnchanged);
-    EXPECT_TRUE(files.refusal().ok());
+    EXPECT_OK(files.refusal());
     EXPECT_EQ(MetricValue(registry, "asympo_tls_reload_refused", f.Path(c.file)), 0);
   }
   f.Copy("server2.key", "key.pem");
@@ -157,8 +158,8 @@ TEST(CredentialFilesTest, ABadCaFileIsRefused) {
   Files f;
   f.Copy("ca.pem", "ca.pem");
   prometheus::Registry registry;
-  CredentialFiles files({"", "", f.Path("ca.pem")}, &registry);
-  ASSERT_TRUE(files.Load().ok());
+  CredentialFiles files({"", "", f.Path("ca.pem")}, registry);
+  ASSERT_OK(files.Load());
   f.TruncateInPlace("ca.pem");
   EXPECT_EQ(files.Reread(), Reload::kRefused);
   EXPECT_EQ(files.current().ca, Text(TestCertificates::Path("ca.pem")));
@@ -183,8 +184,9 @@ TEST(CredentialPublisherTest, PublishesOnlyCheckedFilesAndSwapsThePairWhole) {
   CredentialPublisherOptions o;
   o.files = {f.Path("cert.pem"), f.Path("key.pem"), f.Path("ca.pem")};
   o.interval = absl::Hours(1);  // the test reloads by hand
-  auto publisher = CredentialPublisher::Start(o);
-  ASSERT_TRUE(publisher.ok()) << publisher.status();
+  prometheus::Registry registry;
+  auto publisher = CredentialPublisher::Start(o, registry);
+  ASSERT_OK(publisher);
   CredentialPublisher& p = **publisher;
   const std::string dir = p.dir();
   EXPECT_EQ(Text(p.cert_path()), Text(TestCertificates::Path("server.pem")));
@@ -222,7 +224,9 @@ TEST(CredentialPublisherTest, RefusesBadFilesAtStart) {
   f.Copy("other.key", "key.pem");
   CredentialPublisherOptions o;
   o.files = {f.Path("cert.pem"), f.Path("key.pem"), ""};
-  EXPECT_THAT(CredentialPublisher::Start(o).status().message(), HasSubstr("is not the key of"));
+  prometheus::Registry registry;
+  EXPECT_THAT(CredentialPublisher::Start(o, registry).status().message(),
+              HasSubstr("is not the key of"));
 }
 
 // Why the publisher exists: gRPC 1.51's own provider, watching the
@@ -247,12 +251,13 @@ TEST(CredentialPublisherDeathTest, GrpcsOwnProviderAbortsOnAnEmptiedCertificate)
     std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
     f.Replace("cert.pem", "");
     const absl::Time end = absl::Now() + absl::Seconds(10);
+    prometheus::Registry registry;
     while (absl::Now() < end) {  // new handshakes
       ClientTlsOptions c;
       c.ca_file = TestCertificates::Path("ca.pem");
       grpc::ChannelArguments args;
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c, args);
+      auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c, registry, args);
       (*channel)->WaitForConnected(std::chrono::system_clock::now() +
                                    std::chrono::milliseconds(500));
       absl::SleepFor(absl::Milliseconds(100));
@@ -273,9 +278,8 @@ TEST(CredentialPublisherTest, AServerOutlivesAnEmptiedCertificateAndTakesTheRene
   tls.cert_file = f.Path("cert.pem");
   tls.key_file = f.Path("key.pem");
   tls.reload_seconds = 1;
-  tls.registry = &registry;
-  auto creds = MakeServerCredentials(tls);
-  ASSERT_TRUE(creds.ok()) << creds.status();
+  auto creds = MakeServerCredentials(tls, registry);
+  ASSERT_OK(creds);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", *creds, &port);
@@ -284,12 +288,14 @@ TEST(CredentialPublisherTest, AServerOutlivesAnEmptiedCertificateAndTakesTheRene
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   ASSERT_NE(server, nullptr);
   // A new handshake, trusting `ca`: whether it completes.
+  prometheus::Registry client_registry;
   const auto handshake = [&](const std::string& ca) {
     ClientTlsOptions c;
     c.ca_file = TestCertificates::Path(ca);
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c, args);
+    auto channel =
+        CreateClientChannel("127.0.0.1:" + std::to_string(port), c, client_registry, args);
     return channel.ok() &&
            (*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(3));
   };
@@ -322,8 +328,9 @@ TEST(CredentialPublisherTest, AClientChannelOutlivesAnEmptiedKeyAndCa) {
   server_tls.cert_file = TestCertificates::Path("server.pem");
   server_tls.key_file = TestCertificates::Path("server.key");
   server_tls.client_ca_file = TestCertificates::Path("ca.pem");
-  auto server_creds = MakeServerCredentials(server_tls);
-  ASSERT_TRUE(server_creds.ok()) << server_creds.status();
+  prometheus::Registry server_registry;
+  auto server_creds = MakeServerCredentials(server_tls, server_registry);
+  ASSERT_OK(server_creds);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", *server_creds, &port);
@@ -338,9 +345,8 @@ TEST(CredentialPublisherTest, AClientChannelOutlivesAnEmptiedKeyAndCa) {
   c.cert_file = f.Path("cert.pem");
   c.key_file = f.Path("key.pem");
   c.reload_seconds = 1;
-  c.registry = &registry;
-  auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c);
-  ASSERT_TRUE(channel.ok()) << channel.status();
+  auto channel = CreateClientChannel("127.0.0.1:" + std::to_string(port), c, registry);
+  ASSERT_OK(channel);
   const auto connects = [&] {
     return (*channel)->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(3));
   };
