@@ -13,7 +13,7 @@
 // - a principals file: every caller must match one of its principals.
 //
 // Thread-safe. Refusals are counted in the counter family its caller gives
-// (labels code and cause; the learner's asympo_learner_refusals_total).
+// (labels code and cause); the learner registers its own.
 #pragma once
 
 #include <functional>
