@@ -23,9 +23,24 @@
 namespace asympo {
 namespace {
 
-std::string& MainFile() {
-  static std::string file;
-  return file;
+// The main file, then the files of AddProgramFlagFile.
+std::vector<std::string>& FlagFiles() {
+  static std::vector<std::string> files;
+  return files;
+}
+
+bool IsProgramFlag(const absl::CommandLineFlag& flag) {
+  for (const std::string& file : FlagFiles()) {
+    if (absl::EndsWith(flag.Filename(), file)) return true;
+  }
+  return false;
+}
+
+absl::Status CheckProgramFlagRanges() {
+  for (const std::string& file : FlagFiles()) {
+    if (absl::Status s = CheckFlagRanges(file); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 std::string ProgramName(const char* argv0) {
@@ -54,7 +69,7 @@ void PrintHelp() {
   std::string out = absl::StrCat(absl::ProgramUsageMessage(), "\n\nFlags:\n");
   std::map<std::string, const absl::CommandLineFlag*> mine;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (!absl::EndsWith(flag->Filename(), MainFile())) continue;
+    if (!IsProgramFlag(*flag)) continue;
     if (absl::StartsWith(flag->Help(), "Testing only")) continue;
     mine.emplace(std::string(name), flag);
   }
@@ -113,8 +128,10 @@ std::string VersionString(const char* argv0) {
 
 void SetProgramUsage(const std::string& usage, const std::string& main_file) {
   absl::SetProgramUsageMessage(usage);
-  MainFile() = main_file;
+  FlagFiles() = {main_file};
 }
+
+void AddProgramFlagFile(const std::string& flag_file) { FlagFiles().push_back(flag_file); }
 
 absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
   // --help and --version print to stdout and exit 0, before Abseil's own
@@ -124,7 +141,7 @@ absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
     if (arg == "--") break;
     if (arg == "--help" || arg == "-help" || arg == "-h" || arg == "--helpfull" ||
         arg == "--helpshort") {
-      if (absl::Status s = CheckFlagRanges(MainFile()); s.code() == absl::StatusCode::kInternal) {
+      if (absl::Status s = CheckProgramFlagRanges(); s.code() == absl::StatusCode::kInternal) {
         std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
         std::exit(1);
       }
@@ -141,7 +158,7 @@ absl::Status ParseFlagsAndStartLogging(int argc, char** argv) {
   if (args.size() > 1) {
     return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", args[1], "\""));
   }
-  if (absl::Status s = CheckFlagRanges(MainFile()); !s.ok()) return s;
+  if (absl::Status s = CheckProgramFlagRanges(); !s.ok()) return s;
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   return absl::OkStatus();

@@ -13,6 +13,11 @@ namespace asympo {
 // path ends with `main_file` (e.g. "learner_server/main.cc").
 void SetProgramUsage(const std::string& usage, const std::string& main_file);
 
+// Also lists (and checks the ranges of) the flags defined in files whose path
+// ends with `flag_file`: flags a library defines once for several programs
+// (common/daemon/daemon_main.cc). After SetProgramUsage.
+void AddProgramFlagFile(const std::string& flag_file);
+
 // "<program> <version> (ASymPO-RL, <build>)", the program named by argv[0].
 std::string VersionString(const char* argv0);
 

@@ -1,28 +1,23 @@
 // asympo-learner: the learner daemon. Accepts rollout batches over gRPC,
 // trains the policy with the chosen objective, checkpoints, and exports
-// Prometheus metrics. Every flag is described by --help; --flagfile=FILE
+// Prometheus metrics. Every flag is described by --help (the flags both
+// daemons share are defined in common/daemon/daemon_main.cc); --flagfile=FILE
 // reads flags from a file.
 
 #include <algorithm>
 #include <cstdlib>
-#include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/daemon/daemon_runtime.h"
+#include "common/daemon/daemon_main.h"
 #include "common/daemon/heap_release.h"
 #include "common/flag_ranges.h"
-#include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
@@ -34,8 +29,6 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC address (host:port) for the Learner service.");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
-ABSL_FLAG(bool, metrics_insecure, false,
-          "Allow --metrics_address beyond loopback (plain HTTP without authentication).");
 // Security (docs/security.md).
 ABSL_FLAG(std::string, tls_cert, "",
           "PEM certificate chain the gRPC port serves TLS with (read again when it changes).");
@@ -54,15 +47,10 @@ ABSL_FLAG(double, source_queue_share, 1.0,
           "its entry in --auth_file sets its own; more is RESOURCE_EXHAUSTED.");
 ABSL_FLAG(double, source_groups_per_second, 0,
           "Each source's rate in groups per second (0: no limit), unless its entry sets one.");
-ABSL_FLAG(std::string, run_name, "",
-          "The run's name: the `run` label on every metric series, which tells runs apart (a "
-          "restart on the same port included). Give the learner and its rollouts the same one; "
-          "empty: made from the host and the start time.");
 // Model.
 ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory "
           "(config.json + safetensors).");
-ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model, the optimizer state and the loss live: cpu, cuda (the first GPU, or "
           "under torchrun or Slurm the node's GPU number LOCAL_RANK or SLURM_LOCALID) or "
@@ -75,8 +63,6 @@ ABSL_FLAG(std::string, dtype, "float32",
           "Dtype of the weights rollouts sample with: broadcast snapshots and --export_dir are "
           "written in it (float32 or bfloat16; must match the rollouts' --dtype).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random initialization and of the CPU generator.");
-ABSL_FLAG(int32_t, threads, 1,
-          "Intra-op threads for LibTorch (1 suits small models on few cores).");
 // Objective.
 ABSL_FLAG(std::string, objective, "asympo",
           "Training objective: naive, spo, asympo, asympo_stable, grpo or gpg (docs/method.md).");
@@ -249,9 +235,7 @@ ABSL_FLAG(std::vector<std::string>, fault_exception_steps, {},
 // start, before the options below are read: they need no check of their own).
 ASYMPO_FLAG_RANGE(source_queue_share, 1e-6, 1);
 ASYMPO_FLAG_RANGE(source_groups_per_second, 0, 1e6);
-ASYMPO_FLAG_RANGE(tiny_vocab_size, 2, 1 << 20);
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
-ASYMPO_FLAG_RANGE(threads, 1, 1024);
 ASYMPO_FLAG_RANGE(spo_alpha, 0, 1);
 ASYMPO_FLAG_RANGE(p_low, 0, 1);
 ASYMPO_FLAG_RANGE(p_high, 0, 1);
@@ -320,26 +304,6 @@ ASYMPO_DURATION_FLAG_RANGE(fault_submit_reply_delay, absl::ZeroDuration(), absl:
 namespace {
 
 using asympo::learner::LearnerDaemonOptions;
-
-int Fail(const std::string& message) {
-  std::cerr << "asympo-learner: " << message << "\n";
-  return 2;
-}
-
-// Parses a list flag of integers >= `min`.
-template <typename T>
-absl::Status ParseList(const std::vector<std::string>& values, const char* flag,
-                       std::vector<T>* out, T min = 1) {
-  for (const std::string& v : values) {
-    T x{};
-    if (!absl::SimpleAtoi(v, &x) || x < min) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": \"", v, "\" is not an integer >= ", min));
-    }
-    out->push_back(x);
-  }
-  return absl::OkStatus();
-}
 
 // The process environment, for the settings torchrun and Slurm pass.
 const char* Getenv(const char* name) { return std::getenv(name); }
@@ -421,10 +385,11 @@ absl::Status StepFlags(LearnerDaemonOptions* o) {
   o->quarantine.window = absl::GetFlag(FLAGS_quarantine_window);
   o->quarantine.duration = absl::GetFlag(FLAGS_quarantine_duration);
   o->log_every = absl::GetFlag(FLAGS_log_every);
-  ASYMPO_RETURN_IF_ERROR(ParseList(absl::GetFlag(FLAGS_fault_nonfinite_loss_steps),
-                                   "fault_nonfinite_loss_steps", &t.fault_nonfinite_loss_steps));
-  return ParseList(absl::GetFlag(FLAGS_fault_exception_steps), "fault_exception_steps",
-                   &t.fault_exception_steps);
+  ASYMPO_RETURN_IF_ERROR(asympo::daemon::ParseIntListFlag(
+      absl::GetFlag(FLAGS_fault_nonfinite_loss_steps), "fault_nonfinite_loss_steps",
+      &t.fault_nonfinite_loss_steps));
+  return asympo::daemon::ParseIntListFlag(absl::GetFlag(FLAGS_fault_exception_steps),
+                                          "fault_exception_steps", &t.fault_exception_steps);
 }
 
 // Connections per peer and their grace, and each principal's share of
@@ -472,9 +437,9 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
                                                    ": expected 1..", b.max_chunk_bytes_cap >> 10));
   }
   b.default_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
-  ASYMPO_RETURN_IF_ERROR(ParseList(absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions),
-                                   "fault_corrupt_broadcast_versions", &b.corrupt_versions,
-                                   uint64_t{0}));
+  ASYMPO_RETURN_IF_ERROR(asympo::daemon::ParseIntListFlag(
+      absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions), "fault_corrupt_broadcast_versions",
+      &b.corrupt_versions, uint64_t{0}));
   b.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
   const int64_t nccl_world = absl::GetFlag(FLAGS_broadcast_nccl_world_size);
   if (nccl_world != 0 && (nccl_world < 2 || nccl_world > 4096)) {
@@ -539,57 +504,32 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asympo::daemon::RetainFreedMemory();
-  // Before any thread starts, so that every thread inherits the handlers.
-  absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
-      asympo::daemon::DaemonRuntime::Install();
-  if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
-  asympo::SetProgramUsage(
+  asympo::daemon::DaemonMain m(
+      "asympo-learner",
       "asympo-learner: the ASymPO-RL learner daemon.\n"
       "  asympo-learner --model=tiny --objective=asympo --checkpoint_dir=/tmp/ckpt\n"
       "Flags can also come from --flagfile=FILE.",
       "learner_server/main.cc");
-  if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  LOG(INFO) << "starting " << asympo::VersionString(argv[0]);
+  if (absl::Status s = m.Start(argc, argv); !s.ok()) return m.Fail(s);
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
   at::manual_seed(absl::GetFlag(FLAGS_seed));
-
   absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
-  if (!options.ok()) return Fail(std::string(options.status().message()));
+  if (!options.ok()) return m.Fail(options.status());
   for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
-
-  // main owns the registry and the endpoint (in the runtime, declared
-  // before the daemon): both outlive the daemon.
   // Rank 0 serves the metrics; the other ranks' steps are in its figures.
-  const bool rank0 = options->data_parallel.rank == 0;
-  const absl::StatusOr<std::string> run_name =
-      asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
-  if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
-  if (absl::Status s = asympo::daemon::CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address),
-                                                           absl::GetFlag(FLAGS_metrics_insecure));
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
   if (absl::Status s =
-          rank0 ? (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name)
-                : absl::OkStatus();
+          m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address), options->data_parallel.rank == 0);
       !s.ok()) {
-    return Fail(std::string(s.message()));
+    return m.Fail(s);
   }
-  const int64_t free_heap_limit_mib = absl::GetFlag(FLAGS_free_heap_limit_mib);
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
-      asympo::learner::LearnerDaemon::Create(*std::move(options), (*runtime)->registry());
-  if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
+      asympo::learner::LearnerDaemon::Create(*std::move(options), m.registry());
+  if (!daemon.ok()) return m.Fail(daemon.status());
   // Gives back what requests leave on the heap, not what steps keep for
   // reuse (common/daemon/heap_release.h).
   asympo::daemon::HeapReleaseOptions heap;
-  heap.keep_bytes = free_heap_limit_mib << 20;
+  heap.keep_bytes = absl::GetFlag(FLAGS_free_heap_limit_mib) << 20;
   heap.received_bytes = [&daemon] { return (*daemon)->received_bytes(); };
-  const asympo::daemon::HeapReleaser heap_releaser(heap, (*runtime)->registry(), "asympo_learner");
-  const absl::StatusOr<int64_t> steps = (*runtime)->RunUntilStopped<absl::StatusOr<int64_t>>(
-      [&daemon] { (*daemon)->Shutdown(); }, [&daemon] { return (*daemon)->Run(); });
-  if (!steps.ok()) return Fail(std::string(steps.status().message()));
-  return 0;
+  const asympo::daemon::HeapReleaser heap_releaser(heap, m.registry(), "asympo_learner");
+  return m.Run(**daemon);
 }

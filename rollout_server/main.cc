@@ -1,23 +1,20 @@
 // asympo-rollout: the rollout daemon. Samples groups of responses with the
 // newest policy snapshot from the learner, scores them with a task's
 // verifier and submits them to the learner over gRPC. Every flag is
-// described by --help; --flagfile=FILE reads flags from a file.
+// described by --help (the flags both daemons share are defined in
+// common/daemon/daemon_main.cc); --flagfile=FILE reads flags from a file.
 #include <algorithm>
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include <ATen/Parallel.h>
-#include <glog/logging.h>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "common/daemon/daemon_runtime.h"
+#include "common/daemon/daemon_main.h"
 #include "common/flag_ranges.h"
-#include "common/flag_usage.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
@@ -38,19 +35,12 @@ ABSL_FLAG(std::string, tls_token_file, "",
           "File whose first line is the bearer token sent to the learner (never logged).");
 ABSL_FLAG(bool, insecure, false,
           "Allow the bearer token to travel in plaintext beyond loopback (no --tls_ca).");
-ABSL_FLAG(bool, metrics_insecure, false,
-          "Allow --metrics_address beyond loopback (plain HTTP without authentication).");
 ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9465",
           "Address of the Prometheus /metrics endpoint; empty disables it.");
-ABSL_FLAG(std::string, run_name, "",
-          "The run's name: the `run` label on every metric series, which tells runs apart (a "
-          "restart on the same port included). Give the learner and its rollouts the same one; "
-          "empty: made from the host and the start time.");
 // Model.
 ABSL_FLAG(std::string, model, "tiny",
           "\"tiny\" for the built-in test model, or a Hugging Face model directory; must be the "
           "learner's model (its weights are replaced by the learner's snapshots).");
-ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
 ABSL_FLAG(std::string, device, "cpu",
           "Where the model, its KV cache and sampling live: cpu, cuda (the first GPU) or cuda:N.");
 ABSL_FLAG(std::string, dtype, "float32",
@@ -59,8 +49,6 @@ ABSL_FLAG(std::string, dtype, "float32",
 ABSL_FLAG(bool, cuda_graphs, true,
           "On a GPU, replay each decode step as a CUDA graph (where the build has CUDA).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of prompt order and sampling.");
-ABSL_FLAG(int32_t, threads, 1,
-          "Intra-op threads for LibTorch (1 suits small models on few cores).");
 // Task.
 ABSL_FLAG(std::string, task, "copy", "Task to sample prompts from; --list_tasks lists them.");
 ABSL_FLAG(bool, list_tasks, false, "Print the built-in tasks and exit.");
@@ -96,9 +84,7 @@ ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: un
 
 // The documented ranges (--help shows them; a value outside is refused at
 // start, before the options are read: they need no check of their own).
-ASYMPO_FLAG_RANGE(tiny_vocab_size, 2, 1 << 20);
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
-ASYMPO_FLAG_RANGE(threads, 1, 1024);
 ASYMPO_FLAG_RANGE(group_size, 2, 4096);
 ASYMPO_FLAG_RANGE(prompts_per_generation, 1, 65536);
 ASYMPO_FLAG_RANGE(temperature, 0, 100);
@@ -117,57 +103,80 @@ ASYMPO_FLAG_RANGE(max_groups, 0, 1e15);
 
 namespace {
 
-int Fail(const std::string& message) {
-  std::cerr << "asympo-rollout: " << message << "\n";
-  return 2;
+using asympo::rollout::RolloutDaemonOptions;
+
+asympo::security::ClientTlsOptions TlsFlags() {
+  asympo::security::ClientTlsOptions tls;
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
+  tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
+  tls.insecure = absl::GetFlag(FLAGS_insecure);
+  return tls;
 }
 
-absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
-  asympo::rollout::RolloutDaemonOptions o;
-  o.learner_address = absl::GetFlag(FLAGS_learner);
-  o.tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
-  o.tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  o.tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  o.tls.server_name = absl::GetFlag(FLAGS_tls_server_name);
-  o.tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
-  o.tls.insecure = absl::GetFlag(FLAGS_insecure);
-  o.rollout_id = absl::GetFlag(FLAGS_id);
-  o.model = absl::GetFlag(FLAGS_model);
-  o.tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
-  ASYMPO_ASSIGN_OR_RETURN(o.model_options.dtype,
+absl::Status ModelFlags(RolloutDaemonOptions* o) {
+  o->model = absl::GetFlag(FLAGS_model);
+  o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.dtype,
                           asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
-  ASYMPO_ASSIGN_OR_RETURN(o.model_options.device, asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
-  o.generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
-  o.seed = absl::GetFlag(FLAGS_seed);
-  o.task.name = absl::GetFlag(FLAGS_task);
-  o.task.data_path = absl::GetFlag(FLAGS_task_data);
-  o.task.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
-  o.task.prompt_template = absl::GetFlag(FLAGS_prompt_template);
-  o.task.stop_token = absl::GetFlag(FLAGS_stop_token);
-  o.group_size = absl::GetFlag(FLAGS_group_size);
-  o.prompts_per_generation = absl::GetFlag(FLAGS_prompts_per_generation);
-  o.sampling.temperature = absl::GetFlag(FLAGS_temperature);
-  o.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-  o.sampling.top_p = absl::GetFlag(FLAGS_top_p);
-  o.sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  if (o.sampling.max_new_tokens > 0) o.task.math_max_new_tokens = o.sampling.max_new_tokens;
-  o.max_buffered_groups = absl::GetFlag(FLAGS_max_buffered_groups);
-  o.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
-  o.min_backoff = absl::GetFlag(FLAGS_min_backoff);
-  o.max_backoff = absl::GetFlag(FLAGS_max_backoff);
-  o.submit_timeout = absl::GetFlag(FLAGS_submit_timeout);
-  o.drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.device,
+                          asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
+  o->generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
+  o->seed = absl::GetFlag(FLAGS_seed);
+  return absl::OkStatus();
+}
+
+void TaskAndSamplingFlags(RolloutDaemonOptions* o) {
+  o->task.name = absl::GetFlag(FLAGS_task);
+  o->task.data_path = absl::GetFlag(FLAGS_task_data);
+  o->task.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
+  o->task.prompt_template = absl::GetFlag(FLAGS_prompt_template);
+  o->task.stop_token = absl::GetFlag(FLAGS_stop_token);
+  o->group_size = absl::GetFlag(FLAGS_group_size);
+  o->prompts_per_generation = absl::GetFlag(FLAGS_prompts_per_generation);
+  o->sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  o->sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  o->sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  o->sampling.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (o->sampling.max_new_tokens > 0) o->task.math_max_new_tokens = o->sampling.max_new_tokens;
+}
+
+void SubmitFlags(RolloutDaemonOptions* o) {
+  o->max_buffered_groups = absl::GetFlag(FLAGS_max_buffered_groups);
+  o->max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  o->min_backoff = absl::GetFlag(FLAGS_min_backoff);
+  o->max_backoff = absl::GetFlag(FLAGS_max_backoff);
+  o->submit_timeout = absl::GetFlag(FLAGS_submit_timeout);
+  o->drain_timeout = absl::GetFlag(FLAGS_drain_timeout);
+}
+
+absl::Status WeightFlags(RolloutDaemonOptions* o) {
   const int64_t chunk_kb = absl::GetFlag(FLAGS_weight_chunk_kb);
-  o.weight_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
+  o->weight_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
   const std::string transport = absl::GetFlag(FLAGS_weight_transport);
   if (transport != "grpc" && transport != "nccl") {
     return absl::InvalidArgumentError(
         absl::StrCat("--weight_transport=", transport, ": expected grpc or nccl"));
   }
-  o.weight_transport_nccl = transport == "nccl";
-  o.cuda_device = absl::GetFlag(FLAGS_cuda_device);
-  const c10::Device device = o.model_options.device;
-  if (o.cuda_device == -1) o.cuda_device = device.is_cuda() ? std::max(0, int{device.index()}) : 0;
+  o->weight_transport_nccl = transport == "nccl";
+  o->cuda_device = absl::GetFlag(FLAGS_cuda_device);
+  const c10::Device device = o->model_options.device;
+  if (o->cuda_device == -1)
+    o->cuda_device = device.is_cuda() ? std::max(0, int{device.index()}) : 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RolloutDaemonOptions> OptionsFromFlags() {
+  RolloutDaemonOptions o;
+  o.learner_address = absl::GetFlag(FLAGS_learner);
+  o.tls = TlsFlags();
+  o.rollout_id = absl::GetFlag(FLAGS_id);
+  ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
+  TaskAndSamplingFlags(&o);
+  SubmitFlags(&o);
+  ASYMPO_RETURN_IF_ERROR(WeightFlags(&o));
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
   return o;
 }
@@ -175,20 +184,13 @@ absl::StatusOr<asympo::rollout::RolloutDaemonOptions> OptionsFromFlags() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  asympo::daemon::RetainFreedMemory();
-  // Before any thread starts, so that every thread inherits the handlers.
-  absl::StatusOr<std::unique_ptr<asympo::daemon::DaemonRuntime>> runtime =
-      asympo::daemon::DaemonRuntime::Install();
-  if (!runtime.ok()) return Fail(std::string(runtime.status().message()));
-  asympo::SetProgramUsage(
-      "asympo-rollout: the ASymPO-RL rollout daemon.\n"
-      "  asympo-rollout --learner=127.0.0.1:50051 --id=rollout-0 --task=copy\n"
-      "Flags can also come from --flagfile=FILE.",
-      "rollout_server/main.cc");
-  if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  LOG(INFO) << "starting " << asympo::VersionString(argv[0]);
+  asympo::daemon::DaemonMain m("asympo-rollout",
+                               "asympo-rollout: the ASymPO-RL rollout daemon.\n"
+                               "  asympo-rollout --learner=127.0.0.1:50051 --id=rollout-0 "
+                               "--task=copy\n"
+                               "Flags can also come from --flagfile=FILE.",
+                               "rollout_server/main.cc");
+  if (absl::Status s = m.Start(argc, argv); !s.ok()) return m.Fail(s);
   if (absl::GetFlag(FLAGS_list_tasks)) {
     for (const auto& [name, description] : asympo::rollout::TaskNames()) {
       std::cout << name << "\t" << description << "\n";
@@ -196,28 +198,13 @@ int main(int argc, char** argv) {
     return 0;
   }
   at::set_num_threads(absl::GetFlag(FLAGS_threads));
-
-  absl::StatusOr<asympo::rollout::RolloutDaemonOptions> options = OptionsFromFlags();
-  if (!options.ok()) return Fail(std::string(options.status().message()));
-  // main owns the registry and the endpoint (in the runtime, declared
-  // before the daemon): both outlive the daemon.
-  const absl::StatusOr<std::string> run_name =
-      asympo::daemon::RunName(absl::GetFlag(FLAGS_run_name));
-  if (!run_name.ok()) return Fail(std::string(run_name.status().message()));
-  if (absl::Status s = asympo::daemon::CheckMetricsAddress(absl::GetFlag(FLAGS_metrics_address),
-                                                           absl::GetFlag(FLAGS_metrics_insecure));
-      !s.ok()) {
-    return Fail(std::string(s.message()));
-  }
-  if (absl::Status s = (*runtime)->ServeMetrics(absl::GetFlag(FLAGS_metrics_address), *run_name);
-      !s.ok()) {
-    return Fail(std::string(s.message()));
+  absl::StatusOr<RolloutDaemonOptions> options = OptionsFromFlags();
+  if (!options.ok()) return m.Fail(options.status());
+  if (absl::Status s = m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
+    return m.Fail(s);
   }
   absl::StatusOr<std::unique_ptr<asympo::rollout::RolloutDaemon>> daemon =
-      asympo::rollout::RolloutDaemon::Create(*std::move(options), (*runtime)->registry());
-  if (!daemon.ok()) return Fail(std::string(daemon.status().message()));
-  const absl::StatusOr<int64_t> accepted = (*runtime)->RunUntilStopped<absl::StatusOr<int64_t>>(
-      [&daemon] { (*daemon)->Shutdown(); }, [&daemon] { return (*daemon)->Run(); });
-  if (!accepted.ok()) return Fail(std::string(accepted.status().message()));
-  return 0;
+      asympo::rollout::RolloutDaemon::Create(*std::move(options), m.registry());
+  if (!daemon.ok()) return m.Fail(daemon.status());
+  return m.Run(**daemon);
 }

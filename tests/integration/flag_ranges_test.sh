@@ -61,6 +61,18 @@ done
 help=$("$learner" --help 2>/dev/null)
 grep -qF -- "--lr (default: 1e-06; range 0 to 1)" <<<"$help" ||
   { echo "FAIL: --help does not show --lr's range"; fails=$((fails + 1)); }
+# The flags both daemons share are defined once (common/daemon/daemon_main.cc)
+# and still listed, with their ranges, by each daemon's --help.
+for bin in "$learner" "$rollout"; do
+  help=$("$bin" --help 2>/dev/null)
+  for want in "--threads (default: 1; range 1 to 1024)" "--tiny_vocab_size (default: 64; range 2 to" \
+      "--run_name (default: \"\")" "--metrics_insecure (default: false)"; do
+    grep -qF -- "$want" <<<"$help" ||
+      { echo "FAIL: $(basename "$bin") --help lacks $want"; fails=$((fails + 1)); }
+  done
+done
+refused "$rollout" "--threads=0: expected 1 to 1024" --threads=0
+refused "$learner" "--tiny_vocab_size=1: expected 2 to 1048576" --tiny_vocab_size=1
 
 # The daemons log their version before anything else can fail.
 timeout 60 "$learner" --listen=garbage --metrics_address= >/dev/null 2>"$work/err"
