@@ -2,7 +2,8 @@
 // answers Submit as told, and the real weight broadcaster serving the tiny
 // model's weights. Covers the buffer bound while the learner refuses, the
 // retry after RESOURCE_EXHAUSTED, the counted drop of rejected batches and
-// of groups left at shutdown, and behavior log-probs only for grpo.
+// of groups left at shutdown, the stop on a fatal answer (the retry policy,
+// common/submit_retry.h), and behavior log-probs only for grpo.
 #include "rollout_server/rollout_daemon.h"
 
 #include <atomic>
@@ -253,6 +254,31 @@ TEST_F(RolloutDaemonTest, CountsRejectedBatchesAsDropped) {
   const double dropped = M("asympo_rollout_groups_dropped_total", "rejected");
   EXPECT_GE(dropped, 1);
   EXPECT_LE(dropped, 4);
+}
+
+TEST_F(RolloutDaemonTest, StopsWithTheErrorOnAFatalAnswer) {
+  // Credentials the learner refuses are a configuration error (the retry
+  // policy's fatal, docs/protocol.md "Retries"): the daemon stops with it
+  // rather than retrying forever; what it held counts as not sent.
+  learner_.then = grpc::StatusCode::UNAUTHENTICATED;
+  Start(8);
+  run_.join();
+  EXPECT_THAT(result_, StatusIs(absl::StatusCode::kUnauthenticated, "the learner refused a batch"));
+  EXPECT_EQ(Calls(), 1);
+  EXPECT_EQ(M("asympo_rollout_submit_errors_total", "UNAUTHENTICATED"), 1);
+  EXPECT_GE(M("asympo_rollout_groups_dropped_total", "shutdown"), 1);
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
+}
+
+TEST_F(RolloutDaemonTest, DropsAFailedPreconditionBatchAndGoesOn) {
+  // The learner's state does not admit this batch as it is: drop_batch.
+  learner_.script = {grpc::StatusCode::FAILED_PRECONDITION};
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  const double dropped = M("asympo_rollout_groups_dropped_total", "rejected");
+  EXPECT_GE(dropped, 1);  // the first batch: what was buffered when it was taken
+  EXPECT_LE(dropped, 4);
+  EXPECT_EQ(M("asympo_rollout_submit_errors_total", "FAILED_PRECONDITION"), 1);
 }
 
 TEST_F(RolloutDaemonTest, CountsGroupsLeftAtShutdown) {
