@@ -1,5 +1,10 @@
-// The learner daemon: the model, the bounded queue, the gRPC service, the
-// trainer loop, checkpoints and metrics, wired together.
+// The learner daemon of one process: its options, and the factory that
+// builds the daemon for its rank. Rank 0 (LearnerRank0) serves the Learner
+// and WeightBroadcast services, owns the bounded queue, trains, checkpoints,
+// publishes the weights and writes the step log; in a data-parallel job the
+// other ranks (LearnerWorker) only train the share of each step that rank 0
+// sends them. Both are built on LearnerCore (the model, the trainer, the
+// data-parallel group and the progress hook).
 // learner_server/main.cc turns flags into LearnerDaemonOptions and owns the
 // metrics registry and its endpoint.
 //
@@ -11,21 +16,15 @@
 // many queued groups were left untrained.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
-#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
 
 #include <prometheus/registry.h>
 
-#include <grpcpp/server.h>
-
 #include "absl/status/statusor.h"
 #include "common/batch_validation.h"
-#include "common/listener/grpc_listener.h"
-#include "common/log_throttle.h"
 #include "common/model/policy_model.h"
 #include "common/security/authorizer.h"
 #include "common/security/tls.h"
@@ -33,8 +32,6 @@
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
-#include "learner_server/skipped_steps.h"
-#include "learner_server/snapshot_publisher.h"
 #include "learner_server/source_quarantine.h"
 #include "learner_server/trainer.h"
 #include "weight_broadcaster/broadcast_sender.h"
@@ -118,94 +115,34 @@ struct LearnerDaemonOptions {
   std::function<void()> on_progress;
 };
 
+// Checks the options both roles share, so that a bad one stops every rank
+// at start; INVALID_ARGUMENT naming it.
+absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& options);
+
+// The daemon of one rank: LearnerRank0 (learner_rank0.h) or, on the other
+// ranks of a data-parallel job, LearnerWorker (learner_worker.h).
 class LearnerDaemon {
  public:
-  // Builds everything, restores the newest checkpoint and starts the gRPC
-  // server; metrics go to `registry`, which must outlive the daemon. Errors
-  // name the bad option or file.
+  // The daemon for options.data_parallel's rank: builds everything (rank 0
+  // restores the newest checkpoint and starts the gRPC server); metrics go
+  // to `registry`, which must outlive the daemon. Errors name the bad
+  // option or file.
   static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options,
                                                                prometheus::Registry& registry);
-  ~LearnerDaemon();
+  virtual ~LearnerDaemon() = default;
 
-  // Trains until Shutdown() or max_steps; then checkpoints. Returns the
-  // number of steps this run trained.
-  absl::StatusOr<int64_t> Run();
-  // Whether this process is a data-parallel rank other than 0.
-  bool is_worker() const { return dp_ != nullptr && dp_->rank() != 0; }
-  // Any thread; Run returns after the current step.
-  void Shutdown();
-
-  int port() const { return port_; }
+  // Trains until Shutdown(), max_steps or rank 0's stop; then rank 0
+  // checkpoints. Returns the number of steps this run trained.
+  virtual absl::StatusOr<int64_t> Run() = 0;
+  // Any thread; Run returns after the current step (a worker stops with
+  // rank 0, not on its own).
+  virtual void Shutdown() = 0;
   // The bytes of every request taken in so far, on every method and
-  // whatever became of it (common/daemon/heap_release.h). Any thread.
-  int64_t received_bytes() const { return received_bytes_.load(std::memory_order_relaxed); }
+  // whatever became of it (common/daemon/heap_release.h); 0 on a worker,
+  // which serves nothing. Any thread.
+  virtual int64_t received_bytes() const = 0;
   // The policy version (the trainer's). Any thread.
-  uint64_t version() const { return trainer_->version(); }
-  broadcast::BroadcastSender& broadcaster() { return *sender_; }
-  const SkippedSteps& skipped_steps() const { return *skipped_; }
-
- private:
-  explicit LearnerDaemon(LearnerDaemonOptions options);
-  // The parts of Create.
-  absl::Status SetUpSecurity(prometheus::Registry& registry);
-  absl::Status BuildModelAndTrainer(prometheus::Registry& registry);
-  absl::Status RestoreCheckpoint();
-  absl::Status OpenStepCsv();
-  absl::Status StartServer(prometheus::Registry& registry);
-  // One step from the queue: false once stopping (its groups counted in
-  // `untrained`).
-  bool TrainOneStep(int64_t* steps, int64_t* untrained);
-  // Rank 0's step across the ranks; a failed collective ends the job.
-  absl::StatusOr<StepResult> StepAcrossRanks(const std::vector<QueuedGroup>& groups);
-  // A rank other than 0: trains what rank 0 sends until it says stop.
-  absl::StatusOr<int64_t> RunWorker();
-  // Ends the run after a rank failure (Run returns `status`).
-  void Fail(absl::Status status);
-  // Counts a skipped step; past max_consecutive_skipped_steps in a row,
-  // stops the job (Fail) and returns true.
-  bool TooManySkipped(const absl::Status& last);
-  // Counts groups dropped from a step as poisoned, one per entry of
-  // `sources` (in skipped_groups unless `counted` already), and may
-  // quarantine their sources. In data-parallel mode, rank 0's share only.
-  void DropPoisoned(const std::vector<std::string>& sources, bool counted = false);
-  void LogStep(int64_t steps, const StepResult& step, const GroupQueueStats& queue);
-  // Writes a checkpoint (and the export); a failure is counted and logged.
-  absl::Status Checkpoint();
-  absl::Status WriteCheckpoint();
-  void WriteStepCsv(const StepResult& step, const GroupQueueStats& queue);
-
-  // Declared in dependency order: what is used by another member comes
-  // first, so that it is destroyed after it.
-  LearnerDaemonOptions options_;
-  std::atomic<int64_t> received_bytes_{0};            // of every request (CountReceived)
-  std::unique_ptr<security::Authorizer> authorizer_;  // rank 0
-  std::shared_ptr<grpc::ServerCredentials> credentials_;
-  std::unique_ptr<DataParallel> dp_;
-  std::unique_ptr<PolicyModel> model_;
-  std::unique_ptr<broadcast::BroadcastSender> sender_;
-  std::unique_ptr<SnapshotPublisher> publisher_;
-  std::unique_ptr<Trainer> trainer_;
-  std::unique_ptr<LearnerMetrics> metrics_;
-  std::unique_ptr<SkippedSteps> skipped_;
-  std::unique_ptr<SourceQuarantine> quarantine_;
-  LogThrottle poisoned_log_;
-  std::unique_ptr<GroupQueue> queue_;
-  LearnerCounters counters_;
-  std::unique_ptr<LearnerService> service_;
-  std::unique_ptr<grpc::Server> server_;
-  // Hands its connections to server_; destroyed first (~LearnerDaemon).
-  std::unique_ptr<GrpcListener> listener_;
-  int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  absl::Status failure_;  // a rank failure (trainer thread only)
-  std::FILE* step_csv_ = nullptr;
-  absl::Time start_time_;
-  absl::Time last_step_log_ = absl::InfinitePast();
-  absl::Time last_collapse_log_ = absl::InfinitePast();
-  bool logged_collapse_ = false;
-  int64_t skipped_in_a_row_ = 0;
-  // The batch ids of the restored checkpoint, for the queue's window.
-  std::vector<std::string> restored_batch_ids_;
+  virtual uint64_t version() const = 0;
 };
 
 }  // namespace asympo::learner

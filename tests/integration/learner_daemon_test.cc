@@ -16,12 +16,15 @@
 #include "absl/synchronization/notification.h"
 #include "common/daemon/metrics_endpoint.h"
 #include "learner_server/checkpoint.h"
+#include "learner_server/learner_rank0.h"
 #include "tests/testing/http.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 v1::RolloutBatch Batch(int groups, int seed) {
@@ -72,9 +75,9 @@ void Feed(int port, absl::Notification* stop) {
 struct Learner {
   explicit Learner(LearnerDaemonOptions o) {
     auto e = daemon::MetricsEndpoint::Start("127.0.0.1:0", registry);
-    EXPECT_TRUE(e.ok()) << e.status();
+    EXPECT_OK(e);
     if (e.ok()) endpoint = *std::move(e);
-    auto d = LearnerDaemon::Create(std::move(o), *registry);
+    auto d = LearnerRank0::Create(std::move(o), *registry);
     status = d.status();
     if (d.ok()) daemon = *std::move(d);
   }
@@ -95,7 +98,7 @@ struct Learner {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<daemon::MetricsEndpoint> endpoint;
   absl::Status status;
-  std::unique_ptr<LearnerDaemon> daemon;
+  std::unique_ptr<LearnerRank0> daemon;
 };
 
 TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
@@ -104,10 +107,9 @@ TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
   uint64_t version_after_first_run = 0;
   {
     Learner learner(Options(ckpt, 4));
-    ASSERT_TRUE(learner.status.ok()) << learner.status;
-    const auto steps = learner.RunFed();
-    ASSERT_TRUE(steps.ok()) << steps.status();
-    EXPECT_EQ(*steps, 4);
+    ASSERT_OK(learner.status);
+    ASSERT_OK_AND_ASSIGN(const int64_t steps, learner.RunFed());
+    EXPECT_EQ(steps, 4);
     version_after_first_run = learner.daemon->version();
     EXPECT_EQ(version_after_first_run, 4u);
     // The registry belongs to main (here the test): it is scraped over HTTP
@@ -148,12 +150,11 @@ TEST(LearnerDaemonTest, TrainsCheckpointsServesMetricsAndResumesAfterRestart) {
 
   // Restart: the newest checkpoint is restored.
   Learner again(Options(ckpt, 1));
-  ASSERT_TRUE(again.status.ok()) << again.status;
+  ASSERT_OK(again.status);
   EXPECT_EQ(again.daemon->version(), version_after_first_run);
   again.daemon->Shutdown();
-  const auto steps = again.daemon->Run();
-  ASSERT_TRUE(steps.ok());
-  EXPECT_EQ(*steps, 0);
+  ASSERT_OK_AND_ASSIGN(const int64_t steps, again.daemon->Run());
+  EXPECT_EQ(steps, 0);
 }
 
 TEST(LearnerDaemonTest, FailedStepsAreSkippedCountedAndTrainingGoesOn) {
@@ -161,13 +162,12 @@ TEST(LearnerDaemonTest, FailedStepsAreSkippedCountedAndTrainingGoesOn) {
   o.trainer.fault_nonfinite_loss_steps = {2};
   o.trainer.fault_exception_steps = {3, 5};
   Learner learner(o);
-  ASSERT_TRUE(learner.status.ok()) << learner.status;
-  const auto steps = learner.RunFed();
-  ASSERT_TRUE(steps.ok()) << steps.status();
-  EXPECT_EQ(*steps, 4) << "max_steps counts the steps that trained";
+  ASSERT_OK(learner.status);
+  ASSERT_OK_AND_ASSIGN(const int64_t steps, learner.RunFed());
+  EXPECT_EQ(steps, 4) << "max_steps counts the steps that trained";
   EXPECT_EQ(learner.daemon->version(), 4u);
-  EXPECT_EQ(learner.daemon->skipped_steps().count(kSkipNonFiniteLoss), 1);
-  EXPECT_EQ(learner.daemon->skipped_steps().count(kSkipTorchError), 2);
+  EXPECT_EQ(learner.daemon->skipped_steps().count(SkipReason::kNonFiniteLoss), 1);
+  EXPECT_EQ(learner.daemon->skipped_steps().count(SkipReason::kTorchError), 2);
   const std::string scrape = learner.Scrape();
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_skipped_total{reason=\"nonfinite_loss\"} 1"));
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_skipped_total{reason=\"torch_error\"} 2"));
@@ -179,11 +179,12 @@ TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {
   LearnerDaemonOptions o = Options("", 1);
   prometheus::Registry registry;
   o.prompts_per_step = 10;  // above the queue capacity of 8
-  EXPECT_THAT(std::string(LearnerDaemon::Create(o, registry).status().message()),
-              HasSubstr("queue capacity 8 is below prompts_per_step 10"));
+  EXPECT_THAT(LearnerDaemon::Create(o, registry).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "queue capacity 8 is below prompts_per_step 10"));
   o = Options("", 1);
   o.model = "/nonexistent/model";
-  EXPECT_THAT(std::string(LearnerDaemon::Create(o, registry).status().message()),
+  EXPECT_THAT(LearnerDaemon::Create(o, registry).status().message(),
               HasSubstr("/nonexistent/model"));
 }
 
@@ -192,32 +193,29 @@ TEST(LearnerDaemonTest, AnUnwritableCheckpointDirStopsTheStart) {
   std::ofstream(tmp.Path("file")) << "not a directory";
   for (const std::string& dir : {tmp.Path("file"), tmp.Path("file/ckpt")}) {
     prometheus::Registry registry;
-    auto d = LearnerDaemon::Create(Options(dir, 1), registry);
-    ASSERT_FALSE(d.ok()) << dir;
-    EXPECT_THAT(std::string(d.status().message()), HasSubstr("checkpoint_dir " + dir));
+    EXPECT_THAT(LearnerDaemon::Create(Options(dir, 1), registry).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "checkpoint_dir " + dir));
   }
   LearnerDaemonOptions o = Options("", 1);
   o.export_dir = tmp.Path("file/export");
   prometheus::Registry registry;
-  auto d = LearnerDaemon::Create(o, registry);
-  ASSERT_FALSE(d.ok());
-  EXPECT_THAT(std::string(d.status().message()), HasSubstr("export_dir " + o.export_dir));
+  EXPECT_THAT(LearnerDaemon::Create(o, registry).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "export_dir " + o.export_dir));
 }
 
 TEST(LearnerDaemonTest, FailedCheckpointsAreCountedAndTrainingGoesOn) {
   asympo::testing::ScopedTempDir tmp("learner_daemon_test");
   const std::string ckpt = tmp.Path("ckpt");
   Learner learner(Options(ckpt, 4));  // checkpoints at versions 2 and 4, and at the stop
-  ASSERT_TRUE(learner.status.ok()) << learner.status;
+  ASSERT_OK(learner.status);
   // The directory goes away under the running learner (a full or
   // unmounted disk, say): a file now stands where it was.
   std::filesystem::remove_all(ckpt);
   std::ofstream(ckpt) << "not a directory";
-  const auto steps = learner.RunFed();
+  const absl::StatusOr<int64_t> steps = learner.RunFed();
   EXPECT_EQ(learner.daemon->version(), 4u);  // training went on
   // The run ends in an error: its final checkpoint failed too.
-  ASSERT_FALSE(steps.ok());
-  EXPECT_THAT(std::string(steps.status().message()), HasSubstr(ckpt));
+  EXPECT_THAT(steps.status(), StatusIs(absl::StatusCode::kInternal, ckpt));
   const std::string scrape = learner.Scrape();
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_checkpoint_failures_total 3"));
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_checkpoint_version 0"));
@@ -227,15 +225,13 @@ TEST(LearnerDaemonTest, ASecondLearnerCannotListenOnTheSamePort) {
   // gRPC sets SO_REUSEPORT by default: two learners would share the port
   // and the rollouts would split silently between them.
   prometheus::Registry first_registry, second_registry;
-  auto first = LearnerDaemon::Create(Options("", 1), first_registry);
-  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_OK_AND_ASSIGN(auto first, LearnerRank0::Create(Options("", 1), first_registry));
   LearnerDaemonOptions o = Options("", 1);
-  o.listen_address = "127.0.0.1:" + std::to_string((*first)->port());
-  auto second = LearnerDaemon::Create(o, second_registry);
-  ASSERT_FALSE(second.ok());
-  EXPECT_THAT(std::string(second.status().message()),
-              HasSubstr("cannot listen on " + o.listen_address));
-  EXPECT_THAT(std::string(second.status().message()), HasSubstr("in use"));
+  o.listen_address = "127.0.0.1:" + std::to_string(first->port());
+  const absl::Status second = LearnerDaemon::Create(o, second_registry).status();
+  EXPECT_THAT(second,
+              StatusIs(absl::StatusCode::kUnavailable, "cannot listen on " + o.listen_address));
+  EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, "in use"));
 }
 
 }  // namespace

@@ -1,0 +1,57 @@
+#include "learner_server/learner_core.h"
+
+#include <glog/logging.h>
+
+#include "common/batch_validation.h"
+#include "common/model/model_io.h"
+#include "common/status_macros.h"
+
+namespace asympo::learner {
+
+absl::StatusOr<std::unique_ptr<LearnerCore>> LearnerCore::Create(LearnerDaemonOptions options) {
+  ASYMPO_RETURN_IF_ERROR(ValidateLearnerDaemonOptions(options));
+  return std::unique_ptr<LearnerCore>(new LearnerCore(std::move(options)));
+}
+
+absl::Status LearnerCore::JoinRanks() {
+  if (options_.data_parallel.world_size <= 1) return absl::OkStatus();
+  ASYMPO_ASSIGN_OR_RETURN(dp_, DataParallel::Create(options_.data_parallel));
+  return absl::OkStatus();
+}
+
+absl::Status LearnerCore::BuildModel() {
+  const LearnerDaemonOptions& o = options_;
+  ASYMPO_ASSIGN_OR_RETURN(model_,
+                          CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
+  BatchLimits& limits = options_.service.limits;
+  limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
+  limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
+  return ValidateBatchLimits(limits);
+}
+
+absl::Status LearnerCore::BuildTrainer(WeightPublisher* publisher) {
+  ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(options_.trainer, model_.get(), publisher));
+  return absl::OkStatus();
+}
+
+absl::Status LearnerCore::SyncRanks() {
+  if (dp_ == nullptr) return absl::OkStatus();
+  uint64_t version = trainer_->version();
+  const bool shard = options_.data_parallel.shard_optimizer;
+  ASYMPO_RETURN_IF_ERROR(
+      dp_->BroadcastState(model_.get(), &trainer_->optimizer(), &version, /*moments=*/!shard));
+  trainer_->set_version(version);
+  if (shard) {
+    ASYMPO_RETURN_IF_ERROR(trainer_->ShardOptimizer(dp_.get()));
+    LOG(INFO) << "ZeRO-1: this rank keeps "
+              << trainer_->sharded_optimizer()->state_bytes() / (1 << 20)
+              << " MiB of AdamW moments, 1/" << dp_->world_size() << " of them";
+  }
+  return absl::OkStatus();
+}
+
+void LearnerCore::Progress() const {
+  if (options_.on_progress) options_.on_progress();
+}
+
+}  // namespace asympo::learner

@@ -1,0 +1,62 @@
+// What both roles of the learner daemon are built on (LearnerRank0 and
+// LearnerWorker): the options, the model, its trainer, the data-parallel
+// group and the progress hook.
+//
+// A role builds it in steps, in the order its start needs: Create (the
+// options checked), JoinRanks, BuildModel, BuildTrainer, SyncRanks. Not
+// thread-safe: the trainer thread's, except version().
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/model/policy_model.h"
+#include "learner_server/data_parallel.h"
+#include "learner_server/learner_daemon.h"
+#include "learner_server/trainer.h"
+
+namespace asympo::learner {
+
+class LearnerCore {
+ public:
+  // INVALID_ARGUMENT naming the option (ValidateLearnerDaemonOptions).
+  static absl::StatusOr<std::unique_ptr<LearnerCore>> Create(LearnerDaemonOptions options);
+
+  // With world_size > 1, joins the other ranks (DataParallel::Create).
+  absl::Status JoinRanks();
+  // Builds (or loads) the model; the batch limits take its vocabulary, and
+  // behavior log-probs are required for GRPO.
+  absl::Status BuildModel();
+  // The trainer, publishing each version through `publisher` (null: none,
+  // as on a worker; it must outlive the trainer's steps).
+  absl::Status BuildTrainer(WeightPublisher* publisher);
+  // Data parallelism: every rank starts from rank 0's weights, moments and
+  // version, and with shard_optimizer keeps its shard of the moments.
+  absl::Status SyncRanks();
+  // The liveness hook (LearnerDaemonOptions::on_progress), if any.
+  void Progress() const;
+
+  LearnerDaemonOptions& options() { return options_; }
+  const LearnerDaemonOptions& options() const { return options_; }
+  // Null without data parallelism.
+  DataParallel* dp() const { return dp_.get(); }
+  PolicyModel& model() const { return *model_; }
+  Trainer& trainer() const { return *trainer_; }
+  // Any thread.
+  uint64_t version() const { return trainer_->version(); }
+  // Whether the optimizer state is spread over the ranks (ZeRO-1).
+  bool sharded() const { return trainer_->sharded_optimizer() != nullptr; }
+
+ private:
+  explicit LearnerCore(LearnerDaemonOptions options) : options_(std::move(options)) {}
+
+  // Declared in dependency order, so that what is used is destroyed last.
+  LearnerDaemonOptions options_;
+  std::unique_ptr<DataParallel> dp_;
+  std::unique_ptr<PolicyModel> model_;
+  std::unique_ptr<Trainer> trainer_;
+};
+
+}  // namespace asympo::learner

@@ -1,0 +1,325 @@
+#include "learner_server/learner_rank0.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+
+#include <glog/logging.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/model/device.h"
+#include "common/model/model_io.h"
+#include "common/status_macros.h"
+#include "learner_server/checkpoint.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
+
+namespace asympo::learner {
+
+namespace {
+
+// Creates `dir` if needed and writes and removes a file in it.
+absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) {
+  if (dir.empty()) return absl::OkStatus();
+  const auto fail = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(option, " ", dir, " cannot be written: ", why));
+  };
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fail(ec.message());
+  if (!std::filesystem::is_directory(dir)) return fail("not a directory");
+  const std::string probe = absl::StrCat(dir, "/.asympo-write-test-", ::getpid());
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) return fail(std::strerror(errno));
+  const bool written = std::fputc('x', f) != EOF;
+  const bool closed = std::fclose(f) == 0;
+  std::remove(probe.c_str());
+  if (!written || !closed) return fail("a file in it cannot be written");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemonOptions o,
+                                                                   prometheus::Registry& registry) {
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<LearnerCore> core, LearnerCore::Create(std::move(o)));
+  std::unique_ptr<LearnerRank0> d(new LearnerRank0(std::move(core)));
+  LearnerCore& c = *d->core_;
+  // Found before the model is built.
+  ASYMPO_ASSIGN_OR_RETURN(d->security_, SetUpLearnerSecurity(&c.options(), registry));
+  ASYMPO_RETURN_IF_ERROR(c.JoinRanks());
+  // Found at start, not at the first checkpoint.
+  ASYMPO_RETURN_IF_ERROR(CheckWritableDir(c.options().checkpoint_dir, "checkpoint_dir"));
+  ASYMPO_RETURN_IF_ERROR(CheckWritableDir(c.options().export_dir, "export_dir"));
+  ASYMPO_RETURN_IF_ERROR(c.BuildModel());
+  ASYMPO_RETURN_IF_ERROR(d->BuildPublisher(registry));
+  ASYMPO_RETURN_IF_ERROR(c.BuildTrainer(d->publisher_.get()));
+  ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
+  ASYMPO_RETURN_IF_ERROR(c.SyncRanks());  // every rank starts from these weights
+  // Late joiners and restarted rollouts get the current weights at once.
+  ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
+  ASYMPO_ASSIGN_OR_RETURN(d->step_log_,
+                          StepLog::Open(c.options().step_csv_path, c.options().log_every));
+  ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
+  return d;
+}
+
+LearnerRank0::~LearnerRank0() {
+  Shutdown();
+  endpoint_.reset();  // the server, before what it serves
+}
+
+absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
+  const LearnerDaemonOptions& o = options();
+  const PolicyModel& model = core_->model();
+  metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
+  skipped_ = std::make_unique<SkippedSteps>(RegisterSkippedStepCounters(registry));
+  quarantine_ =
+      std::make_unique<SourceQuarantine>(o.quarantine, RegisterQuarantineCounters(registry));
+  broadcast::BroadcastSenderOptions bo = o.broadcast;
+  bo.received_bytes = &received_bytes_;
+  sender_ = std::make_unique<broadcast::BroadcastSender>(
+      std::move(bo), broadcast::ModelSignatureOf(model, o.publish_dtype), registry);
+  ASYMPO_ASSIGN_OR_RETURN(
+      publisher_, SnapshotPublisher::Create(sender_.get(), model, o.publish_dtype,
+                                            o.broadcast_every, RegisterSnapshotCounters(registry)));
+  return absl::OkStatus();
+}
+
+absl::Status LearnerRank0::RestoreCheckpoint() {
+  const std::string& dir = options().checkpoint_dir;
+  if (dir.empty()) return absl::OkStatus();
+  Trainer& trainer = core_->trainer();
+  ASYMPO_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> ckpt,
+                          LoadLatestCheckpoint(dir, &core_->model(), &trainer.optimizer()));
+  if (!ckpt.has_value()) {
+    LOG(INFO) << "no checkpoint under " << dir << "; starting from version 0";
+    return absl::OkStatus();
+  }
+  trainer.set_version(ckpt->version);
+  metrics_->OnCheckpoint(ckpt->version);
+  restored_batch_ids_ = std::move(ckpt->batch_ids);
+  LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version << " ("
+            << restored_batch_ids_.size() << " trained batch ids remembered)";
+  return absl::OkStatus();
+}
+
+absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
+  const LearnerDaemonOptions& o = options();
+  queue_ = std::make_unique<GroupQueue>(o.queue);
+  queue_->RestoreBatchIds(restored_batch_ids_);
+  restored_batch_ids_.clear();
+  LearnerServiceOptions so = o.service;
+  so.authorizer = security_.authorizer.get();
+  so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
+  so.version = [core = core_.get()] { return core->version(); };
+  so.model_signature = sender_->model_signature();
+  so.received_bytes = &received_bytes_;
+  so.quarantine = quarantine_.get();
+  ASYMPO_ASSIGN_OR_RETURN(
+      endpoint_, LearnerEndpoint::Start(
+                     o, security_,
+                     std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get()),
+                     sender_.get(), registry));
+  metrics_->ObserveQueue(queue_->Stats());
+  metrics_->SetVersion(core_->version());
+  const PolicyModel& model = core_->model();
+  const char* transport = o.tls.cert_file.empty()        ? "plaintext"
+                          : o.tls.client_ca_file.empty() ? "TLS"
+                                                         : "mTLS";
+  LOG(INFO) << "learner serving on port " << port() << " (" << transport
+            << (security_.authorizer->authenticates() ? ", callers authenticated"
+                                                      : ", callers anonymous")
+            << ", objective " << so.objective << ", model " << o.model << ", "
+            << model.config().NumParameters() << " parameters on " << model.options().device << ", "
+            << DTypeName(model.options().dtype) << " weights, " << DTypeName(model.compute_dtype())
+            << " compute, broadcast as " << DTypeName(o.publish_dtype) << ", queue "
+            << o.queue.capacity_groups << " groups)";
+  return absl::OkStatus();
+}
+
+void LearnerRank0::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  if (queue_) queue_->Close();       // refuses new batches, fails waiting ones
+  if (sender_) sender_->Shutdown();  // ends the rollouts' subscriptions
+}
+
+absl::Status LearnerRank0::Checkpoint() {
+  absl::Status s = WriteCheckpoint();
+  if (!s.ok() && !IsRankFailure(s)) {
+    metrics_->OnCheckpointFailure();
+    LOG(ERROR) << "checkpoint failed: " << s.message();
+  }
+  return s;
+}
+
+absl::Status LearnerRank0::WriteCheckpoint() {
+  const LearnerDaemonOptions& o = options();
+  Trainer& trainer = core_->trainer();
+  if (!o.checkpoint_dir.empty()) {
+    if (core_->sharded()) {  // the moments, from every rank
+      ASYMPO_RETURN_IF_ERROR(core_->dp()->SendGather());
+      ASYMPO_RETURN_IF_ERROR(trainer.GatherOptimizerState());
+    }
+    absl::StatusOr<CheckpointInfo> info =
+        SaveCheckpoint(o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(),
+                       o.config_text, o.keep_checkpoints, queue_->TrainedBatchIds());
+    trainer.ReleaseOptimizerState();
+    if (!info.ok()) return info.status();
+    metrics_->OnCheckpoint(info->version);
+    LOG(INFO) << "checkpoint " << info->path;
+  }
+  if (!o.export_dir.empty()) {
+    ASYMPO_RETURN_IF_ERROR(
+        ExportPolicyModel(core_->model(), o.export_dir, int64_t{5} << 30, o.publish_dtype));
+    LOG(INFO) << "exported the policy to " << o.export_dir;
+  }
+  return absl::OkStatus();
+}
+
+bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
+  std::vector<QueuedGroup> groups =
+      queue_->Pop(options().prompts_per_step, absl::Now() + absl::Milliseconds(200));
+  if (stopping_.load()) {
+    *untrained += static_cast<int64_t>(groups.size());
+    return false;
+  }
+  if (groups.empty()) {
+    // The other ranks wait for every message within the timeout.
+    if (core_->dp() != nullptr) {
+      if (absl::Status s = core_->dp()->SendIdle(); !s.ok()) Fail(std::move(s));
+    }
+    return failure_.ok();
+  }
+  const int64_t n = static_cast<int64_t>(groups.size());
+  std::vector<std::string> batch_ids, sources;
+  for (const QueuedGroup& g : groups) {
+    sources.push_back(g.source);
+    if (!g.batch_id.empty() && (batch_ids.empty() || batch_ids.back() != g.batch_id)) {
+      batch_ids.push_back(g.batch_id);
+    }
+  }
+  StepOr<StepResult> step =
+      core_->dp() != nullptr ? StepAcrossRanks(groups) : core_->trainer().Step(std::move(groups));
+  if (!step.ok()) {
+    if (IsRankFailure(step.status())) {
+      *untrained += n;
+      Fail(step.status());
+      return false;
+    }
+    skipped_->Record(step.failure(), n);
+    counters_.skipped_groups.fetch_add(static_cast<uint64_t>(n));
+    if (step.reason() == SkipReason::kPoisonedGroups) {
+      // One source's poison, not the learner's failure: it does not count
+      // toward --max_consecutive_skipped_steps; the quarantine stops it.
+      DropPoisoned(sources, /*counted=*/true);
+      return true;
+    }
+    return !TooManySkipped(step.status());
+  }
+  skipped_in_a_row_ = 0;
+  if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
+  queue_->MarkTrained(batch_ids);
+  ++*steps;
+  return AfterStep(*steps, *step);
+}
+
+bool LearnerRank0::AfterStep(int64_t steps, const StepResult& step) {
+  counters_.steps.fetch_add(1);
+  counters_.trained_groups.fetch_add(static_cast<uint64_t>(step.diagnostics.groups));
+  const GroupQueueStats q = queue_->Stats();
+  metrics_->ObserveStep(step, q);
+  metrics_->ObserveSources(queue_->HeldBySource());
+  step_log_->Write(steps, counters_.steps.load(), step, q, metrics_->collapse().suspected());
+  const int64_t every = options().checkpoint_every;
+  if (every > 0 && step.version % static_cast<uint64_t>(every) == 0) {
+    absl::Status s = Checkpoint();
+    if (IsRankFailure(s)) {
+      Fail(std::move(s));
+      return false;
+    }
+  }
+  return true;
+}
+
+void LearnerRank0::DropPoisoned(const std::vector<std::string>& sources, bool counted) {
+  if (!counted) counters_.skipped_groups.fetch_add(sources.size());
+  const QuarantineOptions& q = options().quarantine;
+  const absl::Time now = absl::Now();
+  for (const std::string& source : sources) {
+    if (int64_t held_back = 0; poisoned_log_.Allow(&held_back, now)) {
+      LOG(WARNING) << "a group of source " << QuoteForMessage(source)
+                   << " made the step's loss or gradient non-finite by itself and was dropped "
+                      "(asympo_learner_poisoned_groups_total)"
+                   << poisoned_log_.HeldBack(held_back);
+    }
+    if (quarantine_->RecordPoisoned(source, 1, now)) {
+      LOG(WARNING) << "source " << QuoteForMessage(source) << " sent " << q.max_poisoned_groups
+                   << " poisoned groups within " << absl::FormatDuration(q.window)
+                   << "; its batches are refused for " << absl::FormatDuration(q.duration);
+    }
+  }
+}
+
+bool LearnerRank0::TooManySkipped(const absl::Status& last) {
+  const int64_t limit = options().max_consecutive_skipped_steps;
+  if (limit <= 0 || ++skipped_in_a_row_ < limit) return false;
+  Fail(absl::FailedPreconditionError(absl::StrCat(
+      skipped_in_a_row_, " training steps in a row were skipped (the last: ", last.message(),
+      "); the learner stops rather than take groups it cannot train on. The weights of version ",
+      core_->version(),
+      " are kept; see the skipped-step log lines and "
+      "--max_consecutive_skipped_steps")));
+  return true;
+}
+
+StepOr<StepResult> LearnerRank0::StepAcrossRanks(const std::vector<QueuedGroup>& groups) {
+  DataParallel* dp = core_->dp();
+  absl::StatusOr<StepMessage> own = dp->SendStep(groups);
+  if (!own.ok()) return own.status();  // a rank failure
+  StepOr<StepResult> step = core_->trainer().StepShard(own->shard, own->totals, dp);
+  // StepShard leaves the staleness to the caller: over every rank's groups.
+  if (step.ok()) step->staleness = StalenessOf(groups, step->version - 1);
+  return step;
+}
+
+void LearnerRank0::Fail(absl::Status status) {
+  LOG(ERROR) << status.message() << "; stopping the job"
+             << (core_->sharded()
+                     ? " (the optimizer state is spread over the ranks: the newest checkpoint "
+                       "stands)"
+                     : " (rank 0 keeps its last step's weights)");
+  if (failure_.ok()) failure_ = std::move(status);
+  Shutdown();
+}
+
+absl::StatusOr<int64_t> LearnerRank0::Run() {
+  int64_t steps = 0, untrained = 0;
+  while (TrainOneStep(&steps, &untrained)) {
+    core_->Progress();
+    if (options().max_steps > 0 && steps >= options().max_steps) {
+      Shutdown();
+      break;
+    }
+  }
+  endpoint_->Stop(absl::Seconds(5));
+  untrained += queue_->Stats().depth_groups;
+  // After a rank failure a sharded optimizer's state cannot be assembled,
+  // and its weights may be half-updated: no checkpoint then.
+  absl::Status s = failure_.ok() || !core_->sharded() ? Checkpoint() : absl::OkStatus();
+  if (core_->dp() != nullptr && (failure_.ok() || !IsRankFailure(failure_))) {  // ranks alive
+    if (absl::Status stop = core_->dp()->SendStop(); !stop.ok()) LOG(ERROR) << stop.message();
+  }
+  LOG(INFO) << "stopped after " << steps << " steps at version " << core_->version() << "; "
+            << untrained << " queued groups were left untrained";
+  if (!failure_.ok()) return failure_;
+  if (!s.ok()) return s;
+  return steps;
+}
+
+}  // namespace asympo::learner
