@@ -15,6 +15,7 @@
 #include "learner_server/checkpoint.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_policy.h"
 
 namespace asympo::learner {
 namespace {
@@ -59,9 +60,7 @@ std::vector<std::string> Unfinished(const std::string& root) {
 
 TEST(CheckpointFailureTest, ASaveOutOfDescriptorsLeavesNoTemporaryDirectoryAndNamesTheErrno) {
   asympo::testing::ScopedTempDir tmp("checkpoint_failure_test");
-  ModelOptions o;
-  o.seed = 1;
-  auto model = PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
+  auto model = ::asympo::testing::TinyPolicy(32, 1);
   AdamW optimizer(model->parameters(), {});
   absl::StatusOr<CheckpointInfo> saved;
   {

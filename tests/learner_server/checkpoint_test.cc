@@ -11,15 +11,12 @@
 #include "learner_server/trainer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_policy.h"
 
 namespace asympo::learner {
 namespace {
 
-std::unique_ptr<PolicyModel> Tiny(uint64_t seed) {
-  ModelOptions o;
-  o.seed = seed;
-  return PolicyModel::CreateRandom(ModelConfig::Tiny(32), o).value();
-}
+std::unique_ptr<PolicyModel> Tiny(uint64_t seed) { return ::asympo::testing::TinyPolicy(32, seed); }
 
 std::vector<QueuedGroup> Groups() {
   std::vector<QueuedGroup> out;

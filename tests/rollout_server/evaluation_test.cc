@@ -9,8 +9,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
@@ -18,7 +18,9 @@
 #include "common/model/model_config.h"
 #include "common/model/safetensors.h"
 #include "rollout_server/tasks.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_policy.h"
 
 namespace asympo::rollout {
 namespace {
@@ -26,12 +28,7 @@ namespace {
 using ::testing::HasSubstr;
 
 std::unique_ptr<PolicyModel> Tiny(uint64_t seed, int64_t vocab = 16) {
-  ModelOptions o;
-  o.seed = seed;
-  absl::StatusOr<std::unique_ptr<PolicyModel>> m =
-      PolicyModel::CreateRandom(ModelConfig::Tiny(vocab), o);
-  EXPECT_TRUE(m.ok()) << m.status();
-  return m.ok() ? *std::move(m) : nullptr;
+  return ::asympo::testing::TinyPolicy(vocab, seed);
 }
 
 std::unique_ptr<Task> Copy(int64_t vocab = 16) {
@@ -39,7 +36,7 @@ std::unique_ptr<Task> Copy(int64_t vocab = 16) {
   o.name = "copy";
   o.vocab_size = vocab;
   absl::StatusOr<std::unique_ptr<Task>> t = CreateTask(o);
-  EXPECT_TRUE(t.ok()) << t.status();
+  EXPECT_OK(t);
   return t.ok() ? *std::move(t) : nullptr;
 }
 
@@ -64,7 +61,7 @@ TEST(EvaluateTest, ReportsAreConsistentAndReproducible) {
   o.seed = 9;
   o.prompts_per_batch = 5;
   absl::StatusOr<EvaluationReport> a = Evaluate(engine, *task, prompts, o);
-  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_OK(a);
   EXPECT_EQ(a->prompts, 12);
   EXPECT_EQ(a->samples, 4);
   ASSERT_EQ(a->per_prompt.size(), 12u);
@@ -93,7 +90,7 @@ TEST(EvaluateTest, ReportsAreConsistentAndReproducible) {
   // The same seed gives the same samples whatever the batching.
   o.prompts_per_batch = 12;
   absl::StatusOr<EvaluationReport> b = Evaluate(engine, *task, prompts, o);
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ(b->mean_length, a->mean_length);
   EXPECT_EQ(b->sample_reward, a->sample_reward);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -114,7 +111,7 @@ TEST(EvaluateTest, GreedyOnlyWithKZero) {
   EvaluationOptions o;
   o.k = 0;
   absl::StatusOr<EvaluationReport> r = Evaluate(engine, *task, task->EvaluationPrompts(3), o);
-  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_OK(r);
   EXPECT_EQ(r->samples, 0);
   EXPECT_EQ(r->mean_length, 0);
   EXPECT_GT(r->greedy_mean_length, 0);
@@ -151,7 +148,7 @@ std::string WriteCheckpoint(const std::string& root, uint64_t version, const Pol
   for (const auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
   tensors.emplace_back(std::string(kCheckpointOptimizerPrefix) + "m.0", torch::zeros({3}));
   const std::string state = dir + "/" + kCheckpointStateFile;
-  EXPECT_TRUE(WriteSafetensors(state, tensors).ok());
+  EXPECT_OK(WriteSafetensors(state, tensors));
   const std::string bytes = testing::ReadFile(state);
   nlohmann::json meta = {{"version", version},
                          {"optimizer_steps", 1},
@@ -182,7 +179,7 @@ TEST(LoadModelForEvaluationTest, ReadsTheNewestValidCheckpointAndTheLearnersFlag
   std::string described;
   absl::StatusOr<std::unique_ptr<PolicyModel>> m =
       LoadModelForEvaluation(source, ModelOptions(), &described);
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_EQ((*m)->config().vocab_size, 16);
   EXPECT_TRUE(SameWeights(**m, *new_weights));
   EXPECT_THAT(described, HasSubstr("version 200"));
@@ -190,7 +187,7 @@ TEST(LoadModelForEvaluationTest, ReadsTheNewestValidCheckpointAndTheLearnersFlag
   // A corrupt newest checkpoint is skipped for the one before.
   std::ofstream(new_dir + "/" + kCheckpointStateFile, std::ios::app) << "x";
   m = LoadModelForEvaluation(source, ModelOptions(), &described);
-  ASSERT_TRUE(m.ok()) << m.status();
+  ASSERT_OK(m);
   EXPECT_TRUE(SameWeights(**m, *old_weights));
 
   // Named directly, the corrupt one is an error that says why.

@@ -18,11 +18,13 @@
 #include "common/tokenizer/tokenizer_text.h"
 #include "nlohmann/json.hpp"
 #include "rollout_server/math_verifier.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::rollout {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using synthetic::kBosId;
 using synthetic::kEosId;
 using synthetic::kFirstMarkerId;
@@ -38,7 +40,7 @@ std::unique_ptr<Task> MakeTask(const std::string& name, int64_t vocab = 64) {
   o.name = name;
   o.vocab_size = vocab;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  EXPECT_TRUE(task.ok()) << task.status();
+  EXPECT_OK(task);
   return task.ok() ? *std::move(task) : nullptr;
 }
 
@@ -88,8 +90,7 @@ TEST(TaskCreateTest, UnknownNameListsTheTasks) {
   o.name = "copyy";
   o.vocab_size = 64;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(task.status().message(), HasSubstr("\"copyy\""));
+  ASSERT_THAT(task, StatusIs(absl::StatusCode::kInvalidArgument, "\"copyy\""));
   EXPECT_THAT(task.status().message(), HasSubstr("copy, reverse, successor, sort, math"));
 }
 
@@ -106,10 +107,9 @@ TEST(TaskCreateTest, RejectsVocabularyTooSmallForTheAlphabet) {
     o.name = name;
     o.vocab_size = kFirstSymbolId + 3;  // the default alphabet has 4 symbols
     absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-    ASSERT_EQ(task.status().code(), absl::StatusCode::kInvalidArgument) << name;
-    EXPECT_THAT(task.status().message(), HasSubstr("vocab_size is 11"));
+    ASSERT_THAT(task, StatusIs(absl::StatusCode::kInvalidArgument, "vocab_size is 11")) << name;
     o.vocab_size = kFirstSymbolId + 4;
-    ASSERT_TRUE(CreateTask(o).ok()) << name;
+    ASSERT_OK(CreateTask(o)) << name;
     EXPECT_EQ((*CreateTask(o))->min_vocab_size(), kFirstSymbolId + 4);
     // A larger alphabet needs a larger vocabulary.
     o.synthetic_alphabet_size = 5;
@@ -272,7 +272,7 @@ TEST(TaskSyntheticTest, AlphabetAndLengthOptionsChangeThePrompts) {
   o.synthetic_min_length = 5;
   o.synthetic_max_length = 5;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   EXPECT_EQ((*task)->min_vocab_size(), kFirstSymbolId + 6);
   EXPECT_EQ((*task)->max_new_tokens(), 7);
   std::mt19937_64 rng(5);
@@ -341,7 +341,7 @@ TEST(TaskEvaluationTest, LargeSpacesDrawDistinctHeldOutPrompts) {
   o.synthetic_min_length = 6;
   o.synthetic_max_length = 10;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   const std::vector<TaskPrompt> held_out = (*task)->EvaluationPrompts(300);
   ASSERT_EQ(held_out.size(), 300u);
   std::set<std::vector<int32_t>> held;
@@ -362,7 +362,7 @@ TEST(TaskEvaluationTest, TinySpacesHaveNoSplit) {
   o.synthetic_min_length = 1;
   o.synthetic_max_length = 1;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   EXPECT_EQ((*task)->EvaluationPrompts(0).size(), 2u);
   std::mt19937_64 rng(1);
   std::set<std::vector<int32_t>> trained;
@@ -458,7 +458,7 @@ TEST(TaskMathTest, ServesEveryRowOncePerPassThroughTheTemplate) {
   TaskOptions o = MathOptions(WriteFile(dir, "rows.jsonl", kRows), WriteTokenizer(dir));
   o.math_max_new_tokens = 33;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   EXPECT_EQ((*task)->name(), "math");
   EXPECT_EQ((*task)->max_new_tokens(), 33);
   EXPECT_EQ((*task)->min_vocab_size(), kEndOfText + 1);
@@ -496,7 +496,7 @@ TEST(TaskMathTest, EvaluationPromptsAreTheRowsInFileOrder) {
   testing::ScopedTempDir dir("math_eval");
   absl::StatusOr<std::unique_ptr<Task>> task =
       CreateTask(MathOptions(WriteFile(dir, "rows.jsonl", kRows), WriteTokenizer(dir)));
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   std::vector<std::string> ids;
   for (const TaskPrompt& p : (*task)->EvaluationPrompts(0)) ids.push_back(p.prompt_id);
   EXPECT_THAT(ids, ElementsAre("math-1", "math-3", "math-4"));
@@ -526,7 +526,7 @@ TEST(TaskMathTest, ScoresTheDecodedFinalAnswer) {
   testing::ScopedTempDir dir("math_task");
   absl::StatusOr<std::unique_ptr<Task>> task =
       CreateTask(MathOptions(WriteFile(dir, "rows.jsonl", kRows), WriteTokenizer(dir)));
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   TaskPrompt p;
   p.prompt_id = "math-3";
   p.reference = "9/2";
@@ -556,12 +556,12 @@ TEST(TaskMathTest, StopTokenDefaultsToTheTokenizersEos) {
   TaskOptions o = MathOptions(data, WriteTokenizer(dir, /*im_tokens=*/false));
   o.prompt_template = "Q: {prompt}\nA:";
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   EXPECT_THAT((*task)->stop_token_ids(), ElementsAre(kEndOfText));
 
   o.tokenizer_path = WriteTokenizer(dir);
   o.stop_token = "<|endoftext|>";
-  ASSERT_TRUE(CreateTask(o).ok());
+  ASSERT_OK(CreateTask(o));
   EXPECT_THAT((*CreateTask(o))->stop_token_ids(), ElementsAre(kEndOfText));
 
   o.stop_token = "<|eot|>";
@@ -593,8 +593,7 @@ TEST(TaskMathTest, OptionErrorsNameTheOption) {
   o.data_path.clear();
   EXPECT_THAT(CreateTask(o).status().message(), HasSubstr("data_path is empty"));
   o.data_path = dir.Path("missing.jsonl");
-  EXPECT_EQ(CreateTask(o).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(CreateTask(o).status().message(), HasSubstr("missing.jsonl"));
+  EXPECT_THAT(CreateTask(o), StatusIs(absl::StatusCode::kNotFound, "missing.jsonl"));
   o.data_path = data;
 
   o.tokenizer_path.clear();
@@ -625,8 +624,7 @@ TEST(TaskMathTest, BadJsonlLinesNameFileAndLine) {
   for (const Case& c : kCases) {
     const std::string data = WriteFile(dir, "bad.jsonl", good + c.second_line + "\n" + good);
     absl::Status s = CreateTask(MathOptions(data, tokenizer)).status();
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.second_line;
-    EXPECT_THAT(s.message(), HasSubstr(data + ":2: ")) << c.second_line;
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, data + ":2: ")) << c.second_line;
     EXPECT_THAT(s.message(), HasSubstr(c.message)) << c.second_line;
   }
   const std::string empty = WriteFile(dir, "empty.jsonl", "\n  \n");
@@ -641,7 +639,7 @@ TEST(TaskMathTest, SampleDatasetLoadsAndItsAnswersVerify) {
   testing::ScopedTempDir dir("math_task");
   const std::string data = std::string(ASYMPO_SOURCE_DIR) + "/deploy/tasks/math_sample.jsonl";
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(MathOptions(data, WriteTokenizer(dir)));
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   std::ifstream in(data);
   std::string line;
   int rows = 0;
@@ -670,13 +668,13 @@ TEST(TaskMathTest, Qwen3TokenizerFromEnvironment) {
   TaskOptions o = MathOptions(WriteFile(dir, "rows.jsonl", kRows), path);
   o.vocab_size = 151936;  // Qwen3's embedding rows
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_OK(task);
   EXPECT_THAT((*task)->stop_token_ids(), ElementsAre(151645));  // <|im_end|>
   std::mt19937_64 rng(0);
   const TaskPrompt p = (*task)->NextPrompt(rng);
   EXPECT_EQ(p.prompt_tokens.front(), 151644);  // <|im_start|>
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromFile(path);
-  ASSERT_TRUE(tok.ok());
+  ASSERT_OK(tok);
   std::vector<int32_t> response = (*tok)->Encode("So the answer is \\boxed{" + p.reference + "}");
   response.push_back(151645);
   EXPECT_EQ((*task)->Score(p, response).reward, 1.0);

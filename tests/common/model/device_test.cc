@@ -1,4 +1,5 @@
 #include "common/model/device.h"
+#include "tests/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -6,22 +7,22 @@
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 TEST(ParseDeviceTest, AcceptsCpu) {
   absl::StatusOr<c10::Device> d = ParseDevice("cpu");
-  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_OK(d);
   EXPECT_TRUE(d->is_cpu());
 }
 
 TEST(ParseDeviceTest, RejectsMalformedValuesNamingThem) {
-  for (const char* bad : {"gpu", "", "CPU", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cuda0",
-                          "cuda:99999999999"}) {
+  for (const char* bad :
+       {"gpu", "", "CPU", "cuda:", "cuda:x", "cuda:-1", "cuda:1x", "cuda0", "cuda:99999999999"}) {
     absl::StatusOr<c10::Device> d = ParseDevice(bad);
-    ASSERT_FALSE(d.ok()) << bad;
-    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_THAT(std::string(d.status().message()),
-                HasSubstr(std::string("--device: \"") + bad + "\""));
+    ASSERT_THAT(
+        d, StatusIs(absl::StatusCode::kInvalidArgument, std::string("--device: \"") + bad + "\""))
+        << bad;
     EXPECT_THAT(std::string(d.status().message()), HasSubstr("cpu, cuda or cuda:N"));
   }
 }
@@ -30,14 +31,11 @@ TEST(ParseDeviceTest, CudaNeedsAVisibleGpu) {
   const int gpus = CudaDeviceCount();
   absl::StatusOr<c10::Device> first = ParseDevice("cuda");
   absl::StatusOr<c10::Device> beyond = ParseDevice("cuda:" + std::to_string(gpus));
-  ASSERT_FALSE(beyond.ok());
-  EXPECT_EQ(beyond.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_THAT(beyond, StatusIs(absl::StatusCode::kFailedPrecondition));
   if (gpus == 0) {
-    ASSERT_FALSE(first.ok());
-    EXPECT_EQ(first.status().code(), absl::StatusCode::kFailedPrecondition);
-    EXPECT_THAT(std::string(first.status().message()), HasSubstr("\"cuda\""));
+    ASSERT_THAT(first, StatusIs(absl::StatusCode::kFailedPrecondition, "\"cuda\""));
   } else {
-    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_OK(first);
     EXPECT_TRUE(first->is_cuda());
     EXPECT_THAT(std::string(beyond.status().message()),
                 HasSubstr(std::to_string(gpus) + " CUDA device(s) are visible"));
@@ -50,8 +48,7 @@ TEST(ParseComputeDTypeTest, AutoIsBfloat16OnAGpuAndFloat32OnTheCpu) {
   EXPECT_EQ(ParseComputeDType("bfloat16", c10::Device(c10::kCPU)).value(), c10::kBFloat16);
   EXPECT_EQ(ParseComputeDType("float32", c10::Device(c10::kCUDA, 0)).value(), c10::kFloat);
   absl::StatusOr<c10::ScalarType> bad = ParseComputeDType("fp16", c10::Device(c10::kCPU));
-  ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("--compute_dtype: \"fp16\""));
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument, "--compute_dtype: \"fp16\""));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/model/policy_model.h"
+#include "tests/testing/status_matchers.h"
 
 namespace asympo {
 namespace {
@@ -84,8 +85,8 @@ TEST(ModelConfigTest, TransformersFiveConfigsReadAsTheirFourEquivalents) {
        {std::pair{kLlamaFour, kLlamaFive}, std::pair{kQwenFour, kQwenFive}}) {
     const absl::StatusOr<ModelConfig> four = ModelConfig::FromJson(four_json);
     const absl::StatusOr<ModelConfig> five = ModelConfig::FromJson(five_json);
-    ASSERT_TRUE(four.ok()) << four.status();
-    ASSERT_TRUE(five.ok()) << five.status();
+    ASSERT_OK(four);
+    ASSERT_OK(five);
     EXPECT_EQ(five->rope_theta, four->rope_theta);
     EXPECT_EQ(five->rope_scaling.type, four->rope_scaling.type);
     EXPECT_EQ(five->rope_scaling.factor, four->rope_scaling.factor);
@@ -116,7 +117,7 @@ TEST(ModelConfigTest, RopeParametersPerLayerTypeUseTheFullAttentionEntry) {
       Config("qwen3", R"("rope_parameters": {"full_attention": {"rope_theta": 1000000, "rope_type":
                   "linear", "factor": 2.0}})",
              R"("layer_types": ["full_attention", "full_attention"])"));
-  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_OK(c);
   EXPECT_EQ(c->rope_theta, 1000000.0);
   EXPECT_EQ(c->rope_scaling.type, "linear");
   EXPECT_EQ(c->rope_scaling.factor, 2.0);
@@ -183,12 +184,12 @@ TEST(ModelConfigTest, BothLayoutsMustAgreeWhenBothArePresent) {
       "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 32})";
   const auto both = ModelConfig::FromJson(
       Config("llama", five + ", " + four_scaling + R"(, "rope_theta": 500000.0)"));
-  ASSERT_TRUE(both.ok()) << both.status();
+  ASSERT_OK(both);
   EXPECT_EQ(both->rope_theta, 500000.0);
   EXPECT_EQ(both->rope_scaling.type, "llama3");
   // A top-level theta beside a scaling that only rope_parameters carries.
   const auto theta_only = ModelConfig::FromJson(Config("llama", five + R"(, "rope_theta": 5e5)"));
-  ASSERT_TRUE(theta_only.ok()) << theta_only.status();
+  ASSERT_OK(theta_only);
   EXPECT_EQ(theta_only->rope_scaling.type, "llama3");
   EXPECT_THAT(Error(Config("llama", five + R"(, "rope_theta": 10000.0)")),
               HasSubstr("\"rope_parameters.rope_theta\" and \"rope_theta\" disagree (500000 and "
@@ -234,13 +235,13 @@ TEST(ModelConfigTest, MissingFieldsTakeTransformersClassDefaults) {
   const std::string base = R"({"model_type": "$T", "vocab_size": 96, "hidden_size": 256,
     "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 32})";
   const auto qwen = ModelConfig::FromJson(absl::StrReplaceAll(base, {{"$T", "qwen3"}}));
-  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  ASSERT_OK(qwen);
   EXPECT_EQ(qwen->head_dim, 128);  // Qwen3Config.head_dim, not 256 / 32
   EXPECT_EQ(qwen->num_key_value_heads, 32);
   EXPECT_EQ(qwen->max_position_embeddings, 32768);
   EXPECT_EQ(qwen->rope_theta, 10000.0);
   const auto llama = ModelConfig::FromJson(absl::StrReplaceAll(base, {{"$T", "llama"}}));
-  ASSERT_TRUE(llama.ok()) << llama.status();
+  ASSERT_OK(llama);
   EXPECT_EQ(llama->head_dim, 8);
   EXPECT_EQ(llama->num_key_value_heads, 32);
   EXPECT_EQ(llama->max_position_embeddings, 2048);
@@ -248,7 +249,7 @@ TEST(ModelConfigTest, MissingFieldsTakeTransformersClassDefaults) {
   const auto null_kv = ModelConfig::FromJson(
       R"({"model_type": "qwen3", "vocab_size": 96, "hidden_size": 64, "intermediate_size": 128,
           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": null})");
-  ASSERT_TRUE(null_kv.ok()) << null_kv.status();
+  ASSERT_OK(null_kv);
   EXPECT_EQ(null_kv->num_key_value_heads, 4);
 }
 
@@ -260,7 +261,7 @@ TEST(ModelConfigTest, ParsesLlamaAndQwen3ConfigJson) {
     "rope_theta": 500000.0, "tie_word_embeddings": true, "eos_token_id": [128001, 128008],
     "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
                      "original_max_position_embeddings": 8192, "rope_type": "llama3"}})");
-  ASSERT_TRUE(llama.ok()) << llama.status();
+  ASSERT_OK(llama);
   EXPECT_EQ(llama->rope_scaling.type, "llama3");
   EXPECT_FALSE(llama->qk_norm);
   EXPECT_EQ(llama->eos_token_ids.size(), 2u);
@@ -271,12 +272,12 @@ TEST(ModelConfigTest, ParsesLlamaAndQwen3ConfigJson) {
     "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16,
     "num_key_value_heads": 8, "head_dim": 128, "rope_theta": 1000000,
     "tie_word_embeddings": true, "eos_token_id": 151643})");
-  ASSERT_TRUE(qwen.ok()) << qwen.status();
+  ASSERT_OK(qwen);
   EXPECT_TRUE(qwen->qk_norm);
   // Qwen3-1.7B: about 1.72 billion parameters.
   EXPECT_NEAR(qwen->NumParameters() / 1e9, 1.72, 0.01);
   const auto round = ModelConfig::FromJson(qwen->ToJson());
-  ASSERT_TRUE(round.ok());
+  ASSERT_OK(round);
   EXPECT_EQ(round->NumParameters(), qwen->NumParameters());
 }
 

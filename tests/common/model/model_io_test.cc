@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model/safetensors.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
 
+using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
 // Model directories of one test, removed at its end.
@@ -59,9 +61,9 @@ TEST(ModelIoTest, ExportThenLoadRoundTripsEveryParameter) {
   for (const ModelConfig& c : {ModelConfig::Tiny(64), LlamaStyle()}) {
     const auto m = Random(c, 5);
     const std::string dir = dirs.New(c.model_type);
-    ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
+    ASSERT_OK(ExportPolicyModel(*m, dir));
     const auto loaded = LoadPolicyModel(dir, {});
-    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ASSERT_OK(loaded);
     ASSERT_EQ((*loaded)->named_parameters().size(), m->named_parameters().size());
     for (size_t i = 0; i < m->named_parameters().size(); ++i) {
       EXPECT_TRUE(
@@ -76,13 +78,13 @@ TEST(ModelIoTest, LoadsShardedCheckpointsAndBfloat16) {
   Dirs dirs;
   const auto m = Random(ModelConfig::Tiny(64), 6);
   const std::string dir = dirs.New("sharded");
-  ASSERT_TRUE(ExportPolicyModel(*m, dir, /*max_shard_bytes=*/40000).ok());
+  ASSERT_OK(ExportPolicyModel(*m, dir, /*max_shard_bytes=*/40000));
   std::ifstream index(dir + "/model.safetensors.index.json");
   ASSERT_TRUE(index.good());
   ModelOptions bf16;
   bf16.dtype = torch::kBFloat16;
   const auto loaded = LoadPolicyModel(dir, bf16);
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_OK(loaded);
   EXPECT_EQ((*loaded)->named_parameters()[0].second.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::allclose((*loaded)->named_parameters()[0].second.to(torch::kFloat),
                               m->named_parameters()[0].second, 1e-2, 1e-2));
@@ -92,16 +94,15 @@ TEST(ModelIoTest, NamesMissingOrMisShapedTensors) {
   Dirs dirs;
   const auto m = Random(ModelConfig::Tiny(64), 7);
   const std::string dir = dirs.New("broken");
-  ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
+  ASSERT_OK(ExportPolicyModel(*m, dir));
   auto params = m->named_parameters();
   params.erase(params.begin() + 4);  // drop one tensor
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (auto& [n, t] : params) tensors.emplace_back(n, t.detach());
-  ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
+  ASSERT_OK(WriteSafetensors(dir + "/model.safetensors", tensors));
   const auto loaded = LoadPolicyModel(dir, {});
-  ASSERT_FALSE(loaded.ok());
-  EXPECT_THAT(std::string(loaded.status().message()), HasSubstr(m->named_parameters()[4].first));
-  EXPECT_FALSE(LoadPolicyModel(dirs.New("absent"), {}).ok());
+  EXPECT_THAT(loaded, StatusIs(absl::StatusCode::kInvalidArgument, m->named_parameters()[4].first));
+  EXPECT_THAT(LoadPolicyModel(dirs.New("absent"), {}), StatusIs(absl::StatusCode::kNotFound));
 }
 
 // Writes ids, runs the Python reference, returns its logits (1, T, V).
@@ -162,10 +163,10 @@ TEST(ModelIoTest, LogitsMatchAnIndependentPyTorchImplementation) {
     const torch::Tensor ours = logits(*m);
     for (const std::string layout : {"4", "5"}) {
       const std::string dir = dirs.New("ref_" + c.model_type + "_" + layout);
-      ASSERT_TRUE(ExportPolicyModel(*m, dir).ok());
+      ASSERT_OK(ExportPolicyModel(*m, dir));
       if (layout == "5") RewriteAsTransformersFive(dir);
       const auto loaded = LoadPolicyModel(dir, {});
-      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      ASSERT_OK(loaded);
       EXPECT_TRUE(torch::equal(logits(**loaded), ours)) << c.model_type << " layout " << layout;
       const torch::Tensor ref = ReferenceLogits(dir, ids, c.vocab_size);
       ASSERT_TRUE(ref.defined()) << "the reference program failed";

@@ -1,4 +1,6 @@
 #include "common/model/policy_model.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/tiny_policy.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -9,11 +11,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
+// init_std larger than usual so that attention is far from uniform.
 std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 1, int64_t vocab = 64) {
-  ModelOptions o;
-  o.seed = seed;
-  o.init_std = 0.2;  // larger than usual so that attention is far from uniform
-  return PolicyModel::CreateRandom(ModelConfig::Tiny(vocab), o).value();
+  return ::asympo::testing::TinyPolicy(vocab, seed, 0.2);
 }
 
 torch::Tensor Positions(int64_t b, int64_t t) {
@@ -107,7 +107,7 @@ TEST(PolicyModelTest, GradientsReachEveryParameter) {
 TEST(PolicyModelTest, LoadParametersChecksNamesAndShapes) {
   const auto m = Tiny(1), other = Tiny(2);
   auto params = other->named_parameters();
-  ASSERT_TRUE(m->LoadParameters(params).ok());
+  ASSERT_OK(m->LoadParameters(params));
   EXPECT_TRUE(torch::equal(m->named_parameters()[3].second, params[3].second));
   auto missing = params;
   missing.erase(missing.begin() + 2);

@@ -11,10 +11,13 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include "absl/strings/str_cat.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 namespace fs = std::filesystem;
 using ::asympo::testing::DirEntries;
@@ -50,7 +53,7 @@ TEST_F(SafetensorsCheckpointTest, ShardedRoundTripWritesTheHuggingFaceLayout) {
   const Tensors tensors = SmallModel();
   const std::string out = Path("ckpt");
   // 4 KiB + 4 KiB would pass 5 KiB: shards {embed}, {up}, {q, k, norm}.
-  ASSERT_TRUE(WriteShardedSafetensors(out, tensors, 5 * 1024, {{"version", "3"}}).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, tensors, 5 * 1024, {{"version", "3"}}));
   EXPECT_THAT(DirEntries(out),
               ElementsAre("model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                           "model-00003-of-00003.safetensors", "model.safetensors.index.json"));
@@ -68,7 +71,7 @@ TEST_F(SafetensorsCheckpointTest, ShardedRoundTripWritesTheHuggingFaceLayout) {
   EXPECT_EQ(index_text.back(), '\n');
 
   auto checkpoint = SafetensorsCheckpoint::Open(out);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  ASSERT_OK(checkpoint);
   EXPECT_TRUE((*checkpoint)->sharded());
   EXPECT_EQ((*checkpoint)->FilePaths().size(), 3u);
   EXPECT_EQ((*checkpoint)->size(), 5u);
@@ -78,22 +81,22 @@ TEST_F(SafetensorsCheckpointTest, ShardedRoundTripWritesTheHuggingFaceLayout) {
   for (const auto& [name, expected] : tensors) {
     SCOPED_TRACE(name);
     auto got = (*checkpoint)->Get(name);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_EQ(got->scalar_type(), expected.scalar_type());
     EXPECT_TRUE(at::equal(*got, expected));
   }
   EXPECT_TRUE(at::equal(*(*checkpoint)->Get("model.layers.0.self_attn.q_proj.weight", at::kFloat),
                         tensors[2].second.to(at::kFloat)));
-  EXPECT_EQ((*checkpoint)->Get("nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT((*checkpoint)->Get("nope"), StatusIs(absl::StatusCode::kNotFound));
 }
 
 TEST_F(SafetensorsCheckpointTest, OneShardWritesModelSafetensorsWithoutIndex) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 30).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 30));
   EXPECT_THAT(DirEntries(out), ElementsAre("model.safetensors"));
   for (const std::string& path : {out, out + "/model.safetensors"}) {
     auto checkpoint = SafetensorsCheckpoint::Open(path);
-    ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+    ASSERT_OK(checkpoint);
     EXPECT_FALSE((*checkpoint)->sharded());
     EXPECT_TRUE((*checkpoint)->index_metadata().empty());
     EXPECT_EQ((*checkpoint)->size(), 5u);
@@ -102,24 +105,23 @@ TEST_F(SafetensorsCheckpointTest, OneShardWritesModelSafetensorsWithoutIndex) {
 
 TEST_F(SafetensorsCheckpointTest, TensorLargerThanTheLimitGetsItsOwnShard) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(
-      WriteShardedSafetensors(out, {{"big", Randn({100})}, {"small", Randn({2})}}, 16).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, {{"big", Randn({100})}, {"small", Randn({2})}}, 16));
   auto checkpoint = SafetensorsCheckpoint::Open(out);
-  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  ASSERT_OK(checkpoint);
   EXPECT_EQ((*checkpoint)->FilePaths().size(), 2u);
 }
 
 TEST_F(SafetensorsCheckpointTest, RewritingInTheOtherLayoutRemovesStaleFiles) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 9 * 1024).ok());  // 2 shards now
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 5 * 1024));
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 9 * 1024));  // 2 shards now
   EXPECT_THAT(DirEntries(out),
               ElementsAre("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
                           "model.safetensors.index.json"));
   std::ofstream(out + "/config.json") << "{}";  // not ours: kept
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 30).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 30));
   EXPECT_THAT(DirEntries(out), ElementsAre("config.json", "model.safetensors"));
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 5 * 1024));
   EXPECT_THAT(DirEntries(out),
               ElementsAre("config.json", "model-00001-of-00003.safetensors",
                           "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors",
@@ -127,27 +129,26 @@ TEST_F(SafetensorsCheckpointTest, RewritingInTheOtherLayoutRemovesStaleFiles) {
 }
 
 TEST_F(SafetensorsCheckpointTest, WriterRejectsBadArguments) {
-  EXPECT_EQ(WriteShardedSafetensors(Path("c"), SmallModel(), 0).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(WriteShardedSafetensors(Path("c"), SmallModel(), 0),
+              StatusIs(absl::StatusCode::kInvalidArgument));
   const absl::Status s =
       WriteShardedSafetensors(Path("c"), {{"a", Randn({1})}, {"a", Randn({1})}}, 2);
   EXPECT_THAT(std::string(s.message()), HasSubstr("tensor 'a' appears twice"));
   // A bad tensor in the last shard is refused before the first is written.
   const absl::Status complex = WriteShardedSafetensors(
       Path("c"), {{"ok", Randn({64})}, {"z", at::zeros({64}, at::kComplexFloat)}}, 16);
-  EXPECT_EQ(complex.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(complex.message()), HasSubstr("tensor 'z'"));
+  EXPECT_THAT(complex, StatusIs(absl::StatusCode::kInvalidArgument, "tensor 'z'"));
   EXPECT_FALSE(fs::exists(Path("c")));
 }
 
 TEST_F(SafetensorsCheckpointTest, ChecksTheExpectedTensorSet) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 5 * 1024));
   auto checkpoint = SafetensorsCheckpoint::Open(out);
-  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_OK(checkpoint);
   Shapes expected;
   for (const auto& [name, tensor] : SmallModel()) expected[name] = tensor.sizes().vec();
-  EXPECT_TRUE((*checkpoint)->CheckTensors(expected).ok());
+  EXPECT_OK((*checkpoint)->CheckTensors(expected));
 
   expected.erase("model.norm.weight");               // unexpected in the file
   expected["lm_head.weight"] = {32, 32};             // missing from the file
@@ -158,7 +159,7 @@ TEST_F(SafetensorsCheckpointTest, ChecksTheExpectedTensorSet) {
   ASSERT_EQ(diff.wrong_shape.size(), 1u);
   EXPECT_THAT(diff.wrong_shape[0].actual, ElementsAre(32, 32));
   const absl::Status s = (*checkpoint)->CheckTensors(expected);
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("does not match the expected tensors: 1 missing (lm_head.weight); "
                         "1 unexpected (model.norm.weight); 1 with the wrong shape "
@@ -168,9 +169,9 @@ TEST_F(SafetensorsCheckpointTest, ChecksTheExpectedTensorSet) {
 
 TEST_F(SafetensorsCheckpointTest, ListsAFewNamesWithCountsWhenManyDiffer) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 20).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), int64_t{1} << 20));
   auto checkpoint = SafetensorsCheckpoint::Open(out);
-  ASSERT_TRUE(checkpoint.ok());
+  ASSERT_OK(checkpoint);
   Shapes expected;
   for (const auto& [name, tensor] : SmallModel()) expected[name] = tensor.sizes().vec();
   for (int i = 0; i < 12; ++i) expected[absl::StrCat("extra.", 10 + i)] = {1};
@@ -181,11 +182,10 @@ TEST_F(SafetensorsCheckpointTest, ListsAFewNamesWithCountsWhenManyDiffer) {
 
 TEST_F(SafetensorsCheckpointTest, ReportsAMissingShardNamedByTheIndex) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 5 * 1024));
   fs::remove(out + "/model-00002-of-00003.safetensors");
   const absl::Status s = SafetensorsCheckpoint::Open(out).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("model.safetensors.index.json"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, "model.safetensors.index.json"));
   EXPECT_THAT(std::string(s.message()),
               HasSubstr("maps 1 tensors (model.layers.0.mlp.up_proj.weight) to shard "
                         "'model-00002-of-00003.safetensors', which does not exist"));
@@ -193,7 +193,7 @@ TEST_F(SafetensorsCheckpointTest, ReportsAMissingShardNamedByTheIndex) {
 
 TEST_F(SafetensorsCheckpointTest, RejectsAnIndexThatDisagreesWithItsShards) {
   const std::string out = Path("ckpt");
-  ASSERT_TRUE(WriteShardedSafetensors(out, SmallModel(), 5 * 1024).ok());
+  ASSERT_OK(WriteShardedSafetensors(out, SmallModel(), 5 * 1024));
   const std::string index_path = out + "/model.safetensors.index.json";
   nlohmann::json index = nlohmann::json::parse(ReadFile(index_path));
   const nlohmann::json original = index;
@@ -221,18 +221,15 @@ TEST_F(SafetensorsCheckpointTest, RejectsAnIndexThatDisagreesWithItsShards) {
 
   std::ofstream(index_path, std::ios::trunc) << "{\"weight_map\": [";
   s = SafetensorsCheckpoint::Open(out).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("not valid JSON"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "not valid JSON"));
 }
 
 TEST_F(SafetensorsCheckpointTest, ReportsADirectoryWithoutACheckpoint) {
   fs::create_directories(Path("empty"));
   absl::Status s = SafetensorsCheckpoint::Open(Path("empty")).status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr("holds neither model.safetensors.index.json nor model.safetensors"));
-  EXPECT_EQ(SafetensorsCheckpoint::Open(Path("absent")).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound,
+                          "holds neither model.safetensors.index.json nor model.safetensors"));
+  EXPECT_THAT(SafetensorsCheckpoint::Open(Path("absent")), StatusIs(absl::StatusCode::kNotFound));
 }
 
 }  // namespace

@@ -11,10 +11,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include "absl/strings/str_cat.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 namespace fs = std::filesystem;
 using ::asympo::testing::DirEntries;
@@ -69,14 +72,14 @@ TEST_F(SafetensorsTest, RoundTripsFloatDtypesScalarAndEmptyTensor) {
       {"empty", at::empty({0, 4}, at::kBFloat16)},
       {"ids", at::arange(7, at::kLong)},
   };
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), tensors).ok());
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), tensors));
   auto file = SafetensorsFile::Open(Path("m.safetensors"));
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   EXPECT_THAT((*file)->Names(), ElementsAre("empty", "ids", "scalar", "w.bf16", "w.f16", "w.f32"));
   for (const auto& [name, expected] : tensors) {
     SCOPED_TRACE(name);
     auto got = (*file)->Get(name);
-    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_OK(got);
     EXPECT_EQ(got->scalar_type(), expected.scalar_type());
     EXPECT_EQ(got->sizes(), expected.sizes());
     EXPECT_TRUE(at::equal(*got, expected));
@@ -90,24 +93,24 @@ TEST_F(SafetensorsTest, RoundTripsFloatDtypesScalarAndEmptyTensor) {
 
 TEST_F(SafetensorsTest, WritesNonContiguousTensorsAsRowMajor) {
   const at::Tensor base = Randn({4, 3});
-  ASSERT_TRUE(WriteSafetensors(Path("t.safetensors"), {{"t", base.t()}}).ok());
+  ASSERT_OK(WriteSafetensors(Path("t.safetensors"), {{"t", base.t()}}));
   auto file = SafetensorsFile::Open(Path("t.safetensors"));
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   auto got = (*file)->Get("t");
-  ASSERT_TRUE(got.ok());
+  ASSERT_OK(got);
   EXPECT_TRUE(at::equal(*got, base.t().contiguous()));
 }
 
 TEST_F(SafetensorsTest, GetWithoutConversionAliasesTheMappingAndOutlivesTheFile) {
   const at::Tensor w = Randn({64, 16});
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"w", w}}).ok());
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"w", w}}));
   at::Tensor first;
   {
     auto file = SafetensorsFile::Open(Path("m.safetensors"));
-    ASSERT_TRUE(file.ok());
+    ASSERT_OK(file);
     first = *(*file)->Get("w");
     auto second = (*file)->Get("w", at::kFloat);
-    ASSERT_TRUE(second.ok());
+    ASSERT_OK(second);
     EXPECT_EQ(first.data_ptr(), second->data_ptr());  // the same mapped bytes
   }
   // The file object is gone; the tensor keeps the mapping alive.
@@ -115,22 +118,22 @@ TEST_F(SafetensorsTest, GetWithoutConversionAliasesTheMappingAndOutlivesTheFile)
   // Writes land on private copy-on-write pages, never in the file.
   first.fill_(7.0f);
   auto reopened = SafetensorsFile::Open(Path("m.safetensors"));
-  ASSERT_TRUE(reopened.ok());
+  ASSERT_OK(reopened);
   EXPECT_TRUE(at::equal(*(*reopened)->Get("w"), w));
 }
 
 TEST_F(SafetensorsTest, GetConvertsToTheRequestedDtype) {
   const at::Tensor bf16 = Randn({8, 8}, at::kBFloat16);
   const at::Tensor f32 = Randn({3, 5});
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"bf16", bf16}, {"f32", f32}}).ok());
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"bf16", bf16}, {"f32", f32}}));
   auto file = SafetensorsFile::Open(Path("m.safetensors"));
-  ASSERT_TRUE(file.ok());
+  ASSERT_OK(file);
   auto up = (*file)->Get("bf16", at::kFloat);
-  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_OK(up);
   EXPECT_EQ(up->scalar_type(), at::kFloat);
   EXPECT_TRUE(at::equal(*up, bf16.to(at::kFloat)));  // widening is exact
   auto down = (*file)->Get("f32", at::kHalf);
-  ASSERT_TRUE(down.ok());
+  ASSERT_OK(down);
   EXPECT_TRUE(at::equal(*down, f32.to(at::kHalf)));
   // A conversion owns its memory: a second one is a different buffer.
   EXPECT_NE(down->data_ptr(), (*file)->Get("f32", at::kHalf)->data_ptr());
@@ -146,26 +149,25 @@ TEST_F(SafetensorsTest, CopiesMisalignedTensorInsteadOfAliasingIt) {
                            std::string("\x00\x00\x00\xc0", 4);   // F32 -2.0
   WriteBytes(Path("m.safetensors"), RawFile(padded, data));
   auto file = SafetensorsFile::Open(Path("m.safetensors"));
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   auto f = (*file)->Get("f");
-  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_OK(f);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(f->data_ptr()) % 4, 0u);
   EXPECT_TRUE(at::equal(*f, at::tensor({1.0f, -2.0f})));
   EXPECT_EQ((*file)->Get("h", at::kFloat)->item<float>(), 1.0f);
 }
 
 TEST_F(SafetensorsTest, WritesMetadataWithDefaultFormat) {
-  ASSERT_TRUE(WriteSafetensors(Path("a.safetensors"), {{"x", Randn({2})}},
-                               {{"step", "7"}, {"policy", "asympo"}})
-                  .ok());
+  ASSERT_OK(WriteSafetensors(Path("a.safetensors"), {{"x", Randn({2})}},
+                             {{"step", "7"}, {"policy", "asympo"}}));
   auto a = SafetensorsFile::Open(Path("a.safetensors"));
-  ASSERT_TRUE(a.ok());
+  ASSERT_OK(a);
   EXPECT_EQ((*a)->metadata(), (std::map<std::string, std::string>{
                                   {"format", "pt"}, {"policy", "asympo"}, {"step", "7"}}));
   // A caller's format wins.
-  ASSERT_TRUE(WriteSafetensors(Path("b.safetensors"), {}, {{"format", "mlx"}}).ok());
+  ASSERT_OK(WriteSafetensors(Path("b.safetensors"), {}, {{"format", "mlx"}}));
   auto b = SafetensorsFile::Open(Path("b.safetensors"));
-  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_OK(b);
   EXPECT_EQ((*b)->metadata().at("format"), "mlx");
   EXPECT_TRUE((*b)->Names().empty());
 }
@@ -178,7 +180,7 @@ TEST_F(SafetensorsTest, WritesTheExactBytesOfTheFormat) {
       {"s", at::full({}, 1.0, at::kHalf)},
       {"a", at::tensor({0.5f})},
   };
-  ASSERT_TRUE(WriteSafetensors(Path("x.safetensors"), tensors).ok());
+  ASSERT_OK(WriteSafetensors(Path("x.safetensors"), tensors));
   const std::string expected =
       std::string("\xc8\x00\x00\x00\x00\x00\x00\x00", 8) +  // header length 200
       R"({"__metadata__":{"format":"pt"},)"
@@ -197,14 +199,14 @@ TEST_F(SafetensorsTest, ReadsHandBuiltFileWithOtherKeyOrderAndPadding) {
                              R"( "__metadata__": {"k": "v"} }        )";
   WriteBytes(Path("h.safetensors"), RawFile(header, std::string("\x80\x3f\x00\x40", 4)));
   auto file = SafetensorsFile::Open(Path("h.safetensors"));
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   EXPECT_EQ((*file)->metadata().at("k"), "v");
   EXPECT_TRUE(at::equal(*(*file)->Get("y", at::kFloat), at::tensor({1.0f, 2.0f})));
 }
 
 TEST_F(SafetensorsTest, WriterLeavesNoTemporaryFiles) {
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({4})}}).ok());
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({5})}}).ok());  // replaces
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({4})}}));
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({5})}}));  // replaces
   EXPECT_THAT(DirEntries(dir_), ElementsAre("m.safetensors"));
   EXPECT_THAT((*SafetensorsFile::Open(Path("m.safetensors")))->Find("x")->shape, ElementsAre(5));
 }
@@ -213,17 +215,17 @@ TEST_F(SafetensorsTest, WriterRejectsBadInputsNamingThem) {
   const std::string path = Path("bad.safetensors");
   auto message = [](const absl::Status& s) { return std::string(s.message()); };
   absl::Status s = WriteSafetensors(path, {{"x", Randn({1})}, {"x", Randn({1})}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(message(s), HasSubstr("'x' appears twice"));
   s = WriteSafetensors(path, {{"__metadata__", Randn({1})}});
   EXPECT_THAT(message(s), HasSubstr("reserved"));
   s = WriteSafetensors(path, {{"u", at::Tensor()}});
   EXPECT_THAT(message(s), HasSubstr("'u' must be a defined"));
   s = WriteSafetensors(path, {{"c", at::zeros({2}, at::kComplexFloat)}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(message(s), HasSubstr("tensor 'c'"));
   s = WriteSafetensors(Path("no/such/dir/m.safetensors"), {{"x", Randn({1})}});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInternal));
   EXPECT_THAT(message(s), HasSubstr("no/such/dir/m.safetensors"));
   EXPECT_TRUE(DirEntries(dir_).empty());
 }
@@ -232,20 +234,18 @@ TEST_F(SafetensorsTest, WriterRejectsBadInputsNamingThem) {
 
 TEST_F(SafetensorsTest, RejectsFileShorterThanTheLengthPrefix) {
   const absl::Status s = OpenRaw("\x01\x02\x03\x04\x05");
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("raw.safetensors"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "raw.safetensors"));
   EXPECT_THAT(std::string(s.message()), HasSubstr("file is 5 bytes, shorter than"));
 }
 
 TEST_F(SafetensorsTest, RejectsTruncatedFileSayingTheOffsetAndSize) {
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"w", Randn({10})}}).ok());
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"w", Randn({10})}}));
   const std::string bytes = ReadFile(Path("m.safetensors"));
   const size_t full = bytes.size();
   const absl::Status s = OpenRaw(bytes.substr(0, full - 3));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()),
-              HasSubstr(absl::StrCat("tensor 'w' (data_offsets [0, 40]) ends at byte offset ", full,
-                                     ", past the end of the file (size ", full - 3, ")")));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument,
+                          absl::StrCat("tensor 'w' (data_offsets [0, 40]) ends at byte offset ",
+                                       full, ", past the end of the file (size ", full - 3, ")")));
 }
 
 TEST_F(SafetensorsTest, RejectsHeaderLengthPastTheEndOfTheFile) {
@@ -258,8 +258,7 @@ TEST_F(SafetensorsTest, RejectsHeaderLengthPastTheEndOfTheFile) {
 
 TEST_F(SafetensorsTest, RejectsHeaderThatIsNotJsonOrNotAnObject) {
   absl::Status s = OpenRaw(RawFile(R"({"w": {"dtype": )", ""));
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("is not valid JSON"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "is not valid JSON"));
   s = OpenRaw(RawFile("[1, 2]  ", ""));
   EXPECT_THAT(std::string(s.message()), HasSubstr("header must be a JSON object, got a array"));
   s = OpenRaw(RawFile("{\"\xff\": 1}", ""));  // not UTF-8
@@ -285,8 +284,7 @@ TEST_F(SafetensorsTest, RejectsDataOffsetsThatAreNotTwoIncreasingIntegers) {
     SCOPED_TRACE(offsets);
     const absl::Status s = OpenRaw(
         RawFile(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":)" + offsets + "}}", "abcd"));
-    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(s.message()), HasSubstr("raw.safetensors': tensor 'w': "));
+    EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument, "raw.safetensors': tensor 'w': "));
     EXPECT_THAT(std::string(s.message()), HasSubstr("data_offsets"));
   }
 }
@@ -325,24 +323,22 @@ TEST_F(SafetensorsTest, RejectsDuplicateNamesAndNonStringMetadata) {
 }
 
 TEST_F(SafetensorsTest, ReportsMissingFilesAndTensorsAsNotFound) {
-  EXPECT_EQ(SafetensorsFile::Open(Path("absent.safetensors")).status().code(),
-            absl::StatusCode::kNotFound);
-  ASSERT_TRUE(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({1})}}).ok());
+  EXPECT_THAT(SafetensorsFile::Open(Path("absent.safetensors")),
+              StatusIs(absl::StatusCode::kNotFound));
+  ASSERT_OK(WriteSafetensors(Path("m.safetensors"), {{"x", Randn({1})}}));
   auto file = SafetensorsFile::Open(Path("m.safetensors"));
-  ASSERT_TRUE(file.ok());
+  ASSERT_OK(file);
   const absl::Status s = (*file)->Get("y").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("has no tensor 'y'"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kNotFound, "has no tensor 'y'"));
 }
 
 TEST_F(SafetensorsTest, ValidatesButCannotConvertDtypesLibTorchLacks) {
   WriteBytes(Path("u.safetensors"),
              RawFile(R"({"u":{"dtype":"U16","shape":[2],"data_offsets":[0,4]}})", "abcd"));
   auto file = SafetensorsFile::Open(Path("u.safetensors"));
-  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_OK(file);
   const absl::Status s = (*file)->Get("u").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(s.message()), HasSubstr("tensor 'u'"));
+  EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnimplemented, "tensor 'u'"));
 }
 
 }  // namespace
