@@ -12,32 +12,25 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/grpc_metadata.h"
+#include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/wait.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 using ::asympo::testing::Trailing;
 using ::asympo::testing::WaitFor;
 using ::testing::HasSubstr;
 
+// Prompt {1, 2}; response r holds {3 + r} with reward r.
 v1::RolloutBatch Batch(int groups, int responses = 3, const std::string& tag = "p") {
-  v1::RolloutBatch b;
-  b.set_source("test");
-  for (int g = 0; g < groups; ++g) {
-    v1::PromptGroup* pg = b.add_groups();
-    pg->set_prompt_id(tag + std::to_string(g));
-    pg->add_prompt_tokens(1);
-    pg->add_prompt_tokens(2);
-    for (int r = 0; r < responses; ++r) {
-      v1::Response* resp = pg->add_responses();
-      resp->add_tokens(3 + r);
-      resp->set_reward(static_cast<float>(r));
-    }
-  }
-  return b;
+  return RolloutBatchBuilder(groups, responses)
+      .Source("test")
+      .PromptIds([&](int g) { return tag + std::to_string(g); })
+      .Build();
 }
 
 class LearnerServiceTest : public ::testing::Test {
