@@ -362,7 +362,7 @@ absl::StatusOr<const security::Principal*> LearnerService::Authorize(
 absl::Status LearnerService::AdmitSource(const security::Principal& p,
                                          absl::Duration* retry_after) const {
   if (options_.quarantine == nullptr) return absl::OkStatus();
-  absl::Status s = options_.quarantine->Admit(p.name, absl::Now(), retry_after);
+  absl::Status s = options_.quarantine->Admit(p.name, options_.clock->Now(), retry_after);
   if (!s.ok()) {
     s.SetPayload(kRatePayload, absl::Cord("1"));
     s.SetPayload(kQuarantinePayload, absl::Cord("1"));
@@ -372,7 +372,8 @@ absl::Status LearnerService::AdmitSource(const security::Principal& p,
 
 absl::Status LearnerService::AdmitRate(const security::Principal& p, int64_t groups,
                                        absl::Duration* retry_after) const {
-  absl::Status s = rates_.Admit(p.name, p.groups_per_second, groups, absl::Now(), retry_after);
+  absl::Status s =
+      rates_.Admit(p.name, p.groups_per_second, groups, options_.clock->Now(), retry_after);
   if (!s.ok()) s.SetPayload(kRatePayload, absl::Cord("1"));
   return s;
 }

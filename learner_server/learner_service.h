@@ -28,6 +28,7 @@
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/batch_validation.h"
+#include "common/clock.h"
 #include "common/keyed_limit.h"
 #include "common/listener/call_reaper.h"
 #include "common/security/authorizer.h"
@@ -106,6 +107,10 @@ struct LearnerServiceOptions {
   // When set, a quarantined source's batches are refused before they are
   // parsed (RESOURCE_EXHAUSTED, the hint the time left).
   SourceQuarantine* quarantine = nullptr;
+  // The time that source rates and the quarantine are measured in (tests
+  // pass a fake one to expire a window without waiting). Outlives the
+  // service.
+  const Clock* clock = RealClock();
 };
 
 using LearnerServiceBase =

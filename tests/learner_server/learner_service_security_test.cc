@@ -17,6 +17,7 @@
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
 #include "tests/testing/certs.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/grpc_metadata.h"
 #include "tests/testing/metrics.h"
 #include "tests/testing/status_matchers.h"
@@ -83,6 +84,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
     o.full_queue_timeout = absl::Seconds(2);
     o.authorizer = authorizer_.get();
     o.received_bytes = &received_;
+    o.clock = &clock_;  // rate windows pass when the test advances it
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     security::ServerTlsOptions tls;
     tls.cert_file = TestCertificates::Path("server.pem");
@@ -140,6 +142,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
 
   testing::ScopedTempDir dir_{"auth"};
   prometheus::Registry registry_;
+  asympo::testing::FakeClock clock_;
   prometheus::Registry client_registry_;  // the clients' asympo_tls_*
   std::unique_ptr<security::Authorizer> authorizer_;
   LearnerCounters counters_;
@@ -217,7 +220,7 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
 
 TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsShareOfTheQueue) {
   // gen may hold 16 of 64 groups; its rate (8 a second, a burst of 8) is
-  // spent first, so wait it out between batches.
+  // spent first, so the clock moves on by the hint between batches.
   auto gen = Client("gen-token");
   int queued = 0;
   while (queued < 16) {
@@ -229,9 +232,9 @@ TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsShareOfTheQueue) {
     }
     ASSERT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
     ASSERT_THAT(s.error_message(), HasSubstr("over its rate"));
-    absl::SleepFor(absl::Milliseconds(std::stoi(Trailing(ctx, "asympo-retry-after-ms"))));
+    clock_.Advance(absl::Milliseconds(std::stoi(Trailing(ctx, "asympo-retry-after-ms"))));
   }
-  absl::SleepFor(absl::Seconds(1));  // the rate is not what refuses the next one
+  clock_.Advance(absl::Seconds(1));  // the rate is not what refuses the next one
   grpc::ClientContext ctx;
   const grpc::Status full = Submit(gen.get(), 4, &ctx);
   EXPECT_THAT(full,
@@ -259,7 +262,10 @@ TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsRateWithARetryHint) {
   EXPECT_LE(hint, 500);
   EXPECT_EQ(Refusals("rate"), 1);
   EXPECT_EQ(queue_->Stats().depth_groups, 8);
-  absl::SleepFor(absl::Milliseconds(hint));
+  clock_.Advance(absl::Milliseconds(hint - 1));
+  EXPECT_THAT(Submit(gen.get(), 4),
+              StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED, "over its rate"));
+  clock_.Advance(absl::Milliseconds(1));
   EXPECT_OK(Submit(gen.get(), 4));
 }
 
