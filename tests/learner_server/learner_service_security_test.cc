@@ -20,6 +20,7 @@
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/grpc_metadata.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
@@ -28,24 +29,18 @@ namespace asympo::learner {
 namespace {
 
 using ::asympo::testing::MetricValue;
+using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 using ::asympo::testing::TestCertificates;
 using ::asympo::testing::Trailing;
 using ::testing::HasSubstr;
 
+// Groups "p0", "p1", ... of prompt {1}, two responses {3} rewarded 0 and 1.
 v1::RolloutBatch Batch(int groups) {
-  v1::RolloutBatch b;
-  for (int g = 0; g < groups; ++g) {
-    v1::PromptGroup* pg = b.add_groups();
-    pg->set_prompt_id("p" + std::to_string(g));
-    pg->add_prompt_tokens(1);
-    for (int r = 0; r < 2; ++r) {
-      v1::Response* resp = pg->add_responses();
-      resp->add_tokens(3);
-      resp->set_reward(static_cast<float>(r));
-    }
-  }
-  return b;
+  return RolloutBatchBuilder(groups, 2)
+      .PromptTokens([](int) { return std::vector<int32_t>{1}; })
+      .ResponseTokens([](int, int) { return std::vector<int32_t>{3}; })
+      .Build();
 }
 
 std::string Read(const std::string& cert) {
