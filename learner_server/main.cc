@@ -303,13 +303,13 @@ ASYMPO_DURATION_FLAG_RANGE(fault_submit_reply_delay, absl::ZeroDuration(), absl:
 
 namespace {
 
+using asympo::daemon::ParseIntListFlag;
 using asympo::learner::LearnerDaemonOptions;
 
 // The process environment, for the settings torchrun and Slurm pass.
 const char* Getenv(const char* name) { return std::getenv(name); }
 
 absl::Status ModelFlags(LearnerDaemonOptions* o) {
-  o->listen_address = absl::GetFlag(FLAGS_listen);
   o->model = absl::GetFlag(FLAGS_model);
   o->tiny_vocab_size = absl::GetFlag(FLAGS_tiny_vocab_size);
   ASYMPO_ASSIGN_OR_RETURN(o->publish_dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
@@ -321,19 +321,6 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
       asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), o->model_options.device));
   o->model_options.dtype = at::kFloat;  // master weights
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
-  return absl::OkStatus();
-}
-
-absl::Status SecurityFlags(LearnerDaemonOptions* o) {
-  o->tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
-  o->tls.key_file = absl::GetFlag(FLAGS_tls_key);
-  o->tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
-  o->auth.principals_file = absl::GetFlag(FLAGS_auth_file);
-  o->auth.default_queue_share = absl::GetFlag(FLAGS_source_queue_share);
-  o->auth.default_groups_per_second = absl::GetFlag(FLAGS_source_groups_per_second);
-  o->insecure = absl::GetFlag(FLAGS_insecure);
-  o->service.stream_idle_timeout = absl::GetFlag(FLAGS_submit_stream_idle_timeout);
-  o->broadcast.fetch_idle_timeout = absl::GetFlag(FLAGS_broadcast_fetch_idle_timeout);
   return absl::OkStatus();
 }
 
@@ -358,60 +345,72 @@ absl::Status ObjectiveFlags(asympo::learner::PolicyLossOptions* loss) {
   return absl::OkStatus();
 }
 
-absl::Status StepFlags(LearnerDaemonOptions* o) {
-  o->service.limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
-  o->service.limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
-  o->service.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
-  o->service.limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
-  o->service.limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
-  o->service.limits.max_abs_reward = absl::GetFlag(FLAGS_max_abs_reward);
+absl::Status TrainerFlags(asympo::learner::TrainerOptions* t) {
+  ASYMPO_RETURN_IF_ERROR(ObjectiveFlags(&t->loss));
+  t->micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
+  t->logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
+  t->lr.peak_lr = absl::GetFlag(FLAGS_lr);
+  t->lr.kind = absl::GetFlag(FLAGS_lr_schedule);
+  t->lr.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
+  t->lr.total_steps = absl::GetFlag(FLAGS_total_steps);
+  t->lr.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
+  t->adamw.beta1 = absl::GetFlag(FLAGS_adam_beta1);
+  t->adamw.beta2 = absl::GetFlag(FLAGS_adam_beta2);
+  t->adamw.eps = absl::GetFlag(FLAGS_adam_eps);
+  t->adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
+  t->max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
+  ASYMPO_RETURN_IF_ERROR(ParseIntListFlag(absl::GetFlag(FLAGS_fault_nonfinite_loss_steps),
+                                          "fault_nonfinite_loss_steps",
+                                          &t->fault_nonfinite_loss_steps));
+  return ParseIntListFlag(absl::GetFlag(FLAGS_fault_exception_steps), "fault_exception_steps",
+                          &t->fault_exception_steps);
+}
+
+// What a batch may hold, and how submissions wait and are refused.
+void ServiceFlags(asympo::learner::LearnerServiceOptions* s) {
+  s->limits.min_group_size = absl::GetFlag(FLAGS_min_group_size);
+  s->limits.max_group_size = absl::GetFlag(FLAGS_max_group_size);
+  s->limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  s->limits.max_response_tokens = absl::GetFlag(FLAGS_max_response_tokens);
+  s->limits.max_groups_per_batch = absl::GetFlag(FLAGS_max_groups_per_batch);
+  s->limits.max_abs_reward = absl::GetFlag(FLAGS_max_abs_reward);
+  s->full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
+  s->retry_after = absl::GetFlag(FLAGS_retry_after);
+  s->max_streams = absl::GetFlag(FLAGS_max_submit_streams);
+  s->max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
+  s->stream_idle_timeout = absl::GetFlag(FLAGS_submit_stream_idle_timeout);
+  s->fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);
+}
+
+// The gRPC port: its address, TLS, callers and connections (docs/security.md).
+void ListenerFlags(LearnerDaemonOptions* o) {
+  o->listen_address = absl::GetFlag(FLAGS_listen);
+  o->tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  o->tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  o->tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca);
+  o->auth.principals_file = absl::GetFlag(FLAGS_auth_file);
+  o->auth.default_queue_share = absl::GetFlag(FLAGS_source_queue_share);
+  o->auth.default_groups_per_second = absl::GetFlag(FLAGS_source_groups_per_second);
+  o->insecure = absl::GetFlag(FLAGS_insecure);
+  o->max_connections = absl::GetFlag(FLAGS_max_connections);
+  o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
+  o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
+}
+
+// The queue, the steps, and what the run keeps: checkpoints, the step CSV,
+// the collapse alert, quarantines.
+void RunFlags(LearnerDaemonOptions* o) {
+  o->queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
+  o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
+  o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
   o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
-  asympo::learner::TrainerOptions& t = o->trainer;
-  t.micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
-  t.logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
-  t.lr.peak_lr = absl::GetFlag(FLAGS_lr);
-  t.lr.kind = absl::GetFlag(FLAGS_lr_schedule);
-  t.lr.warmup_steps = absl::GetFlag(FLAGS_warmup_steps);
-  t.lr.total_steps = absl::GetFlag(FLAGS_total_steps);
-  t.lr.min_lr_ratio = absl::GetFlag(FLAGS_min_lr_ratio);
-  t.adamw.beta1 = absl::GetFlag(FLAGS_adam_beta1);
-  t.adamw.beta2 = absl::GetFlag(FLAGS_adam_beta2);
-  t.adamw.eps = absl::GetFlag(FLAGS_adam_eps);
-  t.adamw.weight_decay = absl::GetFlag(FLAGS_weight_decay);
-  t.max_grad_norm = absl::GetFlag(FLAGS_max_grad_norm);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
   o->max_consecutive_skipped_steps = absl::GetFlag(FLAGS_max_consecutive_skipped_steps);
   o->quarantine.max_poisoned_groups = absl::GetFlag(FLAGS_quarantine_after_groups);
   o->quarantine.window = absl::GetFlag(FLAGS_quarantine_window);
   o->quarantine.duration = absl::GetFlag(FLAGS_quarantine_duration);
   o->log_every = absl::GetFlag(FLAGS_log_every);
-  ASYMPO_RETURN_IF_ERROR(asympo::daemon::ParseIntListFlag(
-      absl::GetFlag(FLAGS_fault_nonfinite_loss_steps), "fault_nonfinite_loss_steps",
-      &t.fault_nonfinite_loss_steps));
-  return asympo::daemon::ParseIntListFlag(absl::GetFlag(FLAGS_fault_exception_steps),
-                                          "fault_exception_steps", &t.fault_exception_steps);
-}
-
-// Connections per peer and their grace, and each principal's share of
-// streams, fetches and registrations (docs/security.md, "Fair shares").
-void FairShareFlags(LearnerDaemonOptions* o) {
-  o->max_connections_per_peer = absl::GetFlag(FLAGS_max_connections_per_peer);
-  o->connection_auth_grace = absl::GetFlag(FLAGS_connection_auth_grace);
-  o->service.max_streams_per_principal = absl::GetFlag(FLAGS_max_streams_per_principal);
-  o->broadcast.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
-  o->broadcast.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
-}
-
-absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
-  o->queue.capacity_groups = absl::GetFlag(FLAGS_queue_capacity);
-  o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
-  o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
-  o->service.max_streams = absl::GetFlag(FLAGS_max_submit_streams);
-  o->max_connections = absl::GetFlag(FLAGS_max_connections);
-  FairShareFlags(o);
-  o->service.full_queue_timeout = absl::GetFlag(FLAGS_full_queue_timeout);
-  o->service.retry_after = absl::GetFlag(FLAGS_retry_after);
-  o->service.fault_reply_delay = absl::GetFlag(FLAGS_fault_submit_reply_delay);
+  o->step_csv_path = absl::GetFlag(FLAGS_step_csv);
   o->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o->checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
   o->keep_checkpoints = absl::GetFlag(FLAGS_keep_checkpoints);
@@ -422,8 +421,6 @@ absl::Status QueueAndCheckpointFlags(LearnerDaemonOptions* o) {
   o->collapse.min_drop = absl::GetFlag(FLAGS_collapse_min_drop);
   o->collapse.confirm_steps = absl::GetFlag(FLAGS_collapse_confirm_steps);
   o->collapse.recover_fraction = absl::GetFlag(FLAGS_collapse_recover_fraction);
-  o->step_csv_path = absl::GetFlag(FLAGS_step_csv);
-  return absl::OkStatus();
 }
 
 absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
@@ -437,9 +434,9 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
                                                    ": expected 1..", b.max_chunk_bytes_cap >> 10));
   }
   b.default_chunk_bytes = static_cast<uint32_t>(chunk_kb << 10);
-  ASYMPO_RETURN_IF_ERROR(asympo::daemon::ParseIntListFlag(
-      absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions), "fault_corrupt_broadcast_versions",
-      &b.corrupt_versions, uint64_t{0}));
+  ASYMPO_RETURN_IF_ERROR(ParseIntListFlag(absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions),
+                                          "fault_corrupt_broadcast_versions", &b.corrupt_versions,
+                                          uint64_t{0}));
   b.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
   const int64_t nccl_world = absl::GetFlag(FLAGS_broadcast_nccl_world_size);
   if (nccl_world != 0 && (nccl_world < 2 || nccl_world > 4096)) {
@@ -449,6 +446,10 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   }
   b.nccl_world_size = static_cast<int>(nccl_world);
   b.nccl.timeout = absl::GetFlag(FLAGS_broadcast_nccl_timeout);
+  b.fetch_idle_timeout = absl::GetFlag(FLAGS_broadcast_fetch_idle_timeout);
+  // Each principal's share of the fetches and registrations.
+  b.max_fetches_per_principal = absl::GetFlag(FLAGS_max_fetches_per_principal);
+  b.max_sessions_per_principal = absl::GetFlag(FLAGS_max_registrations_per_principal);
   // NCCL rank 0 is the learner's own GPU.
   if (o->model_options.device.is_cuda()) {
     b.nccl_device = std::max(0, int{o->model_options.device.index()});
@@ -492,11 +493,11 @@ absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   LearnerDaemonOptions o;
   ASYMPO_RETURN_IF_ERROR(DataParallelFlags(&o));
   ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
-  ASYMPO_RETURN_IF_ERROR(ObjectiveFlags(&o.trainer.loss));
-  ASYMPO_RETURN_IF_ERROR(StepFlags(&o));
-  ASYMPO_RETURN_IF_ERROR(QueueAndCheckpointFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(TrainerFlags(&o.trainer));
+  ServiceFlags(&o.service);
+  ListenerFlags(&o);
+  RunFlags(&o);
   ASYMPO_RETURN_IF_ERROR(BroadcastFlags(&o));
-  ASYMPO_RETURN_IF_ERROR(SecurityFlags(&o));
   ASYMPO_RETURN_IF_ERROR(HeartbeatFlag(&o));
   return o;
 }
