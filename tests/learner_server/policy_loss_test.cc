@@ -4,12 +4,14 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
+#include "learner_server/loss_diagnostics.h"
 #include "learner_server/token_logprobs.h"
 #include "tests/learner_server/loss_test_util.h"
 #include "tests/testing/status_matchers.h"
@@ -391,41 +393,86 @@ TEST_P(EveryObjectiveTest, PaddingNeverChangesTheResult) {
   EXPECT_NEAR(out.diagnostics.mean_nll, base.diagnostics.mean_nll, 1e-14);
 }
 
+// The step totals of batch `b`, whose whole-batch diagnostics are `whole`.
+StepTotals TotalsOf(const Batch& b, const LossDiagnostics& whole) {
+  StepTotals totals;
+  totals.groups = whole.groups;
+  totals.responses = whole.responses;
+  totals.tokens = whole.tokens;
+  totals.degenerate_responses = 0;
+  for (int64_t p = 0; p < b.groups; ++p) {
+    if (ItemOf(whole.group_positive_mass[p]) == 0) totals.degenerate_responses += b.group_sizes[p];
+  }
+  return totals;
+}
+
+// Responses [start, start + len) of `b`, groups from `first_group` on (two
+// of them), as one micro-batch of the step `totals`; `part` gets the
+// micro-batch's own leaf of log-probs.
+LossInputs MicroBatchOf(const Batch& b, int64_t start, int64_t len, int64_t first_group,
+                        const StepTotals& totals, torch::Tensor* part) {
+  LossInputs in;
+  *part = b.logp.detach().narrow(0, start, len).clone().requires_grad_(true);
+  in.token_logprobs = *part;
+  in.mask = b.mask.narrow(0, start, len);
+  in.rewards = b.rewards.narrow(0, start, len);
+  in.group_index = b.group.narrow(0, start, len) - first_group;
+  in.num_groups = 2;
+  in.behavior_logprobs = b.behavior.narrow(0, start, len);
+  in.step_totals = totals;
+  return in;
+}
+
+// Split: groups {0, 1} = responses [0, 7) and groups {2, 3} = [7, 14).
+constexpr std::tuple<int64_t, int64_t, int64_t> kTwoMicroBatches[] = {{0, 7, 0}, {7, 7, 2}};
+
 TEST_P(EveryObjectiveTest, MicroBatchesWithStepTotalsSumToTheWholeStep) {
   const Batch b = RandomBatch({3, 4, 2, 5}, 6, 10);
   const PolicyLoss loss = MakeLoss(GetParam());
   const auto whole = loss.Compute(b.Inputs()).value();
   const torch::Tensor whole_grad = GradOf(whole.loss, b.logp);
-  StepTotals totals;
-  totals.groups = whole.diagnostics.groups;
-  totals.responses = whole.diagnostics.responses;
-  totals.tokens = whole.diagnostics.tokens;
-  totals.degenerate_responses = 0;
-  for (int64_t p = 0; p < b.groups; ++p) {
-    if (ItemOf(whole.diagnostics.group_positive_mass[p]) == 0) {
-      totals.degenerate_responses += b.group_sizes[p];
-    }
-  }
-  // Split: groups {0, 1} = responses [0, 7) and groups {2, 3} = [7, 14).
+  const StepTotals totals = TotalsOf(b, whole.diagnostics);
   double sum = 0;
   torch::Tensor grad = torch::zeros_like(whole_grad);
-  for (auto [start, len, first_group] : {std::tuple<int64_t, int64_t, int64_t>{0, 7, 0},
-                                         std::tuple<int64_t, int64_t, int64_t>{7, 7, 2}}) {
-    LossInputs in;
-    torch::Tensor part = b.logp.detach().narrow(0, start, len).clone().requires_grad_(true);
-    in.token_logprobs = part;
-    in.mask = b.mask.narrow(0, start, len);
-    in.rewards = b.rewards.narrow(0, start, len);
-    in.group_index = b.group.narrow(0, start, len) - first_group;
-    in.num_groups = 2;
-    in.behavior_logprobs = b.behavior.narrow(0, start, len);
-    in.step_totals = totals;
-    const auto out = loss.Compute(in).value();
+  for (auto [start, len, first_group] : kTwoMicroBatches) {
+    torch::Tensor part;
+    const auto out = loss.Compute(MicroBatchOf(b, start, len, first_group, totals, &part)).value();
     sum += out.diagnostics.loss;
     grad.narrow(0, start, len).copy_(GradOf(out.loss, part));
   }
   EXPECT_NEAR(sum, whole.diagnostics.loss, 1e-14);
   EXPECT_TRUE(torch::allclose(grad, whole_grad, 0, 1e-15));
+}
+
+// What the trainer reports for a step of several micro-batches.
+TEST_P(EveryObjectiveTest, DiagnosticSumsPoolMicroBatchesIntoTheWholeStepsDiagnostics) {
+  const Batch b = RandomBatch({3, 4, 2, 5}, 6, 12);
+  const PolicyLoss loss = MakeLoss(GetParam());
+  const LossDiagnostics whole = loss.Compute(b.Inputs()).value().diagnostics;
+  const StepTotals totals = TotalsOf(b, whole);
+  DiagnosticSums sums;
+  for (auto [start, len, first_group] : kTwoMicroBatches) {
+    torch::Tensor part;
+    sums.Add(
+        loss.Compute(MicroBatchOf(b, start, len, first_group, totals, &part)).value().diagnostics);
+  }
+  const LossDiagnostics d = sums.Pooled();
+  EXPECT_NEAR(d.loss, whole.loss, 1e-14);
+  EXPECT_NEAR(d.s_pos, whole.s_pos, 1e-12);
+  EXPECT_NEAR(d.s_neg, whole.s_neg, 1e-12);
+  EXPECT_NEAR(d.naive_ratio, whole.naive_ratio, 1e-12);
+  EXPECT_NEAR(d.imbalance, whole.imbalance, 1e-12);
+  EXPECT_NEAR(d.clip_low_fraction, whole.clip_low_fraction, 1e-12);
+  EXPECT_NEAR(d.clip_high_fraction, whole.clip_high_fraction, 1e-12);
+  EXPECT_NEAR(d.mean_response_length, whole.mean_response_length, 1e-12);
+  EXPECT_NEAR(d.mean_nll, whole.mean_nll, 1e-12);
+  EXPECT_NEAR(d.reward_mean, whole.reward_mean, 1e-12);
+  EXPECT_NEAR(d.reward_std, whole.reward_std, 1e-6);
+  EXPECT_NEAR(d.degenerate_group_fraction, whole.degenerate_group_fraction, 1e-12);
+  EXPECT_DOUBLE_EQ(d.gpg_alpha, whole.gpg_alpha);
+  EXPECT_EQ(d.groups, whole.groups);
+  EXPECT_EQ(d.responses, whole.responses);
+  EXPECT_EQ(d.tokens, whole.tokens);
 }
 
 TEST_P(EveryObjectiveTest, ReportsDiagnosticsFromTheSameTensors) {

@@ -1,0 +1,89 @@
+#include "learner_server/micro_batches.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "tests/testing/status_matchers.h"
+
+namespace asympo::learner {
+namespace {
+
+using ::asympo::testing::StatusIs;
+using ::testing::ElementsAre;
+
+// A group of `prompt` tokens 1..prompt and one response per length in
+// `responses`, response r of tokens 10 + r, rewarded r.
+QueuedGroup Group(int prompt, const std::vector<int>& responses) {
+  QueuedGroup q;
+  for (int t = 1; t <= prompt; ++t) q.group.add_prompt_tokens(t);
+  for (size_t r = 0; r < responses.size(); ++r) {
+    v1::Response* resp = q.group.add_responses();
+    for (int t = 0; t < responses[r]; ++t) {
+      resp->add_tokens(10 + static_cast<int>(r));
+      resp->add_behavior_logprobs(-0.5f * static_cast<float>(r + 1));
+    }
+    resp->set_reward(static_cast<float>(r));
+  }
+  return q;
+}
+
+PaddedLayoutOptions Options(int64_t budget) {
+  PaddedLayoutOptions o;
+  o.micro_batch_tokens = budget;
+  o.vocab_size = 32;
+  o.pad_token_id = 0;
+  return o;
+}
+
+TEST(PaddedLayoutTest, SplitsWholeGroupsInOrderWithinThePaddedBudget) {
+  // Padded sizes: 2 rows x 5, 2 x 4, 2 x 7, 3 x 9 (alone over the budget).
+  const std::vector<QueuedGroup> groups = {Group(3, {2, 1}), Group(2, {2, 2}), Group(4, {3, 1}),
+                                           Group(5, {4, 4, 1})};
+  const auto split = PaddedLayout(Options(20)).Split(groups);
+  ASSERT_EQ(split.size(), 3u);
+  // 4 rows x 5 = 20 fits; a third group makes 6 x 7 = 42.
+  EXPECT_THAT(split[0], ElementsAre(&groups[0], &groups[1]));
+  EXPECT_THAT(split[1], ElementsAre(&groups[2]));  // 5 rows x 9 = 45 with the next
+  EXPECT_THAT(split[2], ElementsAre(&groups[3]));  // 27 > 20: a micro-batch of its own
+}
+
+TEST(PaddedLayoutTest, LaysOutPaddedRowsWhosePredictorsPointAtTheResponseTokens) {
+  const std::vector<QueuedGroup> groups = {Group(2, {2, 1}), Group(1, {3})};
+  PaddedLayoutOptions o = Options(100);
+  o.pad_token_id = 31;
+  o.behavior_logprobs = true;
+  const MicroBatch mb = PaddedLayout(o).Build({&groups[0], &groups[1]}).value();
+  EXPECT_EQ(mb.rows, 3);
+  EXPECT_EQ(mb.longest, 4);  // prompt 1 + response 3
+  EXPECT_EQ(mb.longest_response, 3);
+  EXPECT_EQ(mb.groups, 2);
+  EXPECT_TRUE(torch::equal(
+      mb.ids,
+      torch::tensor({1, 2, 10, 10, 1, 2, 11, 31, 1, 10, 10, 10}, torch::kLong).view({3, 4})));
+  EXPECT_TRUE(torch::equal(mb.positions, torch::arange(4, torch::kLong).repeat({3, 1})));
+  EXPECT_TRUE(torch::equal(mb.key_mask, mb.ids != 31));
+  EXPECT_TRUE(torch::equal(
+      mb.response_mask,
+      torch::tensor({1, 1, 0, 1, 0, 0, 1, 1, 1}, torch::kLong).view({3, 3}).to(torch::kBool)));
+  EXPECT_TRUE(torch::equal(mb.rewards, torch::tensor({0.0f, 1.0f, 0.0f})));
+  EXPECT_TRUE(torch::equal(mb.group_index, torch::tensor({0, 0, 1}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(
+      mb.behavior,
+      torch::tensor({-0.5f, -0.5f, 0.0f, -1.0f, 0.0f, 0.0f, -0.5f, -0.5f, -0.5f}).view({3, 3})));
+  // Row r, position P - 1 + j predicts response token j.
+  EXPECT_THAT(mb.hidden_rows, ElementsAre(1, 2, 5, 8, 9, 10));
+  EXPECT_THAT(mb.targets, ElementsAre(10, 10, 11, 10, 10, 10));
+}
+
+TEST(PaddedLayoutTest, ATokenOutsideTheVocabularyIsAnInvalidBatch) {
+  std::vector<QueuedGroup> groups = {Group(2, {2, 2})};
+  groups[0].group.mutable_responses(1)->set_tokens(0, 32);
+  EXPECT_THAT(PaddedLayout(Options(100)).Build({&groups[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "token 32 is outside"));
+}
+
+}  // namespace
+}  // namespace asympo::learner
