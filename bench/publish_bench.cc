@@ -18,8 +18,10 @@
 //
 //   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
 // The parts of moving one snapshot, each timed alone (medians), and per
-// billion parameters: staging on the device, the copy to pinned host memory,
-// the sender's packing and CRC-32C, loading into a receiver's spare model on
+// billion parameters: staging on the device, the copy to pinned host memory
+// (already laid out as the sender's buckets), the sender's Publish of it
+// (pack_crc: it adopts the buckets and takes their CRC-32C), loading into a
+// receiver's spare model on
 // the device, and the one-rank NCCL broadcast of the snapshot's bytes from
 // host memory and straight from the device (where NCCL and a GPU are
 // present). The gRPC wire itself is broadcast_bench's.
@@ -92,9 +94,10 @@ class InlinePublisher : public asympo::learner::WeightPublisher {
                   std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
       : sender_(sender), staging_(std::move(staging)) {}
   void Publish(uint64_t version, const asympo::PolicyModel& model) override {
-    if (!staging_->Stage(model).ok()) std::abort();
-    auto views = staging_->CopyToHost();
-    if (!views.ok() || !sender_->Publish(version, *views).ok()) std::abort();
+    if (!staging_->Stage(model).ok() || !staging_->CopyToHost().ok() ||
+        !sender_->Publish(version, staging_->HostBucketsOfCopy()).ok()) {
+      std::abort();
+    }
   }
 
  private:
@@ -142,7 +145,8 @@ double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
         asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
   } else if (mode == "inline") {
     publisher = std::make_unique<InlinePublisher>(
-        &sender, asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
+        &sender,
+        asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, sender, false).value());
   }
   prometheus::Registry registry;
   std::unique_ptr<asympo::daemon::HeapReleaser> releaser;
@@ -191,14 +195,12 @@ double NcclFromDevice(asympo::broadcast::NcclBroadcaster& comm, const asympo::Po
   Must(staging->Stage(model));
   Must(staging->CopyToHost().status());
   const asympo::broadcast::DeviceBuckets device = staging->DeviceBucketsOfStage();
-  const asympo::v1::SnapshotManifest plan =
-      asympo::broadcast::PlanSnapshot(asympo::broadcast::ModelTensorSpecs(model, dtype), 0, packing)
-          .value();
+  const asympo::broadcast::SnapshotPlan& plan = staging->plan();
   return Seconds(
       [&] {
-        for (int b = 0; b < plan.buckets_size(); ++b) {
-          Must(comm.BroadcastFromDevice(device.buckets[static_cast<size_t>(b)],
-                                        plan.buckets(b).size_bytes()));
+        for (int b = 0; b < plan.buckets(); ++b) {
+          Must(comm.BroadcastFromDevice(
+              static_cast<const char*>(device.data) + plan.bucket_start(b), plan.bucket_bytes(b)));
         }
       },
       cuda, reps);
@@ -213,15 +215,17 @@ int Transfer(const Setup& s, int reps) {
   spare_options.dtype = s.dtype;
   spare_options.random_init = false;
   auto spare = asympo::PolicyModel::CreateRandom(cfg, spare_options).value();
-  auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value();
   prometheus::Registry registry;  // not exported
   asympo::broadcast::BroadcastSender sender(
       {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), registry);
+  // Laid out as the sender's buckets: Publish adopts the host copy.
+  auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, sender, false).value();
   std::vector<asympo::broadcast::TensorView> views;
   uint64_t version = 0;
   const double stage = Seconds([&] { Must(staging->Stage(*model)); }, cuda, reps);
   const double copy = Seconds([&] { views = staging->CopyToHost().value(); }, cuda, reps);
-  const double pack = Seconds([&] { Must(sender.Publish(++version, views)); }, cuda, reps);
+  const double pack =
+      Seconds([&] { Must(sender.Publish(++version, staging->HostBucketsOfCopy())); }, cuda, reps);
   std::vector<std::pair<std::string, at::Tensor>> source;
   for (const auto& v : views) {
     source.emplace_back(v.spec.name, at::from_blob(const_cast<void*>(v.data), v.spec.shape,

@@ -13,12 +13,12 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
   }
-  // With the NCCL transport and the model on a GPU, the staged copy is laid
-  // out in buckets so that NCCL broadcasts straight from device memory.
+  // Laid out as the sender's buckets. With the NCCL transport and the model
+  // on a GPU, NCCL broadcasts straight from the staged device copy.
   const bool device_buckets = sender->nccl_configured() && model.options().device.is_cuda();
-  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<broadcast::SnapshotStaging> staging,
-                          broadcast::SnapshotStaging::Create(
-                              model, dtype, device_buckets ? &sender->packing() : nullptr));
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::unique_ptr<broadcast::SnapshotStaging> staging,
+      broadcast::SnapshotStaging::Create(model, dtype, *sender, device_buckets));
   return std::unique_ptr<SnapshotPublisher>(
       new SnapshotPublisher(sender, every, std::move(staging), coalesced));
 }
@@ -64,9 +64,10 @@ absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& 
   absl::MutexLock lock(&mu_);
   AwaitIdleLocked();
   ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
-  ASYMPO_ASSIGN_OR_RETURN(std::vector<broadcast::TensorView> views, staging_->CopyToHost());
+  ASYMPO_RETURN_IF_ERROR(staging_->CopyToHost().status());
   const broadcast::DeviceBuckets device = staging_->DeviceBucketsOfStage();
-  return sender_->Publish(version, views, device.buckets.empty() ? nullptr : &device);
+  return sender_->Publish(version, staging_->HostBucketsOfCopy(),
+                          device.data == nullptr ? nullptr : &device);
 }
 
 void SnapshotPublisher::AwaitIdleLocked() {
@@ -109,17 +110,19 @@ void SnapshotPublisher::Loop() {
 }
 
 absl::Status SnapshotPublisher::CopyAndSend(uint64_t version) {
-  absl::StatusOr<std::vector<broadcast::TensorView>> views = staging_->CopyToHost();
+  const absl::Status copied = staging_->CopyToHost().status();
   // Taken before the trainer may stage again: its keep_alive then makes the
   // next Stage use another device buffer.
   const broadcast::DeviceBuckets device =
-      views.ok() ? staging_->DeviceBucketsOfStage() : broadcast::DeviceBuckets();
+      copied.ok() ? staging_->DeviceBucketsOfStage() : broadcast::DeviceBuckets();
   {
     absl::MutexLock lock(&mu_);
     copying_ = false;  // the trainer may stage the next version now
   }
-  if (!views.ok()) return views.status();
-  return sender_->Publish(version, *views, device.buckets.empty() ? nullptr : &device);
+  ASYMPO_RETURN_IF_ERROR(copied);
+  // The host copy is already laid out as the sender's buckets: it adopts it.
+  return sender_->Publish(version, staging_->HostBucketsOfCopy(),
+                          device.data == nullptr ? nullptr : &device);
 }
 
 }  // namespace asympo::learner

@@ -5,15 +5,17 @@
 // Publish(), on the trainer thread after an optimizer step, only stages the
 // weights on the model's device (SnapshotStaging::Stage: one conversion copy,
 // enqueued kernels on a GPU) and returns. A publisher thread then copies the
-// staged buffer to (pinned) host memory in one transfer, and the sender
-// checksums it and announces it. The trainer waits only if it finishes a
-// step while that copy of the previous version is still in flight. When the
-// publisher thread falls behind (a slow CRC or a huge model), a staged
-// version that was not picked up yet is replaced by the newer one and
-// counted in asympo_learner_snapshots_coalesced_total: receivers only ever
-// want the newest weights. With the NCCL transport and the model on a GPU,
-// the staged copy is laid out as the snapshot's buckets and NCCL broadcasts
-// from it, with no host round trip (SnapshotStaging::DeviceBucketsOfStage).
+// staged buffer to (pinned) host memory in one transfer, laid out as the
+// sender's buckets (BroadcastSender::Plan), and the sender adopts that
+// memory, checksums it and announces it. The trainer waits only if it
+// finishes a step while that copy of the previous version is still in
+// flight. When the publisher thread falls behind (a slow CRC or a huge
+// model), a staged version that was not picked up yet is replaced by the
+// newer one and counted in asympo_learner_snapshots_coalesced_total:
+// receivers only ever want the newest weights. With the NCCL transport and
+// the model on a GPU, NCCL broadcasts from the staged device copy (laid out
+// the same way), with no host round trip
+// (SnapshotStaging::DeviceBucketsOfStage).
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
 #include "common/grpc_status.h"
+#include "common/status_macros.h"
 #include "common/wire/raw_messages.h"
 #include "weight_broadcaster/sender_internal.h"
 #include "weight_broadcaster/wire_format.h"
@@ -18,8 +19,6 @@
 namespace asympo::broadcast {
 namespace {
 
-using internal::Buffer;
-using internal::BufferPool;
 using internal::SenderState;
 using internal::Snapshot;
 using internal::SubscribeReactor;
@@ -72,15 +71,8 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   return session;
 }
 
-// INVALID_ARGUMENT unless the planned tensors carry `signature` and every
-// view has the bytes its shape and dtype need.
-absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorView>& tensors,
-                        const std::string& signature) {
-  if (m.model_signature() != signature) {
-    return absl::InvalidArgumentError(absl::StrCat("the tensors' model signature ",
-                                                   m.model_signature(),
-                                                   " differs from the sender's ", signature));
-  }
+// INVALID_ARGUMENT unless every view has the bytes its entry in `m` needs.
+absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorView>& tensors) {
   for (int i = 0; i < m.tensors_size(); ++i) {
     const TensorView& t = tensors[static_cast<size_t>(i)];
     if (t.size_bytes != m.tensors(i).size_bytes() || (t.size_bytes > 0 && t.data == nullptr)) {
@@ -93,58 +85,53 @@ absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorV
   return absl::OkStatus();
 }
 
-// Buffers for `m`'s buckets: those of a released snapshot where the sizes
-// match (the usual case: every version has the same layout), fresh ones
-// otherwise.
-std::vector<Buffer> BucketBuffers(const v1::SnapshotManifest& m, BufferPool& pool) {
-  std::vector<Buffer> reuse;
-  {
-    absl::MutexLock lock(&pool.mu);
-    reuse.swap(pool.buffers);
-  }
-  std::vector<Buffer> buckets;
-  for (int b = 0; b < m.buckets_size(); ++b) {
-    const uint64_t size = m.buckets(b).size_bytes();
-    const size_t i = static_cast<size_t>(b);
-    if (i < reuse.size() && reuse[i].size == size) {
-      buckets.push_back(std::move(reuse[i]));
-    } else {
-      buckets.push_back({std::unique_ptr<char[]>(new char[std::max<uint64_t>(size, 1)]), size});
-    }
-  }
-  return buckets;
-}
-
-// Packs `tensors` into buckets at the manifest's offsets and stamps every
-// bucket's CRC-32C into the manifest.
-std::shared_ptr<Snapshot> Pack(v1::SnapshotManifest m, const std::vector<TensorView>& tensors,
-                               const std::shared_ptr<BufferPool>& pool) {
+// Version `version` of `host`'s buckets: its plan's manifest with each
+// bucket's CRC-32C stamped in.
+std::shared_ptr<Snapshot> Stamp(uint64_t version, HostBuckets host) {
   auto snapshot = std::make_shared<Snapshot>();
-  snapshot->pool = pool;
-  snapshot->buckets = BucketBuffers(m, *pool);
-  // Copy each tensor to its offset; zero the alignment gaps so that the
-  // checksum does not depend on stale memory.
-  std::vector<uint64_t> filled(static_cast<size_t>(m.buckets_size()), 0);
-  for (int i = 0; i < m.tensors_size(); ++i) {
-    const v1::TensorEntry& e = m.tensors(i);
-    char* bucket = snapshot->buckets[e.bucket()].data.get();
-    uint64_t& end = filled[e.bucket()];
-    if (e.offset() > end) std::memset(bucket + end, 0, e.offset() - end);
-    if (e.size_bytes() > 0) {
-      std::memcpy(bucket + e.offset(), tensors[static_cast<size_t>(i)].data, e.size_bytes());
-    }
-    end = e.offset() + e.size_bytes();
-  }
+  snapshot->host = std::move(host);
+  v1::SnapshotManifest m = snapshot->host.plan->manifest();
+  m.set_version(version);
   for (int b = 0; b < m.buckets_size(); ++b) {
-    v1::BucketInfo* info = m.mutable_buckets(b);
-    CHECK_EQ(filled[static_cast<size_t>(b)], info->size_bytes()) << "PlanSnapshot left a gap";
-    info->set_crc32c(
-        Crc32c(snapshot->buckets[static_cast<size_t>(b)].data.get(), info->size_bytes()));
+    m.mutable_buckets(b)->set_crc32c(Crc32c(snapshot->bucket(b), m.buckets(b).size_bytes()));
   }
   auto announcement = std::make_shared<v1::SnapshotAnnouncement>();
   *announcement->mutable_manifest() = std::move(m);
   snapshot->announcement = std::move(announcement);
   return snapshot;
+}
+
+// Publish's common part, with st.publish_mu held: checks the version,
+// stamps `host` and makes it the latest snapshot, announced to every
+// subscriber (`t0`: when Publish began).
+absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
+                         const DeviceBuckets* device, std::chrono::steady_clock::time_point t0)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.publish_mu) {
+  {
+    absl::MutexLock lock(&st.mu);
+    if (st.latest != nullptr && version <= st.latest->version()) {
+      return absl::InvalidArgumentError(absl::StrCat("version ", version,
+                                                     " is not greater than the latest published, ",
+                                                     st.latest->version()));
+    }
+  }
+  std::shared_ptr<Snapshot> snapshot = Stamp(version, std::move(host));
+  if (device != nullptr) snapshot->device = *device;
+  {
+    absl::MutexLock lock(&st.mu);
+    st.latest = snapshot;
+    for (auto& [id, s] : st.sessions) {
+      if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(snapshot->announcement);
+    }
+    st.nccl_cv.SignalAll();
+  }
+  const v1::SnapshotManifest& m = snapshot->manifest();
+  st.metrics.publish_seconds.Observe(SecondsSince(t0));
+  st.metrics.version.Set(static_cast<double>(version));
+  st.metrics.snapshot_bytes.Set(static_cast<double>(m.total_bytes()));
+  VLOG(1) << "published version " << version << ": " << m.total_bytes() << " bytes in "
+          << m.buckets_size() << " buckets";
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -171,51 +158,64 @@ BroadcastSender::~BroadcastSender() {
   if (state_->nccl_thread.joinable()) state_->nccl_thread.join();
 }
 
-const PackingOptions& BroadcastSender::packing() const { return state_->options.packing; }
-
 bool BroadcastSender::nccl_configured() const { return state_->options.nccl_world_size >= 2; }
 
-absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors,
-                                      const DeviceBuckets* device) {
+absl::StatusOr<std::shared_ptr<const SnapshotPlan>> BroadcastSender::Plan(
+    const std::vector<TensorSpec>& specs) {
   State& st = *state_;
-  absl::MutexLock publish_lock(&st.publish_mu);
-  const auto t0 = std::chrono::steady_clock::now();
-  {
-    absl::MutexLock lock(&st.mu);
-    if (st.latest != nullptr && version <= st.latest->version()) {
-      return absl::InvalidArgumentError(absl::StrCat("version ", version,
-                                                     " is not greater than the latest published, ",
-                                                     st.latest->version()));
-    }
+  const std::string signature = ModelSignature(specs);
+  if (signature != st.model_signature) {
+    return absl::InvalidArgumentError(absl::StrCat("the tensors' model signature ", signature,
+                                                   " differs from the sender's ",
+                                                   st.model_signature));
   }
+  absl::MutexLock lock(&st.plan_mu);
+  if (st.plan == nullptr) {
+    ASYMPO_ASSIGN_OR_RETURN(st.plan, SnapshotPlan::Make(specs, st.options.packing));
+  }
+  return st.plan;
+}
+
+absl::Status BroadcastSender::Publish(uint64_t version, const std::vector<TensorView>& tensors) {
+  State& st = *state_;
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<TensorSpec> specs;
   specs.reserve(tensors.size());
   for (const TensorView& t : tensors) specs.push_back(t.spec);
-  absl::StatusOr<v1::SnapshotManifest> planned = PlanSnapshot(specs, version, st.options.packing);
-  if (!planned.ok()) return planned.status();
-  if (absl::Status s = CheckViews(*planned, tensors, st.model_signature); !s.ok()) return s;
-  if (device != nullptr && device->buckets.size() != static_cast<size_t>(planned->buckets_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("device buckets: ", device->buckets.size(),
-                                                   ", but the manifest has ",
-                                                   planned->buckets_size()));
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan, Plan(specs));
+  ASYMPO_RETURN_IF_ERROR(CheckViews(plan->manifest(), tensors));
+  absl::MutexLock publish_lock(&st.publish_mu);
+  // New buffers are zeroed; every one has the plan's layout, so the gaps
+  // between tensors stay zero.
+  const uint64_t bytes = std::max<uint64_t>(plan->flat_bytes(), 1);
+  std::shared_ptr<char> buffer = ReuseOrMake(st.tensor_buffers, [bytes] {
+    return std::shared_ptr<char>(new char[bytes](), std::default_delete<char[]>());
+  });
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].size_bytes == 0) continue;
+    std::memcpy(buffer.get() + plan->tensor_start(static_cast<int>(i)), tensors[i].data,
+                tensors[i].size_bytes);
   }
-  std::shared_ptr<Snapshot> snapshot = Pack(std::move(*planned), tensors, st.pool);
-  if (device != nullptr) snapshot->device = *device;
+  HostBuckets host;
+  host.plan = std::move(plan);
+  host.data = buffer.get();
+  host.keep_alive = std::move(buffer);
+  return AdoptLocked(st, version, std::move(host), nullptr, t0);
+}
+
+absl::Status BroadcastSender::Publish(uint64_t version, HostBuckets host,
+                                      const DeviceBuckets* device) {
+  State& st = *state_;
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::MutexLock publish_lock(&st.publish_mu);
   {
-    absl::MutexLock lock(&st.mu);
-    st.latest = snapshot;
-    for (auto& [id, s] : st.sessions) {
-      if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(snapshot->announcement);
+    absl::MutexLock lock(&st.plan_mu);
+    if (host.plan == nullptr || host.plan != st.plan || host.data == nullptr) {
+      return absl::InvalidArgumentError(
+          "the host buckets are not laid out by this sender's plan (BroadcastSender::Plan)");
     }
-    st.nccl_cv.SignalAll();
   }
-  const v1::SnapshotManifest& m = snapshot->manifest();
-  st.metrics.publish_seconds.Observe(SecondsSince(t0));
-  st.metrics.version.Set(static_cast<double>(version));
-  st.metrics.snapshot_bytes.Set(static_cast<double>(m.total_bytes()));
-  VLOG(1) << "published version " << version << ": " << m.total_bytes() << " bytes in "
-          << m.buckets_size() << " buckets";
-  return absl::OkStatus();
+  return AdoptLocked(st, version, std::move(host), device, t0);
 }
 
 void BroadcastSender::Shutdown() {

@@ -1,10 +1,13 @@
 // The sender side of the weight broadcaster: the WeightBroadcast gRPC
 // service that lives in the learner (DESIGN.md section 5).
 //
-// The learner calls Publish(version, tensors) on its trainer thread; the
-// sender packs the tensors into large buckets (PlanSnapshot), stamps each
-// bucket's CRC-32C, keeps the snapshot as the latest one, and announces it to
-// every subscriber. Receivers fetch it as chunks (FetchSnapshot). Only the
+// The sender owns the snapshot's bucket layout: Plan() makes it once
+// (SnapshotPlan, snapshot_plan.h), and the learner's staging writes its host
+// copy already laid out as those buckets. Publish(version, host) adopts that
+// memory as the snapshot's buckets (no copy), stamps each bucket's CRC-32C,
+// keeps the snapshot as the latest one, and announces it to every
+// subscriber; Publish(version, tensors) first packs loose tensors into
+// buckets of its own. Receivers fetch it as chunks (FetchSnapshot). Only the
 // latest snapshot is served: a snapshot that is still being fetched stays
 // alive until its last fetch ends, even after a newer one replaces it, but a
 // fetch that starts after the replacement gets NOT_FOUND (the receiver has
@@ -42,9 +45,10 @@
 // them and broadcasts its buckets, one version at a time. When the
 // communicator fails, everyone is on gRPC from then on.
 //
-// Memory: the latest snapshot, plus the buckets of the previous one kept
-// for the next Publish to pack into (memory already faulted in), plus any
-// older snapshot a fetch still reads: about two to three snapshots.
+// Memory: the latest snapshot's buckets (host memory the publisher handed
+// over, held until no fetch reads them), plus any older snapshot a fetch
+// still reads; the publisher reuses a buffer once the sender lets it go.
+// Publish(version, tensors) keeps its own buffers the same way.
 //
 // Torch-free: tensors arrive as raw byte views. Thread-safe; the gRPC
 // callbacks never block on the trainer. The sender must outlive the server
@@ -68,6 +72,7 @@
 #include "common/security/authorizer.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
+#include "weight_broadcaster/snapshot_plan.h"
 
 namespace asympo::broadcast {
 
@@ -79,12 +84,23 @@ struct TensorView {
   uint64_t size_bytes = 0;
 };
 
-// The snapshot's buckets as they also lie in GPU memory (laid out exactly as
-// the manifest PlanSnapshot makes for these tensors and the sender's packing
-// options), for the NCCL transport to broadcast straight from the device.
-// `keep_alive` holds that memory until the sender lets the snapshot go.
+// A snapshot's bytes in host memory laid out as `plan` says (the sender's:
+// BroadcastSender::Plan): plan->flat_bytes() bytes at `data`, bucket b at
+// data + plan->bucket_start(b), the gaps inside buckets zero. Publish adopts
+// them as the snapshot's buckets: `keep_alive` holds the memory until the
+// sender and every fetch have let the snapshot go, and the bytes must not
+// change meanwhile.
+struct HostBuckets {
+  std::shared_ptr<const SnapshotPlan> plan;
+  char* data = nullptr;
+  std::shared_ptr<void> keep_alive;
+};
+
+// The same bytes in GPU memory, laid out the same way, for the NCCL
+// transport to broadcast straight from the device. `keep_alive` holds that
+// memory until the sender lets the snapshot go.
 struct DeviceBuckets {
-  std::vector<const void*> buckets;  // [i]: manifest bucket i, on the NCCL device
+  const void* data = nullptr;  // on the NCCL device; null: none
   std::shared_ptr<const void> keep_alive;
 };
 
@@ -168,18 +184,23 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
                   prometheus::Registry& registry);
   ~BroadcastSender() override;
 
-  // Packs and announces version `version`. INVALID_ARGUMENT when the
-  // tensors' signature differs from model_signature, a view's size is wrong,
-  // or `version` is not greater than the latest published one (the first
-  // Publish may use any version, e.g. the one restored from a checkpoint).
-  // With `device` (non-null), the NCCL transport broadcasts the buckets from
-  // there instead of from host memory; INVALID_ARGUMENT when its bucket
-  // count differs from the manifest's.
-  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors,
-                       const DeviceBuckets* device = nullptr);
+  // The bucket layout of every snapshot (PlanSnapshot with the options'
+  // packing), made on the first call and the same object afterwards.
+  // INVALID_ARGUMENT when the specs' signature differs from model_signature
+  // (or PlanSnapshot refuses them).
+  absl::StatusOr<std::shared_ptr<const SnapshotPlan>> Plan(const std::vector<TensorSpec>& specs);
 
-  // The packing every snapshot uses (for laying out DeviceBuckets).
-  const PackingOptions& packing() const;
+  // Announces version `version` with `host` as its buckets (adopted, not
+  // copied; their checksums are taken here). INVALID_ARGUMENT when `host`
+  // is not laid out by this sender's Plan, or `version` is not greater than
+  // the latest published one (the first Publish may use any version, e.g.
+  // the one restored from a checkpoint). With `device` (non-null), the NCCL
+  // transport broadcasts the buckets from there instead of from host memory.
+  absl::Status Publish(uint64_t version, HostBuckets host, const DeviceBuckets* device = nullptr);
+  // Copies `tensors` into buckets laid out by Plan, then publishes them as
+  // above. INVALID_ARGUMENT also when the tensors' signature differs from
+  // model_signature or a view's size is wrong.
+  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors);
   // Whether the NCCL transport was asked for (nccl_world_size >= 2): only
   // then are DeviceBuckets of use.
   bool nccl_configured() const;

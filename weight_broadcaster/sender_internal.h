@@ -25,32 +25,25 @@
 
 namespace asympo::broadcast::internal {
 
-struct Buffer {
-  std::unique_ptr<char[]> data;
-  uint64_t size = 0;
-};
-
-// The buckets of the last snapshot that nobody references any more, lent to
-// the next Publish: it then packs into memory that is already faulted in.
-struct BufferPool {
-  absl::Mutex mu;
-  std::vector<Buffer> buffers ABSL_GUARDED_BY(mu);
-};
-
 // A published snapshot. The announcement (manifest only) is shared
-// separately so that a slow subscriber never pins the bytes; the bytes live
-// while the sender holds the snapshot as its latest or a fetch (or a chunk
-// inside gRPC) still reads them.
+// separately so that a slow subscriber never pins the bytes; the bytes (the
+// adopted host buckets) live while the sender holds the snapshot as its
+// latest or a fetch (or a chunk inside gRPC) still reads them.
 struct Snapshot {
-  ~Snapshot();  // gives the buckets to `pool`, if it is still there and empty
-
   std::shared_ptr<const v1::SnapshotAnnouncement> announcement;
-  std::vector<Buffer> buckets;  // buckets[i]: manifest bucket i's bytes
-  DeviceBuckets device;         // the same bytes on the NCCL device, if given
-  std::weak_ptr<BufferPool> pool;
+  HostBuckets host;      // the bytes, laid out by host.plan
+  DeviceBuckets device;  // the same bytes on the NCCL device, if given
 
   const v1::SnapshotManifest& manifest() const { return announcement->manifest(); }
   uint64_t version() const { return manifest().version(); }
+  // Manifest bucket b's bytes in host memory, and on the device (null
+  // without device buckets).
+  char* bucket(int b) const { return host.data + host.plan->bucket_start(b); }
+  const void* device_bucket(int b) const {
+    return device.data == nullptr
+               ? nullptr
+               : static_cast<const char*>(device.data) + host.plan->bucket_start(b);
+  }
 };
 
 class SubscribeReactor;
@@ -129,7 +122,6 @@ struct SenderState {
   const std::string model_signature;
   const absl::flat_hash_set<uint64_t> corrupt_versions;
   SenderMetrics metrics;
-  const std::shared_ptr<BufferPool> pool = std::make_shared<BufferPool>();
   // Cancels fetches that stall or last too long.
   CallReaper reaper;
   // The lines a client can repeat in a loop: a receiver registering again,
@@ -137,7 +129,14 @@ struct SenderState {
   LogThrottle registered_again_log;
   LogThrottle failure_report_log;
 
+  // The bucket layout of every snapshot, made by the first Plan call.
+  absl::Mutex plan_mu;
+  std::shared_ptr<const SnapshotPlan> plan ABSL_GUARDED_BY(plan_mu);
+
   absl::Mutex publish_mu;  // serializes Publish calls
+  // Publish(version, tensors)'s buffers, laid out by `plan`: one is reused
+  // once no snapshot holds it (it is then already faulted in).
+  std::vector<std::shared_ptr<char>> tensor_buffers ABSL_GUARDED_BY(publish_mu);
   mutable absl::Mutex mu;
   std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
   bool shut_down ABSL_GUARDED_BY(mu) = false;

@@ -116,14 +116,13 @@ void NcclLoop(SenderState& st) {
     const v1::SnapshotManifest& m = snapshot->manifest();
     absl::Status status;
     for (int b = 0; b < m.buckets_size() && status.ok(); ++b) {
-      const Buffer& bucket = snapshot->buckets[static_cast<size_t>(b)];
-      if (bucket.size == 0) continue;  // every rank skips empty buckets
+      const uint64_t size = m.buckets(b).size_bytes();
+      if (size == 0) continue;  // every rank skips empty buckets
       // From GPU memory when the learner gave the buckets there (no host
       // round trip); else from the host buckets through NCCL's staging.
-      status = snapshot->device.buckets.empty()
-                   ? comm->Broadcast(bucket.data.get(), bucket.size)
-                   : comm->BroadcastFromDevice(snapshot->device.buckets[static_cast<size_t>(b)],
-                                               bucket.size);
+      const void* on_device = snapshot->device_bucket(b);
+      status = on_device == nullptr ? comm->Broadcast(snapshot->bucket(b), size)
+                                    : comm->BroadcastFromDevice(on_device, size);
     }
     if (!status.ok()) {
       NcclFail(

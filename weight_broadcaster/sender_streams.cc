@@ -100,7 +100,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     const uint64_t n = std::min(chunk_bytes_, m.buckets(bucket_).size_bytes() - offset_);
-    char* data = snapshot_->buckets[static_cast<size_t>(bucket_)].data.get() + offset_;
+    char* data = snapshot_->bucket(bucket_) + offset_;
     grpc::Slice slices[2] = {grpc::Slice(EncodeChunkHeader(
                                  snapshot_->version(), static_cast<uint32_t>(bucket_), offset_, n)),
                              grpc::Slice()};
@@ -175,13 +175,6 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 };
 
 }  // namespace
-
-Snapshot::~Snapshot() {
-  std::shared_ptr<BufferPool> p = pool.lock();
-  if (p == nullptr) return;
-  absl::MutexLock lock(&p->mu);
-  if (p->buffers.empty()) p->buffers = std::move(buckets);
-}
 
 SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
                          prometheus::Registry& registry)

@@ -53,10 +53,12 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
       broadcast::PlanSnapshot(broadcast::ModelTensorSpecs(*model, at::kBFloat16), 0, packing)
           .value();
   ASSERT_GT(plan.buckets_size(), 1);
-  ASSERT_EQ(device.buckets.size(), static_cast<size_t>(plan.buckets_size()));
+  EXPECT_EQ(staging->plan().manifest().SerializeAsString(), plan.SerializeAsString());
+  ASSERT_NE(device.data, nullptr);
   for (int t = 0; t < plan.tensors_size(); ++t) {
     const v1::TensorEntry& e = plan.tensors(t);
-    const char* in_bucket = static_cast<const char*>(device.buckets[e.bucket()]) + e.offset();
+    const char* in_bucket = static_cast<const char*>(device.data) +
+                            staging->plan().bucket_start(static_cast<int>(e.bucket())) + e.offset();
     ASSERT_EQ(views[static_cast<size_t>(t)].size_bytes, e.size_bytes());
     EXPECT_EQ(std::memcmp(in_bucket, views[static_cast<size_t>(t)].data, e.size_bytes()), 0)
         << e.name();
@@ -66,19 +68,52 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
   ASSERT_OK(staging->Stage(*model));
   ASSERT_OK(staging->CopyToHost());
   broadcast::DeviceBuckets second = staging->DeviceBucketsOfStage();
-  EXPECT_NE(second.buckets[0], device.buckets[0]);
-  const void* first_buffer = device.buckets[0];
-  const void* second_buffer = second.buckets[0];
+  EXPECT_NE(second.data, device.data);
+  const void* first_buffer = device.data;
+  const void* second_buffer = second.data;
   device.keep_alive.reset();  // the snapshots let go
   second.keep_alive.reset();
   ASSERT_OK(staging->Stage(*model));
   ASSERT_OK(staging->CopyToHost());
-  const void* third = staging->DeviceBucketsOfStage().buckets[0];
+  const void* third = staging->DeviceBucketsOfStage().data;
   EXPECT_TRUE(third == first_buffer || third == second_buffer) << "a third buffer was allocated";
   // Without the bucket layout there are no device buckets.
   auto plain = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
   ASSERT_OK(plain->Stage(*model));
-  EXPECT_TRUE(plain->DeviceBucketsOfStage().buckets.empty());
+  EXPECT_EQ(plain->DeviceBucketsOfStage().data, nullptr);
+}
+
+TEST(SnapshotStagingTest, TheHostCopyIsLaidOutAsTheSendersBucketsAndAdopted) {
+  auto model = Tiny();
+  prometheus::Registry registry;
+  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
+                                    registry);
+  ASSERT_OK_AND_ASSIGN(auto staging,
+                       broadcast::SnapshotStaging::Create(*model, at::kBFloat16, sender, false));
+  ASSERT_OK_AND_ASSIGN(auto plan, sender.Plan(broadcast::ModelTensorSpecs(*model, at::kBFloat16)));
+  ASSERT_OK(staging->Stage(*model));
+  ASSERT_OK_AND_ASSIGN(const auto views, staging->CopyToHost());
+  broadcast::HostBuckets first = staging->HostBucketsOfCopy();
+  EXPECT_EQ(first.plan, plan) << "the sender's own plan";
+  for (size_t t = 0; t < views.size(); ++t) {
+    EXPECT_EQ(views[t].data, first.data + plan->tensor_start(static_cast<int>(t)));
+  }
+  const char* first_buffer = first.data;
+  ASSERT_OK(sender.Publish(1, std::move(first)));
+  // While the sender holds version 1's buckets, the next copy goes elsewhere;
+  // once version 2 replaces it, the first buffer is used again.
+  ASSERT_OK(staging->CopyToHost());
+  const char* second_buffer = staging->HostBucketsOfCopy().data;
+  EXPECT_NE(second_buffer, first_buffer);
+  ASSERT_OK(sender.Publish(2, staging->HostBucketsOfCopy()));
+  ASSERT_OK(staging->CopyToHost());
+  EXPECT_EQ(staging->HostBucketsOfCopy().data, first_buffer);
+  // Without a sender's plan, the sender refuses the copy.
+  auto plain = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
+  ASSERT_OK(plain->Stage(*model));
+  ASSERT_OK(plain->CopyToHost());
+  EXPECT_THAT(sender.Publish(3, plain->HostBucketsOfCopy()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan"));
 }
 
 TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/crc32c.h"
 #include "tests/testing/log_lines.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
@@ -135,6 +136,53 @@ TEST(BroadcastTest, AFreshLearnersVersionZeroReachesReceivers) {
   late.ExpectAndLoad(1);
   EXPECT_EQ(FirstAnnouncement(server, 0), 1);
   EXPECT_EQ(FirstAnnouncement(server, 1), -1);  // only newer than 1
+}
+
+TEST(BroadcastTest, PublishAdoptsHostBucketsLaidOutByTheSendersPlan) {
+  SenderServer server(SmallBuckets());
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> plan,
+                       server.sender().Plan(testing::TestSpecs()));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> again,
+                       server.sender().Plan(testing::TestSpecs()));
+  EXPECT_EQ(again, plan) << "one plan for every snapshot";
+  Rx a(ReceiverOptions(server.target(), "rollout-0"));
+  HostBuckets host = testing::LaidOut(plan, 1);
+  const std::weak_ptr<void> held = host.keep_alive;
+  ASSERT_OK(server.sender().Publish(1, std::move(host)));
+  EXPECT_FALSE(held.expired()) << "the sender holds the buckets it adopted";
+  ASSERT_TRUE(a->WaitForPending(absl::Seconds(2)));
+  std::shared_ptr<const ReceivedSnapshot> got = a->TakePending();
+  testing::ExpectWeightsOf(*got, 1);
+
+  // The manifest on the wire is the one packing the tensors one by one made:
+  // the plan's, with each bucket's CRC-32C.
+  v1::SnapshotManifest want = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
+  const std::vector<std::string> w = testing::Weights(1);
+  std::vector<std::string> buckets;
+  for (const v1::BucketInfo& b : want.buckets()) buckets.emplace_back(b.size_bytes(), '\0');
+  for (int t = 0; t < want.tensors_size(); ++t) {
+    const v1::TensorEntry& e = want.tensors(t);
+    buckets[e.bucket()].replace(e.offset(), e.size_bytes(), w[static_cast<size_t>(t)]);
+  }
+  for (int b = 0; b < want.buckets_size(); ++b) {
+    want.mutable_buckets(b)->set_crc32c(
+        Crc32c(buckets[static_cast<size_t>(b)].data(), buckets[static_cast<size_t>(b)].size()));
+  }
+  EXPECT_EQ(got->manifest.SerializeAsString(), want.SerializeAsString());
+
+  // Once a newer version replaces it and no fetch reads it, it is let go.
+  ASSERT_OK(server.Publish(2));
+  a.ExpectAndLoad(2);
+  EXPECT_TRUE(WaitUntil([&] { return held.expired(); })) << "version 1's buckets are still held";
+
+  // Buckets laid out by another plan (even an equal one) are refused.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> foreign,
+                       SnapshotPlan::Make(testing::TestSpecs(), testing::TestPacking()));
+  EXPECT_THAT(server.sender().Publish(3, testing::LaidOut(foreign, 3)),
+              StatusIs(absl::StatusCode::kInvalidArgument, "plan"));
+  EXPECT_THAT(server.sender().Plan({{"w", v1::DTYPE_F32, {2}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "signature"));
+  EXPECT_EQ(server.sender().latest_version(), 2u);
 }
 
 TEST(BroadcastTest, PublishRejectsOldVersionsAndWrongTensors) {

@@ -1,5 +1,6 @@
 // Test helpers for the weight broadcaster: a small model whose weights
-// depend on the version, a sender on a loopback gRPC server, polling with a
+// depend on the version (loose or laid out as a plan's buckets), a sender on
+// a loopback gRPC server, polling with a
 // deadline, and reading a metric back from a registry. Not thread-safe.
 #pragma once
 
@@ -70,6 +71,21 @@ inline std::vector<TensorView> Views(const std::vector<std::string>& weights,
     views.push_back({specs[t], weights[t].data(), weights[t].size()});
   }
   return views;
+}
+
+// Weights(version) in one buffer laid out as `plan` says, for
+// Publish(version, HostBuckets).
+inline HostBuckets LaidOut(std::shared_ptr<const SnapshotPlan> plan, uint64_t version) {
+  auto bytes = std::make_shared<std::string>(plan->flat_bytes(), '\0');
+  const std::vector<std::string> w = Weights(version);
+  for (size_t t = 0; t < w.size(); ++t) {
+    bytes->replace(plan->tensor_start(static_cast<int>(t)), w[t].size(), w[t]);
+  }
+  HostBuckets host;
+  host.plan = std::move(plan);
+  host.data = bytes->data();
+  host.keep_alive = std::move(bytes);
+  return host;
 }
 
 // Every tensor of `s` holds exactly the bytes of Weights(version).

@@ -21,14 +21,13 @@ namespace asympo::broadcast {
 namespace {
 
 using testing::ExpectWeightsOf;
+using testing::LaidOut;
 using testing::MetricValue;
 using testing::ReceiverOptions;
 using testing::SenderServer;
 using testing::TestPacking;
 using testing::TestSpecs;
-using testing::Views;
 using testing::WaitUntil;
-using testing::Weights;
 
 // The fake's controls, looked up in the library the loader opens.
 struct Fake {
@@ -164,24 +163,16 @@ TEST_F(NcclBroadcastTest, BucketsGivenInDeviceMemoryAreBroadcastFromThere) {
   const int64_t staged_before = Stats().host_to_device_copies;
   EXPECT_GT(staged_before, 0) << "host buckets go through the device staging";
 
-  // Version 2's buckets also "in device memory" (the fake's device memory is
-  // host memory), laid out as the manifest says.
-  const std::vector<std::string> w = Weights(2);
-  const v1::SnapshotManifest plan = PlanSnapshot(TestSpecs(), 2, TestPacking()).value();
-  auto buckets = std::make_shared<std::vector<std::string>>();
-  for (const v1::BucketInfo& b : plan.buckets()) buckets->emplace_back(b.size_bytes(), '\0');
-  for (int t = 0; t < plan.tensors_size(); ++t) {
-    const v1::TensorEntry& e = plan.tensors(t);
-    (*buckets)[e.bucket()].replace(e.offset(), e.size_bytes(), w[static_cast<size_t>(t)]);
-  }
+  // Version 2's buckets in host memory and also "in device memory" (the
+  // fake's device memory is host memory), both laid out as the sender's plan
+  // says.
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> plan, server.sender().Plan(TestSpecs()));
+  HostBuckets host = LaidOut(plan, 2);
+  const HostBuckets on_device = LaidOut(plan, 2);
   DeviceBuckets device;
-  for (const std::string& b : *buckets) device.buckets.push_back(b.data());
-  device.keep_alive = buckets;
-  DeviceBuckets wrong = device;
-  wrong.buckets.pop_back();
-  EXPECT_EQ(server.sender().Publish(2, Views(w), &wrong).code(),
-            absl::StatusCode::kInvalidArgument);
-  ASSERT_OK(server.sender().Publish(2, Views(w), &device));
+  device.data = on_device.data;
+  device.keep_alive = on_device.keep_alive;
+  ASSERT_OK(server.sender().Publish(2, std::move(host), &device));
   a.ExpectVersion(2);
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 2; }));
   EXPECT_EQ(Stats().host_to_device_copies, staged_before)

@@ -62,75 +62,78 @@ std::string ModelSignatureOf(const PolicyModel& model, at::ScalarType dtype) {
   return ModelSignature(ModelTensorSpecs(model, dtype));
 }
 
-// Element offsets of every tensor in the flat buffers and their total:
-// packed one after the other (64-byte aligned), or, with `buckets`, at the
-// manifest's places, the buckets one after the other (64-byte aligned).
-absl::Status SnapshotStaging::Layout(const PolicyModel& model, at::ScalarType dtype,
-                                     const PackingOptions* buckets, int64_t* elements) {
-  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
-  const auto round64 = [](int64_t bytes) { return (bytes + 63) / 64 * 64; };
-  *elements = 0;
-  if (buckets == nullptr) {
-    for (const auto& [name, t] : model.named_parameters()) {
-      offsets_.push_back(*elements);
-      *elements += round64(t.numel() * esize) / esize;
-    }
-    return absl::OkStatus();
-  }
-  ASYMPO_ASSIGN_OR_RETURN(const v1::SnapshotManifest plan, PlanSnapshot(specs_, 0, *buckets));
-  int64_t end = 0;
-  for (const v1::BucketInfo& b : plan.buckets()) {
-    bucket_starts_.push_back(end);
-    end = round64(end + static_cast<int64_t>(b.size_bytes()));
-  }
-  for (const v1::TensorEntry& e : plan.tensors()) {
-    offsets_.push_back((bucket_starts_[e.bucket()] + static_cast<int64_t>(e.offset())) / esize);
-  }
-  *elements = end / esize;
-  return absl::OkStatus();
+absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const PolicyModel& model,
+                                                                         at::ScalarType dtype,
+                                                                         BroadcastSender& sender,
+                                                                         bool device_buckets) {
+  ASYMPO_RETURN_IF_ERROR(ToDType(dtype).status());
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan,
+                          sender.Plan(ModelTensorSpecs(model, dtype)));
+  return Allocate(model, dtype, std::move(plan), device_buckets);
 }
 
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(
     const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets) {
-  if (absl::StatusOr<v1::DType> wire = ToDType(dtype); !wire.ok()) return wire.status();
-  return GuardTorch(
-      "allocating the snapshot staging buffers",
-      [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
-        std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
-        s->specs_ = ModelTensorSpecs(model, dtype);
-        int64_t elements = 0;
-        ASYMPO_RETURN_IF_ERROR(s->Layout(model, dtype, buckets, &elements));
-        const at::Device device = model.options().device;
-        s->device_ = std::make_shared<at::Tensor>(at::zeros(
-            {std::max<int64_t>(elements, 1)}, at::TensorOptions().dtype(dtype).device(device)));
-        s->device_pool_.push_back(s->device_);
-        s->host_ = device.is_cpu()
-                       ? at::empty_like(*s->device_)
-                       : at::empty({s->device_->numel()},
-                                   at::TensorOptions().dtype(dtype).pinned_memory(true));
-        s->bytes_ = elements * static_cast<int64_t>(c10::elementSize(dtype));
-        if (!device.is_cpu()) {
-          const c10::impl::VirtualGuardImpl impl(device.type());
-          s->copy_stream_ = impl.getStreamFromGlobalPool(device);
-          s->staged_ = std::make_unique<c10::Event>(device.type());
-        }
-        return s;
-      });
+  ASYMPO_RETURN_IF_ERROR(ToDType(dtype).status());
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan,
+                          SnapshotPlan::Make(ModelTensorSpecs(model, dtype),
+                                             buckets == nullptr ? PackingOptions() : *buckets));
+  return Allocate(model, dtype, std::move(plan), buckets != nullptr);
+}
+
+// The element offsets of the plan's tensors, then both buffers.
+absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Allocate(
+    const PolicyModel& model, at::ScalarType dtype, std::shared_ptr<const SnapshotPlan> plan,
+    bool device_buckets) {
+  std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
+  const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
+  for (int t = 0; t < plan->manifest().tensors_size(); ++t) {
+    const int64_t start = static_cast<int64_t>(plan->tensor_start(t));
+    if (start % esize != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("the plan puts tensor ",
+                                                     plan->manifest().tensors(t).name(),
+                                                     " at byte ", start, ", not on an element"));
+    }
+    s->offsets_.push_back(start / esize);
+  }
+  s->specs_ = ModelTensorSpecs(model, dtype);
+  s->plan_ = std::move(plan);
+  s->device_buckets_ = device_buckets;
+  s->bytes_ = static_cast<int64_t>(s->plan_->flat_bytes());
+  return GuardTorch("allocating the snapshot staging buffers",
+                    [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
+                      const at::Device device = model.options().device;
+                      s->device_ = std::make_shared<at::Tensor>(
+                          at::zeros({std::max<int64_t>(s->bytes_ / esize, 1)},
+                                    at::TensorOptions().dtype(dtype).device(device)));
+                      s->device_pool_.push_back(s->device_);
+                      s->host_ = std::make_shared<at::Tensor>(s->NewHostBuffer());
+                      s->host_pool_.push_back(s->host_);
+                      if (!device.is_cpu()) {
+                        const c10::impl::VirtualGuardImpl impl(device.type());
+                        s->copy_stream_ = impl.getStreamFromGlobalPool(device);
+                        s->staged_ = std::make_unique<c10::Event>(device.type());
+                      }
+                      return std::move(s);
+                    });
+}
+
+// The size of the device buffer, pinned when that is on a GPU.
+at::Tensor SnapshotStaging::NewHostBuffer() const {
+  return device_->is_cpu()
+             ? at::empty_like(*device_)
+             : at::empty({device_->numel()},
+                         at::TensorOptions().dtype(device_->dtype()).pinned_memory(true));
 }
 
 absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
   return GuardTorch("staging the weights", [&]() -> absl::Status {
     at::NoGradGuard no_grad;
     if (device_.use_count() > 2) {  // this object's two references, plus a snapshot's
-      std::shared_ptr<at::Tensor> free;
-      for (const auto& b : device_pool_) {
-        if (b.use_count() == 1) free = b;  // only the pool holds it
-      }
-      if (free == nullptr) {
-        free = std::make_shared<at::Tensor>(at::zeros_like(*device_));
-        device_pool_.push_back(free);
-      }
-      device_ = free;
+      device_.reset();
+      device_ = ReuseOrMake(device_pool_, [this] {
+        return std::make_shared<at::Tensor>(at::zeros_like(*device_pool_.front()));
+      });
     }
     const auto& params = model.named_parameters();
     for (size_t i = 0; i < params.size(); ++i) {
@@ -145,43 +148,52 @@ absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
   });
 }
 
+HostBuckets SnapshotStaging::HostBucketsOfCopy() const {
+  HostBuckets out;
+  out.plan = plan_;
+  out.data = static_cast<char*>(host_->data_ptr());
+  out.keep_alive = host_;
+  return out;
+}
+
 DeviceBuckets SnapshotStaging::DeviceBucketsOfStage() const {
   DeviceBuckets out;
-  if (bucket_starts_.empty()) return out;
-  const char* base = static_cast<const char*>(device_->data_ptr());
-  for (int64_t start : bucket_starts_) out.buckets.push_back(base + start);
+  if (!device_buckets_) return out;
+  out.data = device_->data_ptr();
   out.keep_alive = device_;
   return out;
 }
 
 absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
-  return GuardTorch("copying the weights to the host",
-                    [&]() -> absl::StatusOr<std::vector<TensorView>> {
-                      if (copy_stream_.has_value()) {
-                        // On the copy stream, after Stage's kernels; wait for it to finish.
-                        staged_->block(*copy_stream_);
-                        {
-                          const c10::StreamGuard on_copy_stream(*copy_stream_);
-                          host_.copy_(*device_, /*non_blocking=*/true);
-                        }
-                        copy_stream_->synchronize();
-                      } else {
-                        host_.copy_(*device_);  // one transfer; blocks until it is done
-                      }
-                      std::vector<TensorView> views;
-                      views.reserve(specs_.size());
-                      const int64_t element = static_cast<int64_t>(host_.element_size());
-                      for (size_t i = 0; i < specs_.size(); ++i) {
-                        TensorView v;
-                        v.spec = specs_[i];
-                        int64_t numel = 1;
-                        for (int64_t d : v.spec.shape) numel *= d;
-                        v.data = static_cast<const char*>(host_.data_ptr()) + offsets_[i] * element;
-                        v.size_bytes = static_cast<uint64_t>(numel * element);
-                        views.push_back(std::move(v));
-                      }
-                      return views;
-                    });
+  return GuardTorch(
+      "copying the weights to the host", [&]() -> absl::StatusOr<std::vector<TensorView>> {
+        // Into a buffer no published snapshot holds.
+        host_.reset();
+        host_ = ReuseOrMake(host_pool_,
+                            [this] { return std::make_shared<at::Tensor>(NewHostBuffer()); });
+        if (copy_stream_.has_value()) {
+          // On the copy stream, after Stage's kernels; wait for it to finish.
+          staged_->block(*copy_stream_);
+          {
+            const c10::StreamGuard on_copy_stream(*copy_stream_);
+            host_->copy_(*device_, /*non_blocking=*/true);
+          }
+          copy_stream_->synchronize();
+        } else {
+          host_->copy_(*device_);  // one transfer; blocks until it is done
+        }
+        std::vector<TensorView> views;
+        views.reserve(specs_.size());
+        const char* base = static_cast<const char*>(host_->data_ptr());
+        for (size_t i = 0; i < specs_.size(); ++i) {
+          TensorView v;
+          v.spec = specs_[i];
+          v.data = base + plan_->tensor_start(static_cast<int>(i));
+          v.size_bytes = plan_->manifest().tensors(static_cast<int>(i)).size_bytes();
+          views.push_back(std::move(v));
+        }
+        return views;
+      });
 }
 
 absl::Status LoadSnapshotIntoModel(const ReceivedSnapshot& snapshot, PolicyModel* model) {

@@ -37,47 +37,69 @@ std::string ModelSignatureOf(const PolicyModel& model,
 //     kernels are enqueued, on the trainer's stream, ordered before the next
 //     step's updates);
 //   CopyToHost(): on any other thread: that buffer copied, in one transfer,
-//     into one flat host buffer (pinned when the model is on a GPU), which
-//     the returned views point into until the next CopyToHost. On a GPU the
-//     copy runs on a stream of its own, after an event recorded by Stage:
-//     it overlaps the next step's kernels instead of queueing among them.
+//     into one flat host buffer (pinned when the model is on a GPU). On a
+//     GPU the copy runs on a stream of its own, after an event recorded by
+//     Stage: it overlaps the next step's kernels instead of queueing among
+//     them.
+// Both buffers are laid out as the sender's plan says (SnapshotPlan: the
+// snapshot's buckets one after the other, the gaps zero), so that the host
+// copy is the snapshot's buckets as they are (HostBucketsOfCopy, adopted by
+// BroadcastSender::Publish without another copy) and the device copy can be
+// broadcast over NCCL in place (DeviceBucketsOfStage). A buffer a snapshot
+// still holds is not written again: the next Stage or CopyToHost takes
+// another one (one spare each is kept).
 // Stage and CopyToHost must not overlap (the caller serializes them);
 // several Stage calls may precede a CopyToHost (the last wins).
 class SnapshotStaging {
  public:
-  // Allocates both buffers. With `buckets`, the flat buffers are laid out
-  // as the manifest PlanSnapshot makes with those packing options (the
-  // buckets one after the other, each 64-byte aligned), so that
-  // DeviceBucketsOfStage can hand the device copy to the NCCL transport.
-  // A LibTorch error (out of memory, no pinned memory) is a status.
+  // Laid out as `sender`'s plan (BroadcastSender::Plan of
+  // ModelTensorSpecs(model, dtype)). With `device_buckets`,
+  // DeviceBucketsOfStage hands the device copy to the NCCL transport.
+  // Allocates the buffers; a LibTorch error (out of memory, no pinned
+  // memory) is a status, as is a dtype that cannot be broadcast.
+  static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(const PolicyModel& model,
+                                                                 at::ScalarType dtype,
+                                                                 BroadcastSender& sender,
+                                                                 bool device_buckets);
+  // With a plan of its own (SnapshotPlan::Make with `buckets`, else the
+  // default packing), for copies no sender adopts as they are; with
+  // `buckets` there are device buckets too.
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(
       const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets = nullptr);
 
   absl::Status Stage(const PolicyModel& model);
+  // The returned views point into the host copy until the next CopyToHost.
   absl::StatusOr<std::vector<TensorView>> CopyToHost();
 
+  // The last CopyToHost's buffer as the plan's host buckets, for
+  // BroadcastSender::Publish; its keep_alive holds the buffer.
+  HostBuckets HostBucketsOfCopy() const;
   // The last staged copy's buckets in device memory, valid while the
-  // result's keep_alive lives (Stage then stages into another buffer).
-  // Empty without the bucket layout. Call after CopyToHost: the staged
-  // bytes are complete then.
+  // result's keep_alive lives. Empty (null data) without device buckets.
+  // Call after CopyToHost: the staged bytes are complete then.
   DeviceBuckets DeviceBucketsOfStage() const;
 
+  const SnapshotPlan& plan() const { return *plan_; }
   int64_t bytes() const { return bytes_; }
-  bool pinned() const { return host_.is_pinned(); }
+  bool pinned() const { return host_->is_pinned(); }
 
  private:
   SnapshotStaging() = default;
-  absl::Status Layout(const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets,
-                      int64_t* elements);
+  static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Allocate(
+      const PolicyModel& model, at::ScalarType dtype, std::shared_ptr<const SnapshotPlan> plan,
+      bool device_buckets);
+  at::Tensor NewHostBuffer() const;
 
+  std::shared_ptr<const SnapshotPlan> plan_;
   std::vector<TensorSpec> specs_;
-  std::vector<int64_t> offsets_;        // elements into the flat buffers
-  std::vector<int64_t> bucket_starts_;  // bytes; empty without the bucket layout
-  // Flat, on the model's device (host memory on a CPU). A buffer that a
-  // snapshot still holds (DeviceBucketsOfStage) is not staged into again.
+  std::vector<int64_t> offsets_;  // elements into the flat buffers
+  bool device_buckets_ = false;
+  // Flat, on the model's device (host memory on a CPU), and on the host;
+  // each the current one of its pool.
   std::shared_ptr<at::Tensor> device_;
   std::vector<std::shared_ptr<at::Tensor>> device_pool_;
-  at::Tensor host_;  // flat, host
+  std::shared_ptr<at::Tensor> host_;
+  std::vector<std::shared_ptr<at::Tensor>> host_pool_;
   int64_t bytes_ = 0;
   // GPU only: recorded on the trainer's stream after Stage's copies, and
   // the stream CopyToHost copies on.
