@@ -1,5 +1,5 @@
 // libFuzzer target: the learner's check of a request's bytes before it is
-// parsed (common/wire_check.h), as its raw gRPC methods run it. Beyond not
+// parsed (common/wire/wire_check.h), as its raw gRPC methods run it. Beyond not
 // crashing:
 // - a batch the check passes parses, and its counts are within the limits
 //   (what bounds the learner's memory);
