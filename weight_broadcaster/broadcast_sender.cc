@@ -56,6 +56,7 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   st.session_of[id] = session_id;
   SenderState::Session& session = st.sessions[session_id];
   session.receiver_id = id;
+  session.registered = st.options.clock->Now();
   session.principal = principal;
   session.share_key = share_key;
   // A version above the latest published is taken as the latest: a lie
@@ -475,7 +476,7 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
     receiver_id = session->receiver_id;
     // One session's reports count at most once per interval: a receiver
     // (or a client posing as one) cannot raise the failure count at will.
-    const absl::Time now = absl::Now();
+    const absl::Time now = st.options.clock->Now();
     if (!request.error().empty() &&
         now - session->failure_counted >= st.options.failure_count_interval) {
       session->failure_counted = now;

@@ -69,6 +69,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
+#include "common/clock.h"
 #include "common/security/authorizer.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
@@ -134,6 +135,10 @@ struct BroadcastSenderOptions {
   // A session's failure reports (ReportVersion with an error) count in
   // asympo_broadcast_failures_total at most once per this interval.
   absl::Duration failure_count_interval = absl::Seconds(10);
+  // The time that registrations expire and failure reports are spaced in
+  // (tests pass a fake one to expire a registration without waiting).
+  // Outlives the sender.
+  const Clock* clock = RealClock();
   // A fetch whose receiver takes no chunk for this long, or that lasts
   // longer than the second, is cancelled (its snapshot is let go).
   absl::Duration fetch_idle_timeout = absl::Minutes(1);

@@ -63,11 +63,11 @@ struct SenderState {
     std::string receiver_id;
     uint64_t version = 0;  // what the receiver samples with, as last reported
     SubscribeReactor* stream = nullptr;
-    int nccl_rank = 0;  // > 0: the session's receiver is this NCCL rank
-    absl::Time registered = absl::Now();
-    int fetches = 0;                                    // under way
-    std::string principal;                              // who registered it; only they may use it
-    std::string share_key;                              // security::ShareKey of who registered it
+    int nccl_rank = 0;      // > 0: the session's receiver is this NCCL rank
+    absl::Time registered;  // options.clock's time at Register
+    int fetches = 0;        // under way
+    std::string principal;  // who registered it; only they may use it
+    std::string share_key;  // security::ShareKey of who registered it
     absl::Time failure_counted = absl::InfinitePast();  // its last failure report counted
   };
 

@@ -231,7 +231,7 @@ bool SenderState::TakenByAnotherLocked(const std::string& session_id,
   if (it == sessions.end() || it->second.principal == principal) return false;
   const SenderState::Session& s = it->second;
   return !(anonymous() && s.stream == nullptr && s.nccl_rank == 0 &&
-           absl::Now() - s.registered >= kUnsubscribedTakeover);
+           options.clock->Now() - s.registered >= kUnsubscribedTakeover);
 }
 
 grpc::Status SenderState::RegistrationRoomLocked(bool replacing, const std::string& id,
@@ -261,7 +261,7 @@ grpc::Status SenderState::RegistrationRoomLocked(bool replacing, const std::stri
 }
 
 void SenderState::ExpireUnsubscribedLocked() {
-  const absl::Time cutoff = absl::Now() - options.unsubscribed_session_ttl;
+  const absl::Time cutoff = options.clock->Now() - options.unsubscribed_session_ttl;
   for (auto it = sessions.begin(); it != sessions.end();) {
     const Session& s = it->second;
     if (s.stream != nullptr || s.nccl_rank > 0 || s.registered > cutoff) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "common/crc32c.h"
+#include "tests/testing/fake_clock.h"
 #include "tests/testing/log_lines.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
@@ -240,8 +241,7 @@ TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
   grpc::Status s = stub->Register(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_THAT(s.error_message(), HasSubstr("4-deadbeef"));
+  EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION, "4-deadbeef"));
   // The learner's own signature is not handed to whoever asks: GetStatus
   // gives it to a caller with the role status.
   EXPECT_THAT(s.error_message(), Not(HasSubstr(ModelSignature(testing::TestSpecs()))));
@@ -250,11 +250,11 @@ TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
   for (const std::string& id : {std::string(), std::string(129, 'r')}) {
     req.set_receiver_id(id);
     grpc::ClientContext c;
-    EXPECT_EQ(stub->Register(&c, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(stub->Register(&c, req, &resp), StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
   }
   req.set_receiver_id(std::string(128, 'r'));
   grpc::ClientContext c;
-  ASSERT_TRUE(stub->Register(&c, req, &resp).ok());
+  ASSERT_OK(stub->Register(&c, req, &resp));
   EXPECT_EQ(resp.transport(), v1::TRANSPORT_GRPC);
   EXPECT_FALSE(resp.session_id().empty());
 
@@ -279,7 +279,7 @@ TEST(BroadcastTest, UnknownSessionIsRefusedOnEveryCall) {
     auto reader = stub->Subscribe(&ctx, req);
     v1::SnapshotAnnouncement a;
     EXPECT_FALSE(reader->Read(&a));
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(reader->Finish(), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
   }
   {
     grpc::ClientContext ctx;
@@ -289,15 +289,15 @@ TEST(BroadcastTest, UnknownSessionIsRefusedOnEveryCall) {
     auto reader = stub->FetchSnapshot(&ctx, req);
     v1::WeightChunk c;
     EXPECT_FALSE(reader->Read(&c));
-    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(reader->Finish(), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
   }
   {
     grpc::ClientContext ctx;
     v1::ReportVersionRequest req;
     req.set_session_id("no-such-session");
     v1::ReportVersionResponse resp;
-    EXPECT_EQ(stub->ReportVersion(&ctx, req, &resp).error_code(),
-              grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(stub->ReportVersion(&ctx, req, &resp),
+                StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
   }
 }
 
@@ -314,7 +314,7 @@ std::string RegisterDirect(v1::WeightBroadcast::Stub* stub, const std::string& i
   req.set_model_signature(ModelSignature(testing::TestSpecs()));
   v1::RegisterResponse resp;
   grpc::ClientContext ctx;
-  EXPECT_TRUE(stub->Register(&ctx, req, &resp).ok());
+  EXPECT_OK(stub->Register(&ctx, req, &resp));
   return resp.session_id();
 }
 
@@ -337,15 +337,15 @@ TEST(BroadcastTest, FetchOfAVersionNotHeldIsNotFound) {
   SenderServer server(SmallBuckets());
   auto stub = server.NewStub();
   const std::string session = RegisterDirect(stub.get(), "direct");
-  EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
-            grpc::StatusCode::NOT_FOUND);  // nothing published yet
+  EXPECT_THAT(FetchDirect(stub.get(), session, 1, 0).status,
+              StatusIs(grpc::StatusCode::NOT_FOUND));  // nothing published yet
   ASSERT_OK(server.Publish(1));
   ASSERT_OK(server.Publish(2));
-  EXPECT_EQ(FetchDirect(stub.get(), session, 1, 0).status.error_code(),
-            grpc::StatusCode::NOT_FOUND);  // replaced
-  EXPECT_EQ(FetchDirect(stub.get(), session, 3, 0).status.error_code(),
-            grpc::StatusCode::NOT_FOUND);  // not yet
-  EXPECT_TRUE(FetchDirect(stub.get(), session, 2, 0).status.ok());
+  EXPECT_THAT(FetchDirect(stub.get(), session, 1, 0).status,
+              StatusIs(grpc::StatusCode::NOT_FOUND));  // replaced
+  EXPECT_THAT(FetchDirect(stub.get(), session, 3, 0).status,
+              StatusIs(grpc::StatusCode::NOT_FOUND));  // not yet
+  EXPECT_OK(FetchDirect(stub.get(), session, 2, 0).status);
   EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 0);  // refusals are no failures
 }
 
@@ -365,7 +365,7 @@ TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
            {1, 1}, {7, 7}, {0, 1000}, {4096, 3000}, {1u << 30, 3000}}) {
     SCOPED_TRACE(ask);
     Fetched f = FetchDirect(stub.get(), session, 1, ask);
-    ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+    ASSERT_OK(f.status);
     uint64_t expected_chunks = 0;
     for (const auto& b : m.buckets()) expected_chunks += (b.size_bytes() + size - 1) / size;
     EXPECT_EQ(f.chunks.size(), expected_chunks);
@@ -399,7 +399,7 @@ TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
   auto stub = server.NewStub();
   const std::string session = RegisterDirect(stub.get(), "direct");
   const Fetched f = FetchDirect(stub.get(), session, 1, 1);  // asks for 1-byte chunks
-  ASSERT_TRUE(f.status.ok()) << f.status.error_message();
+  ASSERT_OK(f.status);
   const v1::SnapshotManifest m = *PlanSnapshot(testing::TestSpecs(), 1, testing::TestPacking());
   uint64_t expected = 0;
   for (const auto& b : m.buckets()) expected += (b.size_bytes() + 499) / 500;
@@ -418,7 +418,7 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     v1::RegisterResponse resp;
     grpc::ClientContext ctx;
     const grpc::Status s = stub->Register(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
     EXPECT_LT(s.error_message().size(), 400u);
     EXPECT_THAT(s.error_message(), HasSubstr("both must run the same architecture"));
   }
@@ -429,7 +429,7 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     v1::RegisterResponse resp;
     grpc::ClientContext ctx;
     const grpc::Status s = stub->Register(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
     EXPECT_LT(s.error_message().size(), 400u);
     EXPECT_THAT(s.error_message(), HasSubstr("a asympo.v1.RegisterRequest is at most 65536"));
     grpc::ClientContext report_ctx;
@@ -437,7 +437,7 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     report.set_session_id(std::string(1 << 20, 'x'));
     v1::ReportVersionResponse ignored;
     const grpc::Status r = stub->ReportVersion(&report_ctx, report, &ignored);
-    EXPECT_EQ(r.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << r.error_message();
+    EXPECT_THAT(r, StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
     EXPECT_LT(r.error_message().size(), 400u);
   }
   {  // a 1000-byte session id
@@ -446,7 +446,7 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     req.set_session_id(std::string(1000, 'x'));
     v1::ReportVersionResponse resp;
     const grpc::Status s = stub->ReportVersion(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
     EXPECT_LT(s.error_message().size(), 400u);
     EXPECT_THAT(s.error_message(), HasSubstr("register again"));
   }
@@ -458,13 +458,13 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
   req.set_error("forged");
   v1::ReportVersionResponse resp;
   const grpc::Status s = stub->ReportVersion(&ctx, req, &resp);
-  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("was never published (the newest is 3)"));
+  EXPECT_THAT(
+      s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "was never published (the newest is 3)"));
   EXPECT_EQ(server.Metric("asympo_broadcast_failures_total"), 0);  // not counted
   grpc::ClientContext ok_ctx;
   req.set_version(3);
   req.clear_error();
-  EXPECT_TRUE(stub->ReportVersion(&ok_ctx, req, &resp).ok());
+  EXPECT_OK(stub->ReportVersion(&ok_ctx, req, &resp));
 }
 
 // A client that registers again and again, or reports the same failure in
@@ -486,7 +486,7 @@ TEST(BroadcastTest, RepeatedRegistrationsAndReportsDoNotFloodTheLog) {
     req.set_version(1);
     req.set_error("cannot load version 1");
     v1::ReportVersionResponse resp;
-    ASSERT_TRUE(stub->ReportVersion(&ctx, req, &resp).ok());
+    ASSERT_OK(stub->ReportVersion(&ctx, req, &resp));
   }
   EXPECT_EQ(again.count(), 1);
   EXPECT_EQ(reports.count(), 1);
@@ -496,6 +496,8 @@ TEST(BroadcastTest, RepeatedRegistrationsAndReportsDoNotFloodTheLog) {
 TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
   BroadcastSenderOptions o = SmallBuckets();
   o.unsubscribed_session_ttl = absl::Milliseconds(300);
+  asympo::testing::FakeClock clock;  // registrations expire when it moves on
+  o.clock = &clock;
   o.max_sessions = 3;
   o.max_sessions_per_principal = 3;  // one client here; shares have a test of their own
   SenderServer server(o);
@@ -511,26 +513,28 @@ TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
   };
   const std::string first = RegisterDirect(stub.get(), "flood-0");
   ASSERT_FALSE(first.empty());
-  ASSERT_TRUE(try_register("flood-1").ok());
-  ASSERT_TRUE(try_register("flood-2").ok());
+  ASSERT_OK(try_register("flood-1"));
+  ASSERT_OK(try_register("flood-2"));
   const grpc::Status full = try_register("flood-3");
-  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << full.error_message();
-  EXPECT_TRUE(try_register("flood-2").ok());  // registering again replaces, never refused
-  absl::SleepFor(absl::Milliseconds(400));
-  EXPECT_TRUE(try_register("flood-3").ok());  // the old ones expired
+  EXPECT_THAT(full, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_OK(try_register("flood-2"));  // registering again replaces, never refused
+  clock.Advance(absl::Milliseconds(299));
+  EXPECT_THAT(try_register("flood-3"), StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  clock.Advance(absl::Milliseconds(101));
+  EXPECT_OK(try_register("flood-3"));  // the old ones expired
   grpc::ClientContext ctx;
   v1::SubscribeRequest req;
   req.set_session_id(first);
   auto reader = stub->Subscribe(&ctx, req);
   v1::SnapshotAnnouncement a;
   EXPECT_FALSE(reader->Read(&a));
-  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(reader->Finish(), StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
 
   // A subscribed receiver outlives the limit on unsubscribed ones.
   Rx live(ReceiverOptions(server.target(), "live"));
   live.ExpectAndLoad(1);
-  absl::SleepFor(absl::Milliseconds(400));
-  EXPECT_TRUE(try_register("flood-4").ok());
+  clock.Advance(absl::Milliseconds(400));
+  EXPECT_OK(try_register("flood-4"));
   EXPECT_TRUE(live->connected());
   EXPECT_EQ(server.sender().active_receivers(), 1);
 }
@@ -625,9 +629,9 @@ TEST(BroadcastTest, RegisteringAgainReplacesTheOldSession) {
   const std::string new_session = RegisterDirect(stub.get(), "rollout-0");
   EXPECT_NE(old_session, new_session);
   ASSERT_OK(server.Publish(1));
-  EXPECT_EQ(FetchDirect(stub.get(), old_session, 1, 0).status.error_code(),
-            grpc::StatusCode::FAILED_PRECONDITION);
-  EXPECT_TRUE(FetchDirect(stub.get(), new_session, 1, 0).status.ok());
+  EXPECT_THAT(FetchDirect(stub.get(), old_session, 1, 0).status,
+              StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+  EXPECT_OK(FetchDirect(stub.get(), new_session, 1, 0).status);
   EXPECT_EQ(server.sender().receiver_versions().size(), 1u);
 }
 
