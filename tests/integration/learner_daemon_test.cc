@@ -18,28 +18,34 @@
 #include "learner_server/checkpoint.h"
 #include "learner_server/learner_rank0.h"
 #include "tests/testing/http.h"
+#include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
+// Groups "q<seed>_<g>" of 4 prompt tokens and 4 responses of 3 + r tokens,
+// all varying with the seed; one response per group rewarded.
 v1::RolloutBatch Batch(int groups, int seed) {
-  v1::RolloutBatch b;
-  for (int g = 0; g < groups; ++g) {
-    v1::PromptGroup* pg = b.add_groups();
-    pg->set_prompt_id("q" + std::to_string(seed) + "_" + std::to_string(g));
-    for (int t = 0; t < 4; ++t) pg->add_prompt_tokens(1 + (seed + g + t) % 60);
-    for (int r = 0; r < 4; ++r) {
-      v1::Response* resp = pg->add_responses();
-      for (int t = 0; t < 3 + r; ++t) resp->add_tokens(2 + (seed * 7 + g + r + t) % 60);
-      resp->set_reward(r == (seed + g) % 4 ? 1.0f : 0.0f);
-    }
-  }
-  return b;
+  return RolloutBatchBuilder(groups, 4)
+      .PromptIds([seed](int g) { return "q" + std::to_string(seed) + "_" + std::to_string(g); })
+      .PromptTokens([seed](int g) {
+        std::vector<int32_t> tokens;
+        for (int t = 0; t < 4; ++t) tokens.push_back(1 + (seed + g + t) % 60);
+        return tokens;
+      })
+      .ResponseTokens([seed](int g, int r) {
+        std::vector<int32_t> tokens;
+        for (int t = 0; t < 3 + r; ++t) tokens.push_back(2 + (seed * 7 + g + r + t) % 60);
+        return tokens;
+      })
+      .Rewards([seed](int g, int r) { return r == (seed + g) % 4 ? 1.0f : 0.0f; })
+      .Build();
 }
 
 LearnerDaemonOptions Options(const std::string& ckpt, int64_t max_steps) {
