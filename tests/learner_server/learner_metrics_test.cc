@@ -12,6 +12,8 @@
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
+
 // The EMA is the reward itself (alpha 1) so that the thresholds can be read
 // off the inputs; two warm-up steps.
 CollapseOptions Plain() {
@@ -73,13 +75,15 @@ TEST(CollapseDetectorTest, SmallRewardsNeedAnAbsoluteDrop) {
 TEST(CollapseDetectorTest, BadOptionsAreNamed) {
   CollapseOptions o;
   o.recover_fraction = 0.4;  // above drop_fraction 0.3
-  EXPECT_NE(ValidateCollapseOptions(o).message().find("recover_fraction"), std::string::npos);
+  EXPECT_THAT(ValidateCollapseOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, "recover_fraction"));
   o = CollapseOptions();
   o.min_drop = -1;
-  EXPECT_NE(ValidateCollapseOptions(o).message().find("min_drop"), std::string::npos);
+  EXPECT_THAT(ValidateCollapseOptions(o), StatusIs(absl::StatusCode::kInvalidArgument, "min_drop"));
   o = CollapseOptions();
   o.confirm_steps = 0;
-  EXPECT_NE(ValidateCollapseOptions(o).message().find("confirm_steps"), std::string::npos);
+  EXPECT_THAT(ValidateCollapseOptions(o),
+              StatusIs(absl::StatusCode::kInvalidArgument, "confirm_steps"));
   EXPECT_OK(ValidateCollapseOptions(CollapseOptions()));
 }
 
