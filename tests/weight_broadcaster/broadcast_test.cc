@@ -418,9 +418,9 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     v1::RegisterResponse resp;
     grpc::ClientContext ctx;
     const grpc::Status s = stub->Register(&ctx, req, &resp);
-    EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+    EXPECT_THAT(
+        s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION, "both must run the same architecture"));
     EXPECT_LT(s.error_message().size(), 400u);
-    EXPECT_THAT(s.error_message(), HasSubstr("both must run the same architecture"));
   }
   {  // a 1 MiB signature or session id: refused on its size before parsing
     v1::RegisterRequest req;
@@ -429,9 +429,9 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     v1::RegisterResponse resp;
     grpc::ClientContext ctx;
     const grpc::Status s = stub->Register(&ctx, req, &resp);
-    EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT,
+                            "a asympo.v1.RegisterRequest is at most 65536"));
     EXPECT_LT(s.error_message().size(), 400u);
-    EXPECT_THAT(s.error_message(), HasSubstr("a asympo.v1.RegisterRequest is at most 65536"));
     grpc::ClientContext report_ctx;
     v1::ReportVersionRequest report;
     report.set_session_id(std::string(1 << 20, 'x'));
@@ -446,9 +446,8 @@ TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
     req.set_session_id(std::string(1000, 'x'));
     v1::ReportVersionResponse resp;
     const grpc::Status s = stub->ReportVersion(&ctx, req, &resp);
-    EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION));
+    EXPECT_THAT(s, StatusIs(grpc::StatusCode::FAILED_PRECONDITION, "register again"));
     EXPECT_LT(s.error_message().size(), 400u);
-    EXPECT_THAT(s.error_message(), HasSubstr("register again"));
   }
   const std::string session = RegisterDirect(stub.get(), "liar");
   grpc::ClientContext ctx;
