@@ -17,11 +17,10 @@
 namespace asympo {
 namespace {
 
-using ::asympo::testing::StatusIs;
-
 namespace fs = std::filesystem;
 using ::asympo::testing::DirEntries;
 using ::asympo::testing::ReadFile;
+using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
