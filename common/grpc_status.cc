@@ -43,12 +43,6 @@ absl::Duration RetryAfterHint(const grpc::ClientContext& ctx) {
   return std::min(absl::Milliseconds(ms), absl::Seconds(60));
 }
 
-bool IsFinalResourceExhausted(const grpc::Status& status, const grpc::ClientContext& ctx) {
-  if (status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) return false;
-  const auto& md = ctx.GetServerTrailingMetadata();
-  return md.find(kRetryAfterMetadataKey) == md.end();
-}
-
 std::string QuoteForMessage(absl::string_view s, size_t max_bytes) {
   const bool cut = s.size() > max_bytes;
   return absl::StrCat("\"", absl::CHexEscape(cut ? s.substr(0, max_bytes) : s), cut ? "..." : "",

@@ -37,11 +37,6 @@ inline constexpr char kRetryAfterMetadataKey[] = "asympo-retry-after-ms";
 // 1 s when it is absent, unreadable or negative, at most 60 s.
 absl::Duration RetryAfterHint(const grpc::ClientContext& ctx);
 
-// Whether a finished call's RESOURCE_EXHAUSTED is final: it came without the
-// learner's retry hint, so it is gRPC's own refusal of a message over the
-// size limit (docs/security.md), which no retry can pass.
-bool IsFinalResourceExhausted(const grpc::Status& status, const grpc::ClientContext& ctx);
-
 // A client's string as an error message may echo it: cut to `max_bytes`
 // (then "..."), C-escaped and in double quotes. An echoed megabyte would
 // push the real message past gRPC's metadata limit.
