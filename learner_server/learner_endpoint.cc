@@ -74,7 +74,7 @@ absl::StatusOr<std::unique_ptr<LearnerEndpoint>> LearnerEndpoint::Start(
   e->service_ = std::move(service);
   grpc::ServerBuilder builder;
   // Our own listener: gRPC's stops accepting for good after one EMFILE
-  // (common/grpc_listener.h).
+  // (common/listener/grpc_listener.h).
   GrpcListenerOptions lo;
   lo.max_connections = o.max_connections;
   lo.max_connections_per_peer = o.max_connections_per_peer;

@@ -3,7 +3,7 @@
 // rejects it whole, and reports status.
 //
 // The methods are served raw: each request is checked on the wire before it
-// is parsed (common/wire_check.h), so that a request that does not parse is
+// is parsed (common/wire/wire_check.h), so that a request that does not parse is
 // INVALID_ARGUMENT naming the fault, and the counts a batch may carry are
 // bounded before any of it is allocated. Every call is authorized first
 // (LearnerServiceOptions::authorizer): Submit and SubmitStream need the

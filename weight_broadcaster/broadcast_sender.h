@@ -36,8 +36,9 @@
 // latest published is recorded as the latest (refusing it, as ReportVersion
 // does, would lock out the receivers of a learner restarted from an older
 // checkpoint). The methods are served raw and parse their requests
-// themselves (common/wire_check.h): a request that does not parse is INVALID_ARGUMENT. A fetch that
-// writes nothing for fetch_idle_timeout, or lasts longer than max_fetch_duration, is cancelled.
+// themselves (common/wire/wire_check.h): a request that does not parse is INVALID_ARGUMENT. A fetch
+// that writes nothing for fetch_idle_timeout, or lasts longer than max_fetch_duration, is
+// cancelled.
 //
 // NCCL (opt-in, BroadcastSenderOptions::nccl_world_size; sender_nccl.cc):
 // receivers given an NCCL rank in Register are not announced anything by

@@ -44,7 +44,7 @@ DescriptorLimit descriptor_limit;
 std::atomic<bool> descriptor_limit_logged{false};
 
 // Raises the soft limit on open descriptors to the hard one: every
-// connection a daemon serves takes one (common/grpc_listener.h), and
+// connection a daemon serves takes one (common/listener/grpc_listener.h), and
 // distributions still default to a soft limit of 1024.
 void RaiseDescriptorLimit() {
   rlimit limit{};

@@ -1,5 +1,5 @@
 // The address MetricsEndpoint (metrics_endpoint.h) listens on, written
-// "host:port" (common/host_port.h splits it): resolving it. Only the
+// "host:port" (common/listener/host_port.h splits it): resolving it. Only the
 // endpoint uses it. Thread-safe functions.
 #pragma once
 
