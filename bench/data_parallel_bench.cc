@@ -72,10 +72,9 @@ double Median(std::vector<double> v) {
 }
 
 int Run(int argc, char** argv) {
-  std::map<std::string, int> f = {{"world", 1},   {"rank", 0},      {"port", 29500},
-                                  {"shard", 0},   {"steps", 4},     {"warmup", 1},
-                                  {"groups", 6},  {"responses", 4}, {"prompt", 8},
-                                  {"response", 8}, {"threads", 0}};
+  std::map<std::string, int> f = {{"world", 1},  {"rank", 0},     {"port", 29500}, {"shard", 0},
+                                  {"steps", 4},  {"warmup", 1},   {"groups", 6},   {"responses", 4},
+                                  {"prompt", 8}, {"response", 8}, {"threads", 0}};
   std::string model_name = "100m";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
@@ -129,12 +128,7 @@ int Run(int argc, char** argv) {
     exchange.push_back(dp != nullptr ? dp->collective_seconds() - before : 0.0);
     tokens = r->tokens;  // the whole step's (summed across ranks)
   }
-  int64_t state_bytes = 0;
-  if (trainer->sharded_optimizer() != nullptr) {
-    state_bytes = trainer->sharded_optimizer()->state_bytes();
-  } else {
-    for (const auto& [name, t] : trainer->optimizer().StateTensors()) state_bytes += t.nbytes();
-  }
+  const int64_t state_bytes = trainer->optimizer_state_bytes();
   int64_t params = 0;
   for (const at::Tensor& p : model->parameters()) params += p.numel();
   std::printf(

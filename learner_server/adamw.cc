@@ -83,6 +83,24 @@ void AdamW::ZeroGrad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
 }
 
+absl::Status AdamW::GatherState(AdamW* whole) {
+  if (whole != this) {
+    return absl::InvalidArgumentError(
+        "AdamW::GatherState: an unsharded optimizer is its own state");
+  }
+  return absl::OkStatus();
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto* moments : {&exp_avg_, &exp_avg_sq_}) {
+    for (const at::Tensor& t : *moments) {
+      if (t.defined()) bytes += t.nbytes();
+    }
+  }
+  return bytes;
+}
+
 std::vector<std::pair<std::string, at::Tensor>> AdamW::StateTensors() const {
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -47,6 +47,8 @@ double GradientNorm(const std::vector<at::Tensor>& params);
 //   Apply(lr, scale, stepped)  or  DropGradients()  (a skipped step).
 // Each call leaves the parameters' gradients undefined, except
 // ReduceGradients on an optimizer that does not reduce them.
+class AdamW;
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
@@ -62,6 +64,17 @@ class Optimizer {
   // Updates the parameters with `stepped[i]` true from the step's gradient
   // times `scale` (clipping), at learning rate `lr`.
   virtual absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) = 0;
+
+  // For checkpoints. Collective when sharded: every rank calls it, and rank
+  // 0's `whole` (an AdamW over the same parameters) then holds every moment
+  // and the step count; an optimizer that is whole already (`whole` is
+  // itself) has nothing to do.
+  virtual absl::Status GatherState(AdamW* whole) = 0;
+  // Frees what GatherState assembled in `whole`, once the checkpoint is
+  // written; nothing for an optimizer that is whole.
+  virtual void ReleaseState(AdamW* whole) = 0;
+  // The bytes of optimizer state this rank keeps between steps.
+  virtual int64_t state_bytes() const = 0;
 };
 
 class AdamW : public Optimizer {
@@ -77,6 +90,10 @@ class AdamW : public Optimizer {
   absl::StatusOr<double> ReduceGradients() override { return GradientNorm(params_); }
   void DropGradients() override { ZeroGrad(); }
   absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
+  // `whole` must be this optimizer.
+  absl::Status GatherState(AdamW* whole) override;
+  void ReleaseState(AdamW* /*whole*/) override {}
+  int64_t state_bytes() const override;
 
   // One update with learning rate `lr` from the current gradients.
   // Parameters without a gradient are skipped (their state does not move).

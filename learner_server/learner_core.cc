@@ -43,8 +43,7 @@ absl::Status LearnerCore::SyncRanks() {
   trainer_->set_version(version);
   if (shard) {
     ASYMPO_RETURN_IF_ERROR(trainer_->ShardOptimizer(dp_.get()));
-    LOG(INFO) << "ZeRO-1: this rank keeps "
-              << trainer_->sharded_optimizer()->state_bytes() / (1 << 20)
+    LOG(INFO) << "ZeRO-1: this rank keeps " << trainer_->optimizer_state_bytes() / (1 << 20)
               << " MiB of AdamW moments, 1/" << dp_->world_size() << " of them";
   }
   return absl::OkStatus();

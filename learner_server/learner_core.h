@@ -47,7 +47,7 @@ class LearnerCore {
   // Any thread.
   uint64_t version() const { return trainer_->version(); }
   // Whether the optimizer state is spread over the ranks (ZeRO-1).
-  bool sharded() const { return trainer_->sharded_optimizer() != nullptr; }
+  bool sharded() const { return trainer_->optimizer_sharded(); }
 
  private:
   explicit LearnerCore(LearnerDaemonOptions options) : options_(std::move(options)) {}

@@ -143,7 +143,7 @@ absl::Status ShardedAdamW::Apply(double lr, double scale, const std::vector<bool
   return absl::OkStatus();
 }
 
-absl::Status ShardedAdamW::GatherState(AdamW* full) {
+absl::Status ShardedAdamW::GatherState(AdamW* whole) {
   at::NoGradGuard no_grad;
   const int world = collectives_->world_size();
   const bool root = collectives_->rank() == 0;
@@ -167,7 +167,12 @@ absl::Status ShardedAdamW::GatherState(AdamW* full) {
                          flat.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
     }
   }
-  return root ? full->LoadState(state, step_, /*copy=*/false) : absl::OkStatus();
+  return root ? whole->LoadState(state, step_, /*copy=*/false) : absl::OkStatus();
+}
+
+void ShardedAdamW::ReleaseState(AdamW* whole) {
+  // Cannot fail: an empty state matches any parameters.
+  whole->LoadState({}, step_).IgnoreError();
 }
 
 absl::Status ShardedAdamW::ScatterState(const AdamW& full) {

@@ -78,17 +78,19 @@ class ShardedAdamW : public Optimizer {
   // parameters.
   absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
 
-  // Collective. On rank 0, loads the whole state into `full` (built over the
-  // same parameters) as views of two gathered buffers; elsewhere `full` is
-  // untouched. The caller clears it after the save (full->LoadState({}, n)).
-  absl::Status GatherState(AdamW* full);
+  // Collective. On rank 0, loads the whole state into `whole` (built over
+  // the same parameters) as views of two gathered buffers; elsewhere
+  // `whole` is untouched. ReleaseState clears it after the save.
+  absl::Status GatherState(AdamW* whole) override;
+  // `whole` keeps no moments, and this optimizer's step count.
+  void ReleaseState(AdamW* whole) override;
   // Collective. Each rank takes its chunk of rank 0's `full` (ignored
   // elsewhere) and its step count.
   absl::Status ScatterState(const AdamW& full);
 
   int64_t step_count() const { return step_; }
   // This rank's moments in bytes (2 c floats).
-  int64_t state_bytes() const;
+  int64_t state_bytes() const override;
   int64_t chunk_elements() const { return chunk_; }
   int64_t rounds() const { return Rounds(); }
 

@@ -301,21 +301,16 @@ StepFailure Trainer::NonFiniteGradient() {
 }
 
 absl::Status Trainer::ShardOptimizer(ShardCollectives* collectives) {
-  sharded_ = std::make_unique<ShardedAdamW>(model_->parameters(), options_.adamw, collectives);
+  auto sharded = std::make_unique<ShardedAdamW>(model_->parameters(), options_.adamw, collectives);
+  ASYMPO_RETURN_IF_ERROR(sharded->ScatterState(optimizer_));
+  sharded_ = std::move(sharded);
   stepper_ = sharded_.get();
-  ASYMPO_RETURN_IF_ERROR(sharded_->ScatterState(optimizer_));
   ReleaseOptimizerState();
   return absl::OkStatus();
 }
 
-absl::Status Trainer::GatherOptimizerState() {
-  return sharded_ == nullptr ? absl::OkStatus() : sharded_->GatherState(&optimizer_);
-}
+absl::Status Trainer::GatherOptimizerState() { return stepper_->GatherState(&optimizer_); }
 
-void Trainer::ReleaseOptimizerState() {
-  if (sharded_ == nullptr) return;
-  // Cannot fail: an empty state matches any parameters.
-  optimizer_.LoadState({}, sharded_->step_count()).IgnoreError();
-}
+void Trainer::ReleaseOptimizerState() { stepper_->ReleaseState(&optimizer_); }
 
 }  // namespace asympo::learner

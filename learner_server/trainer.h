@@ -63,8 +63,8 @@ struct TrainerOptions {
   // Rows of logits computed at once by the chunked log-prob path.
   int64_t logprob_chunk_rows = 1024;
   int64_t pad_token_id = 0;
-  // Fault injection, for tests and drills only: the Nth call of Step()
-  // (1-based, counted by this trainer) gets a NaN loss
+  // Fault injection, for tests and drills only: the Nth step attempt
+  // (a call of Step() or StepShard(), 1-based, counted by this trainer) gets a NaN loss
   // (nonfinite_loss_steps) or a c10::Error thrown after its first
   // micro-batch's backward pass (exception_steps).
   std::vector<int64_t> fault_nonfinite_loss_steps;
@@ -148,8 +148,10 @@ class Trainer {
   // 0's optimizer() for a checkpoint; ReleaseOptimizerState frees it again.
   absl::Status GatherOptimizerState();
   void ReleaseOptimizerState();
-  // Null unless ShardOptimizer was called.
-  const ShardedAdamW* sharded_optimizer() const { return sharded_.get(); }
+  // Whether ShardOptimizer was called.
+  bool optimizer_sharded() const { return sharded_ != nullptr; }
+  // The optimizer state this rank keeps between steps, in bytes.
+  int64_t optimizer_state_bytes() const { return stepper_->state_bytes(); }
 
   // The policy version: optimizer steps applied. Any thread.
   uint64_t version() const { return version_.load(); }
@@ -234,9 +236,9 @@ class Trainer {
   WeightPublisher* publisher_;
   std::unique_ptr<MicroBatchLayout> layout_;
   StepFaults faults_;
-  AdamW optimizer_;  // every moment; none once sharded (but a checkpoint's)
-  std::unique_ptr<ShardedAdamW> sharded_;
-  Optimizer* stepper_ = &optimizer_;  // what updates: optimizer_, or sharded_
+  AdamW optimizer_;                     // every moment; none once sharded (but a checkpoint's)
+  std::unique_ptr<Optimizer> sharded_;  // set by ShardOptimizer
+  Optimizer* stepper_ = &optimizer_;    // what updates: optimizer_, or sharded_
   std::atomic<uint64_t> version_{0};
 };
 

@@ -35,8 +35,9 @@ SenderMetrics::SenderMetrics(prometheus::Registry& r)
                    "Distinct versions that subscribed receivers report sampling with.")),
       oldest_version(AddGauge(r, "asympo_broadcast_oldest_receiver_version",
                               "Oldest version a subscribed receiver samples with (0 when none).")),
-      publish_seconds(AddSecondsHistogram(r, "asympo_broadcast_publish_seconds",
-                                          "Time Publish takes to pack and checksum a snapshot.")),
+      publish_seconds(AddSecondsHistogram(
+          r, "asympo_broadcast_publish_seconds",
+          "Time Publish takes to checksum a snapshot (and pack it, when given loose tensors).")),
       transfer_seconds(
           AddSecondsHistogram(r, "asympo_broadcast_transfer_seconds",
                               "Duration of each FetchSnapshot stream that sent every chunk.")) {}

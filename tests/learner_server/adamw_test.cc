@@ -65,6 +65,23 @@ TEST(AdamWTest, StateRoundTripsBitExactly) {
   EXPECT_TRUE(torch::equal(a, b));
 }
 
+TEST(AdamWTest, IsItsOwnWholeStateForCheckpoints) {
+  torch::Tensor a = torch::ones({3, 4}).requires_grad_(true);
+  torch::Tensor unused = torch::ones({5}).requires_grad_(true);
+  AdamW o({a, unused}, {});
+  EXPECT_EQ(o.state_bytes(), 0);  // no moments before a step
+  (a * a).sum().backward();
+  o.Step(1e-2);
+  EXPECT_EQ(o.state_bytes(), 2 * 12 * 4);  // `unused` never had a gradient
+  Optimizer& as_optimizer = o;
+  ASSERT_OK(as_optimizer.GatherState(&o));
+  as_optimizer.ReleaseState(&o);
+  EXPECT_EQ(o.StateTensors().size(), 2u);  // releasing frees nothing of its own
+  AdamW other({a.detach().clone()}, {});
+  EXPECT_THAT(as_optimizer.GatherState(&other),
+              StatusIs(absl::StatusCode::kInvalidArgument, "its own state"));
+}
+
 TEST(AdamWTest, RejectsBadOptionsAndState) {
   AdamWOptions o;
   o.beta2 = 1.0;

@@ -99,6 +99,9 @@ TEST(ShardedAdamWTest, GatheredStateIsAdamWsAndScattersBack) {
     EXPECT_EQ(got[i].first, want[i].first);
     EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << want[i].first;
   }
+  sharded.ReleaseState(&full);
+  EXPECT_TRUE(full.StateTensors().empty());
+  EXPECT_EQ(full.step_count(), 2);
   // A fresh sharded optimizer takes the state back and steps on alike.
   ShardedAdamW again(b, o, &one, 5);
   ASSERT_OK(again.ScatterState(plain));
