@@ -37,40 +37,41 @@ int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params, int6
   return static_cast<int32_t>(sampler.Sample(logits.unsqueeze(0), s).item<int64_t>());
 }
 
+absl::Status ValidateRequest(const GenerationRequest& r, const ModelConfig& cfg) {
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  for (int32_t id : r.prompt) {
+    if (id < 0 || id >= cfg.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt token ", id, " is outside the vocabulary [0, ", cfg.vocab_size, ")"));
+    }
+  }
+  ASYMPO_RETURN_IF_ERROR(ValidateSamplingParams(r.params));
+  const int64_t len = static_cast<int64_t>(r.prompt.size());
+  if (len + r.params.max_new_tokens > cfg.max_position_embeddings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt (", len, " tokens) plus max_new_tokens (", r.params.max_new_tokens,
+                     ") exceeds max_position_embeddings ", cfg.max_position_embeddings));
+  }
+  return absl::OkStatus();
+}
+
 GenerationEngine::GenerationEngine(const PolicyModel* model, GenerationOptions options)
     : model_(model), options_(options) {}
 
 namespace {
 
-// INVALID_ARGUMENT naming the request for an empty prompt, a token outside
-// the vocabulary, bad sampling parameters or a sequence beyond the model's
-// positions. Sets the longest prompt and the most new tokens asked for.
+// INVALID_ARGUMENT naming the request (ValidateRequest). Sets the longest
+// prompt and the most new tokens asked for.
 absl::Status ValidateRequests(const std::vector<GenerationRequest>& requests,
                               const ModelConfig& cfg, int64_t* longest, int64_t* most_new) {
   *longest = 0;
   *most_new = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     const GenerationRequest& r = requests[i];
-    if (r.prompt.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("request ", i, ": prompt is empty"));
+    if (absl::Status s = ValidateRequest(r, cfg); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("request ", i, ": ", s.message()));
     }
-    for (int32_t id : r.prompt) {
-      if (id < 0 || id >= cfg.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat("request ", i, ": prompt token ", id,
-                                                       " is outside the vocabulary [0, ",
-                                                       cfg.vocab_size, ")"));
-      }
-    }
-    absl::Status s = ValidateSamplingParams(r.params);
-    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat("request ", i, ": ", s.message()));
-    const int64_t len = static_cast<int64_t>(r.prompt.size());
-    if (len + r.params.max_new_tokens > cfg.max_position_embeddings) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("request ", i, ": prompt (", len, " tokens) plus max_new_tokens (",
-                       r.params.max_new_tokens, ") exceeds max_position_embeddings ",
-                       cfg.max_position_embeddings));
-    }
-    *longest = std::max(*longest, len);
+    *longest = std::max(*longest, static_cast<int64_t>(r.prompt.size()));
     *most_new = std::max<int64_t>(*most_new, r.params.max_new_tokens);
   }
   return absl::OkStatus();
@@ -173,8 +174,8 @@ void SampleStep(const BatchSampler& sampler, int32_t pad, DecodeState* st) {
     st->logprobs.index_copy_(1, st->step, lp);
   }
   st->lengths.add_(live);
-  const at::Tensor hit = at::logical_or((st->stop_ids == tok.unsqueeze(1)).any(1),
-                                        st->lengths >= st->max_new);
+  const at::Tensor hit =
+      at::logical_or((st->stop_ids == tok.unsqueeze(1)).any(1), st->lengths >= st->max_new);
   st->done.logical_or_(at::logical_and(live, hit));
   st->last.copy_(tok.unsqueeze(1));
 }

@@ -52,10 +52,20 @@ struct GenerationRequest {
   SamplingParams params;
 };
 
+// INVALID_ARGUMENT for an empty prompt, a token outside the vocabulary, bad
+// sampling parameters or a prompt plus max_new_tokens beyond
+// max_position_embeddings.
+absl::Status ValidateRequest(const GenerationRequest& request, const ModelConfig& config);
+
 struct GenerationResult {
   std::vector<int32_t> tokens;
   std::vector<float> logprobs;  // empty unless params.return_logprobs
   v1::FinishReason finish_reason = v1::FINISH_REASON_UNSPECIFIED;
+  // The policy versions that sampled the first and the last token
+  // (ContinuousEngine; GenerationEngine leaves them 0: one model samples a
+  // whole batch, and its caller knows its version).
+  uint64_t first_version = 0;
+  uint64_t last_version = 0;
 };
 
 // Picks response token `step` from one row of logits (V,) with `params`:

@@ -35,7 +35,7 @@ at::Tensor CounterUniform(const at::Tensor& seeds, const at::Tensor& step) {
   const at::Tensor seed_lo = at::bitwise_and(seeds, kLow32);
   // Arithmetic shift keeps the sign bits of a negative seed: mask them.
   const at::Tensor seed_hi = at::bitwise_and(at::__rshift__(seeds, 32), kLow32);
-  const at::Tensor s = Mul32(at::bitwise_and(step.reshape({1}), kLow32), int64_t{0x9e3779b9});
+  const at::Tensor s = Mul32(at::bitwise_and(step.reshape({-1}), kLow32), int64_t{0x9e3779b9});
   const at::Tensor h = Fmix32(at::bitwise_xor(Fmix32(at::bitwise_xor(seed_lo, s)), seed_hi));
   // 53 random bits: 32 from one lane, 21 from another.
   const at::Tensor a = Fmix32(at::bitwise_xor(h, int64_t{0x1b873593}));
@@ -68,6 +68,29 @@ BatchSampler::BatchSampler(const std::vector<const SamplingParams*>& params, c10
   greedy_ = greedy.to(device);
   top_k_ = top_k.to(device);
   top_p_ = top_p.to(device);
+}
+
+BatchSampler::BatchSampler(int64_t rows, c10::Device device) {
+  const auto on = at::TensorOptions().device(device);
+  seeds_ = at::zeros({rows}, on.dtype(at::kLong));
+  temperature_ = at::ones({rows, 1}, on.dtype(at::kFloat));
+  greedy_ = at::ones({rows}, on.dtype(at::kBool));
+  top_k_ = at::zeros({rows, 1}, on.dtype(at::kLong));
+  top_p_ = at::ones({rows, 1}, on.dtype(at::kFloat));
+  any_greedy_ = false;
+  all_greedy_ = true;  // until a row samples
+}
+
+void BatchSampler::SetRow(int64_t row, const SamplingParams& p) {
+  const bool g = p.temperature == 0;
+  seeds_[row].fill_(static_cast<int64_t>(p.seed));
+  temperature_[row][0].fill_(g ? 1.0 : p.temperature);
+  greedy_[row].fill_(g);
+  top_k_[row][0].fill_(static_cast<int64_t>(p.top_k));
+  top_p_[row][0].fill_(p.top_p);
+  any_greedy_ = any_greedy_ || g;
+  all_greedy_ = all_greedy_ && g;
+  sorts_ = sorts_ || (!g && (p.top_k > 0 || p.top_p < 1.0));
 }
 
 at::Tensor BatchSampler::Sample(const at::Tensor& logits, const at::Tensor& step) const {

@@ -25,22 +25,35 @@ namespace asympo::rollout {
 
 struct SamplingParams;
 
-// uniform[i] in [0, 1) for (seeds[i], step), float64, on seeds' device.
+// uniform[i] in [0, 1) for (seeds[i], step[i]), float64, on seeds' device.
 //   seeds: (B,) int64 (any 64-bit value, reinterpreted as unsigned)
-//   step:  a 0-dimensional or (1,) int64 tensor on the same device
+//   step:  int64 on the same device: 0-dimensional or (1,) (one step for
+//          every row) or (B,) (a step per row)
 at::Tensor CounterUniform(const at::Tensor& seeds, const at::Tensor& step);
 
 class BatchSampler {
  public:
   // One row per entry of `params`, tensors on `device`.
   BatchSampler(const std::vector<const SamplingParams*>& params, c10::Device device);
+  // `rows` rows to be given their parameters by SetRow (continuous
+  // batching: a row is a slot that successive requests take).
+  BatchSampler(int64_t rows, c10::Device device);
+
+  // Row `row` samples with `params` from now on. Between samples only (it
+  // writes the tensors a captured step reads). May widen the kernels Sample
+  // runs (see path()), never narrow them.
+  void SetRow(int64_t row, const SamplingParams& params);
 
   // Tokens (B,) int64 for logits (B, V) of any floating dtype, for response
-  // token `step` (a (1,) int64 tensor on the device).
+  // token `step`: a (1,) int64 tensor on the device, or (B,) with each
+  // row's own step.
   at::Tensor Sample(const at::Tensor& logits, const at::Tensor& step) const;
 
   // Whether any row needs the sorted path (top-k or top-p).
   bool sorts() const { return sorts_; }
+  // Which kernels Sample runs (greedy only, any greedy row, sorting): a
+  // captured step is valid while this is unchanged.
+  int path() const { return (all_greedy_ ? 1 : 0) | (any_greedy_ ? 2 : 0) | (sorts_ ? 4 : 0); }
 
  private:
   at::Tensor seeds_;        // (B,) int64

@@ -71,7 +71,7 @@ PolicyModel::PolicyModel(ModelConfig config, ModelOptions options)
     : config_(std::move(config)),
       options_(options),
       compute_dtype_(options.compute_dtype == at::ScalarType::Undefined ? options.dtype
-                                                                         : options.compute_dtype) {}
+                                                                        : options.compute_dtype) {}
 
 at::Tensor PolicyModel::ComputeWeight(const at::Tensor& weight) const {
   if (!weight.defined() || weight.scalar_type() == compute_dtype_) return weight;
@@ -251,11 +251,10 @@ std::pair<at::Tensor, at::Tensor> PolicyModel::CachedKeysValues(int64_t index, c
 
 at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::Tensor& x,
                                   const at::Tensor& cos, const at::Tensor& sin,
-                                  const at::Tensor& allowed, KvCache* cache,
-                                  const at::Tensor& slot) const {
+                                  const Attend& attend) const {
   const ModelConfig& c = config_;
   const int64_t b = x.size(0), t = x.size(1), d = c.head_dim;
-  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads, groups = nh / nkv;
+  const int64_t nh = c.num_attention_heads, nkv = c.num_key_value_heads;
   // q: (B, T, nh, d); k, v: (B, T, nkv, d). Query head h uses key head
   // h / groups (Hugging Face's repeat_kv).
   const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
@@ -270,8 +269,14 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   q = ApplyRotary(q, cq, sq);
   k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
   v = v.transpose(1, 2);                       // (B, nkv, T, d)
-  std::tie(k, v) = CachedKeysValues(index, k, v, allowed.size(-1), cache, slot);
-  at::Tensor out;  // (B, T, nh * d)
+  return at::linear(attend(index, q, k, v), w(layer.o_proj));
+}
+
+at::Tensor PolicyModel::MaskedAttention(const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const at::Tensor& allowed) const {
+  const int64_t b = q.size(0), t = q.size(1), d = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  const int64_t groups = nh / nkv;
 #if TORCH_VERSION_MAJOR >= 2
   // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.
   // Query head h reads key head h / groups; expand + reshape (no host
@@ -281,11 +286,10 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
     const int64_t tk = kv.size(2);
     return kv.unsqueeze(2).expand({b, nkv, groups, tk, d}).reshape({b, nh, tk, d});
   };
-  const at::Tensor ke = repeat(k);
-  const at::Tensor ve = repeat(v);
-  out = at::scaled_dot_product_attention(q.transpose(1, 2), ke, ve, allowed.unsqueeze(1))
-            .transpose(1, 2)
-            .reshape({b, t, nh * d});
+  return at::scaled_dot_product_attention(q.transpose(1, 2), repeat(k), repeat(v),
+                                          allowed.unsqueeze(1))
+      .transpose(1, 2)
+      .reshape({b, t, nh * d});
 #else
   // The `groups` query heads of a key head and the T positions form one
   // matrix, so each (batch, key head) pair is one GEMM against its keys,
@@ -306,12 +310,38 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
       at::matmul(qg, k.transpose(-1, -2)).view({b, nkv, t, groups, tk}) + allowed;
   const at::Tensor probs =
       at::softmax(scores, -1, at::kFloat).to(q.scalar_type()).view({b, nkv, t * groups, tk});
-  out = at::matmul(probs, v)  // (B, nkv, T * groups, d)
-            .view({b, nkv, t, groups, d})
-            .permute({0, 2, 1, 3, 4})
-            .reshape({b, t, nh * d});
+  return at::matmul(probs, v)  // (B, nkv, T * groups, d)
+      .view({b, nkv, t, groups, d})
+      .permute({0, 2, 1, 3, 4})
+      .reshape({b, t, nh * d});
 #endif
-  return at::linear(out, w(layer.o_proj));
+}
+
+at::Tensor PolicyModel::SharedAttention(int64_t index, const at::Tensor& q, const at::Tensor& k,
+                                        const at::Tensor& v, const SharedStep& step) const {
+  const int64_t s = q.size(0), d = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
+  const size_t i = static_cast<size_t>(index);
+  // This step's key and value go to each sequence's own response slot.
+  at::Tensor& rk = step.cache->responses.keys[i];
+  at::Tensor& rv = step.cache->responses.values[i];
+  rk.scatter_(2, step.write, k);
+  rv.scatter_(2, step.write, v);
+  // The prompts' keys are read where they are stored once; a layer at a
+  // time, each sequence gathers its own prompt's.
+  const at::Tensor pk = step.cache->prompts.keys[i].index_select(0, step.prompt);
+  const at::Tensor pv = step.cache->prompts.values[i].index_select(0, step.prompt);
+  // One query position: qg (S, nkv, groups, d) against the two key sets;
+  // one softmax over both, in float32.
+  const at::Tensor qg =
+      (q * (1.0 / std::sqrt(static_cast<double>(d)))).reshape({s, nkv, nh / nkv, d});
+  const at::Tensor scores = at::cat({at::matmul(qg, pk.transpose(-1, -2)) + step.prompt_bias,
+                                     at::matmul(qg, rk.transpose(-1, -2)) + step.response_bias},
+                                    -1);
+  const int64_t pc = pk.size(2), rc = rk.size(2);
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+  return (at::matmul(probs.narrow(-1, 0, pc), pv) + at::matmul(probs.narrow(-1, pc, rc), rv))
+      .reshape({s, 1, nh * d});
 }
 
 at::Tensor PolicyModel::AttentionBias(const at::Tensor& allowed_bool) const {
@@ -344,7 +374,12 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
   const at::Tensor allowed_bool = at::logical_or(
       at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)), self.unsqueeze(0));
-  at::Tensor hidden = Layers(ids, positions, AttentionBias(allowed_bool), cache, at::Tensor());
+  const at::Tensor allowed = AttentionBias(allowed_bool);
+  at::Tensor hidden =
+      Layers(ids, positions, [&](int64_t i, const at::Tensor& q, at::Tensor k, at::Tensor v) {
+        std::tie(k, v) = CachedKeysValues(i, k, v, allowed.size(-1), cache, at::Tensor());
+        return MaskedAttention(q, k, v, allowed);
+      });
   if (cache != nullptr) cache->length += t;
   return hidden;
 }
@@ -362,12 +397,60 @@ at::Tensor PolicyModel::DecodeStep(const at::Tensor& ids, const at::Tensor& posi
   const at::Tensor allowed_bool = at::logical_or(key_mask.narrow(1, 0, visible).to(at::kBool),
                                                  kslot.unsqueeze(0) == slot.reshape({1, 1}))
                                       .unsqueeze(1);
-  return Layers(ids, positions, AttentionBias(allowed_bool), cache, slot.reshape({1}));
+  const at::Tensor allowed = AttentionBias(allowed_bool);
+  return Layers(ids, positions, [&](int64_t i, const at::Tensor& q, at::Tensor k, at::Tensor v) {
+    std::tie(k, v) = CachedKeysValues(i, k, v, visible, cache, slot.reshape({1}));
+    return MaskedAttention(q, k, v, allowed);
+  });
+}
+
+at::Tensor PolicyModel::DecodeShared(const at::Tensor& ids, const at::Tensor& positions,
+                                     const at::Tensor& prompt, const at::Tensor& prompt_length,
+                                     const at::Tensor& response_slot,
+                                     SharedPrefixCache* cache) const {
+  TORCH_CHECK(cache != nullptr && !cache->prompts.keys.empty() && !cache->responses.keys.empty(),
+              "DecodeShared needs a cache with prompts and responses");
+  const int64_t s = ids.size(0), d = config_.head_dim, nkv = config_.num_key_value_heads;
+  const int64_t pc = cache->prompts.capacity(), rc = cache->responses.capacity();
+  TORCH_CHECK(cache->responses.keys[0].size(0) == s, "DecodeShared: ", s,
+              " sequences but the cache has room for ", cache->responses.keys[0].size(0));
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(ids.device());
+  // Additive biases (S, 1, 1, K): a sequence sees its prompt's real tokens
+  // and its response up to and including the new token's slot.
+  const auto bias = [&](const at::Tensor& allowed_bool) {
+    return at::zeros(allowed_bool.sizes(),
+                     at::TensorOptions().dtype(compute_dtype_).device(ids.device()))
+        .masked_fill_(allowed_bool.logical_not(), -std::numeric_limits<float>::infinity())
+        .view({s, 1, 1, allowed_bool.size(1)});
+  };
+  SharedStep step;
+  step.cache = cache;
+  step.prompt = prompt;
+  step.write = response_slot.view({s, 1, 1, 1}).expand({s, nkv, 1, d});
+  step.prompt_bias = bias(at::arange(pc, longs).unsqueeze(0) < prompt_length.unsqueeze(1));
+  step.response_bias = bias(at::arange(rc, longs).unsqueeze(0) <= response_slot.unsqueeze(1));
+  return Layers(ids, positions,
+                [&](int64_t i, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+                  return SharedAttention(i, q, k, v, step);
+                });
+}
+
+SharedPrefixCache PolicyModel::NewSharedCache(int64_t prompts, int64_t prompt_capacity,
+                                              int64_t sequences, int64_t response_capacity) const {
+  return {NewCache(prompts, prompt_capacity), NewCache(sequences, response_capacity)};
+}
+
+KvCache PromptRow(const SharedPrefixCache& cache, int64_t row) {
+  KvCache view;
+  for (size_t i = 0; i < cache.prompts.keys.size(); ++i) {
+    view.keys.push_back(cache.prompts.keys[i].narrow(0, row, 1));
+    view.values.push_back(cache.prompts.values[i].narrow(0, row, 1));
+  }
+  return view;
 }
 
 at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& positions,
-                               const at::Tensor& allowed, KvCache* cache,
-                               const at::Tensor& slot) const {
+                               const Attend& attend) const {
   const auto [cos, sin] = Rotary(positions);
   const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
   // Rows are gathered from the (float32 master) table before the cast.
@@ -375,12 +458,11 @@ at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& position
   for (size_t i = 0; i < layers_.size(); ++i) {
     const Layer& layer = layers_[i];
     x = x + Attention(layer, static_cast<int64_t>(i),
-                      RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin, allowed,
-                      cache, slot);
+                      RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin, attend);
     const at::Tensor hn = RmsNorm(x, w(layer.post_norm), config_.rms_norm_eps);
-    x = x + at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) *
-                           at::linear(hn, w(layer.up_proj)),
-                       w(layer.down_proj));
+    x = x +
+        at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) * at::linear(hn, w(layer.up_proj)),
+                   w(layer.down_proj));
   }
   return RmsNorm(x, w(final_norm_), config_.rms_norm_eps);
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,6 +46,18 @@ struct KvCache {
   int64_t length = 0;              // positions filled so far
   int64_t capacity() const { return keys.empty() ? 0 : keys[0].size(2); }
 };
+
+// Keys and values for continuous batching (rollout_server's
+// ContinuousEngine): each prompt's once, shared by every sequence that
+// continues it, and each running sequence's response in a row of its own.
+struct SharedPrefixCache {
+  KvCache prompts;    // per layer: (P, n_kv, prompt capacity, head_dim)
+  KvCache responses;  // per layer: (S, n_kv, response capacity, head_dim)
+};
+
+// Row `row` of cache.prompts as an empty KvCache of batch 1 (views of the
+// same memory): Forward with it prefills that prompt.
+KvCache PromptRow(const SharedPrefixCache& cache, int64_t row);
 
 class PolicyModel {
  public:
@@ -103,11 +116,32 @@ class PolicyModel {
   at::Tensor DecodeStep(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& slot,
                         const at::Tensor& key_mask, KvCache* cache, int64_t visible = -1) const;
 
+  // One decode step of S sequences that continue prompts stored once in
+  // cache->prompts, with static shapes (CUDA-graph friendly); returns the
+  // hidden states (S, 1, H). Every tensor is on the model's device:
+  //   ids, positions: (S, 1) int64: each sequence's newest token and its
+  //                   rotary position.
+  //   prompt:         (S,) int64: the row of cache->prompts it continues.
+  //   prompt_length:  (S,) int64: that prompt's tokens (the first slots of
+  //                   its row).
+  //   response_slot:  (S,) int64: the new token's slot in the sequence's own
+  //                   row of cache->responses; the slots before it hold its
+  //                   earlier response tokens and are attended to.
+  // The new keys and values are written at response_slot. A row that is not
+  // in use may hold anything (prompt_length 0 keeps it finite).
+  at::Tensor DecodeShared(const at::Tensor& ids, const at::Tensor& positions,
+                          const at::Tensor& prompt, const at::Tensor& prompt_length,
+                          const at::Tensor& response_slot, SharedPrefixCache* cache) const;
+
   // (B, T, V) logits, in the compute dtype, from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
 
   // An empty cache for `batch` sequences of up to `capacity` positions.
   KvCache NewCache(int64_t batch, int64_t capacity) const;
+  // An empty SharedPrefixCache: `prompts` rows of `prompt_capacity`
+  // positions, `sequences` rows of `response_capacity`.
+  SharedPrefixCache NewSharedCache(int64_t prompts, int64_t prompt_capacity, int64_t sequences,
+                                   int64_t response_capacity) const;
 
  private:
   struct Layer {
@@ -123,23 +157,41 @@ class PolicyModel {
   at::Tensor& AddParameter(const std::string& name, at::Tensor t);
   // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
   std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;
-  // `slot` defined: a DecodeStep (see there); undefined: append at
-  // cache->length (or no cache).
+  // A layer's attention over its keys and values, given the rotated queries
+  // q (B, T, nh, d) and the new keys and values k, v (B, nkv, T, d): the
+  // heads' outputs (B, T, nh * d), before the output projection.
+  using Attend = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                          const at::Tensor& v)>;
+  // DecodeShared's per-step tensors (see there).
+  struct SharedStep {
+    SharedPrefixCache* cache = nullptr;
+    at::Tensor prompt;         // (S,)
+    at::Tensor write;          // (S, nkv, 1, d): response_slot, expanded
+    at::Tensor prompt_bias;    // (S, 1, 1, prompt capacity): 0 or -inf
+    at::Tensor response_bias;  // (S, 1, 1, response capacity)
+  };
+
+  // Layer `index`'s attention block on x (B, T, H), output-projected.
   at::Tensor Attention(const Layer& layer, int64_t index, const at::Tensor& x,
-                       const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& allowed,
-                       KvCache* cache, const at::Tensor& slot) const;
+                       const at::Tensor& cos, const at::Tensor& sin, const Attend& attend) const;
+  // Attention over one key set with `allowed` (AttentionBias's form).
+  at::Tensor MaskedAttention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& allowed) const;
+  // Attention of one query position over its prompt's keys and its own
+  // response's (DecodeShared).
+  at::Tensor SharedAttention(int64_t index, const at::Tensor& q, const at::Tensor& k,
+                             const at::Tensor& v, const SharedStep& step) const;
   // Layer `index`'s keys and values to attend over, (B, nkv, K, d), after
   // storing the new ones (k, v: (B, nkv, T, d)) in `cache` (at `slot`, or at
   // cache->length); without a cache, k and v themselves.
   std::pair<at::Tensor, at::Tensor> CachedKeysValues(int64_t index, const at::Tensor& k,
                                                      const at::Tensor& v, int64_t visible,
                                                      KvCache* cache, const at::Tensor& slot) const;
-  // The attention mask in the form Attention takes, from allowed (B, T, K)
+  // The attention mask in the form MaskedAttention takes, from allowed (B, T, K)
   // bool.
   at::Tensor AttentionBias(const at::Tensor& allowed_bool) const;
   // Embedding, the decoder layers and the final norm.
-  at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& allowed,
-                    KvCache* cache, const at::Tensor& slot) const;
+  at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const Attend& attend) const;
 
   ModelConfig config_;
   ModelOptions options_;

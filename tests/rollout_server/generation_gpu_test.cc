@@ -3,10 +3,11 @@
 #include <gtest/gtest.h>
 #include <torch/types.h>
 
-#include "tests/testing/gpu.h"
+#include "rollout_server/continuous_engine.h"
 #include "rollout_server/decode_graph.h"
 #include "rollout_server/generation.h"
 #include "tests/rollout_server/generation_test_util.h"
+#include "tests/testing/gpu.h"
 
 namespace asympo::rollout {
 namespace {
@@ -87,6 +88,40 @@ TEST(GenerationGpuTest, Bf16GreedyDecodingOnTheGpuMatchesItsRecompute) {
   for (size_t i = 0; i < reqs.size(); ++i) same += got[i].tokens == Recompute(*m, reqs[i]).tokens;
   // bf16 cached and uncached attention round differently; near-ties may flip.
   EXPECT_GE(same, 13) << "of 16 rows";
+}
+
+TEST(GenerationGpuTest, ContinuousBatchingOnTheGpuEqualsRecomputeWithAndWithoutGraphs) {
+  ASYMPO_SKIP_WITHOUT_GPU();
+  const auto m = Model(torch::kCUDA, torch::kFloat);
+  const auto reqs = Requests(20, 24, 1.0);
+  for (const bool graphs : {true, false}) {
+    ContinuousOptions o;
+    o.max_running_sequences = 6;  // 20 requests through 6 slots
+    o.cuda_graphs = graphs;
+    auto engine = ContinuousEngine::Create(m.get(), 0, o).value();
+    const auto got = engine->Generate(reqs).value();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, Recompute(*m, reqs[i]).tokens)
+          << "request " << i << (graphs ? " (graphs)" : " (eager)");
+    }
+  }
+}
+
+TEST(GenerationGpuTest, ContinuousBatchingSwapsModelsBetweenCapturedSteps) {
+  ASYMPO_SKIP_WITHOUT_GPU();
+  const auto a = Model(torch::kCUDA, torch::kBFloat16), b = Model(torch::kCUDA, torch::kBFloat16);
+  const auto reqs = Requests(8, 32, 0.0);
+  ContinuousOptions o;
+  o.max_running_sequences = 8;
+  auto engine = ContinuousEngine::Create(a.get(), 1, o).value();
+  for (const auto& r : reqs) ASSERT_TRUE(engine->Add(r).ok());
+  // Alternate the two models (a double-buffered policy does): one graph each.
+  for (int step = 0; !engine->idle(); ++step) {
+    if (step % 5 == 4) engine->SetModel(step % 10 == 4 ? b.get() : a.get(), 2 + step);
+    ASSERT_TRUE(engine->Step().ok());
+  }
+  EXPECT_EQ(engine->stats().finished, 8);
+  EXPECT_GE(engine->stats().weight_swaps, 3);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "rollout_server/sampling.h"
 
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -80,9 +81,8 @@ void ExpectDistribution(const torch::Tensor& logits, const SamplingParams& base,
     ptrs.push_back(&params[static_cast<size_t>(i)]);
   }
   const BatchSampler sampler(ptrs, torch::kCPU);
-  const torch::Tensor tokens =
-      sampler.Sample(logits.unsqueeze(0).expand({draws, -1}).contiguous(),
-                     torch::full({1}, 4, torch::kLong));
+  const torch::Tensor tokens = sampler.Sample(logits.unsqueeze(0).expand({draws, -1}).contiguous(),
+                                              torch::full({1}, 4, torch::kLong));
   const torch::Tensor counts = torch::bincount(tokens, {}, logits.size(0)).to(torch::kDouble);
   for (int64_t v = 0; v < logits.size(0); ++v) {
     const double p = expected[static_cast<size_t>(v)];
@@ -134,25 +134,54 @@ TEST(BatchSamplerTest, TopKAndTopPRenormalizeOverTheKeptTokens) {
   ExpectDistribution(logits, p6, Softmax(masked, 1.0));
 }
 
-TEST(BatchSamplerTest, ARowsTokenDoesNotDependOnItsBatch) {
-  torch::manual_seed(3);
-  const torch::Tensor logits = torch::randn({3, 50});
+// A plain sampled row, a top-k/top-p row and a greedy row.
+std::tuple<SamplingParams, SamplingParams, SamplingParams> ThreeRows() {
   SamplingParams plain, nucleus, greedy;
   plain.seed = 42;
   nucleus.seed = 43;
   nucleus.top_p = 0.8;
   nucleus.top_k = 10;
   greedy.temperature = 0;
+  return {plain, nucleus, greedy};
+}
+
+TEST(BatchSamplerTest, ARowsTokenDoesNotDependOnItsBatch) {
+  torch::manual_seed(3);
+  const torch::Tensor logits = torch::randn({3, 50});
+  const auto [plain, nucleus, greedy] = ThreeRows();
   const torch::Tensor step = torch::full({1}, 9, torch::kLong);
-  const torch::Tensor batch = BatchSampler({&plain, &nucleus, &greedy}, torch::kCPU)
-                                  .Sample(logits, step);
-  EXPECT_EQ(batch[0].item<int64_t>(),
-            BatchSampler({&plain}, torch::kCPU).Sample(logits.narrow(0, 0, 1), step).item<int64_t>());
-  EXPECT_EQ(batch[1].item<int64_t>(), BatchSampler({&nucleus}, torch::kCPU)
-                                          .Sample(logits.narrow(0, 1, 1), step)
-                                          .item<int64_t>());
+  const torch::Tensor batch =
+      BatchSampler({&plain, &nucleus, &greedy}, torch::kCPU).Sample(logits, step);
+  EXPECT_EQ(
+      batch[0].item<int64_t>(),
+      BatchSampler({&plain}, torch::kCPU).Sample(logits.narrow(0, 0, 1), step).item<int64_t>());
+  EXPECT_EQ(
+      batch[1].item<int64_t>(),
+      BatchSampler({&nucleus}, torch::kCPU).Sample(logits.narrow(0, 1, 1), step).item<int64_t>());
   EXPECT_EQ(batch[2].item<int64_t>(), logits[2].argmax().item<int64_t>());
   EXPECT_EQ(batch[0].item<int64_t>(), SampleToken(logits[0], plain, 9));
+}
+
+TEST(BatchSamplerTest, SlotRowsSampleAsABatchBuiltWithTheirParameters) {
+  torch::manual_seed(4);
+  const torch::Tensor logits = torch::randn({3, 50});
+  const auto [plain, nucleus, greedy] = ThreeRows();
+  BatchSampler slots(3, torch::kCPU);
+  EXPECT_EQ(slots.path(), 1);  // nothing set yet: greedy only
+  slots.SetRow(2, greedy);
+  slots.SetRow(0, plain);
+  slots.SetRow(1, nucleus);
+  EXPECT_EQ(slots.path(), 2 | 4);
+  // A step per row: each row's token is the one its own step draws.
+  const torch::Tensor steps = torch::tensor(std::vector<int64_t>{9, 0, 5}, torch::kLong);
+  const torch::Tensor got = slots.Sample(logits, steps);
+  EXPECT_EQ(got[0].item<int64_t>(), SampleToken(logits[0], plain, 9));
+  EXPECT_EQ(got[1].item<int64_t>(), SampleToken(logits[1], nucleus, 0));
+  EXPECT_EQ(got[2].item<int64_t>(), logits[2].argmax().item<int64_t>());
+  // Paths only widen: a plain row in a sorting sampler draws the same token.
+  slots.SetRow(1, plain);
+  EXPECT_EQ(slots.path(), 2 | 4);
+  EXPECT_EQ(slots.Sample(logits, steps)[1].item<int64_t>(), SampleToken(logits[1], plain, 0));
 }
 
 }  // namespace
