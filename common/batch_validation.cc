@@ -29,6 +29,23 @@ absl::Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& tokens,
   return absl::OkStatus();
 }
 
+// The versions' own rules; how they stand to the learner's version is the
+// learner's to check (learner_server/policy_lag.h).
+absl::Status CheckResponseVersions(const v1::Response& r, const std::string& where) {
+  if (!r.has_last_policy_version()) return absl::OkStatus();
+  if (!r.has_first_policy_version()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": last_policy_version is ", r.last_policy_version(),
+                     " without first_policy_version; set both, or first_policy_version alone"));
+  }
+  if (r.last_policy_version() < r.first_policy_version()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": last_policy_version ", r.last_policy_version(), " is below first_policy_version ",
+        r.first_policy_version(), "; the last token cannot be sampled by an older policy"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckResponse(const v1::Response& r, const BatchLimits& limits,
                            const std::string& where) {
   if (r.tokens().empty()) {
@@ -50,6 +67,7 @@ absl::Status CheckResponse(const v1::Response& r, const BatchLimits& limits,
         absl::StrCat(where, ": reward is ", r.reward(), ", beyond max_abs_reward ",
                      limits.max_abs_reward, "; rewards must lie within +-max_abs_reward"));
   }
+  ASYMPO_RETURN_IF_ERROR(CheckResponseVersions(r, where));
   const int n_lp = r.behavior_logprobs_size();
   if (n_lp == 0) {
     if (limits.require_behavior_logprobs) {

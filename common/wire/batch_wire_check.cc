@@ -67,8 +67,11 @@ bool WalkResponse(FieldReader& r, const WireLimits& limits, ResponseCounts* c) {
                (wire_type == kLen || wire_type == kFixed32)) {
       ok = CountScalars(r, wire_type, kFixed32, &c->logprobs);
     } else {
-      const bool known = (number == v1::Response::kRewardFieldNumber && wire_type == kFixed32) ||
-                         (number == v1::Response::kFinishReasonFieldNumber && wire_type == kVarint);
+      const bool known =
+          (number == v1::Response::kRewardFieldNumber && wire_type == kFixed32) ||
+          (number == v1::Response::kFinishReasonFieldNumber && wire_type == kVarint) ||
+          (number == v1::Response::kFirstPolicyVersionFieldNumber && wire_type == kVarint) ||
+          (number == v1::Response::kLastPolicyVersionFieldNumber && wire_type == kVarint);
       if (!known && ++unknown > limits.max_unknown_fields) {
         return r.Fault(absl::StrCat("more than ", limits.max_unknown_fields,
                                     " unknown fields in one Response"));

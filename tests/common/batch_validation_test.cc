@@ -145,6 +145,40 @@ TEST(BatchValidationTest, AcceptsAValidBatch) {
   EXPECT_OK(ValidateRolloutBatch(ValidBatch(), Limits()));
 }
 
+TEST(BatchValidationTest, RefusesALastPolicyVersionWithoutAFirst) {
+  v1::RolloutBatch b = ValidBatch();
+  b.mutable_groups(1)->mutable_responses(2)->set_last_policy_version(4);
+  EXPECT_THAT(ValidateRolloutBatch(b, Limits()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "group 1 (prompt_id \"p1\") response 2: last_policy_version is 4 without "
+                       "first_policy_version"));
+}
+
+TEST(BatchValidationTest, RefusesALastPolicyVersionBelowTheFirst) {
+  v1::RolloutBatch b = ValidBatch();
+  v1::Response* r = b.mutable_groups(0)->mutable_responses(1);
+  r->set_first_policy_version(5);
+  r->set_last_policy_version(3);
+  EXPECT_THAT(ValidateRolloutBatch(b, Limits()),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "group 0 (prompt_id \"p0\") response 1: last_policy_version 3 is below "
+                       "first_policy_version 5"));
+}
+
+// Unset, first alone, equal, or last newer (an in-flight weight update):
+// how they stand to the learner's version is the learner's to check.
+TEST(BatchValidationTest, AcceptsPolicyVersionsInOrderOrUnset) {
+  v1::RolloutBatch b = ValidBatch();
+  b.mutable_groups(0)->mutable_responses(0)->set_first_policy_version(7);
+  v1::Response* equal = b.mutable_groups(0)->mutable_responses(1);
+  equal->set_first_policy_version(0);
+  equal->set_last_policy_version(0);
+  v1::Response* updated = b.mutable_groups(1)->mutable_responses(0);
+  updated->set_first_policy_version(1000);
+  updated->set_last_policy_version(1002);
+  EXPECT_OK(ValidateRolloutBatch(b, Limits()));
+}
+
 TEST(BatchValidationTest, AcceptsBehaviorLogProbsWhenWellFormed) {
   v1::RolloutBatch b = ValidBatch();
   BatchLimits l = Limits();

@@ -3,6 +3,7 @@
 #include <string>
 
 #include <gmock/gmock.h>
+#include <google/protobuf/unknown_field_set.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/match.h"
@@ -257,6 +258,22 @@ TEST(WireCheckTest, BoundsUnknownFieldsButKeepsAFew) {
   EXPECT_THAT(Check(b.SerializeAsString() + many),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "more than 64 unknown fields in one RolloutBatch"));
+}
+
+// Response.first_policy_version and last_policy_version are known fields:
+// they do not count toward a Response's 64 unknown ones.
+TEST(WireCheckTest, PolicyVersionsAreKnownFieldsOfAResponse) {
+  v1::RolloutBatch b = ValidBatch();
+  v1::Response* r = b.mutable_groups(0)->mutable_responses(1);
+  r->set_first_policy_version(3);
+  r->set_last_policy_version(4);
+  google::protobuf::UnknownFieldSet* unknown = r->GetReflection()->MutableUnknownFields(r);
+  for (int i = 0; i < 64; ++i) unknown->AddVarint(100 + i, 1);
+  EXPECT_OK(Check(b.SerializeAsString()));
+  unknown->AddVarint(200, 1);
+  EXPECT_THAT(
+      Check(b.SerializeAsString()),
+      StatusIs(absl::StatusCode::kInvalidArgument, "more than 64 unknown fields in one Response"));
 }
 
 TEST(WireCheckTest, RefusesABatchOverTheByteLimit) {
