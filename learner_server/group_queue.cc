@@ -208,6 +208,32 @@ std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline) {
   return out;
 }
 
+std::vector<QueuedGroup> GroupQueue::RemoveIf(const std::function<bool(const QueuedGroup&)>& drop) {
+  std::vector<QueuedGroup> removed;
+  std::vector<Completion> done;
+  {
+    absl::MutexLock lock(&mu_);
+    size_t before = 0;
+    do {  // until the waiting pushes admitted bring nothing to remove
+      before = removed.size();
+      std::deque<QueuedGroup> kept;
+      for (QueuedGroup& g : queue_) {
+        if (drop(g)) {
+          ReleaseLocked(g.source, 1);
+          removed.push_back(std::move(g));
+        } else {
+          kept.push_back(std::move(g));
+        }
+      }
+      queue_.swap(kept);
+      AdmitWaitersLocked(&done);
+    } while (removed.size() != before);
+    removed_groups_ += static_cast<int64_t>(removed.size());
+  }
+  RunAll(&done);
+  return removed;
+}
+
 void GroupQueue::Close() {
   std::vector<Completion> done;
   {
@@ -290,7 +316,8 @@ GroupQueueStats GroupQueue::Stats() const {
           accepted_groups_,
           popped_groups_,
           duplicate_batches_,
-          static_cast<int64_t>(batch_id_order_.size())};
+          static_cast<int64_t>(batch_id_order_.size()),
+          removed_groups_};
 }
 
 }  // namespace asympo::learner

@@ -5,7 +5,8 @@
 // most `capacity_groups` groups. A push that does not fit waits, in FIFO
 // order with the other waiting pushes, until the trainer frees room or its
 // deadline passes (RESOURCE_EXHAUSTED, nothing of it queued). Accepted groups
-// are never dropped: they leave only through Pop.
+// leave only through Pop, or through RemoveIf (the learner's policy-lag
+// bound drops, and counts, those that fell behind it).
 //
 // Exactly-once: a push whose groups carry a batch id the queue has already
 // accepted is answered ALREADY_EXISTS and not queued again. The queue
@@ -80,6 +81,7 @@ struct GroupQueueStats {
   int64_t popped_groups = 0;      // ever
   int64_t duplicate_batches = 0;  // pushes answered ALREADY_EXISTS, ever
   int64_t batch_ids = 0;          // ids remembered now
+  int64_t removed_groups = 0;     // by RemoveIf, ever
 };
 
 class GroupQueue {
@@ -120,6 +122,13 @@ class GroupQueue {
   // queue is closed and drained), then removes and returns up to `count`
   // groups in arrival order. Admits waiting pushes that now fit.
   std::vector<QueuedGroup> Pop(int64_t count, absl::Time deadline);
+
+  // Removes the queued groups for which `drop` is true (the others keep
+  // their order), then admits the waiting pushes that now fit, removing
+  // theirs for which `drop` is true too; returns the removed groups, which
+  // count in Stats().removed_groups. `drop` runs under the queue's lock:
+  // it must not call the queue.
+  std::vector<QueuedGroup> RemoveIf(const std::function<bool(const QueuedGroup&)>& drop);
 
   // Records that a training step consumed groups of these batches (empty
   // ids and forgotten ones are ignored).
@@ -171,6 +180,7 @@ class GroupQueue {
   int64_t accepted_groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t popped_groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicate_batches_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t removed_groups_ ABSL_GUARDED_BY(mu_) = 0;
   // The batch-id window: id -> consumed by a step; ids in acceptance order.
   absl::flat_hash_map<std::string, bool> batch_ids_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> batch_id_order_ ABSL_GUARDED_BY(mu_);

@@ -32,6 +32,10 @@ absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_connections is ", o.max_connections, "; it must be >= 0 (0: default)"));
   }
+  if (o.max_policy_lag < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_policy_lag is ", o.max_policy_lag, "; it must be >= 0 (0: no bound)"));
+  }
   if (o.broadcast_every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));

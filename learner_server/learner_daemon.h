@@ -51,7 +51,7 @@ struct LearnerDaemonOptions {
   // The Learner service: batch limits (vocab_size is taken from the
   // model), the queue-full wait and retry hint, the stream limits and
   // timeout. Its authorizer, objective, version, model_signature,
-  // received_bytes and quarantine are filled in by the daemon.
+  // received_bytes, quarantine and policy_lag are filled in by the daemon.
   LearnerServiceOptions service;
   // "tiny" for the built-in model, or a Hugging Face model directory.
   std::string model = "tiny";
@@ -98,6 +98,11 @@ struct LearnerDaemonOptions {
   int64_t max_consecutive_skipped_steps = 100;
   // When a source's groups keep poisoning steps (SourceQuarantine).
   QuarantineOptions quarantine;
+  // K: the most versions a group's policy version (the oldest
+  // Response.first_policy_version of its responses) may be behind the
+  // learner's, at admission and when a step takes it (PolicyLag; 0: no
+  // bound). Groups without a policy version are not bounded.
+  int64_t max_policy_lag = 0;
   // The per-step INFO line: every step of the first 10, then at most one
   // per this interval, and when a collapse suspicion begins (at most once an
   // interval too; zero: every step). The step CSV and the metrics have

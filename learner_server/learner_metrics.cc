@@ -128,9 +128,11 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
                       .Help(
                           "Submitted batches by result: accepted, duplicate (a batch_id "
                           "accepted before: answered OK, not queued again), invalid, full, "
-                          "quota (the source over its share or rate), unavailable.")
+                          "quota (the source over its share or rate), policy_lag (a group "
+                          "more than --max_policy_lag versions behind), unavailable.")
                       .Register(r);
-  for (const char* result : {"accepted", "duplicate", "invalid", "full", "quota", "unavailable"}) {
+  for (const char* result :
+       {"accepted", "duplicate", "invalid", "full", "quota", "policy_lag", "unavailable"}) {
     batches_[result] = &batches.Add({{"result", result}});
   }
   source_batches_ = &prometheus::BuildCounter()
@@ -235,6 +237,19 @@ QuarantineCounters RegisterQuarantineCounters(prometheus::Registry& r) {
           AddGauge(r, "asympo_learner_quarantined_sources",
                    "Sources whose batches are refused now for sending "
                    "poisoned groups")};
+}
+
+PolicyLagMetrics RegisterPolicyLagMetrics(prometheus::Registry& r) {
+  return {AddHistogram(r, "asympo_learner_policy_lag",
+                       "Per trained group that carries Response.first_policy_version: the "
+                       "step's training version minus the group's oldest first_policy_version.",
+                       {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64}),
+          prometheus::BuildCounter()
+              .Name("asympo_learner_dropped_groups_total")
+              .Help("Accepted groups dropped from the queue untrained, by reason: policy_lag "
+                    "(fell more than --max_policy_lag versions behind while queued).")
+              .Register(r)
+              .Add({{"reason", "policy_lag"}})};
 }
 
 prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& r) {

@@ -4,8 +4,9 @@
 //
 // Every asympo_learner_* family of the learner is registered here, in
 // learner_metrics.cc: LearnerMetrics' own, and those of the parts that
-// count for themselves (skipped steps, the source quarantine, the snapshot
-// publisher, the listener, the authorizer), which the Register* functions below build and
+// count for themselves (skipped steps, the source quarantine, the policy
+// lag, the snapshot publisher, the listener, the authorizer), which the
+// Register* functions below build and
 // the daemon hands to each part. The caller owns the registry (a
 // prometheus::Registry&, as everywhere in the learner); families are built
 // once, at start, never on the hot path. Thread-safe: prometheus-cpp
@@ -28,6 +29,7 @@
 #include "absl/synchronization/mutex.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/learner_service.h"
+#include "learner_server/policy_lag.h"
 #include "learner_server/skipped_steps.h"
 #include "learner_server/source_quarantine.h"
 #include "learner_server/trainer.h"
@@ -122,6 +124,9 @@ SkippedStepCounters RegisterSkippedStepCounters(prometheus::Registry& registry);
 // asympo_learner_poisoned_groups_total{source},
 // asympo_learner_quarantines_total{source}, asympo_learner_quarantined_sources.
 QuarantineCounters RegisterQuarantineCounters(prometheus::Registry& registry);
+// asympo_learner_policy_lag and
+// asympo_learner_dropped_groups_total{reason="policy_lag"} (PolicyLag).
+PolicyLagMetrics RegisterPolicyLagMetrics(prometheus::Registry& registry);
 // asympo_learner_snapshots_coalesced_total (SnapshotPublisher).
 prometheus::Counter& RegisterSnapshotCounters(prometheus::Registry& registry);
 // asympo_learner_refusals_total{code, cause}: the Authorizer counts the

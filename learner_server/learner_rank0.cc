@@ -81,6 +81,7 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   skipped_ = std::make_unique<SkippedSteps>(RegisterSkippedStepCounters(registry));
   quarantine_ =
       std::make_unique<SourceQuarantine>(o.quarantine, RegisterQuarantineCounters(registry));
+  policy_lag_ = std::make_unique<PolicyLag>(o.max_policy_lag, RegisterPolicyLagMetrics(registry));
   broadcast::BroadcastSenderOptions bo = o.broadcast;
   bo.received_bytes = &received_bytes_;
   sender_ = std::make_unique<broadcast::BroadcastSender>(
@@ -121,6 +122,7 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   so.model_signature = sender_->model_signature();
   so.received_bytes = &received_bytes_;
   so.quarantine = quarantine_.get();
+  so.policy_lag = policy_lag_.get();
   ASYMPO_ASSIGN_OR_RETURN(
       endpoint_, LearnerEndpoint::Start(
                      o, security_,
@@ -183,8 +185,12 @@ absl::Status LearnerRank0::WriteCheckpoint() {
 }
 
 bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
+  // Only this thread moves the version: the next step trains from it.
+  const uint64_t version = core_->version();
+  policy_lag_->DropBehind(*queue_, version);
   std::vector<QueuedGroup> groups =
       queue_->Pop(options().prompts_per_step, absl::Now() + absl::Milliseconds(200));
+  policy_lag_->DropPopped(&groups, version);  // queued as the version moved on
   if (stopping_.load()) {
     *untrained += static_cast<int64_t>(groups.size());
     return false;
@@ -204,6 +210,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
       batch_ids.push_back(g.batch_id);
     }
   }
+  const std::vector<GroupLag> lags = LagsOf(groups, version);
   StepOr<StepResult> step =
       core_->dp() != nullptr ? StepAcrossRanks(groups) : core_->trainer().Step(std::move(groups));
   if (!step.ok()) {
@@ -224,6 +231,8 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   }
   skipped_in_a_row_ = 0;
   if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
+  // As the staleness: a data-parallel step's `dropped` indexes rank 0's shard.
+  policy_lag_->ObserveTrained(lags, core_->dp() == nullptr ? step->dropped : std::vector<size_t>{});
   queue_->MarkTrained(batch_ids);
   ++*steps;
   return AfterStep(*steps, *step);

@@ -22,6 +22,7 @@
 #include "learner_server/learner_endpoint.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_service.h"
+#include "learner_server/policy_lag.h"
 #include "learner_server/skipped_steps.h"
 #include "learner_server/snapshot_publisher.h"
 #include "learner_server/source_quarantine.h"
@@ -50,6 +51,7 @@ class LearnerRank0 final : public LearnerDaemon {
   uint64_t version() const override { return core_->version(); }
 
   int port() const { return endpoint_->port(); }
+  const PolicyLag& policy_lag() const { return *policy_lag_; }
   broadcast::BroadcastSender& broadcaster() { return *sender_; }
   const SkippedSteps& skipped_steps() const { return *skipped_; }
 
@@ -92,6 +94,7 @@ class LearnerRank0 final : public LearnerDaemon {
   std::unique_ptr<LearnerMetrics> metrics_;
   std::unique_ptr<SkippedSteps> skipped_;
   std::unique_ptr<SourceQuarantine> quarantine_;
+  std::unique_ptr<PolicyLag> policy_lag_;
   LogThrottle poisoned_log_;
   std::unique_ptr<GroupQueue> queue_;
   LearnerCounters counters_;

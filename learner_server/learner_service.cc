@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/wire/raw_messages.h"
+#include "learner_server/policy_lag.h"
 
 namespace asympo::learner {
 namespace {
@@ -34,6 +35,7 @@ absl::Time SubmitDeadline(const grpc::CallbackServerContext* ctx, absl::Duration
 std::string ResultOf(const absl::Status& s) {
   if (s.ok()) return "accepted";
   if (IsQuotaRefusal(s)) return "quota";
+  if (IsPolicyLagRefusal(s)) return "policy_lag";
   if (s.code() == absl::StatusCode::kAlreadyExists) return "duplicate";
   if (s.code() == absl::StatusCode::kInvalidArgument) return "invalid";
   if (s.code() == absl::StatusCode::kResourceExhausted) return "full";
@@ -50,6 +52,8 @@ void Account(const LearnerService& svc, const std::string& source, const absl::S
                                            : s.GetPayload(kQuarantinePayload).has_value()
                                                ? "quarantined"
                                                : "rate");
+  } else if (IsPolicyLagRefusal(s)) {
+    if (svc.options().policy_lag != nullptr) svc.options().policy_lag->CountRefused(source);
   } else if (s.ok()) {
     k->accepted_batches.fetch_add(1);
     k->accepted_groups.fetch_add(static_cast<uint64_t>(c.groups));
@@ -404,10 +408,13 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
                                      std::vector<QueuedGroup>* groups) const {
   absl::Status s = ValidateRolloutBatch(*batch, options_.limits);
   if (!s.ok()) return s;
+  const uint64_t version = this->version();
+  s = CheckPolicyVersions(*batch, version,
+                          options_.policy_lag != nullptr ? options_.policy_lag->max_lag() : 0);
+  if (!s.ok()) return s;
   // Fields of a newer protocol (or padding) are not the learner's to keep:
   // the queue's memory bound counts token ids only (docs/protocol.md).
   batch->DiscardUnknownFields();
-  const uint64_t version = this->version();
   groups->reserve(static_cast<size_t>(batch->groups_size()));
   for (v1::PromptGroup& g : *batch->mutable_groups()) {
     QueuedGroup q;
@@ -486,6 +493,7 @@ v1::LearnerStatus LearnerService::Status() const {
   l->set_max_batch_id_bytes(static_cast<int32_t>(kMaxBatchIdBytes));
   l->set_max_message_bytes(options_.max_message_bytes);
   l->set_max_abs_reward(options_.limits.max_abs_reward);
+  if (options_.policy_lag != nullptr) options_.policy_lag->Fill(response);
   return status;
 }
 

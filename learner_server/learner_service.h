@@ -9,7 +9,9 @@
 // (LearnerServiceOptions::authorizer): Submit and SubmitStream need the
 // role submit, GetStatus the role status. A principal's batches are held
 // to its quotas: its share of the queue and its rate (RESOURCE_EXHAUSTED
-// with the retry hint).
+// with the retry hint). A batch's policy versions
+// (Response.first_policy_version) are checked against the current version,
+// and against the policy-lag bound when one is set (policy_lag.h).
 //
 // Reactors never block: a submission that finds the queue full waits inside
 // the queue (GroupQueue::PushAsync) and its reactor finishes when the queue
@@ -38,6 +40,8 @@
 
 namespace asympo::learner {
 
+class PolicyLag;  // learner_server/policy_lag.h
+
 // Counters shared by the service and the trainer loop, all monotonic. The
 // policy version is not among them: the trainer owns it
 // (LearnerServiceOptions::version reads it).
@@ -64,7 +68,8 @@ class SubmitObserver {
   // source: the principal's name ("anonymous" without authentication);
   // result: "accepted", "duplicate" (a batch_id accepted before: answered
   // OK, not queued), "invalid", "full", "quota" (over the source's share or
-  // rate) or "unavailable"; tokens counts prompt and response tokens.
+  // rate), "policy_lag" (a group more than --max_policy_lag versions
+  // behind) or "unavailable"; tokens counts prompt and response tokens.
   virtual void OnBatch(const std::string& source, const std::string& result, int64_t groups,
                        int64_t responses, int64_t tokens) = 0;
 };
@@ -107,6 +112,12 @@ struct LearnerServiceOptions {
   // When set, a quarantined source's batches are refused before they are
   // parsed (RESOURCE_EXHAUSTED, the hint the time left).
   SourceQuarantine* quarantine = nullptr;
+  // When set, the policy-lag bound batches are held to (a group more than
+  // its max_lag() versions behind the current version is refused with
+  // FAILED_PRECONDITION), where those refusals are counted, and what
+  // GetStatus reports of the policy lag. Whether set or not, a policy
+  // version above the current version is INVALID_ARGUMENT.
+  PolicyLag* policy_lag = nullptr;
   // The time that source rates and the quarantine are measured in (tests
   // pass a fake one to expire a window without waiting). Outlives the
   // service.
@@ -140,7 +151,8 @@ class LearnerService final : public LearnerServiceBase {
   absl::Status Prepare(const grpc::ByteBuffer& raw, const std::string& source,
                        std::vector<QueuedGroup>* groups, BatchCounts* counts) const;
   // Validates `batch` and converts it to queue entries (moving its groups
-  // out). INVALID_ARGUMENT as in ValidateRolloutBatch.
+  // out). INVALID_ARGUMENT as in ValidateRolloutBatch; its policy versions
+  // as in CheckPolicyVersions (learner_server/policy_lag.h).
   absl::Status Prepare(v1::RolloutBatch* batch, std::vector<QueuedGroup>* groups) const;
   // The caller, if it may act in `role` (an open service: "anonymous").
   absl::StatusOr<const security::Principal*> Authorize(const grpc::CallbackServerContext& ctx,

@@ -123,6 +123,10 @@ ABSL_FLAG(absl::Duration, log_every, absl::Seconds(10),
 // Queue.
 ABSL_FLAG(int64_t, queue_capacity, 64, "K: the most prompt groups waiting to be trained.");
 ABSL_FLAG(int64_t, max_waiting_submissions, 64, "Most submissions held while the queue is full.");
+ABSL_FLAG(int64_t, max_policy_lag, 0,
+          "K: refuse (FAILED_PRECONDITION) batches with a group sampled more than K versions ago "
+          "(its oldest Response.first_policy_version), and drop queued groups that fall behind "
+          "(counted); groups without the version are not bounded. 0: no bound.");
 ABSL_FLAG(absl::Duration, full_queue_timeout, absl::Seconds(30),
           "How long a submission waits for queue room before RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, retry_after, absl::Seconds(1),
@@ -268,6 +272,7 @@ ASYMPO_FLAG_RANGE(max_consecutive_skipped_steps, 0, 1e9);
 ASYMPO_DURATION_FLAG_RANGE(log_every, absl::ZeroDuration(), absl::Hours(24));
 ASYMPO_FLAG_RANGE(queue_capacity, 1, 1 << 24);
 ASYMPO_FLAG_RANGE(max_waiting_submissions, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(max_policy_lag, 0, 1e12);
 ASYMPO_FLAG_RANGE(max_submit_streams, 1, 1 << 20);
 ASYMPO_FLAG_RANGE(max_connections, 0, 1 << 20);
 ASYMPO_FLAG_RANGE(max_connections_per_peer, 0, 1 << 20);
@@ -406,6 +411,7 @@ void RunFlags(LearnerDaemonOptions* o) {
   o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
   o->max_consecutive_skipped_steps = absl::GetFlag(FLAGS_max_consecutive_skipped_steps);
+  o->max_policy_lag = absl::GetFlag(FLAGS_max_policy_lag);
   o->quarantine.max_poisoned_groups = absl::GetFlag(FLAGS_quarantine_after_groups);
   o->quarantine.window = absl::GetFlag(FLAGS_quarantine_window);
   o->quarantine.duration = absl::GetFlag(FLAGS_quarantine_duration);

@@ -21,6 +21,7 @@
 #include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/wait.h"
 
 namespace asympo::learner {
 namespace {
@@ -179,6 +180,75 @@ TEST(LearnerDaemonTest, FailedStepsAreSkippedCountedAndTrainingGoesOn) {
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_skipped_total{reason=\"torch_error\"} 2"));
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_skipped_groups_total 6"));  // 3 steps x 2 groups
   EXPECT_THAT(scrape, HasSubstr("asympo_learner_steps_total 4"));
+}
+
+// Batch(groups, seed) with every response sampled by `version`.
+v1::RolloutBatch Sampled(int groups, int seed, uint64_t version) {
+  v1::RolloutBatch b = Batch(groups, seed);
+  for (v1::PromptGroup& g : *b.mutable_groups()) {
+    for (v1::Response& r : *g.mutable_responses()) {
+      r.set_first_policy_version(version);
+      r.set_last_policy_version(version);
+    }
+  }
+  return b;
+}
+
+// --max_policy_lag 1, 2 groups a step. Queued at version 0: A (version 0),
+// B (no version), C (version 0). Step 1 trains A at version 0, step 2 B at
+// 1; C is then 2 behind and is dropped before step 3. At version 2, D
+// (version 0) is refused, E (version 1) trained by step 3 at lag 1.
+TEST(LearnerDaemonTest, TheLagBoundRefusesAndDropsExactlyTheGroupsBehindIt) {
+  LearnerDaemonOptions o = Options("", 0);
+  o.max_policy_lag = 1;
+  Learner learner(o);
+  ASSERT_OK(learner.status);
+  auto stub = v1::Learner::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(learner.daemon->port()), grpc::InsecureChannelCredentials()));
+  auto submit = [&](const v1::RolloutBatch& b) {
+    grpc::ClientContext ctx;
+    v1::SubmitResponse r;
+    return stub->Submit(&ctx, b, &r);
+  };
+  ASSERT_OK(submit(Sampled(2, 1, 0)));
+  ASSERT_OK(submit(Batch(2, 2)));
+  ASSERT_OK(submit(Sampled(2, 3, 0)));
+  std::thread run([&] { EXPECT_OK(learner.daemon->Run()); });
+  // No ASSERT until the run thread is joined.
+  EXPECT_TRUE(asympo::testing::WaitFor([&] { return learner.daemon->version() == 2; }));
+  EXPECT_THAT(submit(Sampled(2, 4, 0)),
+              StatusIs(grpc::StatusCode::FAILED_PRECONDITION,
+                       "2 versions behind the learner's version 2, more than its "
+                       "--max_policy_lag 1"));
+  EXPECT_OK(submit(Sampled(2, 5, 1)));
+  v1::LearnerStatus status;
+  EXPECT_TRUE(asympo::testing::WaitFor([&] {  // step 3 done and counted
+    grpc::ClientContext ctx;
+    return stub->GetStatus(&ctx, {}, &status).ok() && status.trained_groups() == 6;
+  }));
+  learner.daemon->Shutdown();
+  run.join();
+  const std::string scrape = learner.Scrape();
+  EXPECT_EQ(status.max_policy_lag(), 1u);
+  EXPECT_EQ(status.rejected_lag_batches(), 1u);
+  EXPECT_EQ(status.dropped_lag_groups(), 2u);
+  EXPECT_EQ(status.accepted_groups(), 8u);  // = trained + skipped + dropped + queued
+  EXPECT_EQ(status.trained_groups(), 6u);
+  EXPECT_EQ(status.queue_depth_groups(), 0u);
+  ASSERT_EQ(status.source_policy_lags_size(), 1);
+  const v1::SourcePolicyLag& source = status.source_policy_lags(0);
+  EXPECT_EQ(source.source(), "anonymous");
+  EXPECT_EQ(source.trained_groups(), 4u);  // A and E; B carries no version
+  EXPECT_EQ(source.last_lag(), 1u);
+  EXPECT_EQ(source.max_lag(), 1u);
+  EXPECT_DOUBLE_EQ(source.mean_lag(), 0.5);
+  EXPECT_EQ(source.dropped_groups(), 2u);
+  EXPECT_EQ(source.rejected_batches(), 1u);
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_dropped_groups_total{reason=\"policy_lag\"} 2"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_batches_total{result=\"policy_lag\"} 1"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_policy_lag_count 4"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_policy_lag_sum 2"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_staleness_versions_count 6"));
 }
 
 TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {

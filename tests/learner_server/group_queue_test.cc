@@ -110,6 +110,37 @@ TEST(GroupQueueTest, CloseFailsWaitersAndDrainsWhatWasAccepted) {
   EXPECT_EQ(q.Pop(5, Soon()).size(), 2u);  // closed: returns what is left
 }
 
+// RemoveIf takes out exactly the groups it is told to, keeps the others in
+// order, and the room it frees admits a waiting push, whose groups it
+// checks too.
+TEST(GroupQueueTest, RemoveIfTakesOutMatchingGroupsAndAdmitsWaitersChecked) {
+  GroupQueue q({4, 4});
+  ASSERT_OK(q.Push(Groups(3, "old"), Soon()));
+  ASSERT_OK(q.Push(Groups(1, "new"), Soon()));
+  absl::Notification admitted;
+  q.PushAsync(Groups(3, "w"), Soon(), [&](const absl::Status& s) {
+    EXPECT_OK(s);
+    admitted.Notify();
+  });
+  EXPECT_EQ(q.Stats().waiting_pushes, 1);
+  // "old*" go, and of the waiting push admitted into their room, "w1".
+  const std::vector<QueuedGroup> removed = q.RemoveIf([](const QueuedGroup& g) {
+    return g.group.prompt_id().rfind("old", 0) == 0 || g.group.prompt_id() == "w1";
+  });
+  ASSERT_TRUE(admitted.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  std::vector<std::string> ids;
+  for (const QueuedGroup& g : removed) ids.push_back(g.group.prompt_id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"old0", "old1", "old2", "w1"}));
+  const GroupQueueStats stats = q.Stats();
+  EXPECT_EQ(stats.removed_groups, 4);
+  EXPECT_EQ(stats.depth_groups, 3);
+  EXPECT_EQ(stats.waiting_pushes, 0);
+  ids.clear();
+  for (const QueuedGroup& g : q.Pop(3, Soon())) ids.push_back(g.group.prompt_id());
+  EXPECT_EQ(ids, (std::vector<std::string>{"new0", "w0", "w2"}));
+  EXPECT_TRUE(q.RemoveIf([](const QueuedGroup&) { return true; }).empty());
+}
+
 TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
   GroupQueue q({16, 64});
   constexpr int kProducers = 4, kBatches = 200;

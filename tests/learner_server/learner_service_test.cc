@@ -11,6 +11,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "learner_server/learner_metrics.h"
+#include "learner_server/policy_lag.h"
 #include "tests/testing/grpc_metadata.h"
 #include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
@@ -48,6 +50,7 @@ class LearnerServiceTest : public ::testing::Test {
     o.max_streams = max_streams_;
     o.max_streams_per_principal = max_streams_per_principal_;
     o.received_bytes = &received_;
+    o.policy_lag = policy_lag_.get();
     service_ = std::make_unique<LearnerService>(o, queue_.get(), &counters_);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -75,6 +78,8 @@ class LearnerServiceTest : public ::testing::Test {
   int64_t max_streams_ = 1024;
   int64_t max_streams_per_principal_ = 1024;  // one client: its share is the whole
   std::atomic<uint64_t> version_{0};          // the trainer's, in the daemon
+  prometheus::Registry registry_;
+  std::unique_ptr<PolicyLag> policy_lag_;  // set before Start: the bound
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<LearnerService> service_;
   std::unique_ptr<grpc::Server> server_;
@@ -194,6 +199,56 @@ TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) 
   EXPECT_THAT(s, StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "batch 3: group 0"));
   EXPECT_EQ(Trailing(ctx, "asympo-accepted-batches"), "3");
   EXPECT_EQ(queue_->Stats().depth_groups, 3);
+}
+
+// Every response of group g sampled by `versions[g]` (first = last).
+v1::RolloutBatch VersionedBatch(const std::vector<uint64_t>& versions, const std::string& tag) {
+  v1::RolloutBatch b = Batch(static_cast<int>(versions.size()), 3, tag);
+  for (size_t g = 0; g < versions.size(); ++g) {
+    for (v1::Response& r : *b.mutable_groups(static_cast<int>(g))->mutable_responses()) {
+      r.set_first_policy_version(versions[g]);
+      r.set_last_policy_version(versions[g]);
+    }
+  }
+  return b;
+}
+
+// Version 10, --max_policy_lag 2: version 8 is in, 7 is refused whole with
+// FAILED_PRECONDITION (on a stream too, keeping the batches before it), 11
+// is from the future; each is counted apart.
+TEST_F(LearnerServiceTest, RefusesAGroupBeyondThePolicyLagBoundWholeAndCountsIt) {
+  policy_lag_ = std::make_unique<PolicyLag>(2, RegisterPolicyLagMetrics(registry_));
+  version_ = 10;
+  Start(16);
+  v1::SubmitResponse r;
+  ASSERT_OK(Submit(VersionedBatch({8, 10}, "in"), &r));
+  EXPECT_THAT(Submit(VersionedBatch({9, 7}, "old"), &r),
+              StatusIs(grpc::StatusCode::FAILED_PRECONDITION,
+                       "group 1 (prompt_id \"old1\"): sampled by policy version 7 (its oldest "
+                       "first_policy_version), 3 versions behind the learner's version 10, more "
+                       "than its --max_policy_lag 2"));
+  EXPECT_THAT(Submit(VersionedBatch({11}, "future"), &r),
+              StatusIs(grpc::StatusCode::INVALID_ARGUMENT,
+                       "response 0: first_policy_version 11 (last 11) is newer than the "
+                       "learner's version 10"));
+  grpc::ClientContext ctx;
+  auto writer = stub_->SubmitStream(&ctx, &r);
+  ASSERT_TRUE(writer->Write(Batch(1, 2, "unversioned")));  // not bounded
+  writer->Write(VersionedBatch({0}, "ancient"));
+  writer->WritesDone();
+  EXPECT_THAT(writer->Finish(), StatusIs(grpc::StatusCode::FAILED_PRECONDITION,
+                                         "batch 1: group 0 (prompt_id \"ancient0\")"));
+  EXPECT_EQ(Trailing(ctx, "asympo-accepted-batches"), "1");
+  EXPECT_EQ(queue_->Stats().depth_groups, 3);
+  grpc::ClientContext status_ctx;
+  v1::LearnerStatus status;
+  ASSERT_OK(stub_->GetStatus(&status_ctx, {}, &status));
+  EXPECT_EQ(status.max_policy_lag(), 2u);
+  EXPECT_EQ(status.rejected_lag_batches(), 2u);
+  EXPECT_EQ(status.rejected_invalid_batches(), 1u);
+  EXPECT_EQ(status.accepted_batches(), 2u);
+  ASSERT_EQ(status.source_policy_lags_size(), 1);
+  EXPECT_EQ(status.source_policy_lags(0).rejected_batches(), 2u);
 }
 
 TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
