@@ -17,6 +17,11 @@ retry_policy: the client's Submit retry policy (asympo_rl.client.decide_submit)
          for every gRPC status code, the same as docs/protocol.md's table
          ("Retries") and the C++ tools'; the hint and the backoff; which
          error each decision raises. No learner.
+policy_lag: the policy versions a client stamps on its responses (an
+         explicit one, the weight subscriber's, each response's own), the
+         learner's own message for versions out of order, and a learner
+         with --max_policy_lag refusing a too old batch (dropped, not
+         retried) and one from the future, counted in its status.
 tls:     against a learner with TLS and a principals file (certificates
          made by tests/testing/make_certs.sh): the client and the
          subscriber with a token of the right roles; a wrong token and a
@@ -457,11 +462,86 @@ def scenario_retry_policy():
     client.close()
 
 
+def scenario_policy_lag():
+    r = asympo_rl.response([5], 1.0, first_policy_version=3)
+    check(r.first_policy_version == 3 and r.last_policy_version == 3, "last defaults to first")
+    check(not asympo_rl.response([5], 1.0).HasField("first_policy_version"), "unset by default")
+    g = asympo_rl.group([1, 2], [([5], 1.0), {"tokens": [6], "reward": 0.0, "first_policy_version": 4,
+                                              "last_policy_version": 6}], policy_version=5)
+    check([(x.first_policy_version, x.last_policy_version) for x in g.responses] == [(5, 5), (4, 6)],
+          "group(policy_version=) stamps only the responses without versions")
+
+    port = free_port()
+    proc = start_learner(port, ["--prompts_per_step=2", "--max_policy_lag=1"])
+
+    class Subscriber:  # what LearnerClient reads of a WeightSubscriber
+        version = None
+    sub = Subscriber()
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="lag", timeout=5,
+                                     retry_deadline=30, weights=sub)
+    batch = client.make_batch(groups(2, "u"))
+    check(not batch.groups[0].responses[0].HasField("first_policy_version"),
+          "a subscriber that holds no version stamps nothing")
+
+    def wait_version(v):
+        deadline = time.time() + 60
+        while client.status().version < v and time.time() < deadline:
+            time.sleep(0.05)
+        check(client.status().version >= v, "the learner reached version %d" % v)
+
+    bad = groups(1, "bad")
+    bad[0].responses[1].first_policy_version = 2
+    bad[0].responses[1].last_policy_version = 1
+    raw = asympo_rl.LearnerClient("127.0.0.1:%d" % port, validate=False)
+    messages = []
+    for sender, who in ((client, "before sending"), (raw, "by the learner")):
+        try:
+            sender.submit(bad)
+            check(False, "versions out of order are refused %s" % who)
+        except asympo_rl.InvalidBatchError as e:
+            messages.append(str(e))
+    check(messages[0] in messages[1] and "last_policy_version 1 is below first_policy_version 2"
+          in messages[0], "the local message is the learner's: %s" % messages[0])
+
+    check(client.submit(groups(2, "a"), policy_version=0).accepted_groups == 2, "version 0 accepted")
+    wait_version(1)
+    sub.version = 1
+    sent = client.make_batch(groups(2, "b"))
+    check(sent.groups[1].responses[2].first_policy_version == 1, "the subscriber's version stamped")
+    check(client.submit(sent).accepted_groups == 2, "the subscriber's version 1 accepted")
+    wait_version(2)
+    t0 = time.time()
+    try:
+        client.submit(groups(2, "old"), policy_version=0)
+        check(False, "a group 2 versions behind is refused")
+    except asympo_rl.InvalidBatchError as e:
+        check("more than its --max_policy_lag 1" in str(e) and time.time() - t0 < 5,
+              "refused at once and dropped, not retried: %s" % e)
+    try:
+        client.submit(groups(2, "future"), policy_version=99)
+        check(False, "a version from the future is refused")
+    except asympo_rl.InvalidBatchError as e:
+        check("newer than the learner's version" in str(e), "from the future: %s" % e)
+    deadline = time.time() + 60
+    st = client.status()
+    while st.trained_groups < 4 and time.time() < deadline:  # step 2 counted
+        time.sleep(0.05)
+        st = client.status()
+    check(st.max_policy_lag == 1 and st.rejected_lag_batches == 1 and st.rejected_invalid_batches == 2,
+          "the status counts the refusals apart (lag %d, invalid %d)"
+          % (st.rejected_lag_batches, st.rejected_invalid_batches))
+    lags = {s.source: s for s in st.source_policy_lags}
+    check(lags["anonymous"].trained_groups == 4 and lags["anonymous"].max_lag == 0,
+          "both steps trained fresh groups: %s" % lags["anonymous"])
+    stop(proc)
+
+
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
-     "tls": scenario_tls, "retry_policy": scenario_retry_policy}[SCENARIO]()
+     "tls": scenario_tls, "retry_policy": scenario_retry_policy,
+     "policy_lag": scenario_policy_lag}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   (Hugging Face name, tensor) pairs; write_hf_directory for engines that
   reload from disk.
 See docs/external_generators.md in the repository."""
-from .client import LearnerClient, StreamResult, SubmitResult, group, response  # noqa: F401
+from .client import (LearnerClient, StreamResult, SubmitResult, group, response,  # noqa: F401
+                     stamp_policy_version)
 from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
                      LearnerUnavailableError, RefusedError, WeightsError)
 from .validation import validate_batch  # noqa: F401

@@ -12,7 +12,22 @@ is read with the project's one Submit retry policy (docs/protocol.md,
 retry, with the same id, after the learner's asympo-retry-after-ms hint or
 a jittered exponential backoff, until retry_deadline seconds have passed;
 drop_batch raises InvalidBatchError; fatal raises RefusedError. Batches are
-validated before sending with the learner's own rules and messages."""
+validated before sending with the learner's own rules and messages.
+
+Policy versions (docs/protocol.md, "Policy lag"): each response may carry
+the versions of the weights that sampled its first and last token
+(response(..., first_policy_version=, last_policy_version=)); a group, a
+batch or a submit given a policy_version stamps it on every response that
+carries none, and a client given its WeightSubscriber (weights=) stamps the
+version the subscriber last reported as loaded:
+
+    client = LearnerClient("learner:50051", source="vllm-0", weights=sub)
+    client.submit(groups)                      # sampled with sub.version
+    client.submit(groups, policy_version=17)   # or say which
+
+The learner measures the lag from them and, with --max_policy_lag, refuses
+a batch whose group is too old (FAILED_PRECONDITION: InvalidBatchError, the
+batch dropped; sample again with newer weights)."""
 import collections
 import os
 import random
@@ -95,29 +110,61 @@ StreamResult = collections.namedtuple(
                     "learner_version attempts")
 
 
-def response(tokens, reward, behavior_logprobs=None, finish_reason=None):
+def response(tokens, reward, behavior_logprobs=None, finish_reason=None, first_policy_version=None,
+             last_policy_version=None):
     """One scored response (asympo.v1 Response). finish_reason: "stop",
-    "length" or None."""
+    "length" or None. first_policy_version, last_policy_version: the
+    versions of the weights that sampled its first and last token (None:
+    unset; last defaults to first when only first is given)."""
     if finish_reason not in FINISH_REASONS:
         raise InvalidBatchError("finish_reason %r: expected 'stop', 'length' or None" % finish_reason)
-    return rollout_pb2.Response(tokens=list(tokens), reward=float(reward),
-                                behavior_logprobs=list(behavior_logprobs or []),
-                                finish_reason=FINISH_REASONS[finish_reason])
+    out = rollout_pb2.Response(tokens=list(tokens), reward=float(reward),
+                               behavior_logprobs=list(behavior_logprobs or []),
+                               finish_reason=FINISH_REASONS[finish_reason])
+    if first_policy_version is not None:
+        out.first_policy_version = _version(first_policy_version, "first_policy_version")
+        out.last_policy_version = out.first_policy_version
+    if last_policy_version is not None:
+        out.last_policy_version = _version(last_policy_version, "last_policy_version")
+    return out
 
 
-def group(prompt_tokens, responses, prompt_id=""):
+def _version(v, what):
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0 or v >= 1 << 64:
+        raise InvalidBatchError("%s %r: expected an integer in [0, 2^64)" % (what, v))
+    return v
+
+
+def stamp_policy_version(groups, version):
+    """Sets first_policy_version and last_policy_version to `version` on
+    every response of `groups` (PromptGroup messages) that carries neither;
+    None leaves them as they are."""
+    if version is None:
+        return
+    version = _version(version, "policy_version")
+    for g in groups:
+        for r in g.responses:
+            if not r.HasField("first_policy_version") and not r.HasField("last_policy_version"):
+                r.first_policy_version = version
+                r.last_policy_version = version
+
+
+def group(prompt_tokens, responses, prompt_id="", policy_version=None):
     """A prompt group (asympo.v1 PromptGroup). `responses`: Response
-    messages, (tokens, reward) pairs or dicts with the Response fields."""
+    messages, (tokens, reward) pairs or dicts with the Response fields.
+    policy_version: stamped on the responses that carry no version."""
     out = rollout_pb2.PromptGroup(prompt_id=prompt_id, prompt_tokens=list(prompt_tokens))
     for r in responses:
         if isinstance(r, rollout_pb2.Response):
             out.responses.append(r)
         elif isinstance(r, dict):
             out.responses.append(response(r["tokens"], r["reward"], r.get("behavior_logprobs"),
-                                          r.get("finish_reason")))
+                                          r.get("finish_reason"), r.get("first_policy_version"),
+                                          r.get("last_policy_version")))
         else:
             tokens, reward = r
             out.responses.append(response(tokens, reward))
+    stamp_policy_version([out], policy_version)
     return out
 
 
@@ -170,13 +217,17 @@ class LearnerClient:
 
     def __init__(self, target, source="", credentials=None, timeout=60.0, retry_deadline=300.0,
                  max_attempts=0, min_backoff=0.1, max_backoff=10.0, validate=True, channel=None,
-                 session=None):
+                 session=None, weights=None):
         """target: "host:port". credentials: grpc.ChannelCredentials for TLS
         (None: a plaintext channel). timeout: seconds per call.
         retry_deadline: seconds a submit keeps retrying; max_attempts: 0 for
         no limit besides it. session: the middle part of generated batch
         ids (default: random); give the same one to resume a run whose
-        batches must keep their ids."""
+        batches must keep their ids. weights: the WeightSubscriber whose
+        reported version (what the engine samples with, report()) stamps
+        the responses a batch sends without a policy version; right when
+        the engine loads weights only between generations (else pass
+        policy_version, or set each response's versions)."""
         if len(source.encode()) > validation.MAX_SOURCE_BYTES:
             raise InvalidBatchError("source is %d bytes, more than %d" % (len(source.encode()),
                                                                            validation.MAX_SOURCE_BYTES))
@@ -194,6 +245,7 @@ class LearnerClient:
         self._lock = threading.Lock()
         self._next = 0
         self._status = None
+        self.weights = weights
 
     def close(self):
         self._channel.close()
@@ -230,25 +282,36 @@ class LearnerClient:
             self._next += 1
         return "%s/%s/%d" % (self.source[:64], self.session, n)
 
-    def make_batch(self, groups, batch_id=None):
+    def default_policy_version(self):
+        """The version a batch without one is stamped with: the weight
+        subscriber's (None without one, or before it loaded any)."""
+        return None if self.weights is None else self.weights.version
+
+    def make_batch(self, groups, batch_id=None, policy_version=None):
         """A RolloutBatch of `groups` (PromptGroup messages or dicts) with
         this client's source and a new batch id (or `batch_id`), validated
-        against the learner's limits."""
+        against the learner's limits. Responses without a policy version
+        get `policy_version`, else default_policy_version()."""
         batch = rollout_pb2.RolloutBatch(source=self.source, groups=[_as_group(g) for g in groups],
                                          batch_id=self.new_batch_id() if batch_id is None else batch_id)
+        stamp_policy_version(batch.groups, self.default_policy_version() if policy_version is None
+                             else policy_version)
         if self.validate:
             validation.validate_batch(batch, self._status or self.status())
         return batch
 
-    def submit(self, groups_or_batch, batch_id=None, timeout=None):
+    def submit(self, groups_or_batch, batch_id=None, timeout=None, policy_version=None):
         """Sends one batch, retrying with the same batch id until the learner
         accepts it (SubmitResult.duplicate: it had already been accepted).
-        Raises InvalidBatchError, RefusedError, LearnerBusyError or
-        LearnerUnavailableError."""
+        policy_version: as make_batch's (a RolloutBatch given whole is
+        stamped only with an explicit one). Raises InvalidBatchError,
+        RefusedError, LearnerBusyError or LearnerUnavailableError."""
         batch = (groups_or_batch if isinstance(groups_or_batch, rollout_pb2.RolloutBatch)
-                 else self.make_batch(groups_or_batch, batch_id))
-        if isinstance(groups_or_batch, rollout_pb2.RolloutBatch) and self.validate:
-            validation.validate_batch(batch, self._status or self.status())
+                 else self.make_batch(groups_or_batch, batch_id, policy_version))
+        if isinstance(groups_or_batch, rollout_pb2.RolloutBatch):
+            stamp_policy_version(batch.groups, policy_version)
+            if self.validate:
+                validation.validate_batch(batch, self._status or self.status())
         backoff = _Backoff(self)
         while True:
             try:

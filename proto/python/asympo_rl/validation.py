@@ -43,6 +43,15 @@ def _response(r, limits, require_logprobs, where, g, j):
     if bound > 0 and abs(r.reward) > bound:
         raise InvalidBatchError("%s: reward is %g, beyond max_abs_reward %g; rewards must lie within "
                                 "+-max_abs_reward" % (where, r.reward, bound), g, j)
+    if r.HasField("last_policy_version"):
+        if not r.HasField("first_policy_version"):
+            raise InvalidBatchError("%s: last_policy_version is %d without first_policy_version; set "
+                                    "both, or first_policy_version alone"
+                                    % (where, r.last_policy_version), g, j)
+        if r.last_policy_version < r.first_policy_version:
+            raise InvalidBatchError("%s: last_policy_version %d is below first_policy_version %d; the "
+                                    "last token cannot be sampled by an older policy"
+                                    % (where, r.last_policy_version, r.first_policy_version), g, j)
     n = len(r.behavior_logprobs)
     if n == 0:
         if require_logprobs:

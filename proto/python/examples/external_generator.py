@@ -179,7 +179,7 @@ def main():
             round_rewards += [s for _, s in scored]
             groups.append(asympo_rl.group([BOS, COPY] + symbols + [SEP], scored,
                                           prompt_id="r%d-p%d" % (r, p)))
-        result = client.submit(groups)
+        result = client.submit(groups, policy_version=version)  # the weights that sampled them
         rewards.append(sum(round_rewards) / len(round_rewards))
         if (r + 1) % args.log_every == 0 or r == 0:
             line = "round %d version %s reward %.3f (last %d: %.3f) learner %d queue %d" % (
