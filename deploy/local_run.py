@@ -184,6 +184,11 @@ def main():
     ap.add_argument("--prompts_per_step", type=int, default=8)
     ap.add_argument("--temperature", type=float, default=1.3,
                     help="rollout sampling temperature (1.3 keeps every symbol in play; docs/tasks.md)")
+    ap.add_argument("--batching", choices=("continuous", "static"), default="continuous",
+                    help="the rollouts' --batching: continuous (slots refilled as responses finish, "
+                         "prompts_per_step / 2 x group_size of them) or static batches")
+    ap.add_argument("--weight_update", choices=("inflight", "between_batches"), default="inflight",
+                    help="the rollouts' --weight_update (continuous batching)")
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--learner_arg", action="append", default=[], metavar="--FLAG=VALUE",
@@ -278,7 +283,9 @@ def main():
             "--device=" + args.device, "--dtype=" + args.dtype,
             "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
             "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
+            "--batching=" + args.batching, "--weight_update=" + args.weight_update,
             "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),
+            "--max_running_sequences=%d" % (max(1, args.prompts_per_step // 2) * args.group_size),
             "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
             "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)])
 
@@ -337,6 +344,7 @@ def main():
     if interrupted:
         print("local_run: interrupted; stopping every process")
     final_rollout = [scrape(p) or {} for p in rollout_metrics]
+    final_learner = scrape(learner_metrics) or {}
     run.stop_all()
     try:
         os.remove(targets)  # ended: no longer a target (nor a down one)
@@ -374,6 +382,12 @@ def main():
     print("  reward, last 20 steps    %.3f" % last20)
     if accs:
         print("  accuracy, first interval %.3f   last interval %.3f" % (accs[0], accs[-1]))
+    lag = policy_lag(final_learner)
+    if lag is not None:
+        print("  policy lag               mean %.2f, p90 %s versions (%d groups; --weight_update=%s)"
+              % (lag["mean"], lag["p90"], lag["count"], args.weight_update))
+        with open(os.path.join(args.out, "policy_lag.json"), "w") as f:
+            json.dump(dict(lag, batching=args.batching, weight_update=args.weight_update), f, indent=1)
     print("  responses sampled        %d (%.1f%% exact)" % (responses, 100 * correct / responses if responses else 0))
     print("  groups not trained       %d refused, dropped or unsent by the rollouts "
           "(%d unsent at the rollouts' stop); %d left in the learner's queue"
@@ -397,6 +411,25 @@ def main():
         print("local_run: reward did not rise by %.3f (first %.3f, last %.3f)" % (args.check_rise, first, last20))
         return 1
     return 0
+
+
+def policy_lag(metrics):
+    """Mean and p90 of the learner's asympo_learner_policy_lag histogram (the
+    training version minus the version that sampled a group's first token),
+    or None before any observation. The p90 is the upper bound of the
+    bucket that holds it."""
+    count = metrics.get("asympo_learner_policy_lag_count", 0)
+    if not count:
+        return None
+    buckets = []
+    for key, value in metrics.items():
+        m = re.match(r'asympo_learner_policy_lag_bucket\{.*le="([^"]+)".*\}$', key)
+        if m:
+            buckets.append((float(m.group(1)), value))
+    buckets.sort()
+    p90 = next((le for le, c in buckets if c >= 0.9 * count), float("inf"))
+    return {"mean": metrics.get("asympo_learner_policy_lag_sum", 0) / count,
+            "p90": "%g" % p90, "count": int(count)}
 
 
 def evaluate(eval_bin, args):

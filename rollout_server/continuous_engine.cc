@@ -231,7 +231,15 @@ void ContinuousEngine::Admit() {
 void ContinuousEngine::DecodeStep() {
   const int32_t pad = options_.pad_token_id;
   const bool logprobs = any_logprobs_;
-  const auto step = [this, pad, logprobs] {
+  // What an eager step attends to: the longest running prompt, and as many
+  // response slots as the oldest running sequence can have filled.
+  int64_t prompt_visible = 1, response_visible = 1;
+  for (Slot& slot : slot_) {
+    if (!slot.used) continue;
+    prompt_visible = std::max<int64_t>(prompt_visible, slot.request.prompt.size());
+    response_visible = std::max(response_visible, std::min(++slot.steps, response_capacity_));
+  }
+  const auto step = [this, pad, logprobs](int64_t prompt_visible, int64_t response_visible) {
     // Sample response token length_[s] of every live slot.
     const at::Tensor tok = at::where(live_, sampler_->Sample(logits_, length_),
                                      at::full({}, pad, length_.options()));  // (S,)
@@ -264,18 +272,18 @@ void ContinuousEngine::DecodeStep() {
     graph_path_ = path;
   }
   if (!(options_.cuda_graphs && device.is_cuda())) {
-    step();
+    step(prompt_visible, response_visible);
     return;
   }
   auto it = graphs_.find(model_);
   if (it == graphs_.end()) {
     // Runs the step once, then captures it; null where graphs are not
     // available (the step then runs eagerly for this model).
-    graphs_[model_] = CaptureDecodeGraph(step, device);
+    graphs_[model_] = CaptureDecodeGraph([&] { step(-1, -1); }, device);
   } else if (it->second != nullptr) {
     it->second->Replay();
   } else {
-    step();
+    step(prompt_visible, response_visible);
   }
 }
 

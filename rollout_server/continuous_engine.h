@@ -134,6 +134,7 @@ class ContinuousEngine {
     GenerationRequest request;
     int64_t prompt_row = -1;
     uint64_t first_version = 0;
+    int64_t steps = 0;  // decode steps since admission: >= its response tokens
   };
   struct HeldPrompt {
     int64_t users = 0;
@@ -150,7 +151,8 @@ class ContinuousEngine {
   int64_t AcquirePromptRow(const std::vector<int32_t>& prompt);
   void ReleasePromptRow(int64_t row);
   // Samples every running sequence's next token and runs the model on it
-  // (graph-captured on CUDA); no host synchronisation.
+  // (graph-captured on CUDA over the whole cache; eagerly over the filled
+  // part); no host synchronisation.
   void DecodeStep();
   // The finished sequences, their slots freed (a host synchronisation).
   std::vector<Finished> Collect();

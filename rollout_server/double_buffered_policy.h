@@ -1,7 +1,8 @@
 // Two copies of the rollout daemon's policy: the active one that generation
 // samples with, and a spare that takes the next verified snapshot from the
-// weight receiver. They swap between generations only (Refresh), so every
-// group is sampled by exactly one version, and a snapshot that fails to
+// weight receiver. They swap when the generation thread calls Refresh:
+// between static generations, or between two decode steps of continuous
+// batching (in-flight updates); a snapshot that fails to
 // load leaves the active weights in place (reported to the learner).
 //
 // Refresh and active() belong to the generation thread; version() may be
@@ -31,6 +32,9 @@ class DoubleBufferedPolicy {
   // up to `wait` for one. Returns whether the active model holds a
   // snapshot of the learner (false: do not sample yet).
   bool Refresh(absl::Duration wait);
+
+  // Whether a verified snapshot waits to be loaded (Refresh would flip).
+  bool pending() const { return receiver_->WaitForPending(absl::ZeroDuration()); }
 
   const PolicyModel& active() const { return *models_[active_]; }
   // The version the active model holds (0 before the first snapshot).

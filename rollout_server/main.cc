@@ -60,7 +60,20 @@ ABSL_FLAG(std::string, prompt_template, "",
 ABSL_FLAG(std::string, stop_token, "", "math: token that ends a response (empty: the EOS).");
 // Sampling.
 ABSL_FLAG(int32_t, group_size, 8, "Responses sampled per prompt (G).");
-ABSL_FLAG(int32_t, prompts_per_generation, 8, "Prompts sampled together in one batch.");
+ABSL_FLAG(std::string, batching, "continuous",
+          "continuous: up to --max_running_sequences sequences decode at once, a finished one's "
+          "slot refilled at the next step, one prefill per group; static: batches of "
+          "--prompts_per_generation prompts, each decoded until its longest response ends.");
+ABSL_FLAG(int32_t, max_running_sequences, 64, "Continuous batching: sequences decoding at once.");
+ABSL_FLAG(int32_t, max_prompt_rows, 0,
+          "Continuous batching: prompts whose keys and values are held at once (0: "
+          "--max_running_sequences, the most that can be running).");
+ABSL_FLAG(std::string, weight_update, "inflight",
+          "Continuous batching: adopt a new snapshot between two decode steps (inflight: running "
+          "sequences go on with the new weights) or once no sequence runs (between_batches: new "
+          "groups wait while the running ones drain).");
+ABSL_FLAG(int32_t, prompts_per_generation, 8,
+          "Static batching: prompts sampled together in one batch.");
 ABSL_FLAG(double, temperature, 1.0, "Sampling temperature (0: greedy).");
 ABSL_FLAG(int32_t, top_k, 0, "Keep the k most likely tokens (0: all).");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass (1: all).");
@@ -87,6 +100,8 @@ ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: un
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
 ASYMPO_FLAG_RANGE(group_size, 2, 4096);
 ASYMPO_FLAG_RANGE(prompts_per_generation, 1, 65536);
+ASYMPO_FLAG_RANGE(max_running_sequences, 1, 65536);
+ASYMPO_FLAG_RANGE(max_prompt_rows, 0, 65536);
 ASYMPO_FLAG_RANGE(temperature, 0, 100);
 ASYMPO_FLAG_RANGE(top_k, 0, 1 << 24);
 ASYMPO_FLAG_RANGE(top_p, 0, 1);
@@ -125,6 +140,24 @@ absl::Status ModelFlags(RolloutDaemonOptions* o) {
                           asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
   o->generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o->seed = absl::GetFlag(FLAGS_seed);
+  return absl::OkStatus();
+}
+
+absl::Status BatchingFlags(RolloutDaemonOptions* o) {
+  const std::string batching = absl::GetFlag(FLAGS_batching);
+  if (batching != "continuous" && batching != "static") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batching=", batching, ": expected continuous or static"));
+  }
+  o->continuous_batching = batching == "continuous";
+  o->continuous.max_running_sequences = absl::GetFlag(FLAGS_max_running_sequences);
+  o->continuous.max_prompts = absl::GetFlag(FLAGS_max_prompt_rows);
+  const std::string update = absl::GetFlag(FLAGS_weight_update);
+  if (update != "inflight" && update != "between_batches") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_update=", update, ": expected inflight or between_batches"));
+  }
+  o->inflight_weight_updates = update == "inflight";
   return absl::OkStatus();
 }
 
@@ -175,6 +208,7 @@ absl::StatusOr<RolloutDaemonOptions> OptionsFromFlags() {
   o.rollout_id = absl::GetFlag(FLAGS_id);
   ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
   TaskAndSamplingFlags(&o);
+  ASYMPO_RETURN_IF_ERROR(BatchingFlags(&o));
   SubmitFlags(&o);
   ASYMPO_RETURN_IF_ERROR(WeightFlags(&o));
   o.max_groups = absl::GetFlag(FLAGS_max_groups);

@@ -1,6 +1,8 @@
 #include "rollout_server/rollout_daemon.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <utility>
 
 #include <glog/logging.h>
@@ -25,7 +27,8 @@ absl::Status ValidateOptions(const RolloutDaemonOptions& o) {
   if (o.max_groups_per_batch <= 0) {
     return absl::InvalidArgumentError("max_groups_per_batch must be positive");
   }
-  if (o.max_buffered_groups < o.prompts_per_generation) {
+  if (o.continuous_batching) ASYMPO_RETURN_IF_ERROR(ValidateContinuousOptions(o.continuous));
+  if (!o.continuous_batching && o.max_buffered_groups < o.prompts_per_generation) {
     return absl::InvalidArgumentError(absl::StrCat("max_buffered_groups ", o.max_buffered_groups,
                                                    " is below prompts_per_generation ",
                                                    o.prompts_per_generation));
@@ -138,10 +141,10 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
   return d;
 }
 
-std::optional<v1::LearnerStatus> RolloutDaemon::WaitForRoom() {
+std::optional<v1::LearnerStatus> RolloutDaemon::WaitForRoom(int64_t groups) {
   const absl::Time t0 = absl::Now();
   metrics_->blocked.Set(1);
-  std::optional<v1::LearnerStatus> status = submit_->WaitForRoom(options_.prompts_per_generation);
+  std::optional<v1::LearnerStatus> status = submit_->WaitForRoom(groups);
   metrics_->blocked.Set(0);
   metrics_->blocked_seconds.Increment(absl::ToDoubleSeconds(absl::Now() - t0));
   return status;
@@ -171,48 +174,152 @@ absl::StatusOr<std::vector<v1::PromptGroup>> RolloutDaemon::GenerateGroups(bool 
   }
   metrics_->generation_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - t0));
   std::vector<v1::PromptGroup> groups;
+  const uint64_t version = policy_->version();
   for (size_t p = 0; p < prompts.size(); ++p) {
-    v1::PromptGroup group;
-    group.set_prompt_id(prompts[p].prompt_id);
-    group.mutable_prompt_tokens()->Assign(prompts[p].prompt_tokens.begin(),
-                                          prompts[p].prompt_tokens.end());
-    for (int g = 0; g < g_size; ++g) {
-      GenerationResult& r = (*results)[p * static_cast<size_t>(g_size) + static_cast<size_t>(g)];
-      const TaskScore score = task_->Score(prompts[p], r.tokens);
-      v1::Response* resp = group.add_responses();
-      resp->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
-      resp->set_reward(static_cast<float>(score.reward));
-      resp->set_finish_reason(r.finish_reason);
-      if (with_logprobs)
-        resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
-      metrics_->tokens.Increment(static_cast<double>(r.tokens.size()));
-      metrics_->responses.Increment();
-      metrics_->reward_sum.Increment(std::max(0.0, score.reward));
-      if (score.correct) metrics_->correct.Increment();
-    }
-    groups.push_back(std::move(group));
+    const auto first = results->begin() + static_cast<ptrdiff_t>(p * static_cast<size_t>(g_size));
+    std::vector<GenerationResult> group(std::make_move_iterator(first),
+                                        std::make_move_iterator(first + g_size));
+    for (GenerationResult& r : group) r.first_version = r.last_version = version;
+    groups.push_back(ScoreGroup(prompts[p], group, with_logprobs));
   }
-  metrics_->groups_generated.Increment(static_cast<double>(groups.size()));
   return groups;
+}
+
+v1::PromptGroup RolloutDaemon::ScoreGroup(const TaskPrompt& prompt,
+                                          std::vector<GenerationResult>& results,
+                                          bool with_logprobs) {
+  v1::PromptGroup group;
+  group.set_prompt_id(prompt.prompt_id);
+  group.mutable_prompt_tokens()->Assign(prompt.prompt_tokens.begin(), prompt.prompt_tokens.end());
+  for (GenerationResult& r : results) {
+    const TaskScore score = task_->Score(prompt, r.tokens);
+    v1::Response* resp = group.add_responses();
+    resp->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
+    resp->set_reward(static_cast<float>(score.reward));
+    resp->set_finish_reason(r.finish_reason);
+    resp->set_first_policy_version(r.first_version);
+    resp->set_last_policy_version(r.last_version);
+    if (with_logprobs) {
+      resp->mutable_behavior_logprobs()->Assign(r.logprobs.begin(), r.logprobs.end());
+    }
+    metrics_->tokens.Increment(static_cast<double>(r.tokens.size()));
+    metrics_->responses.Increment();
+    metrics_->reward_sum.Increment(std::max(0.0, score.reward));
+    if (score.correct) metrics_->correct.Increment();
+  }
+  metrics_->groups_generated.Increment();
+  return group;
+}
+
+absl::Status RolloutDaemon::RunStatic(int64_t* generated) {
+  while (!stopping_.load() && !submit_->stopping()) {
+    if (!policy_->Refresh(absl::Milliseconds(200))) continue;  // no snapshot yet
+    std::optional<v1::LearnerStatus> status = WaitForRoom(options_.prompts_per_generation);
+    if (!status.has_value()) break;
+    ASYMPO_ASSIGN_OR_RETURN(std::vector<v1::PromptGroup> groups,
+                            GenerateGroups(status->wants_behavior_logprobs()));
+    *generated += static_cast<int64_t>(groups.size());
+    submit_->Add(std::move(groups));
+    if (options_.max_groups > 0 && *generated >= options_.max_groups) break;
+  }
+  return absl::OkStatus();
+}
+
+RolloutDaemon::WeightUpdate RolloutDaemon::UpdateWeights(const ContinuousEngine& engine) {
+  if (!options_.inflight_weight_updates && !policy_->pending()) return WeightUpdate::kNone;
+  if (!options_.inflight_weight_updates && engine.running() > 0) return WeightUpdate::kDrain;
+  policy_->Refresh(absl::ZeroDuration());
+  if (policy_->version() == engine.version()) return WeightUpdate::kNone;
+  // Lower: the learner restarted from an older checkpoint. The versions
+  // above it are lost, and a response begun under one would carry a last
+  // version below its first: the learner refuses both.
+  return policy_->version() > engine.version() ? WeightUpdate::kNewer : WeightUpdate::kRewound;
+}
+
+absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
+  while (!policy_->Refresh(absl::Milliseconds(200))) {  // no snapshot yet
+    if (stopping_.load() || submit_->stopping()) return absl::OkStatus();
+  }
+  ContinuousOptions co = options_.continuous;
+  co.pad_token_id = options_.generation.pad_token_id;
+  co.cuda_graphs = options_.generation.cuda_graphs;
+  if (co.response_capacity == 0) co.response_capacity = sampling_.max_new_tokens;
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine,
+                          ContinuousEngine::Create(&policy_->active(), policy_->version(), co));
+  // The groups in the engine, by the id of their first request.
+  struct Open {
+    TaskPrompt prompt;
+    std::vector<GenerationResult> results;
+    int finished = 0;
+    bool logprobs = false;
+    absl::Time started;
+  };
+  std::map<uint64_t, Open> open;
+  const int g_size = options_.group_size;
+  // Enough requests wait to refill every slot that frees at one step.
+  const int64_t target = co.max_running_sequences + g_size;
+  while (!stopping_.load() && !submit_->stopping()) {
+    const WeightUpdate update = UpdateWeights(*engine);
+    if (update == WeightUpdate::kNewer) engine->SetModel(&policy_->active(), policy_->version());
+    if (update == WeightUpdate::kRewound) {
+      LOG(WARNING) << options_.rollout_id << ": the learner's version went back from "
+                   << engine->version() << " to " << policy_->version() << "; dropping the "
+                   << open.size() << " groups being sampled";
+      submit_metrics_->dropped_rewound.Increment(static_cast<double>(open.size()));
+      open.clear();
+      ASYMPO_ASSIGN_OR_RETURN(engine,
+                              ContinuousEngine::Create(&policy_->active(), policy_->version(), co));
+    }
+    const bool draining = update == WeightUpdate::kDrain;
+    while (!draining && engine->running() + engine->waiting() < target &&
+           (options_.max_groups == 0 ||
+            *generated + static_cast<int64_t>(open.size()) < options_.max_groups)) {
+      // Room in the submit buffer for every group the engine holds.
+      std::optional<v1::LearnerStatus> status =
+          submit_->RoomNow(static_cast<int64_t>(open.size()) + 1);
+      if (!status.has_value()) break;
+      Open group{task_->NextPrompt(rng_), std::vector<GenerationResult>(g_size), 0,
+                 status->wants_behavior_logprobs(), absl::Now()};
+      uint64_t first = 0;
+      for (int g = 0; g < g_size; ++g) {
+        GenerationRequest r{group.prompt.prompt_tokens, sampling_};
+        r.params.seed = rng_();
+        r.params.return_logprobs = group.logprobs;
+        ASYMPO_ASSIGN_OR_RETURN(const uint64_t id, engine->Add(std::move(r)));
+        if (g == 0) first = id;
+      }
+      open.emplace(first, std::move(group));
+    }
+    if (engine->idle()) {
+      if (options_.max_groups > 0 && *generated >= options_.max_groups) break;
+      if (draining) continue;  // UpdateWeights adopts it now
+      // Nothing runs and the buffer is full: wait for room.
+      if (!WaitForRoom(1).has_value()) break;
+      continue;
+    }
+    absl::StatusOr<std::vector<ContinuousEngine::Finished>> finished = engine->Step();
+    if (!finished.ok()) {
+      return absl::Status(finished.status().code(),
+                          absl::StrCat("generation failed: ", finished.status().message()));
+    }
+    for (ContinuousEngine::Finished& f : *finished) {
+      auto it = std::prev(open.upper_bound(f.id));  // the group's first id <= f.id
+      Open& group = it->second;
+      group.results[f.id - it->first] = std::move(f.result);
+      if (++group.finished < g_size) continue;
+      metrics_->generation_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - group.started));
+      submit_->Add({ScoreGroup(group.prompt, group.results, group.logprobs)});
+      ++*generated;
+      open.erase(it);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int64_t> RolloutDaemon::Run() {
   int64_t generated = 0;
-  absl::Status result = absl::OkStatus();
-  while (!stopping_.load() && !submit_->stopping()) {
-    if (!policy_->Refresh(absl::Milliseconds(200))) continue;  // no snapshot yet
-    std::optional<v1::LearnerStatus> status = WaitForRoom();
-    if (!status.has_value()) break;
-    absl::StatusOr<std::vector<v1::PromptGroup>> groups =
-        GenerateGroups(status->wants_behavior_logprobs());
-    if (!groups.ok()) {
-      result = groups.status();
-      break;
-    }
-    generated += static_cast<int64_t>(groups->size());
-    submit_->Add(*std::move(groups));
-    if (options_.max_groups > 0 && generated >= options_.max_groups) break;
-  }
+  const absl::Status result =
+      options_.continuous_batching ? RunContinuous(&generated) : RunStatic(&generated);
   // The submit thread drains the buffer for drain_timeout.
   const absl::Status refused = submit_->Finish();
   receiver_->Stop();

@@ -4,10 +4,17 @@
 // RolloutDaemonOptions and owns the metrics registry and endpoint.
 //
 // Threads:
-//  - the generation thread (Run): between two generations it flips to the
-//    newest verified snapshot (DoubleBufferedPolicy), then draws prompts,
-//    samples G responses per prompt, scores them and hands the groups to
-//    the submit client, waiting while its buffer is full;
+//  - the generation thread (Run). With continuous batching (the default) it
+//    keeps a ContinuousEngine full: it adds a prompt's G requests whenever
+//    slots are about to free and the submit buffer has room, steps the
+//    engine, and scores and hands over each group as its last response
+//    finishes. A new verified snapshot is adopted between two decode steps
+//    (in-flight updates) or, with between-batches updates, once the running
+//    sequences have drained. With static batching it flips to the newest
+//    snapshot between generations, samples prompts_per_generation prompts'
+//    groups at once (GenerationEngine), scores them and hands them over,
+//    waiting while the buffer is full. Each response carries the versions
+//    that sampled its first and last token;
 //  - the submit thread (SubmitClient): sends buffered groups to the
 //    learner, with reconnection, backoff and the learner's retry hint;
 //    nothing is lost to backpressure, and drops are counted by reason;
@@ -26,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/policy_model.h"
+#include "rollout_server/continuous_engine.h"
 #include "rollout_server/double_buffered_policy.h"
 #include "rollout_server/generation.h"
 #include "rollout_server/rollout_metrics.h"
@@ -50,9 +58,18 @@ struct RolloutDaemonOptions {
   ModelOptions model_options;  // dtype and device of the sampling weights
   GenerationOptions generation;
   TaskOptions task;
-  // Responses per prompt (G) and prompts sampled together.
+  // Responses per prompt (G) and, with static batching, prompts sampled
+  // together.
   int32_t group_size = 8;
   int32_t prompts_per_generation = 8;
+  // Continuous batching (ContinuousEngine, with `continuous`'s slots), or
+  // static batches of prompts_per_generation prompts (GenerationEngine,
+  // with `generation`), kept for comparison.
+  bool continuous_batching = true;
+  ContinuousOptions continuous;
+  // Continuous batching: adopt a new snapshot between two decode steps
+  // (true), or only once no sequence is running (new groups wait meanwhile).
+  bool inflight_weight_updates = true;
   // Sampling; max_new_tokens 0 uses the task's.
   SamplingParams sampling;
   uint64_t seed = 0;
@@ -98,13 +115,27 @@ class RolloutDaemon {
 
  private:
   explicit RolloutDaemon(RolloutDaemonOptions options);
-  // The groups of one generation: prompts_per_generation prompts, G
-  // responses each, scored (behavior log-probs when the learner wants them).
+  // Static batching: Run's loop, and the groups of one generation:
+  // prompts_per_generation prompts, G responses each, scored (behavior
+  // log-probs when the learner wants them).
+  absl::Status RunStatic(int64_t* generated);
   absl::StatusOr<std::vector<v1::PromptGroup>> GenerateGroups(bool with_logprobs);
+  // Continuous batching: Run's loop.
+  absl::Status RunContinuous(int64_t* generated);
+  // Loads a pending snapshot when the update policy allows, and says what
+  // the engine must do: nothing, let its sequences drain first (new groups
+  // wait; between-batches updates), take the newer weights, or drop what it
+  // samples (the version went back).
+  enum class WeightUpdate { kNone, kDrain, kNewer, kRewound };
+  WeightUpdate UpdateWeights(const ContinuousEngine& engine);
+  // Scores `results` (G of them, for `prompt`) into a group and counts it.
+  v1::PromptGroup ScoreGroup(const TaskPrompt& prompt, std::vector<GenerationResult>& results,
+                             bool with_logprobs);
   // Builds the task and the sampling parameters (after the models).
   absl::Status SetUpTask(int64_t vocab_size);
-  // Waits for room in the submit buffer, timing how long generation was held.
-  std::optional<v1::LearnerStatus> WaitForRoom();
+  // Waits for room for `groups` more groups in the submit buffer, timing
+  // how long generation was held.
+  std::optional<v1::LearnerStatus> WaitForRoom(int64_t groups);
 
   const RolloutDaemonOptions options_;
   std::unique_ptr<RolloutMetrics> metrics_;

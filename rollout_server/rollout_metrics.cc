@@ -35,11 +35,13 @@ SubmitMetrics::SubmitMetrics(prometheus::Registry& r)
       dropped(prometheus::BuildCounter()
                   .Name("asympo_rollout_groups_dropped_total")
                   .Help("Groups dropped without reaching the learner, by reason: rejected (the "
-                        "learner refused the batch as invalid) or shutdown (still buffered when "
-                        "the daemon stopped).")
+                        "learner refused the batch as invalid), shutdown (still buffered when "
+                        "the daemon stopped) or rewound (being sampled when the learner's "
+                        "version went back, a restart from an older checkpoint).")
                   .Register(r)),
       dropped_rejected(dropped.Add({{"reason", "rejected"}})),
       dropped_shutdown(dropped.Add({{"reason", "shutdown"}})),
+      dropped_rewound(dropped.Add({{"reason", "rewound"}})),
       submit_errors(prometheus::BuildCounter()
                         .Name("asympo_rollout_submit_errors_total")
                         .Help("Submit and status calls that failed, by gRPC status code.")

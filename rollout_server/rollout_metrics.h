@@ -35,6 +35,7 @@ struct SubmitMetrics {
   prometheus::Family<prometheus::Counter>& dropped;
   prometheus::Counter& dropped_rejected;
   prometheus::Counter& dropped_shutdown;
+  prometheus::Counter& dropped_rewound;  // in the engine when the version went back
   prometheus::Family<prometheus::Counter>& submit_errors;  // by gRPC code name
   prometheus::Gauge& buffer_groups;
   prometheus::Gauge& buffer_capacity;

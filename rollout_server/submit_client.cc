@@ -90,6 +90,15 @@ std::optional<v1::LearnerStatus> SubmitClient::WaitForRoom(int64_t groups) {
   return status_;
 }
 
+std::optional<v1::LearnerStatus> SubmitClient::RoomNow(int64_t groups) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_ || !status_.has_value() ||
+      static_cast<int64_t>(buffer_.size()) + in_flight_ + groups > options_.max_buffered_groups) {
+    return std::nullopt;
+  }
+  return status_;
+}
+
 void SubmitClient::Add(std::vector<v1::PromptGroup> groups) {
   absl::MutexLock lock(&mu_);
   for (auto& g : groups) buffer_.push_back(std::move(g));

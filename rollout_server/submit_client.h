@@ -88,6 +88,9 @@ class SubmitClient {
   // in the buffer; returns that status. nullopt once the client stops
   // (Shutdown, Finish, or a refused status).
   std::optional<v1::LearnerStatus> WaitForRoom(int64_t groups);
+  // Without waiting: the learner's status when it is known and `groups`
+  // more groups fit now; nullopt otherwise (or once the client stops).
+  std::optional<v1::LearnerStatus> RoomNow(int64_t groups);
   // Buffers `groups`, in order, for sending.
   void Add(std::vector<v1::PromptGroup> groups);
   // Stops taking new work: WaitForRoom returns nullopt from now on, and

@@ -323,14 +323,16 @@ at::Tensor PolicyModel::SharedAttention(int64_t index, const at::Tensor& q, cons
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   const size_t i = static_cast<size_t>(index);
   // This step's key and value go to each sequence's own response slot.
-  at::Tensor& rk = step.cache->responses.keys[i];
-  at::Tensor& rv = step.cache->responses.values[i];
+  at::Tensor rk = step.cache->responses.keys[i].narrow(2, 0, step.response_visible);
+  at::Tensor rv = step.cache->responses.values[i].narrow(2, 0, step.response_visible);
   rk.scatter_(2, step.write, k);
   rv.scatter_(2, step.write, v);
   // The prompts' keys are read where they are stored once; a layer at a
   // time, each sequence gathers its own prompt's.
-  const at::Tensor pk = step.cache->prompts.keys[i].index_select(0, step.prompt);
-  const at::Tensor pv = step.cache->prompts.values[i].index_select(0, step.prompt);
+  const at::Tensor pk =
+      step.cache->prompts.keys[i].narrow(2, 0, step.prompt_visible).index_select(0, step.prompt);
+  const at::Tensor pv =
+      step.cache->prompts.values[i].narrow(2, 0, step.prompt_visible).index_select(0, step.prompt);
   // One query position: qg (S, nkv, groups, d) against the two key sets;
   // one softmax over both, in float32.
   const at::Tensor qg =
@@ -406,12 +408,17 @@ at::Tensor PolicyModel::DecodeStep(const at::Tensor& ids, const at::Tensor& posi
 
 at::Tensor PolicyModel::DecodeShared(const at::Tensor& ids, const at::Tensor& positions,
                                      const at::Tensor& prompt, const at::Tensor& prompt_length,
-                                     const at::Tensor& response_slot,
-                                     SharedPrefixCache* cache) const {
+                                     const at::Tensor& response_slot, SharedPrefixCache* cache,
+                                     int64_t prompt_visible, int64_t response_visible) const {
   TORCH_CHECK(cache != nullptr && !cache->prompts.keys.empty() && !cache->responses.keys.empty(),
               "DecodeShared needs a cache with prompts and responses");
   const int64_t s = ids.size(0), d = config_.head_dim, nkv = config_.num_key_value_heads;
-  const int64_t pc = cache->prompts.capacity(), rc = cache->responses.capacity();
+  int64_t pc = cache->prompts.capacity(), rc = cache->responses.capacity();
+  TORCH_CHECK(prompt_visible <= pc && response_visible <= rc, "DecodeShared: visible slots (",
+              prompt_visible, ", ", response_visible, ") beyond the capacities (", pc, ", ", rc,
+              ")");
+  if (prompt_visible > 0) pc = prompt_visible;
+  if (response_visible > 0) rc = response_visible;
   TORCH_CHECK(cache->responses.keys[0].size(0) == s, "DecodeShared: ", s,
               " sequences but the cache has room for ", cache->responses.keys[0].size(0));
   const auto longs = at::TensorOptions().dtype(at::kLong).device(ids.device());
@@ -425,6 +432,8 @@ at::Tensor PolicyModel::DecodeShared(const at::Tensor& ids, const at::Tensor& po
   };
   SharedStep step;
   step.cache = cache;
+  step.prompt_visible = pc;
+  step.response_visible = rc;
   step.prompt = prompt;
   step.write = response_slot.view({s, 1, 1, 1}).expand({s, nkv, 1, d});
   step.prompt_bias = bias(at::arange(pc, longs).unsqueeze(0) < prompt_length.unsqueeze(1));

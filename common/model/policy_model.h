@@ -129,9 +129,14 @@ class PolicyModel {
   //                   earlier response tokens and are attended to.
   // The new keys and values are written at response_slot. A row that is not
   // in use may hold anything (prompt_length 0 keeps it finite).
+  // prompt_visible, response_visible: attend over the first slots of the
+  // two regions only (they must cover every prompt_length and
+  // response_slot + 1); -1: the whole capacities (static shapes, for CUDA
+  // graphs). Eager decoding passes the filled parts.
   at::Tensor DecodeShared(const at::Tensor& ids, const at::Tensor& positions,
                           const at::Tensor& prompt, const at::Tensor& prompt_length,
-                          const at::Tensor& response_slot, SharedPrefixCache* cache) const;
+                          const at::Tensor& response_slot, SharedPrefixCache* cache,
+                          int64_t prompt_visible = -1, int64_t response_visible = -1) const;
 
   // (B, T, V) logits, in the compute dtype, from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
@@ -165,10 +170,11 @@ class PolicyModel {
   // DecodeShared's per-step tensors (see there).
   struct SharedStep {
     SharedPrefixCache* cache = nullptr;
-    at::Tensor prompt;         // (S,)
-    at::Tensor write;          // (S, nkv, 1, d): response_slot, expanded
-    at::Tensor prompt_bias;    // (S, 1, 1, prompt capacity): 0 or -inf
-    at::Tensor response_bias;  // (S, 1, 1, response capacity)
+    int64_t prompt_visible = 0, response_visible = 0;  // slots attended to
+    at::Tensor prompt;                                 // (S,)
+    at::Tensor write;                                  // (S, nkv, 1, d): response_slot, expanded
+    at::Tensor prompt_bias;                            // (S, 1, 1, prompt capacity): 0 or -inf
+    at::Tensor response_bias;                          // (S, 1, 1, response capacity)
   };
 
   // Layer `index`'s attention block on x (B, T, H), output-projected.

@@ -115,8 +115,11 @@ class RolloutDaemonTest : public ::testing::Test {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
-  void Start(int64_t max_buffered, absl::Duration drain = absl::Seconds(2)) {
+  void Start(int64_t max_buffered, absl::Duration drain = absl::Seconds(2),
+             bool continuous = true) {
     RolloutDaemonOptions o;
+    o.continuous_batching = continuous;
+    o.continuous.max_running_sequences = 6;
     o.learner_address = absl::StrCat("127.0.0.1:", port_);
     o.task.name = "copy";
     o.group_size = 4;
@@ -167,6 +170,36 @@ TEST_F(RolloutDaemonTest, SamplesWithTheLearnersSnapshotAndSubmits) {
       EXPECT_GE(r.reward(), 0.0f);
       EXPECT_LE(r.reward(), 1.0f);
       EXPECT_TRUE(r.behavior_logprobs().empty()) << "asympo needs no behavior log-probs";
+    }
+  }
+}
+
+TEST_F(RolloutDaemonTest, StaticBatchingSamplesAndSubmitsToo) {
+  Start(8, absl::Seconds(2), /*continuous=*/false);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  for (const auto& g : learner_.accepted.front().groups()) {
+    EXPECT_EQ(g.responses_size(), 4);
+    for (const auto& r : g.responses()) {
+      EXPECT_FALSE(r.tokens().empty());
+      EXPECT_EQ(r.first_policy_version(), 7u);
+      EXPECT_EQ(r.last_policy_version(), 7u);
+    }
+  }
+}
+
+TEST_F(RolloutDaemonTest, EachResponseCarriesTheVersionsThatSampledIt) {
+  Start(8);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  std::lock_guard<std::mutex> lock(learner_.mu);
+  for (const auto& b : learner_.accepted) {
+    for (const auto& g : b.groups()) {
+      for (const auto& r : g.responses()) {
+        ASSERT_TRUE(r.has_first_policy_version());
+        ASSERT_TRUE(r.has_last_policy_version());
+        EXPECT_EQ(r.first_policy_version(), 7u);
+        EXPECT_EQ(r.last_policy_version(), 7u);
+      }
     }
   }
 }
@@ -299,6 +332,11 @@ TEST(RolloutDaemonOptionsTest, RejectsBadOptionsByName) {
   EXPECT_THAT(RolloutDaemon::Create(o, registry),
               StatusIs(absl::StatusCode::kInvalidArgument, "group_size"));
   o.group_size = 4;
+  o.continuous.max_running_sequences = 0;
+  EXPECT_THAT(RolloutDaemon::Create(o, registry),
+              StatusIs(absl::StatusCode::kInvalidArgument, "max_running_sequences is 0"));
+  o.continuous.max_running_sequences = 8;
+  o.continuous_batching = false;
   o.max_buffered_groups = 2;
   o.prompts_per_generation = 4;
   EXPECT_THAT(RolloutDaemon::Create(o, registry),
