@@ -1,7 +1,7 @@
 // The rollout engines side by side: continuous against static batching,
 // and one prefill per group against one per response.
 //
-//   engine_bench --mode batching --config tiny|100m --slots 32,128
+//   engine_bench --mode batching --config tiny|100m|qwen3-0.6b --slots 32,128
 //                [--requests N] [--mean_new 64] [--max_new 512] [--reps 3]
 //     Useful tokens/s (tokens of finished responses per second) of
 //     ContinuousEngine with --slots running sequences against
@@ -204,7 +204,9 @@ int main(int argc, char** argv) {
   const int64_t threads = b::Flag(argc, argv, "--threads", 0);
   b::RejectUnknownFlags(argc, argv);
   if (a.mode != "batching" && a.mode != "prefill") b::FlagError("--mode is batching or prefill");
-  if (a.config != "tiny" && a.config != "100m") b::FlagError("--config is tiny or 100m");
+  if (a.config != "tiny" && a.config != "100m" && a.config != "qwen3-0.6b") {
+    b::FlagError("--config is tiny, 100m or qwen3-0.6b");
+  }
   for (const int64_t v : a.slots) {
     if (v < 1) b::FlagError("--slots must be positive");
   }

@@ -299,7 +299,8 @@ targets_of() {
       if ((all)); then echo all; else
         echo rollout_server_gpu_tests learner_server_gpu_tests nccl_gpu_tests policy_logits
       fi ;;
-    train | generate) echo model_bench ;;
+    train) echo model_bench ;;
+    generate) echo model_bench engine_bench ;;
     transfer)
       echo publish_bench broadcast_bench asympo-learner asympo-rollout
       ((eval_loop)) && echo asympo-eval ;;
@@ -365,6 +366,11 @@ part_generate() {
     run_step generate "generate-b$batch-transformers" python3 bench/gpu_model_bench.py "${args[@]}"
     tag "generate-b$batch-transformers" "generate qwen3-0.6b batch $batch" transformers
   done
+  # Continuous against static batching, long-tailed lengths (geometric, mean
+  # 64, capped at 512), CUDA graphs on: one JSON line per slot count.
+  run_step generate engine-batching "$build/bench/engine_bench" --mode batching \
+    --config qwen3-0.6b --slots 64,256 --requests 512 --max_new 512 --reps 1 --device cuda \
+    --dtype bfloat16
   return 0
 }
 

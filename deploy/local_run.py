@@ -301,6 +301,7 @@ def main():
     progress = []
     start = time.time()
     last = {"responses": 0.0, "correct": 0.0, "reward": 0.0}
+    last_learner = {}
     next_print = start + args.interval
     failed = None
     while True:
@@ -316,6 +317,7 @@ def main():
             continue
         next_print += args.interval
         lm = scrape(learner_metrics) or {}
+        last_learner = lm or last_learner  # the learner exits after --max_steps
         rms = [scrape(p) or {} for p in rollout_metrics]
         responses = sum(m.get("asympo_rollout_responses_total", 0) for m in rms)
         correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in rms)
@@ -344,7 +346,7 @@ def main():
     if interrupted:
         print("local_run: interrupted; stopping every process")
     final_rollout = [scrape(p) or {} for p in rollout_metrics]
-    final_learner = scrape(learner_metrics) or {}
+    final_learner = scrape(learner_metrics) or last_learner
     run.stop_all()
     try:
         os.remove(targets)  # ended: no longer a target (nor a down one)
