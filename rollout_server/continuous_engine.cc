@@ -303,24 +303,14 @@ std::vector<ContinuousEngine::Finished> ContinuousEngine::Collect() {
   const at::Tensor versions = last_version_.index_select(0, rows).to(at::kCPU);
   const at::Tensor logprobs =
       any_logprobs_ ? logprobs_.index_select(0, rows).to(at::kCPU) : at::Tensor();
-  const auto tok = tokens.accessor<int64_t, 2>();
   const auto len = lengths.accessor<int64_t, 1>();
   const auto ver = versions.accessor<int64_t, 1>();
   for (size_t i = 0; i < done.size(); ++i) {
     const int64_t s = done[i], k = static_cast<int64_t>(i);
     Slot& slot = slot_[static_cast<size_t>(s)];
-    const SamplingParams& p = slot.request.params;
-    Finished f;
-    f.id = slot.id;
     const int64_t n = len[k];
-    for (int64_t j = 0; j < n; ++j) f.result.tokens.push_back(static_cast<int32_t>(tok[k][j]));
-    if (p.return_logprobs) {
-      const auto lp = logprobs.accessor<float, 2>();
-      for (int64_t j = 0; j < n; ++j) f.result.logprobs.push_back(lp[k][j]);
-    }
-    const bool stop = n > 0 && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
-                                         f.result.tokens.back()) != p.stop_token_ids.end();
-    f.result.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
+    Finished f{slot.id, ResultOfRow(tokens[k], logprobs.defined() ? logprobs[k] : at::Tensor(), n,
+                                    slot.request.params)};
     f.result.first_version = slot.first_version;
     f.result.last_version = static_cast<uint64_t>(ver[k]);
     stats_.generated_tokens += n;

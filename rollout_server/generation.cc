@@ -31,6 +31,21 @@ absl::Status ValidateSamplingParams(const SamplingParams& p) {
   return absl::OkStatus();
 }
 
+GenerationResult ResultOfRow(const at::Tensor& tokens, const at::Tensor& logprobs, int64_t n,
+                             const SamplingParams& params) {
+  GenerationResult r;
+  const auto tok = tokens.accessor<int64_t, 1>();
+  for (int64_t j = 0; j < n; ++j) r.tokens.push_back(static_cast<int32_t>(tok[j]));
+  if (params.return_logprobs) {
+    const auto lp = logprobs.accessor<float, 1>();
+    for (int64_t j = 0; j < n; ++j) r.logprobs.push_back(lp[j]);
+  }
+  const auto& stops = params.stop_token_ids;
+  const bool stop = n > 0 && std::find(stops.begin(), stops.end(), r.tokens.back()) != stops.end();
+  r.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
+  return r;
+}
+
 int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params, int64_t step) {
   const BatchSampler sampler({&params}, logits.device());
   const at::Tensor s = at::full({1}, step, logits.options().dtype(at::kLong));
@@ -200,21 +215,12 @@ std::vector<GenerationResult> CollectResults(const std::vector<GenerationRequest
                                              const DecodeState& st) {
   const at::Tensor tokens = st.tokens.to(at::kCPU), lengths = st.lengths.to(at::kCPU);
   const at::Tensor logprobs = st.logprobs.defined() ? st.logprobs.to(at::kCPU) : at::Tensor();
-  const auto tok = tokens.accessor<int64_t, 2>();
   const auto len = lengths.accessor<int64_t, 1>();
-  std::vector<GenerationResult> results(requests.size());
+  std::vector<GenerationResult> results;
   for (size_t i = 0; i < requests.size(); ++i) {
-    const SamplingParams& p = requests[i].params;
-    const int64_t row = static_cast<int64_t>(i), n = len[row];
-    GenerationResult& r = results[i];
-    for (int64_t j = 0; j < n; ++j) r.tokens.push_back(static_cast<int32_t>(tok[row][j]));
-    if (p.return_logprobs) {
-      const auto lp = logprobs.accessor<float, 2>();
-      for (int64_t j = 0; j < n; ++j) r.logprobs.push_back(lp[row][j]);
-    }
-    const bool stop = n > 0 && std::find(p.stop_token_ids.begin(), p.stop_token_ids.end(),
-                                         r.tokens.back()) != p.stop_token_ids.end();
-    r.finish_reason = stop ? v1::FINISH_REASON_STOP : v1::FINISH_REASON_LENGTH;
+    const int64_t row = static_cast<int64_t>(i);
+    results.push_back(ResultOfRow(tokens[row], logprobs.defined() ? logprobs[row] : at::Tensor(),
+                                  len[row], requests[i].params));
   }
   return results;
 }

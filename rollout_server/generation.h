@@ -68,6 +68,12 @@ struct GenerationResult {
   uint64_t last_version = 0;
 };
 
+// The result of one row of a decode loop's host copies: the first `n` of
+// `tokens` (n, int64, host) and, when params.return_logprobs, of
+// `logprobs` (float32, host); the finish reason from the last token.
+GenerationResult ResultOfRow(const at::Tensor& tokens, const at::Tensor& logprobs, int64_t n,
+                             const SamplingParams& params);
+
 // Picks response token `step` from one row of logits (V,) with `params`:
 // the engine's sampler (rollout_server/sampling.h) on a batch of one. For
 // tests that recompute without a cache.
