@@ -29,6 +29,7 @@
 #include <glog/logging.h>
 #include "bench/bench_models.h"
 #include "common/daemon/daemon_runtime.h"
+#include "common/model/device.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/trainer.h"
 
@@ -89,7 +90,7 @@ int Run(int argc, char** argv) {
   }
   const int world = f["world"], rank = f["rank"];
   daemon::RetainFreedMemory();  // asympo-learner's glibc settings
-  at::set_num_threads(f["threads"] > 0 ? f["threads"] : 1);
+  asympo::SetCpuThreads(f["threads"] > 0 ? f["threads"] : 1);
   ModelOptions mo;
   mo.seed = 11;
   const ModelConfig config = bench::BenchConfig(model_name);

@@ -17,7 +17,9 @@
 //     G responses each (G from --groups), with one prefill per group
 //     (share_prompts) and one per response, all running at once.
 //
-// Common: --device cpu|cuda, --dtype float32|bfloat16, --seed. One JSON line
+// Common: --device cpu|cuda, --dtype float32|bfloat16, --seed; --only
+// static|continuous runs one engine of the batching pair (for a profiler;
+// the other's time is then ~0). One JSON line
 // per measurement; docs/benchmarks.md has the results.
 #include <algorithm>
 #include <cmath>
@@ -27,7 +29,6 @@
 #include <vector>
 
 #include <ATen/Context.h>
-#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <glog/logging.h>
 #include <torch/cuda.h>
@@ -48,7 +49,7 @@ using asympo::rollout::GenerationRequest;
 using asympo::rollout::GenerationResult;
 
 struct Args {
-  std::string mode, config, device, dtype;
+  std::string mode, config, device, dtype, only;
   std::vector<int64_t> slots, groups;
   int64_t requests = 0, mean_new = 64, max_new = 512, prompts = 4, prompt_tokens = 256;
   int64_t reps = 3, seed = 1;
@@ -109,6 +110,10 @@ void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
       const double s = asympo::bench::SecondsOf(
           [&] {
             got_static = 0;
+            if (a.only == "continuous") {
+              got_static = want;
+              return;
+            }
             for (size_t i = 0; i < reqs.size(); i += static_cast<size_t>(slots)) {
               const std::vector<GenerationRequest> batch(
                   reqs.begin() + static_cast<ptrdiff_t>(i),
@@ -119,7 +124,8 @@ void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
           [&] { Synchronize(m); });
       const int64_t before = engine->stats().decode_steps;
       const double c = asympo::bench::SecondsOf(
-          [&] { got_cont = Tokens(engine->Generate(reqs).value()); }, [&] { Synchronize(m); });
+          [&] { got_cont = a.only == "static" ? want : Tokens(engine->Generate(reqs).value()); },
+          [&] { Synchronize(m); });
       steps = engine->stats().decode_steps - before;
       if (rep == 0) continue;
       ts_static.push_back(s);
@@ -191,6 +197,7 @@ int main(int argc, char** argv) {
   a.mode = b::FlagS(argc, argv, "--mode", "batching");
   a.config = b::FlagS(argc, argv, "--config", "tiny");
   a.device = b::FlagS(argc, argv, "--device", "cpu");
+  a.only = b::FlagS(argc, argv, "--only", "");
   a.dtype = b::FlagS(argc, argv, "--dtype", "float32");
   a.slots = b::ListFlag(argc, argv, "--slots", "32,128");
   a.groups = b::ListFlag(argc, argv, "--groups", "8,16");
@@ -204,6 +211,9 @@ int main(int argc, char** argv) {
   const int64_t threads = b::Flag(argc, argv, "--threads", 0);
   b::RejectUnknownFlags(argc, argv);
   if (a.mode != "batching" && a.mode != "prefill") b::FlagError("--mode is batching or prefill");
+  if (!a.only.empty() && a.only != "static" && a.only != "continuous") {
+    b::FlagError("--only is static or continuous (for profiling one engine)");
+  }
   if (a.config != "tiny" && a.config != "100m" && a.config != "qwen3-0.6b") {
     b::FlagError("--config is tiny, 100m or qwen3-0.6b");
   }
@@ -217,7 +227,7 @@ int main(int argc, char** argv) {
       a.reps < 1) {
     b::FlagError("--requests, --mean_new >= 0; --max_new, --prompts, --prompt_tokens, --reps >= 1");
   }
-  if (threads > 0) at::set_num_threads(static_cast<int>(threads));
+  if (threads > 0) asympo::SetCpuThreads(static_cast<int>(threads));
   asympo::ModelOptions mo;
   mo.device = asympo::ParseDevice(a.device).value();
   mo.dtype = asympo::ParseModelDType(a.dtype).value();

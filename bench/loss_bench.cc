@@ -19,6 +19,7 @@
 #include <torch/types.h>
 
 #include "bench/bench_flags.h"
+#include "common/model/device.h"
 #include "learner_server/policy_loss.h"
 #include "learner_server/token_logprobs.h"
 
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
   const int64_t t = Flag(argc, argv, "--tokens", 1024);
   const int64_t v = Flag(argc, argv, "--vocab", 32768);
   const int reps = static_cast<int>(Flag(argc, argv, "--reps", 15));
-  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  asympo::SetCpuThreads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
   asympo::bench::RejectUnknownFlags(argc, argv);
   const int64_t group_size = 8;
   torch::manual_seed(0);

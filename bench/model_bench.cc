@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
 #include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
@@ -188,7 +187,7 @@ absl::StatusOr<asympo::ModelOptions> Options(const Args& args) {
 
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  at::set_num_threads(args.threads);
+  asympo::SetCpuThreads(args.threads);
   torch::manual_seed(0);
 
   if (args.mode == "matmul") {

@@ -36,7 +36,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
 #include <torch/cuda.h>
 #include <torch/types.h>
 
@@ -271,7 +270,7 @@ int Transfer(const Setup& s, int reps) {
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (Flag(argc, argv, "--malloc_tuned", 0) != 0) asympo::daemon::RetainFreedMemory();
-  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
+  asympo::SetCpuThreads(static_cast<int>(Flag(argc, argv, "--threads", 2)));
   Setup s;
   s.config = FlagS(argc, argv, "--config", "tiny");
   s.model.seed = 1;

@@ -37,6 +37,7 @@
 #include <torch/types.h>
 
 #include "bench/bench_flags.h"
+#include "common/model/device.h"
 #include "common/model/model_config.h"
 #include "common/model/policy_model.h"
 #include "learner_server/learner_metrics.h"
@@ -439,7 +440,7 @@ absl::Status Train(const Args& args, Setup* setup) {
 
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
-  at::set_num_threads(args.threads);
+  asympo::SetCpuThreads(args.threads);
   torch::manual_seed(args.seed);
   absl::StatusOr<Setup> setup = CreateSetup(args);
   if (!setup.ok()) return Fail(setup.status());

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -518,7 +517,7 @@ int main(int argc, char** argv) {
       "Flags can also come from --flagfile=FILE.",
       "learner_server/main.cc");
   if (absl::Status s = m.Start(argc, argv); !s.ok()) return m.Fail(s);
-  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  asympo::SetCpuThreads(absl::GetFlag(FLAGS_threads));
   at::manual_seed(absl::GetFlag(FLAGS_seed));
   absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());

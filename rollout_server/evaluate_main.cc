@@ -11,7 +11,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/Parallel.h>
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/flag_ranges.h"
@@ -152,7 +151,7 @@ int main(int argc, char** argv) {
   if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     return Fail(std::string(s.message()));
   }
-  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  asympo::SetCpuThreads(absl::GetFlag(FLAGS_threads));
   const absl::Status status = asympo::GuardTorch("evaluation", [] { return Run(); });
   if (!status.ok()) return Fail(std::string(status.message()));
   return 0;

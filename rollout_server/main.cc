@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 
-#include <ATen/Parallel.h>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -231,7 +230,7 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  at::set_num_threads(absl::GetFlag(FLAGS_threads));
+  asympo::SetCpuThreads(absl::GetFlag(FLAGS_threads));
   absl::StatusOr<RolloutDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());
   if (absl::Status s = m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {

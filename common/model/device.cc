@@ -1,12 +1,28 @@
 #include "common/model/device.h"
 
+#include <dlfcn.h>
+
 #include <cstdlib>
 
 #include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace asympo {
+
+int SetCpuThreads(int threads) {
+  at::set_num_threads(threads);
+  // Looked up, not linked: LibTorch may come with another BLAS (MKL, or
+  // OpenBLAS built with OpenMP, which set_num_threads already caps).
+  using SetThreads = void (*)(int);
+  using GetThreads = int (*)();
+  const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
+  const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  if (set == nullptr || get == nullptr) return 0;
+  set(threads);
+  return get();
+}
 
 int CudaDeviceCount() {
   if (!at::hasCUDA()) return 0;

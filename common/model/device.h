@@ -1,5 +1,5 @@
-// Where the policy runs and in what precision: the daemons' --device and
-// --compute_dtype flags.
+// Where the policy runs and in what precision: the daemons' --device,
+// --compute_dtype and --threads flags.
 //
 // Devices are "cpu", "cuda" (the first GPU) or "cuda:N". A CUDA device is
 // only accepted when this LibTorch was built with CUDA and the GPU is
@@ -33,5 +33,15 @@ absl::StatusOr<c10::ScalarType> ParseComputeDType(const std::string& value,
 
 // "float32", "bfloat16", "float16" (the names the flags and config.json use).
 std::string DTypeName(c10::ScalarType dtype);
+
+// Caps the CPU threads of this process's tensor work at `threads` (the
+// daemons' --threads): LibTorch's intra-op threads and, where the BLAS is
+// OpenBLAS (Debian's LibTorch), OpenBLAS's own thread pool, which
+// at::set_num_threads leaves at one thread per core. Left alone, that pool's
+// idle threads spin in sched_yield between two matrix products: on a
+// 2-core machine a decode step then costs about a quarter more
+// (docs/benchmarks.md). Returns the threads OpenBLAS was set to, or 0 where
+// this process has no OpenBLAS.
+int SetCpuThreads(int threads);
 
 }  // namespace asympo

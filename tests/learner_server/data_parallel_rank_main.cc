@@ -19,7 +19,7 @@
 #include <random>
 #include <string>
 
-#include <ATen/Parallel.h>
+#include "common/model/device.h"
 #include "learner_server/checkpoint.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/trainer.h"
@@ -78,7 +78,7 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
-  at::set_num_threads(1);
+  asympo::SetCpuThreads(1);
   ModelOptions mo;
   mo.seed = 11;
   std::unique_ptr<PolicyModel> model = PolicyModel::CreateRandom(ModelConfig::Tiny(32), mo).value();

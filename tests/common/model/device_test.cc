@@ -1,6 +1,9 @@
 #include "common/model/device.h"
 #include "tests/testing/status_matchers.h"
 
+#include <dlfcn.h>
+
+#include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -49,6 +52,22 @@ TEST(ParseComputeDTypeTest, AutoIsBfloat16OnAGpuAndFloat32OnTheCpu) {
   EXPECT_EQ(ParseComputeDType("float32", c10::Device(c10::kCUDA, 0)).value(), c10::kFloat);
   absl::StatusOr<c10::ScalarType> bad = ParseComputeDType("fp16", c10::Device(c10::kCPU));
   EXPECT_THAT(bad, StatusIs(absl::StatusCode::kInvalidArgument, "--compute_dtype: \"fp16\""));
+}
+
+TEST(SetCpuThreadsTest, CapsLibTorchAndOpenBlas) {
+  using GetThreads = int (*)();
+  const auto openblas =
+      reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  for (const int threads : {2, 1}) {
+    const int blas = SetCpuThreads(threads);
+    EXPECT_EQ(at::get_num_threads(), threads);
+    if (openblas == nullptr) {
+      EXPECT_EQ(blas, 0);  // another BLAS: nothing more to cap
+    } else {
+      EXPECT_EQ(blas, threads);
+      EXPECT_EQ(openblas(), threads);
+    }
+  }
 }
 
 }  // namespace
