@@ -262,7 +262,7 @@ void ContinuousEngine::DecodeStep() {
     const at::Tensor write = (length_ - 1).clamp_min(0);
     const at::Tensor hidden =
         model_->DecodeShared(last_.unsqueeze(1), (prompt_length_ + write).unsqueeze(1), prompt_,
-                             prompt_length_, write, &cache_);
+                             prompt_length_, write, &cache_, prompt_visible, response_visible);
     logits_.copy_(model_->Logits(hidden.select(1, 0)));
   };
   const auto device = model_->options().device;
