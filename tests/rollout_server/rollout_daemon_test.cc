@@ -1,8 +1,9 @@
 // The rollout daemon against a scripted learner: a fake Learner service that
 // answers Submit as told, and the real weight broadcaster serving the tiny
 // model's weights. Covers the buffer bound while the learner refuses, the
-// retry after RESOURCE_EXHAUSTED, the counted drop of rejected batches and
-// of groups left at shutdown, the stop on a fatal answer (the retry policy,
+// retry after RESOURCE_EXHAUSTED, the counted drop of rejected batches, of
+// groups left at shutdown and of groups being sampled when the learner
+// restarts at an older version, the stop on a fatal answer (the retry policy,
 // common/submit_retry.h), and behavior log-probs only for grpo.
 #include "rollout_server/rollout_daemon.h"
 
@@ -111,8 +112,8 @@ class RolloutDaemonTest : public ::testing::Test {
     if (daemon_) daemon_->Shutdown();
     if (run_.joinable()) run_.join();
     daemon_.reset();
-    sender_->Shutdown();
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    if (sender_) sender_->Shutdown();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
 
   void Start(int64_t max_buffered, absl::Duration drain = absl::Seconds(2),
@@ -202,6 +203,70 @@ TEST_F(RolloutDaemonTest, EachResponseCarriesTheVersionsThatSampledIt) {
       }
     }
   }
+}
+
+TEST_F(RolloutDaemonTest, DropsTheGroupsBeingSampledWhenTheVersionGoesBack) {
+  // The learner restarts from an older checkpoint: same address, version 3
+  // where the daemon holds 7. The groups in the engine were partly sampled
+  // by version 7, which the restarted learner never made: they are dropped
+  // and counted, and what follows is sampled by version 3 alone.
+  Start(1000);
+  ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
+  ASSERT_EQ(M("asympo_rollout_groups_dropped_total", "rewound"), 0);
+  sender_->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+  FakeLearner restarted;
+  prometheus::Registry registry;  // outlives the sender
+  sender_ = std::make_unique<broadcast::BroadcastSender>(
+      broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), registry);
+  ASSERT_OK_AND_ASSIGN(auto staging,
+                       broadcast::SnapshotStaging::Create(*model_, model_->options().dtype));
+  ASSERT_OK(staging->Stage(*model_));
+  ASSERT_OK_AND_ASSIGN(auto views, staging->CopyToHost());
+  ASSERT_OK(sender_->Publish(3, views));
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port_), grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&restarted);
+  builder.RegisterService(sender_.get());
+  server_ = builder.BuildAndStart();
+  ASSERT_EQ(port, port_);
+  ASSERT_TRUE(WaitFor([&] { return daemon_->weight_version() == 3; }, absl::Seconds(30)));
+  // Groups whose every response was sampled by version 3 arrive.
+  const auto sampled_by_3 = [&] {
+    std::lock_guard<std::mutex> lock(restarted.mu);
+    for (const auto& b : restarted.accepted) {
+      for (const auto& g : b.groups()) {
+        bool all = true;
+        for (const auto& r : g.responses()) {
+          all = all && r.first_policy_version() == 3 && r.last_policy_version() == 3;
+        }
+        if (all) return true;
+      }
+    }
+    return false;
+  };
+  ASSERT_TRUE(WaitFor(sampled_by_3, absl::Seconds(30)));
+  EXPECT_GE(M("asympo_rollout_groups_dropped_total", "rewound"), 1);
+  // Nothing sampled after the rewind mixes the two runs' versions.
+  std::lock_guard<std::mutex> lock(restarted.mu);
+  for (const auto& b : restarted.accepted) {
+    for (const auto& g : b.groups()) {
+      for (const auto& r : g.responses()) {
+        EXPECT_TRUE(r.first_policy_version() == r.last_policy_version())
+            << "a response sampled by versions " << r.first_policy_version() << " and "
+            << r.last_policy_version();
+      }
+    }
+  }
+  daemon_->Shutdown();  // before `restarted` and `registry` go
+  run_.join();
+  sender_->Shutdown();
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  server_.reset();
+  sender_.reset();
 }
 
 TEST_F(RolloutDaemonTest, SendsBehaviorLogprobsOnlyWhenTheLearnerWantsThem) {
