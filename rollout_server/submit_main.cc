@@ -5,7 +5,9 @@
 //
 // One group per line: {"prompt_id": "q1", "prompt_tokens": [...] or "prompt":
 // "text", "responses": [{"tokens": [...] or "text": "...", "reward": 1.0,
-// "finish_reason": "stop", "behavior_logprobs": [...]}, ...]}. Text needs
+// "finish_reason": "stop", "behavior_logprobs": [...], "first_policy_version":
+// 7, "last_policy_version": 8}, ...]} (all but the tokens and the reward
+// optional). Text needs
 // --tokenizer. Every row is checked against the learner's limits before
 // anything is sent; a bad row is reported as "<file>:<line>: <rule>".
 //
@@ -158,6 +160,21 @@ v1::Response ParseResponse(const nlohmann::json& r, const Tokenizer* tok, const 
     for (const auto& v : r["behavior_logprobs"]) {
       if (!v.is_number()) throw std::runtime_error(what + " behavior_logprobs holds a non-number");
       out.add_behavior_logprobs(v.get<float>());
+    }
+  }
+  // The policy versions that sampled the response's first and last token
+  // (docs/protocol.md, "Policy lag"); the ordering is checked with the
+  // learner's rules (ValidateBatch).
+  for (const char* key : {"first_policy_version", "last_policy_version"}) {
+    if (!r.contains(key)) continue;
+    if (!r[key].is_number_unsigned()) {
+      throw std::runtime_error(absl::StrCat(what, " ", key, " is not a non-negative integer"));
+    }
+    const uint64_t v = r[key].get<uint64_t>();
+    if (std::string(key) == "first_policy_version") {
+      out.set_first_policy_version(v);
+    } else {
+      out.set_last_policy_version(v);
     }
   }
   return out;

@@ -6,8 +6,10 @@ windows are not sent, the rest is, and the exit status is 1. After the rows
 are fixed, a rerun sends only the two windows it had not confirmed (exit 0).
 A rerun without the state file sends every window again: each is answered as
 a duplicate and nothing is trained twice. Rows of text are tokenized with
---tokenizer (a tokenizer.json); without it they are bad rows. --check_only
-sends nothing.
+--tokenizer (a tokenizer.json); without it they are bad rows. Rows may carry
+first_policy_version/last_policy_version; versions out of order or negative
+are bad rows, and a versioned group's lag reaches GetStatus once trained.
+--check_only sends nothing.
 
     python3 submit_tool_test.py SUBMIT_BINARY LEARNER_BINARY TOKENIZER_JSON WORK_DIR"""
 import json
@@ -16,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 from learner_client import check, free_port, generate_stubs, grpc
 
@@ -91,6 +94,30 @@ def main():
     check(rc == 0 and s["groups_sent"] == 1, "with --tokenizer the text row is tokenized and sent: %s" % s)
     status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
     check(status.accepted_groups == 14, "the learner accepted it (%d groups in all)" % status.accepted_groups)
+    versions = os.path.join(WORK, "versions.jsonl")
+    versioned = [json.loads(row(20)), json.loads(row(23))]  # a training step's worth
+    for g in versioned:
+        for r in g["responses"]:
+            r["first_policy_version"], r["last_policy_version"] = 0, 0
+    backwards = json.loads(row(21))
+    backwards["responses"][2].update(first_policy_version=3, last_policy_version=1)
+    negative = json.loads(row(22))
+    negative["responses"][0]["first_policy_version"] = -1
+    with open(versions, "w") as f:
+        f.write("\n".join(json.dumps(r) for r in versioned + [backwards, negative]) + "\n")
+    rc, s, err = submit(versions, "--groups_per_batch=1")
+    check(rc == 1 and s["groups_sent"] == 2 and s["bad_rows"] == 2, "the versioned rows sent: %s" % s)
+    check("versions.jsonl:3: group 0 (prompt_id \"q21\") response 2: last_policy_version 1 is below "
+          "first_policy_version 3" in err, "versions out of order named by the learner's rule")
+    check("versions.jsonl:4: " in err and "first_policy_version is not a non-negative integer" in err,
+          "a negative version named")
+    for _ in range(300):
+        status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
+        if any(l.trained_groups > 0 for l in status.source_policy_lags):
+            break
+        time.sleep(0.1)
+    check([l.trained_groups for l in status.source_policy_lags] == [2],
+          "the versioned groups' lag is counted once trained: %s" % status.source_policy_lags)
     rc, s, err = submit(os.path.join(WORK, "missing.jsonl"))
     check(rc == 2 and "cannot read --input" in err, "a missing file: exit 2, named")
     proc.send_signal(signal.SIGTERM)
