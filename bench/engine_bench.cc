@@ -6,10 +6,14 @@
 //     Useful tokens/s (tokens of finished responses per second) of
 //     ContinuousEngine with --slots running sequences against
 //     GenerationEngine on static batches of --slots requests, over the same
-//     --requests requests (default 4 x slots): 16-token random prompts,
-//     response lengths drawn from a geometric distribution with mean
-//     --mean_new, capped at --max_new (each request's max_new_tokens; the
-//     random model has no stop token). Reps alternate the two engines.
+//     --requests requests (default 16 x slots, a stream long enough that the
+//     last long responses, which run almost alone in either engine, are a
+//     small part of it; a rollout daemon's stream does not end): 16-token
+//     random prompts, response lengths drawn from a geometric distribution
+//     with mean --mean_new, capped at --max_new (each request's
+//     max_new_tokens; the random model has no stop token). Reps alternate
+//     the two engines, after a warm-up of both on the first --slots
+//     requests.
 //
 //   engine_bench --mode prefill --config tiny|100m --groups 8,16
 //                [--prompts 4] [--prompt_tokens 256] [--reps 3]
@@ -93,7 +97,7 @@ void Synchronize(const asympo::PolicyModel& m) {
 
 void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
   for (const int64_t slots : a.slots) {
-    const int64_t n = a.requests > 0 ? a.requests : 4 * slots;
+    const int64_t n = a.requests > 0 ? a.requests : 16 * slots;
     const auto reqs = Requests(n, 1, 16, m.config().vocab_size, a.mean_new, a.max_new,
                                static_cast<uint64_t>(a.seed));
     int64_t want = 0;
@@ -106,7 +110,11 @@ void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
     const GenerationEngine fixed(&m);
     std::vector<double> ts_static, ts_cont;
     int64_t got_static = 0, got_cont = 0, steps = 0;
-    for (int64_t rep = 0; rep <= a.reps; ++rep) {  // rep 0 warms up
+    const std::vector<GenerationRequest> warm(
+        reqs.begin(), reqs.begin() + static_cast<ptrdiff_t>(std::min<int64_t>(n, slots)));
+    if (a.only != "continuous") fixed.Generate(warm).value();
+    if (a.only != "static") engine->Generate(warm).value();
+    for (int64_t rep = 0; rep < a.reps; ++rep) {
       const double s = asympo::bench::SecondsOf(
           [&] {
             got_static = 0;
@@ -127,7 +135,6 @@ void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
           [&] { got_cont = a.only == "static" ? want : Tokens(engine->Generate(reqs).value()); },
           [&] { Synchronize(m); });
       steps = engine->stats().decode_steps - before;
-      if (rep == 0) continue;
       ts_static.push_back(s);
       ts_cont.push_back(c);
     }
