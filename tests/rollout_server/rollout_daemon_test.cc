@@ -92,20 +92,27 @@ class RolloutDaemonTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_OK_AND_ASSIGN(model_, PolicyModel::CreateRandom(ModelConfig::Tiny(64), {}));
-    sender_ = std::make_unique<broadcast::BroadcastSender>(broadcast::BroadcastSenderOptions{},
-                                                           broadcast::ModelSignatureOf(*model_),
-                                                           sender_registry_);
+    Serve(&learner_, &sender_registry_, 7, "127.0.0.1:0");
+    ASSERT_NE(port_, 0);
+  }
+
+  // A learner at `address`: `learner` and a weight broadcaster (metrics in
+  // `registry`, which must outlive it) that has published the model as
+  // `version`.
+  void Serve(FakeLearner* learner, prometheus::Registry* registry, uint64_t version,
+             const std::string& address) {
+    sender_ = std::make_unique<broadcast::BroadcastSender>(
+        broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), *registry);
     ASSERT_OK_AND_ASSIGN(auto staging,
                          broadcast::SnapshotStaging::Create(*model_, model_->options().dtype));
     ASSERT_OK(staging->Stage(*model_));
     ASSERT_OK_AND_ASSIGN(auto views, staging->CopyToHost());
-    ASSERT_OK(sender_->Publish(7, views));
+    ASSERT_OK(sender_->Publish(version, views));
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
-    builder.RegisterService(&learner_);
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(learner);
     builder.RegisterService(sender_.get());
     server_ = builder.BuildAndStart();
-    ASSERT_NE(port_, 0);
   }
 
   void TearDown() override {
@@ -218,21 +225,9 @@ TEST_F(RolloutDaemonTest, DropsTheGroupsBeingSampledWhenTheVersionGoesBack) {
   server_.reset();
   FakeLearner restarted;
   prometheus::Registry registry;  // outlives the sender
-  sender_ = std::make_unique<broadcast::BroadcastSender>(
-      broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), registry);
-  ASSERT_OK_AND_ASSIGN(auto staging,
-                       broadcast::SnapshotStaging::Create(*model_, model_->options().dtype));
-  ASSERT_OK(staging->Stage(*model_));
-  ASSERT_OK_AND_ASSIGN(auto views, staging->CopyToHost());
-  ASSERT_OK(sender_->Publish(3, views));
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(absl::StrCat("127.0.0.1:", port_), grpc::InsecureServerCredentials(),
-                           &port);
-  builder.RegisterService(&restarted);
-  builder.RegisterService(sender_.get());
-  server_ = builder.BuildAndStart();
-  ASSERT_EQ(port, port_);
+  const int port = port_;
+  Serve(&restarted, &registry, 3, absl::StrCat("127.0.0.1:", port));
+  ASSERT_EQ(port_, port);
   ASSERT_TRUE(WaitFor([&] { return daemon_->weight_version() == 3; }, absl::Seconds(30)));
   // Groups whose every response was sampled by version 3 arrive.
   const auto sampled_by_3 = [&] {
