@@ -32,7 +32,7 @@ ABSL_FLAG(std::string, checkpoint, "",
           "newest valid checkpoint). Empty: evaluate --model's own weights.");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N.");
 ABSL_FLAG(std::string, dtype, "float32", "float32 or bfloat16.");
-ABSL_FLAG(int32_t, threads, 1, "LibTorch intra-op threads.");
+ABSL_FLAG(int32_t, threads, 1, "CPU threads for tensor work (LibTorch's and OpenBLAS's).");
 ABSL_FLAG(std::string, task, "copy", "Task whose held-out prompts are evaluated.");
 ABSL_FLAG(std::string, task_data, "", "math: JSONL file of the evaluation split.");
 ABSL_FLAG(std::string, tokenizer, "", "math: the model's tokenizer.json.");

@@ -18,7 +18,8 @@ ABSL_FLAG(std::string, run_name, "",
           "restart on the same port included). Give the learner and its rollouts the same one; "
           "empty: made from the host and the start time.");
 ABSL_FLAG(int32_t, threads, 1,
-          "Intra-op threads for LibTorch (1 suits small models on few cores).");
+          "CPU threads for tensor work: LibTorch's intra-op threads and OpenBLAS's pool (1 suits "
+          "small models on few cores).");
 ABSL_FLAG(int64_t, tiny_vocab_size, 64, "Vocabulary of the built-in tiny model.");
 
 ASYMPO_FLAG_RANGE(threads, 1, 1024);

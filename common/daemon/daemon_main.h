@@ -5,7 +5,7 @@
 //
 //   DaemonMain m("asympo-rollout", kUsage, "rollout_server/main.cc");
 //   if (absl::Status s = m.Start(argc, argv); !s.ok()) return m.Fail(s);
-//   ... at::set_num_threads(absl::GetFlag(FLAGS_threads)); options from flags ...
+//   ... SetCpuThreads(absl::GetFlag(FLAGS_threads)); options from flags ...
 //   if (absl::Status s = m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok())
 //     return m.Fail(s);
 //   auto daemon = Daemon::Create(options, m.registry());
