@@ -15,7 +15,14 @@ import os
 import sys
 import time
 
-import torch
+# Debian's PyTorch multiplies matrices with OpenBLAS, whose own thread pool
+# torch.set_num_threads does not cap (its idle threads spin between
+# products); the pool's size is read when the library loads, so --threads
+# is read before torch is imported, as the C++ twin caps it (SetCpuThreads).
+_early = argparse.ArgumentParser(add_help=False)
+_early.add_argument("--threads", type=int, default=2)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", str(max(1, _early.parse_known_args()[0].threads)))
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
 from hf_reference_model import Reference  # noqa: E402

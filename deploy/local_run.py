@@ -194,6 +194,10 @@ def main():
     ap.add_argument("--learner_arg", action="append", default=[], metavar="--FLAG=VALUE",
                     help="one more asympo-learner flag, passed as is and checked by the learner "
                          "(repeatable; e.g. --learner_arg=--lr_schedule=cosine)")
+    ap.add_argument("--rollout_arg", action="append", default=[], metavar="--FLAG=VALUE",
+                    help="one more asympo-rollout flag for every rollout, passed as is after "
+                         "local_run's own (so it overrides them) and checked by the daemon "
+                         "(repeatable; e.g. --rollout_arg=--max_running_sequences=16)")
     ap.add_argument("--device", default="cpu", help="both daemons' --device: cpu, cuda or cuda:N")
     ap.add_argument("--dtype", default="float32",
                     help="dtype of the weights rollouts sample with (both daemons' --dtype)")
@@ -221,9 +225,10 @@ def main():
         value = getattr(args, name)
         if value is not None and not lo <= value <= hi:  # also refuses nan
             ap.error("--%s %s: expected %s" % (name, value, text(lo, hi)))
-    for a in args.learner_arg:
-        if not a.startswith("--") or "=" not in a:
-            ap.error("--learner_arg %r: expected one learner flag as --FLAG=VALUE" % a)
+    for name in ("learner_arg", "rollout_arg"):
+        for a in getattr(args, name):
+            if not a.startswith("--") or "=" not in a:
+                ap.error("--%s %r: expected one %s flag as --FLAG=VALUE" % (name, a, name.split("_")[0]))
     if args.lr_schedule == "cosine" and args.max_steps == 0:
         ap.error("--lr_schedule cosine decays over --max_steps steps; give --max_steps, or --lr_schedule constant")
 
@@ -287,7 +292,7 @@ def main():
             "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),
             "--max_running_sequences=%d" % (max(1, args.prompts_per_step // 2) * args.group_size),
             "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
-            "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)])
+            "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)] + args.rollout_arg)
 
     print("local_run: learner on 127.0.0.1:%d%s, %d rollouts, task %s, objective %s; logs and results in %s"
           % (port, " (%d data-parallel ranks)" % args.learner_ranks if args.learner_ranks > 1 else "",

@@ -35,6 +35,7 @@ def launch(build, *flags, timeout=240):
 def refused(build, work):
     cases = [
         (["--learner_arg=lr=1"], "--learner_arg 'lr=1'"),
+        (["--rollout_arg=slots"], "--rollout_arg 'slots'"),
         (["--lr_schedule", "cosine", "--max_steps", "0"], "--lr_schedule cosine decays over --max_steps"),
         (["--max_steps", "-3"], "--max_steps -3"),
         (["--minutes", "0"], "--minutes 0"),

@@ -19,12 +19,17 @@ Prints one line per --log_every rounds and, at the end, a JSON summary."""
 import argparse
 import json
 import math
+import os
 import random
 import sys
 import threading
 import time
 
-import torch
+# One thread (set_num_threads below) for OpenBLAS too: where PyTorch uses it
+# (Debian's), its own pool is not capped by torch.set_num_threads and spins
+# between matrix products. Read when the library loads, so set before.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+import torch  # noqa: E402
 
 import asympo_rl
 
