@@ -23,7 +23,8 @@
 //
 // Common: --device cpu|cuda, --dtype float32|bfloat16, --seed; --only
 // static|continuous runs one engine of the batching pair (for a profiler;
-// the other's time is then ~0). One JSON line
+// the other's time is then ~0); --warmup 0 skips the batching warm-up (for
+// a large model whose first step is not the one to avoid). One JSON line
 // per measurement; docs/benchmarks.md has the results.
 #include <algorithm>
 #include <cmath>
@@ -57,6 +58,7 @@ struct Args {
   std::vector<int64_t> slots, groups;
   int64_t requests = 0, mean_new = 64, max_new = 512, prompts = 4, prompt_tokens = 256;
   int64_t reps = 3, seed = 1;
+  bool warmup = true;
 };
 
 // Random prompts of `tokens` tokens, each repeated `g` times with its own
@@ -112,8 +114,8 @@ void BenchBatching(const Args& a, const asympo::PolicyModel& m) {
     int64_t got_static = 0, got_cont = 0, steps = 0;
     const std::vector<GenerationRequest> warm(
         reqs.begin(), reqs.begin() + static_cast<ptrdiff_t>(std::min<int64_t>(n, slots)));
-    if (a.only != "continuous") fixed.Generate(warm).value();
-    if (a.only != "static") engine->Generate(warm).value();
+    if (a.warmup && a.only != "continuous") fixed.Generate(warm).value();
+    if (a.warmup && a.only != "static") engine->Generate(warm).value();
     for (int64_t rep = 0; rep < a.reps; ++rep) {
       const double s = asympo::bench::SecondsOf(
           [&] {
@@ -215,6 +217,7 @@ int main(int argc, char** argv) {
   a.prompt_tokens = b::Flag(argc, argv, "--prompt_tokens", 256);
   a.reps = b::Flag(argc, argv, "--reps", 3);
   a.seed = b::Flag(argc, argv, "--seed", 1);
+  a.warmup = b::Flag(argc, argv, "--warmup", 1) != 0;
   const int64_t threads = b::Flag(argc, argv, "--threads", 0);
   b::RejectUnknownFlags(argc, argv);
   if (a.mode != "batching" && a.mode != "prefill") b::FlagError("--mode is batching or prefill");
