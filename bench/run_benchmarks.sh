@@ -11,5 +11,5 @@ echo "<!-- $(date -u +%Y-%m-%d) $(nproc) cores, $(grep -m1 'model name' /proc/cp
 "$build_dir/bench/broadcast_bench" --reps "${REPS:-5}" --malloc_tuned 1
 "$build_dir/bench/publish_bench" --config 100m --groups 2 --responses 4 --tokens 32 --steps 4 --rounds 3 --dtype bfloat16 --malloc_tuned 1 | grep '^|'
 "$build_dir/bench/publish_bench" --mode transfer --config 100m --dtype bfloat16 --reps 3
-"$build_dir/bench/engine_bench" --mode batching --config tiny --slots 32,128 --reps 3
+"$build_dir/bench/engine_bench" --mode batching --config tiny --slots 32,128 --reps 3 --threads 1
 "$build_dir/bench/engine_bench" --mode prefill --config tiny --groups 8,16 --reps 3
