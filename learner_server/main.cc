@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"

@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 
-
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"

@@ -35,6 +35,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -165,18 +166,15 @@ v1::Response ParseResponse(const nlohmann::json& r, const Tokenizer* tok, const 
   // The policy versions that sampled the response's first and last token
   // (docs/protocol.md, "Policy lag"); the ordering is checked with the
   // learner's rules (ValidateBatch).
-  for (const char* key : {"first_policy_version", "last_policy_version"}) {
-    if (!r.contains(key)) continue;
+  const auto version = [&](const char* key) -> std::optional<uint64_t> {
+    if (!r.contains(key)) return std::nullopt;
     if (!r[key].is_number_unsigned()) {
       throw std::runtime_error(absl::StrCat(what, " ", key, " is not a non-negative integer"));
     }
-    const uint64_t v = r[key].get<uint64_t>();
-    if (std::string(key) == "first_policy_version") {
-      out.set_first_policy_version(v);
-    } else {
-      out.set_last_policy_version(v);
-    }
-  }
+    return r[key].get<uint64_t>();
+  };
+  if (const auto v = version("first_policy_version")) out.set_first_policy_version(*v);
+  if (const auto v = version("last_policy_version")) out.set_last_policy_version(*v);
   return out;
 }
 

@@ -38,9 +38,9 @@ std::string DTypeName(c10::ScalarType dtype);
 // daemons' --threads): LibTorch's intra-op threads and, where the BLAS is
 // OpenBLAS (Debian's LibTorch), OpenBLAS's own thread pool, which
 // at::set_num_threads leaves at one thread per core. Left alone, that pool's
-// idle threads spin in sched_yield between two matrix products: on a
-// 2-core machine a decode step then costs about a quarter more
-// (docs/benchmarks.md). Returns the threads OpenBLAS was set to, or 0 where
+// idle threads spin in sched_yield between two matrix products (a third of
+// a profiled decode run's samples were in the kernel scheduler;
+// docs/benchmarks.md). Returns the threads OpenBLAS was set to, or 0 where
 // this process has no OpenBLAS.
 int SetCpuThreads(int threads);
 
