@@ -9,7 +9,8 @@ alerts.yml, a real Alertmanager, and three runs at once:
   fall (mean 6.5: the reward EMA back within the detector's recovery band,
   so the detector clears) followed by 15 s without steps, and, when the
   page had not fired before that step, another such step 5 s after it
-  fires; then the run stops while collapsed;
+  fires (at least 5 s after the first one's pause); then the run stops
+  while collapsed;
 - "live-healthy": deploy/local_run.py with one rollout daemon learning the
   copy task (its own file in runs/prometheus_targets);
 - "live-noisy": a learner fed rewards around 0.6 with step-to-step noise and
@@ -212,7 +213,8 @@ def watch_page(prom, plan):
     after the page fired: the time the page first fires. The first noisy
     step comes 20 s after the fall; when the page had not fired by then (a
     slow learner, or the scrape's timing), a second comes 5 s after it
-    fires. Checks that the page never stops once fired, that it fired within
+    fires (and 5 s after the first one's pause at the earliest, so that it
+    lifts the EMA from its low, not above the peak). Checks that the page never stops once fired, that it fired within
     65 s of the learner's reward EMA falling below half its peak (35 s by
     the rules, plus the noisy step's pause: the noisy step did not hold it
     off), and that the detector cleared during the first noisy step."""
@@ -227,8 +229,8 @@ def watch_page(prom, plan):
             ema_fell = now
         if fired is None and firing:
             fired = now
-            if plan.noisy:  # fired after the first noisy step: another one
-                plan.noise_at(fired + 5)
+            if plan.noisy:  # fired after the first noisy step: another, once its pause is over
+                plan.noise_at(max(fired + 5, plan.noisy[0] + 20))
         if fired is not None and not firing:
             check(False, "the page, once fired, stays firing (not at %.0f s after the fall; %s)"
                   % (now - plan.fell, " ".join(trace)))
