@@ -87,7 +87,17 @@ ABSL_FLAG(double, max_abs_reward, 1e6,
 // Steps.
 ABSL_FLAG(int64_t, prompts_per_step, 8, "Prompt groups per optimizer step.");
 ABSL_FLAG(int64_t, micro_batch_tokens, 16384,
-          "Padded tokens per micro-batch (gradient accumulation).");
+          "Tokens per micro-batch (gradient accumulation): real tokens with --pack_sequences, "
+          "padded ones (sequences x longest) without. A larger group is a micro-batch of its "
+          "own.");
+ABSL_FLAG(bool, pack_sequences, true,
+          "Pack several prompt+response sequences into each row of a micro-batch, each with its "
+          "own positions and a block-diagonal causal mask, instead of one padded row per "
+          "response. The loss and its gradients are the same.");
+ABSL_FLAG(std::string, activation_checkpointing, "none",
+          "none, layers (every decoder layer keeps only its input and runs its forward again in "
+          "the backward) or every_N (layers 0, N, 2N, ... do): less activation memory for more "
+          "compute.");
 ABSL_FLAG(int64_t, logprob_chunk_rows, 1024,
           "Rows of logits computed at once for token log-probs.");
 ABSL_FLAG(double, lr, 1e-6, "Peak learning rate.");
@@ -323,6 +333,13 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
       o->model_options.compute_dtype,
       asympo::ParseComputeDType(absl::GetFlag(FLAGS_compute_dtype), o->model_options.device));
   o->model_options.dtype = at::kFloat;  // master weights
+  absl::StatusOr<int64_t> every =
+      asympo::ParseActivationCheckpointing(absl::GetFlag(FLAGS_activation_checkpointing));
+  if (!every.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--activation_checkpointing: ", every.status().message()));
+  }
+  o->model_options.checkpoint_every = *every;
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
   return absl::OkStatus();
 }
@@ -351,6 +368,7 @@ absl::Status ObjectiveFlags(asympo::learner::PolicyLossOptions* loss) {
 absl::Status TrainerFlags(asympo::learner::TrainerOptions* t) {
   ASYMPO_RETURN_IF_ERROR(ObjectiveFlags(&t->loss));
   t->micro_batch_tokens = absl::GetFlag(FLAGS_micro_batch_tokens);
+  t->pack_sequences = absl::GetFlag(FLAGS_pack_sequences);
   t->logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
   t->lr.peak_lr = absl::GetFlag(FLAGS_lr);
   t->lr.kind = absl::GetFlag(FLAGS_lr_schedule);

@@ -7,8 +7,8 @@
 // a micro-batch (its advantages are per group), and it reads each response
 // through `hidden_rows` and `response_mask`, so a layout is free to place
 // the sequences as it likes: PaddedLayout gives each response a row of its
-// own, padded to the micro-batch's longest; a packer can put several
-// sequences in one row with their own positions.
+// own, padded to the micro-batch's longest; PackedLayout puts several
+// sequences in one row, each with its own positions and segment.
 //
 // Layouts are immutable after construction and thread-safe.
 #pragma once
@@ -22,24 +22,30 @@
 
 namespace asympo::learner {
 
-// One micro-batch of whole groups as host tensors, N rows of T positions
-// holding its responses (prompt + response each) and M response tokens in
-// all. The hidden state of flat position hidden_rows[k] (row * T + column)
-// predicts targets[k].
+// One micro-batch of whole groups as host tensors: N responses, laid out
+// in `rows` rows of T positions (one response a row, padded; or several
+// packed one after another), M response tokens in all. The hidden state of
+// flat position hidden_rows[k] (row * T + column) predicts targets[k]; the
+// targets are in response order (response 0's tokens first).
 struct MicroBatch {
-  int64_t rows = 0;              // N: responses
+  int64_t responses = 0;         // N
+  int64_t rows = 0;              // rows of the tensors below
   int64_t longest = 0;           // T: row length
   int64_t longest_response = 0;  // R
   int64_t groups = 0;
-  at::Tensor ids;                    // (N, T) int64, padded
-  at::Tensor positions;              // (N, T) int64: each token's position in its sequence
-  at::Tensor key_mask;               // (N, T) bool, true on real tokens
+  at::Tensor ids;                    // (rows, T) int64, padded
+  at::Tensor positions;              // (rows, T) int64: each token's position in its sequence
+  at::Tensor key_mask;               // (rows, T) bool, true on real tokens
+  at::Tensor segments;               // (rows, T) int64 sequence of each token; packed only
   at::Tensor response_mask;          // (N, R) bool
   at::Tensor rewards;                // (N,) float
   at::Tensor group_index;            // (N,) int64 in [0, groups)
   at::Tensor behavior;               // (N, R) float; only with behavior log-probs
-  std::vector<int64_t> hidden_rows;  // (M,) flat N*T index of each response token's predictor
+  std::vector<int64_t> hidden_rows;  // (M,) flat rows*T index of each response token's predictor
   std::vector<int64_t> targets;      // (M,) the response tokens
+  // Token positions computed (rows x T) and, of them, real tokens.
+  int64_t padded_tokens() const { return rows * longest; }
+  int64_t real_tokens = 0;
 };
 
 class MicroBatchLayout {
@@ -55,8 +61,9 @@ class MicroBatchLayout {
 };
 
 struct PaddedLayoutOptions {
-  // Padded tokens (rows x longest sequence) per micro-batch; a group larger
-  // than that forms a micro-batch of its own.
+  // Tokens per micro-batch: padded (rows x longest sequence) for
+  // PaddedLayout, real for PackedLayout; a group larger than that forms a
+  // micro-batch of its own.
   int64_t micro_batch_tokens = 16384;
   int64_t vocab_size = 0;
   int64_t pad_token_id = 0;
@@ -68,6 +75,25 @@ struct PaddedLayoutOptions {
 class PaddedLayout : public MicroBatchLayout {
  public:
   explicit PaddedLayout(PaddedLayoutOptions options) : options_(options) {}
+  std::vector<std::vector<const QueuedGroup*>> Split(
+      const std::vector<QueuedGroup>& groups) const override;
+  absl::StatusOr<MicroBatch> Build(const std::vector<const QueuedGroup*>& groups) const override;
+
+ private:
+  PaddedLayoutOptions options_;
+};
+
+// Packed sequences: Split fills each micro-batch with whole groups up to
+// micro_batch_tokens real tokens (prompt + response of every response; a
+// group larger than that alone), counting no padding. Build places the
+// sequences, longest first, into rows as long as the micro-batch's longest
+// sequence (first fit), one after another with no padding between them;
+// each has its own positions (from 0) and segment, so attention is
+// block-diagonal causal. Only the ends of rows are padded. Attention costs
+// what a padded micro-batch's does per row, over fewer rows.
+class PackedLayout : public MicroBatchLayout {
+ public:
+  explicit PackedLayout(PaddedLayoutOptions options) : options_(options) {}
   std::vector<std::vector<const QueuedGroup*>> Split(
       const std::vector<QueuedGroup>& groups) const override;
   absl::StatusOr<MicroBatch> Build(const std::vector<const QueuedGroup*>& groups) const override;

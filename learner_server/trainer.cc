@@ -40,7 +40,7 @@ LossInputs LossInputsOf(const MicroBatch& mb, const at::Tensor& logp, const Step
                         const at::Device& dev) {
   LossInputs in;
   in.mask = mb.response_mask.to(dev);
-  in.token_logprobs = at::zeros({mb.rows, mb.longest_response}, logp.options())
+  in.token_logprobs = at::zeros({mb.responses, mb.longest_response}, logp.options())
                           .masked_scatter(in.mask, logp);  // (N, R)
   in.rewards = mb.rewards.to(dev);
   in.group_index = mb.group_index.to(dev);
@@ -48,6 +48,14 @@ LossInputs LossInputsOf(const MicroBatch& mb, const at::Tensor& logp, const Step
   if (mb.behavior.defined()) in.behavior_logprobs = mb.behavior.to(dev);
   in.step_totals = totals;
   return in;
+}
+
+std::unique_ptr<MicroBatchLayout> MakeLayout(const TrainerOptions& o, int64_t vocab_size,
+                                             bool behavior_logprobs) {
+  const PaddedLayoutOptions layout{o.micro_batch_tokens, vocab_size, o.pad_token_id,
+                                   behavior_logprobs};
+  if (o.pack_sequences) return std::make_unique<PackedLayout>(layout);
+  return std::make_unique<PaddedLayout>(layout);
 }
 
 }  // namespace
@@ -94,9 +102,7 @@ Trainer::Trainer(TrainerOptions options, PolicyLoss loss, PolicyModel* model,
       loss_(std::move(loss)),
       model_(model),
       publisher_(publisher),
-      layout_(std::make_unique<PaddedLayout>(
-          PaddedLayoutOptions{options_.micro_batch_tokens, model->config().vocab_size,
-                              options_.pad_token_id, loss_.needs_behavior_logprobs()})),
+      layout_(MakeLayout(options_, model->config().vocab_size, loss_.needs_behavior_logprobs())),
       faults_(options_.fault_nonfinite_loss_steps, options_.fault_exception_steps),
       optimizer_(model->parameters(), options_.adamw) {}
 
@@ -180,8 +186,9 @@ StepOr<Trainer::Accumulated> Trainer::Accumulate(const std::vector<QueuedGroup>&
 StepOr<LossOutput> Trainer::ForwardAndLoss(const MicroBatch& mb, const StepTotals& totals) {
   // The batch is laid out on the host and goes to the model's device once.
   const at::Device dev = model_->options().device;
-  const at::Tensor hidden = model_->Forward(mb.ids.to(dev), mb.positions.to(dev),
-                                            mb.key_mask.to(dev));  // (N, T, H)
+  const at::Tensor hidden =
+      model_->Forward(mb.ids.to(dev), mb.positions.to(dev), mb.key_mask.to(dev), nullptr,
+                      mb.segments.defined() ? mb.segments.to(dev) : at::Tensor());  // (rows, T, H)
   const at::Tensor picked =
       hidden.reshape({-1, hidden.size(2)})
           .index_select(0, at::tensor(mb.hidden_rows, at::kLong).to(dev));  // (M, H)

@@ -57,9 +57,13 @@ struct TrainerOptions {
   AdamWOptions adamw;
   // Clip the global gradient norm to this value; <= 0 disables clipping.
   double max_grad_norm = 1.0;
-  // Padded tokens (sequences x longest sequence) per micro-batch. A group
-  // larger than the budget forms a micro-batch of its own.
+  // Tokens per micro-batch: real ones with packed sequences, padded ones
+  // (sequences x longest sequence) without. A group larger than the budget
+  // forms a micro-batch of its own.
   int64_t micro_batch_tokens = 16384;
+  // Packed sequences (PackedLayout: several sequences a row, no padding
+  // between them) or one padded row per response (PaddedLayout).
+  bool pack_sequences = true;
   // Rows of logits computed at once by the chunked log-prob path.
   int64_t logprob_chunk_rows = 1024;
   int64_t pad_token_id = 0;

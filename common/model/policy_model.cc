@@ -10,8 +10,11 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/version.h>
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "common/model/activation_checkpoint.h"
 #include "common/model/torch_errors.h"
 #include "common/status_macros.h"
 
@@ -66,6 +69,23 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> ParseActivationCheckpointing(absl::string_view text) {
+  if (text == "none") return 0;
+  if (text == "layers") return 1;
+  int64_t every = 0;
+  if (absl::ConsumePrefix(&text, "every_") && absl::SimpleAtoi(text, &every) && every >= 1) {
+    return every;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("activation checkpointing \"", text,
+                                                 "\": expected none, layers or every_N (N >= 1)"));
+}
+
+std::string ActivationCheckpointingName(int64_t checkpoint_every) {
+  if (checkpoint_every <= 0) return "none";
+  if (checkpoint_every == 1) return "layers";
+  return absl::StrCat("every_", checkpoint_every);
+}
 
 PolicyModel::PolicyModel(ModelConfig config, ModelOptions options)
     : config_(std::move(config)),
@@ -360,7 +380,8 @@ at::Tensor PolicyModel::AttentionBias(const at::Tensor& allowed_bool) const {
 }
 
 at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positions,
-                                const at::Tensor& key_mask, KvCache* cache) const {
+                                const at::Tensor& key_mask, KvCache* cache,
+                                const at::Tensor& segments) const {
   const int64_t t = ids.size(1);
   const int64_t past = cache != nullptr ? cache->length : 0;
   TORCH_CHECK(cache == nullptr || past + t <= cache->capacity(), "KV cache capacity ",
@@ -374,14 +395,21 @@ at::Tensor PolicyModel::Forward(const at::Tensor& ids, const at::Tensor& positio
   const at::Tensor kslot = at::arange(past + t, at::TensorOptions().dtype(at::kLong).device(dev));
   const at::Tensor causal = kslot.unsqueeze(0) <= qslot.unsqueeze(1);  // (T, P+T)
   const at::Tensor self = kslot.unsqueeze(0) == qslot.unsqueeze(1);
-  const at::Tensor allowed_bool = at::logical_or(
-      at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1)), self.unsqueeze(0));
-  const at::Tensor allowed = AttentionBias(allowed_bool);
+  at::Tensor visible = at::logical_and(causal.unsqueeze(0), key_mask.to(at::kBool).unsqueeze(1));
+  if (segments.defined()) {
+    TORCH_CHECK(cache == nullptr && segments.sizes() == ids.sizes(),
+                "segments must be (B, T) like ids, without a cache");
+    // Block-diagonal: a query sees only its own sequence's keys.
+    visible = at::logical_and(visible, segments.unsqueeze(2) == segments.unsqueeze(1));
+  }
+  const at::Tensor allowed = AttentionBias(at::logical_or(visible, self.unsqueeze(0)));
+  // Captures by value: a checkpointed layer runs it again in the backward.
   at::Tensor hidden =
-      Layers(ids, positions, [&](int64_t i, const at::Tensor& q, at::Tensor k, at::Tensor v) {
-        std::tie(k, v) = CachedKeysValues(i, k, v, allowed.size(-1), cache, at::Tensor());
-        return MaskedAttention(q, k, v, allowed);
-      });
+      Layers(ids, positions,
+             [this, allowed, cache](int64_t i, const at::Tensor& q, at::Tensor k, at::Tensor v) {
+               std::tie(k, v) = CachedKeysValues(i, k, v, allowed.size(-1), cache, at::Tensor());
+               return MaskedAttention(q, k, v, allowed);
+             });
   if (cache != nullptr) cache->length += t;
   return hidden;
 }
@@ -458,20 +486,41 @@ KvCache PromptRow(const SharedPrefixCache& cache, int64_t row) {
   return view;
 }
 
+at::Tensor PolicyModel::DecoderLayer(int64_t index, const at::Tensor& x, const at::Tensor& cos,
+                                     const at::Tensor& sin, const Attend& attend) const {
+  const Layer& layer = layers_[static_cast<size_t>(index)];
+  const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
+  const at::Tensor h =
+      x + Attention(layer, index, RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin,
+                    attend);
+  const at::Tensor hn = RmsNorm(h, w(layer.post_norm), config_.rms_norm_eps);
+  return h +
+         at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) * at::linear(hn, w(layer.up_proj)),
+                    w(layer.down_proj));
+}
+
 at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& positions,
                                const Attend& attend) const {
   const auto [cos, sin] = Rotary(positions);
   const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
   // Rows are gathered from the (float32 master) table before the cast.
   at::Tensor x = at::embedding(embed_, ids).to(compute_dtype_);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const Layer& layer = layers_[i];
-    x = x + Attention(layer, static_cast<int64_t>(i),
-                      RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin, attend);
-    const at::Tensor hn = RmsNorm(x, w(layer.post_norm), config_.rms_norm_eps);
-    x = x +
-        at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) * at::linear(hn, w(layer.up_proj)),
-                   w(layer.down_proj));
+  const int64_t every = options_.checkpoint_every;
+  const bool checkpointing = every > 0 && at::GradMode::is_enabled();
+  for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
+    if (checkpointing && i % every == 0) {
+      const Layer& l = layers_[static_cast<size_t>(i)];
+      // The layer's forward, owning what it reads (the backward runs it).
+      auto run = [this, i, cos = cos, sin = sin, attend](const at::Tensor& in) {
+        return DecoderLayer(i, in, cos, sin, attend);
+      };
+      x = CheckpointedCall(
+          std::move(run), x,
+          {l.input_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.q_bias, l.k_bias, l.v_bias,
+           l.q_norm, l.k_norm, l.post_norm, l.gate_proj, l.up_proj, l.down_proj});
+    } else {
+      x = DecoderLayer(i, x, cos, sin, attend);
+    }
   }
   return RmsNorm(x, w(final_norm_), config_.rms_norm_eps);
 }

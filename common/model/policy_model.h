@@ -18,6 +18,7 @@
 
 #include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model/model_config.h"
 
 namespace asympo {
@@ -37,6 +38,12 @@ struct ModelOptions {
   double init_std = 0.02;
   // False leaves parameters uninitialized (for loading a checkpoint next).
   bool random_init = true;
+  // Activation checkpointing while gradients are recorded: every
+  // checkpoint_every-th decoder layer (layers 0, N, 2N, ...; 1: every
+  // layer) keeps only its input for the backward, which runs its forward
+  // again to get the rest. 0: none. Without gradient recording (inference)
+  // it has no effect.
+  int64_t checkpoint_every = 0;
 };
 
 // Keys and values of past positions, per layer, for incremental decoding.
@@ -58,6 +65,12 @@ struct SharedPrefixCache {
 // Row `row` of cache.prompts as an empty KvCache of batch 1 (views of the
 // same memory): Forward with it prefills that prompt.
 KvCache PromptRow(const SharedPrefixCache& cache, int64_t row);
+
+// --activation_checkpointing: "none" (0), "layers" (1) or "every_N" (N >= 1)
+// as ModelOptions::checkpoint_every; INVALID_ARGUMENT names the value.
+absl::StatusOr<int64_t> ParseActivationCheckpointing(absl::string_view text);
+// The flag's spelling of checkpoint_every (the inverse of the above).
+std::string ActivationCheckpointingName(int64_t checkpoint_every);
 
 class PolicyModel {
  public:
@@ -99,8 +112,12 @@ class PolicyModel {
   //              attends to real keys at or before its own slot.
   //   cache:     when non-null, keys/values of the T new tokens are written
   //              at slots [P, P + T) and cache->length advances by T.
+  //   segments:  packed sequences (no cache): (B, T) int64, the sequence
+  //              each token belongs to; a query attends only to keys of its
+  //              own segment (a block-diagonal causal mask). Positions
+  //              restart with each sequence. Undefined: one sequence a row.
   at::Tensor Forward(const at::Tensor& ids, const at::Tensor& positions, const at::Tensor& key_mask,
-                     KvCache* cache = nullptr) const;
+                     KvCache* cache = nullptr, const at::Tensor& segments = at::Tensor()) const;
 
   // One decode step with static shapes (CUDA-graph friendly): the keys and
   // values of `ids` go to cache slot `slot` and attention spans the whole
@@ -196,7 +213,12 @@ class PolicyModel {
   // The attention mask in the form MaskedAttention takes, from allowed (B, T, K)
   // bool.
   at::Tensor AttentionBias(const at::Tensor& allowed_bool) const;
-  // Embedding, the decoder layers and the final norm.
+  // Decoder layer `index` on x (B, T, H).
+  at::Tensor DecoderLayer(int64_t index, const at::Tensor& x, const at::Tensor& cos,
+                          const at::Tensor& sin, const Attend& attend) const;
+  // Embedding, the decoder layers and the final norm. `attend` must own
+  // what it captures when activation checkpointing may keep it for the
+  // backward.
   at::Tensor Layers(const at::Tensor& ids, const at::Tensor& positions, const Attend& attend) const;
 
   ModelConfig config_;

@@ -85,5 +85,68 @@ TEST(PaddedLayoutTest, ATokenOutsideTheVocabularyIsAnInvalidBatch) {
               StatusIs(absl::StatusCode::kInvalidArgument, "token 32 is outside"));
 }
 
+TEST(PackedLayoutTest, SplitsWholeGroupsInOrderByRealTokens) {
+  // Real tokens: 3+2 + 3+1 = 9, 2+2 + 2+2 = 8, 4+3 + 4+1 = 12, 5+4 + 5+4 + 5+1 = 24.
+  const std::vector<QueuedGroup> groups = {Group(3, {2, 1}), Group(2, {2, 2}), Group(4, {3, 1}),
+                                           Group(5, {4, 4, 1})};
+  const auto split = PackedLayout(Options(20)).Split(groups);
+  ASSERT_EQ(split.size(), 3u);
+  EXPECT_THAT(split[0], ElementsAre(&groups[0], &groups[1]));  // 17; 29 with the next
+  EXPECT_THAT(split[1], ElementsAre(&groups[2]));
+  EXPECT_THAT(split[2], ElementsAre(&groups[3]));  // 24 > 20: a micro-batch of its own
+  // Padded, the first two groups would take 4 rows x 5 = 20 and the third
+  // 6 x 7: packing fits what padding cannot.
+  EXPECT_EQ(PaddedLayout(Options(16)).Split(groups).size(), 4u);
+  EXPECT_EQ(PackedLayout(Options(17)).Split(groups).size(), 3u);
+}
+
+TEST(PackedLayoutTest, PacksLongestFirstWithPositionsAndSegmentsOfTheirOwn) {
+  // Sequences (prompt + response) r0..r3: 2+2 = 4, 2+1 = 3 (group 0); 1+5
+  // = 6, 1+2 = 3 (group 1). Rows of 6, longest first, first fit: r2 fills
+  // row 0, r0 opens row 1, r1 does not fit beside it (4 + 3) and opens row
+  // 2, where r3 follows it.
+  const std::vector<QueuedGroup> groups = {Group(2, {2, 1}), Group(1, {5, 2})};
+  PaddedLayoutOptions o = Options(100);
+  o.pad_token_id = 31;
+  o.behavior_logprobs = true;
+  const MicroBatch mb = PackedLayout(o).Build({&groups[0], &groups[1]}).value();
+  EXPECT_EQ(mb.responses, 4);
+  EXPECT_EQ(mb.rows, 3);
+  EXPECT_EQ(mb.longest, 6);
+  EXPECT_EQ(mb.longest_response, 5);
+  EXPECT_EQ(mb.real_tokens, 16);
+  EXPECT_TRUE(torch::equal(mb.ids, torch::tensor({1, 10, 10, 10, 10, 10,  // r2
+                                                  1, 2, 10, 10, 31, 31,   // r0
+                                                  1, 2, 11, 1, 11, 11},   // r1, r3
+                                                 torch::kLong)
+                                       .view({3, 6})));
+  EXPECT_TRUE(torch::equal(mb.positions, torch::tensor({0, 1, 2, 3, 4, 5,  //
+                                                        0, 1, 2, 3, 4, 5,  // padding: its column
+                                                        0, 1, 2, 0, 1, 2},
+                                                       torch::kLong)
+                                             .view({3, 6})));
+  EXPECT_TRUE(torch::equal(mb.segments, torch::tensor({2, 2, 2, 2, 2, 2,    //
+                                                       0, 0, 0, 0, -1, -1,  //
+                                                       1, 1, 1, 3, 3, 3},
+                                                      torch::kLong)
+                                            .view({3, 6})));
+  EXPECT_TRUE(torch::equal(mb.key_mask, mb.segments >= 0));
+  EXPECT_TRUE(torch::equal(mb.group_index, torch::tensor({0, 0, 1, 1}, torch::kLong)));
+  EXPECT_TRUE(torch::equal(mb.rewards, torch::tensor({0.0f, 1.0f, 0.0f, 1.0f})));
+  // In response order: r0 (row 1, from 1), r1 (row 2, from 1), r2 (row 0,
+  // from 0), r3 (row 2, from 3 + 0).
+  EXPECT_THAT(mb.hidden_rows, ElementsAre(7, 8, 13, 0, 1, 2, 3, 4, 15, 16));
+  EXPECT_THAT(mb.targets, ElementsAre(10, 10, 11, 10, 10, 10, 10, 10, 11, 11));
+  EXPECT_EQ(mb.response_mask.sum().item<int64_t>(), 10);
+  EXPECT_FLOAT_EQ(mb.behavior[3][1].item<float>(), -1.0f);
+}
+
+TEST(PackedLayoutTest, RefusesATokenOutsideTheVocabulary) {
+  std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
+  groups[0].group.mutable_responses(1)->set_tokens(0, 32);
+  EXPECT_THAT(PackedLayout(Options(100)).Build({&groups[0]}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "token 32 is outside"));
+}
+
 }  // namespace
 }  // namespace asympo::learner
