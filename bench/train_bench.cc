@@ -17,7 +17,7 @@
 // quarter prompt), forward, token log-probs and backward per mode; the
 // activation memory (what the forward left allocated for the backward),
 // the peak above the weights and gradients, and the step time.
-// Memory is LibTorch's CPU allocations (bench/cpu_memory.h).
+// Memory is LibTorch's CPU allocations (common/model/cpu_memory.h).
 #include <cstdio>
 #include <random>
 #include <string>
@@ -28,7 +28,7 @@
 
 #include "bench/bench_flags.h"
 #include "bench/bench_models.h"
-#include "bench/cpu_memory.h"
+#include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "common/model/policy_model.h"
 #include "learner_server/micro_batches.h"
@@ -37,10 +37,10 @@
 
 namespace {
 
+using asympo::CpuMemory;
 using asympo::ModelConfig;
 using asympo::ModelOptions;
 using asympo::PolicyModel;
-using asympo::bench::CpuMemory;
 using asympo::bench::Flag;
 using asympo::bench::FlagS;
 using asympo::bench::Median;

@@ -1,9 +1,9 @@
 // The bytes LibTorch holds on the CPU, and their peak: an allocator that
 // wraps the default CPU allocator and counts what it hands out and gets
 // back. Install it before the tensors to be counted are allocated (tensors
-// allocated earlier are neither counted nor subtracted). Used by the
-// memory benchmarks to measure peak activation memory on CPU, where
-// LibTorch keeps no statistics.
+// allocated earlier are neither counted nor subtracted); it stays installed
+// for the life of the process. For benchmarks and tests that measure peak
+// memory on CPU, where LibTorch keeps no statistics. Thread-safe.
 #pragma once
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
-namespace asympo::bench {
+namespace asympo {
 
 class CpuMemory final : public c10::Allocator {
  public:
@@ -34,6 +34,7 @@ class CpuMemory final : public c10::Allocator {
   // From now on the peak is measured from the current amount.
   void ResetPeak() { peak_.store(current_.load()); }
 
+  // LibTorch 2.3 made Allocator::allocate non-const and added copy_data.
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   c10::DataPtr allocate(size_t n) override { return Track(n); }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
@@ -75,4 +76,4 @@ class CpuMemory final : public c10::Allocator {
   std::atomic<int64_t> peak_{0};
 };
 
-}  // namespace asympo::bench
+}  // namespace asympo
