@@ -79,6 +79,12 @@ absl::Status AdamW::Apply(double lr, double scale, const std::vector<bool>& /*st
   return absl::OkStatus();
 }
 
+std::vector<bool> Optimizer::LocalGradients(const std::vector<at::Tensor>& params) const {
+  std::vector<bool> out;
+  for (const at::Tensor& p : params) out.push_back(p.grad().defined());
+  return out;
+}
+
 void AdamW::ZeroGrad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
 }

@@ -75,6 +75,24 @@ class Optimizer {
   virtual void ReleaseState(AdamW* whole) = 0;
   // The bytes of optimizer state this rank keeps between steps.
   virtual int64_t state_bytes() const = 0;
+
+  // For an optimizer that keeps the weights themselves sharded (FullShard);
+  // the defaults suit one whose weights are whole in the parameters.
+  // Before a step's first forward pass: gathers what the step reads.
+  virtual absl::Status BeginStep() { return absl::OkStatus(); }
+  // True when every forward and backward pass is collective: then every
+  // rank must run as many micro-batches, the most any rank has
+  // (MostMicroBatches, a collective).
+  virtual bool lockstep() const { return false; }
+  virtual absl::StatusOr<int64_t> MostMicroBatches(int64_t mine) { return mine; }
+  // Per parameter of `params` (the model's, in order), whether this rank
+  // has a gradient for it in this step.
+  virtual std::vector<bool> LocalGradients(const std::vector<at::Tensor>& params) const;
+  // Makes the whole weights readable in the parameters on rank 0 (a
+  // collective: every rank calls it), for publishing them; ReleaseWeights
+  // frees them again.
+  virtual absl::Status GatherWeights() { return absl::OkStatus(); }
+  virtual void ReleaseWeights() {}
 };
 
 class AdamW : public Optimizer {

@@ -9,7 +9,7 @@
 // (all-reduce; the exchange is a StepExchange, step_exchange.h), and every
 // rank applies the same clipping and AdamW update, so the replicas stay
 // identical (see Trainer::StepShard). With
-// shard_optimizer each rank keeps a chunk of the AdamW moments instead
+// DistShard::kOptimizer each rank keeps a chunk of the AdamW moments instead
 // (ShardedAdamW: reduce-scatter, AdamW on the chunk, all-gather), and a
 // checkpoint first gathers them on rank 0 ("gather" message).
 //
@@ -48,6 +48,18 @@ class Store;
 
 namespace asympo::learner {
 
+// How much of the training state each rank keeps (--dist_shard):
+// kNone: everything (the gradients all-reduced); kOptimizer (ZeRO-1): the
+// weights and gradients whole, 1/world_size of the AdamW moments;
+// kFull: 1/world_size of the float32 master weights, the gradients and the
+// moments, each layer's weights gathered when it runs.
+enum class DistShard { kNone = 0, kOptimizer = 1, kFull = 2 };
+
+// "none", "optimizer", "full".
+absl::string_view DistShardName(DistShard shard);
+// INVALID_ARGUMENT names the value and the choices.
+absl::StatusOr<DistShard> ParseDistShard(absl::string_view text);
+
 struct DataParallelOptions {
   int rank = 0;
   int world_size = 1;
@@ -60,9 +72,8 @@ struct DataParallelOptions {
   // The longest a collective may wait for the other ranks.
   absl::Duration timeout = absl::Minutes(10);
   bool insecure = false;
-  // ZeRO-1: each rank keeps 1/world_size of the AdamW moments
-  // (ShardedAdamW) instead of all of them.
-  bool shard_optimizer = false;
+  // What each rank keeps (DistShard).
+  DistShard shard = DistShard::kNone;
 };
 
 // What the operator gave on the command line; unset fields fall back to the
@@ -73,6 +84,9 @@ struct DataParallelFlags {
   std::string local_addr;
   absl::Duration timeout = absl::Minutes(10);
   bool insecure = false;
+  // --dist_shard; empty: --dist_shard_optimizer's choice (optimizer or
+  // none).
+  std::string shard;
   bool shard_optimizer = false;
 };
 

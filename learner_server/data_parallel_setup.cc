@@ -45,6 +45,26 @@ absl::Status RankFailure(absl::string_view what, absl::string_view error, absl::
   return s;
 }
 
+absl::string_view DistShardName(DistShard shard) {
+  switch (shard) {
+    case DistShard::kOptimizer:
+      return "optimizer";
+    case DistShard::kFull:
+      return "full";
+    case DistShard::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<DistShard> ParseDistShard(absl::string_view text) {
+  for (const DistShard s : {DistShard::kNone, DistShard::kOptimizer, DistShard::kFull}) {
+    if (text == DistShardName(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", text, "\" is not a sharding mode; expected none, optimizer or full"));
+}
+
 absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     const DataParallelFlags& f, const std::function<const char*(const char*)>& getenv) {
   DataParallelOptions o;
@@ -88,11 +108,23 @@ absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     return absl::InvalidArgumentError("the data-parallel timeout must be positive");
   }
   o.insecure = f.insecure;
-  o.shard_optimizer = f.shard_optimizer;
+  if (f.shard.empty()) {
+    o.shard = f.shard_optimizer ? DistShard::kOptimizer : DistShard::kNone;
+  } else {
+    absl::StatusOr<DistShard> shard = ParseDistShard(f.shard);
+    if (!shard.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--dist_shard: ", shard.status().message()));
+    }
+    if (f.shard_optimizer && *shard != DistShard::kOptimizer) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--dist_shard_optimizer contradicts --dist_shard=", f.shard, "; give only --dist_shard"));
+    }
+    o.shard = *shard;
+  }
   if (o.world_size > 1 && !o.insecure) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "a world of ", o.world_size,
-        " ranks talks over c10d's TCPStore (listening on port ", o.master_port,
+        "a world of ", o.world_size, " ranks talks over c10d's TCPStore (listening on port ",
+        o.master_port,
         " of every interface of rank 0) and Gloo, neither authenticated nor encrypted; "
         "on a trusted network pass --dist_insecure to accept that"));
   }
@@ -106,9 +138,8 @@ absl::StatusOr<std::string> RankDevice(const std::string& device,
                           IntSetting(std::nullopt, {"LOCAL_RANK", "SLURM_LOCALID"}, getenv));
   if (!local.has_value()) return device;
   if (*local < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the local rank (LOCAL_RANK or SLURM_LOCALID) is ", *local,
-                     "; it must be >= 0"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the local rank (LOCAL_RANK or SLURM_LOCALID) is ", *local, "; it must be >= 0"));
   }
   return absl::StrCat("cuda:", *local);
 }

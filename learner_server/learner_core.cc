@@ -37,14 +37,22 @@ absl::Status LearnerCore::BuildTrainer(WeightPublisher* publisher) {
 absl::Status LearnerCore::SyncRanks() {
   if (dp_ == nullptr) return absl::OkStatus();
   uint64_t version = trainer_->version();
-  const bool shard = options_.data_parallel.shard_optimizer;
-  ASYMPO_RETURN_IF_ERROR(
-      dp_->BroadcastState(model_.get(), &trainer_->optimizer(), &version, /*moments=*/!shard));
+  const DistShard shard = options_.data_parallel.shard;
+  ASYMPO_RETURN_IF_ERROR(dp_->BroadcastState(model_.get(), &trainer_->optimizer(), &version,
+                                             /*moments=*/shard == DistShard::kNone));
   trainer_->set_version(version);
-  if (shard) {
+  if (shard == DistShard::kOptimizer) {
     ASYMPO_RETURN_IF_ERROR(trainer_->ShardOptimizer(dp_.get()));
     LOG(INFO) << "ZeRO-1: this rank keeps " << trainer_->optimizer_state_bytes() / (1 << 20)
               << " MiB of AdamW moments, 1/" << dp_->world_size() << " of them";
+  } else if (shard == DistShard::kFull) {
+    ASYMPO_RETURN_IF_ERROR(trainer_->ShardFully(dp_.get()));
+    const FullShard& f = *trainer_->full_shard();
+    LOG(INFO) << "full sharding: this rank keeps " << f.weight_bytes() / (1 << 20)
+              << " MiB of master weights and as much of gradients, " << f.state_bytes() / (1 << 20)
+              << " MiB of AdamW moments (1/" << dp_->world_size() << " of each, in " << f.units()
+              << " units; the largest, " << f.largest_unit() * 4 / (1 << 20)
+              << " MiB, is gathered whole when it runs)";
   }
   return absl::OkStatus();
 }

@@ -33,7 +33,7 @@ class LearnerCore {
   // as on a worker; it must outlive the trainer's steps).
   absl::Status BuildTrainer(WeightPublisher* publisher);
   // Data parallelism: every rank starts from rank 0's weights, moments and
-  // version, and with shard_optimizer keeps its shard of the moments.
+  // version, and with DistShard::kOptimizer keeps its shard of the moments.
   absl::Status SyncRanks();
   // The liveness hook (LearnerDaemonOptions::on_progress), if any.
   void Progress() const;

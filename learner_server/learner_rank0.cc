@@ -163,15 +163,25 @@ absl::Status LearnerRank0::Checkpoint() {
 absl::Status LearnerRank0::WriteCheckpoint() {
   const LearnerDaemonOptions& o = options();
   Trainer& trainer = core_->trainer();
+  if (o.checkpoint_dir.empty() && o.export_dir.empty()) return absl::OkStatus();
+  // Sharded: the moments (and, fully sharded, the weights) from every rank,
+  // for the time of the writes.
+  if (core_->sharded()) {
+    ASYMPO_RETURN_IF_ERROR(core_->dp()->SendGather());
+    ASYMPO_RETURN_IF_ERROR(trainer.GatherOptimizerState());
+  }
+  const absl::Status written = WriteGathered();
+  trainer.ReleaseOptimizerState();
+  return written;
+}
+
+absl::Status LearnerRank0::WriteGathered() {
+  const LearnerDaemonOptions& o = options();
+  Trainer& trainer = core_->trainer();
   if (!o.checkpoint_dir.empty()) {
-    if (core_->sharded()) {  // the moments, from every rank
-      ASYMPO_RETURN_IF_ERROR(core_->dp()->SendGather());
-      ASYMPO_RETURN_IF_ERROR(trainer.GatherOptimizerState());
-    }
     absl::StatusOr<CheckpointInfo> info =
         SaveCheckpoint(o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(),
                        o.config_text, o.keep_checkpoints, queue_->TrainedBatchIds());
-    trainer.ReleaseOptimizerState();
     if (!info.ok()) return info.status();
     metrics_->OnCheckpoint(info->version);
     LOG(INFO) << "checkpoint " << info->path;

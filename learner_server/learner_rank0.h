@@ -81,6 +81,8 @@ class LearnerRank0 final : public LearnerDaemon {
   // Writes a checkpoint (and the export); a failure is counted and logged.
   absl::Status Checkpoint();
   absl::Status WriteCheckpoint();
+  // The checkpoint and the export, once the state is whole on this rank.
+  absl::Status WriteGathered();
 
   const LearnerDaemonOptions& options() const { return core_->options(); }
 

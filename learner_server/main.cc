@@ -221,9 +221,13 @@ ABSL_FLAG(std::string, dist_local_addr, "",
           "is loopback, else this host's name).");
 ABSL_FLAG(absl::Duration, dist_timeout, absl::Minutes(10),
           "The longest a rank waits for the others in one collective before the job stops.");
-ABSL_FLAG(bool, dist_shard_optimizer, false,
-          "ZeRO-1: each rank keeps 1/world_size of the AdamW moments (reduce-scatter of the "
-          "gradients, all-gather of the weights) instead of all of them.");
+ABSL_FLAG(std::string, dist_shard, "",
+          "What each data-parallel rank keeps: none (everything; gradients all-reduced), "
+          "optimizer (ZeRO-1: 1/world_size of the AdamW moments; reduce-scatter of the "
+          "gradients, all-gather of the weights) or full (1/world_size of the float32 master "
+          "weights, gradients and moments; each layer's weights gathered for its forward and "
+          "its backward). Empty: optimizer with --dist_shard_optimizer, else none.");
+ABSL_FLAG(bool, dist_shard_optimizer, false, "The same as --dist_shard=optimizer.");
 ABSL_FLAG(bool, dist_insecure, false,
           "Accept that the ranks' rendezvous and Gloo traffic are neither authenticated nor "
           "encrypted (required for more than one rank).");
@@ -491,6 +495,7 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   f.local_addr = absl::GetFlag(FLAGS_dist_local_addr);
   f.timeout = absl::GetFlag(FLAGS_dist_timeout);
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
+  f.shard = absl::GetFlag(FLAGS_dist_shard);
   f.shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
   ASYMPO_ASSIGN_OR_RETURN(o->data_parallel, asympo::learner::ResolveDataParallel(f, Getenv));
   return absl::OkStatus();

@@ -73,6 +73,11 @@ absl::StatusOr<MicroBatch> Lay(const std::vector<const QueuedGroup*>& groups, in
     const v1::PromptGroup& pg = groups[g]->group;
     const int64_t p = pg.prompt_tokens_size();
     for (const v1::Response& r : pg.responses()) {
+      if (grpo && r.behavior_logprobs_size() != r.tokens_size()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "response ", i, " has ", r.behavior_logprobs_size(), " behavior log-probs for ",
+            r.tokens_size(), " tokens; the objective needs one per token"));
+      }
       const int64_t row = placements[static_cast<size_t>(i)].row;
       const int64_t c = placements[static_cast<size_t>(i)].column;
       const int64_t length = p + r.tokens_size();

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
@@ -141,7 +142,11 @@ StepOr<StepResult> Trainer::StepShard(const std::vector<QueuedGroup>& shard,
   // Lay out, forward and loss, backward: this rank's share.
   StepOr<Accumulated> local =
       Guarded("computing gradients", [&] { return Accumulate(shard, totals); });
-  if (!local.ok()) local = ShardWithoutPoisonedGroups(shard, totals, local.failure());
+  // In lockstep (full sharding) a rank cannot try its groups alone: the
+  // others would wait for its passes.
+  if (!local.ok() && !stepper_->lockstep()) {
+    local = ShardWithoutPoisonedGroups(shard, totals, local.failure());
+  }
   // Reduce across the ranks (the gradients too, unless the optimizer does).
   StepExchange exchange = ExchangeOf(local);
   StepOr<StepResult> reduced = Reduce(local, exchange, *reducer);
@@ -171,9 +176,12 @@ StepOr<Trainer::Accumulated> Trainer::Accumulate(const std::vector<QueuedGroup>&
   Accumulated local;
   for (const QueuedGroup& q : groups) local.tokens += q.tokens;
   optimizer_.ZeroGrad();
-  for (const std::vector<const QueuedGroup*>& micro : layout_->Split(groups)) {
-    ASYMPO_ASSIGN_OR_RETURN(const MicroBatch batch, layout_->Build(micro));
-    StepOr<LossOutput> out = ForwardAndLoss(batch, totals);
+  ASYMPO_RETURN_IF_ERROR(stepper_->BeginStep());
+  const std::vector<std::vector<const QueuedGroup*>> micro = layout_->Split(groups);
+  if (stepper_->lockstep()) return AccumulateInLockstep(micro, totals, std::move(local));
+  for (const std::vector<const QueuedGroup*>& groups_of_batch : micro) {
+    ASYMPO_ASSIGN_OR_RETURN(const MicroBatch batch, layout_->Build(groups_of_batch));
+    StepOr<LossOutput> out = LossOf(batch, Hidden(batch), totals);
     if (!out.ok()) return out.failure();
     out->loss.backward();
     faults_.AfterBackward();
@@ -183,12 +191,60 @@ StepOr<Trainer::Accumulated> Trainer::Accumulate(const std::vector<QueuedGroup>&
   return local;
 }
 
-StepOr<LossOutput> Trainer::ForwardAndLoss(const MicroBatch& mb, const StepTotals& totals) {
+StepOr<Trainer::Accumulated> Trainer::AccumulateInLockstep(
+    const std::vector<std::vector<const QueuedGroup*>>& micro, const StepTotals& totals,
+    Accumulated local) {
+  ASYMPO_ASSIGN_OR_RETURN(const int64_t count,
+                          stepper_->MostMicroBatches(static_cast<int64_t>(micro.size())));
+  std::optional<StepFailure> failure;
+  for (int64_t i = 0; i < count; ++i) {
+    if (failure.has_value() || i >= static_cast<int64_t>(micro.size())) {
+      IdlePass();
+      continue;
+    }
+    absl::StatusOr<MicroBatch> batch = layout_->Build(micro[static_cast<size_t>(i)]);
+    if (!batch.ok()) {
+      failure = StepFailure{batch.status(), SkipReasonOfCode(batch.status().code())};
+      IdlePass();
+      continue;
+    }
+    const at::Tensor hidden = Hidden(*batch);
+    StepOr<LossOutput> out = LossOf(*batch, hidden, totals);
+    if (!out.ok()) {
+      // The other ranks run this micro-batch's backward: so does this one,
+      // of nothing.
+      failure = out.failure();
+      (hidden.sum() * 0).backward();
+      continue;
+    }
+    out->loss.backward();
+    faults_.AfterBackward();
+    local.diagnostics.Add(out->diagnostics);
+    ++local.micro_batches;
+  }
+  if (failure.has_value()) return *failure;
+  return local;
+}
+
+void Trainer::IdlePass() {
+  const at::Device dev = model_->options().device;
+  const auto longs = at::TensorOptions().dtype(at::kLong).device(dev);
+  const at::Tensor hidden = model_->Forward(at::zeros({1, 1}, longs), at::zeros({1, 1}, longs),
+                                            at::ones({1, 1}, longs.dtype(at::kBool)));
+  (hidden.sum() * 0).backward();
+}
+
+at::Tensor Trainer::Hidden(const MicroBatch& mb) {
   // The batch is laid out on the host and goes to the model's device once.
   const at::Device dev = model_->options().device;
-  const at::Tensor hidden =
-      model_->Forward(mb.ids.to(dev), mb.positions.to(dev), mb.key_mask.to(dev), nullptr,
-                      mb.segments.defined() ? mb.segments.to(dev) : at::Tensor());  // (rows, T, H)
+  return model_->Forward(
+      mb.ids.to(dev), mb.positions.to(dev), mb.key_mask.to(dev), nullptr,
+      mb.segments.defined() ? mb.segments.to(dev) : at::Tensor());  // (rows, T, H)
+}
+
+StepOr<LossOutput> Trainer::LossOf(const MicroBatch& mb, const at::Tensor& hidden,
+                                   const StepTotals& totals) {
+  const at::Device dev = model_->options().device;
   const at::Tensor picked =
       hidden.reshape({-1, hidden.size(2)})
           .index_select(0, at::tensor(mb.hidden_rows, at::kLong).to(dev));  // (M, H)
@@ -276,13 +332,16 @@ StepOr<StepResult> Trainer::Update(StepResult result, const std::vector<bool>& s
   result.learning_rate = LearningRate(options_.lr, static_cast<int64_t>(version()));
   ASYMPO_RETURN_IF_ERROR(stepper_->Apply(result.learning_rate, scale, stepped));
   // Publish.
-  result.version = Publish();
+  ASYMPO_ASSIGN_OR_RETURN(result.version, Publish());
   return result;
 }
 
-uint64_t Trainer::Publish() {
+absl::StatusOr<uint64_t> Trainer::Publish() {
   const uint64_t version = version_.fetch_add(1) + 1;
+  // Sharded weights are gathered on rank 0 to be read.
+  ASYMPO_RETURN_IF_ERROR(stepper_->GatherWeights());
   if (publisher_ != nullptr) publisher_->Publish(version, *model_);
+  stepper_->ReleaseWeights();
   return version;
 }
 
@@ -297,9 +356,7 @@ StepResult Trainer::ResultOf(const Accumulated& local) {
 }
 
 std::vector<bool> Trainer::Stepped() const {
-  std::vector<bool> stepped;
-  for (const at::Tensor& p : model_->parameters()) stepped.push_back(p.grad().defined());
-  return stepped;
+  return stepper_->LocalGradients(model_->parameters());
 }
 
 StepFailure Trainer::NonFiniteGradient() {
@@ -319,5 +376,15 @@ absl::Status Trainer::ShardOptimizer(ShardCollectives* collectives) {
 absl::Status Trainer::GatherOptimizerState() { return stepper_->GatherState(&optimizer_); }
 
 void Trainer::ReleaseOptimizerState() { stepper_->ReleaseState(&optimizer_); }
+
+absl::Status Trainer::ShardFully(ShardCollectives* collectives) {
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<FullShard> shard,
+                          FullShard::Create(model_, options_.adamw, collectives, optimizer_));
+  full_ = shard.get();
+  sharded_ = std::move(shard);
+  stepper_ = sharded_.get();
+  ReleaseOptimizerState();
+  return absl::OkStatus();
+}
 
 }  // namespace asympo::learner

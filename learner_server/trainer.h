@@ -30,6 +30,7 @@
 #include "common/model/policy_model.h"
 #include "common/model/torch_errors.h"
 #include "learner_server/adamw.h"
+#include "learner_server/full_shard.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/loss_diagnostics.h"
 #include "learner_server/lr_schedule.h"
@@ -148,12 +149,23 @@ class Trainer {
   // optimizer state (restored from a checkpoint, say) is split across the
   // ranks, and optimizer() holds no moments afterwards.
   absl::Status ShardOptimizer(ShardCollectives* collectives);
+  // Fully sharded data parallelism (FullShard): from now on this rank keeps
+  // 1/world_size of the master weights, the gradients and the moments, and
+  // steps run in lockstep with the other ranks (a rank cannot retry its
+  // groups alone: a step that is not finite is skipped on every rank).
+  // Collective: every rank's model must hold rank 0's weights, and rank 0's
+  // optimizer state is split across the ranks. The model's parameters are
+  // empty between steps; GatherOptimizerState makes them whole on rank 0.
+  absl::Status ShardFully(ShardCollectives* collectives);
   // Collective, with a sharded optimizer: assembles the whole state in rank
-  // 0's optimizer() for a checkpoint; ReleaseOptimizerState frees it again.
+  // 0's optimizer() for a checkpoint (and, fully sharded, the weights in
+  // its model); ReleaseOptimizerState frees it again.
   absl::Status GatherOptimizerState();
   void ReleaseOptimizerState();
-  // Whether ShardOptimizer was called.
+  // Whether ShardOptimizer or ShardFully was called.
   bool optimizer_sharded() const { return sharded_ != nullptr; }
+  // The FullShard after ShardFully; null otherwise.
+  const FullShard* full_shard() const { return full_; }
   // The optimizer state this rank keeps between steps, in bytes.
   int64_t optimizer_state_bytes() const { return stepper_->state_bytes(); }
 
@@ -193,8 +205,20 @@ class Trainer {
   // Lay out, forward and loss, backward: zeroes the gradients, then
   // accumulates those of `groups` micro-batch by micro-batch.
   StepOr<Accumulated> Accumulate(const std::vector<QueuedGroup>& groups, const StepTotals& totals);
-  // One micro-batch's forward pass and loss.
-  StepOr<LossOutput> ForwardAndLoss(const MicroBatch& batch, const StepTotals& totals);
+  // Accumulate's loop when every pass is collective (full sharding): as
+  // many micro-batches as the rank with the most, padded with IdlePass; a
+  // failing micro-batch still runs a backward (of zero), and the failure
+  // is returned after the last.
+  StepOr<Accumulated> AccumulateInLockstep(
+      const std::vector<std::vector<const QueuedGroup*>>& micro, const StepTotals& totals,
+      Accumulated local);
+  // A forward and backward pass of one token with a zero loss.
+  void IdlePass();
+  // One micro-batch's forward pass: the hidden states (rows, T, H).
+  at::Tensor Hidden(const MicroBatch& batch);
+  // Its loss, from those hidden states.
+  StepOr<LossOutput> LossOf(const MicroBatch& batch, const at::Tensor& hidden,
+                            const StepTotals& totals);
   // StepShard's exchange: sums `exchange` (this rank's share, from `local`)
   // across ranks, and the gradients too unless the optimizer reduces them.
   // Fails with a failing rank's reason, or when no rank has a group left.
@@ -204,8 +228,9 @@ class Trainer {
   // and publish, from the accumulated gradients; `stepped`: per parameter,
   // whether any rank has a gradient for it.
   StepOr<StepResult> Update(StepResult result, const std::vector<bool>& stepped);
-  // Bumps the version and publishes the weights; returns the new version.
-  uint64_t Publish();
+  // Bumps the version and publishes the weights; returns the new version,
+  // or the failed collective that gathered sharded weights.
+  absl::StatusOr<uint64_t> Publish();
   // This rank's share of the exchange.
   StepExchange ExchangeOf(const StepOr<Accumulated>& local) const;
   // The step's result from what its backward passes accumulated.
@@ -241,7 +266,8 @@ class Trainer {
   std::unique_ptr<MicroBatchLayout> layout_;
   StepFaults faults_;
   AdamW optimizer_;                     // every moment; none once sharded (but a checkpoint's)
-  std::unique_ptr<Optimizer> sharded_;  // set by ShardOptimizer
+  std::unique_ptr<Optimizer> sharded_;  // set by ShardOptimizer or ShardFully
+  FullShard* full_ = nullptr;           // sharded_, after ShardFully
   Optimizer* stepper_ = &optimizer_;    // what updates: optimizer_, or sharded_
   std::atomic<uint64_t> version_{0};
 };

@@ -13,36 +13,54 @@ namespace asympo {
 namespace {
 
 using torch::autograd::variable_list;
+using Fn = std::function<at::Tensor(const at::Tensor&)>;
 
-// The backward node of one checkpointed call: its inputs are the call's
-// output gradient, its next edges x's and the parameters'.
+// The backward node of one checkpointed call: its input is the call's
+// output gradient; its next edges are x's and, without a residency, the
+// parameters'.
 class CheckpointBackward : public torch::autograd::Node {
  public:
   // input: the call's argument, detached; input_grad: whether it needs a
   // gradient.
-  CheckpointBackward(std::function<at::Tensor(const at::Tensor&)> fn, at::Tensor input,
-                     bool input_grad, variable_list params)
+  CheckpointBackward(Fn fn, at::Tensor input, bool input_grad, variable_list params,
+                     std::shared_ptr<const CallResidency> residency)
       : fn_(std::move(fn)),
         input_(std::move(input)),
         input_grad_(input_grad),
-        params_(std::move(params)) {}
+        params_(std::move(params)),
+        residency_(std::move(residency)) {}
 
   variable_list apply(variable_list&& grads) override {
-    variable_list out(1 + params_.size());
+    const size_t edges = residency_ ? 1 : 1 + params_.size();
+    variable_list out(edges);
     if (!grads[0].defined()) return out;
+    if (residency_) residency_->gather();
     // Reentrant: a graph of its own for the call, differentiated at once.
-    at::AutoGradMode grad_on(true);
-    const at::Tensor x = input_.detach().requires_grad_(input_grad_);
-    const at::Tensor y = fn_(x);
-    variable_list inputs;
-    if (input_grad_) inputs.push_back(x);
-    for (const at::Tensor& p : params_) inputs.push_back(p);
-    const variable_list g = torch::autograd::grad({y}, inputs, {grads[0]},
-                                                  /*retain_graph=*/false, /*create_graph=*/false,
-                                                  /*allow_unused=*/true);
+    variable_list g;
+    {
+      at::AutoGradMode grad_on(true);
+      const at::Tensor x = input_.detach().requires_grad_(input_grad_);
+      const at::Tensor y = fn_(x);
+      variable_list inputs;
+      if (input_grad_) inputs.push_back(x);
+      for (const at::Tensor& p : params_) {
+        if (p.defined() && p.requires_grad()) inputs.push_back(p);
+      }
+      g = torch::autograd::grad({y}, inputs, {grads[0]}, /*retain_graph=*/false,
+                                /*create_graph=*/false, /*allow_unused=*/true);
+    }
     size_t k = 0;
     if (input_grad_) out[0] = g[k++];
-    for (size_t i = 0; i < params_.size(); ++i) out[1 + i] = g[k++];
+    variable_list param_grads(params_.size());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].defined() && params_[i].requires_grad()) param_grads[i] = g[k++];
+    }
+    if (residency_) {
+      residency_->release();
+      residency_->reduce(param_grads);
+    } else {
+      for (size_t i = 0; i < params_.size(); ++i) out[1 + i] = param_grads[i];
+    }
     return out;
   }
 
@@ -52,31 +70,50 @@ class CheckpointBackward : public torch::autograd::Node {
   }
 
  private:
-  std::function<at::Tensor(const at::Tensor&)> fn_;
+  Fn fn_;
   at::Tensor input_;
   bool input_grad_;
   variable_list params_;
+  std::shared_ptr<const CallResidency> residency_;
 };
+
+// fn(x) without recording a graph, between gather() and release().
+at::Tensor RunWithoutGraph(const Fn& fn, const at::Tensor& x, const CallResidency* residency) {
+  at::NoGradGuard no_grad;
+  if (residency != nullptr) residency->gather();
+  at::Tensor y = fn(x);
+  if (residency != nullptr) residency->release();
+  return y;
+}
 
 }  // namespace
 
-at::Tensor CheckpointedCall(std::function<at::Tensor(const at::Tensor&)> fn, const at::Tensor& x,
-                            const std::vector<at::Tensor>& params) {
-  variable_list needed;
+at::Tensor CheckpointedCall(Fn fn, const at::Tensor& x, const std::vector<at::Tensor>& params,
+                            std::shared_ptr<const CallResidency> residency) {
+  // Without a residency, the parameters that need gradients are edges;
+  // with one, every given parameter's gradient goes to reduce().
+  variable_list kept;
+  bool any_param = false;
   for (const at::Tensor& p : params) {
-    if (p.defined() && p.requires_grad()) needed.push_back(p);
+    if (residency != nullptr) {
+      kept.push_back(p);
+    } else if (p.defined() && p.requires_grad()) {
+      kept.push_back(p);
+    }
+    any_param |= p.defined() && p.requires_grad();
   }
-  if (!at::GradMode::is_enabled() || (!x.requires_grad() && needed.empty())) return fn(x);
-  at::Tensor y;
-  {
-    at::NoGradGuard no_grad;
-    y = fn(x);
+  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !any_param)) {
+    return RunWithoutGraph(fn, x, residency.get());
   }
+  at::Tensor y = RunWithoutGraph(fn, x, residency.get());
   torch::autograd::edge_list edges;
   edges.push_back(torch::autograd::impl::gradient_edge(x));
-  for (const at::Tensor& p : needed) edges.push_back(torch::autograd::impl::gradient_edge(p));
+  if (residency == nullptr) {
+    for (const at::Tensor& p : kept) edges.push_back(torch::autograd::impl::gradient_edge(p));
+  }
   std::shared_ptr<CheckpointBackward> node(
-      new CheckpointBackward(std::move(fn), x.detach(), x.requires_grad(), needed),
+      new CheckpointBackward(std::move(fn), x.detach(), x.requires_grad(), std::move(kept),
+                             std::move(residency)),
       torch::autograd::deleteNode);
   node->set_next_edges(std::move(edges));
   torch::autograd::set_history(y, node);

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <memory>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -486,6 +487,17 @@ KvCache PromptRow(const SharedPrefixCache& cache, int64_t row) {
   return view;
 }
 
+std::vector<at::Tensor> PolicyModel::LayerParameters(int64_t layer) const {
+  const Layer& l = layers_[static_cast<size_t>(layer)];
+  std::vector<at::Tensor> out;
+  for (const at::Tensor* t :
+       {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias, &l.v_bias,
+        &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
+    if (t->defined()) out.push_back(*t);
+  }
+  return out;
+}
+
 at::Tensor PolicyModel::DecoderLayer(int64_t index, const at::Tensor& x, const at::Tensor& cos,
                                      const at::Tensor& sin, const Attend& attend) const {
   const Layer& layer = layers_[static_cast<size_t>(index)];
@@ -508,16 +520,18 @@ at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& position
   const int64_t every = options_.checkpoint_every;
   const bool checkpointing = every > 0 && at::GradMode::is_enabled();
   for (int64_t i = 0; i < static_cast<int64_t>(layers_.size()); ++i) {
-    if (checkpointing && i % every == 0) {
-      const Layer& l = layers_[static_cast<size_t>(i)];
+    if (residency_ != nullptr || (checkpointing && i % every == 0)) {
       // The layer's forward, owning what it reads (the backward runs it).
       auto run = [this, i, cos = cos, sin = sin, attend](const at::Tensor& in) {
         return DecoderLayer(i, in, cos, sin, attend);
       };
-      x = CheckpointedCall(
-          std::move(run), x,
-          {l.input_norm, l.q_proj, l.k_proj, l.v_proj, l.o_proj, l.q_bias, l.k_bias, l.v_bias,
-           l.q_norm, l.k_norm, l.post_norm, l.gate_proj, l.up_proj, l.down_proj});
+      std::shared_ptr<const CallResidency> residency;
+      if (LayerResidency* r = residency_; r != nullptr) {
+        residency = std::make_shared<const CallResidency>(CallResidency{
+            [r, i] { r->Gather(i); }, [r, i] { r->Release(i); },
+            [r, i](const std::vector<at::Tensor>& grads) { r->ReduceGradients(i, grads); }});
+      }
+      x = CheckpointedCall(std::move(run), x, LayerParameters(i), std::move(residency));
     } else {
       x = DecoderLayer(i, x, cos, sin, attend);
     }

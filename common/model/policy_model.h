@@ -66,6 +66,22 @@ struct SharedPrefixCache {
 // same memory): Forward with it prefills that prompt.
 KvCache PromptRow(const SharedPrefixCache& cache, int64_t row);
 
+// Where the decoder layers' weights live when they are sharded across
+// data-parallel ranks (learner_server/full_shard.h). The model gathers a
+// layer's weights before running it and releases them after (in the
+// forward, and again in the backward, which recomputes the layer), and
+// hands the layer's gradients over instead of accumulating them in .grad.
+// Called on the thread that runs the forward or the backward.
+class LayerResidency {
+ public:
+  virtual ~LayerResidency() = default;
+  virtual void Gather(int64_t layer) = 0;
+  virtual void Release(int64_t layer) = 0;
+  // grads: one per tensor of PolicyModel::LayerParameters(layer), in its
+  // order (undefined where the layer did not use it).
+  virtual void ReduceGradients(int64_t layer, const std::vector<at::Tensor>& grads) = 0;
+};
+
 // --activation_checkpointing: "none" (0), "layers" (1) or "every_N" (N >= 1)
 // as ModelOptions::checkpoint_every; INVALID_ARGUMENT names the value.
 absl::StatusOr<int64_t> ParseActivationCheckpointing(absl::string_view text);
@@ -96,6 +112,15 @@ class PolicyModel {
   std::vector<at::Tensor> parameters() const;
   // The (V, H) output projection (embed_tokens when tied).
   const at::Tensor& lm_head_weight() const { return lm_head_; }
+  // Decoder layer `layer`'s parameters (a subset of parameters()), in a
+  // fixed order.
+  std::vector<at::Tensor> LayerParameters(int64_t layer) const;
+
+  // Fully sharded training: from now on every decoder layer runs between
+  // residency->Gather and Release, recomputed in the backward, with its
+  // gradients handed to residency->ReduceGradients. Null: the weights are
+  // whole (the default). Not thread-safe; `residency` must outlive its use.
+  void set_layer_residency(LayerResidency* residency) { residency_ = residency; }
 
   // Replaces every parameter's values from `source` (name -> tensor), which
   // must hold exactly the model's names with matching shapes; converted to
@@ -228,6 +253,7 @@ class PolicyModel {
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   at::Tensor inv_freq_;  // (head_dim / 2) float32
+  LayerResidency* residency_ = nullptr;
 };
 
 }  // namespace asympo

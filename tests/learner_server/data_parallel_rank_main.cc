@@ -8,7 +8,9 @@
 //
 //   data_parallel_rank --world N --rank R --port P --steps S --objective O --out DIR
 //                      [--fault_nan_step K]   (this rank's Kth step gets a NaN loss)
-//                      [--shard 1]            (ZeRO-1: the AdamW moments sharded)
+//                      [--shard 1|2]          (1: ZeRO-1, the AdamW moments sharded;
+//                                              2: full sharding, weights and gradients too:
+//                                              only rank 0 writes weights, gathered)
 //                      [--first_step K]       (train steps K..S; default 1)
 //                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint)
 //                      [--save CKPT_ROOT]     (a checkpoint after the last step)
@@ -27,11 +29,13 @@
 namespace asympo::learner {
 namespace {
 
-// Step `step`'s groups: 5 groups of 2-5 responses of 1-6 tokens after 2-5
-// prompt tokens, random rewards, and one group whose rewards are all equal.
+// Step `step`'s groups: 5 groups of 2-5 responses of 1-6 tokens (with
+// behavior log-probs) after 2-5 prompt tokens, random rewards, and one group
+// whose rewards are all equal.
 std::vector<QueuedGroup> GroupsOf(int step) {
   std::mt19937 rng(1000 + step);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  std::mt19937 behavior(2000 + step);
   std::vector<QueuedGroup> out;
   for (int g = 0; g < 5; ++g) {
     QueuedGroup q;
@@ -43,7 +47,12 @@ std::vector<QueuedGroup> GroupsOf(int step) {
     for (int r = 0; r < responses; ++r) {
       v1::Response* resp = q.group.add_responses();
       const int len = uniform(1, 6);
-      for (int t = 0; t < len; ++t) resp->add_tokens(uniform(1, 31));
+      for (int t = 0; t < len; ++t) {
+        resp->add_tokens(uniform(1, 31));
+        // grpo's, from a generator of their own: the other draws stay as
+        // they were before grpo was tested.
+        resp->add_behavior_logprobs(-0.1f * static_cast<float>(1 + behavior() % 30));
+      }
       resp->set_reward(g == 2 ? 0.5f : static_cast<float>(uniform(0, 4)) / 4.0f);
       q.tokens += prompt + len;
     }
@@ -62,17 +71,28 @@ int Run(int argc, char** argv) {
   std::string objective = "asympo_stable", out = ".", resume, save;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--world") world = std::atoi(v.c_str());
-    else if (k == "--rank") rank = std::atoi(v.c_str());
-    else if (k == "--port") port = std::atoi(v.c_str());
-    else if (k == "--steps") steps = std::atoi(v.c_str());
-    else if (k == "--objective") objective = v;
-    else if (k == "--out") out = v;
-    else if (k == "--fault_nan_step") nan_step = std::atoi(v.c_str());
-    else if (k == "--shard") shard = std::atoi(v.c_str());
-    else if (k == "--first_step") first_step = std::atoi(v.c_str());
-    else if (k == "--resume") resume = v;
-    else if (k == "--save") save = v;
+    if (k == "--world")
+      world = std::atoi(v.c_str());
+    else if (k == "--rank")
+      rank = std::atoi(v.c_str());
+    else if (k == "--port")
+      port = std::atoi(v.c_str());
+    else if (k == "--steps")
+      steps = std::atoi(v.c_str());
+    else if (k == "--objective")
+      objective = v;
+    else if (k == "--out")
+      out = v;
+    else if (k == "--fault_nan_step")
+      nan_step = std::atoi(v.c_str());
+    else if (k == "--shard")
+      shard = std::atoi(v.c_str());
+    else if (k == "--first_step")
+      first_step = std::atoi(v.c_str());
+    else if (k == "--resume")
+      resume = v;
+    else if (k == "--save")
+      save = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -106,10 +126,10 @@ int Run(int argc, char** argv) {
       return Die(std::string(s.message()));
     }
     trainer->set_version(version);
-    if (shard) {
-      if (absl::Status s = trainer->ShardOptimizer(dp.get()); !s.ok()) {
-        return Die(std::string(s.message()));
-      }
+    if (shard != 0) {
+      const absl::Status s =
+          shard == 2 ? trainer->ShardFully(dp.get()) : trainer->ShardOptimizer(dp.get());
+      if (!s.ok()) return Die(std::string(s.message()));
     }
   }
   std::FILE* csv = std::fopen((out + "/r" + std::to_string(rank) + ".csv").c_str(), "w");
@@ -135,12 +155,21 @@ int Run(int argc, char** argv) {
                    static_cast<unsigned long long>(trainer->version()),
                    std::string(SkipReasonLabel(r.reason())).c_str());
     }
-    std::ofstream w(out + "/r" + std::to_string(rank) + "_s" + std::to_string(step) + ".bin",
-                    std::ios::binary);
-    for (const at::Tensor& p : model->parameters()) {
-      const at::Tensor c = p.detach().contiguous();
-      w.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    // Fully sharded, the weights are whole on rank 0 only, when gathered.
+    if (shard == 2) {
+      if (absl::Status s = trainer->GatherOptimizerState(); !s.ok()) {
+        return Die(std::string(s.message()));
+      }
     }
+    if (shard != 2 || rank == 0) {
+      std::ofstream w(out + "/r" + std::to_string(rank) + "_s" + std::to_string(step) + ".bin",
+                      std::ios::binary);
+      for (const at::Tensor& p : model->parameters()) {
+        const at::Tensor c = p.detach().contiguous();
+        w.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+      }
+    }
+    if (shard == 2) trainer->ReleaseOptimizerState();
   }
   std::fclose(csv);
   if (!save.empty()) {

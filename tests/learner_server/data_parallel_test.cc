@@ -93,6 +93,28 @@ TEST(ResolveDataParallelTest, BadValuesAreNamed) {
   EXPECT_NE(message(Insecure(), {{"WORLD_SIZE", "2"}}).find("MASTER_ADDR"), std::string::npos);
 }
 
+TEST(ResolveDataParallelTest, TheShardingModeFromEitherFlag) {
+  DataParallelFlags f = Insecure();
+  EXPECT_EQ(Resolve(f, {}).value().shard, DistShard::kNone);
+  f.shard_optimizer = true;
+  EXPECT_EQ(Resolve(f, {}).value().shard, DistShard::kOptimizer);
+  f.shard = "optimizer";
+  EXPECT_EQ(Resolve(f, {}).value().shard, DistShard::kOptimizer);
+  f.shard = "full";
+  EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "--dist_shard_optimizer contradicts --dist_shard=full"));
+  f.shard_optimizer = false;
+  EXPECT_EQ(Resolve(f, {}).value().shard, DistShard::kFull);
+  f.shard = "zero3";
+  EXPECT_THAT(Resolve(f, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--dist_shard: \"zero3\" is not a sharding mode; expected none, optimizer "
+                       "or full"));
+  for (const DistShard s : {DistShard::kNone, DistShard::kOptimizer, DistShard::kFull}) {
+    EXPECT_EQ(ParseDistShard(DistShardName(s)).value(), s);
+  }
+}
+
 TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
   const auto o = Resolve({}, {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "--dist_insecure"));

@@ -141,6 +141,21 @@ TEST(PackedLayoutTest, PacksLongestFirstWithPositionsAndSegmentsOfTheirOwn) {
   EXPECT_FLOAT_EQ(mb.behavior[3][1].item<float>(), -1.0f);
 }
 
+TEST(PackedLayoutTest, RefusesMissingBehaviorLogProbsWhenTheObjectiveNeedsThem) {
+  std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
+  groups[0].group.mutable_responses(0)->mutable_behavior_logprobs()->RemoveLast();
+  PaddedLayoutOptions o = Options(100);
+  o.behavior_logprobs = true;
+  for (const bool packed : {false, true}) {
+    const auto mb =
+        packed ? PackedLayout(o).Build({&groups[0]}) : PaddedLayout(o).Build({&groups[0]});
+    EXPECT_THAT(mb, StatusIs(absl::StatusCode::kInvalidArgument,
+                             "response 0 has 1 behavior log-probs for 2 tokens"));
+  }
+  o.behavior_logprobs = false;  // not read
+  EXPECT_TRUE(PackedLayout(o).Build({&groups[0]}).ok());
+}
+
 TEST(PackedLayoutTest, RefusesATokenOutsideTheVocabulary) {
   std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
   groups[0].group.mutable_responses(1)->set_tokens(0, 32);
