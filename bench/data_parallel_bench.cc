@@ -3,16 +3,20 @@
 // is the single-process learner (Trainer::Step, no c10d at all); with more,
 // rank 0 splits each step's groups across the ranks as the learner daemon
 // does (DataParallel::SendStep, Gloo on loopback) and every rank runs
-// Trainer::StepShard, with or without the AdamW moments sharded (--shard).
+// Trainer::StepShard, with nothing sharded (--shard 0), the AdamW moments
+// sharded (1, ZeRO-1) or the weights, gradients and moments (2, full; with
+// --world 1 too, through a world of one Gloo rank).
 //
 // Every rank keeps asympo-learner's glibc settings (RetainFreedMemory).
 // Each rank prints one JSON line: its step seconds (rank 0's include the
 // split and the scatter of the groups), the seconds spent in the step's
 // collectives (all-reduce, or reduce-scatter and all-gather, including the
 // wait for the slowest rank), the tokens it trained, its optimizer state in
-// bytes, and its resident memory after the last step and at its peak.
+// bytes, the tensor memory it holds between steps and its peak in a step
+// (LibTorch's CPU allocations: common/model/cpu_memory.h), and its resident
+// memory after the last step and at its peak.
 //
-//   data_parallel_bench --world N --rank R --port P [--shard 0|1] [--model 100m]
+//   data_parallel_bench --world N --rank R --port P [--shard 0|1|2] [--model 100m]
 //                       [--steps 4] [--warmup 1] [--groups 6] [--responses 4]
 //                       [--prompt 8] [--response 8] [--threads T]
 #include <algorithm>
@@ -29,6 +33,7 @@
 #include <glog/logging.h>
 #include "bench/bench_models.h"
 #include "common/daemon/daemon_runtime.h"
+#include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "learner_server/data_parallel.h"
 #include "learner_server/trainer.h"
@@ -90,6 +95,7 @@ int Run(int argc, char** argv) {
   }
   const int world = f["world"], rank = f["rank"];
   daemon::RetainFreedMemory();  // asympo-learner's glibc settings
+  CpuMemory& memory = CpuMemory::Install();  // before the model: count everything
   asympo::SetCpuThreads(f["threads"] > 0 ? f["threads"] : 1);
   ModelOptions mo;
   mo.seed = 11;
@@ -100,18 +106,20 @@ int Run(int argc, char** argv) {
   to.lr.peak_lr = 1e-5;
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
   std::unique_ptr<DataParallel> dp;
-  if (world > 1) {
+  if (world > 1 || f["shard"] == 2) {
     DataParallelOptions o;
     o.world_size = world, o.rank = rank, o.master_port = f["port"], o.insecure = true;
     o.timeout = absl::Minutes(5);
     dp = DataParallel::Create(o).value();
     uint64_t version = 0;
     CHECK(dp->BroadcastState(model.get(), &trainer->optimizer(), &version, !f["shard"]).ok());
-    if (f["shard"]) CHECK(trainer->ShardOptimizer(dp.get()).ok());
+    if (f["shard"] == 1) CHECK(trainer->ShardOptimizer(dp.get()).ok());
+    if (f["shard"] == 2) CHECK(trainer->ShardFully(dp.get()).ok());
   }
   std::vector<double> seconds, exchange;
-  int64_t tokens = 0;
+  int64_t tokens = 0, held = 0, peak = 0;
   for (int step = 1; step <= f["warmup"] + f["steps"]; ++step) {
+    memory.ResetPeak();
     const double before = dp != nullptr ? dp->collective_seconds() : 0.0;
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepResult> r;
@@ -123,22 +131,25 @@ int Run(int argc, char** argv) {
       r = trainer->StepShard(m.shard, m.totals, dp.get());
     }
     CHECK(r.ok()) << r.status();
+    held = memory.current();
     if (step <= f["warmup"]) continue;
+    peak = std::max(peak, memory.peak());
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
     exchange.push_back(dp != nullptr ? dp->collective_seconds() - before : 0.0);
     tokens = r->tokens;  // the whole step's (summed across ranks)
   }
   const int64_t state_bytes = trainer->optimizer_state_bytes();
-  int64_t params = 0;
-  for (const at::Tensor& p : model->parameters()) params += p.numel();
+  const int64_t params = config.NumParameters();
   std::printf(
       "{\"world\": %d, \"rank\": %d, \"shard\": %d, \"model\": \"%s\", \"parameters\": %lld, "
       "\"threads\": %d, \"step_s\": %.4f, \"exchange_s\": %.4f, \"tokens\": %lld, "
-      "\"optimizer_state_bytes\": %lld, \"rss_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+      "\"optimizer_state_bytes\": %lld, \"held_bytes\": %lld, \"peak_step_bytes\": %lld, "
+      "\"rss_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
       world, rank, f["shard"], model_name.c_str(), static_cast<long long>(params),
       at::get_num_threads(), Median(seconds), Median(exchange), static_cast<long long>(tokens),
-      static_cast<long long>(state_bytes), static_cast<long long>(ProcStatus("VmRSS")),
+      static_cast<long long>(state_bytes), static_cast<long long>(held),
+      static_cast<long long>(peak), static_cast<long long>(ProcStatus("VmRSS")),
       static_cast<long long>(ProcStatus("VmHWM")));
   if (dp != nullptr && rank == 0) CHECK(dp->SendStop().ok());
   if (dp != nullptr && rank != 0) CHECK(dp->Receive().ok());

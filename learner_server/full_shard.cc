@@ -55,7 +55,6 @@ absl::StatusOr<std::unique_ptr<FullShard>> FullShard::Create(PolicyModel* model,
     }
     u.chunk = std::max<int64_t>(1, (u.total + world - 1) / world);
     u.weight = shard->Flatten(u, u.params).narrow(0, rank * u.chunk, u.chunk).clone();
-    u.grad = at::zeros_like(u.weight);
     u.exp_avg = at::zeros_like(u.weight);
     u.exp_avg_sq = at::zeros_like(u.weight);
   }
@@ -117,7 +116,12 @@ void FullShard::ReduceScatterInto(Unit& unit, const at::Tensor& flat) {
     inputs.push_back(flat.narrow(0, r * unit.chunk, unit.chunk));
   }
   at::Tensor out = at::empty({unit.chunk}, unit.weight.options());
-  if (Ok(collectives_->ReduceScatter(inputs, out))) unit.grad.add_(out);
+  if (!Ok(collectives_->ReduceScatter(inputs, out))) return;
+  if (unit.grad.defined()) {
+    unit.grad.add_(out);
+  } else {
+    unit.grad = std::move(out);
+  }
 }
 
 void FullShard::ReduceGradients(int64_t layer, const std::vector<at::Tensor>& grads) {
@@ -131,7 +135,7 @@ void FullShard::ReduceGradients(int64_t layer, const std::vector<at::Tensor>& gr
 
 absl::Status FullShard::BeginStep() {
   failed_ = absl::OkStatus();
-  for (Unit& u : units_) u.grad.zero_();
+  for (Unit& u : units_) u.grad.reset();
   std::fill(local_grad_.begin(), local_grad_.end(), false);
   ReleaseUnit(0);  // a failed step's, maybe
   GatherUnit(0);
@@ -162,13 +166,15 @@ absl::StatusOr<double> FullShard::ReduceGradients() {
   if (!failed_.ok()) return failed_;
   // The padding past each unit's end is zero.
   std::vector<double> squares{0.0};
-  for (const Unit& u : units_) squares[0] += u.grad.pow(2).sum().item<double>();
+  for (const Unit& u : units_) {
+    if (u.grad.defined()) squares[0] += u.grad.pow(2).sum().item<double>();
+  }
   ASYMPO_RETURN_IF_ERROR(collectives_->SumValues(&squares));
   return std::sqrt(squares[0]);
 }
 
 void FullShard::DropGradients() {
-  for (Unit& u : units_) u.grad.zero_();
+  for (Unit& u : units_) u.grad.reset();
   for (at::Tensor& p : units_[0].params) p.mutable_grad().reset();
   ReleaseUnit(0);
 }
@@ -179,6 +185,7 @@ absl::Status FullShard::Apply(double lr, double scale, const std::vector<bool>& 
   ++step_;
   for (Unit& u : units_) {
     const int64_t lo = rank * u.chunk;
+    if (!u.grad.defined()) u.grad = at::zeros_like(u.weight);  // no rank had a gradient
     if (scale != 1.0) u.grad.mul_(scale);
     for (size_t i = 0; i < u.params.size(); ++i) {
       const size_t gi = u.index[i];
@@ -192,7 +199,7 @@ absl::Status FullShard::Apply(double lr, double scale, const std::vector<bool>& 
       at::Tensor v = u.exp_avg_sq.narrow(0, a - lo, b - a);
       AdamWUpdate(p, u.grad.narrow(0, a - lo, b - a), m, v, lr, step_, options_);
     }
-    u.grad.zero_();
+    u.grad.reset();  // held during a step only
   }
   return absl::OkStatus();
 }

@@ -6,8 +6,9 @@
 // rest (embed_tokens, the final norm, lm_head when untied). Each unit's
 // parameters, flattened end to end (U elements), are cut into world_size
 // chunks of c = ceil(U / world_size): rank r keeps elements [r c, (r + 1) c)
-// of the weights, of the summed gradient and of both moments. Between steps
-// the model's parameters hold nothing (empty tensors). In a step:
+// of the weights and of both moments, and during a step of the summed
+// gradient. Between steps the model's parameters hold nothing (empty
+// tensors). In a step:
 //   - BeginStep all-gathers the root unit, which stays whole for the step
 //     (the embedding and the log-prob projection read it); its gradients
 //     accumulate in .grad as usual;
@@ -93,15 +94,16 @@ class FullShard : public Optimizer, public LayerResidency {
 
  private:
   struct Unit {
-    std::vector<at::Tensor> params;                // the model's tensors
-    std::vector<size_t> index;                     // each one's position in model->parameters()
-    std::vector<int64_t> offsets;                  // each one's first element in the unit
-    std::vector<std::vector<int64_t>> shapes;      // each one's shape
-    std::vector<int64_t> numels;                   // and elements
-    int64_t total = 0;                             // U
-    int64_t chunk = 0;                             // c
-    at::Tensor weight, grad, exp_avg, exp_avg_sq;  // this rank's chunk (c)
-    at::Tensor whole;                              // world * c while gathered
+    std::vector<at::Tensor> params;            // the model's tensors
+    std::vector<size_t> index;                 // each one's position in model->parameters()
+    std::vector<int64_t> offsets;              // each one's first element in the unit
+    std::vector<std::vector<int64_t>> shapes;  // each one's shape
+    std::vector<int64_t> numels;               // and elements
+    int64_t total = 0;                         // U
+    int64_t chunk = 0;                         // c
+    at::Tensor weight, exp_avg, exp_avg_sq;    // this rank's chunk (c)
+    at::Tensor grad;                           // its summed gradient (c), during a step
+    at::Tensor whole;                          // world * c while gathered
   };
 
   FullShard(PolicyModel* model, AdamWOptions options, ShardCollectives* collectives);
