@@ -15,6 +15,9 @@ namespace asympo::bench {
 // "qwen3-0.6b", "qwen3-1.7b": Qwen3-0.6B's and Qwen3-1.7B's shapes (28
 // layers, 16 query and 8 KV heads of 128, vocabulary 151936, tied
 // embeddings, QK-norm), randomly initialized: the GPU benchmarks' models.
+// "300m": 24 layers, hidden 1024, 16 heads (8 KV heads of 64), FFN 2816,
+// vocabulary 32000, tied embeddings: 315.9M parameters (the memory plan's
+// larger CPU check, bench/memory_plan_bench.cc).
 inline ModelConfig BenchConfig(const std::string& name) {
   if (name == "qwen3-0.6b" || name == "qwen3-1.7b") {
     ModelConfig c = ModelConfig::Tiny(151936);
@@ -27,6 +30,17 @@ inline ModelConfig BenchConfig(const std::string& name) {
     c.head_dim = 128;
     c.rope_theta = 1000000.0;
     c.max_position_embeddings = 40960;
+    return c;
+  }
+  if (name == "300m") {
+    ModelConfig c = ModelConfig::Tiny(32000);
+    c.hidden_size = 1024;
+    c.intermediate_size = 2816;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 16;
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.max_position_embeddings = 4096;
     return c;
   }
   if (name == "100m") {

@@ -21,6 +21,7 @@
 #include "common/status_macros.h"
 #include "learner_server/heartbeat.h"
 #include "learner_server/learner_daemon.h"
+#include "learner_server/memory_plan_check.h"
 
 // Service.
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -100,6 +101,11 @@ ABSL_FLAG(std::string, activation_checkpointing, "none",
           "compute.");
 ABSL_FLAG(int64_t, logprob_chunk_rows, 1024,
           "Rows of logits computed at once for token log-probs.");
+ABSL_FLAG(double, device_memory_gib, 0,
+          "Memory of the device in GiB for the start-up memory plan, logged at start: the learner "
+          "refuses to start when the plan's peak per rank exceeds it, naming the flags to change "
+          "(docs/operations.md, \"Memory plan\"). 0: detect it (the GPU's total memory, or "
+          "MemTotal on the CPU); negative: skip the check.");
 ABSL_FLAG(double, lr, 1e-6, "Peak learning rate.");
 ABSL_FLAG(std::string, lr_schedule, "constant", "constant or cosine (after warm-up).");
 ABSL_FLAG(int64_t, warmup_steps, 0, "Linear warm-up steps.");
@@ -267,6 +273,7 @@ ASYMPO_FLAG_RANGE(max_abs_reward, 1e-6, asympo::kMaxAbsRewardBound);
 ASYMPO_FLAG_RANGE(prompts_per_step, 1, 65536);
 ASYMPO_FLAG_RANGE(micro_batch_tokens, 1, 1 << 30);
 ASYMPO_FLAG_RANGE(logprob_chunk_rows, 0, 1 << 30);
+ASYMPO_FLAG_RANGE(device_memory_gib, -1, 1 << 20);
 ASYMPO_FLAG_RANGE(lr, 0, 1);
 ASYMPO_FLAG_RANGE(warmup_steps, 0, 1e12);
 ASYMPO_FLAG_RANGE(total_steps, 0, 1e12);
@@ -544,6 +551,11 @@ int main(int argc, char** argv) {
   absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());
   for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
+  if (absl::Status s =
+          asympo::learner::CheckLearnerMemory(*options, absl::GetFlag(FLAGS_device_memory_gib));
+      !s.ok()) {
+    return m.Fail(s);
+  }
   // Rank 0 serves the metrics; the other ranks' steps are in its figures.
   if (absl::Status s =
           m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address), options->data_parallel.rank == 0);

@@ -80,7 +80,7 @@ log "built $tag in $(($(date +%s) - start)) s; $(pod image inspect --format \
   '{{.Size}}' "$tag" | awk '{printf "%.0f MB", $1 / 1e6}')"
 
 # --- Smoke test ---------------------------------------------------------------
-for p in asympo-learner asympo-rollout asympo-eval asympo-tokenize; do
+for p in asympo-learner asympo-rollout asympo-eval asympo-tokenize asympo-plan; do
   v=$(pod run --rm "${opts[@]}" "$tag" "$p" --version) || die "$p --version failed in the image"
   log "$v"
 done

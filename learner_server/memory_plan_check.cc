@@ -1,0 +1,154 @@
+#include "learner_server/memory_plan_check.h"
+
+#include <dlfcn.h>
+
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <c10/core/DeviceGuard.h>
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "glog/logging.h"
+#include "learner_server/memory_plan_report.h"
+
+namespace asympo::learner {
+namespace {
+
+constexpr double kGib = static_cast<double>(int64_t{1} << 30);
+
+PlanShard ShardOf(DistShard shard) {
+  switch (shard) {
+    case DistShard::kOptimizer:
+      return PlanShard::kOptimizer;
+    case DistShard::kFull:
+      return PlanShard::kFull;
+    case DistShard::kNone:
+      break;
+  }
+  return PlanShard::kNone;
+}
+
+PlanDType DTypeOf(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf ? PlanDType::kBFloat16 : PlanDType::kFloat32;
+}
+
+// MemTotal from /proc/meminfo, in bytes.
+absl::StatusOr<int64_t> MemTotal() {
+  std::ifstream in("/proc/meminfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("MemTotal:", 0) != 0) continue;
+    std::istringstream fields(line.substr(9));
+    int64_t kib = 0;
+    if (fields >> kib && kib > 0) return kib * 1024;
+  }
+  return absl::UnavailableError(
+      "cannot read MemTotal from /proc/meminfo; give the memory with --device_memory_gib");
+}
+
+// cudaMemGetInfo from the CUDA runtime the CUDA LibTorch loaded (or one
+// that can be loaded), on the current device.
+using MemGetInfo = int (*)(size_t* free, size_t* total);
+MemGetInfo FindMemGetInfo() {
+  if (void* f = dlsym(RTLD_DEFAULT, "cudaMemGetInfo")) return reinterpret_cast<MemGetInfo>(f);
+  for (const char* name :
+       {"libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"}) {
+    void* lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen(name, RTLD_NOW | RTLD_GLOBAL);
+    if (lib == nullptr) continue;
+    if (void* f = dlsym(lib, "cudaMemGetInfo")) return reinterpret_cast<MemGetInfo>(f);
+  }
+  return nullptr;
+}
+
+absl::StatusOr<int64_t> GpuMemory(const c10::Device& device) {
+  const MemGetInfo mem_get_info = FindMemGetInfo();
+  if (mem_get_info == nullptr) {
+    return absl::UnavailableError(
+        "cannot find cudaMemGetInfo in the CUDA runtime; give the GPU's memory with "
+        "--device_memory_gib");
+  }
+  // The device (ParseDevice checked it) becomes current for the query.
+  const c10::DeviceGuard on_device(device);
+  size_t free = 0, total = 0;
+  if (const int error = mem_get_info(&free, &total); error != 0 || total == 0) {
+    return absl::UnavailableError(absl::StrCat("cudaMemGetInfo on ", device.str(), " failed (",
+                                               error,
+                                               "); give the GPU's memory with "
+                                               "--device_memory_gib"));
+  }
+  return static_cast<int64_t>(total);
+}
+
+std::string ModelLabel(const LearnerDaemonOptions& o) {
+  if (o.model == "tiny") return absl::StrCat("tiny (vocabulary ", o.tiny_vocab_size, ")");
+  return o.model;
+}
+
+}  // namespace
+
+absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
+  PlanOptions p;
+  if (o.model == "tiny") {
+    p.model = ModelConfig::Tiny(o.tiny_vocab_size);
+  } else {
+    absl::StatusOr<ModelConfig> config = ResolvePlanModel(o.model);
+    if (!config.ok()) return config.status();
+    p.model = *std::move(config);
+  }
+  p.world_size = o.data_parallel.world_size;
+  p.shard = ShardOf(o.data_parallel.shard);
+  p.device = o.model_options.device.is_cuda() ? PlanDevice::kCuda : PlanDevice::kCpu;
+  const at::ScalarType compute = o.model_options.compute_dtype == at::ScalarType::Undefined
+                                     ? o.model_options.dtype
+                                     : o.model_options.compute_dtype;
+  p.compute_dtype = DTypeOf(compute);
+  p.snapshot_dtype = DTypeOf(o.publish_dtype);
+  p.micro_batch_tokens = o.trainer.micro_batch_tokens;
+  p.max_sequence_tokens =
+      int64_t{o.service.limits.max_prompt_tokens} + int64_t{o.service.limits.max_response_tokens};
+  p.pack_sequences = o.trainer.pack_sequences;
+  p.checkpoint_every = o.model_options.checkpoint_every;
+  p.logprob_chunk_rows = o.trainer.logprob_chunk_rows;
+  p.rank0 = o.data_parallel.rank == 0;
+  p.checkpoints = !o.checkpoint_dir.empty();
+  return p;
+}
+
+absl::StatusOr<int64_t> DeviceMemoryBytes(const c10::Device& device) {
+  return device.is_cuda() ? GpuMemory(device) : MemTotal();
+}
+
+absl::Status CheckLearnerMemory(const LearnerDaemonOptions& o, double device_memory_gib) {
+  if (device_memory_gib < 0 || std::isnan(device_memory_gib)) return absl::OkStatus();
+  absl::StatusOr<PlanOptions> options = LearnerPlanOptions(o);
+  if (!options.ok()) {
+    LOG(WARNING) << "memory plan skipped: " << options.status().message();
+    return absl::OkStatus();
+  }
+  absl::StatusOr<MemoryPlan> plan = PlanMemory(*options);
+  if (!plan.ok()) return plan.status();
+  int64_t budget = static_cast<int64_t>(device_memory_gib * kGib);
+  std::string source = absl::StrFormat("--device_memory_gib=%g", device_memory_gib);
+  if (device_memory_gib == 0) {
+    absl::StatusOr<int64_t> detected = DeviceMemoryBytes(o.model_options.device);
+    if (!detected.ok()) return detected.status();
+    budget = *detected;
+    source = absl::StrCat(
+        o.model_options.device.is_cuda() ? o.model_options.device.str() : "this machine (MemTotal)",
+        ", detected");
+  }
+  LOG(INFO) << "memory plan (" << source << "):\n"
+            << FormatMemoryPlan(*plan, *options, ModelLabel(o), budget);
+  if (plan->peak_bytes <= budget) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the memory plan needs ", Gib(plan->peak_bytes), " GiB per rank (",
+      PlanPhaseName(plan->peak_phase), " phase) but the device has ", Gib(budget), " GiB (", source,
+      "): ", FitAdvice(*options, budget),
+      "; the plan is logged above (docs/operations.md, \"Memory plan\"); --device_memory_gib=-1 "
+      "skips this check"));
+}
+
+}  // namespace asympo::learner
