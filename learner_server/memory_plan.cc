@@ -175,7 +175,9 @@ double LogProbs(const PlanOptions& o, const Dims& d, const Batch& b) {
 }
 
 // The last layer's backward: its recomputation when it keeps only its
-// input (its activations and bfloat16 weights), then the larger of two
+// input (its activations and bfloat16 weights; when the last layer is not
+// recomputed, the first recomputed one runs after the layers above it
+// freed as much), then the larger of two
 // stages: SwiGLU's gradients beside everything the layer saved, or
 // attention's (the scores' on the CPU) once SwiGLU's and the second norm's
 // saved tensors are freed; the residual stream's gradients, and with full
@@ -184,9 +186,10 @@ double LogProbs(const PlanOptions& o, const Dims& d, const Batch& b) {
 double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
   double bytes = d.tied ? 4 * d.vocab * d.h : 0;
   const double layer = static_cast<double>(d.layer_params);
-  if (RecomputedLayers(o, d) > 0) {
-    bytes += LayerSaved(d, b, o.device) + (d.c == 4 ? 0 : layer * d.c);
-  }
+  const int64_t last = o.model.num_hidden_layers - 1;
+  const bool last_recomputed = o.shard == PlanShard::kFull ||
+                               (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
+  if (last_recomputed) bytes += LayerSaved(d, b, o.device) + (d.c == 4 ? 0 : layer * d.c);
   const double weight_grad = d.ff * d.h * (d.c == 4 ? 4 : 4 + d.c);
   const double mlp = 3 * d.c * b.n * d.ff + weight_grad;
   const double mlp_saved =
