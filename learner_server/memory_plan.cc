@@ -187,8 +187,8 @@ double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
   double bytes = d.tied ? 4 * d.vocab * d.h : 0;
   const double layer = static_cast<double>(d.layer_params);
   const int64_t last = o.model.num_hidden_layers - 1;
-  const bool last_recomputed = o.shard == PlanShard::kFull ||
-                               (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
+  const bool last_recomputed =
+      o.shard == PlanShard::kFull || (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
   if (last_recomputed) bytes += LayerSaved(d, b, o.device) + (d.c == 4 ? 0 : layer * d.c);
   const double weight_grad = d.ff * d.h * (d.c == 4 ? 4 : 4 + d.c);
   const double mlp = 3 * d.c * b.n * d.ff + weight_grad;

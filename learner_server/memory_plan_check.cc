@@ -94,7 +94,8 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
   if (o.model == "tiny") {
     p.model = ModelConfig::Tiny(o.tiny_vocab_size);
   } else {
-    absl::StatusOr<ModelConfig> config = ResolvePlanModel(o.model);
+    // The learner's --model is a directory (asympo-plan's names are not).
+    absl::StatusOr<ModelConfig> config = ModelConfig::FromFile(o.model + "/config.json");
     if (!config.ok()) return config.status();
     p.model = *std::move(config);
   }

@@ -308,6 +308,18 @@ TEST(MemoryPlanCheckTest, TheLearnersOptionsBecomeThePlansOptions) {
   EXPECT_EQ(o.shard, PlanShard::kOptimizer);
   EXPECT_FALSE(o.rank0);
   EXPECT_FALSE(o.checkpoints);
+  // A model directory: its config.json. One that cannot be read is left to
+  // the daemon to report (the check passes).
+  asympo::testing::ScopedTempDir dir("learner_plan");
+  const ModelConfig c = NamedModelShape("qwen3-0.6b").value();
+  std::ofstream(dir.path() + "/config.json") << c.ToJson();
+  d.model = dir.path();
+  EXPECT_EQ(LearnerPlanOptions(d)->model.NumParameters(), c.NumParameters());
+  d.model = dir.path() + "/missing";
+  EXPECT_FALSE(LearnerPlanOptions(d).ok());
+  EXPECT_TRUE(CheckLearnerMemory(d, 0.001).ok());
+  d.model = "qwen3-0.6b";  // asympo-plan's names are not the learner's
+  EXPECT_FALSE(LearnerPlanOptions(d).ok());
 }
 
 TEST(MemoryPlanCheckTest, RefusesAPlanThatDoesNotFitNamingTheFlags) {
