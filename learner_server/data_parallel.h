@@ -37,6 +37,7 @@
 #include "absl/time/time.h"
 #include "common/model/policy_model.h"
 #include "learner_server/adamw.h"
+#include "learner_server/dist_shard.h"
 #include "learner_server/group_queue.h"
 #include "learner_server/policy_loss.h"
 #include "learner_server/sharded_adamw.h"
@@ -47,18 +48,6 @@ class Store;
 }  // namespace c10d
 
 namespace asympo::learner {
-
-// How much of the training state each rank keeps (--dist_shard):
-// kNone: everything (the gradients all-reduced); kOptimizer (ZeRO-1): the
-// weights and gradients whole, 1/world_size of the AdamW moments;
-// kFull: 1/world_size of the float32 master weights, the gradients and the
-// moments, each layer's weights gathered when it runs.
-enum class DistShard { kNone = 0, kOptimizer = 1, kFull = 2 };
-
-// "none", "optimizer", "full".
-absl::string_view DistShardName(DistShard shard);
-// INVALID_ARGUMENT names the value and the choices.
-absl::StatusOr<DistShard> ParseDistShard(absl::string_view text);
 
 struct DataParallelOptions {
   int rank = 0;

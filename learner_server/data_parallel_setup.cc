@@ -45,26 +45,6 @@ absl::Status RankFailure(absl::string_view what, absl::string_view error, absl::
   return s;
 }
 
-absl::string_view DistShardName(DistShard shard) {
-  switch (shard) {
-    case DistShard::kOptimizer:
-      return "optimizer";
-    case DistShard::kFull:
-      return "full";
-    case DistShard::kNone:
-      break;
-  }
-  return "none";
-}
-
-absl::StatusOr<DistShard> ParseDistShard(absl::string_view text) {
-  for (const DistShard s : {DistShard::kNone, DistShard::kOptimizer, DistShard::kFull}) {
-    if (text == DistShardName(s)) return s;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", text, "\" is not a sharding mode; expected none, optimizer or full"));
-}
-
 absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     const DataParallelFlags& f, const std::function<const char*(const char*)>& getenv) {
   DataParallelOptions o;

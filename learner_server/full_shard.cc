@@ -83,6 +83,26 @@ at::Tensor FullShard::Flatten(const Unit& unit, const std::vector<at::Tensor>& t
   return flat;
 }
 
+std::vector<at::Tensor> FullShard::Pieces(const Unit& unit, const at::Tensor& flat) const {
+  std::vector<at::Tensor> pieces;
+  for (int r = 0; r < collectives_->world_size(); ++r) {
+    pieces.push_back(flat.narrow(0, r * unit.chunk, unit.chunk));
+  }
+  return pieces;
+}
+
+absl::StatusOr<at::Tensor> FullShard::GatherOnRank0(const Unit& unit, const at::Tensor& chunk) {
+  at::Tensor whole;
+  std::vector<at::Tensor> outputs;
+  if (collectives_->rank() == 0) {
+    whole = at::empty({collectives_->world_size() * unit.chunk}, unit.weight.options());
+    outputs = Pieces(unit, whole);
+  }
+  at::Tensor input = chunk;
+  ASYMPO_RETURN_IF_ERROR(collectives_->GatherToRank0(input, outputs));
+  return whole;
+}
+
 void FullShard::Attach(Unit& unit, at::Tensor whole) {
   unit.whole = std::move(whole);
   for (size_t i = 0; i < unit.params.size(); ++i) {
@@ -95,10 +115,8 @@ void FullShard::GatherUnit(size_t u) {
   Unit& unit = units_[u];
   if (!failed_.ok() || unit.whole.defined()) return;
   at::NoGradGuard no_grad;
-  const int world = collectives_->world_size();
-  at::Tensor whole = at::empty({world * unit.chunk}, unit.weight.options());
-  std::vector<at::Tensor> outputs;
-  for (int r = 0; r < world; ++r) outputs.push_back(whole.narrow(0, r * unit.chunk, unit.chunk));
+  at::Tensor whole = at::empty({collectives_->world_size() * unit.chunk}, unit.weight.options());
+  std::vector<at::Tensor> outputs = Pieces(unit, whole);
   if (!Ok(collectives_->AllGather(unit.weight, outputs))) return;
   Attach(unit, std::move(whole));
 }
@@ -111,10 +129,7 @@ void FullShard::ReleaseUnit(size_t u) {
 
 void FullShard::ReduceScatterInto(Unit& unit, const at::Tensor& flat) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> inputs;
-  for (int r = 0; r < collectives_->world_size(); ++r) {
-    inputs.push_back(flat.narrow(0, r * unit.chunk, unit.chunk));
-  }
+  std::vector<at::Tensor> inputs = Pieces(unit, flat);
   at::Tensor out = at::empty({unit.chunk}, unit.weight.options());
   if (!Ok(collectives_->ReduceScatter(inputs, out))) return;
   if (unit.grad.defined()) {
@@ -206,19 +221,10 @@ absl::Status FullShard::Apply(double lr, double scale, const std::vector<bool>& 
 
 absl::Status FullShard::GatherWeights() {
   at::NoGradGuard no_grad;
-  const int world = collectives_->world_size();
-  const bool root = collectives_->rank() == 0;
   for (size_t i = 0; i < units_.size(); ++i) {
-    Unit& u = units_[i];
     ReleaseUnit(i);
-    at::Tensor whole;
-    std::vector<at::Tensor> outputs;
-    if (root) {
-      whole = at::empty({world * u.chunk}, u.weight.options());
-      for (int r = 0; r < world; ++r) outputs.push_back(whole.narrow(0, r * u.chunk, u.chunk));
-    }
-    ASYMPO_RETURN_IF_ERROR(collectives_->GatherToRank0(u.weight, outputs));
-    if (root) Attach(u, std::move(whole));
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight));
+    if (whole.defined()) Attach(units_[i], std::move(whole));
   }
   return absl::OkStatus();
 }
@@ -229,20 +235,13 @@ void FullShard::ReleaseWeights() {
 
 absl::Status FullShard::GatherState(AdamW* whole) {
   at::NoGradGuard no_grad;
-  const int world = collectives_->world_size();
   const bool root = collectives_->rank() == 0;
   std::vector<std::pair<std::string, at::Tensor>> state;
   const char* names[] = {"exp_avg.", "exp_avg_sq."};
   for (int which = 0; which < 2; ++which) {
     for (Unit& u : units_) {
-      at::Tensor flat;
-      std::vector<at::Tensor> outputs;
-      if (root) {
-        flat = at::empty({world * u.chunk}, u.weight.options());
-        for (int r = 0; r < world; ++r) outputs.push_back(flat.narrow(0, r * u.chunk, u.chunk));
-      }
-      ASYMPO_RETURN_IF_ERROR(
-          collectives_->GatherToRank0(which == 0 ? u.exp_avg : u.exp_avg_sq, outputs));
+      ASYMPO_ASSIGN_OR_RETURN(const at::Tensor flat,
+                              GatherOnRank0(u, which == 0 ? u.exp_avg : u.exp_avg_sq));
       for (size_t i = 0; root && i < u.params.size(); ++i) {
         if (!has_state_[u.index[i]]) continue;
         state.emplace_back(absl::StrCat(names[which], u.index[i]),
@@ -262,7 +261,6 @@ void FullShard::ReleaseState(AdamW* whole) {
 
 absl::Status FullShard::ScatterState(const AdamW& state) {
   at::NoGradGuard no_grad;
-  const int world = collectives_->world_size();
   const bool root = collectives_->rank() == 0;
   // Rank 0's step count and which parameters have state, to every rank.
   std::vector<double> header(1 + has_state_.size(), 0.0);
@@ -277,12 +275,10 @@ absl::Status FullShard::ScatterState(const AdamW& state) {
     const std::vector<at::Tensor>& moments = which == 0 ? state.exp_avg() : state.exp_avg_sq();
     for (Unit& u : units_) {
       std::vector<at::Tensor> inputs;
-      at::Tensor flat;
       if (root) {
         std::vector<at::Tensor> mine;
         for (const size_t i : u.index) mine.push_back(moments[i]);
-        flat = Flatten(u, mine);
-        for (int r = 0; r < world; ++r) inputs.push_back(flat.narrow(0, r * u.chunk, u.chunk));
+        inputs = Pieces(u, Flatten(u, mine));
       }
       at::Tensor out = which == 0 ? u.exp_avg : u.exp_avg_sq;
       ASYMPO_RETURN_IF_ERROR(collectives_->ScatterFromRank0(inputs, out));

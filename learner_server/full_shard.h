@@ -110,6 +110,11 @@ class FullShard : public Optimizer, public LayerResidency {
   // The unit's `tensors` (one per parameter; undefined ones as zeros) laid
   // end to end in a new (world * c) buffer.
   at::Tensor Flatten(const Unit& unit, const std::vector<at::Tensor>& tensors) const;
+  // The world's pieces of a (world * c) buffer: piece r is rank r's chunk.
+  std::vector<at::Tensor> Pieces(const Unit& unit, const at::Tensor& flat) const;
+  // Collective: every rank's `chunk` (c elements of `unit`), laid end to end
+  // on rank 0 (world * c); undefined on the other ranks.
+  absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk);
   // Points the unit's parameters at `whole` (world * c).
   void Attach(Unit& unit, at::Tensor whole);
   void GatherUnit(size_t u);

@@ -112,7 +112,7 @@ double LayerSaved(const Dims& d, const Batch& b, PlanDevice device) {
 // Decoder layers that keep only their input (checkpointed, or all of them
 // with full sharding).
 double RecomputedLayers(const PlanOptions& o, const Dims& d) {
-  if (o.shard == PlanShard::kFull) return d.layers;
+  if (o.shard == DistShard::kFull) return d.layers;
   if (o.checkpoint_every <= 0) return 0;
   return std::ceil(d.layers / static_cast<double>(o.checkpoint_every));
 }
@@ -188,7 +188,7 @@ double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
   const double layer = static_cast<double>(d.layer_params);
   const int64_t last = o.model.num_hidden_layers - 1;
   const bool last_recomputed =
-      o.shard == PlanShard::kFull || (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
+      o.shard == DistShard::kFull || (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
   if (last_recomputed) bytes += LayerSaved(d, b, o.device) + (d.c == 4 ? 0 : layer * d.c);
   const double weight_grad = d.ff * d.h * (d.c == 4 ? 4 : 4 + d.c);
   const double mlp = 3 * d.c * b.n * d.ff + weight_grad;
@@ -198,7 +198,7 @@ double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
                                ? 2 * 4 * b.rows * d.heads * b.s * b.s
                                : 3 * d.c * b.n * d.q + 4 * b.rows * d.heads * b.s;
   bytes += std::max(mlp, attention - mlp_saved) + 2 * d.c * b.n * d.h;
-  if (o.shard == PlanShard::kFull) bytes += 4 * layer;
+  if (o.shard == DistShard::kFull) bytes += 4 * layer;
   return bytes;
 }
 
@@ -209,8 +209,8 @@ double EmbeddingGrads(const Dims& d) { return (d.tied ? 3 : 1) * 4 * d.vocab * d
 // Floats of this rank's share of everything (full sharding: per unit).
 int64_t ShardFloats(const PlanOptions& o, const Dims& d) {
   const int64_t n = o.world_size;
-  if (o.shard == PlanShard::kNone) return d.params;
-  if (o.shard == PlanShard::kOptimizer) return CeilDiv(d.params, n);
+  if (o.shard == DistShard::kNone) return d.params;
+  if (o.shard == DistShard::kOptimizer) return CeilDiv(d.params, n);
   const int64_t layers = o.model.num_hidden_layers;
   return CeilDiv(d.root_params, n) + layers * CeilDiv(d.layer_params, n);
 }
@@ -221,16 +221,16 @@ double Update(const PlanOptions& o, const Dims& d) {
   const double bucket = static_cast<double>(ShardedAdamW::kBucketElements);
   const double world = static_cast<double>(o.world_size);
   switch (o.shard) {
-    case PlanShard::kNone:
+    case DistShard::kNone:
       // AdamW's temporaries on the largest tensor; the all-reduce bucket.
       return 4 * std::max(2 * d.largest_param,
                           o.world_size > 1 ? std::max(bucket, d.largest_param) : 0.0);
-    case PlanShard::kOptimizer: {
+    case DistShard::kOptimizer: {
       // The reduced chunk, and one round's reduce-scatter inputs.
       const double chunk = static_cast<double>(CeilDiv(d.params, o.world_size));
       return 4 * (chunk + std::min(bucket, world * chunk));
     }
-    case PlanShard::kFull: {
+    case DistShard::kFull: {
       // The whole root unit and its flattened gradient, until its
       // reduce-scatter; AdamW's temporaries on a chunk.
       const double chunk =
@@ -247,9 +247,9 @@ double Update(const PlanOptions& o, const Dims& d) {
 // checkpoint (and on resume holds them before sharding), and the weights
 // for every snapshot.
 double Rank0Gather(const PlanOptions& o, const Dims& d) {
-  if (!o.rank0 || o.shard == PlanShard::kNone) return 0;
+  if (!o.rank0 || o.shard == DistShard::kNone) return 0;
   const double params = static_cast<double>(d.params);
-  if (o.shard == PlanShard::kOptimizer) return o.checkpoints ? 3 * 4 * params : 0;
+  if (o.shard == DistShard::kOptimizer) return o.checkpoints ? 3 * 4 * params : 0;
   return (o.checkpoints ? 3 : 1) * 4 * params;
 }
 
@@ -261,7 +261,7 @@ void SetPart(MemoryPlan& p, PlanPart part, double bytes) {
 void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& p) {
   const double shard = static_cast<double>(ShardFloats(o, d));
   const double params = static_cast<double>(d.params);
-  const bool full = o.shard == PlanShard::kFull;
+  const bool full = o.shard == DistShard::kFull;
   SetPart(p, PlanPart::kMasterWeights, 4 * (full ? shard : params));
   SetPart(p, PlanPart::kGatheredWeights,
           full ? 4 * static_cast<double>(d.root_params + d.layer_params) : 0);
@@ -317,32 +317,12 @@ absl::Status Invalid(absl::string_view flag, const absl::AlphaNum& value, absl::
 
 }  // namespace
 
-absl::string_view PlanShardName(PlanShard shard) {
-  switch (shard) {
-    case PlanShard::kOptimizer:
-      return "optimizer";
-    case PlanShard::kFull:
-      return "full";
-    case PlanShard::kNone:
-      break;
-  }
-  return "none";
-}
-
 absl::string_view PlanDeviceName(PlanDevice device) {
   return device == PlanDevice::kCpu ? "cpu" : "cuda";
 }
 
 absl::string_view PlanDTypeName(PlanDType dtype) {
   return dtype == PlanDType::kBFloat16 ? "bfloat16" : "float32";
-}
-
-absl::StatusOr<PlanShard> ParsePlanShard(absl::string_view text) {
-  for (const PlanShard s : {PlanShard::kNone, PlanShard::kOptimizer, PlanShard::kFull}) {
-    if (text == PlanShardName(s)) return s;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", text, "\" is not a sharding mode; expected none, optimizer or full"));
 }
 
 absl::StatusOr<PlanDevice> ParsePlanDevice(absl::string_view text) {

@@ -51,28 +51,25 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/model_config.h"
+#include "learner_server/dist_shard.h"
 
 namespace asympo::learner {
 
-// What each data-parallel rank keeps (as the learner's --dist_shard).
-enum class PlanShard { kNone, kOptimizer, kFull };
 // Where the learner runs (--device): the attention kernels differ.
 enum class PlanDevice { kCpu, kCuda };
 // float32 or bfloat16 (--compute_dtype, --dtype).
 enum class PlanDType { kFloat32, kBFloat16 };
 
-absl::string_view PlanShardName(PlanShard shard);
 absl::string_view PlanDeviceName(PlanDevice device);
 absl::string_view PlanDTypeName(PlanDType dtype);
 // INVALID_ARGUMENT naming the value and the choices.
-absl::StatusOr<PlanShard> ParsePlanShard(absl::string_view text);
 absl::StatusOr<PlanDevice> ParsePlanDevice(absl::string_view text);
 absl::StatusOr<PlanDType> ParsePlanDType(absl::string_view text);
 
 struct PlanOptions {
   ModelConfig model;
   int64_t world_size = 1;
-  PlanShard shard = PlanShard::kNone;
+  DistShard shard = DistShard::kNone;
   PlanDevice device = PlanDevice::kCuda;
   PlanDType compute_dtype = PlanDType::kBFloat16;
   // Snapshots for the rollouts (--dtype).

@@ -18,18 +18,6 @@ namespace {
 
 constexpr double kGib = static_cast<double>(int64_t{1} << 30);
 
-PlanShard ShardOf(DistShard shard) {
-  switch (shard) {
-    case DistShard::kOptimizer:
-      return PlanShard::kOptimizer;
-    case DistShard::kFull:
-      return PlanShard::kFull;
-    case DistShard::kNone:
-      break;
-  }
-  return PlanShard::kNone;
-}
-
 PlanDType DTypeOf(at::ScalarType t) {
   return t == at::kBFloat16 || t == at::kHalf ? PlanDType::kBFloat16 : PlanDType::kFloat32;
 }
@@ -100,7 +88,7 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
     p.model = *std::move(config);
   }
   p.world_size = o.data_parallel.world_size;
-  p.shard = ShardOf(o.data_parallel.shard);
+  p.shard = o.data_parallel.shard;
   p.device = o.model_options.device.is_cuda() ? PlanDevice::kCuda : PlanDevice::kCpu;
   const at::ScalarType compute = o.model_options.compute_dtype == at::ScalarType::Undefined
                                      ? o.model_options.dtype

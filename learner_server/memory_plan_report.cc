@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model/policy_model.h"
 
 namespace asympo::learner {
 namespace {
@@ -85,14 +86,14 @@ std::string AliveText(PlanPart part, PlanDevice device) {
 // The part's name with what it depends on: its dtype, its share.
 std::string PartLabel(PlanPart part, const PlanOptions& o) {
   std::string label(PlanPartName(part));
-  const bool shared = o.shard != PlanShard::kNone;
+  const bool shared = o.shard != DistShard::kNone;
   const std::string share = absl::StrCat(", 1/", o.world_size);
   switch (part) {
     case PlanPart::kMasterWeights:
-      if (o.shard == PlanShard::kFull) absl::StrAppend(&label, share);
+      if (o.shard == DistShard::kFull) absl::StrAppend(&label, share);
       break;
     case PlanPart::kGradients:
-      if (o.shard == PlanShard::kFull) absl::StrAppend(&label, share, " + the root unit");
+      if (o.shard == DistShard::kFull) absl::StrAppend(&label, share, " + the root unit");
       break;
     case PlanPart::kMoments:
       if (shared) absl::StrAppend(&label, share);
@@ -121,12 +122,10 @@ std::string Heading(const MemoryPlan& p, const PlanOptions& o, absl::string_view
       p.parameters >= 1000000000
           ? absl::StrFormat("%.2fB", static_cast<double>(p.parameters) / 1e9)
           : absl::StrFormat("%.1fM", static_cast<double>(p.parameters) / 1e6),
-      o.world_size, PlanShardName(o.shard), PlanDeviceName(o.device),
+      o.world_size, DistShardName(o.shard), PlanDeviceName(o.device),
       PlanDTypeName(o.compute_dtype),
-      o.shard == PlanShard::kFull ? std::string("layers (full sharding recomputes every layer)")
-      : o.checkpoint_every <= 0   ? std::string("none")
-      : o.checkpoint_every == 1   ? std::string("layers")
-                                  : absl::StrCat("every_", o.checkpoint_every),
+      o.shard == DistShard::kFull ? std::string("layers (full sharding recomputes every layer)")
+                                  : ActivationCheckpointingName(o.checkpoint_every),
       o.micro_batch_tokens, o.pack_sequences ? "packed" : "padded", p.rows, p.row_length, longest,
       o.logprob_chunk_rows, PlanDTypeName(o.snapshot_dtype),
       o.rank0 ? " (rank 0 publishes them)" : "");
@@ -151,20 +150,20 @@ struct Change {
 // The changes that apply to `o` (those that would change something).
 std::vector<Change> ChangesFor(const PlanOptions& o) {
   std::vector<Change> changes;
-  const bool full = o.shard == PlanShard::kFull;
+  const bool full = o.shard == DistShard::kFull;
   if (!full && o.checkpoint_every != 1) {
     changes.push_back(
         {"--activation_checkpointing=layers", [](PlanOptions& p) { p.checkpoint_every = 1; }});
   }
   if (!full && o.world_size > 1) {
-    changes.push_back({"--dist_shard=full", [](PlanOptions& p) { p.shard = PlanShard::kFull; }});
+    changes.push_back({"--dist_shard=full", [](PlanOptions& p) { p.shard = DistShard::kFull; }});
   }
   if (o.rank0 && o.snapshot_dtype == PlanDType::kFloat32) {
     changes.push_back(
         {"--dtype=bfloat16", [](PlanOptions& p) { p.snapshot_dtype = PlanDType::kBFloat16; }});
   }
   // Rank 0 gathers the sharded state whole on its device for a checkpoint.
-  if (o.rank0 && o.checkpoints && (o.shard != PlanShard::kNone || o.world_size > 1)) {
+  if (o.rank0 && o.checkpoints && (o.shard != DistShard::kNone || o.world_size > 1)) {
     changes.push_back({"", [](PlanOptions& p) { p.checkpoints = false; }});
   }
   return changes;

@@ -80,7 +80,7 @@ absl::StatusOr<PlanOptions> OptionsFromFlags() {
   if (!model.ok()) return model.status();
   o.model = *std::move(model);
   o.world_size = absl::GetFlag(FLAGS_world_size);
-  auto shard = asympo::learner::ParsePlanShard(absl::GetFlag(FLAGS_dist_shard));
+  auto shard = asympo::learner::ParseDistShard(absl::GetFlag(FLAGS_dist_shard));
   if (!shard.ok()) return Named("dist_shard", shard.status());
   o.shard = *shard;
   auto device = asympo::learner::ParsePlanDevice(absl::GetFlag(FLAGS_device));

@@ -95,17 +95,12 @@ at::Tensor CheckpointedCall(Fn fn, const at::Tensor& x, const std::vector<at::Te
   variable_list kept;
   bool any_param = false;
   for (const at::Tensor& p : params) {
-    if (residency != nullptr) {
-      kept.push_back(p);
-    } else if (p.defined() && p.requires_grad()) {
-      kept.push_back(p);
-    }
-    any_param |= p.defined() && p.requires_grad();
-  }
-  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !any_param)) {
-    return RunWithoutGraph(fn, x, residency.get());
+    const bool needed = p.defined() && p.requires_grad();
+    if (needed || residency != nullptr) kept.push_back(p);
+    any_param |= needed;
   }
   at::Tensor y = RunWithoutGraph(fn, x, residency.get());
+  if (!at::GradMode::is_enabled() || (!x.requires_grad() && !any_param)) return y;
   torch::autograd::edge_list edges;
   edges.push_back(torch::autograd::impl::gradient_edge(x));
   if (residency == nullptr) {

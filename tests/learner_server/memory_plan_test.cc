@@ -114,14 +114,14 @@ TEST(MemoryPlanTest, ShardingDividesMasterWeightsGradientsAndMomentsByTheWorld) 
   const int64_t p = c.NumParameters();
   const MemoryPlan none = Plan(o);
   EXPECT_EQ(none.of(PlanPart::kMoments), 8 * p);
-  o.shard = PlanShard::kOptimizer;
+  o.shard = DistShard::kOptimizer;
   const MemoryPlan zero1 = Plan(o);
   EXPECT_EQ(zero1.of(PlanPart::kMasterWeights), 4 * p);
   EXPECT_EQ(zero1.of(PlanPart::kGradients), 4 * p);
   EXPECT_EQ(zero1.of(PlanPart::kMoments), 8 * ((p + 7) / 8));
   // ZeRO-1's step: the reduced chunk and one round of exchange buffers.
   EXPECT_EQ(zero1.of(PlanPart::kUpdate), 4 * ((p + 7) / 8 + ShardedAdamW::kBucketElements));
-  o.shard = PlanShard::kFull;
+  o.shard = DistShard::kFull;
   const MemoryPlan full = Plan(o);
   // Units: the root (untied: two 151936 x 4096 tables and the final norm)
   // and 36 layers, each cut in ceil(unit / 8).
@@ -152,7 +152,7 @@ TEST(MemoryPlanTest, CheckpointingShrinksActivations) {
     EXPECT_GT(every2.peak_bytes, layers.peak_bytes);
     // Full sharding recomputes every layer whatever the flag says.
     o.world_size = 8;
-    o.shard = PlanShard::kFull;
+    o.shard = DistShard::kFull;
     o.checkpoint_every = 0;
     EXPECT_EQ(Plan(o).of(PlanPart::kActivations), layers.of(PlanPart::kActivations));
   }
@@ -183,7 +183,7 @@ TEST(MemoryPlanTest, LargestMicroBatchIsTheLargestThatFits) {
   PlanOptions o;
   o.model = NamedModelShape("qwen3-1.7b").value();
   o.world_size = 8;
-  o.shard = PlanShard::kOptimizer;
+  o.shard = DistShard::kOptimizer;
   o.max_sequence_tokens = 8192;
   const int64_t budget = int64_t{80} << 30;
   const absl::StatusOr<int64_t> largest = LargestMicroBatch(o, budget);
@@ -253,7 +253,7 @@ TEST(MemoryPlanTest, BadInputsNameTheFlag) {
   refused([](PlanOptions& p) { p.logprob_chunk_rows = 0; }, "--logprob_chunk_rows=0");
   refused([](PlanOptions& p) { p.checkpoint_every = -2; }, "--activation_checkpointing");
   refused([](PlanOptions& p) { p.model.num_key_value_heads = 3; }, "--model");
-  EXPECT_THAT(ParsePlanShard("half"), StatusIs(absl::StatusCode::kInvalidArgument, "\"half\""));
+  EXPECT_THAT(ParseDistShard("half"), StatusIs(absl::StatusCode::kInvalidArgument, "\"half\""));
   EXPECT_THAT(ParsePlanDevice("gpu"), StatusIs(absl::StatusCode::kInvalidArgument, "\"gpu\""));
   EXPECT_THAT(ParsePlanDType("fp8"), StatusIs(absl::StatusCode::kInvalidArgument, "\"fp8\""));
   EXPECT_EQ(ParsePlanDevice("cuda:3").value(), PlanDevice::kCuda);
@@ -263,7 +263,7 @@ TEST(MemoryPlanTest, AdviceNamesTheFlagsThatMakeItFit) {
   PlanOptions o;
   o.model = NamedModelShape("qwen3-1.7b").value();
   o.world_size = 8;
-  o.shard = PlanShard::kOptimizer;
+  o.shard = DistShard::kOptimizer;
   o.micro_batch_tokens = 65536;
   o.max_sequence_tokens = 8192;
   const int64_t budget = int64_t{80} << 30;
@@ -305,7 +305,7 @@ TEST(MemoryPlanCheckTest, TheLearnersOptionsBecomeThePlansOptions) {
   EXPECT_EQ(o.logprob_chunk_rows, 256);
   EXPECT_EQ(o.checkpoint_every, 2);
   EXPECT_EQ(o.world_size, 4);
-  EXPECT_EQ(o.shard, PlanShard::kOptimizer);
+  EXPECT_EQ(o.shard, DistShard::kOptimizer);
   EXPECT_FALSE(o.rank0);
   EXPECT_FALSE(o.checkpoints);
   // A model directory: its config.json. One that cannot be read is left to
