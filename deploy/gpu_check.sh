@@ -297,7 +297,8 @@ targets_of() {
   case $1 in
     tests)
       if ((all)); then echo all; else
-        echo rollout_server_gpu_tests learner_server_gpu_tests nccl_gpu_tests policy_logits
+        echo rollout_server_gpu_tests learner_server_gpu_tests nccl_gpu_tests policy_logits \
+          data_parallel_rank
       fi ;;
     train) echo model_bench ;;
     generate) echo model_bench engine_bench ;;
@@ -315,9 +316,11 @@ build_part() {  # PART
       tail -30 "$logs/configure.out" "$logs/configure.log" 2>/dev/null
       return 1
     }
-    grep -h "ASymPO-RL: LibTorch\|CUDA graphs" "$logs/configure.out" | head -4
+    grep -h "ASymPO-RL: LibTorch\|CUDA graphs\|learner's ranks" "$logs/configure.out" | head -6
     grep -q "CUDA graphs on" "$logs/configure.out" ||
       say "WARNING: CUDA graphs are off in this build (configure.out)"
+    grep -q "the learner's ranks have NCCL" "$logs/configure.out" ||
+      say "WARNING: the learner's ranks have no NCCL in this build (configure.out, nccl_group_check.log)"
     cp "$logs/configure.out" "$logs/gpu_configure.log"
   fi
   # shellcheck disable=SC2046

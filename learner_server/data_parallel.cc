@@ -1,8 +1,8 @@
-// ProcessGroupGloo.hpp declares its class only with USE_C10D_GLOO, which the
-// Debian LibTorch was built with (its libtorch_cpu carries the symbols).
-#ifndef USE_C10D_GLOO
-#define USE_C10D_GLOO 1
-#endif
+// The data-parallel learner's collectives on a c10d process group of either
+// backend (collective_group.h): Gloo's take host tensors for reduce, gather
+// and scatter (the others also device tensors); NCCL's take only tensors on
+// the rank's GPU. Every collective's tensors are staged where the backend
+// takes them and copied back after.
 #include "learner_server/data_parallel.h"
 
 #include <unistd.h>
@@ -14,11 +14,11 @@
 
 #include <ATen/ATen.h>
 #include <glog/logging.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "learner_server/collective_group.h"
 #include "learner_server/trainer.h"
 
 namespace asympo::learner {
@@ -84,8 +84,39 @@ absl::StatusOr<std::vector<QueuedGroup>> ParseShard(const uint8_t* data, size_t 
 }  // namespace
 
 struct DataParallel::Group {
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<CollectiveGroup> pg;
+  // NCCL: every collective's tensors on `device`, the rank's GPU. Gloo:
+  // reduce, gather and scatter on the host, the others where they are.
+  bool nccl = false;
+  at::Device device{at::kCPU};
+
+  // Where the backend takes `t` (host_only: a Gloo collective that takes
+  // host tensors only): `t` itself when it is there already, else a copy.
+  at::Tensor Staged(const at::Tensor& t, bool host_only) const {
+    if (nccl) return t.device() == device ? t : t.to(device);
+    return host_only && !t.is_cpu() ? t.cpu() : t;
+  }
+  std::vector<at::Tensor> Staged(const std::vector<at::Tensor>& ts, bool host_only) const {
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const at::Tensor& t : ts) out.push_back(Staged(t, host_only));
+    return out;
+  }
 };
+
+namespace {
+
+// Copies the staged results back into the tensors they stand for.
+void CopyBack(const std::vector<at::Tensor>& staged, std::vector<at::Tensor>& tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (!staged[i].is_same(tensors[i])) tensors[i].copy_(staged[i]);
+  }
+}
+
+// A tensor on the host (a staged header or values read back).
+at::Tensor Host(const at::Tensor& t) { return t.is_cpu() ? t : t.cpu(); }
+
+}  // namespace
 
 DataParallel::DataParallel(const DataParallelOptions& options) : options_(options) {}
 DataParallel::~DataParallel() = default;
@@ -93,6 +124,12 @@ DataParallel::~DataParallel() = default;
 absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const DataParallelOptions& o) {
   std::unique_ptr<DataParallel> dp(new DataParallel(o));
   const auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(o.timeout));
+  const bool nccl = o.backend == DistBackend::kNccl;
+  if (nccl && !o.device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data parallel: NCCL needs the rank's tensors on a GPU, and the device is ",
+                     o.device.str()));
+  }
   try {
     c10d::TCPStoreOptions so;
     so.port = static_cast<uint16_t>(o.master_port);
@@ -100,25 +137,29 @@ absl::StatusOr<std::unique_ptr<DataParallel>> DataParallel::Create(const DataPar
     so.numWorkers = static_cast<size_t>(o.world_size);
     so.timeout = timeout;
     dp->store_ = c10::make_intrusive<c10d::TCPStore>(o.master_addr, so);
-    auto go = c10d::ProcessGroupGloo::Options::create(timeout);
-    std::string local = o.local_addr;
-    if (local.empty() && IsLoopback(o.master_addr)) local = "127.0.0.1";
-    if (local.empty()) {
-      char host[256] = {};
-      gethostname(host, sizeof(host) - 1);
-      local = host;
-    }
-    go->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(local));
-    go->threads = 2;
     dp->group_ = std::make_unique<Group>();
-    dp->group_->pg =
-        c10::make_intrusive<c10d::ProcessGroupGloo>(dp->store_, o.rank, o.world_size, go);
+    dp->group_->nccl = nccl;
+    if (nccl) {
+      dp->group_->device = o.device;
+      dp->group_->pg = NewNcclGroup(dp->store_, o.rank, o.world_size, timeout);
+    } else {
+      std::string local = o.local_addr;
+      if (local.empty() && IsLoopback(o.master_addr)) local = "127.0.0.1";
+      if (local.empty()) {
+        char host[256] = {};
+        gethostname(host, sizeof(host) - 1);
+        local = host;
+      }
+      dp->group_->pg = NewGlooGroup(dp->store_, o.rank, o.world_size, timeout, local);
+    }
   } catch (const std::exception& e) {
-    return RankFailure(absl::StrCat("joining the world of ", o.world_size, " at ", o.master_addr,
-                                    ":", o.master_port, " as rank ", o.rank),
-                       e.what(), o.timeout);
+    return RankFailure(
+        absl::StrCat("joining the world of ", o.world_size, " at ", o.master_addr, ":",
+                     o.master_port, " as rank ", o.rank, " (", DistBackendName(o.backend), ")"),
+        e.what(), o.timeout);
   }
-  LOG(INFO) << "data parallel: rank " << o.rank << " of " << o.world_size << " (Gloo, master "
+  LOG(INFO) << "data parallel: rank " << o.rank << " of " << o.world_size << " ("
+            << (nccl ? "NCCL on " + o.device.str() : std::string("Gloo")) << ", master "
             << o.master_addr << ":" << o.master_port << ", timeout "
             << absl::FormatDuration(o.timeout) << ")";
   return dp;
@@ -133,7 +174,7 @@ absl::Status DataParallel::SendHeader(StepMessage::Kind kind, const StepTotals& 
   h[2] = totals.groups, h[3] = totals.responses, h[4] = totals.tokens;
   h[5] = totals.degenerate_responses;
   for (size_t r = 0; r < bytes.size(); ++r) h[kHeaderFixed + static_cast<int64_t>(r)] = bytes[r];
-  std::vector<at::Tensor> t{header};
+  std::vector<at::Tensor> t{group_->Staged(header, false)};
   return Collective("sending the step header", options_.timeout,
                     [&] { return group_->pg->broadcast(t); });
 }
@@ -161,8 +202,8 @@ absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup
     std::memcpy(t.data_ptr<uint8_t>(), shard.data(), shard.size());
     inputs.push_back(t);
   }
-  std::vector<at::Tensor> output{at::empty({padded}, at::kByte)};
-  std::vector<std::vector<at::Tensor>> input_lists{inputs};
+  std::vector<at::Tensor> output{group_->Staged(at::empty({padded}, at::kByte), true)};
+  std::vector<std::vector<at::Tensor>> input_lists{group_->Staged(inputs, true)};
   ASYMPO_RETURN_IF_ERROR(Collective("scattering the step's groups", options_.timeout,
                                     [&] { return group_->pg->scatter(output, input_lists); }));
   for (size_t i : split[0]) own.shard.push_back(groups[i]);
@@ -170,10 +211,11 @@ absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup
 }
 
 absl::StatusOr<StepMessage> DataParallel::Receive() {
-  at::Tensor header = at::zeros({kHeaderFixed + world_size()}, at::kLong);
-  std::vector<at::Tensor> t{header};
+  std::vector<at::Tensor> t{
+      group_->Staged(at::zeros({kHeaderFixed + world_size()}, at::kLong), false)};
   ASYMPO_RETURN_IF_ERROR(Collective("waiting for rank 0's next step", options_.timeout,
                                     [&] { return group_->pg->broadcast(t); }));
+  const at::Tensor header = Host(t[0]);
   const int64_t* h = header.data_ptr<int64_t>();
   StepMessage m;
   if (h[0] < 0 || h[0] > 3) {
@@ -185,12 +227,13 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
   m.totals.degenerate_responses = h[5];
   const int64_t padded = std::max<int64_t>(1, h[1]);
   const int64_t mine = h[kHeaderFixed + rank()];
-  std::vector<at::Tensor> output{at::empty({padded}, at::kByte)};
+  std::vector<at::Tensor> output{group_->Staged(at::empty({padded}, at::kByte), true)};
   std::vector<std::vector<at::Tensor>> none;
   ASYMPO_RETURN_IF_ERROR(Collective("receiving the step's groups", options_.timeout,
                                     [&] { return group_->pg->scatter(output, none); }));
+  const at::Tensor bytes = Host(output[0]);
   ASYMPO_ASSIGN_OR_RETURN(m.shard,
-                          ParseShard(output[0].data_ptr<uint8_t>(), static_cast<size_t>(mine)));
+                          ParseShard(bytes.data_ptr<uint8_t>(), static_cast<size_t>(mine)));
   return m;
 }
 
@@ -210,9 +253,10 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, 
       for (int k = 0; k < 2; ++k) h[2 + 2 * i + k] = (*state[k])[static_cast<size_t>(i)].defined();
     }
   }
-  std::vector<at::Tensor> ht{header};
+  std::vector<at::Tensor> ht{group_->Staged(header, false)};
   ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
                                     [&] { return group_->pg->broadcast(ht); }));
+  header = Host(ht[0]);
   const int64_t* h = header.data_ptr<int64_t>();
   std::vector<at::Tensor> tensors;
   std::vector<std::pair<std::string, at::Tensor>> received;
@@ -227,9 +271,10 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, 
     }
   }
   for (at::Tensor& t : tensors) {
-    std::vector<at::Tensor> one{t};
+    std::vector<at::Tensor> one{group_->Staged(t, false)};
     ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
                                       [&] { return group_->pg->broadcast(one); }));
+    if (!one[0].is_same(t)) t.copy_(one[0]);
   }
   if (rank() != 0) {
     if (moments) ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(received, h[1]));
@@ -259,9 +304,10 @@ absl::Status DataParallel::SumValues(std::vector<double>* values) {
   Timed timed(&collective_seconds_);
   at::Tensor t =
       at::from_blob(values->data(), {static_cast<int64_t>(values->size())}, at::kDouble).clone();
-  std::vector<at::Tensor> one{t};
+  std::vector<at::Tensor> one{group_->Staged(t, false)};
   ASYMPO_RETURN_IF_ERROR(Collective("summing the step's diagnostics", options_.timeout,
                                     [&] { return group_->pg->allreduce(one); }));
+  t = Host(one[0]);
   std::memcpy(values->data(), t.data_ptr<double>(), values->size() * sizeof(double));
   return absl::OkStatus();
 }
@@ -281,7 +327,7 @@ absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients
     }
     std::vector<at::Tensor> flat;
     for (size_t i = begin; i < end; ++i) flat.push_back(gradients[i].reshape({-1}));
-    std::vector<at::Tensor> bucket{at::cat(flat)};
+    std::vector<at::Tensor> bucket{group_->Staged(at::cat(flat), false)};
     ASYMPO_RETURN_IF_ERROR(Collective("summing the gradients", options_.timeout,
                                       [&] { return group_->pg->allreduce(bucket); }));
     int64_t at = 0;
@@ -295,27 +341,19 @@ absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients
   return absl::OkStatus();
 }
 
-namespace {
-
-// Gloo's reduce, gather and scatter take host tensors only: device tensors
-// go through host copies.
-std::vector<at::Tensor> OnHost(const std::vector<at::Tensor>& tensors) {
-  std::vector<at::Tensor> out;
-  for (const at::Tensor& t : tensors) out.push_back(t.is_cpu() ? t : t.cpu());
-  return out;
-}
-
-void CopyBack(const std::vector<at::Tensor>& host, std::vector<at::Tensor>& tensors) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!tensors[i].is_cpu()) tensors[i].copy_(host[i]);
-  }
-}
-
-}  // namespace
-
 absl::Status DataParallel::ReduceScatter(std::vector<at::Tensor>& inputs, at::Tensor& output) {
   Timed timed(&collective_seconds_);
-  std::vector<at::Tensor> host = OnHost(inputs);
+  if (group_->nccl) {
+    std::vector<at::Tensor> out{group_->Staged(output, true)};
+    std::vector<std::vector<at::Tensor>> in{group_->Staged(inputs, true)};
+    ASYMPO_RETURN_IF_ERROR(Collective("reduce-scattering the gradients", options_.timeout,
+                                      [&] { return group_->pg->reduce_scatter(out, in); }));
+    if (!out[0].is_same(output)) output.copy_(out[0]);
+    return absl::OkStatus();
+  }
+  // Gloo (LibTorch 1.13) has no reduce-scatter: one reduce per rank, each
+  // to the rank that owns that part.
+  std::vector<at::Tensor> host = group_->Staged(inputs, true);
   for (int r = 0; r < world_size(); ++r) {
     std::vector<at::Tensor> one{host[static_cast<size_t>(r)]};
     c10d::ReduceOptions o;
@@ -329,8 +367,8 @@ absl::Status DataParallel::ReduceScatter(std::vector<at::Tensor>& inputs, at::Te
 
 absl::Status DataParallel::AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) {
   Timed timed(&collective_seconds_);
-  std::vector<at::Tensor> in = OnHost({input.contiguous()});
-  std::vector<std::vector<at::Tensor>> out{OnHost(outputs)};
+  std::vector<at::Tensor> in{group_->Staged(input.contiguous(), true)};
+  std::vector<std::vector<at::Tensor>> out{group_->Staged(outputs, true)};
   ASYMPO_RETURN_IF_ERROR(Collective("all-gathering the weights", options_.timeout,
                                     [&] { return group_->pg->allgather(out, in); }));
   CopyBack(out[0], outputs);
@@ -338,9 +376,9 @@ absl::Status DataParallel::AllGather(at::Tensor& input, std::vector<at::Tensor>&
 }
 
 absl::Status DataParallel::GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) {
-  std::vector<at::Tensor> in = OnHost({input.contiguous()});
+  std::vector<at::Tensor> in{group_->Staged(input.contiguous(), true)};
   std::vector<std::vector<at::Tensor>> out;
-  if (rank() == 0) out.push_back(OnHost(outputs));
+  if (rank() == 0) out.push_back(group_->Staged(outputs, true));
   ASYMPO_RETURN_IF_ERROR(Collective("gathering the optimizer state", options_.timeout,
                                     [&] { return group_->pg->gather(out, in); }));
   if (rank() == 0) CopyBack(out[0], outputs);
@@ -348,12 +386,12 @@ absl::Status DataParallel::GatherToRank0(at::Tensor& input, std::vector<at::Tens
 }
 
 absl::Status DataParallel::ScatterFromRank0(std::vector<at::Tensor>& inputs, at::Tensor& output) {
-  std::vector<at::Tensor> out = OnHost({output});
+  std::vector<at::Tensor> out{group_->Staged(output, true)};
   std::vector<std::vector<at::Tensor>> in;
-  if (rank() == 0) in.push_back(OnHost(inputs));
+  if (rank() == 0) in.push_back(group_->Staged(inputs, true));
   ASYMPO_RETURN_IF_ERROR(Collective("scattering the optimizer state", options_.timeout,
                                     [&] { return group_->pg->scatter(out, in); }));
-  if (!output.is_cpu()) output.copy_(out[0]);
+  if (!out[0].is_same(output)) output.copy_(out[0]);
   return absl::OkStatus();
 }
 

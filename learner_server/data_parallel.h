@@ -1,4 +1,5 @@
-// Data parallelism for the learner on LibTorch's c10d, with Gloo.
+// Data parallelism for the learner on LibTorch's c10d, with Gloo (host
+// memory, CPU ranks) or NCCL (one GPU a rank; collective_group.h).
 //
 // Rank 0 is the learner daemon: it owns the queue and the gRPC services.
 // For each step it splits the popped groups across the ranks by tokens
@@ -19,9 +20,9 @@
 // naming the operation (never a silent hang).
 //
 // The rendezvous is c10d's TCPStore on rank 0 (MASTER_ADDR:MASTER_PORT).
-// Neither it nor Gloo authenticates or encrypts, and the store listens on
-// every interface: a world of more than one rank needs `insecure` set by
-// the operator (--dist_insecure).
+// Neither it nor Gloo nor NCCL authenticates or encrypts, and the store
+// listens on every interface: a world of more than one rank needs
+// `insecure` set by the operator (--dist_insecure).
 #pragma once
 
 #include <cstdint>
@@ -49,6 +50,11 @@ class Store;
 
 namespace asympo::learner {
 
+// The collectives' library (--dist_backend): Gloo moves host tensors over
+// TCP; NCCL moves GPU tensors over NVLink, InfiniBand or TCP.
+enum class DistBackend { kGloo = 0, kNccl = 1 };
+absl::string_view DistBackendName(DistBackend backend);  // "gloo", "nccl"
+
 struct DataParallelOptions {
   int rank = 0;
   int world_size = 1;
@@ -63,6 +69,9 @@ struct DataParallelOptions {
   bool insecure = false;
   // What each rank keeps (DistShard).
   DistShard shard = DistShard::kNone;
+  DistBackend backend = DistBackend::kGloo;
+  // This rank's device (its model's): NCCL's tensors live there.
+  at::Device device = at::kCPU;
 };
 
 // What the operator gave on the command line; unset fields fall back to the
@@ -77,6 +86,11 @@ struct DataParallelFlags {
   // none).
   std::string shard;
   bool shard_optimizer = false;
+  // --dist_backend: "auto" (NCCL when `device` is a GPU and the build has
+  // it, else Gloo), "gloo" or "nccl".
+  std::string backend = "auto";
+  // The rank's device (--device, resolved by RankDevice and ParseDevice).
+  at::Device device = at::kCPU;
 };
 
 // Resolves the rank, world size and master from, in order: the flags;
@@ -144,7 +158,8 @@ class DataParallel : public StepReducer, public ShardCollectives {
   absl::Status SumGradients(const std::vector<at::Tensor>& gradients) override;
 
   // ShardCollectives. Gloo (LibTorch 1.13) has no reduce-scatter: it is one
-  // c10d reduce per rank, each to the rank that owns that part.
+  // c10d reduce per rank, each to the rank that owns that part; NCCL's is
+  // its own.
   absl::Status ReduceScatter(std::vector<at::Tensor>& inputs, at::Tensor& output) override;
   absl::Status AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) override;
   absl::Status GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) override;
@@ -160,8 +175,7 @@ class DataParallel : public StepReducer, public ShardCollectives {
 
   DataParallelOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;
-  // The c10d process group (data_parallel.cc): Gloo's, held by its concrete
-  // class, which is a ProcessGroup in LibTorch 1.13 and a Backend in 2.x.
+  // The c10d process group and where its tensors go (data_parallel.cc).
   struct Group;
   std::unique_ptr<Group> group_;
   double collective_seconds_ = 0;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "learner_server/collective_group.h"
 #include "learner_server/data_parallel.h"
 
 namespace asympo::learner {
@@ -32,7 +33,42 @@ absl::StatusOr<std::optional<int>> IntSetting(
   return std::optional<int>();
 }
 
+// --dist_backend for the rank's device: refuses what this build lacks only
+// where a world of more than one rank needs it.
+absl::StatusOr<DistBackend> ResolveBackend(const DataParallelFlags& f, int world_size) {
+  DistBackend backend;
+  if (f.backend == "auto") {
+    backend = f.device.is_cuda() && NcclGroupBuilt() ? DistBackend::kNccl : DistBackend::kGloo;
+  } else if (f.backend == "gloo") {
+    backend = DistBackend::kGloo;
+  } else if (f.backend == "nccl") {
+    backend = DistBackend::kNccl;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dist_backend: \"", f.backend, "\" is not one of auto, gloo, nccl"));
+  }
+  if (backend == DistBackend::kNccl && !f.device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dist_backend=nccl needs the learner on a GPU (--device=cuda), and the "
+                     "device is ",
+                     f.device.str(), "; on the CPU use --dist_backend=gloo"));
+  }
+  if (world_size > 1 && backend == DistBackend::kNccl && !NcclGroupBuilt()) {
+    return absl::FailedPreconditionError(absl::StrCat("--dist_backend=nccl: ", NcclGroupMissing()));
+  }
+  if (world_size > 1 && backend == DistBackend::kGloo && !GlooGroupBuilt()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--dist_backend=gloo", f.backend == "auto" ? " (auto)" : "", ": ",
+                     GlooGroupMissing(), NcclGroupBuilt() ? "" : "; nor has it NCCL's"));
+  }
+  return backend;
+}
+
 }  // namespace
+
+absl::string_view DistBackendName(DistBackend backend) {
+  return backend == DistBackend::kNccl ? "nccl" : "gloo";
+}
 
 // The status of a failed collective (or rendezvous).
 absl::Status RankFailure(absl::string_view what, absl::string_view error, absl::Duration timeout) {
@@ -101,11 +137,14 @@ absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     }
     o.shard = *shard;
   }
+  ASYMPO_ASSIGN_OR_RETURN(o.backend, ResolveBackend(f, o.world_size));
+  o.device = f.device;
   if (o.world_size > 1 && !o.insecure) {
     return absl::InvalidArgumentError(absl::StrCat(
         "a world of ", o.world_size, " ranks talks over c10d's TCPStore (listening on port ",
-        o.master_port,
-        " of every interface of rank 0) and Gloo, neither authenticated nor encrypted; "
+        o.master_port, " of every interface of rank 0) and ",
+        o.backend == DistBackend::kNccl ? "NCCL" : "Gloo",
+        ", neither authenticated nor encrypted; "
         "on a trusted network pass --dist_insecure to accept that"));
   }
   return o;

@@ -234,9 +234,12 @@ ABSL_FLAG(std::string, dist_shard, "",
           "weights, gradients and moments; each layer's weights gathered for its forward and "
           "its backward). Empty: optimizer with --dist_shard_optimizer, else none.");
 ABSL_FLAG(bool, dist_shard_optimizer, false, "The same as --dist_shard=optimizer.");
+ABSL_FLAG(std::string, dist_backend, "auto",
+          "The ranks' collectives: nccl (GPU ranks, one GPU each), gloo (host memory; CPU "
+          "ranks) or auto (nccl on a GPU where this build has it, else gloo).");
 ABSL_FLAG(bool, dist_insecure, false,
-          "Accept that the ranks' rendezvous and Gloo traffic are neither authenticated nor "
-          "encrypted (required for more than one rank).");
+          "Accept that the ranks' rendezvous and Gloo or NCCL traffic are neither "
+          "authenticated nor encrypted (required for more than one rank).");
 // Fault injection, for tests and drills.
 ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
           "Testing only: corrupt one byte of these versions' snapshots in transit "
@@ -504,6 +507,8 @@ absl::Status DataParallelFlags(LearnerDaemonOptions* o) {
   f.insecure = absl::GetFlag(FLAGS_dist_insecure);
   f.shard = absl::GetFlag(FLAGS_dist_shard);
   f.shard_optimizer = absl::GetFlag(FLAGS_dist_shard_optimizer);
+  f.backend = absl::GetFlag(FLAGS_dist_backend);
+  f.device = o->model_options.device;  // ModelFlags first
   ASYMPO_ASSIGN_OR_RETURN(o->data_parallel, asympo::learner::ResolveDataParallel(f, Getenv));
   return absl::OkStatus();
 }
@@ -525,8 +530,8 @@ absl::Status HeartbeatFlag(LearnerDaemonOptions* o) {
 
 absl::StatusOr<LearnerDaemonOptions> OptionsFromFlags() {
   LearnerDaemonOptions o;
-  ASYMPO_RETURN_IF_ERROR(DataParallelFlags(&o));
   ASYMPO_RETURN_IF_ERROR(ModelFlags(&o));
+  ASYMPO_RETURN_IF_ERROR(DataParallelFlags(&o));
   ASYMPO_RETURN_IF_ERROR(TrainerFlags(&o.trainer));
   ServiceFlags(&o.service);
   ListenerFlags(&o);

@@ -17,6 +17,12 @@ Scenarios (one per run, chosen by the first argument):
   skip       a NaN loss on rank 1's share skips that step on every rank, and
              the ranks go on in step with the single process that skipped it
              (ZeRO-1 and fully sharded too)
+  one_rank   a world of one Gloo rank (through DataParallel, not the single
+             process's path), unsharded, ZeRO-1 and fully sharded, equals one
+             process
+  nccl       (label gpu) the same over c10d's NCCL on the GPUs there are: one
+             rank on one GPU, and 2 ranks on 2 GPUs where there are; every
+             sharding mode; skipped (77) without a GPU
   kill       two asympo-learner ranks fed by a rollout daemon: rank 1 killed
              with SIGKILL, then (second run) stopped with SIGSTOP; rank 0
              stops with an error naming the failure within the timeout and
@@ -61,7 +67,9 @@ def run_world(binary, world, out, objective, steps, nan=None, extra=()):
                str(steps), "--objective", objective, "--out", out] + list(extra)
         if nan is not None and nan[0] == rank:
             cmd += ["--fault_nan_step", str(nan[1])]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        # LOCAL_RANK: each rank's GPU with --device cuda, as torchrun sets it.
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      env=dict(os.environ, LOCAL_RANK=str(rank))))
     for rank, p in enumerate(procs):
         text, _ = p.communicate(timeout=180)
         check(p.returncode == 0, "world %d rank %d exits 0 (%s)" % (world, rank, text.strip()[-300:]))
@@ -165,6 +173,65 @@ def scenario_full(build, work):
             run_world(binary, world, out, objective, 5, extra=["--shard", "2"])
             compare(ref, out, world, 5, "%s, %d ranks, fully sharded" % (objective, world),
                     weight_ranks=[0], like=plain)
+
+
+def sharding_modes(build, work, world, extra, label, like_ref=False):
+    """Every sharding mode over `extra`'s backend and device against one
+    process on the same device (like_ref: a second run of that process is
+    the run-to-run bound, for a GPU's kernels)."""
+    binary = os.path.join(build, "tests", "data_parallel_rank")
+    device = [a for a in extra if a in ("cpu", "cuda")]
+    device = ["--device", device[0]] if device else []
+    for objective in ("asympo_stable", "gpg", "grpo"):
+        ref = os.path.join(work, objective, "w1")
+        if not os.path.isdir(ref):
+            run_world(binary, 1, ref, objective, 5, extra=device)
+        again = None
+        if like_ref:
+            again = os.path.join(work, objective, "again")
+            if not os.path.isdir(again):
+                run_world(binary, 1, again, objective, 5, extra=device)
+        plain = None
+        for shard in (0, 1, 2):
+            out = os.path.join(work, objective, "w%d_shard%d" % (world, shard))
+            run_world(binary, world, out, objective, 5, extra=list(extra) + ["--shard", str(shard)])
+            compare(ref, out, world, 5, "%s, %d %s rank(s), %s" % (
+                objective, world, label, ("unsharded", "ZeRO-1", "fully sharded")[shard]),
+                weight_ranks=[0] if shard == 2 else None,
+                like=again if world == 1 and like_ref else plain)
+            if shard == 0:
+                plain = out
+
+
+def scenario_one_rank(build, work):
+    sharding_modes(build, work, 1, ["--backend", "gloo"], "Gloo")
+
+
+def gpu_count(build, work):
+    """GPUs this build can use: 0 without nvidia-smi, without a GPU, or with
+    a LibTorch that has no CUDA."""
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    gpus = sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+    if gpus == 0:
+        return 0
+    probe = subprocess.run([os.path.join(build, "tests", "data_parallel_rank"), "--steps", "0",
+                            "--device", "cuda", "--out", work], capture_output=True, text=True,
+                           timeout=300)
+    return gpus if probe.returncode == 0 else 0
+
+
+def scenario_nccl(build, work):
+    gpus = gpu_count(build, work)
+    if gpus == 0:
+        print("SKIP: no GPU this build can use (nvidia-smi -L, --device cuda)")
+        raise SystemExit(77)
+    print("GPUs:", gpus)
+    for world in (1, 2) if gpus >= 2 else (1,):
+        sharding_modes(build, work, world, ["--backend", "nccl", "--device", "cuda"], "NCCL",
+                       like_ref=True)
 
 
 def scenario_resume(build, work):
@@ -340,7 +407,7 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     {"equality": scenario_equality, "shard": scenario_shard, "full": scenario_full,
-     "resume": scenario_resume,
+     "resume": scenario_resume, "one_rank": scenario_one_rank, "nccl": scenario_nccl,
      "skip": scenario_skip, "kill": scenario_kill}[scenario](build, work)
     print("PASS")
 

@@ -14,6 +14,10 @@
 //                      [--first_step K]       (train steps K..S; default 1)
 //                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint)
 //                      [--save CKPT_ROOT]     (a checkpoint after the last step)
+//                      [--backend gloo|nccl]  (the collectives; given, even a world of one
+//                                              rank goes through DataParallel)
+//                      [--device cpu|cuda]    (the model's; NCCL needs cuda; LOCAL_RANK picks
+//                                              the GPU as in asympo-learner)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,7 +72,7 @@ int Die(const std::string& message) {
 
 int Run(int argc, char** argv) {
   int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0, shard = 0, first_step = 1;
-  std::string objective = "asympo_stable", out = ".", resume, save;
+  std::string objective = "asympo_stable", out = ".", resume, save, backend, device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--world")
@@ -93,6 +97,10 @@ int Run(int argc, char** argv) {
       resume = v;
     else if (k == "--save")
       save = v;
+    else if (k == "--backend")
+      backend = v;
+    else if (k == "--device")
+      device = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -101,6 +109,12 @@ int Run(int argc, char** argv) {
   asympo::SetCpuThreads(1);
   ModelOptions mo;
   mo.seed = 11;
+  const absl::StatusOr<std::string> rank_device = RankDevice(
+      device, [](const char* name) { return static_cast<const char*>(std::getenv(name)); });
+  if (!rank_device.ok()) return Die(std::string(rank_device.status().message()));
+  const absl::StatusOr<at::Device> parsed = ParseDevice(*rank_device);
+  if (!parsed.ok()) return Die(std::string(parsed.status().message()));
+  mo.device = *parsed;
   std::unique_ptr<PolicyModel> model = PolicyModel::CreateRandom(ModelConfig::Tiny(32), mo).value();
   TrainerOptions to;
   to.loss.objective = ParseObjective(objective).value();
@@ -115,11 +129,19 @@ int Run(int argc, char** argv) {
     trainer->set_version(info->version);
   }
   std::unique_ptr<DataParallel> dp;
-  if (world > 1) {
-    DataParallelOptions o;
-    o.world_size = world, o.rank = rank, o.master_port = port, o.insecure = true;
-    o.timeout = absl::Seconds(30);
-    dp = DataParallel::Create(o).value();
+  if (world > 1 || !backend.empty()) {
+    DataParallelFlags f;
+    f.world_size = world, f.rank = rank, f.master_port = port, f.insecure = true;
+    f.master_addr = "127.0.0.1";
+    f.timeout = absl::Seconds(30);
+    f.backend = backend.empty() ? "gloo" : backend;
+    f.device = mo.device;
+    const absl::StatusOr<DataParallelOptions> o =
+        ResolveDataParallel(f, [](const char*) -> const char* { return nullptr; });
+    if (!o.ok()) return Die(std::string(o.status().message()));
+    absl::StatusOr<std::unique_ptr<DataParallel>> created = DataParallel::Create(*o);
+    if (!created.ok()) return Die(std::string(created.status().message()));
+    dp = *std::move(created);
     uint64_t version = trainer->version();
     if (absl::Status s = dp->BroadcastState(model.get(), &trainer->optimizer(), &version, !shard);
         !s.ok()) {
@@ -165,7 +187,7 @@ int Run(int argc, char** argv) {
       std::ofstream w(out + "/r" + std::to_string(rank) + "_s" + std::to_string(step) + ".bin",
                       std::ios::binary);
       for (const at::Tensor& p : model->parameters()) {
-        const at::Tensor c = p.detach().contiguous();
+        const at::Tensor c = p.detach().cpu().contiguous();
         w.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
       }
     }

@@ -5,6 +5,7 @@
 #include <string>
 
 #include <gtest/gtest.h>
+#include "learner_server/collective_group.h"
 #include "learner_server/step_exchange.h"
 #include "tests/testing/status_matchers.h"
 #include "trainer_test_util.h"
@@ -118,6 +119,52 @@ TEST(ResolveDataParallelTest, TheShardingModeFromEitherFlag) {
 TEST(ResolveDataParallelTest, MoreThanOneRankNeedsTheOperatorsConsent) {
   const auto o = Resolve({}, {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}});
   EXPECT_THAT(o, StatusIs(absl::StatusCode::kInvalidArgument, "--dist_insecure"));
+}
+
+TEST(ResolveDataParallelTest, TheBackendFollowsTheDeviceAndTheBuild) {
+  DataParallelFlags f = Insecure();
+  EXPECT_EQ(Resolve(f, {}).value().backend, DistBackend::kGloo);  // auto on the CPU
+  f.backend = "gloo";
+  EXPECT_EQ(Resolve(f, {}).value().backend, DistBackend::kGloo);
+  f.backend = "mpi";
+  EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "--dist_backend: \"mpi\" is not one of auto, gloo, nccl"));
+  f.backend = "nccl";
+  EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "--dist_backend=nccl needs the learner on a GPU"));
+  // On a GPU (a device value needs no driver): auto takes NCCL where this
+  // build has it; an explicit NCCL that the build lacks is refused, saying
+  // what it lacks, once a world needs it.
+  f.device = at::Device(at::kCUDA, 1);
+  f.world_size = 2, f.rank = 1, f.master_addr = "10.0.0.1";
+  const absl::StatusOr<DataParallelOptions> nccl = Resolve(f, {});
+  f.backend = "auto";
+  const absl::StatusOr<DataParallelOptions> automatic = Resolve(f, {});
+  ASSERT_OK(automatic);
+  EXPECT_EQ(automatic->device, at::Device(at::kCUDA, 1));
+  if (NcclGroupBuilt()) {
+    ASSERT_OK(nccl);
+    EXPECT_EQ(nccl->backend, DistBackend::kNccl);
+    EXPECT_EQ(automatic->backend, DistBackend::kNccl);
+  } else {
+    EXPECT_THAT(nccl, StatusIs(absl::StatusCode::kFailedPrecondition,
+                               "built without c10d's NCCL process group"));
+    EXPECT_EQ(automatic->backend, DistBackend::kGloo);
+  }
+  f.world_size = 1, f.rank = 0;  // one process needs no backend at all
+  f.backend = "nccl";
+  EXPECT_EQ(Resolve(f, {}).value().backend, DistBackend::kNccl);
+}
+
+TEST(ResolveDataParallelTest, TheConsentMessageNamesTheBackend) {
+  DataParallelFlags f;
+  f.world_size = 2, f.rank = 0;
+  f.master_addr = "127.0.0.1";
+  EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument, "and Gloo, neither"));
+  if (NcclGroupBuilt()) {
+    f.device = at::Device(at::kCUDA, 0);
+    EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument, "and NCCL, neither"));
+  }
 }
 
 absl::StatusOr<std::string> Device(const std::string& flag, const Env& env) {
