@@ -19,6 +19,15 @@
 //   data_parallel_bench --world N --rank R --port P [--shard 0|1|2] [--model 100m]
 //                       [--steps 4] [--warmup 1] [--groups 6] [--responses 4]
 //                       [--prompt 8] [--response 8] [--threads T]
+//                       [--micro_batch_tokens M --sequence S --micro_batches K
+//                        --checkpointing E]
+//
+// With --micro_batch_tokens, each rank's share of a step is instead K
+// micro-batches of M real tokens in sequences of S tokens (bench/step_groups.h;
+// the trainer's --micro_batch_tokens is M, its activation checkpointing E as
+// ModelOptions::checkpoint_every), and the rank also prints its memory plan
+// (learner_server/memory_plan.h: CPU, float32, no publisher, no checkpoint,
+// no workspace) beside the measured tensor peak.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -32,10 +41,12 @@
 #include <ATen/Parallel.h>
 #include <glog/logging.h>
 #include "bench/bench_models.h"
+#include "bench/step_groups.h"
 #include "common/daemon/daemon_runtime.h"
 #include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "learner_server/data_parallel.h"
+#include "learner_server/memory_plan.h"
 #include "learner_server/trainer.h"
 
 namespace asympo::learner {
@@ -77,45 +88,88 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-int Run(int argc, char** argv) {
-  std::map<std::string, int> f = {{"world", 1},  {"rank", 0},     {"port", 29500}, {"shard", 0},
-                                  {"steps", 4},  {"warmup", 1},   {"groups", 6},   {"responses", 4},
-                                  {"prompt", 8}, {"response", 8}, {"threads", 0}};
-  std::string model_name = "100m";
+// This rank's memory plan for the flags (CPU, float32, no publisher, no
+// checkpoint, no workspace).
+MemoryPlan PlanOf(const ModelConfig& config, std::map<std::string, int>& f, int64_t chunk_rows) {
+  PlanOptions po;
+  po.model = config;
+  po.world_size = f["world"];
+  po.shard = f["shard"] == 2 ? DistShard::kFull
+                             : (f["shard"] == 1 ? DistShard::kOptimizer : DistShard::kNone);
+  po.device = PlanDevice::kCpu;
+  po.compute_dtype = PlanDType::kFloat32;
+  po.micro_batch_tokens = f["micro_batch_tokens"];
+  po.max_sequence_tokens = f["sequence"];
+  po.checkpoint_every = f["checkpointing"];
+  po.logprob_chunk_rows = chunk_rows;
+  po.rank0 = false;
+  po.checkpoints = false;
+  po.workspace = false;
+  return PlanMemory(po).value();
+}
+
+// A world of Gloo ranks (none for one unsharded process), sharded as
+// --shard says, from rank 0's state.
+std::unique_ptr<DataParallel> JoinWorld(std::map<std::string, int>& f, PolicyModel* model,
+                                        Trainer* trainer) {
+  if (f["world"] == 1 && f["shard"] != 2) return nullptr;
+  DataParallelOptions o;
+  o.world_size = f["world"], o.rank = f["rank"], o.master_port = f["port"], o.insecure = true;
+  o.timeout = absl::Minutes(5);
+  std::unique_ptr<DataParallel> dp = DataParallel::Create(o).value();
+  uint64_t version = 0;
+  CHECK(dp->BroadcastState(model, &trainer->optimizer(), &version, !f["shard"]).ok());
+  if (f["shard"] == 1) CHECK(trainer->ShardOptimizer(dp.get()).ok());
+  if (f["shard"] == 2) CHECK(trainer->ShardFully(dp.get()).ok());
+  return dp;
+}
+
+// The flags, over their defaults; false on an unknown one.
+bool ParseFlags(int argc, char** argv, std::map<std::string, int>* f, std::string* model_name) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--model") {
-      model_name = argv[i + 1];
-    } else if (k.size() > 2 && f.count(k.substr(2)) == 1) {
-      f[k.substr(2)] = std::atoi(argv[i + 1]);
+      *model_name = argv[i + 1];
+    } else if (k.size() > 2 && f->count(k.substr(2)) == 1) {
+      (*f)[k.substr(2)] = std::atoi(argv[i + 1]);
     } else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
-      return 2;
+      return false;
     }
   }
+  return true;
+}
+
+int Run(int argc, char** argv) {
+  std::map<std::string, int> f = {
+      {"world", 1},      {"rank", 0},          {"port", 29500},     {"shard", 0},
+      {"steps", 4},      {"warmup", 1},        {"groups", 6},       {"responses", 4},
+      {"prompt", 8},     {"response", 8},      {"threads", 0},      {"micro_batch_tokens", 0},
+      {"sequence", 512}, {"micro_batches", 2}, {"checkpointing", 0}};
+  std::string model_name = "100m";
+  if (!ParseFlags(argc, argv, &f, &model_name)) return 2;
   const int world = f["world"], rank = f["rank"];
-  daemon::RetainFreedMemory();  // asympo-learner's glibc settings
+  daemon::RetainFreedMemory();               // asympo-learner's glibc settings
   CpuMemory& memory = CpuMemory::Install();  // before the model: count everything
   asympo::SetCpuThreads(f["threads"] > 0 ? f["threads"] : 1);
+  const bool planned = f["micro_batch_tokens"] > 0;
   ModelOptions mo;
   mo.seed = 11;
+  mo.checkpoint_every = f["checkpointing"];
   const ModelConfig config = bench::BenchConfig(model_name);
   std::unique_ptr<PolicyModel> model = PolicyModel::CreateRandom(config, mo).value();
   TrainerOptions to;
   to.loss.objective = Objective::kAsympoStable;
   to.lr.peak_lr = 1e-5;
+  if (planned) to.micro_batch_tokens = f["micro_batch_tokens"];
+  auto step_groups = [&](int step) {
+    if (!planned) return GroupsOf(step, f, config.vocab_size);
+    std::mt19937 rng(1000 + step);
+    return bench::UniformStepGroups(int64_t{f["micro_batches"]} * world, f["micro_batch_tokens"],
+                                    f["sequence"], config.vocab_size, rng);
+  };
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
-  std::unique_ptr<DataParallel> dp;
-  if (world > 1 || f["shard"] == 2) {
-    DataParallelOptions o;
-    o.world_size = world, o.rank = rank, o.master_port = f["port"], o.insecure = true;
-    o.timeout = absl::Minutes(5);
-    dp = DataParallel::Create(o).value();
-    uint64_t version = 0;
-    CHECK(dp->BroadcastState(model.get(), &trainer->optimizer(), &version, !f["shard"]).ok());
-    if (f["shard"] == 1) CHECK(trainer->ShardOptimizer(dp.get()).ok());
-    if (f["shard"] == 2) CHECK(trainer->ShardFully(dp.get()).ok());
-  }
+  std::unique_ptr<DataParallel> dp = JoinWorld(f, model.get(), trainer.get());
   std::vector<double> seconds, exchange;
   int64_t tokens = 0, held = 0, peak = 0;
   for (int step = 1; step <= f["warmup"] + f["steps"]; ++step) {
@@ -124,10 +178,9 @@ int Run(int argc, char** argv) {
     const auto start = std::chrono::steady_clock::now();
     absl::StatusOr<StepResult> r;
     if (dp == nullptr) {
-      r = trainer->Step(GroupsOf(step, f, config.vocab_size));
+      r = trainer->Step(step_groups(step));
     } else {
-      StepMessage m = rank == 0 ? dp->SendStep(GroupsOf(step, f, config.vocab_size)).value()
-                                : dp->Receive().value();
+      StepMessage m = rank == 0 ? dp->SendStep(step_groups(step)).value() : dp->Receive().value();
       r = trainer->StepShard(m.shard, m.totals, dp.get());
     }
     CHECK(r.ok()) << r.status();
@@ -141,16 +194,23 @@ int Run(int argc, char** argv) {
   }
   const int64_t state_bytes = trainer->optimizer_state_bytes();
   const int64_t params = config.NumParameters();
+  // The plan of this rank's step, as asympo-plan would print it for these
+  // flags on the CPU without a publisher or checkpoints.
+  const MemoryPlan plan = planned ? PlanOf(config, f, to.logprob_chunk_rows) : MemoryPlan();
+  const std::string plan_phase = planned ? std::string(PlanPhaseName(plan.peak_phase)) : "";
   std::printf(
       "{\"world\": %d, \"rank\": %d, \"shard\": %d, \"model\": \"%s\", \"parameters\": %lld, "
       "\"threads\": %d, \"step_s\": %.4f, \"exchange_s\": %.4f, \"tokens\": %lld, "
       "\"optimizer_state_bytes\": %lld, \"held_bytes\": %lld, \"peak_step_bytes\": %lld, "
-      "\"rss_bytes\": %lld, \"peak_rss_bytes\": %lld}\n",
+      "\"rss_bytes\": %lld, \"peak_rss_bytes\": %lld, \"checkpointing\": %d, "
+      "\"micro_batch_tokens\": %d, \"sequence\": %d, \"plan_peak_bytes\": %lld, "
+      "\"plan_phase\": \"%s\"}\n",
       world, rank, f["shard"], model_name.c_str(), static_cast<long long>(params),
       at::get_num_threads(), Median(seconds), Median(exchange), static_cast<long long>(tokens),
       static_cast<long long>(state_bytes), static_cast<long long>(held),
       static_cast<long long>(peak), static_cast<long long>(ProcStatus("VmRSS")),
-      static_cast<long long>(ProcStatus("VmHWM")));
+      static_cast<long long>(ProcStatus("VmHWM")), f["checkpointing"], f["micro_batch_tokens"],
+      f["sequence"], static_cast<long long>(plan.peak_bytes), plan_phase.c_str());
   if (dp != nullptr && rank == 0) CHECK(dp->SendStop().ok());
   if (dp != nullptr && rank != 0) CHECK(dp->Receive().ok());
   return 0;

@@ -9,6 +9,8 @@ rank's raw figures as JSON lines.
     bench/data_parallel_bench.py [--build build] [--model 100m] [--rounds 3]
                                  [--steps 3] [--worlds 1,2,3] [--threads N]
                                  [--shards 0,1,2] [--jsonl FILE]
+                                 [--micro_batch_tokens M [--sequence S]
+                                  [--micro_batches K] [--checkpointing E]]
 
 --shards: 0 nothing sharded, 1 ZeRO-1, 2 full (full also at 1 rank, a
 world of one Gloo rank). Memory per rank: the tensors it holds between
@@ -17,6 +19,12 @@ steps and their peak in a step (LibTorch's CPU allocations), and its RSS.
 The single process uses --threads intra-op threads (default: all cores);
 each rank of a world of N uses max(1, threads // N), so every world has the
 same cores. With more ranks than cores, the ranks share them.
+
+--micro_batch_tokens: each rank's share of a step is K micro-batches of M
+real tokens in sequences of S tokens (checkpointing E: 0 none, 1 layers, N
+every_N), and the table adds each rank's memory plan (asympo-plan's rule on
+the CPU in float32, without publisher or checkpoints) against its measured
+tensor peak: the check of docs/operations.md, "Memory plan".
 """
 import argparse
 import json
@@ -38,6 +46,10 @@ def run_world(binary, world, shard, args):
         cmd = [binary, "--world", str(world), "--rank", str(rank), "--port", str(port),
                "--shard", str(shard), "--model", args.model, "--steps", str(args.steps),
                "--warmup", "1", "--threads", str(threads)]
+        if args.micro_batch_tokens:
+            cmd += ["--micro_batch_tokens", str(args.micro_batch_tokens), "--sequence",
+                    str(args.sequence), "--micro_batches", str(args.micro_batches),
+                    "--checkpointing", str(args.checkpointing)]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                       text=True))
     out = []
@@ -50,6 +62,11 @@ def run_world(binary, world, shard, args):
 
 
 NAMES = {0: "", 1: ", ZeRO-1", 2: ", full"}
+
+
+def world_name(world, shard):
+    return ("1 process" if world == 1 and shard == 0
+            else "%d Gloo rank%s%s" % (world, "s" if world > 1 else "", NAMES[shard]))
 
 
 def mib(x):
@@ -66,7 +83,14 @@ def main():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--shards", default="0,1")
     ap.add_argument("--jsonl", default="")
+    ap.add_argument("--micro_batch_tokens", type=int, default=0)
+    ap.add_argument("--sequence", type=int, default=512)
+    ap.add_argument("--micro_batches", type=int, default=2)
+    ap.add_argument("--checkpointing", type=int, default=0)
     args = ap.parse_args()
+    if args.micro_batch_tokens and (args.micro_batch_tokens % args.sequence
+                                    or args.micro_batch_tokens // args.sequence < 1):
+        ap.error("--micro_batch_tokens must be a multiple of --sequence")
     binary = os.path.join(args.build, "bench", "data_parallel_bench")
     shards = [int(x) for x in args.shards.split(",")]
     configs = []
@@ -91,7 +115,27 @@ def main():
     first = results[configs[0]][0][0]
     print("model %s (%.1fM parameters), %d tokens a step, %d round(s) of %d steps, median of rounds"
           % (args.model, first["parameters"] / 1e6, first["tokens"], args.rounds, args.steps))
+    planned = bool(args.micro_batch_tokens)
+    if planned:
+        print("each rank: %d micro-batch(es) of %d tokens in sequences of %d, checkpointing %s"
+              % (args.micro_batches, args.micro_batch_tokens, args.sequence,
+                 {0: "none", 1: "layers"}.get(args.checkpointing, "every_%d" % args.checkpointing)))
     print()
+    if planned:
+        print("| learner | tensor peak/rank in a step (MiB) | plan peak/rank (MiB) | "
+              "plan vs measured (worst rank) | plan's peak phase |")
+        print("| --- | ---: | ---: | ---: | --- |")
+        for world, shard in configs:
+            runs = results[(world, shard)]
+            measured = statistics.median(max(x["peak_step_bytes"] for x in rs) for rs in runs)
+            plan = runs[0][0]["plan_peak_bytes"]
+            worst = max((abs(x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"],
+                         (x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"])
+                        for rs in runs for x in rs)[1]
+            print("| %s | %.0f | %.0f | %+.1f%% | %s |" % (
+                world_name(world, shard), mib(measured), mib(plan), 100 * worst,
+                runs[0][0]["plan_phase"]))
+        print()
     print("| learner | threads/rank | step (s) | tokens/s | vs 1 process | in collectives | "
           "AdamW moments/rank (MiB) | tensors held/rank (MiB) | tensor peak/rank in a step (MiB) | "
           "RSS/rank after (MiB) | peak RSS/rank (MiB) |")
@@ -105,8 +149,7 @@ def main():
         peak_step = statistics.median(max(x["peak_step_bytes"] for x in rs) for rs in runs)
         rss = statistics.median(max(x["rss_bytes"] for x in rs) for rs in runs)
         peak = statistics.median(max(x["peak_rss_bytes"] for x in rs) for rs in runs)
-        name = ("1 process" if world == 1 and shard == 0
-                else "%d Gloo rank%s%s" % (world, "s" if world > 1 else "", NAMES[shard]))
+        name = world_name(world, shard)
         print("| %s | %d | %.2f | %.0f | %.2fx | %s | %.0f | %.0f | %.0f | %.0f | %.0f |" % (
             name, runs[0][0]["threads"], step, runs[0][0]["tokens"] / step, base / step,
             "-" if world == 1 and shard == 0 else "%.0f%%" % (100 * share), mib(state), mib(held),

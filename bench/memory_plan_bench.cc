@@ -36,6 +36,7 @@
 #include <ATen/ATen.h>
 #include "bench/bench_flags.h"
 #include "bench/bench_models.h"
+#include "bench/step_groups.h"
 #include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "common/model/policy_model.h"
@@ -57,25 +58,9 @@ struct Run {
   int64_t chunk_rows = 1024;
 };
 
-// One step's groups: micro_batches x (micro_batch_tokens / sequence)
-// sequences of `sequence` tokens, two responses a group, distinct rewards.
 std::vector<QueuedGroup> StepGroups(const Run& run, int64_t vocab, std::mt19937& rng) {
-  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
-  const int64_t prompt = run.sequence / 4, response = run.sequence - prompt;
-  const int64_t groups = run.micro_batches * (run.micro_batch_tokens / run.sequence) / 2;
-  std::vector<QueuedGroup> step;
-  for (int64_t g = 0; g < groups; ++g) {
-    QueuedGroup q;
-    for (int64_t t = 0; t < prompt; ++t) q.group.add_prompt_tokens(token(rng));
-    for (int r = 0; r < 2; ++r) {
-      auto* resp = q.group.add_responses();
-      for (int64_t t = 0; t < response; ++t) resp->add_tokens(token(rng));
-      resp->set_reward(static_cast<float>(r));
-    }
-    q.tokens = 2 * run.sequence;
-    step.push_back(std::move(q));
-  }
-  return step;
+  return asympo::bench::UniformStepGroups(run.micro_batches, run.micro_batch_tokens, run.sequence,
+                                          vocab, rng);
 }
 
 asympo::learner::PlanOptions PlanFor(const ModelConfig& c, const Run& run, int64_t every) {

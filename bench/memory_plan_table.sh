@@ -5,13 +5,14 @@
 # bfloat16 compute and snapshots, with ZeRO-1 (none on one GPU) and
 # activation checkpointing none or layers, or full sharding (which
 # recomputes every layer); training's peak (the largest of the step's
-# phases) apart from rank 0's while it gathers the sharded state (for a
-# checkpoint; with full sharding also the weights for every snapshot).
+# phases) apart from rank 0's on its device while it gathers between steps
+# (a checkpoint's rounds or units on their way to host memory; with full
+# sharding the weights for every snapshot).
 #
 #   bench/memory_plan_table.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 plan=${1:-build}/learner_server/asympo-plan

@@ -118,7 +118,7 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::StateTensors() const {
 }
 
 absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                              int64_t step_count, bool copy) {
+                              int64_t step_count, bool copy, bool on_host) {
   std::vector<at::Tensor> avg(params_.size()), sq(params_.size());
   for (const auto& [name, t] : state) {
     const bool is_avg = name.rfind("exp_avg.", 0) == 0;
@@ -135,7 +135,9 @@ absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tenso
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state entry \"", name, "\" has the wrong shape"));
     }
-    (is_avg ? avg : sq)[i] = copy ? t.to(params_[i].options()).clone() : t;
+    at::TensorOptions where = params_[i].options();
+    if (on_host) where = where.device(at::kCPU);
+    (is_avg ? avg : sq)[i] = copy ? t.to(where).clone() : t;
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (avg[i].defined() != sq[i].defined()) {

@@ -36,11 +36,12 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
 }
 
 absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimizer,
-                     CheckpointInfo* info) {
+                     CheckpointInfo* info, bool moments_on_host) {
   ASYMPO_ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpointDirectory(dir));
   // Check everything before changing anything.
   ASYMPO_RETURN_IF_ERROR(model->LoadParameters(contents.weights));
-  ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(contents.moments, contents.optimizer_steps));
+  ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(contents.moments, contents.optimizer_steps,
+                                              /*copy=*/true, moments_on_host));
   if (contents.rng.defined()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -159,7 +160,8 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
 
 absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::string& root,
                                                                   PolicyModel* model,
-                                                                  AdamW* optimizer) {
+                                                                  AdamW* optimizer,
+                                                                  bool moments_on_host) {
   std::error_code ec;
   if (!fs::exists(root, ec)) return std::optional<CheckpointInfo>();
   if (!fs::is_directory(root, ec)) {
@@ -175,7 +177,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::str
   }
   for (const std::string& dir : ListCheckpoints(root)) {
     CheckpointInfo info;
-    const absl::Status s = Restore(dir, model, optimizer, &info);
+    const absl::Status s = Restore(dir, model, optimizer, &info, moments_on_host);
     if (s.ok()) return std::optional<CheckpointInfo>(info);
     LOG(WARNING) << "skipping checkpoint " << dir << ": " << s;
   }
@@ -195,9 +197,10 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t 
 
 absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
                                                                    PolicyModel* model,
-                                                                   AdamW* optimizer) {
+                                                                   AdamW* optimizer,
+                                                                   bool moments_on_host) {
   return GuardTorch(absl::StrCat("restoring a checkpoint from ", root),
-                    [&] { return LoadLatestUnguarded(root, model, optimizer); });
+                    [&] { return LoadLatestUnguarded(root, model, optimizer, moments_on_host); });
 }
 
 }  // namespace asympo::learner

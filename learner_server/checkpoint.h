@@ -45,9 +45,13 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t 
 // `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged
 // and skipped; temporary directories of interrupted saves are removed. Returns nullopt when there
 // is none (or `root` is absent). Only an unreadable root is an error.
+// `moments_on_host`: the AdamW moments stay in host memory (rank 0 of a
+// sharded world scatters them from there, a round or a unit at a time to
+// the device, instead of holding them whole on it).
 absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
                                                                    PolicyModel* model,
-                                                                   AdamW* optimizer);
+                                                                   AdamW* optimizer,
+                                                                   bool moments_on_host = false);
 
 // Checkpoint directories under `root`, newest first (by version):
 // common/model/checkpoint_files.h.

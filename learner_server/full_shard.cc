@@ -91,11 +91,14 @@ std::vector<at::Tensor> FullShard::Pieces(const Unit& unit, const at::Tensor& fl
   return pieces;
 }
 
-absl::StatusOr<at::Tensor> FullShard::GatherOnRank0(const Unit& unit, const at::Tensor& chunk) {
+absl::StatusOr<at::Tensor> FullShard::GatherOnRank0(const Unit& unit, const at::Tensor& chunk,
+                                                    bool to_host) {
   at::Tensor whole;
   std::vector<at::Tensor> outputs;
   if (collectives_->rank() == 0) {
-    whole = at::empty({collectives_->world_size() * unit.chunk}, unit.weight.options());
+    at::TensorOptions options = unit.weight.options();
+    if (to_host) options = options.device(at::kCPU);
+    whole = at::empty({collectives_->world_size() * unit.chunk}, options);
     outputs = Pieces(unit, whole);
   }
   at::Tensor input = chunk;
@@ -219,11 +222,13 @@ absl::Status FullShard::Apply(double lr, double scale, const std::vector<bool>& 
   return absl::OkStatus();
 }
 
-absl::Status FullShard::GatherWeights() {
+absl::Status FullShard::GatherWeights() { return GatherWeightsTo(/*to_host=*/false); }
+
+absl::Status FullShard::GatherWeightsTo(bool to_host) {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < units_.size(); ++i) {
     ReleaseUnit(i);
-    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight));
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight, to_host));
     if (whole.defined()) Attach(units_[i], std::move(whole));
   }
   return absl::OkStatus();
@@ -241,7 +246,7 @@ absl::Status FullShard::GatherState(AdamW* whole) {
   for (int which = 0; which < 2; ++which) {
     for (Unit& u : units_) {
       ASYMPO_ASSIGN_OR_RETURN(const at::Tensor flat,
-                              GatherOnRank0(u, which == 0 ? u.exp_avg : u.exp_avg_sq));
+                              GatherOnRank0(u, which == 0 ? u.exp_avg : u.exp_avg_sq, true));
       for (size_t i = 0; root && i < u.params.size(); ++i) {
         if (!has_state_[u.index[i]]) continue;
         state.emplace_back(absl::StrCat(names[which], u.index[i]),
@@ -249,7 +254,7 @@ absl::Status FullShard::GatherState(AdamW* whole) {
       }
     }
   }
-  ASYMPO_RETURN_IF_ERROR(GatherWeights());
+  ASYMPO_RETURN_IF_ERROR(GatherWeightsTo(/*to_host=*/true));
   return root ? whole->LoadState(state, step_, /*copy=*/false) : absl::OkStatus();
 }
 

@@ -25,7 +25,10 @@
 //
 // Reading the whole weights (publishing a snapshot, a checkpoint, an
 // export) gathers them on rank 0 for the time of the read: GatherWeights /
-// ReleaseWeights, and GatherState / ReleaseState (moments and weights). A
+// ReleaseWeights (a snapshot: on the device, where the publisher stages
+// it), and GatherState / ReleaseState (a checkpoint or an export: the
+// moments and the weights, unit by unit into host memory, so that rank 0's
+// device holds one unit of them at a time however large the model). A
 // checkpoint holds the whole state, so any world size (and any sharding
 // mode) resumes it.
 //
@@ -114,7 +117,11 @@ class FullShard : public Optimizer, public LayerResidency {
   std::vector<at::Tensor> Pieces(const Unit& unit, const at::Tensor& flat) const;
   // Collective: every rank's `chunk` (c elements of `unit`), laid end to end
   // on rank 0 (world * c); undefined on the other ranks.
-  absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk);
+  // to_host: rank 0 receives into host memory (the collective stages one
+  // unit on the device where its backend needs it).
+  absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk,
+                                           bool to_host = false);
+  absl::Status GatherWeightsTo(bool to_host);
   // Points the unit's parameters at `whole` (world * c).
   void Attach(Unit& unit, at::Tensor whole);
   void GatherUnit(size_t u);

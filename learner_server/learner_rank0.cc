@@ -96,8 +96,12 @@ absl::Status LearnerRank0::RestoreCheckpoint() {
   const std::string& dir = options().checkpoint_dir;
   if (dir.empty()) return absl::OkStatus();
   Trainer& trainer = core_->trainer();
-  ASYMPO_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> ckpt,
-                          LoadLatestCheckpoint(dir, &core_->model(), &trainer.optimizer()));
+  // A sharded world scatters the moments from host memory (SyncRanks).
+  const DataParallelOptions& dp = options().data_parallel;
+  const bool sharded = dp.world_size > 1 && dp.shard != DistShard::kNone;
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::optional<CheckpointInfo> ckpt,
+      LoadLatestCheckpoint(dir, &core_->model(), &trainer.optimizer(), sharded));
   if (!ckpt.has_value()) {
     LOG(INFO) << "no checkpoint under " << dir << "; starting from version 0";
     return absl::OkStatus();

@@ -222,9 +222,12 @@ double Update(const PlanOptions& o, const Dims& d) {
   const double world = static_cast<double>(o.world_size);
   switch (o.shard) {
     case DistShard::kNone:
-      // AdamW's temporaries on the largest tensor; the all-reduce bucket.
-      return 4 * std::max(2 * d.largest_param,
-                          o.world_size > 1 ? std::max(bucket, d.largest_param) : 0.0);
+      // AdamW's temporaries on the largest tensor; the all-reduce bucket
+      // (no larger than all the gradients; a larger tensor goes alone).
+      return 4 * std::max(2 * d.largest_param, o.world_size > 1
+                                                   ? std::min(static_cast<double>(d.params),
+                                                              std::max(bucket, d.largest_param))
+                                                   : 0.0);
     case DistShard::kOptimizer: {
       // The reduced chunk, and one round's reduce-scatter inputs.
       const double chunk = static_cast<double>(CeilDiv(d.params, o.world_size));
@@ -241,16 +244,32 @@ double Update(const PlanOptions& o, const Dims& d) {
   return 0;
 }
 
-// Rank 0 between steps, on its device: ZeRO-1 resumes from a checkpoint
-// with the whole moments plus one flat buffer (a save needs the moments
-// only); full sharding gathers the weights and the moments for a
-// checkpoint (and on resume holds them before sharding), and the weights
-// for every snapshot.
+// Rank 0 between steps, on its device. Full sharding gathers the whole
+// float32 weights there for every snapshot (and holds them whole at start,
+// before sharding). A sharded checkpoint (a save, or a resume before the
+// state is scattered) is whole in host memory (CheckpointHost): on a GPU
+// the device stages one ZeRO-1 round (kBucketElements floats) or one unit
+// of it at a time; on the CPU the host is the device: ZeRO-1 holds the
+// whole moments and one flat buffer of them, full sharding the weights and
+// both moments.
 double Rank0Gather(const PlanOptions& o, const Dims& d) {
   if (!o.rank0 || o.shard == DistShard::kNone) return 0;
   const double params = static_cast<double>(d.params);
-  if (o.shard == DistShard::kOptimizer) return o.checkpoints ? 3 * 4 * params : 0;
-  return (o.checkpoints ? 3 : 1) * 4 * params;
+  const bool cpu = o.device == PlanDevice::kCpu;
+  const double round = 4 * std::min(params, static_cast<double>(ShardedAdamW::kBucketElements));
+  if (o.shard == DistShard::kOptimizer) {
+    if (!o.checkpoints) return 0;
+    return cpu ? 3 * 4 * params : round;
+  }
+  return (cpu && o.checkpoints ? 3 : 1) * 4 * params;
+}
+
+// Rank 0 of a sharded world on a GPU: a checkpoint's weights and moments in
+// host memory, for the time of a save or of a resume.
+double CheckpointHost(const PlanOptions& o, const Dims& d) {
+  if (!o.rank0 || !o.checkpoints || o.shard == DistShard::kNone) return 0;
+  if (o.device == PlanDevice::kCpu) return 0;  // in Rank0Gather
+  return 3 * 4 * static_cast<double>(d.params);
 }
 
 void SetPart(MemoryPlan& p, PlanPart part, double bytes) {
@@ -279,6 +298,7 @@ void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& 
   SetPart(p, PlanPart::kEmbeddingGrads, EmbeddingGrads(d));
   SetPart(p, PlanPart::kUpdate, Update(o, d));
   SetPart(p, PlanPart::kRank0Gather, Rank0Gather(o, d));
+  SetPart(p, PlanPart::kCheckpointHost, CheckpointHost(o, d));
   const double snapshot = o.rank0 ? params * (o.snapshot_dtype == PlanDType::kFloat32 ? 4 : 2) : 0;
   SetPart(p, PlanPart::kSnapshotDevice, snapshot);
   SetPart(p, PlanPart::kSnapshotHost, 2 * snapshot);
@@ -351,6 +371,8 @@ bool MemoryPlan::AliveIn(PlanPart part, PlanPhase phase, PlanDevice device) {
       return true;
     case PlanPart::kSnapshotHost:
       return device == PlanDevice::kCpu;  // pinned host memory on a GPU
+    case PlanPart::kCheckpointHost:
+      return false;  // host memory (zero on the CPU, where Rank0Gather has it)
     case PlanPart::kGradients:
       return in_step;
     case PlanPart::kGatheredWeights:  // the root unit stays whole to the update
@@ -449,6 +471,7 @@ absl::string_view PlanPartName(PlanPart part) {
       "rank 0's gathers (checkpoint, snapshot)",
       "snapshot staging on the device",
       "snapshot staging in host memory",
+      "rank 0's checkpoint state in host memory",
       "workspace outside LibTorch's tensors",
   };
   return kNames[static_cast<size_t>(part)];

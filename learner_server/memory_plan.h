@@ -30,9 +30,11 @@
 //     backward at the end (with tied embeddings the lm_head gradient waits
 //     there for the embedding's, and the two are summed into a third
 //     buffer), the optimizer update, and rank 0's gathers between steps
-//     (ZeRO-1: the moments for a checkpoint; full sharding: the weights
-//     for every snapshot, and the weights and moments for a checkpoint),
-//     on the device;
+//     (full sharding: the weights for every snapshot, on the device; a
+//     sharded checkpoint's weights and moments go to host memory, the
+//     device staging one ZeRO-1 round or one unit at a time, and a resume
+//     scatters them from there: kCheckpointHost, reported but not device
+//     memory; on the CPU both are the same memory, counted here);
 //   - rank 0's snapshot staging (snapshot_publisher.h): one copy of the
 //     weights in --dtype on the device, two in host memory (pinned on a
 //     GPU: reported, but not device memory);
@@ -111,9 +113,10 @@ enum class PlanPart {
   kRank0Gather,      // rank 0: the sharded state gathered whole (checkpoint, snapshot)
   kSnapshotDevice,   // rank 0: the staged snapshot on the device
   kSnapshotHost,     // rank 0: the snapshot in host memory (pinned on a GPU)
+  kCheckpointHost,   // rank 0, sharded, on a GPU: a checkpoint's state in host memory
   kWorkspace,        // outside LibTorch's tensors
 };
-inline constexpr int kPlanParts = 15;
+inline constexpr int kPlanParts = 16;
 
 // When a part is alive; the peak is the largest of these phases' sums.
 enum class PlanPhase { kForward, kLogProbs, kBackward, kBackwardEnd, kUpdate, kGather };

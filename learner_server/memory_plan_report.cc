@@ -73,6 +73,9 @@ std::string AliveText(PlanPart part, PlanDevice device) {
   if (part == PlanPart::kSnapshotHost && device == PlanDevice::kCuda) {
     return "pinned host memory, not device memory: not in the totals";
   }
+  if (part == PlanPart::kCheckpointHost) {
+    return "host memory during a save or a resume, not device memory: not in the totals";
+  }
   std::vector<std::string> phases;
   for (int ph = 0; ph < kPlanPhases; ++ph) {
     if (MemoryPlan::AliveIn(part, static_cast<PlanPhase>(ph), device)) {
@@ -162,7 +165,8 @@ std::vector<Change> ChangesFor(const PlanOptions& o) {
     changes.push_back(
         {"--dtype=bfloat16", [](PlanOptions& p) { p.snapshot_dtype = PlanDType::kBFloat16; }});
   }
-  // Rank 0 gathers the sharded state whole on its device for a checkpoint.
+  // Rank 0 holds the sharded state whole for a checkpoint (on the CPU; a
+  // GPU stages it to host memory a round or a unit at a time).
   if (o.rank0 && o.checkpoints && (o.shard != DistShard::kNone || o.world_size > 1)) {
     changes.push_back({"", [](PlanOptions& p) { p.checkpoints = false; }});
   }

@@ -151,7 +151,9 @@ absl::Status ShardedAdamW::GatherState(AdamW* whole) {
   const char* names[] = {"exp_avg.", "exp_avg_sq."};
   at::Tensor* mine[] = {&exp_avg_, &exp_avg_sq_};
   for (int which = 0; which < 2; ++which) {
-    at::Tensor flat = root ? at::empty({world * chunk_}, exp_avg_.options()) : at::Tensor();
+    // Into host memory: rank 0's device holds one round of them at a time.
+    at::Tensor flat =
+        root ? at::empty({world * chunk_}, exp_avg_.options().device(at::kCPU)) : at::Tensor();
     for (int64_t k = 0; k < Rounds(); ++k) {
       const int64_t n = RoundLength(k);
       at::Tensor input = mine[which]->narrow(0, RoundBegin(k), n);
@@ -191,9 +193,10 @@ absl::Status ShardedAdamW::ScatterState(const AdamW& full) {
   const std::vector<at::Tensor>* moments[] = {&full.exp_avg(), &full.exp_avg_sq()};
   at::Tensor* mine[] = {&exp_avg_, &exp_avg_sq_};
   for (int which = 0; which < 2; ++which) {
+    // In host memory: rank 0's device holds one round of it at a time.
     at::Tensor flat;
     if (root) {
-      flat = at::empty({world * chunk_}, exp_avg_.options());
+      flat = at::empty({world * chunk_}, exp_avg_.options().device(at::kCPU));
       ReadFlat(*moments[which], 0, flat);
     }
     for (int64_t k = 0; k < Rounds(); ++k) {

@@ -17,7 +17,8 @@
 // rank has a gradient for keeps its weights and moments, as AdamW does.
 //
 // Checkpoints hold the whole state: GatherState assembles it on rank 0 (for
-// the time of a save) into an AdamW, and ScatterState hands each rank its
+// the time of a save) into an AdamW whose moments are in host memory (the
+// device holds one round of them at a time), and ScatterState hands each rank its
 // chunk of one, so a world of N resumes from a checkpoint written by M.
 #pragma once
 

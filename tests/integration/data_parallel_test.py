@@ -178,29 +178,39 @@ def scenario_full(build, work):
 def sharding_modes(build, work, world, extra, label, like_ref=False):
     """Every sharding mode over `extra`'s backend and device against one
     process on the same device (like_ref: a second run of that process is
-    the run-to-run bound, for a GPU's kernels)."""
+    the run-to-run bound, for a GPU's kernels). The sharded worlds save a
+    checkpoint after step 5 (gathered through rank 0's host memory), and a
+    world of one rank with the same backend and sharding resumes it (the
+    moments scattered from host memory) for step 6."""
     binary = os.path.join(build, "tests", "data_parallel_rank")
     device = [a for a in extra if a in ("cpu", "cuda")]
     device = ["--device", device[0]] if device else []
     for objective in ("asympo_stable", "gpg", "grpo"):
         ref = os.path.join(work, objective, "w1")
-        if not os.path.isdir(ref):
-            run_world(binary, 1, ref, objective, 5, extra=device)
+        run_world(binary, 1, ref, objective, 6, extra=device)
         again = None
         if like_ref:
             again = os.path.join(work, objective, "again")
-            if not os.path.isdir(again):
-                run_world(binary, 1, again, objective, 5, extra=device)
+            run_world(binary, 1, again, objective, 6, extra=device)
         plain = None
         for shard in (0, 1, 2):
+            name = ("unsharded", "ZeRO-1", "fully sharded")[shard]
             out = os.path.join(work, objective, "w%d_shard%d" % (world, shard))
-            run_world(binary, world, out, objective, 5, extra=list(extra) + ["--shard", str(shard)])
-            compare(ref, out, world, 5, "%s, %d %s rank(s), %s" % (
-                objective, world, label, ("unsharded", "ZeRO-1", "fully sharded")[shard]),
-                weight_ranks=[0] if shard == 2 else None,
-                like=again if world == 1 and like_ref else plain)
+            ckpt = os.path.join(work, objective, "ckpt%d" % shard)
+            flags = list(extra) + ["--shard", str(shard)]
+            run_world(binary, world, out, objective, 5,
+                      extra=flags + (["--save", ckpt] if shard else []))
+            compare(ref, out, world, 5, "%s, %d %s rank(s), %s" % (objective, world, label, name),
+                    weight_ranks=[0] if shard == 2 else None,
+                    like=again if world == 1 and like_ref else plain)
             if shard == 0:
                 plain = out
+                continue
+            resumed = os.path.join(work, objective, "resumed%d" % shard)
+            run_world(binary, 1, resumed, objective, 6,
+                      extra=flags + ["--resume", ckpt, "--first_step", "6"])
+            compare(ref, resumed, 1, 6, "%s, %s checkpoint resumed by one %s rank" % (
+                objective, name, label), first=6, like=again)
 
 
 def scenario_one_rank(build, work):

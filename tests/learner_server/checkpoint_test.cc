@@ -78,6 +78,32 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
 }
 
+TEST(CheckpointTest, MomentsCanStayInHostMemoryForASharedWorldToScatter) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto a = Tiny(1);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), ""));
+  auto b = Tiny(99);
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  ASSERT_OK(LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer(), /*moments_on_host=*/true));
+  ExpectSameWeights(*a, *b);
+  ASSERT_EQ(tb->optimizer().exp_avg().size(), ta->optimizer().exp_avg().size());
+  int64_t moments = 0;
+  for (size_t i = 0; i < ta->optimizer().exp_avg().size(); ++i) {
+    if (!ta->optimizer().exp_avg()[i].defined()) continue;
+    for (const auto* m : {&tb->optimizer().exp_avg()[i], &tb->optimizer().exp_avg_sq()[i]}) {
+      EXPECT_TRUE(m->is_cpu());
+      EXPECT_EQ(m->scalar_type(), at::kFloat);
+    }
+    EXPECT_TRUE(torch::equal(tb->optimizer().exp_avg()[i], ta->optimizer().exp_avg()[i].cpu()));
+    EXPECT_TRUE(
+        torch::equal(tb->optimizer().exp_avg_sq()[i], ta->optimizer().exp_avg_sq()[i].cpu()));
+    ++moments;
+  }
+  EXPECT_GT(moments, 0);
+}
+
 TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);

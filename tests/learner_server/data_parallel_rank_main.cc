@@ -12,7 +12,9 @@
 //                                              2: full sharding, weights and gradients too:
 //                                              only rank 0 writes weights, gathered)
 //                      [--first_step K]       (train steps K..S; default 1)
-//                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint)
+//                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint;
+//                                              sharded, its moments in host memory, as
+//                                              asympo-learner's rank 0 loads them)
 //                      [--save CKPT_ROOT]     (a checkpoint after the last step)
 //                      [--backend gloo|nccl]  (the collectives; given, even a world of one
 //                                              rank goes through DataParallel)
@@ -124,7 +126,9 @@ int Run(int argc, char** argv) {
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
   if (!resume.empty() && rank == 0) {
     const std::optional<CheckpointInfo> info =
-        LoadLatestCheckpoint(resume, model.get(), &trainer->optimizer()).value();
+        LoadLatestCheckpoint(resume, model.get(), &trainer->optimizer(),
+                             /*moments_on_host=*/(world > 1 || !backend.empty()) && shard != 0)
+            .value();
     if (!info.has_value()) return Die("no checkpoint under " + resume);
     trainer->set_version(info->version);
   }

@@ -135,6 +135,53 @@ TEST(MemoryPlanTest, ShardingDividesMasterWeightsGradientsAndMomentsByTheWorld) 
               static_cast<double>(none.of(PlanPart::kMasterWeights)) / 8, 4.0 * 8 * 37);
 }
 
+TEST(MemoryPlanTest, AllReduceBucketIsNoLargerThanTheGradients) {
+  // Replicated ranks all-reduce the gradients in buckets of up to
+  // kBucketElements floats (a single larger tensor goes alone): a model
+  // smaller than one bucket needs a buffer of its own size, not 64 MiB.
+  PlanOptions o = CpuOptions(HandModel(), 6, 3);
+  o.world_size = 2;
+  EXPECT_EQ(Plan(o).of(PlanPart::kUpdate), 4 * 340);  // all 340 gradients in one bucket
+}
+
+TEST(MemoryPlanTest, ShardedCheckpointsGoToHostMemoryOnAGpu) {
+  // Rank 0 of 8 on GPUs: a ZeRO-1 checkpoint stages one round of 64 MiB on
+  // the device; a fully sharded one a unit at a time, below the snapshot's
+  // whole float32 weights; either holds the weights and both moments whole
+  // in host memory (a save, or a resume before the scatter), outside the
+  // device totals.
+  const ModelConfig c = NamedModelShape("qwen3-8b").value();
+  const int64_t p = c.NumParameters();
+  PlanOptions o;
+  o.model = c;
+  o.world_size = 8;
+  o.shard = DistShard::kOptimizer;
+  MemoryPlan zero1 = Plan(o);
+  EXPECT_EQ(zero1.of(PlanPart::kRank0Gather), 4 * ShardedAdamW::kBucketElements);
+  EXPECT_EQ(zero1.of(PlanPart::kCheckpointHost), 3 * 4 * p);
+  o.shard = DistShard::kFull;
+  MemoryPlan full = Plan(o);
+  EXPECT_EQ(full.of(PlanPart::kRank0Gather), 4 * p);  // every snapshot
+  EXPECT_EQ(full.of(PlanPart::kCheckpointHost), 3 * 4 * p);
+  EXPECT_FALSE(
+      MemoryPlan::AliveIn(PlanPart::kCheckpointHost, PlanPhase::kGather, PlanDevice::kCuda));
+  // Fully sharded, a checkpoint adds nothing on the device to the
+  // snapshot's gather.
+  o.checkpoints = false;
+  const MemoryPlan no_checkpoints = Plan(o);
+  EXPECT_EQ(no_checkpoints.of(PlanPart::kCheckpointHost), 0);
+  EXPECT_EQ(no_checkpoints.of(PlanPart::kRank0Gather), 4 * p);
+  EXPECT_EQ(no_checkpoints.phase_bytes[static_cast<size_t>(PlanPhase::kGather)],
+            full.phase_bytes[static_cast<size_t>(PlanPhase::kGather)]);
+  // On the CPU the host is the device: the whole state is counted there.
+  o.checkpoints = true;
+  o.device = PlanDevice::kCpu;
+  EXPECT_EQ(Plan(o).of(PlanPart::kRank0Gather), 3 * 4 * p);
+  EXPECT_EQ(Plan(o).of(PlanPart::kCheckpointHost), 0);
+  o.shard = DistShard::kOptimizer;
+  EXPECT_EQ(Plan(o).of(PlanPart::kRank0Gather), 3 * 4 * p);
+}
+
 TEST(MemoryPlanTest, CheckpointingShrinksActivations) {
   for (const PlanDevice device : {PlanDevice::kCpu, PlanDevice::kCuda}) {
     PlanOptions o;
