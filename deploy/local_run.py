@@ -272,6 +272,11 @@ def main():
         "--lr=%g" % args.lr, "--prompts_per_step=%d" % args.prompts_per_step,
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
         "--max_group_size=%d" % max(args.group_size, 2),
+        # The tiny model's context (512 positions) bounds a sequence: the
+        # learner's memory plan (docs/operations.md, "Memory plan") then
+        # needs 1.8 GiB, not the 10.5 GiB of the defaults' 8k-token rows,
+        # and a laptop of 8 GB starts it.
+        "--max_prompt_tokens=512", "--max_response_tokens=512",
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
         "--checkpoint_every=200", "--max_steps=%d" % args.max_steps,
         "--run_name=" + args.run_name] + schedule + dist + args.learner_arg

@@ -2,14 +2,18 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <sstream>
 #include <string>
 
 #include <c10/core/DeviceGuard.h>
+#include "absl/algorithm/container.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "glog/logging.h"
 #include "learner_server/memory_plan_report.h"
 
@@ -34,6 +38,27 @@ absl::StatusOr<int64_t> MemTotal() {
   }
   return absl::UnavailableError(
       "cannot read MemTotal from /proc/meminfo; give the memory with --device_memory_gib");
+}
+
+// A whole file's text; nullopt when it cannot be read.
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A limit file's value: nullopt for none ("max", or v1's unlimited).
+std::optional<int64_t> LimitOf(const std::string& text) {
+  std::istringstream in(text);
+  std::string word;
+  if (!(in >> word) || word == "max") return std::nullopt;
+  int64_t bytes = 0;
+  if (!absl::SimpleAtoi(word, &bytes) || bytes <= 0 || bytes >= (int64_t{1} << 62)) {
+    return std::nullopt;
+  }
+  return bytes;
 }
 
 // cudaMemGetInfo from the CUDA runtime the CUDA LibTorch loaded (or one
@@ -106,8 +131,53 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
   return p;
 }
 
-absl::StatusOr<int64_t> DeviceMemoryBytes(const c10::Device& device) {
-  return device.is_cuda() ? GpuMemory(device) : MemTotal();
+std::optional<int64_t> CgroupMemoryLimit(
+    const std::string& proc_self_cgroup,
+    const std::function<std::optional<std::string>(const std::string&)>& read_file) {
+  std::optional<int64_t> lowest;
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n')) {
+    // "ID:CONTROLLERS:PATH"; v2 is "0::PATH".
+    const std::vector<absl::string_view> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3 || f[2].empty() || f[2][0] != '/') continue;
+    std::string dir, file;
+    if (f[0] == "0" && f[1].empty()) {
+      dir = "/sys/fs/cgroup", file = "memory.max";
+    } else if (absl::c_linear_search(absl::StrSplit(f[1], ','), "memory")) {
+      dir = "/sys/fs/cgroup/memory", file = "memory.limit_in_bytes";
+    } else {
+      continue;
+    }
+    // The cgroup and its ancestors, up to the mount's root.
+    std::string path(f[2]);
+    while (true) {
+      const std::string at = absl::StrCat(dir, path == "/" ? "" : path, "/", file);
+      if (const std::optional<std::string> text = read_file(at); text.has_value()) {
+        if (const std::optional<int64_t> limit = LimitOf(*text); limit.has_value()) {
+          lowest = lowest.has_value() ? std::min(*lowest, *limit) : *limit;
+        }
+      }
+      if (path == "/") break;
+      const size_t slash = path.rfind('/');
+      path = slash == 0 ? "/" : path.substr(0, slash);
+    }
+  }
+  return lowest;
+}
+
+absl::StatusOr<int64_t> DeviceMemoryBytes(const c10::Device& device, std::string* source) {
+  if (device.is_cuda()) {
+    if (source != nullptr) *source = device.str();
+    return GpuMemory(device);
+  }
+  absl::StatusOr<int64_t> total = MemTotal();
+  if (!total.ok()) return total;
+  if (source != nullptr) *source = "this machine (MemTotal)";
+  const std::optional<std::string> cgroup = ReadFile("/proc/self/cgroup");
+  if (!cgroup.has_value()) return total;
+  const std::optional<int64_t> limit = CgroupMemoryLimit(*cgroup, ReadFile);
+  if (!limit.has_value() || *limit >= *total) return total;
+  if (source != nullptr) *source = "this process's cgroup memory limit (a container's)";
+  return *limit;
 }
 
 absl::Status CheckLearnerMemory(const LearnerDaemonOptions& o, double device_memory_gib) {
@@ -122,12 +192,11 @@ absl::Status CheckLearnerMemory(const LearnerDaemonOptions& o, double device_mem
   int64_t budget = static_cast<int64_t>(device_memory_gib * kGib);
   std::string source = absl::StrFormat("--device_memory_gib=%g", device_memory_gib);
   if (device_memory_gib == 0) {
-    absl::StatusOr<int64_t> detected = DeviceMemoryBytes(o.model_options.device);
+    std::string where;
+    absl::StatusOr<int64_t> detected = DeviceMemoryBytes(o.model_options.device, &where);
     if (!detected.ok()) return detected.status();
     budget = *detected;
-    source = absl::StrCat(
-        o.model_options.device.is_cuda() ? o.model_options.device.str() : "this machine (MemTotal)",
-        ", detected");
+    source = absl::StrCat(where, ", detected");
   }
   LOG(INFO) << "memory plan (" << source << "):\n"
             << FormatMemoryPlan(*plan, *options, ModelLabel(o), budget);

@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
 
 #include <c10/core/Device.h>
 #include "absl/status/status.h"
@@ -24,10 +27,22 @@ namespace asympo::learner {
 absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& options);
 
 // The memory of `device` in bytes: a GPU's total memory (cudaMemGetInfo,
-// from the CUDA runtime LibTorch loaded), or the machine's MemTotal
-// (/proc/meminfo) for the CPU. An error says how to give it instead
-// (--device_memory_gib).
-absl::StatusOr<int64_t> DeviceMemoryBytes(const c10::Device& device);
+// from the CUDA runtime LibTorch loaded), or for the CPU the machine's
+// MemTotal (/proc/meminfo) or this process's cgroup memory limit when
+// that is lower (a container's). An error says how to give it instead
+// (--device_memory_gib). `source`, when given, receives where the figure
+// came from.
+absl::StatusOr<int64_t> DeviceMemoryBytes(const c10::Device& device, std::string* source = nullptr);
+
+// The lowest memory limit of this process's cgroups, given the text of
+// /proc/self/cgroup and a reader of files (nullopt for one that cannot be
+// read): cgroup v2's memory.max and v1's memory.limit_in_bytes of its
+// cgroup and every ancestor up to the mount's root (inside a container
+// the mount's root is the container's own cgroup). nullopt when no limit
+// is set ("max", or v1's near-2^63 "unlimited").
+std::optional<int64_t> CgroupMemoryLimit(
+    const std::string& proc_self_cgroup,
+    const std::function<std::optional<std::string>(const std::string&)>& read_file);
 
 // --device_memory_gib: negative skips the check; 0 detects the device's
 // memory (DeviceMemoryBytes). Logs the plan's table, and returns

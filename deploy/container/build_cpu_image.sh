@@ -93,6 +93,7 @@ name=asympo-smoke-$$
 cleanup() { pod rm -f "$name-learner" "$name-rollout" >/dev/null 2>&1 || true; }
 trap cleanup EXIT
 pod run -d --name "$name-learner" "${opts[@]}" "$tag" asympo-learner --model=tiny \
+  --max_prompt_tokens=512 --max_response_tokens=512 \
   --listen="127.0.0.1:$port" --metrics_address= --prompts_per_step=2 --max_steps=20 \
   --lr=1e-4 --run_name=container-smoke >/dev/null || die "the learner container did not start"
 pod run -d --name "$name-rollout" "${opts[@]}" "$tag" asympo-rollout --model=tiny \

@@ -64,6 +64,12 @@ def short_run(build, work):
     for log in ("learner.log", "rollout-0.log"):
         with open(os.path.join(out, log)) as f:
             check('/metrics, run="local-run"' in f.read(), log + ": metrics labelled run=local-run")
+    # The learner's memory plan fits a laptop of 8 GB (the tiny model's
+    # context bounds a sequence, not the learner's 8k-token defaults).
+    with open(os.path.join(out, "learner.log")) as f:
+        peak = re.search(r"peak per rank: ([0-9.]+) GiB", f.read())
+    check(peak and float(peak.group(1)) < 4, "the learner's memory plan needs %s GiB (< 4)"
+          % (peak.group(1) if peak else "?"))
     with open(os.path.join(out, "steps.csv")) as f:
         rows = list(csv.DictReader(f))
     check(len(rows) == 40 and int(rows[-1]["step"]) == 40, "the learner stopped at --max_steps 40 (%d rows)" % len(rows))

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "learner_server/memory_plan_check.h"
@@ -382,8 +384,42 @@ TEST(MemoryPlanCheckTest, RefusesAPlanThatDoesNotFitNamingTheFlags) {
               StatusIs(absl::StatusCode::kResourceExhausted, "no setting of"));
   EXPECT_TRUE(CheckLearnerMemory(d, -1).ok());
   EXPECT_TRUE(CheckLearnerMemory(d, 1024).ok());
-  // The CPU's memory is the machine's.
-  EXPECT_GT(DeviceMemoryBytes(c10::Device(c10::kCPU)).value(), int64_t{256} << 20);
+  // The CPU's memory is the machine's, or the container's limit.
+  std::string source;
+  EXPECT_GT(DeviceMemoryBytes(c10::Device(c10::kCPU), &source).value(), int64_t{256} << 20);
+  EXPECT_THAT(source, ::testing::AnyOf(HasSubstr("MemTotal"), HasSubstr("cgroup")));
+}
+
+TEST(MemoryPlanCheckTest, AContainersCgroupLimitIsTheCpusMemory) {
+  std::map<std::string, std::string> files;
+  auto read = [&files](const std::string& path) -> std::optional<std::string> {
+    auto it = files.find(path);
+    if (it == files.end()) return std::nullopt;
+    return it->second;
+  };
+  // cgroup v2 inside a container (its namespace's root is its cgroup).
+  files["/sys/fs/cgroup/memory.max"] = "1073741824\n";
+  EXPECT_EQ(CgroupMemoryLimit("0::/\n", read), int64_t{1} << 30);
+  files["/sys/fs/cgroup/memory.max"] = "max\n";
+  EXPECT_EQ(CgroupMemoryLimit("0::/\n", read), std::nullopt);
+  // v2 on a host: the process's cgroup and its ancestors; the lowest wins.
+  files["/sys/fs/cgroup/user.slice/memory.max"] = "4294967296\n";
+  files["/sys/fs/cgroup/user.slice/job.scope/memory.max"] = "max\n";
+  EXPECT_EQ(CgroupMemoryLimit("0::/user.slice/job.scope\n", read), int64_t{4} << 30);
+  // cgroup v1: the memory controller's line; "unlimited" is near 2^63. A
+  // Docker container sees the host's path, but its own cgroup at the root.
+  files.clear();
+  files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "536870912\n";
+  const std::string v1 = "12:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n1:name=systemd:/\n";
+  EXPECT_EQ(CgroupMemoryLimit(v1, read), int64_t{512} << 20);
+  files["/sys/fs/cgroup/memory/memory.limit_in_bytes"] = "9223372036854771712\n";
+  EXPECT_EQ(CgroupMemoryLimit(v1, read), std::nullopt);
+  // Nothing readable, or text that is not a cgroup list: no limit.
+  files.clear();
+  EXPECT_EQ(CgroupMemoryLimit(v1, read), std::nullopt);
+  EXPECT_EQ(CgroupMemoryLimit("garbage", read), std::nullopt);
+  files["/sys/fs/cgroup/memory.max"] = "-5";
+  EXPECT_EQ(CgroupMemoryLimit("0::/", read), std::nullopt);
 }
 
 }  // namespace
