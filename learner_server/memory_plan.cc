@@ -89,11 +89,10 @@ double AttentionSaved(const Dims& d, const Batch& b, PlanDevice device) {
     return d.c * b.n * (2 * d.q + 2 * d.kv) + scores * (4 + (d.c == 4 ? 0 : d.c));
   }
   // q, k and v repeated to every query head, the output and its
-  // re-layout for o_proj, the log-sum-exp, and the mask as an additive
-  // bias in the compute dtype (keys padded to 16).
+  // re-layout for o_proj, the log-sum-exp (the mask's additive bias is
+  // the forward's, shared by every layer: KeptMask).
   const double kv_repeated = d.heads > d.kv_heads ? d.q : d.kv;
-  return d.c * b.n * (3 * d.q + 2 * kv_repeated) + 4 * b.rows * d.heads * b.s +
-         d.c * b.rows * b.s * std::ceil(b.s / 16) * 16;
+  return d.c * b.n * (3 * d.q + 2 * kv_repeated) + 4 * b.rows * d.heads * b.s;
 }
 
 // What one decoder layer that is not recomputed keeps for its backward.
@@ -117,12 +116,16 @@ double RecomputedLayers(const PlanOptions& o, const Dims& d) {
   return std::ceil(d.layers / static_cast<double>(o.checkpoint_every));
 }
 
-// The boolean mask the model builds once per forward, kept for the
-// backward when a recomputed layer reads it again (an additive bias in the
-// compute dtype on the CPU).
+// The mask the model builds once per forward (PolicyModel::AttentionBias).
+// On the CPU an additive bias in the compute dtype, kept for the backward
+// when a recomputed layer reads it again. On CUDA the additive bias that
+// scaled_dot_product_attention takes, in the compute dtype with rows
+// padded to 16 keys (AlignedAttentionBias): every layer's backward keeps
+// that one tensor, recomputed or not.
 double KeptMask(const Dims& d, const Batch& b, PlanDevice device, bool recomputing) {
+  if (device == PlanDevice::kCuda) return d.c * b.rows * b.s * std::ceil(b.s / 16) * 16;
   if (!recomputing) return 0;
-  return b.rows * b.s * b.s * (device == PlanDevice::kCpu ? d.c : 1);
+  return b.rows * b.s * b.s * d.c;
 }
 
 double Activations(const PlanOptions& o, const Dims& d, const Batch& b) {
@@ -143,8 +146,9 @@ double ForwardScores(const PlanOptions& o, const Dims& d, const Batch& b) {
   const bool recomputing = RecomputedLayers(o, d) > 0;
   const double square = b.rows * b.s * b.s;
   double bytes = square + 2 * b.s * b.s;  // visible (rows), causal and self (one each)
-  if (!recomputing) bytes += square * (o.device == PlanDevice::kCpu ? d.c : 1);
-  if (o.device == PlanDevice::kCpu) bytes += d.heads * square * (d.c + (recomputing ? 4 : 0));
+  if (o.device == PlanDevice::kCuda) return bytes;  // the bias: KeptMask
+  if (!recomputing) bytes += square * d.c;
+  bytes += d.heads * square * (d.c + (recomputing ? 4 : 0));
   return bytes;
 }
 

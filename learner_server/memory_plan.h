@@ -21,9 +21,9 @@
 //     (micro_batches.h). Attention on the CPU (LibTorch 1.13) is a masked
 //     GEMM that saves a float32 (heads x T x T) probability matrix per row;
 //     on CUDA (LibTorch >= 2.1) scaled_dot_product_attention's
-//     memory-efficient kernel saves O(T) per head, but the boolean mask is
-//     converted to an additive (rows, 1, T, T) bias in the compute dtype at
-//     every layer and kept for that layer's backward;
+//     memory-efficient kernel saves O(T) per head and the additive
+//     (rows, 1, T, T) bias in the compute dtype, which the model builds once
+//     per forward and every layer shares (AlignedAttentionBias);
 //   - the transient buffers of the phase each peak is reached in: the
 //     attention scores of the last layer's forward, the log-prob path
 //     (token_logprobs.h), the last layer's backward, the embedding's

@@ -299,7 +299,8 @@ at::Tensor PolicyModel::MaskedAttention(const at::Tensor& q, const at::Tensor& k
   const int64_t nh = config_.num_attention_heads, nkv = config_.num_key_value_heads;
   const int64_t groups = nh / nkv;
 #if TORCH_VERSION_MAJOR >= 2
-  // Fused attention where LibTorch has it (2.x). `allowed`: (B, T, Tk) bool.
+  // Fused attention where LibTorch has it (2.x). `allowed`: the additive
+  // bias (B, 1, T, Tk) in the compute dtype (AlignedAttentionBias).
   // Query head h reads key head h / groups; expand + reshape (no host
   // synchronisation, unlike repeat_interleave on a GPU).
   const auto repeat = [&](const at::Tensor& kv) {
@@ -307,8 +308,9 @@ at::Tensor PolicyModel::MaskedAttention(const at::Tensor& q, const at::Tensor& k
     const int64_t tk = kv.size(2);
     return kv.unsqueeze(2).expand({b, nkv, groups, tk, d}).reshape({b, nh, tk, d});
   };
-  return at::scaled_dot_product_attention(q.transpose(1, 2), repeat(k), repeat(v),
-                                          allowed.unsqueeze(1))
+  const at::Tensor bias =
+      allowed.scalar_type() == q.scalar_type() ? allowed : allowed.to(q.scalar_type());
+  return at::scaled_dot_product_attention(q.transpose(1, 2), repeat(k), repeat(v), bias)
       .transpose(1, 2)
       .reshape({b, t, nh * d});
 #else
@@ -367,9 +369,23 @@ at::Tensor PolicyModel::SharedAttention(int64_t index, const at::Tensor& q, cons
       .reshape({s, 1, nh * d});
 }
 
+at::Tensor AlignedAttentionBias(const at::Tensor& allowed, at::ScalarType dtype) {
+  const int64_t b = allowed.size(0), t = allowed.size(1), keys = allowed.size(2);
+  const int64_t padded =
+      (keys + kAttentionBiasAlignment - 1) / kAttentionBiasAlignment * kAttentionBiasAlignment;
+  at::Tensor bias = at::full({b, 1, t, padded}, -std::numeric_limits<float>::infinity(),
+                             at::TensorOptions().dtype(dtype).device(allowed.device()));
+  at::Tensor view = bias.narrow(-1, 0, keys);
+  view.masked_fill_(allowed.unsqueeze(1), 0.0);
+  return view;
+}
+
 at::Tensor PolicyModel::AttentionBias(const at::Tensor& allowed_bool) const {
 #if TORCH_VERSION_MAJOR >= 2
-  return allowed_bool;  // SDPA takes the boolean mask
+  // SDPA would turn the boolean mask into this bias at every layer, and
+  // the memory-efficient kernel keeps it for the layer's backward: one
+  // (B, T, K) tensor a layer. Made once, the layers share it.
+  return AlignedAttentionBias(allowed_bool, compute_dtype_);
 #else
   // Additive bias (B, 1, T, 1, K): 0 where allowed, -inf elsewhere.
   const int64_t t = allowed_bool.size(1), keys = allowed_bool.size(2);

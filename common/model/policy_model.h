@@ -88,6 +88,16 @@ absl::StatusOr<int64_t> ParseActivationCheckpointing(absl::string_view text);
 // The flag's spelling of checkpoint_every (the inverse of the above).
 std::string ActivationCheckpointingName(int64_t checkpoint_every);
 
+// The additive attention bias (B, 1, T, K) in `dtype` (0 where `allowed`
+// (B, T, K, bool) holds, -inf elsewhere) that scaled_dot_product_attention
+// would make from the boolean mask at every call, made once: a forward's
+// layers share it (and their backwards keep the one tensor). Its rows lie
+// kAttentionBiasAlignment keys apart (a view of a padded buffer), the
+// alignment the memory-efficient kernel needs, so that SDPA need not copy
+// it padded per layer.
+inline constexpr int64_t kAttentionBiasAlignment = 16;
+at::Tensor AlignedAttentionBias(const at::Tensor& allowed, at::ScalarType dtype);
+
 class PolicyModel {
  public:
   // A randomly initialized model (deterministic for a given seed), or an

@@ -210,7 +210,8 @@ TEST(MemoryPlanTest, CheckpointingShrinksActivations) {
 TEST(MemoryPlanTest, CpuAttentionKeepsTheProbabilitiesAndCudaOnlyTheMask) {
   // The same positions in rows twice as long: only attention's square
   // terms change. On the CPU the float32 probabilities (heads x T x T a
-  // row); on CUDA the mask's additive bias (T x T a row, bfloat16).
+  // row, in every layer); on CUDA the mask's additive bias (T x T a row,
+  // bfloat16), built once per forward and shared by the 28 layers.
   const ModelConfig c = NamedModelShape("qwen3-0.6b").value();
   PlanOptions o;
   o.model = c;
@@ -223,8 +224,8 @@ TEST(MemoryPlanTest, CpuAttentionKeepsTheProbabilitiesAndCudaOnlyTheMask) {
     o.max_sequence_tokens = 2048;
     const int64_t long_rows = Plan(o).of(PlanPart::kActivations);
     const int64_t square_growth = 4096 * (2048 - 1024);  // rows x length^2
-    const int64_t per_element = device == PlanDevice::kCpu ? 16 * 4 : 2;
-    EXPECT_EQ(long_rows - short_rows, 28 * per_element * square_growth);
+    const int64_t per_element = device == PlanDevice::kCpu ? 28 * 16 * 4 : 2;
+    EXPECT_EQ(long_rows - short_rows, per_element * square_growth);
   }
 }
 

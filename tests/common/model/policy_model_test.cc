@@ -4,6 +4,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <limits>
+
 #include <torch/types.h>
 
 namespace asympo {
@@ -78,6 +81,24 @@ TEST(PolicyModelTest, LeftPaddingDoesNotChangeRealTokens) {
   const torch::Tensor out = m->Forward(padded, pos, mask);
   EXPECT_TRUE(torch::allclose(out.narrow(1, 3, 5), ref, 1e-5, 1e-5));
   EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
+}
+
+TEST(PolicyModelTest, AlignedAttentionBiasIsTheMaskAsZerosAndMinusInfinities) {
+  at::manual_seed(3);
+  for (const int64_t keys : {1, 15, 16, 17, 40}) {
+    const at::Tensor allowed = at::rand({2, 3, keys}) > 0.5;
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      const at::Tensor bias = AlignedAttentionBias(allowed, dtype);
+      ASSERT_EQ(bias.sizes(), (std::vector<int64_t>{2, 1, 3, keys}));
+      EXPECT_EQ(bias.scalar_type(), dtype);
+      // Rows a multiple of the alignment apart, whatever K is.
+      EXPECT_EQ(bias.stride(2) % kAttentionBiasAlignment, 0) << keys;
+      const at::Tensor expected =
+          at::where(allowed.unsqueeze(1), at::zeros({}, at::kFloat),
+                    at::full({}, -std::numeric_limits<float>::infinity(), at::kFloat));
+      EXPECT_TRUE(at::equal(bias.to(at::kFloat), expected)) << keys;
+    }
+  }
 }
 
 TEST(PolicyModelTest, PackedSequencesSeeOnlyThemselves) {
