@@ -91,20 +91,11 @@ double Median(std::vector<double> v) {
 // This rank's memory plan for the flags (CPU, float32, no publisher, no
 // checkpoint, no workspace).
 MemoryPlan PlanOf(const ModelConfig& config, std::map<std::string, int>& f, int64_t chunk_rows) {
-  PlanOptions po;
-  po.model = config;
+  PlanOptions po = bench::CpuStepPlan(config, f["micro_batch_tokens"], f["sequence"],
+                                      f["checkpointing"], chunk_rows);
   po.world_size = f["world"];
   po.shard = f["shard"] == 2 ? DistShard::kFull
                              : (f["shard"] == 1 ? DistShard::kOptimizer : DistShard::kNone);
-  po.device = PlanDevice::kCpu;
-  po.compute_dtype = PlanDType::kFloat32;
-  po.micro_batch_tokens = f["micro_batch_tokens"];
-  po.max_sequence_tokens = f["sequence"];
-  po.checkpoint_every = f["checkpointing"];
-  po.logprob_chunk_rows = chunk_rows;
-  po.rank0 = false;
-  po.checkpoints = false;
-  po.workspace = false;
   return PlanMemory(po).value();
 }
 

@@ -64,18 +64,7 @@ std::vector<QueuedGroup> StepGroups(const Run& run, int64_t vocab, std::mt19937&
 }
 
 asympo::learner::PlanOptions PlanFor(const ModelConfig& c, const Run& run, int64_t every) {
-  asympo::learner::PlanOptions o;
-  o.model = c;
-  o.device = asympo::learner::PlanDevice::kCpu;
-  o.compute_dtype = asympo::learner::PlanDType::kFloat32;
-  o.micro_batch_tokens = run.micro_batch_tokens;
-  o.max_sequence_tokens = run.sequence;
-  o.checkpoint_every = every;
-  o.logprob_chunk_rows = run.chunk_rows;
-  o.rank0 = false;  // no publisher, no checkpoint gathers
-  o.checkpoints = false;
-  o.workspace = false;
-  return o;
+  return asympo::bench::CpuStepPlan(c, run.micro_batch_tokens, run.sequence, every, run.chunk_rows);
 }
 
 // Measures one mode; prints its table row.

@@ -1,14 +1,17 @@
 // Steps of uniform groups for the memory benchmarks (memory_plan_bench,
-// data_parallel_bench): every micro-batch holds micro_batch_tokens real
-// tokens in sequences of `sequence` tokens, so that its rows are as long as
-// the memory plan's (learner_server/memory_plan.h).
+// data_parallel_bench), and the memory plan they are checked against:
+// every micro-batch holds micro_batch_tokens real tokens in sequences of
+// `sequence` tokens, so that its rows are as long as the memory plan's
+// (learner_server/memory_plan.h).
 #pragma once
 
 #include <cstdint>
 #include <random>
 #include <vector>
 
+#include "common/model/model_config.h"
 #include "learner_server/group_queue.h"
+#include "learner_server/memory_plan.h"
 
 namespace asympo::bench {
 
@@ -34,6 +37,26 @@ inline std::vector<learner::QueuedGroup> UniformStepGroups(int64_t micro_batches
     step.push_back(std::move(q));
   }
   return step;
+}
+
+// The memory plan of such steps as the benchmarks measure them: on the
+// CPU in float32, without a publisher, checkpoints or workspace (neither
+// exists there); the caller sets the world and sharding.
+inline learner::PlanOptions CpuStepPlan(const ModelConfig& config, int64_t micro_batch_tokens,
+                                        int64_t sequence, int64_t checkpoint_every,
+                                        int64_t logprob_chunk_rows) {
+  learner::PlanOptions o;
+  o.model = config;
+  o.device = learner::PlanDevice::kCpu;
+  o.compute_dtype = learner::PlanDType::kFloat32;
+  o.micro_batch_tokens = micro_batch_tokens;
+  o.max_sequence_tokens = sequence;
+  o.checkpoint_every = checkpoint_every;
+  o.logprob_chunk_rows = logprob_chunk_rows;
+  o.rank0 = false;
+  o.checkpoints = false;
+  o.workspace = false;
+  return o;
 }
 
 }  // namespace asympo::bench

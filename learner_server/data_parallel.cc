@@ -106,11 +106,12 @@ struct DataParallel::Group {
 
 namespace {
 
-// Copies the staged results back into the tensors they stand for.
+// Copies a staged result back into the tensor it stands for.
+void CopyBack(const at::Tensor& staged, at::Tensor& tensor) {
+  if (!staged.is_same(tensor)) tensor.copy_(staged);
+}
 void CopyBack(const std::vector<at::Tensor>& staged, std::vector<at::Tensor>& tensors) {
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (!staged[i].is_same(tensors[i])) tensors[i].copy_(staged[i]);
-  }
+  for (size_t i = 0; i < tensors.size(); ++i) CopyBack(staged[i], tensors[i]);
 }
 
 // A tensor on the host (a staged header or values read back).
@@ -274,7 +275,7 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, 
     std::vector<at::Tensor> one{group_->Staged(t, false)};
     ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
                                       [&] { return group_->pg->broadcast(one); }));
-    if (!one[0].is_same(t)) t.copy_(one[0]);
+    CopyBack(one[0], t);
   }
   if (rank() != 0) {
     if (moments) ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(received, h[1]));
@@ -314,8 +315,9 @@ absl::Status DataParallel::SumValues(std::vector<double>* values) {
 
 absl::Status DataParallel::SumGradients(const std::vector<at::Tensor>& gradients) {
   Timed timed(&collective_seconds_);
-  // Buckets of up to 64 MiB of float32, one all-reduce each, as DDP does.
-  constexpr int64_t kBucketElements = int64_t{16} << 20;
+  // Buckets of up to 64 MiB of float32, one all-reduce each, as DDP does
+  // (the memory plan counts one).
+  constexpr int64_t kBucketElements = ShardedAdamW::kBucketElements;
   at::NoGradGuard no_grad;
   size_t begin = 0;
   while (begin < gradients.size()) {
@@ -348,7 +350,7 @@ absl::Status DataParallel::ReduceScatter(std::vector<at::Tensor>& inputs, at::Te
     std::vector<std::vector<at::Tensor>> in{group_->Staged(inputs, true)};
     ASYMPO_RETURN_IF_ERROR(Collective("reduce-scattering the gradients", options_.timeout,
                                       [&] { return group_->pg->reduce_scatter(out, in); }));
-    if (!out[0].is_same(output)) output.copy_(out[0]);
+    CopyBack(out[0], output);
     return absl::OkStatus();
   }
   // Gloo (LibTorch 1.13) has no reduce-scatter: one reduce per rank, each
@@ -391,7 +393,7 @@ absl::Status DataParallel::ScatterFromRank0(std::vector<at::Tensor>& inputs, at:
   if (rank() == 0) in.push_back(group_->Staged(inputs, true));
   ASYMPO_RETURN_IF_ERROR(Collective("scattering the optimizer state", options_.timeout,
                                     [&] { return group_->pg->scatter(out, in); }));
-  if (!out[0].is_same(output)) output.copy_(out[0]);
+  CopyBack(out[0], output);
   return absl::OkStatus();
 }
 
