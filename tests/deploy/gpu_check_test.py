@@ -33,7 +33,8 @@ project(gpu_check_fake NONE)
 enable_testing()
 # The GPU test programs the check's part "tests" builds; building
 # policy_logits waits BUILD_SLEEP seconds (from the environment).
-foreach(t rollout_server_gpu_tests learner_server_gpu_tests nccl_gpu_tests)
+foreach(t rollout_server_gpu_tests learner_server_gpu_tests nccl_gpu_tests
+    data_parallel_rank)
   add_custom_target(${t} COMMAND true)
 endforeach()
 add_custom_target(policy_logits COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/build.sh)
