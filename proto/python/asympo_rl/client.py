@@ -186,15 +186,26 @@ def _trailing(error, key):
 class _Backoff:
     """The wait before a retry, within a deadline: the learner's hint when
     there is one, else min_backoff doubling up to max_backoff; both plus up
-    to 20% jitter (as SubmitBackoff in common/submit_retry.h)."""
+    to 20% jitter (as SubmitBackoff in common/submit_retry.h). Every
+    attempt's timeout is cut to what is left of the deadline, so that
+    retry_deadline bounds the whole wait, an unreachable learner's too."""
 
-    def __init__(self, client):
-        self.client, self.attempt = client, 0
+    def __init__(self, client, what="call"):
+        self.client, self.what, self.attempt = client, what, 0
         self.current = client.min_backoff
-        self.deadline = time.monotonic() + client.retry_deadline
+        self.start = time.monotonic()
+        self.deadline = self.start + client.retry_deadline
 
-    def wait(self, error, what):
-        """Sleeps before the next attempt, or raises once the budget is spent."""
+    def timeout(self, timeout):
+        """The next attempt's timeout: `timeout` (None: the client's), at
+        most what is left of the deadline."""
+        left = max(self.deadline - time.monotonic(), 0.001)
+        return min(timeout or self.client.timeout, left)
+
+    def wait(self, error, what=None):
+        """Sleeps before the next attempt, or raises once the budget is
+        spent. what: names the call in the error (default: as constructed)."""
+        self.what = what or self.what
         self.attempt += 1
         code = error.code()
         delay = retry_hint(error)
@@ -202,13 +213,21 @@ class _Backoff:
             delay = self.current
             self.current = min(self.current * 2, self.client.max_backoff)
         delay *= 1 + 0.2 * random.random()
-        if time.monotonic() + delay > self.deadline or (
+        if time.monotonic() + delay >= self.deadline or (
                 self.client.max_attempts and self.attempt >= self.client.max_attempts):
-            cls = LearnerBusyError if code == grpc.StatusCode.RESOURCE_EXHAUSTED else LearnerUnavailableError
-            raise cls("%s: gave up after %d attempts (%s: %s)" % (what, self.attempt, code.name,
-                                                                   error.details()),
-                      code=code, attempts=self.attempt)
+            raise self.give_up(code, error.details())
         time.sleep(delay)
+
+    def give_up(self, code, details):
+        """The error that ends the retries: LearnerBusyError for a full
+        queue, else LearnerUnavailableError, naming the target, the attempts
+        and the seconds waited."""
+        cls = LearnerBusyError if code == grpc.StatusCode.RESOURCE_EXHAUSTED else LearnerUnavailableError
+        return cls("%s to %s: gave up after %d attempts in %.1f s (retry_deadline %g s, max_attempts %d); "
+                   "the last answer: %s: %s" % (self.what, self.client.target, self.attempt,
+                                                time.monotonic() - self.start, self.client.retry_deadline,
+                                                self.client.max_attempts, code.name, details),
+                   code=code, attempts=self.attempt)
 
 
 class LearnerClient:
@@ -219,9 +238,11 @@ class LearnerClient:
                  max_attempts=0, min_backoff=0.1, max_backoff=10.0, validate=True, channel=None,
                  session=None, weights=None):
         """target: "host:port". credentials: grpc.ChannelCredentials for TLS
-        (None: a plaintext channel). timeout: seconds per call.
-        retry_deadline: seconds a submit keeps retrying; max_attempts: 0 for
-        no limit besides it. session: the middle part of generated batch
+        (None: a plaintext channel). timeout: seconds per attempt (cut to
+        what is left of retry_deadline). retry_deadline: seconds a submit,
+        a stream or status() keeps retrying, an unreachable learner
+        included (LearnerUnavailableError names the target, the attempts
+        and the seconds waited); max_attempts: 0 for no limit besides it. session: the middle part of generated batch
         ids (default: random); give the same one to resume a run whose
         batches must keep their ids. weights: the WeightSubscriber whose
         reported version (what the engine samples with, report()) stamps
@@ -258,18 +279,19 @@ class LearnerClient:
 
     def status(self, timeout=None, wait_for_ready=True):
         """The learner's LearnerStatus (version, queue, counters, limits),
-        fetched now. Waits for the connection up to the timeout."""
-        backoff = _Backoff(self)
+        fetched now. Waits for the connection up to `timeout` (None: the
+        client's) per attempt, retrying until retry_deadline."""
+        backoff = _Backoff(self, "GetStatus")
         while True:
             try:
-                st = self._stub.GetStatus(learner_pb2.GetStatusRequest(),
-                                          timeout=timeout or self.timeout, wait_for_ready=wait_for_ready)
+                st = self._stub.GetStatus(learner_pb2.GetStatusRequest(), timeout=backoff.timeout(timeout),
+                                          wait_for_ready=wait_for_ready)
                 self._status = st
                 return st
             except grpc.RpcError as e:
                 if decide_get_status(e.code(), retry_hint(e) is not None) != RETRY:
                     raise RefusedError("GetStatus: %s: %s" % (e.code().name, e.details()), e.code())
-                backoff.wait(e, "GetStatus on " + self.target)
+                backoff.wait(e)
 
     @property
     def limits(self):
@@ -312,16 +334,16 @@ class LearnerClient:
             stamp_policy_version(batch.groups, policy_version)
             if self.validate:
                 validation.validate_batch(batch, self._status or self.status())
-        backoff = _Backoff(self)
+        backoff = _Backoff(self, "batch " + (batch.batch_id or "(no id)"))
         while True:
             try:
-                r = self._stub.Submit(batch, timeout=timeout or self.timeout, wait_for_ready=True)
+                r = self._stub.Submit(batch, timeout=backoff.timeout(timeout), wait_for_ready=True)
                 return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses,
                                     r.learner_version, r.queue_depth_groups, r.duplicate_batches > 0,
                                     backoff.attempt + 1)
             except grpc.RpcError as e:
                 self._raise_if_final(e, "batch %s" % (batch.batch_id or "(no id)"))
-                backoff.wait(e, "batch " + batch.batch_id)
+                backoff.wait(e)
 
     def submit_stream(self, batches, timeout=None):
         """Sends many batches on one SubmitStream (each a RolloutBatch or a
@@ -331,10 +353,10 @@ class LearnerClient:
         pending = [b if isinstance(b, rollout_pb2.RolloutBatch) else self.make_batch(b)
                    for b in batches]
         total = collections.Counter()
-        backoff = _Backoff(self)
+        backoff = _Backoff(self, "stream of %d batches" % len(pending))
         while pending:
             try:
-                r = self._stub.SubmitStream(iter(pending), timeout=timeout or self.timeout,
+                r = self._stub.SubmitStream(iter(pending), timeout=backoff.timeout(timeout),
                                             wait_for_ready=True)
                 total.update(batches=r.accepted_batches, groups=r.accepted_groups,
                              responses=r.accepted_responses, duplicates=r.duplicate_batches)
@@ -348,7 +370,7 @@ class LearnerClient:
                                  responses=sum(len(g.responses) for g in b.groups))
                 pending = pending[done:]
                 self._raise_if_final(e, "stream batch %s" % (pending[0].batch_id if pending else "-"))
-                backoff.wait(e, "stream")
+                backoff.wait(e)
         return StreamResult(total["batches"], total["groups"], total["responses"],
                             total["duplicates"], 0, backoff.attempt + 1)
 
