@@ -1,116 +1,424 @@
-"""Adapters that hand a Snapshot to an inference engine.
+"""Adapters that load a Snapshot into an inference engine, and the vLLM
+worker extension they call.
 
-Which engine call loads the weights, and in what order (each adapter's
-load() does the steps in this order; docs/external_generators.md):
+Every adapter's load(snapshot) makes the same four steps, and resumes
+generation whatever happens in between (a failed load included):
 
-vLLM, in process (an `LLM` whose model runs in this process: the V0 engine,
-tensor parallel 1):
-    1. model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-       (or ...driver_worker.worker.model_runner.model, by version)
-    2. model.load_weights(snapshot.tensors("torch"))   # HF names, in place
-    3. llm.reset_prefix_cache()                        # cached KV is stale
-vLLM, from disk (the V1 engine, tensor parallel > 1, or a server): start the
-engine on the link that write_hf_directory maintains, then per version
-    1. write_hf_directory(snapshot, link, config)
-    2. llm.collective_rpc("reload_weights")            # every worker re-reads the link
-    3. llm.reset_prefix_cache()
-SGLang, in process (`sglang.Engine`):
-    1. engine.update_weights_from_tensor(named_tensors=list(snapshot.tensors("torch")))
-    2. engine.flush_cache()
-SGLang server (HTTP), from disk:
-    1. write_hf_directory(snapshot, link, config)
-    2. POST <url>/update_weights_from_disk {"model_path": link}
-    3. POST <url>/flush_cache
+    1. pause (or drain) generation   the engine's own call, when it has one
+    2. load the weights              bucket by bucket, or from a directory
+    3. flush the cache               KV / prefix cache computed with old weights
+    4. resume generation             also after a failure in 1-3
 
-Then report the version: subscriber.report(snapshot.version). Generation
-must not run during steps 1-3 (call load() between batches, as the
-project's rollout daemon does).
+A call that fails (raises, answers success false, answers HTTP 4xx/5xx, or
+reset_prefix_cache answering False) raises EngineError naming the engine,
+the call and its reply. Then report what the engine holds:
+subscriber.report(snapshot.version) after a load, nothing after an
+EngineError (the engine may hold part of the new version: load it again).
 
-vLLM and SGLang cannot be installed on the machine these adapters are tested
-on (no GPU, no package index): the tests run everything up to the engine's
-own call, against stand-ins that record it (and, for the SGLang server, a
-real HTTP server that records the requests)."""
+Targets (the engine calls, by their public names):
+
+vLLM >= 0.8.5, V1 engine (the default), any tensor / data parallel size:
+  `LLM(..., worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension")`,
+  then VLLMFromTensors(llm):
+    llm.pause_generation(mode="wait")            AsyncLLM (>= 0.11); older
+        ones take wait_for_inflight_requests=True. vllm.LLM has none: its
+        generation runs only inside generate(), so a load() between two
+        generate() calls is drained already.
+    llm.collective_rpc("asympo_load_bucket", args=(tensors, bucket_bytes))
+        per bucket: every worker runs VLLMWorkerExtension.asympo_load_bucket,
+        which hands (Hugging Face name, tensor) pairs to
+        model_runner.model.load_weights (vLLM maps HF names, fuses and shards
+        them itself). The arguments are bytes and lists, which vLLM's msgpack
+        transport carries without VLLM_ALLOW_INSECURE_SERIALIZATION.
+    llm.reset_prefix_cache()                     False (blocks still in use) fails
+    llm.resume_generation()                      AsyncLLM
+  VLLMFromDisk(llm, link, config) (vLLM started with model=link): the same,
+  with write_hf_directory(snapshot, link, config) and
+  llm.collective_rpc("reload_weights") (Worker.reload_weights re-reads the
+  model path, i.e. the link, now pointing at the new version) as step 2.
+  The extension's methods are prefixed asympo_: vLLM refuses an extension
+  whose names clash with the worker's (current workers have their own
+  update_weights, for vLLM's weight transfer engines).
+vLLM server (`vllm serve link`, VLLM_SERVER_DEV_MODE=1 for the endpoints
+  that reach the workers), VLLMServer(url, link, config):
+    POST /pause?mode=wait                        (>= 0.11; pause=False before)
+    write_hf_directory(snapshot, link, config)
+    POST /collective_rpc {"method": "reload_weights"}
+    POST /reset_prefix_cache
+    POST /resume
+  (The server does not report whether the prefix cache was reset; it is
+  empty anyway once the paused engine has drained.)
+SGLang >= 0.4.6 (`sglang.Engine`), SGLangInProcess(engine):
+    engine.pause_generation(mode="abort") when the Engine has it (the sync
+        Engine's generate() blocks, so a load() between calls is drained)
+    engine.update_weights_from_tensor(named_tensors=..., flush_cache=False)
+        per bucket -> (success, message); or, with link=,
+        write_hf_directory + engine.update_weights_from_disk(model_path=link)
+        -> (success, message, num_paused_requests)
+    engine.flush_cache()                         .success false fails
+    engine.continue_generation()
+SGLang server (HTTP, >= 0.4.6), SGLangServer(url, link, config):
+    POST /pause_generation {"mode": "abort"}     (abort: in-flight requests
+        return to their callers as aborted; "retract" and "in_place" keep
+        requests queued, and SGLang then refuses to flush the cache)
+    write_hf_directory(snapshot, link, config)
+    POST /update_weights_from_disk {"model_path": link}  {"success": ...}
+    POST /flush_cache                            200, or 400 when requests remain
+    POST /continue_generation
+
+aload(snapshot) is load() for engines whose calls are coroutines (vLLM's
+AsyncLLM); load() refuses such an engine. The learner's collective weight
+group will feed VLLMWorkerExtension through another asympo_ method that
+receives tensors and hands them to the same _asympo_load step.
+
+vLLM and SGLang need a GPU and are not installed where this package is
+tested: tests/integration/python_engines_test.py runs every adapter against
+stand-ins that record the calls (a real HTTP server for SGLangServer) and
+the worker extension on a real snapshot of a real learner."""
+import inspect
 import json
+import os
+import urllib.error
 import urllib.request
 
-from .weights import write_hf_directory
-
-_VLLM_MODEL_PATHS = (
-    ("llm_engine", "model_executor", "driver_worker", "model_runner", "model"),
-    ("llm_engine", "model_executor", "driver_worker", "worker", "model_runner", "model"),
-)
+from .errors import AsympoError
+from .weights import DTYPES, write_hf_directory
 
 
-def _walk(obj, path):
-    for name in path:
-        obj = getattr(obj, name, None)
-        if obj is None:
-            return None
-    return obj
+class EngineError(AsympoError):
+    """An engine call failed: the message names the engine, the call, the
+    snapshot's version and the engine's reply."""
 
 
-class VLLMInProcess:
-    """Loads each snapshot into an in-process vLLM `LLM` in place."""
+def bucket_tensors_spec(snapshot):
+    """Yields (tensors, data) per bucket of `snapshot`: tensors is a list of
+    [name, dtype ("F32", "BF16", "F16"), shape, offset, size] of the tensors
+    in that bucket, data the bucket's bytes."""
+    per_bucket = [[] for _ in snapshot.buckets]
+    for t in snapshot.manifest.tensors:
+        per_bucket[t.bucket].append([t.name, DTYPES[t.dtype][0], list(t.shape), t.offset, t.size_bytes])
+    for b, tensors in enumerate(per_bucket):
+        if tensors:
+            yield tensors, snapshot.buckets[b]
 
-    def __init__(self, llm):
+
+def tensors_from_bucket(tensors, data, device=None):
+    """Returns [(name, torch tensor)] for one bucket (the pairs that
+    bucket_tensors_spec yields), on `device` when given. ValueError names a
+    tensor that does not fit the bucket."""
+    import torch
+    dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
+    buf = data if isinstance(data, bytearray) else bytearray(data)
+    out = []
+    for name, dtype, shape, offset, size in tensors:
+        if dtype not in dtypes:
+            raise ValueError("tensor %s: unknown dtype %r" % (name, dtype))
+        n = 1
+        for d in shape:
+            n *= d
+        item = 4 if dtype == "F32" else 2
+        if n * item != size or offset < 0 or offset + size > len(buf):
+            raise ValueError("tensor %s: shape %s of %s at %d+%d does not fit a bucket of %d bytes"
+                             % (name, list(shape), dtype, offset, size, len(buf)))
+        t = torch.frombuffer(buf, dtype=dtypes[dtype], count=n, offset=offset) if n else \
+            torch.empty(0, dtype=dtypes[dtype])
+        t = t.reshape(tuple(shape))
+        out.append((name, t.to(device) if device is not None else t))
+    return out
+
+
+class VLLMWorkerExtension:
+    """Mixed into every vLLM worker by
+    `worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension"`; the
+    driver calls its methods with llm.collective_rpc. `self` is the worker:
+    self.model_runner.model is its shard of the model, self.device its GPU."""
+
+    def asympo_load_bucket(self, tensors, data):
+        """Loads one bucket (bucket_tensors_spec's pair) into this worker's
+        model; returns the number of tensors handed to load_weights."""
+        return self._asympo_load(tensors_from_bucket(tensors, data, getattr(self, "device", None)))
+
+    def _asympo_load(self, named_tensors):
+        # The one load step of every source (buckets over RPC now, the
+        # learner's weight group later): vLLM maps HF names onto its
+        # fused, sharded parameters and copies each into place.
+        self.model_runner.model.load_weights(named_tensors)
+        return len(named_tensors)
+
+
+def _succeeded(reply):
+    """False when an engine's reply says it failed: success false in a
+    dict, an object or the first place of a tuple; a bare False."""
+    if reply is False:
+        return False
+    if isinstance(reply, dict):
+        return reply.get("success") is not False
+    if isinstance(reply, (tuple, list)) and reply and isinstance(reply[0], bool):
+        return reply[0]
+    return getattr(reply, "success", True) is not False
+
+
+def _shown(reply):
+    text = repr(reply)
+    if " object at 0x" in text:  # a reply object without a repr of its own
+        text = "%s(%s)" % (type(reply).__name__, ", ".join(
+            "%s=%r" % (k, getattr(reply, k)) for k in ("success", "message") if hasattr(reply, k)))
+    return text
+
+
+class _Adapter:
+    """Runs pause, load, flush, resume; each engine call through _do."""
+    engine = "engine"
+
+    def load(self, snapshot):
+        """Loads `snapshot`; EngineError when an engine call fails."""
+        run = self._run(snapshot, False)
+        try:
+            run.send(None)
+        except StopIteration:
+            return
+        run.close()  # pragma: no cover (_do refuses to await in load())
+
+    async def aload(self, snapshot):
+        """load() for an engine whose calls are coroutines (AsyncLLM)."""
+        await self._run(snapshot, True)
+
+    async def _run(self, snapshot, awaiting):
+        self._awaiting, self._version = awaiting, snapshot.version
+        try:
+            await self._pause()
+            await self._load(snapshot)
+            await self._flush()
+        except Exception as e:
+            try:
+                await self._resume()
+            except EngineError as r:
+                raise EngineError("%s; and then %s" % (e, r)) from e
+            raise
+        await self._resume()
+
+    async def _do(self, call, fn, *args, **kwargs):
+        """fn(*args, **kwargs): its reply, or EngineError naming `call`."""
+        try:
+            reply = fn(*args, **kwargs)
+            if inspect.isawaitable(reply):
+                if not self._awaiting:
+                    if inspect.iscoroutine(reply):
+                        reply.close()
+                    raise TypeError("it returned a coroutine: call aload() (an async engine)")
+                reply = await reply
+        except EngineError:
+            raise
+        except Exception as e:
+            raise EngineError("%s: %s failed for version %d: %s: %s"
+                              % (self.engine, call, self._version, type(e).__name__, e)) from e
+        if not _succeeded(reply):
+            raise EngineError("%s: %s failed for version %d: the engine answered %s"
+                              % (self.engine, call, self._version, _shown(reply)))
+        return reply
+
+    async def _pause(self):
+        pass
+
+    async def _flush(self):
+        pass
+
+    async def _resume(self):
+        pass
+
+
+class _VLLM(_Adapter):
+    engine = "vLLM"
+
+    def __init__(self, llm, pause=True):
+        """pause: call llm.pause_generation / resume_generation around each
+        load when the engine has them (AsyncLLM); False when the caller
+        drains generation itself."""
         self.llm = llm
-        self.model = next((m for m in (_walk(llm, p) for p in _VLLM_MODEL_PATHS) if m is not None), None)
-        if self.model is None or not hasattr(self.model, "load_weights"):
-            raise TypeError("this vLLM LLM keeps its model in another process (V1 engine or tensor "
-                            "parallel > 1): use VLLMFromDisk")
+        self.pause = pause and hasattr(llm, "pause_generation") and hasattr(llm, "resume_generation")
 
-    def load(self, snapshot):
-        self.model.load_weights(snapshot.tensors("torch"))
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+    async def _pause(self):
+        if self.pause:
+            params = inspect.signature(self.llm.pause_generation).parameters
+            # "wait": requests in flight finish with the weights they began
+            # with; no new one is scheduled until resume_generation.
+            kwargs = {"mode": "wait"} if "mode" in params else {"wait_for_inflight_requests": True}
+            await self._do("pause_generation(%s)" % kwargs, self.llm.pause_generation, **kwargs)
+
+    async def _rpc(self, method, args=()):
+        call = "collective_rpc(%r)" % method
+        replies = await self._do(call, self.llm.collective_rpc, method, args=args)
+        return call, list(replies) if replies is not None else []
+
+    async def _flush(self):
+        await self._do("reset_prefix_cache", self.llm.reset_prefix_cache)
+
+    async def _resume(self):
+        if self.pause:
+            await self._do("resume_generation", self.llm.resume_generation)
 
 
-class VLLMFromDisk:
-    """Writes each snapshot to `link` (the path the engine was started
-    with) and has every vLLM worker reload it."""
+class VLLMFromTensors(_VLLM):
+    """Loads each snapshot into every worker of a vLLM engine started with
+    worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension", one
+    collective_rpc per bucket."""
 
-    def __init__(self, llm, link, config, extra_files=None):
-        self.llm, self.link, self.config, self.extra = llm, link, config, extra_files
+    async def _load(self, snapshot):
+        for tensors, data in bucket_tensors_spec(snapshot):
+            call, replies = await self._rpc("asympo_load_bucket", (tensors, data))
+            wrong = [r for r in replies if r != len(tensors)]
+            if not replies or wrong:
+                raise EngineError("vLLM: %s failed for version %d: workers answered %r, not %d tensors "
+                                  "each (is the engine started with worker_extension_cls="
+                                  "\"asympo_rl.engines.VLLMWorkerExtension\"?)"
+                                  % (call, snapshot.version, replies, len(tensors)))
 
-    def load(self, snapshot):
+
+class VLLMFromDisk(_VLLM):
+    """Writes each snapshot to `link` (the model path vLLM was started with)
+    and has every worker reload it (Worker.reload_weights)."""
+
+    def __init__(self, llm, link, config, extra_files=None, pause=True):
+        super().__init__(llm, pause)
+        self.link, self.config, self.extra = link, config, extra_files
+        started = _started_on(llm)
+        if started is not None and os.path.abspath(started) != os.path.abspath(link):
+            raise ValueError("vLLM was started on %s, not on the link %s: reload_weights re-reads "
+                             "the path it was started on" % (started, link))
+
+    async def _load(self, snapshot):
         write_hf_directory(snapshot, self.link, self.config, self.extra)
-        self.llm.collective_rpc("reload_weights")
-        if hasattr(self.llm, "reset_prefix_cache"):
-            self.llm.reset_prefix_cache()
+        await self._rpc("reload_weights")
 
 
-class SGLangInProcess:
-    """Loads each snapshot into an in-process `sglang.Engine` in place."""
+def _started_on(llm):
+    """The model path of a vLLM LLM or AsyncLLM, None when not found."""
+    for path in (("llm_engine", "model_config", "model"), ("model_config", "model")):
+        obj = llm
+        for name in path:
+            obj = getattr(obj, name, None)
+        if isinstance(obj, str):
+            return obj
+    return None
 
-    def __init__(self, engine):
-        self.engine = engine
 
-    def load(self, snapshot):
-        self.engine.update_weights_from_tensor(named_tensors=list(snapshot.tensors("torch")))
-        self.engine.flush_cache()
+class _SGLang(_Adapter):
+    engine = "SGLang"
+
+    def __init__(self, pause_mode):
+        if pause_mode not in ("abort", "retract", "in_place", None):
+            raise ValueError("pause_mode %r: one of abort, retract, in_place or None" % (pause_mode,))
+        self.pause_mode = pause_mode
 
 
-class SGLangServer:
-    """Writes each snapshot to `link` and asks an SGLang server (HTTP) to
-    load it from there."""
+class SGLangInProcess(_SGLang):
+    """Loads each snapshot into an in-process `sglang.Engine`: from tensors,
+    bucket by bucket, or (link= and config= given) from a directory."""
 
-    def __init__(self, url, link, config, extra_files=None, timeout=600.0):
+    def __init__(self, engine, link=None, config=None, extra_files=None, pause_mode="abort"):
+        super().__init__(pause_mode if hasattr(engine, "pause_generation") else None)
+        if (link is None) != (config is None):
+            raise ValueError("SGLangInProcess: give both link and config (from disk) or neither")
+        self.sgl, self.link, self.config, self.extra = engine, link, config, extra_files
+
+    async def _pause(self):
+        if self.pause_mode:
+            await self._do("pause_generation(mode=%r)" % self.pause_mode, self.sgl.pause_generation,
+                           mode=self.pause_mode)
+
+    async def _load(self, snapshot):
+        if self.link is not None:
+            write_hf_directory(snapshot, self.link, self.config, self.extra)
+            await self._do("update_weights_from_disk(%r)" % self.link, self.sgl.update_weights_from_disk,
+                           model_path=self.link)
+            return
+        for tensors, data in bucket_tensors_spec(snapshot):
+            # flush_cache=False: the flush is its own step, whose reply is
+            # checked (inside the update call a failed flush is an assert).
+            await self._do("update_weights_from_tensor", self.sgl.update_weights_from_tensor,
+                           named_tensors=tensors_from_bucket(tensors, data), flush_cache=False)
+
+    async def _flush(self):
+        await self._do("flush_cache", self.sgl.flush_cache)
+
+    async def _resume(self):
+        if self.pause_mode:
+            await self._do("continue_generation", self.sgl.continue_generation)
+
+
+class _HTTP:
+    """POSTs to self.url with JSON bodies."""
+
+    def _post(self, path, body=None):
+        """The reply as a dict (a reply that is not a JSON object as
+        {"message": text}). HTTP errors raise with their status and body."""
+        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                text = r.read().decode(errors="replace")
+        except urllib.error.HTTPError as e:
+            raise RuntimeError("HTTP %d %s" % (e.code, e.read().decode(errors="replace").strip())) from None
+        try:
+            reply = json.loads(text)
+        except ValueError:
+            reply = None
+        return reply if isinstance(reply, dict) else {"message": text}
+
+    async def _call(self, path, body=None):
+        return await self._do("POST " + path, self._post, path, body)
+
+
+class VLLMServer(_HTTP, _Adapter):
+    """Writes each snapshot to `link` and has a vLLM server (`vllm serve
+    link`, with VLLM_SERVER_DEV_MODE=1 for its /collective_rpc and
+    /reset_prefix_cache) reload it."""
+    engine = "vLLM server"
+
+    def __init__(self, url, link, config, extra_files=None, pause=True, timeout=600.0):
+        """pause: POST /pause?mode=wait and /resume around each load (vLLM
+        >= 0.11); False for a server without them."""
+        self.url, self.link, self.config = url.rstrip("/"), link, config
+        self.extra, self.pause, self.timeout = extra_files, pause, timeout
+
+    async def _pause(self):
+        if self.pause:
+            # Older servers know wait_for_inflight_requests only; newer ones
+            # take mode=wait (and accept the older name).
+            await self._call("/pause?mode=wait&wait_for_inflight_requests=true")
+
+    async def _load(self, snapshot):
+        write_hf_directory(snapshot, self.link, self.config, self.extra)
+        await self._call("/collective_rpc", {"method": "reload_weights"})
+
+    async def _flush(self):
+        await self._call("/reset_prefix_cache")
+
+    async def _resume(self):
+        if self.pause:
+            await self._call("/resume")
+
+
+class SGLangServer(_HTTP, _SGLang):
+    """Writes each snapshot to `link` and has an SGLang server (HTTP) load
+    it from there; the server was started with --model-path link."""
+
+    def __init__(self, url, link, config, extra_files=None, pause_mode="abort", timeout=600.0):
+        super().__init__(pause_mode)
         self.url, self.link, self.config = url.rstrip("/"), link, config
         self.extra, self.timeout = extra_files, timeout
 
-    def _post(self, path, body):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
-        with urllib.request.urlopen(req, timeout=self.timeout) as r:
-            text = r.read().decode() or "{}"
-        try:
-            return json.loads(text)
-        except ValueError:
-            return {"success": True, "message": text}
+    async def _pause(self):
+        if self.pause_mode:
+            await self._call("/pause_generation", {"mode": self.pause_mode})
 
-    def load(self, snapshot):
+    async def _load(self, snapshot):
         write_hf_directory(snapshot, self.link, self.config, self.extra)
-        reply = self._post("/update_weights_from_disk", {"model_path": self.link})
-        if reply.get("success") is False:
-            raise RuntimeError("SGLang refused version %d: %s" % (snapshot.version, reply.get("message")))
-        self._post("/flush_cache", {})
+        await self._call("/update_weights_from_disk", {"model_path": self.link})
+
+    async def _flush(self):
+        await self._call("/flush_cache")
+
+    async def _resume(self):
+        if self.pause_mode:
+            await self._call("/continue_generation")
