@@ -262,6 +262,12 @@ def vllm_tensors(snap):
                          resume_generation=RuntimeError("engine gone")), "bad shard", "and then",
                  "resume_generation", "engine gone"),
           "a failed resume after a failed load reports both")
+    for bad, word in (([["w", "F32", [4], 0, 16]], "does not fit"), ([["w", "I8", [8], 0, 8]], "unknown dtype")):
+        try:
+            eng.tensors_from_bucket(bad, b"\0" * 8)
+            check(False, "a tensor outside its bucket is refused")
+        except ValueError as e:
+            check("tensor w" in str(e) and word in str(e), "the worker refuses a bad tensor entry: %s" % e)
     calls.clear()
     bare = LLM(calls)
     bare.workers = [type("Plain", (), {"asympo_load_bucket": lambda self, *a: None})()]

@@ -104,8 +104,9 @@ def bucket_tensors_spec(snapshot):
 
 def tensors_from_bucket(tensors, data, device=None):
     """Returns [(name, torch tensor)] for one bucket (the pairs that
-    bucket_tensors_spec yields), on `device` when given. ValueError names a
-    tensor that does not fit the bucket."""
+    bucket_tensors_spec yields), on `device` when given; without a device
+    the tensors share the memory of `data` when it is a bytearray (else of
+    one copy). ValueError names a tensor that does not fit the bucket."""
     import torch
     dtypes = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
     buf = data if isinstance(data, bytearray) else bytearray(data)
@@ -172,12 +173,15 @@ class _Adapter:
 
     def load(self, snapshot):
         """Loads `snapshot`; EngineError when an engine call fails."""
+        # The steps are one coroutine for load() and aload(). Here _do
+        # awaits nothing, so a single send runs it to the end.
         run = self._run(snapshot, False)
         try:
             run.send(None)
         except StopIteration:
             return
-        run.close()  # pragma: no cover (_do refuses to await in load())
+        run.close()
+        raise RuntimeError("load() was suspended: an engine call awaited")  # _do prevents it
 
     async def aload(self, snapshot):
         """load() for an engine whose calls are coroutines (AsyncLLM)."""
@@ -336,7 +340,7 @@ class SGLangInProcess(_SGLang):
             # flush_cache=False: the flush is its own step, whose reply is
             # checked (inside the update call a failed flush is an assert).
             await self._do("update_weights_from_tensor", self.sgl.update_weights_from_tensor,
-                           named_tensors=tensors_from_bucket(tensors, data), flush_cache=False)
+                           named_tensors=tensors_from_bucket(tensors, bytearray(data)), flush_cache=False)
 
     async def _flush(self):
         await self._do("flush_cache", self.sgl.flush_cache)
