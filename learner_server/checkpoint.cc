@@ -51,7 +51,7 @@ absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimize
   info->version = contents.version;
   info->optimizer_steps = contents.optimizer_steps;
   info->config = std::move(contents.config);
-  info->batch_ids = std::move(contents.batch_ids);
+  info->batches = std::move(contents.batches);
   return absl::OkStatus();
 }
 
@@ -95,7 +95,7 @@ class RemoveUnlessKept {
 absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
                                   const PolicyModel& model, const AdamW& optimizer,
                                   const std::string& config,
-                                  const std::vector<std::string>& batch_ids) {
+                                  const std::vector<CheckpointBatch>& batches) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   {
     at::NoGradGuard no_grad;
@@ -115,7 +115,7 @@ absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
   meta["optimizer_steps"] = optimizer.step_count();
   meta["crc32c"] = crc;
   meta["config"] = config;
-  meta["batch_ids"] = batch_ids;
+  meta["batches"] = CheckpointBatchesJson(batches);
   // Ids arrive as protobuf strings, which are UTF-8; anything else is
   // replaced rather than failing the checkpoint.
   return WriteText(dir + "/" + kCheckpointMetaFile,
@@ -125,7 +125,7 @@ absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
 absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
                                              const PolicyModel& model, const AdamW& optimizer,
                                              const std::string& config, int keep_last,
-                                             const std::vector<std::string>& batch_ids) {
+                                             const std::vector<CheckpointBatch>& batches) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
@@ -135,8 +135,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   RemoveUnlessKept cleanup(tmp_dir);
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ErrorText(ec)));
-  ASYMPO_RETURN_IF_ERROR(
-      WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batch_ids));
+  ASYMPO_RETURN_IF_ERROR(WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batches));
   fs::remove_all(final_dir, ec);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(
@@ -154,7 +153,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   info.version = version;
   info.optimizer_steps = optimizer.step_count();
   info.config = config;
-  info.batch_ids = batch_ids;
+  info.batches = batches;
   return info;
 }
 
@@ -189,9 +188,9 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::str
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last,
-                                              const std::vector<std::string>& batch_ids) {
+                                              const std::vector<CheckpointBatch>& batches) {
   return GuardTorch(absl::StrCat("checkpoint of version ", version, " into ", root), [&] {
-    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batch_ids);
+    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batches);
   });
 }
 

@@ -29,17 +29,17 @@ struct CheckpointInfo {
   int64_t optimizer_steps = 0;
   // Free-form configuration text saved with it (the learner's flags).
   std::string config;
-  // Batch ids of the batches its steps trained (GroupQueue::TrainedBatchIds).
-  std::vector<std::string> batch_ids;
+  // The batches its steps trained groups of (GroupQueue::RecordedBatches).
+  std::vector<CheckpointBatch> batches;
 };
 
 // Saves into <root>/ckpt-<version>, creating `root`; keeps the newest
-// `keep_last` checkpoints (0 keeps all) and removes older ones. `batch_ids`
+// `keep_last` checkpoints (0 keeps all) and removes older ones. `batches`
 // go into meta.json.
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last = 3,
-                                              const std::vector<std::string>& batch_ids = {});
+                                              const std::vector<CheckpointBatch>& batches = {});
 
 // Restores the newest valid checkpoint under `root` into `model` and
 // `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged

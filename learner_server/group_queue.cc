@@ -23,6 +23,17 @@ absl::Status DuplicateStatus(const std::vector<QueuedGroup>& groups) {
 }
 
 constexpr char kSourceLimitPayload[] = "asympo.learner/source_limit";
+constexpr char kConflictPayload[] = "asympo.learner/batch_id_conflict";
+
+absl::Status ConflictStatus(const std::vector<QueuedGroup>& groups) {
+  const std::string id = QuoteForMessage(groups.front().batch_id);
+  absl::Status s = absl::AlreadyExistsError(absl::StrCat(
+      "batch_id ", id,
+      " was accepted before with another payload; not queued: a batch id names one payload, so "
+      "new data needs a new id (a retry must send the same groups)"));
+  s.SetPayload(kConflictPayload, absl::Cord("1"));
+  return s;
+}
 
 // The source of a push (every group of one push has the same).
 const std::string& SourceOf(const std::vector<QueuedGroup>& groups) {
@@ -34,6 +45,15 @@ const std::string& SourceOf(const std::vector<QueuedGroup>& groups) {
 
 bool GroupQueue::IsSourceLimitRefusal(const absl::Status& status) {
   return status.GetPayload(kSourceLimitPayload).has_value();
+}
+
+bool GroupQueue::IsBatchIdConflict(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAlreadyExists &&
+         status.GetPayload(kConflictPayload).has_value();
+}
+
+bool GroupQueue::IsDuplicate(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kAlreadyExists && !IsBatchIdConflict(status);
 }
 
 void GroupQueue::ReleaseLocked(const std::string& source, int64_t n) {
@@ -55,36 +75,46 @@ std::vector<std::pair<std::string, int64_t>> GroupQueue::HeldBySource() const {
 }
 
 GroupQueue::GroupQueue(GroupQueueOptions options)
-    : options_(options), timer_([this] { TimerLoop(); }) {}
+    : options_(options), ledger_(options.batch_id_window), timer_([this] { TimerLoop(); }) {}
 
 GroupQueue::~GroupQueue() {
   Close();
   timer_.join();
 }
 
-void GroupQueue::RememberLocked(const std::string& batch_id, bool trained) {
-  if (batch_id.empty()) return;
-  auto [it, inserted] = batch_ids_.emplace(batch_id, trained);
-  if (!inserted) {
-    it->second = it->second || trained;
-    return;
+absl::Status GroupQueue::AdmitIdLocked(std::vector<QueuedGroup>* groups) {
+  if (groups->empty() || groups->front().batch_id.empty()) return absl::OkStatus();
+  const QueuedGroup& first = groups->front();
+  std::vector<int32_t> untrained;
+  switch (ledger_.Check(first.batch_id, first.batch_digest, first.batch_groups, &untrained)) {
+    case BatchLedger::Seen::kNew:
+      return absl::OkStatus();
+    case BatchLedger::Seen::kDuplicate:
+      ++duplicate_batches_;
+      return DuplicateStatus(*groups);
+    case BatchLedger::Seen::kConflict:
+      ++batch_id_conflicts_;
+      return ConflictStatus(*groups);
+    case BatchLedger::Seen::kResend:
+      break;
   }
-  batch_id_order_.push_back(batch_id);
-  while (static_cast<int64_t>(batch_id_order_.size()) > options_.batch_id_window) {
-    batch_ids_.erase(batch_id_order_.front());
-    batch_id_order_.pop_front();
+  // Restored from a checkpoint with groups no step trained: those only.
+  std::vector<QueuedGroup> kept;
+  for (int32_t i : untrained) {
+    for (QueuedGroup& g : *groups) {
+      if (g.batch_index == i) kept.push_back(std::move(g));
+    }
   }
-}
-
-bool GroupQueue::IsDuplicateLocked(const std::vector<QueuedGroup>& groups) {
-  if (groups.empty() || groups.front().batch_id.empty()) return false;
-  if (!batch_ids_.contains(groups.front().batch_id)) return false;
-  ++duplicate_batches_;
-  return true;
+  *groups = std::move(kept);
+  return absl::OkStatus();
 }
 
 void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
-  if (!groups->empty()) RememberLocked(groups->front().batch_id, /*trained=*/false);
+  if (!groups->empty()) {
+    const QueuedGroup& g = groups->front();
+    ledger_.Accept(g.batch_id, g.batch_digest, g.batch_groups, static_cast<int32_t>(groups->size()),
+                   g.arrival_version);
+  }
   accepted_groups_ += static_cast<int64_t>(groups->size());
   for (QueuedGroup& g : *groups) queue_.push_back(std::move(g));
   groups->clear();
@@ -92,18 +122,19 @@ void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
 
 uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadline, PushDone done,
                                int64_t source_limit) {
-  const int64_t n = static_cast<int64_t>(groups.size());
   const std::string source = SourceOf(groups);
   absl::Status status;
   uint64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
+    status =
+        closed_ ? absl::UnavailableError("the learner is shutting down and accepts no more batches")
+                : AdmitIdLocked(&groups);
+    const int64_t n = static_cast<int64_t>(groups.size());
     const auto held = held_.find(source);
     const int64_t source_holds = held == held_.end() ? 0 : held->second;
-    if (closed_) {
-      status = absl::UnavailableError("the learner is shutting down and accepts no more batches");
-    } else if (IsDuplicateLocked(groups)) {
-      status = DuplicateStatus(groups);
+    if (!status.ok()) {
+      // closed, a duplicate or a conflict
     } else if (n > options_.capacity_groups) {
       status = absl::InvalidArgumentError(
           absl::StrCat("batch has ", n, " groups, more than the learner's queue capacity ",
@@ -168,13 +199,18 @@ void GroupQueue::CancelPush(uint64_t ticket) {
 void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
   while (!waiters_.empty()) {
     Waiter& w = waiters_.front();
-    if (IsDuplicateLocked(w.groups)) {  // another push of its id was admitted while it waited
-      ReleasePushLocked(w.groups);
-      done->emplace_back(std::move(w.done), DuplicateStatus(w.groups));
+    const std::string source = SourceOf(w.groups);
+    const int64_t held = static_cast<int64_t>(w.groups.size());
+    // Another push of its id may have been admitted while it waited.
+    if (absl::Status s = AdmitIdLocked(&w.groups); !s.ok()) {
+      ReleaseLocked(source, held);
+      done->emplace_back(std::move(w.done), std::move(s));
       waiters_.pop_front();
       ++waiters_generation_;
       continue;
     }
+    ReleaseLocked(source,
+                  held - static_cast<int64_t>(w.groups.size()));  // a resend's trained groups
     if (static_cast<int64_t>(queue_.size() + w.groups.size()) > options_.capacity_groups) break;
     Enqueue(&w.groups);
     done->emplace_back(std::move(w.done), absl::OkStatus());
@@ -229,6 +265,9 @@ std::vector<QueuedGroup> GroupQueue::RemoveIf(const std::function<bool(const Que
       AdmitWaitersLocked(&done);
     } while (removed.size() != before);
     removed_groups_ += static_cast<int64_t>(removed.size());
+    for (const QueuedGroup& g : removed) {
+      ledger_.Resolve(g.batch_id, g.batch_index, g.arrival_version, /*trained=*/false);
+    }
   }
   RunAll(&done);
   return removed;
@@ -286,26 +325,33 @@ void GroupQueue::TimerLoop() {
   }
 }
 
-void GroupQueue::MarkTrained(const std::vector<std::string>& batch_ids) {
-  absl::MutexLock lock(&mu_);
-  for (const std::string& id : batch_ids) {
-    auto it = batch_ids_.find(id);
-    if (it != batch_ids_.end()) it->second = true;
-  }
-}
-
-std::vector<std::string> GroupQueue::TrainedBatchIds() const {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::string> out;
-  for (const std::string& id : batch_id_order_) {
-    if (batch_ids_.at(id)) out.push_back(id);
-  }
+std::vector<GroupRef> RefsOf(const std::vector<QueuedGroup>& groups) {
+  std::vector<GroupRef> out;
+  out.reserve(groups.size());
+  for (const QueuedGroup& g : groups) out.push_back({g.batch_id, g.batch_index, g.arrival_version});
   return out;
 }
 
-void GroupQueue::RestoreBatchIds(const std::vector<std::string>& batch_ids) {
+void GroupQueue::Resolve(const std::vector<GroupRef>& groups, bool trained) {
   absl::MutexLock lock(&mu_);
-  for (const std::string& id : batch_ids) RememberLocked(id, /*trained=*/true);
+  for (const GroupRef& g : groups) {
+    ledger_.Resolve(g.batch_id, g.batch_index, g.arrival_version, trained);
+  }
+}
+
+std::vector<CheckpointBatch> GroupQueue::RecordedBatches() const {
+  absl::MutexLock lock(&mu_);
+  return ledger_.Recorded();
+}
+
+void GroupQueue::RestoreBatches(const std::vector<CheckpointBatch>& batches) {
+  absl::MutexLock lock(&mu_);
+  ledger_.Restore(batches);
+}
+
+uint64_t GroupQueue::TrainedThrough(uint64_t version) const {
+  absl::MutexLock lock(&mu_);
+  return ledger_.TrainedThrough(version);
 }
 
 GroupQueueStats GroupQueue::Stats() const {
@@ -316,7 +362,8 @@ GroupQueueStats GroupQueue::Stats() const {
           accepted_groups_,
           popped_groups_,
           duplicate_batches_,
-          static_cast<int64_t>(batch_id_order_.size()),
+          ledger_.size(),
+          batch_id_conflicts_,
           removed_groups_};
 }
 

@@ -9,12 +9,15 @@
 // bound drops, and counts, those that fell behind it).
 //
 // Exactly-once: a push whose groups carry a batch id the queue has already
-// accepted is answered ALREADY_EXISTS and not queued again. The queue
-// remembers the last `batch_id_window` accepted ids, and which of them a
-// training step has consumed (MarkTrained): those are what a checkpoint
-// keeps (TrainedBatchIds) and a restart restores (RestoreBatchIds). The
-// check and the admission happen under one lock, so two pushes of one id
-// that wait side by side are queued once.
+// accepted with the same payload is answered ALREADY_EXISTS (IsDuplicate)
+// and not queued again; with another payload it is refused
+// (IsBatchIdConflict). The queue remembers the last `batch_id_window`
+// accepted ids in a BatchLedger (batch_ledger.h): their digests, which of
+// their groups a training step consumed (Resolve), and the trained-through
+// version. The trained batches are what a checkpoint keeps
+// (RecordedBatches) and a restart restores (RestoreBatches). The check and
+// the admission happen under one lock, so two pushes of one id that wait
+// side by side are queued once.
 //
 // Quotas: a push may carry its source's limit (PushAsync's source_limit):
 // the groups of that source queued or waiting, with the push's, may not
@@ -41,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "asympo/v1/rollout.pb.h"
+#include "learner_server/batch_ledger.h"
 
 namespace asympo::learner {
 
@@ -52,13 +56,26 @@ struct QueuedGroup {
   uint64_t arrival_version = 0;
   // Prompt and response tokens of the group, for micro-batching.
   int64_t tokens = 0;
-  // RolloutBatch.batch_id of the batch it came in (empty: none). Every
-  // group of one push carries the same id.
+  // RolloutBatch.batch_id of the batch it came in (empty: none), the
+  // digest of that batch's groups (BatchDigest), the batch's group count and
+  // the group's index in it. Every group of one push carries the same id,
+  // digest and count.
   std::string batch_id;
+  std::string batch_digest;
+  int32_t batch_groups = 0;
+  int32_t batch_index = 0;
   // Who submitted it (the principal's name; empty: nobody in particular),
   // for per-source quotas and metrics.
   std::string source;
 };
+
+// Which batch a popped group came from, for GroupQueue::Resolve.
+struct GroupRef {
+  std::string batch_id;
+  int32_t batch_index = 0;
+  uint64_t arrival_version = 0;
+};
+std::vector<GroupRef> RefsOf(const std::vector<QueuedGroup>& groups);
 
 struct GroupQueueOptions {
   // K: the most groups the queue holds.
@@ -77,18 +94,21 @@ struct GroupQueueStats {
   int64_t depth_groups = 0;
   int64_t capacity_groups = 0;
   int64_t waiting_pushes = 0;
-  int64_t accepted_groups = 0;    // ever
-  int64_t popped_groups = 0;      // ever
-  int64_t duplicate_batches = 0;  // pushes answered ALREADY_EXISTS, ever
-  int64_t batch_ids = 0;          // ids remembered now
-  int64_t removed_groups = 0;     // by RemoveIf, ever
+  int64_t accepted_groups = 0;     // ever
+  int64_t popped_groups = 0;       // ever
+  int64_t duplicate_batches = 0;   // pushes answered ALREADY_EXISTS, ever
+  int64_t batch_ids = 0;           // ids remembered now
+  int64_t batch_id_conflicts = 0;  // pushes refused: a known id with another payload, ever
+  int64_t removed_groups = 0;      // by RemoveIf, ever
 };
 
 class GroupQueue {
  public:
-  // Called once per push with OK (all groups queued), ALREADY_EXISTS (the
-  // batch id was accepted before; nothing queued, and the push counts as
-  // delivered), RESOURCE_EXHAUSTED (deadline passed or too many waiting;
+  // Called once per push with OK (all groups queued; for a batch restored
+  // from a checkpoint with groups untrained, those groups), ALREADY_EXISTS
+  // (the batch id was accepted before with the same payload: nothing
+  // queued, and the push counts as delivered: IsDuplicate; or with another
+  // payload: refused, IsBatchIdConflict), RESOURCE_EXHAUSTED (deadline passed or too many waiting;
   // nothing queued), UNAVAILABLE (queue closed) or CANCELLED (CancelPush).
   // May run on the pushing thread, the popping thread or the queue's timer
   // thread, never under the lock.
@@ -108,6 +128,11 @@ class GroupQueue {
 
   // Whether `status` is PushAsync's refusal for a source over its limit.
   static bool IsSourceLimitRefusal(const absl::Status& status);
+  // Whether `status` answers a push as a duplicate of an accepted batch
+  // (acknowledged, not queued), or refuses it for reusing an accepted
+  // batch's id with another payload.
+  static bool IsDuplicate(const absl::Status& status);
+  static bool IsBatchIdConflict(const absl::Status& status);
   // Groups queued or waiting, by source (sources holding none are left out).
   std::vector<std::pair<std::string, int64_t>> HeldBySource() const;
 
@@ -130,15 +155,21 @@ class GroupQueue {
   // it must not call the queue.
   std::vector<QueuedGroup> RemoveIf(const std::function<bool(const QueuedGroup&)>& drop);
 
-  // Records that a training step consumed groups of these batches (empty
-  // ids and forgotten ones are ignored).
-  void MarkTrained(const std::vector<std::string>& batch_ids);
-  // The remembered ids of which a step consumed at least one group, oldest
-  // first: what a checkpoint keeps. A batch still wholly queued is left
-  // out, so that a restart from the checkpoint accepts it again.
-  std::vector<std::string> TrainedBatchIds() const;
-  // Remembers `batch_ids` (from a checkpoint) as accepted and trained.
-  void RestoreBatchIds(const std::vector<std::string>& batch_ids);
+  // Records that these popped groups left for good: trained by a step
+  // (`trained`), or skipped or dropped. Groups removed by RemoveIf are
+  // resolved by it.
+  void Resolve(const std::vector<GroupRef>& groups, bool trained);
+  // The remembered batches of which a step trained at least one group,
+  // oldest first, with the groups trained: what a checkpoint keeps. A batch
+  // still wholly queued is left out, so that a restart from the checkpoint
+  // accepts it again; a partly trained one is accepted again for its
+  // untrained groups only.
+  std::vector<CheckpointBatch> RecordedBatches() const;
+  // Remembers `batches` (from a checkpoint).
+  void RestoreBatches(const std::vector<CheckpointBatch>& batches);
+  // Every batch accepted at a version below this is resolved (LearnerStatus.
+  // trained_through_version); `version` is the learner's now.
+  uint64_t TrainedThrough(uint64_t version) const;
 
   // Refuses new pushes (UNAVAILABLE) and fails waiting ones; queued groups
   // stay until popped. Wakes every waiter.
@@ -160,13 +191,13 @@ class GroupQueue {
   // Moves waiting pushes that fit into the queue, in FIFO order.
   void AdmitWaitersLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Enqueue(std::vector<QueuedGroup>* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when the push's batch id was accepted before (and counts it).
-  bool IsDuplicateLocked(const std::vector<QueuedGroup>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when `groups` may be queued (a resend's are cut to its untrained
+  // groups); else the duplicate or conflict answer (and counts it).
+  absl::Status AdmitIdLocked(std::vector<QueuedGroup>* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A push of `groups` left the waiting list without being queued, or
   // groups of `source` left the queue.
   void ReleaseLocked(const std::string& source, int64_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleasePushLocked(const std::vector<QueuedGroup>& groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RememberLocked(const std::string& batch_id, bool trained) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
 
   const GroupQueueOptions options_;
@@ -181,9 +212,8 @@ class GroupQueue {
   int64_t popped_groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t duplicate_batches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t removed_groups_ ABSL_GUARDED_BY(mu_) = 0;
-  // The batch-id window: id -> consumed by a step; ids in acceptance order.
-  absl::flat_hash_map<std::string, bool> batch_ids_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> batch_id_order_ ABSL_GUARDED_BY(mu_);
+  int64_t batch_id_conflicts_ ABSL_GUARDED_BY(mu_) = 0;
+  BatchLedger ledger_ ABSL_GUARDED_BY(mu_);
   // Groups queued or waiting, by source.
   absl::flat_hash_map<std::string, int64_t> held_ ABSL_GUARDED_BY(mu_);
   std::thread timer_;

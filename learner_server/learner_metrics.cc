@@ -127,12 +127,14 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
                       .Name("asympo_learner_batches_total")
                       .Help(
                           "Submitted batches by result: accepted, duplicate (a batch_id "
-                          "accepted before: answered OK, not queued again), invalid, full, "
-                          "quota (the source over its share or rate), policy_lag (a group "
-                          "more than --max_policy_lag versions behind), unavailable.")
+                          "accepted before: answered OK, not queued again), "
+                          "batch_id_conflict (a batch_id accepted before with another "
+                          "payload: refused), invalid, full, quota (the source over its share "
+                          "or rate), policy_lag (a group more than --max_policy_lag versions "
+                          "behind), unavailable.")
                       .Register(r);
-  for (const char* result :
-       {"accepted", "duplicate", "invalid", "full", "quota", "policy_lag", "unavailable"}) {
+  for (const char* result : {"accepted", "duplicate", "batch_id_conflict", "invalid", "full",
+                             "quota", "policy_lag", "unavailable"}) {
     batches_[result] = &batches.Add({{"result", result}});
   }
   source_batches_ = &prometheus::BuildCounter()

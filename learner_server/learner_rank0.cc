@@ -43,6 +43,21 @@ absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) 
   return absl::OkStatus();
 }
 
+// The refs of `all` that are not in `kept`, a subsequence of it in order.
+std::vector<GroupRef> NotIn(const std::vector<GroupRef>& all, const std::vector<GroupRef>& kept) {
+  std::vector<GroupRef> out;
+  size_t j = 0;
+  for (const GroupRef& r : all) {
+    if (j < kept.size() && kept[j].batch_id == r.batch_id && kept[j].batch_index == r.batch_index &&
+        kept[j].arrival_version == r.arrival_version) {
+      ++j;
+    } else {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemonOptions o,
@@ -50,6 +65,7 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<LearnerCore> core, LearnerCore::Create(std::move(o)));
   std::unique_ptr<LearnerRank0> d(new LearnerRank0(std::move(core)));
   LearnerCore& c = *d->core_;
+  d->incarnation_ = NewIncarnation();
   // Found before the model is built.
   ASYMPO_ASSIGN_OR_RETURN(d->security_, SetUpLearnerSecurity(&c.options(), registry));
   ASYMPO_RETURN_IF_ERROR(c.JoinRanks());
@@ -60,6 +76,8 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(d->BuildPublisher(registry));
   ASYMPO_RETURN_IF_ERROR(c.BuildTrainer(d->publisher_.get()));
   ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
+  d->sender_->SetIncarnation(d->incarnation_, d->resumed_from_);
+  LOG(INFO) << "incarnation " << d->incarnation_;
   ASYMPO_RETURN_IF_ERROR(c.SyncRanks());  // every rank starts from these weights
   // Late joiners and restarted rollouts get the current weights at once.
   ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
@@ -84,6 +102,7 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   policy_lag_ = std::make_unique<PolicyLag>(o.max_policy_lag, RegisterPolicyLagMetrics(registry));
   broadcast::BroadcastSenderOptions bo = o.broadcast;
   bo.received_bytes = &received_bytes_;
+  bo.incarnation = incarnation_;
   sender_ = std::make_unique<broadcast::BroadcastSender>(
       std::move(bo), broadcast::ModelSignatureOf(model, o.publish_dtype), registry);
   ASYMPO_ASSIGN_OR_RETURN(
@@ -108,17 +127,19 @@ absl::Status LearnerRank0::RestoreCheckpoint() {
   }
   trainer.set_version(ckpt->version);
   metrics_->OnCheckpoint(ckpt->version);
-  restored_batch_ids_ = std::move(ckpt->batch_ids);
+  restored_batches_ = std::move(ckpt->batches);
+  counters_.checkpoint_version.store(ckpt->version);
+  resumed_from_ = ckpt->version;
   LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version << " ("
-            << restored_batch_ids_.size() << " trained batch ids remembered)";
+            << restored_batches_.size() << " trained batch ids remembered)";
   return absl::OkStatus();
 }
 
 absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   const LearnerDaemonOptions& o = options();
   queue_ = std::make_unique<GroupQueue>(o.queue);
-  queue_->RestoreBatchIds(restored_batch_ids_);
-  restored_batch_ids_.clear();
+  queue_->RestoreBatches(restored_batches_);
+  restored_batches_.clear();
   LearnerServiceOptions so = o.service;
   so.authorizer = security_.authorizer.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
@@ -127,6 +148,8 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   so.received_bytes = &received_bytes_;
   so.quarantine = quarantine_.get();
   so.policy_lag = policy_lag_.get();
+  so.incarnation = incarnation_;
+  so.resumed_from_version = resumed_from_;
   ASYMPO_ASSIGN_OR_RETURN(
       endpoint_, LearnerEndpoint::Start(
                      o, security_,
@@ -183,11 +206,16 @@ absl::Status LearnerRank0::WriteGathered() {
   const LearnerDaemonOptions& o = options();
   Trainer& trainer = core_->trainer();
   if (!o.checkpoint_dir.empty()) {
+    // Every batch accepted below `through` is resolved by the steps this
+    // checkpoint holds (only this thread resolves groups).
+    const uint64_t through = queue_->TrainedThrough(trainer.version());
     absl::StatusOr<CheckpointInfo> info =
         SaveCheckpoint(o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(),
-                       o.config_text, o.keep_checkpoints, queue_->TrainedBatchIds());
+                       o.config_text, o.keep_checkpoints, queue_->RecordedBatches());
     if (!info.ok()) return info.status();
     metrics_->OnCheckpoint(info->version);
+    counters_.checkpoint_version.store(info->version);
+    counters_.recorded_through_version.store(through);
     LOG(INFO) << "checkpoint " << info->path;
   }
   if (!o.export_dir.empty()) {
@@ -204,7 +232,10 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   policy_lag_->DropBehind(*queue_, version);
   std::vector<QueuedGroup> groups =
       queue_->Pop(options().prompts_per_step, absl::Now() + absl::Milliseconds(200));
+  const std::vector<GroupRef> popped = RefsOf(groups);
   policy_lag_->DropPopped(&groups, version);  // queued as the version moved on
+  const std::vector<GroupRef> stepped = RefsOf(groups);
+  queue_->Resolve(NotIn(popped, stepped), /*trained=*/false);
   if (stopping_.load()) {
     *untrained += static_cast<int64_t>(groups.size());
     return false;
@@ -217,13 +248,8 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return failure_.ok();
   }
   const int64_t n = static_cast<int64_t>(groups.size());
-  std::vector<std::string> batch_ids, sources;
-  for (const QueuedGroup& g : groups) {
-    sources.push_back(g.source);
-    if (!g.batch_id.empty() && (batch_ids.empty() || batch_ids.back() != g.batch_id)) {
-      batch_ids.push_back(g.batch_id);
-    }
-  }
+  std::vector<std::string> sources;
+  for (const QueuedGroup& g : groups) sources.push_back(g.source);
   const std::vector<GroupLag> lags = LagsOf(groups, version);
   StepOr<StepResult> step =
       core_->dp() != nullptr ? StepAcrossRanks(groups) : core_->trainer().Step(std::move(groups));
@@ -235,6 +261,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     }
     skipped_->Record(step.failure(), n);
     counters_.skipped_groups.fetch_add(static_cast<uint64_t>(n));
+    queue_->Resolve(stepped, /*trained=*/false);
     if (step.reason() == SkipReason::kPoisonedGroups) {
       // One source's poison, not the learner's failure: it does not count
       // toward --max_consecutive_skipped_steps; the quarantine stops it.
@@ -247,7 +274,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
   // As the staleness: a data-parallel step's `dropped` indexes rank 0's shard.
   policy_lag_->ObserveTrained(lags, core_->dp() == nullptr ? step->dropped : std::vector<size_t>{});
-  queue_->MarkTrained(batch_ids);
+  queue_->Resolve(stepped, /*trained=*/true);
   ++*steps;
   return AfterStep(*steps, *step);
 }

@@ -106,8 +106,12 @@ class LearnerRank0 final : public LearnerDaemon {
   std::atomic<bool> stopping_{false};
   absl::Status failure_;  // a rank failure (trainer thread only)
   int64_t skipped_in_a_row_ = 0;
-  // The batch ids of the restored checkpoint, for the queue's window.
-  std::vector<std::string> restored_batch_ids_;
+  // The batches of the restored checkpoint, for the queue's ledger.
+  std::vector<CheckpointBatch> restored_batches_;
+  // This process's incarnation (a random id) and the checkpoint version it
+  // resumed from (LearnerStatus).
+  std::string incarnation_;
+  uint64_t resumed_from_ = 0;
 };
 
 }  // namespace asympo::learner

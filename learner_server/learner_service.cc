@@ -4,8 +4,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/wire/raw_messages.h"
@@ -36,6 +38,7 @@ std::string ResultOf(const absl::Status& s) {
   if (s.ok()) return "accepted";
   if (IsQuotaRefusal(s)) return "quota";
   if (IsPolicyLagRefusal(s)) return "policy_lag";
+  if (GroupQueue::IsBatchIdConflict(s)) return "batch_id_conflict";
   if (s.code() == absl::StatusCode::kAlreadyExists) return "duplicate";
   if (s.code() == absl::StatusCode::kInvalidArgument) return "invalid";
   if (s.code() == absl::StatusCode::kResourceExhausted) return "full";
@@ -58,7 +61,7 @@ void Account(const LearnerService& svc, const std::string& source, const absl::S
     k->accepted_batches.fetch_add(1);
     k->accepted_groups.fetch_add(static_cast<uint64_t>(c.groups));
     k->accepted_responses.fetch_add(static_cast<uint64_t>(c.responses));
-  } else if (s.code() == absl::StatusCode::kInvalidArgument) {
+  } else if (s.code() == absl::StatusCode::kInvalidArgument || GroupQueue::IsBatchIdConflict(s)) {
     k->rejected_invalid_batches.fetch_add(1);
   } else if (s.code() == absl::StatusCode::kResourceExhausted) {
     k->rejected_full_batches.fetch_add(1);
@@ -167,7 +170,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
     push_.Completed();
     if (charged_ != nullptr && !s.ok()) svc_->RefundRate(*charged_, counts_.groups);
     Account(*svc_, source_, s, counts_);
-    const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
+    const bool duplicate = GroupQueue::IsDuplicate(s);
     if (s.ok() || duplicate) {  // a duplicate is answered as its first submission was
       v1::SubmitResponse reply;
       reply.set_accepted_batches(1);
@@ -175,6 +178,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       reply.set_accepted_responses(static_cast<uint64_t>(counts_.responses));
       reply.set_duplicate_batches(duplicate ? 1 : 0);
       reply.set_learner_version(svc_->version());
+      reply.set_learner_incarnation(svc_->options().incarnation);
       reply.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
       SerializeReply(reply, response_);
       const absl::Duration delay = svc_->options().fault_reply_delay;
@@ -240,6 +244,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
         return;
       }
       reply_.set_learner_version(svc_->version());
+      reply_.set_learner_incarnation(svc_->options().incarnation);
       reply_.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
       SerializeReply(reply_, response_);
       End(grpc::Status::OK);
@@ -283,7 +288,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     push_.Completed();
     // Not kept (a duplicate, refused, withdrawn): its rate is given back.
     if (!s.ok()) svc_->RefundRate(*principal_, counts_.groups);
-    const bool duplicate = s.code() == absl::StatusCode::kAlreadyExists;
+    const bool duplicate = GroupQueue::IsDuplicate(s);
     if (!s.ok() && !duplicate) {
       Fail(s, svc_->options().retry_after);
       return;
@@ -322,6 +327,11 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
+std::string NewIncarnation() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x", absl::Uniform<uint64_t>(gen));
+}
+
 LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
                                LearnerCounters* counters, SubmitObserver* observer)
     : options_(std::move(options)),
@@ -329,7 +339,9 @@ LearnerService::LearnerService(LearnerServiceOptions options, GroupQueue* queue,
       counters_(counters),
       observer_(observer),
       streams_(options_.max_streams, options_.max_streams_per_principal),
-      rates_(options_.limits.max_groups_per_batch) {}
+      rates_(options_.limits.max_groups_per_batch) {
+  if (options_.incarnation.empty()) options_.incarnation = NewIncarnation();
+}
 
 int64_t LearnerService::open_streams() const {
   absl::MutexLock lock(&streams_mu_);
@@ -415,11 +427,17 @@ absl::Status LearnerService::Prepare(v1::RolloutBatch* batch,
   // Fields of a newer protocol (or padding) are not the learner's to keep:
   // the queue's memory bound counts token ids only (docs/protocol.md).
   batch->DiscardUnknownFields();
+  // A batch id names one payload: the groups as sent, whatever the
+  // learner keeps of them.
+  const std::string digest = batch->batch_id().empty() ? "" : BatchDigest(batch->groups());
   groups->reserve(static_cast<size_t>(batch->groups_size()));
   for (v1::PromptGroup& g : *batch->mutable_groups()) {
     QueuedGroup q;
     q.arrival_version = version;
     q.batch_id = batch->batch_id();
+    q.batch_digest = digest;
+    q.batch_groups = batch->groups_size();
+    q.batch_index = static_cast<int32_t>(groups->size());
     int64_t tokens = 0;
     for (const v1::Response& r : g.responses()) tokens += g.prompt_tokens_size() + r.tokens_size();
     q.tokens = tokens;
@@ -480,6 +498,11 @@ v1::LearnerStatus LearnerService::Status() const {
   response->set_duplicate_batches(k.duplicate_batches.load());
   response->set_skipped_groups(k.skipped_groups.load());
   response->set_batch_id_window(static_cast<uint64_t>(queue_->options().batch_id_window));
+  response->set_incarnation(options_.incarnation);
+  response->set_resumed_from_version(options_.resumed_from_version);
+  response->set_checkpoint_version(k.checkpoint_version.load());
+  response->set_recorded_through_version(k.recorded_through_version.load());
+  response->set_trained_through_version(queue_->TrainedThrough(response->version()));
   response->set_objective(options_.objective);
   response->set_model_signature(options_.model_signature);
   response->set_wants_behavior_logprobs(options_.limits.require_behavior_logprobs);

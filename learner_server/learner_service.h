@@ -59,6 +59,10 @@ struct LearnerCounters {
   std::atomic<uint64_t> duplicate_batches{0};
   // Groups consumed by steps that were skipped (not trained on).
   std::atomic<uint64_t> skipped_groups{0};
+  // The newest checkpoint written or resumed from, and the version below
+  // which every batch this process accepted is in it (LearnerStatus).
+  std::atomic<uint64_t> checkpoint_version{0};
+  std::atomic<uint64_t> recorded_through_version{0};
 };
 
 // Hooks for metrics; every method may be called from many threads.
@@ -66,13 +70,17 @@ class SubmitObserver {
  public:
   virtual ~SubmitObserver() = default;
   // source: the principal's name ("anonymous" without authentication);
-  // result: "accepted", "duplicate" (a batch_id accepted before: answered
+  // result: "accepted", "batch_id_conflict" (a batch_id accepted before
+  // with another payload: refused), "duplicate" (a batch_id accepted before: answered
   // OK, not queued), "invalid", "full", "quota" (over the source's share or
   // rate), "policy_lag" (a group more than --max_policy_lag versions
   // behind) or "unavailable"; tokens counts prompt and response tokens.
   virtual void OnBatch(const std::string& source, const std::string& result, int64_t groups,
                        int64_t responses, int64_t tokens) = 0;
 };
+
+// A learner process's incarnation: 16 random hex digits.
+std::string NewIncarnation();
 
 struct LearnerServiceOptions {
   BatchLimits limits;
@@ -118,6 +126,11 @@ struct LearnerServiceOptions {
   // GetStatus reports of the policy lag. Whether set or not, a policy
   // version above the current version is INVALID_ARGUMENT.
   PolicyLag* policy_lag = nullptr;
+  // This learner process's incarnation (a random id per start; empty: the
+  // service makes one) and the checkpoint version it resumed from, for
+  // GetStatus and every Submit reply.
+  std::string incarnation;
+  uint64_t resumed_from_version = 0;
   // The time that source rates and the quarantine are measured in (tests
   // pass a fake one to expire a window without waiting). Outlives the
   // service.

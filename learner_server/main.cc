@@ -196,8 +196,10 @@ ABSL_FLAG(double, collapse_recover_fraction, 0.15,
 ABSL_FLAG(int64_t, broadcast_every, 1,
           "Publish the weights to the rollout daemons every N versions (0: only at start).");
 ABSL_FLAG(int64_t, broadcast_bucket_mb, 256, "Snapshot bucket size in MiB.");
-ABSL_FLAG(int64_t, broadcast_chunk_kb, 4096,
-          "Chunk size of gRPC snapshot transfers when a receiver does not ask for one.");
+ABSL_FLAG(int64_t, broadcast_chunk_kb, 4032,
+          "Chunk size of gRPC snapshot transfers when a receiver does not ask for one (the "
+          "default leaves room for the message's header under gRPC's default 4 MiB receive "
+          "limit, so that any default client can read it).");
 ABSL_FLAG(int64_t, broadcast_nccl_world_size, 0,
           "NCCL weight transport: the learner plus this many minus one rollout daemons that "
           "ask for NCCL (--weight_transport=nccl) form one communicator, fixed at start. "

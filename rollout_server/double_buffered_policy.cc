@@ -29,6 +29,7 @@ bool DoubleBufferedPolicy::Refresh(absl::Duration wait) {
   active_ = 1 - active_;
   has_weights_ = true;
   version_ = snapshot->version();
+  ++loads_;
   receiver_->ReportLoaded(snapshot->version());
   if (flips_ != nullptr) flips_->Increment();
   VLOG(1) << "sampling with version " << snapshot->version();

@@ -39,6 +39,9 @@ class DoubleBufferedPolicy {
   const PolicyModel& active() const { return *models_[active_]; }
   // The version the active model holds (0 before the first snapshot).
   uint64_t version() const { return version_.load(); }
+  // Snapshots loaded so far: active() changed when this did (a restarted
+  // learner may send other weights under a version number already held).
+  uint64_t loads() const { return loads_; }
 
  private:
   std::unique_ptr<PolicyModel> models_[2];
@@ -47,6 +50,7 @@ class DoubleBufferedPolicy {
   broadcast::WeightReceiver* const receiver_;
   prometheus::Counter* const flips_;
   std::atomic<uint64_t> version_{0};
+  uint64_t loads_ = 0;
 };
 
 }  // namespace asympo::rollout

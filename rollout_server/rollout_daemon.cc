@@ -229,11 +229,19 @@ RolloutDaemon::WeightUpdate RolloutDaemon::UpdateWeights(const ContinuousEngine&
   if (!options_.inflight_weight_updates && !policy_->pending()) return WeightUpdate::kNone;
   if (!options_.inflight_weight_updates && engine.running() > 0) return WeightUpdate::kDrain;
   policy_->Refresh(absl::ZeroDuration());
-  if (policy_->version() == engine.version()) return WeightUpdate::kNone;
-  // Lower: the learner restarted from an older checkpoint. The versions
-  // above it are lost, and a response begun under one would carry a last
-  // version below its first: the learner refuses both.
+  if (policy_->loads() == engine_loads_) return WeightUpdate::kNone;
+  engine_loads_ = policy_->loads();
+  // Not higher: the learner restarted, from an older checkpoint or with
+  // other weights under the same number (another incarnation). The
+  // versions above it are lost, and a response begun under one would carry
+  // a last version below its first: the learner refuses both.
   return policy_->version() > engine.version() ? WeightUpdate::kNewer : WeightUpdate::kRewound;
+}
+
+absl::StatusOr<std::unique_ptr<ContinuousEngine>> RolloutDaemon::NewEngine(
+    const ContinuousOptions& o) {
+  engine_loads_ = policy_->loads();
+  return ContinuousEngine::Create(&policy_->active(), policy_->version(), o);
 }
 
 absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
@@ -244,8 +252,7 @@ absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
   co.pad_token_id = options_.generation.pad_token_id;
   co.cuda_graphs = options_.generation.cuda_graphs;
   if (co.response_capacity == 0) co.response_capacity = sampling_.max_new_tokens;
-  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine,
-                          ContinuousEngine::Create(&policy_->active(), policy_->version(), co));
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine, NewEngine(co));
   // The groups in the engine, by the id of their first request.
   struct Open {
     TaskPrompt prompt;
@@ -262,13 +269,13 @@ absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
     const WeightUpdate update = UpdateWeights(*engine);
     if (update == WeightUpdate::kNewer) engine->SetModel(&policy_->active(), policy_->version());
     if (update == WeightUpdate::kRewound) {
-      LOG(WARNING) << options_.rollout_id << ": the learner's version went back from "
-                   << engine->version() << " to " << policy_->version() << "; dropping the "
-                   << open.size() << " groups being sampled";
+      LOG(WARNING) << options_.rollout_id << ": the learner's weights went back from version "
+                   << engine->version() << " to " << policy_->version()
+                   << " (a restarted learner); dropping the " << open.size()
+                   << " groups being sampled";
       submit_metrics_->dropped_rewound.Increment(static_cast<double>(open.size()));
       open.clear();
-      ASYMPO_ASSIGN_OR_RETURN(engine,
-                              ContinuousEngine::Create(&policy_->active(), policy_->version(), co));
+      ASYMPO_ASSIGN_OR_RETURN(engine, NewEngine(co));
     }
     const bool draining = update == WeightUpdate::kDrain;
     while (!draining && engine->running() + engine->waiting() < target &&

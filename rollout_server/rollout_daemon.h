@@ -128,6 +128,8 @@ class RolloutDaemon {
   // samples (the version went back).
   enum class WeightUpdate { kNone, kDrain, kNewer, kRewound };
   WeightUpdate UpdateWeights(const ContinuousEngine& engine);
+  // A continuous engine on the active model (noting its loads()).
+  absl::StatusOr<std::unique_ptr<ContinuousEngine>> NewEngine(const ContinuousOptions& o);
   // Scores `results` (G of them, for `prompt`) into a group and counts it.
   v1::PromptGroup ScoreGroup(const TaskPrompt& prompt, std::vector<GenerationResult>& results,
                              bool with_logprobs);
@@ -143,6 +145,9 @@ class RolloutDaemon {
   std::unique_ptr<Task> task_;
   SamplingParams sampling_;
   std::mt19937_64 rng_;
+  // DoubleBufferedPolicy::loads() when the continuous engine last took the
+  // active model (generation thread only).
+  uint64_t engine_loads_ = 0;
   std::unique_ptr<broadcast::WeightReceiver> receiver_;
   std::unique_ptr<DoubleBufferedPolicy> policy_;
   std::unique_ptr<SubmitClient> submit_;

@@ -98,8 +98,8 @@ struct ReceiverState {
   // Returns whether the stream was ever accepted.
   bool RunSession(const v1::RegisterResponse& registration);
   void HandleAnnouncement(const v1::SnapshotManifest& manifest);
-  // Whether `version` is worth having, given what is held.
-  bool Wanted(uint64_t version);
+  // Whether the snapshot `m` announces is worth having, given what is held.
+  bool Wanted(const v1::SnapshotManifest& m);
   // A verified snapshot becomes the pending one.
   void Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double seconds);
   // NCCL: joins the communicator of `registration` (on failure the session
@@ -167,7 +167,12 @@ struct ReceiverState {
   std::optional<v1::SnapshotManifest> announced ABSL_GUARDED_BY(mu);  // newest not yet handled
   uint64_t latest_announced ABSL_GUARDED_BY(mu) = 0;
   std::optional<uint64_t> held_version ABSL_GUARDED_BY(mu);  // newest verified snapshot
-  uint64_t loaded_version ABSL_GUARDED_BY(mu) = 0;           // as ReportLoaded said
+  // Its incarnation and buckets (size, CRC-32C): a version names weights
+  // only within one incarnation of the learner.
+  std::string held_incarnation ABSL_GUARDED_BY(mu);
+  std::vector<std::pair<uint64_t, uint32_t>> held_buckets ABSL_GUARDED_BY(mu);
+  uint64_t loaded_version ABSL_GUARDED_BY(mu) = 0;  // as ReportLoaded said
+  std::string loaded_incarnation ABSL_GUARDED_BY(mu);
   int64_t failures ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<const ReceivedSnapshot> pending ABSL_GUARDED_BY(mu);
   bool using_nccl ABSL_GUARDED_BY(mu) = false;
@@ -217,6 +222,7 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   {
     absl::MutexLock lock(&mu);
     request.set_current_version(loaded_version);
+    request.set_current_incarnation(loaded_incarnation);
   }
   grpc::ClientContext ctx;
   ctx.set_deadline(GrpcDeadline(kRegisterTimeout));
@@ -309,14 +315,37 @@ void ReceiverState::DropNccl() {
   nccl_transport.reset();  // aborts the communicator
 }
 
-bool ReceiverState::Wanted(uint64_t version) {
-  absl::MutexLock lock(&mu);
-  // Until a snapshot is held, any version is wanted (version 0 too). The
-  // first announcement of a session is followed even backwards (a learner
-  // restarted from an older checkpoint); later ones only forwards.
-  const bool wanted = !held_version.has_value() ||
-                      (first_in_session ? version != *held_version : version > *held_version);
-  first_in_session = false;
+std::vector<std::pair<uint64_t, uint32_t>> BucketsOf(const v1::SnapshotManifest& m) {
+  std::vector<std::pair<uint64_t, uint32_t>> out;
+  for (const v1::BucketInfo& b : m.buckets()) out.emplace_back(b.size_bytes(), b.crc32c());
+  return out;
+}
+
+bool ReceiverState::Wanted(const v1::SnapshotManifest& m) {
+  std::string report;  // an incarnation to report the loaded version under
+  bool wanted = true;
+  {
+    absl::MutexLock lock(&mu);
+    const bool first = first_in_session;
+    first_in_session = false;
+    if (!held_version.has_value()) return true;  // any version, 0 too
+    if (m.incarnation() != held_incarnation) {
+      // Another learner process: its version numbers name other weights,
+      // unless the bytes are the same (a restart from the checkpoint that
+      // made the held version).
+      wanted = m.version() != *held_version || BucketsOf(m) != held_buckets;
+      if (!wanted) {
+        held_incarnation = m.incarnation();
+        if (loaded_version == m.version()) report = loaded_incarnation = m.incarnation();
+      }
+    } else {
+      // The first announcement of a session is followed even backwards (a
+      // learner without incarnations restarted from an older checkpoint);
+      // later ones only forwards.
+      wanted = first ? m.version() != *held_version : m.version() > *held_version;
+    }
+  }
+  if (!report.empty()) reporter.Report(m.version(), "", report);
   return wanted;
 }
 
@@ -326,13 +355,15 @@ void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double se
           << " bytes) in " << seconds << " s";
   absl::MutexLock lock(&mu);
   held_version = snapshot->version();
+  held_incarnation = snapshot->manifest.incarnation();
+  held_buckets = BucketsOf(snapshot->manifest);
   pending = std::move(snapshot);
   cv.SignalAll();
 }
 
 void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
   const uint64_t version = manifest.version();
-  const bool wanted = Wanted(version);
+  const bool wanted = Wanted(manifest);
   const auto t0 = std::chrono::steady_clock::now();
   if (nccl_transport != nullptr) {
     // Every announced version is broadcast to every rank: it takes part even
@@ -374,14 +405,16 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
 
 void ReceiverState::TransferFailed(const std::string& error) {
   uint64_t loaded;
+  std::string incarnation;
   {
     absl::MutexLock lock(&mu);
     ++failures;
     loaded = loaded_version;
+    incarnation = loaded_incarnation;
   }
   metrics.failures.Increment();
   LOG(WARNING) << error << "; keeping version " << loaded;
-  reporter.Report(loaded, error);
+  reporter.Report(loaded, error, incarnation);
 }
 
 }  // namespace
@@ -443,24 +476,29 @@ bool WeightReceiver::WaitForPending(absl::Duration timeout) {
 }
 
 void WeightReceiver::ReportLoaded(uint64_t version) {
+  std::string incarnation;
   {
     absl::MutexLock lock(&state_->mu);
     state_->loaded_version = version;
+    if (state_->held_version == version) state_->loaded_incarnation = state_->held_incarnation;
+    incarnation = state_->loaded_incarnation;
   }
   state_->metrics.version.Set(static_cast<double>(version));
-  state_->reporter.Report(version, "");
+  state_->reporter.Report(version, "", incarnation);
 }
 
 void WeightReceiver::ReportLoadFailure(uint64_t version, std::string_view error) {
   uint64_t loaded;
+  std::string incarnation;
   {
     absl::MutexLock lock(&state_->mu);
     loaded = state_->loaded_version;
+    incarnation = state_->loaded_incarnation;
   }
   const std::string message = absl::StrCat(
       "loading version ", version, " failed: ", absl::string_view(error.data(), error.size()));
   LOG(WARNING) << message << "; keeping version " << loaded;
-  state_->reporter.Report(loaded, message);
+  state_->reporter.Report(loaded, message, incarnation);
 }
 
 bool WeightReceiver::connected() const {

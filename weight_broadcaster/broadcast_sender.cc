@@ -64,10 +64,11 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   // older checkpoint must not refuse its receivers (their versions are
   // above its own until they load its weights). Before any publish there is
   // nothing to check against.
-  session.version = request.current_version();
+  session.version = st.OwnVersionLocked(request.current_version(), request.current_incarnation());
   if (st.latest != nullptr) session.version = std::min(session.version, st.latest->version());
   response->set_session_id(session_id);
   response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
+  response->set_incarnation(st.incarnation);
   st.UpdateReceiverGauges();
   return session;
 }
@@ -88,11 +89,16 @@ absl::Status CheckViews(const v1::SnapshotManifest& m, const std::vector<TensorV
 
 // Version `version` of `host`'s buckets: its plan's manifest with each
 // bucket's CRC-32C stamped in.
-std::shared_ptr<Snapshot> Stamp(uint64_t version, HostBuckets host) {
+std::shared_ptr<Snapshot> Stamp(const SenderState& st, uint64_t version, HostBuckets host) {
   auto snapshot = std::make_shared<Snapshot>();
   snapshot->host = std::move(host);
   v1::SnapshotManifest m = snapshot->host.plan->manifest();
   m.set_version(version);
+  {
+    absl::MutexLock lock(&st.mu);
+    m.set_incarnation(st.incarnation);
+    m.set_resumed_from_version(st.resumed_from_version);
+  }
   for (int b = 0; b < m.buckets_size(); ++b) {
     m.mutable_buckets(b)->set_crc32c(Crc32c(snapshot->bucket(b), m.buckets(b).size_bytes()));
   }
@@ -116,7 +122,7 @@ absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
                                                      st.latest->version()));
     }
   }
-  std::shared_ptr<Snapshot> snapshot = Stamp(version, std::move(host));
+  std::shared_ptr<Snapshot> snapshot = Stamp(st, version, std::move(host));
   if (device != nullptr) snapshot->device = *device;
   {
     absl::MutexLock lock(&st.mu);
@@ -160,6 +166,12 @@ BroadcastSender::~BroadcastSender() {
 }
 
 bool BroadcastSender::nccl_configured() const { return state_->options.nccl_world_size >= 2; }
+
+void BroadcastSender::SetIncarnation(std::string incarnation, uint64_t resumed_from_version) {
+  absl::MutexLock lock(&state_->mu);
+  state_->incarnation = std::move(incarnation);
+  state_->resumed_from_version = resumed_from_version;
+}
 
 absl::StatusOr<std::shared_ptr<const SnapshotPlan>> BroadcastSender::Plan(
     const std::vector<TensorSpec>& specs) {
@@ -472,7 +484,7 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
                           absl::StrCat("version ", request.version(),
                                        " was never published (the newest is ", latest, ")"));
     }
-    session->version = request.version();
+    session->version = st.OwnVersionLocked(request.version(), request.incarnation());
     receiver_id = session->receiver_id;
     // One session's reports count at most once per interval: a receiver
     // (or a client posing as one) cannot raise the failure count at will.

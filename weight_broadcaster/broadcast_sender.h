@@ -110,9 +110,9 @@ struct BroadcastSenderOptions {
   PackingOptions packing;
   // Chunk size used when a fetch does not ask for one (max_chunk_bytes 0);
   // requests are capped at max_chunk_bytes_cap. A chunk message is the data
-  // plus at most 44 bytes, so a client that keeps gRPC's default 4 MiB
-  // receive limit must ask for a little less than 4 MiB.
-  uint32_t default_chunk_bytes = 4u << 20;
+  // plus at most 44 bytes: the default (4 MiB less 64 KiB) fits gRPC's
+  // default 4 MiB receive limit, so a client that asks for 0 can read it.
+  uint32_t default_chunk_bytes = (4u << 20) - (64u << 10);
   uint32_t max_chunk_bytes_cap = 32u << 20;
   // Smaller requests are raised to this: a 1-byte chunk costs a message (and
   // a CRC-free 44-byte frame) per byte of the snapshot.
@@ -155,6 +155,11 @@ struct BroadcastSenderOptions {
 
   // When set, the bytes of every request (CountReceived), before any check.
   std::atomic<int64_t>* received_bytes = nullptr;
+
+  // The learner process's incarnation (LearnerStatus.incarnation) that
+  // every manifest and registration carries; SetIncarnation may replace it
+  // before the first Publish.
+  std::string incarnation;
 
   // The NCCL transport (off by default; see "NCCL" in docs/protocol.md).
   // With nccl_world_size N >= 2 the sender is rank 0 of an N-rank
@@ -210,6 +215,12 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   // Whether the NCCL transport was asked for (nccl_world_size >= 2): only
   // then are DeviceBuckets of use.
   bool nccl_configured() const;
+
+  // The incarnation and the checkpoint version it resumed from that every
+  // later manifest carries (SnapshotManifest.incarnation). A receiver that
+  // registers or reports a version of another incarnation counts as holding
+  // none of this one's (version 0 in the receiver gauges).
+  void SetIncarnation(std::string incarnation, uint64_t resumed_from_version);
 
   // Ends every open Subscribe stream (the daemon calls it before shutting
   // the server down) and refuses new registrations and subscriptions with

@@ -139,6 +139,15 @@ struct SenderState {
   std::vector<std::shared_ptr<char>> tensor_buffers ABSL_GUARDED_BY(publish_mu);
   mutable absl::Mutex mu;
   std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
+  // BroadcastSender::SetIncarnation's.
+  std::string incarnation ABSL_GUARDED_BY(mu);
+  uint64_t resumed_from_version ABSL_GUARDED_BY(mu) = 0;
+  // The version `session` holds of this incarnation: `version`, or 0 when
+  // `incarnation` names another one (empty: unknown, taken as this one).
+  uint64_t OwnVersionLocked(uint64_t version, const std::string& of) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return of.empty() || of == incarnation ? version : 0;
+  }
   bool shut_down ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_map<std::string, Session> sessions ABSL_GUARDED_BY(mu);  // by session id
   absl::flat_hash_map<std::string, std::string> session_of

@@ -182,6 +182,7 @@ SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
       model_signature(std::move(signature)),
       corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
       metrics(registry),
+      incarnation(options.incarnation),
       rng(std::random_device{}()) {}
 
 void SenderState::FetchDone(const std::string& session_id) {

@@ -24,10 +24,11 @@ void VersionReporter::SetSession(const std::string& session_id) {
   session_id_ = session_id;
 }
 
-void VersionReporter::Report(uint64_t version, std::string error) {
+void VersionReporter::Report(uint64_t version, std::string error, std::string incarnation) {
   v1::ReportVersionRequest request;
   request.set_version(version);
   request.set_error(std::move(error));
+  request.set_incarnation(std::move(incarnation));
   {
     absl::MutexLock lock(&mu_);
     if (stopped_ || session_id_.empty()) return;

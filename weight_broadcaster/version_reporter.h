@@ -32,7 +32,8 @@ class VersionReporter {
   void SetSession(const std::string& session_id);
   // Reports that the receiver samples with `version`; a non-empty `error`
   // says why a newer version was not taken.
-  void Report(uint64_t version, std::string error);
+  // `incarnation`: the learner incarnation that made `version`.
+  void Report(uint64_t version, std::string error, std::string incarnation = "");
   // Cancels and waits, as above. Later reports are dropped. Idempotent.
   void Stop();
   // Calls sent so far (for tests).

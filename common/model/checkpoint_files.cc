@@ -53,7 +53,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   out.version = meta.version;
   out.optimizer_steps = meta.optimizer_steps;
   out.config = std::move(meta.config);
-  out.batch_ids = std::move(meta.batch_ids);
+  out.batches = std::move(meta.batches);
   return out;
 }
 

@@ -5,8 +5,10 @@
 //    state as "__rng_state__";
 //  - meta.json: {"version", "optimizer_steps", "crc32c" (of
 //    state.safetensors), "config" (the learner's flags, one per line),
-//    "batch_ids" (optional: the accepted batch ids whose groups the
-//    checkpoint's steps trained, oldest first, for exactly-once delivery)}.
+//    "batches" (optional: the accepted batches of which the checkpoint's
+//    steps trained at least one group, oldest first, with their digests and
+//    the groups trained, for exactly-once delivery; older checkpoints have
+//    "batch_ids", ids alone: common/model/checkpoint_meta.h)}.
 // Reading lives here, below the learner, so that tools that only need the
 // weights (asympo-eval) read checkpoints the same way the learner does.
 #pragma once
@@ -18,6 +20,7 @@
 
 #include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
+#include "common/model/checkpoint_meta.h"
 
 namespace asympo {
 
@@ -33,7 +36,7 @@ struct CheckpointContents {
   std::vector<std::pair<std::string, at::Tensor>> weights;  // the policy's parameters
   std::vector<std::pair<std::string, at::Tensor>> moments;  // names without the prefix
   at::Tensor rng;                                           // undefined when absent
-  std::vector<std::string> batch_ids;                       // empty when absent
+  std::vector<CheckpointBatch> batches;                     // empty when absent
 };
 
 // Reads `dir` (a ckpt-* directory) after checking state.safetensors against

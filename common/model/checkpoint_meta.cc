@@ -1,12 +1,88 @@
 #include "common/model/checkpoint_meta.h"
 
+#include <algorithm>
 #include <limits>
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace asympo {
+namespace {
+
+// The largest group count a batch may name (far above any learner's
+// --max_groups_per_batch).
+constexpr int64_t kMaxGroups = 1 << 20;
+
+absl::StatusOr<std::string> ParseDigest(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_string()) return absl::DataLossError(absl::StrCat(where, ": digest is not a string"));
+  const std::string hex = j.get<std::string>();
+  if (hex.empty()) return std::string();
+  if (hex.size() != 64 || !std::all_of(hex.begin(), hex.end(), absl::ascii_isxdigit)) {
+    return absl::DataLossError(absl::StrCat(where, ": digest is not 64 hex digits"));
+  }
+  return absl::HexStringToBytes(hex);
+}
+
+absl::StatusOr<CheckpointBatch> ParseBatch(const nlohmann::json& j, const std::string& where) {
+  if (!j.is_object() || !j.contains("id") || !j["id"].is_string()) {
+    return absl::DataLossError(absl::StrCat(where, " is not an object with a string id"));
+  }
+  CheckpointBatch b;
+  b.id = j["id"].get<std::string>();
+  if (j.contains("digest")) {
+    ASYMPO_ASSIGN_OR_RETURN(b.digest, ParseDigest(j["digest"], where));
+  }
+  if (j.contains("groups")) {
+    if (!j["groups"].is_number_unsigned() || j["groups"].get<uint64_t>() > kMaxGroups) {
+      return absl::DataLossError(absl::StrCat(where, ": groups is not a group count"));
+    }
+    b.groups = static_cast<int32_t>(j["groups"].get<uint64_t>());
+  }
+  if (j.contains("trained")) {
+    if (!j["trained"].is_array()) {
+      return absl::DataLossError(absl::StrCat(where, ": trained is not a list"));
+    }
+    for (const auto& i : j["trained"]) {
+      if (!i.is_number_unsigned() || i.get<uint64_t>() >= static_cast<uint64_t>(b.groups) ||
+          (!b.trained.empty() && static_cast<int32_t>(i.get<uint64_t>()) <= b.trained.back())) {
+        return absl::DataLossError(
+            absl::StrCat(where, ": trained holds ", i.dump(), ", not an ascending group index"));
+      }
+      b.trained.push_back(static_cast<int32_t>(i.get<uint64_t>()));
+    }
+  }
+  return b;
+}
+
+absl::StatusOr<std::vector<CheckpointBatch>> ParseBatches(const nlohmann::json& j,
+                                                          const std::string& path) {
+  if (!j.is_array()) return absl::DataLossError(absl::StrCat(path, ": batches is not a list"));
+  std::vector<CheckpointBatch> out;
+  out.reserve(j.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    ASYMPO_ASSIGN_OR_RETURN(CheckpointBatch b,
+                            ParseBatch(j[i], absl::StrCat(path, ": batches[", i, "]")));
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json CheckpointBatchesJson(const std::vector<CheckpointBatch>& batches) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const CheckpointBatch& b : batches) {
+    out.push_back({{"id", b.id},
+                   {"digest", absl::BytesToHexString(b.digest)},
+                   {"groups", b.groups},
+                   {"trained", b.trained}});
+  }
+  return out;
+}
 
 absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const std::string& path) {
   const nlohmann::json meta = nlohmann::json::parse(text, nullptr, false);
@@ -35,16 +111,18 @@ absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const 
   out.crc32c = meta["crc32c"].get<uint32_t>();
   const auto config = meta.find("config");
   if (config != meta.end() && config->is_string()) out.config = config->get<std::string>();
-  const auto ids = meta.find("batch_ids");
-  if (ids != meta.end()) {
+  const auto batches = meta.find("batches");
+  if (batches != meta.end()) {
+    ASYMPO_ASSIGN_OR_RETURN(out.batches, ParseBatches(*batches, path));
+  } else if (const auto ids = meta.find("batch_ids"); ids != meta.end()) {
     if (!ids->is_array())
       return absl::DataLossError(absl::StrCat(path, ": batch_ids is not a list"));
-    out.batch_ids.reserve(ids->size());
+    out.batches.reserve(ids->size());
     for (const auto& id : *ids) {
       if (!id.is_string()) {
         return absl::DataLossError(absl::StrCat(path, ": batch_ids holds a non-string"));
       }
-      out.batch_ids.push_back(id.get<std::string>());
+      out.batches.push_back(CheckpointBatch{id.get<std::string>(), "", 0, {}});
     }
   }
   return out;

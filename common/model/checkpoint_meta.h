@@ -10,24 +10,42 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "absl/status/statusor.h"
 
 namespace asympo {
 
+// One accepted batch a checkpoint remembers, for exactly-once delivery
+// across restarts (learner_server/batch_ledger.h).
+struct CheckpointBatch {
+  std::string id;
+  std::string digest;  // SHA-256 of its groups, raw bytes; empty: unknown
+  int32_t groups = 0;  // groups in the batch; 0: unknown (all count as trained)
+  // Indices of the groups the checkpoint's steps trained, ascending.
+  std::vector<int32_t> trained;
+};
+
 struct CheckpointMeta {
   uint64_t version = 0;
   int64_t optimizer_steps = 0;
-  uint32_t crc32c = 0;                 // of state.safetensors
-  std::string config;                  // empty when absent or not a string
-  std::vector<std::string> batch_ids;  // empty when absent
+  uint32_t crc32c = 0;                   // of state.safetensors
+  std::string config;                    // empty when absent or not a string
+  std::vector<CheckpointBatch> batches;  // empty when absent
 };
 
 // Parses meta.json's `text`. It must be a JSON object with "version" (an
 // unsigned integer), "optimizer_steps" (a non-negative integer) and
-// "crc32c" (an unsigned 32-bit integer); "config" (a string) and
-// "batch_ids" (a list of strings) are optional. DATA_LOSS naming `path`
+// "crc32c" (an unsigned 32-bit integer); "config" (a string) is optional,
+// and so are "batches" (a list of {"id": string, "digest": 64 hex digits,
+// "groups": count, "trained": [group indices below groups]}) and the older
+// "batch_ids" (a list of strings: ids without digests, every group
+// trained), read when "batches" is absent. DATA_LOSS naming `path`
 // otherwise: a checkpoint whose description is incomplete or corrupt is not
 // trusted.
 absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const std::string& path);
+
+// "batches" as ParseCheckpointMeta reads it.
+nlohmann::json CheckpointBatchesJson(const std::vector<CheckpointBatch>& batches);
 
 }  // namespace asympo

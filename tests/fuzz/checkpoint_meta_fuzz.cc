@@ -27,7 +27,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ASYMPO_FUZZ_CHECK(json.at("crc32c").get<uint64_t>() == meta->crc32c);
   ASYMPO_FUZZ_CHECK(meta->optimizer_steps >= 0);
   ASYMPO_FUZZ_CHECK(json.at("optimizer_steps").dump() == std::to_string(meta->optimizer_steps));
+  const auto batches = json.find("batches");
   const auto ids = json.find("batch_ids");
-  ASYMPO_FUZZ_CHECK(meta->batch_ids.size() == (ids == json.end() ? 0 : ids->size()));
+  const auto list = batches != json.end() ? batches : ids;
+  ASYMPO_FUZZ_CHECK(meta->batches.size() == (list == json.end() ? 0 : list->size()));
+  for (const CheckpointBatch& b : meta->batches) {
+    ASYMPO_FUZZ_CHECK(b.digest.empty() || b.digest.size() == 32);
+    for (size_t i = 0; i < b.trained.size(); ++i) {
+      ASYMPO_FUZZ_CHECK(b.trained[i] >= 0 && b.trained[i] < b.groups);
+      ASYMPO_FUZZ_CHECK(i == 0 || b.trained[i] > b.trained[i - 1]);
+    }
+  }
   return 0;
 }

@@ -138,6 +138,12 @@ def metas():
     write("checkpoint_meta", "learner", json.dumps(meta, indent=2) + "\n")
     write("checkpoint_meta", "minimal", '{"version":0,"optimizer_steps":0,"crc32c":0}')
     write("checkpoint_meta", "bad_ids", '{"version":1,"optimizer_steps":1,"crc32c":1,"batch_ids":[1]}')
+    write("checkpoint_meta", "batches", json.dumps(
+        {"version": 3, "optimizer_steps": 3, "crc32c": 7, "batches": [
+            {"id": "a/1", "digest": "ab" * 32, "groups": 4, "trained": [0, 2]},
+            {"id": "b/2", "digest": "", "groups": 1, "trained": [0]}]}))
+    write("checkpoint_meta", "bad_batches", '{"version":1,"optimizer_steps":1,"crc32c":1,'
+          '"batches":[{"id":"x","groups":2,"trained":[1,0]}]}')
 
 
 def math_answers():

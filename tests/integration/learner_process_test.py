@@ -254,8 +254,10 @@ def retry_after_restart(learner):
     proc.send_signal(signal.SIGTERM)
     check(proc.wait(timeout=60) == 0, "clean exit with b untrained")
     meta = json.load(open(os.path.join(learner.ckpt, "ckpt-%012d" % 1, "meta.json")))
-    check(meta.get("batch_ids") == ["ext/a"], "the checkpoint keeps the trained id only: %s" %
-          meta.get("batch_ids"))
+    recorded = [b["id"] for b in meta.get("batches", [])]
+    check(recorded == ["ext/a"] and meta["batches"][0]["trained"] == [0, 1] and
+          len(meta["batches"][0]["digest"]) == 64,
+          "the checkpoint keeps the trained batch only, with its digest: %s" % meta.get("batches"))
 
     port = free_port()
     proc = learner.start(port, [])

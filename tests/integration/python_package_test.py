@@ -22,6 +22,14 @@ policy_lag: the policy versions a client stamps on its responses (an
          learner's own message for versions out of order, and a learner
          with --max_policy_lag refusing a too old batch (dropped, not
          retried) and one from the future, counted in its status.
+restart: a subscriber that holds version 5 when the learner is killed
+         (newest checkpoint 4) and that registers again only after the
+         restarted learner trained another version 5: it fetches it (a
+         version names weights only within one incarnation), and it is
+         not counted in sync before; a restart from the checkpoint of the
+         very bytes it holds is not fetched again.
+default_channel: a plain grpcio channel (4 MiB receive limit) fetches a
+         snapshot larger than 4 MiB with max_chunk_bytes 0.
 tls:     against a learner with TLS and a principals file (certificates
          made by tests/testing/make_certs.sh): the client and the
          subscriber with a token of the right roles; a wrong token and a
@@ -294,6 +302,138 @@ def engines(snap, exported):
           "SGLang server: update_weights_from_disk on a complete directory, then flush_cache")
 
 
+def status_of(port):
+    return asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="probe").status(timeout=30)
+
+
+def train_to(client, port, version, tag, token=8):
+    """Submits one step's groups at a time until the learner is at `version`;
+    `token` picks the responses (other tokens: other weights)."""
+    deadline = time.time() + 120
+    while status_of(port).version < version and time.time() < deadline:
+        before = status_of(port).version
+        client.submit([asympo_rl.group([1, 4, token, 3], [([token + r, 2], float(r == 0))
+                                                        for r in range(3)],
+                                       prompt_id="%s%d-%d" % (tag, before, g)) for g in range(2)])
+        while status_of(port).version == before and time.time() < deadline:
+            time.sleep(0.02)
+    check(status_of(port).version == version, "the learner trained to version %d" % version)
+
+
+def next_within(snapshots, seconds):
+    """next(snapshots), or None when nothing comes within `seconds`."""
+    got = []
+    t = threading.Thread(target=lambda: got.append(next(snapshots)), daemon=True)
+    t.start()
+    t.join(seconds)
+    return got[0] if got else None
+
+
+def scenario_restart():
+    port = free_port()
+    ckpt = os.path.join(WORK, "ckpt")
+    flags = ["--prompts_per_step=2", "--checkpoint_every=4", "--keep_checkpoints=0",
+             "--checkpoint_dir=" + ckpt]
+    proc = start_learner(port, flags)
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="r")
+    sub = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="restart-sub")
+    snapshots = sub.snapshots()
+    train_to(client, port, 5, "first")
+    held = None
+    while held is None or held.version < 5:
+        held = next_within(snapshots, 30)
+        check(held is not None, "the subscriber follows the first learner")
+        sub.report(held.version)
+    old = dict(held.tensors("numpy"))
+    first_incarnation = held.incarnation
+    status = status_of(port)
+    check((status.checkpoint_version, status.recorded_through_version,
+           status.trained_through_version) == (4, 5, 6),
+          "checkpoint 4 records every batch answered below version 5; all below 6 are trained")
+    # A batch id names one payload: other groups under a known id are refused.
+    client.submit(groups(1, "once"), batch_id="fixed-id")
+    check(client.submit(groups(1, "once"), batch_id="fixed-id").duplicate, "the same payload is a duplicate")
+    try:
+        client.submit(groups(1, "other"), batch_id="fixed-id")
+        check(False, "another payload under a known id is refused")
+    except asympo_rl.RefusedError as e:
+        check("ALREADY_EXISTS" in str(e) and "fixed-id" in str(e) and "another payload" in str(e),
+              "another payload under a known id is refused with ALREADY_EXISTS: %s" % e)
+    check(first_incarnation == status_of(port).incarnation and len(first_incarnation) == 16,
+          "a snapshot names the learner's incarnation %r" % first_incarnation)
+    proc.kill()
+    proc.wait()
+    # Restarted from version 4, it trains another version 5 before the
+    # subscriber registers again.
+    proc = start_learner(port, flags)
+    status = status_of(port)
+    check(status.version == 4 and status.resumed_from_version == 4 and
+          status.incarnation != first_incarnation, "restarted from checkpoint 4, a new incarnation")
+    check((status.checkpoint_version, status.recorded_through_version) == (4, 0),
+          "nothing of the new incarnation is recorded yet")
+    train_to(client, port, 5, "second", token=3)
+    again = next_within(snapshots, 30)
+    check(again is not None and again.version == 5 and again.incarnation == status.incarnation,
+          "the subscriber fetched the restarted learner's version 5 (it held the first one's 5)")
+    new = dict(again.tensors("numpy"))
+    check(any(new[k].tobytes() != old[k].tobytes() for k in new), "and its weights differ")
+    sub.report(again.version)
+    # The learner counts it in sync only now: its versions-in-use gauge
+    # and oldest version came from the reports.
+    stop(proc)
+    # A restart from a checkpoint of the weights it holds: nothing to fetch.
+    for d in os.listdir(ckpt):
+        if d.startswith("ckpt-") and int(d[5:]) != 4:
+            shutil.rmtree(os.path.join(ckpt, d))
+    proc = start_learner(port, flags)
+    train_to(client, port, 5, "third", token=5)
+    third = next_within(snapshots, 30)
+    check(third is not None and third.version == 5 and third.incarnation != again.incarnation,
+          "a third incarnation's other version 5 is fetched too")
+    sub.report(third.version)
+    proc.kill()
+    proc.wait()
+    quiet = ["--prompts_per_step=2", "--checkpoint_dir=" + ckpt, "--keep_checkpoints=0",
+             "--checkpoint_every=1000"]
+    proc = start_learner(port, quiet)
+    check(status_of(port).version == 4, "the fourth start resumes at 4")
+    back = next_within(snapshots, 30)
+    check(back is not None and back.version == 4, "it follows the fourth incarnation back to 4")
+    sub.report(4)
+    failures = sub.failures
+    # A fifth start from the same checkpoint publishes the very bytes it
+    # holds under the same number: nothing is fetched, and it now holds
+    # the fifth incarnation's version 4.
+    proc.kill()
+    proc.wait()
+    proc = start_learner(port, quiet)
+    fifth = status_of(port).incarnation
+    nothing = next_within(snapshots, 5)
+    check(nothing is None, "the same bytes under the same number were not fetched again")
+    deadline = time.time() + 10
+    while sub.incarnation != fifth and time.time() < deadline:
+        time.sleep(0.05)
+    check(sub.incarnation == fifth and sub.version == 4,
+          "the subscriber holds the fifth incarnation's version 4")
+    check(sub.failures == failures == 0, "no transfer failed")
+    proc.kill()
+    proc.wait()
+
+
+def scenario_default_channel():
+    port = free_port()
+    proc = start_learner(port, ["--tiny_vocab_size=40000"])
+    import grpc
+    target = "127.0.0.1:%d" % port
+    sub = asympo_rl.WeightSubscriber(target, receiver_id="plain", channel=grpc.insecure_channel(target))
+    snap = next_within(sub.snapshots(), 60)
+    check(snap is not None and snap.manifest.total_bytes > (4 << 20),
+          "a %d-byte snapshot fetched through a default grpcio channel with max_chunk_bytes 0"
+          % (snap.manifest.total_bytes if snap else 0))
+    check(sub.failures == 0, "no transfer failed")
+    stop(proc)
+
+
 def scenario_example():
     port = free_port()
     export = os.path.join(WORK, "export")
@@ -541,7 +681,8 @@ def main():
     os.makedirs(WORK)
     {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
      "tls": scenario_tls, "retry_policy": scenario_retry_policy,
-     "policy_lag": scenario_policy_lag}[SCENARIO]()
+     "policy_lag": scenario_policy_lag, "restart": scenario_restart,
+     "default_channel": scenario_default_channel}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::StatusIs;
+
 std::unique_ptr<PolicyModel> Tiny(uint64_t seed) { return ::asympo::testing::TinyPolicy(32, seed); }
 
 std::vector<QueuedGroup> Groups() {
@@ -145,29 +147,56 @@ TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
   EXPECT_FALSE(LoadLatestCheckpoint(tmp.Path("none"), m.get(), &opt).value().has_value());
 }
 
-TEST(CheckpointTest, TrainedBatchIdsRoundTripAndAMalformedListSkipsTheCheckpoint) {
+std::vector<std::string> IdsOf(const std::vector<CheckpointBatch>& batches) {
+  std::vector<std::string> out;
+  for (const CheckpointBatch& b : batches) out.push_back(b.id);
+  return out;
+}
+
+TEST(CheckpointTest, TrainedBatchesRoundTripAndAMalformedListSkipsTheCheckpoint) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);
   AdamW opt(m->parameters(), {});
-  const std::vector<std::string> ids = {"rollout-0/00ab/0", "vllm \"3\"/\u00e9/17", ""};
-  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, ids));
-  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {"x"}).value();
+  const std::string digest(32, '\xa5');
+  const std::vector<CheckpointBatch> batches = {{"rollout-0/00ab/0", digest, 3, {0, 2}},
+                                                {"vllm \"3\"/\u00e9/17", digest, 1, {0}},
+                                                {"", "", 0, {}}};
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, batches));
+  const auto newest =
+      SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {CheckpointBatch{"x", "", 2, {1}}}).value();
   auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
   ASSERT_TRUE(loaded.has_value());
-  EXPECT_EQ(loaded->batch_ids, std::vector<std::string>{"x"});
-  // A meta.json whose batch_ids is not a list of strings is not trusted.
+  ASSERT_EQ(IdsOf(loaded->batches), std::vector<std::string>{"x"});
+  EXPECT_EQ(loaded->batches[0].trained, std::vector<int32_t>{1});
+  // A meta.json whose batches are malformed is not trusted.
   {
     std::ifstream in(newest.path + "/meta.json");
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t at = text.find("[\n    \"x\"\n  ]");
+    const size_t at = text.find("\"trained\": [\n        1\n      ]");
     ASSERT_NE(at, std::string::npos) << text;
-    text.replace(at, std::string("[\n    \"x\"\n  ]").size(), "[1]");
+    text.replace(at, std::string("\"trained\": [\n        1\n      ]").size(), "\"trained\": [2]");
     std::ofstream(newest.path + "/meta.json", std::ios::trunc) << text;
   }
   loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->version, 1u);
-  EXPECT_EQ(loaded->batch_ids, ids);
+  ASSERT_EQ(IdsOf(loaded->batches), IdsOf(batches));
+  EXPECT_EQ(loaded->batches[0].digest, digest);
+  EXPECT_EQ(loaded->batches[0].groups, 3);
+  EXPECT_EQ(loaded->batches[0].trained, (std::vector<int32_t>{0, 2}));
+}
+
+TEST(CheckpointTest, AnOlderCheckpointsBatchIdsReadAsIdsWithoutDigests) {
+  const auto meta = ParseCheckpointMeta(
+      R"({"version": 4, "optimizer_steps": 4, "crc32c": 1, "batch_ids": ["a", "b"]})", "m");
+  ASSERT_OK(meta.status());
+  ASSERT_EQ(IdsOf(meta->batches), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(meta->batches[0].digest.empty());
+  EXPECT_THAT(ParseCheckpointMeta(R"({"version": 4, "optimizer_steps": 4, "crc32c": 1,
+      "batches": [{"id": "a", "digest": "zz"}]})",
+                                  "m")
+                  .status(),
+              StatusIs(absl::StatusCode::kDataLoss, "batches[0]: digest is not 64 hex digits"));
 }
 
 // meta.json numbers that do not fit their fields were read modulo 2^n: a

@@ -173,9 +173,28 @@ TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
 }
 
 // Groups of one batch with id `id`.
-std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string& id) {
+// A batch as LearnerService::Prepare makes it: `n` groups named after
+// `tag`, under `id`, with their digest, count and indices, arrived at
+// `version`.
+std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string& id,
+                               uint64_t version = 0) {
   std::vector<QueuedGroup> out = Groups(n, tag);
-  for (QueuedGroup& g : out) g.batch_id = id;
+  google::protobuf::RepeatedPtrField<v1::PromptGroup> groups;
+  for (const QueuedGroup& g : out) *groups.Add() = g.group;
+  const std::string digest = BatchDigest(groups);
+  for (int i = 0; i < n; ++i) {
+    out[i].batch_id = id;
+    out[i].batch_digest = digest;
+    out[i].batch_groups = n;
+    out[i].batch_index = i;
+    out[i].arrival_version = version;
+  }
+  return out;
+}
+
+std::vector<std::string> Ids(const std::vector<CheckpointBatch>& batches) {
+  std::vector<std::string> out;
+  for (const CheckpointBatch& b : batches) out.push_back(b.id);
   return out;
 }
 
@@ -240,20 +259,82 @@ TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembers
   ASSERT_OK(q.Push(Batch(2, "b", "b"), Soon()));
   ASSERT_OK(q.Push(Batch(1, "c", "c"), Soon()));
   const std::vector<QueuedGroup> step = q.Pop(2, Soon());  // a and half of b
-  std::vector<std::string> ids;
-  for (const QueuedGroup& g : step) ids.push_back(g.batch_id);
-  EXPECT_TRUE(q.TrainedBatchIds().empty());  // popped is not trained
-  q.MarkTrained(ids);
-  EXPECT_EQ(q.TrainedBatchIds(), (std::vector<std::string>{"a", "b"}));
-  // A restarted queue refuses the trained ids and accepts the untrained one.
+  EXPECT_TRUE(q.RecordedBatches().empty());                // popped is not trained
+  q.Resolve(RefsOf(step), /*trained=*/true);
+  const std::vector<CheckpointBatch> recorded = q.RecordedBatches();
+  EXPECT_EQ(Ids(recorded), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(recorded[1].groups, 2);
+  EXPECT_EQ(recorded[1].trained, (std::vector<int32_t>{0}));
+  // A restarted queue refuses the trained batch, queues the untrained one
+  // and, of the half-trained one, only the group no step trained.
   GroupQueue restarted({8, 4});
-  restarted.RestoreBatchIds(q.TrainedBatchIds());
+  restarted.RestoreBatches(recorded);
   EXPECT_THAT(restarted.Push(Batch(1, "a", "a"), Soon()),
               StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_OK(restarted.Push(Batch(2, "b", "b"), Soon()));
+  EXPECT_OK(restarted.Push(Batch(1, "c", "c"), Soon()));
+  const std::vector<QueuedGroup> queued = restarted.Pop(2, Soon());
+  ASSERT_EQ(queued.size(), 2u);
+  EXPECT_EQ(queued[0].group.prompt_id(), "b1");
+  EXPECT_EQ(queued[1].group.prompt_id(), "c0");
+  // Sent again, the half-trained batch is now a duplicate.
   EXPECT_THAT(restarted.Push(Batch(2, "b", "b"), Soon()),
               StatusIs(absl::StatusCode::kAlreadyExists));
-  EXPECT_OK(restarted.Push(Batch(1, "c", "c"), Soon()));
-  EXPECT_EQ(restarted.TrainedBatchIds(), (std::vector<std::string>{"a", "b"}));
+  restarted.Resolve(RefsOf(queued), /*trained=*/true);
+  EXPECT_EQ(Ids(restarted.RecordedBatches()), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(restarted.RecordedBatches()[1].trained, (std::vector<int32_t>{0, 1}));
+}
+
+TEST(GroupQueueBatchIdTest, AnIdWithAnotherPayloadIsRefusedAsAConflictNotAcknowledged) {
+  GroupQueue q({8, 4});
+  ASSERT_OK(q.Push(Batch(2, "a", "run/0"), Soon()));
+  const absl::Status same = q.Push(Batch(2, "a", "run/0"), Soon());
+  EXPECT_TRUE(GroupQueue::IsDuplicate(same)) << same;
+  // New data under a reused id (a generator whose counter restarted).
+  const absl::Status other = q.Push(Batch(2, "new", "run/0"), Soon());
+  EXPECT_THAT(other, StatusIs(absl::StatusCode::kAlreadyExists,
+                              "batch_id \"run/0\" was accepted before with another payload"));
+  EXPECT_TRUE(GroupQueue::IsBatchIdConflict(other));
+  EXPECT_FALSE(GroupQueue::IsDuplicate(other));
+  // A different group count under the id is another payload too.
+  EXPECT_TRUE(GroupQueue::IsBatchIdConflict(q.Push(Batch(1, "a", "run/0"), Soon())));
+  const GroupQueueStats s = q.Stats();
+  EXPECT_EQ(s.depth_groups, 2);
+  EXPECT_EQ(s.duplicate_batches, 1);
+  EXPECT_EQ(s.batch_id_conflicts, 2);
+  // Restored from a checkpoint, the digest still tells them apart.
+  const std::vector<QueuedGroup> step = q.Pop(2, Soon());
+  q.Resolve(RefsOf(step), true);
+  GroupQueue restarted({8, 4});
+  restarted.RestoreBatches(q.RecordedBatches());
+  EXPECT_TRUE(GroupQueue::IsBatchIdConflict(restarted.Push(Batch(2, "new", "run/0"), Soon())));
+  EXPECT_TRUE(GroupQueue::IsDuplicate(restarted.Push(Batch(2, "a", "run/0"), Soon())));
+}
+
+TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutDigestsIsADuplicateWhateverItsPayload) {
+  GroupQueue q({8, 4});
+  q.RestoreBatches({CheckpointBatch{"old", "", 0, {}}});
+  EXPECT_TRUE(GroupQueue::IsDuplicate(q.Push(Batch(3, "x", "old"), Soon())));
+  EXPECT_EQ(Ids(q.RecordedBatches()), std::vector<std::string>{"old"});
+}
+
+TEST(GroupQueueBatchIdTest, TrainedThroughIsTheOldestUnresolvedGroupsVersion) {
+  GroupQueue q({8, 4});
+  EXPECT_EQ(q.TrainedThrough(3), 4u);  // nothing pending: all below 4
+  ASSERT_OK(q.Push(Batch(2, "a", "a", 3), Soon()));
+  ASSERT_OK(q.Push(Batch(1, "b", "b", 5), Soon()));
+  ASSERT_OK(q.Push(Groups(1, "no-id"), Soon()));  // arrived at 0, no id
+  EXPECT_EQ(q.TrainedThrough(5), 0u);
+  std::vector<QueuedGroup> step = q.Pop(2, Soon());  // both of a
+  q.Resolve(RefsOf(step), true);
+  EXPECT_EQ(q.TrainedThrough(6), 0u);          // the id-less group still waits
+  step = q.Pop(1, Soon());                     // b
+  q.Resolve(RefsOf(step), /*trained=*/false);  // a skipped step resolves too
+  EXPECT_EQ(q.TrainedThrough(7), 0u);
+  // Dropped (the policy-lag bound) is resolved as well.
+  EXPECT_EQ(q.RemoveIf([](const QueuedGroup&) { return true; }).size(), 1u);
+  EXPECT_EQ(q.TrainedThrough(7), 8u);
+  EXPECT_EQ(Ids(q.RecordedBatches()), std::vector<std::string>{"a"});  // b was never trained
 }
 
 TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
@@ -263,10 +344,10 @@ TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
   GroupQueue q(o);
   for (int i = 0; i < 5; ++i) {
     ASSERT_OK(q.Push(Batch(1, "g", "id" + std::to_string(i)), Soon()));
-    q.MarkTrained({"id" + std::to_string(i)});
+    q.Resolve(RefsOf(q.Pop(1, Soon())), true);
   }
   EXPECT_EQ(q.Stats().batch_ids, 3);
-  EXPECT_EQ(q.TrainedBatchIds(), (std::vector<std::string>{"id2", "id3", "id4"}));
+  EXPECT_EQ(Ids(q.RecordedBatches()), (std::vector<std::string>{"id2", "id3", "id4"}));
   EXPECT_OK(q.Push(Batch(1, "g", "id0"), Soon()));  // forgotten
   EXPECT_THAT(q.Push(Batch(1, "g", "id4"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
 }

@@ -621,6 +621,63 @@ TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
   EXPECT_EQ(a.Metric("asympo_rollout_weight_connected"), 1);
 }
 
+// A learner killed at version 5 whose restart trains a different version 5
+// (its newest checkpoint was older): the number is the same, the weights
+// are not. Receivers fetch by incarnation and content, not by number alone.
+TEST(BroadcastTest, ARestartedLearnersOtherWeightsUnderTheSameVersionAreFetched) {
+  const auto sender_of = [](const std::string& incarnation, int port) {
+    BroadcastSenderOptions o = SmallBuckets();
+    o.incarnation = incarnation;
+    return std::make_unique<SenderServer>(o, port);
+  };
+  const auto restart = [](std::unique_ptr<SenderServer>* server, Rx& rx, std::string incarnation) {
+    const int port = (*server)->port();
+    (*server)->sender().Shutdown();
+    EXPECT_TRUE(WaitUntil([&] { return !rx->connected(); }));
+    server->reset();
+    BroadcastSenderOptions o = SmallBuckets();
+    o.incarnation = std::move(incarnation);
+    *server = std::make_unique<SenderServer>(o, port);
+    EXPECT_TRUE(WaitUntil([&] { return (*server)->sender().active_receivers() == 1; }));
+  };
+  std::unique_ptr<SenderServer> server = sender_of("first", 0);
+  Rx rx(ReceiverOptions(server->target(), "rollout-0"));
+  ASSERT_OK(server->Publish(5));
+  rx.ExpectAndLoad(5);
+
+  restart(&server, rx, "second");
+  // It holds the first incarnation's 5: none of this one's weights.
+  EXPECT_THAT(server->sender().receiver_versions(), ElementsAre(Pair("rollout-0", 0)));
+  const std::vector<std::string> retrained = testing::Weights(105);
+  ASSERT_OK(server->sender().Publish(5, testing::Views(retrained)));
+  ASSERT_TRUE(rx->WaitForPending(absl::Seconds(2))) << "the retrained version 5 was not fetched";
+  std::shared_ptr<const ReceivedSnapshot> got = rx->TakePending();
+  ASSERT_NE(got, nullptr);
+  EXPECT_EQ(got->manifest.incarnation(), "second");
+  ASSERT_EQ(got->manifest.tensors_size(), static_cast<int>(retrained.size()));
+  for (int t = 0; t < got->manifest.tensors_size(); ++t) {
+    EXPECT_EQ(got->TensorBytes(got->manifest.tensors(t)), retrained[static_cast<size_t>(t)]) << t;
+  }
+  rx->ReportLoaded(5);
+  EXPECT_TRUE(WaitUntil([&] {
+    return server->sender().receiver_versions() ==
+           std::vector<std::pair<std::string, uint64_t>>{{"rollout-0", 5}};
+  }));
+
+  // Restarted again from the checkpoint of exactly those weights: the same
+  // bytes under the same number are not fetched again, and the receiver
+  // counts as holding this incarnation's version 5.
+  restart(&server, rx, "third");
+  ASSERT_OK(server->sender().Publish(5, testing::Views(retrained)));
+  EXPECT_TRUE(WaitUntil([&] {
+    return server->sender().receiver_versions() ==
+           std::vector<std::pair<std::string, uint64_t>>{{"rollout-0", 5}};
+  }));
+  EXPECT_FALSE(rx->WaitForPending(absl::Milliseconds(300)));
+  EXPECT_EQ(rx.Metric("asympo_rollout_weight_fetch_seconds"), 2);  // two fetches in all
+  EXPECT_EQ(rx->failures(), 0);
+}
+
 TEST(BroadcastTest, RegisteringAgainReplacesTheOldSession) {
   SenderServer server(SmallBuckets());
   auto stub = server.NewStub();

@@ -10,11 +10,15 @@ It follows the WeightBroadcast protocol (docs/protocol.md) as the C++
 receiver does: Register (with the model signature the learner's
 GetStatus reports, unless one is given), Subscribe, FetchSnapshot over gRPC
 chunks, a CRC-32C check of every bucket, ReportVersion. When the learner
-goes away it registers again with backoff; after every registration the
-first announcement is followed even when its version is older than the one
-held (a learner restarted from an older checkpoint), later ones only when
-newer. A corrupt or incomplete transfer is reported to the learner and
-skipped: the caller keeps its weights and gets the next version.
+goes away it registers again with backoff. A version number names weights
+only within one learner process (its incarnation, SnapshotManifest.
+incarnation): an announcement of another incarnation is fetched whatever
+its number (a learner restarted from an older checkpoint, or one that
+trained a different version of the same number), unless it is the same
+bytes (every bucket's size and CRC-32C) under the same number; within one
+incarnation only newer versions are. A corrupt or incomplete transfer is
+reported to the learner and skipped: the caller keeps its weights and gets
+the next version.
 
 Tensors come as torch tensors when torch is importable, numpy arrays
 otherwise (bfloat16 becomes float32 with numpy, which has no bfloat16)."""
@@ -70,6 +74,11 @@ class Snapshot:
     @property
     def version(self):
         return self.manifest.version
+
+    @property
+    def incarnation(self):
+        """The learner process that made it (LearnerStatus.incarnation)."""
+        return self.manifest.incarnation
 
     def names(self):
         return [t.name for t in self.manifest.tensors]
@@ -149,6 +158,8 @@ class WeightSubscriber:
         self._learner = learner_pb2_grpc.LearnerStub(channel)
         self.target, self.receiver_id, self.signature = target, receiver_id, model_signature
         self.version, self.max_chunk_bytes = current_version, max_chunk_bytes
+        self.incarnation = ""  # of self.version: the learner process that made it
+        self._held = None      # (version, incarnation, buckets) of the newest fetched
         self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
         self.session = None
         self.failures = 0  # transfers that failed verification or broke off
@@ -167,7 +178,8 @@ class WeightSubscriber:
         try:
             r = self._stub.Register(wb.RegisterRequest(
                 receiver_id=self.receiver_id, transports=[wb.TRANSPORT_GRPC], model_signature=signature,
-                current_version=self.version or 0), timeout=timeout, wait_for_ready=True)
+                current_version=self.version or 0, current_incarnation=self.incarnation),
+                timeout=timeout, wait_for_ready=True)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
                 raise RefusedError("Register: " + e.details(), e.code()) from None
@@ -204,11 +216,17 @@ class WeightSubscriber:
         return Snapshot(manifest, buckets)
 
     def report(self, version, error=""):
-        """Tells the learner which version the engine samples with now."""
-        self.version = version if not error else self.version
+        """Tells the learner which version the engine samples with now (the
+        newest snapshot yielded, when it has that version)."""
+        if not error:
+            if self._held is not None and self._held[0] == version:
+                self.incarnation = self._held[1]
+            self.version = version
         try:
-            self._stub.ReportVersion(wb.ReportVersionRequest(session_id=self.session or "",
-                                                             version=version, error=error), timeout=10)
+            held = (self.version or 0) if error else version  # a failure keeps what it had
+            self._stub.ReportVersion(wb.ReportVersionRequest(
+                session_id=self.session or "", version=held, error=error,
+                incarnation=self.incarnation), timeout=10)
         except grpc.RpcError:
             pass  # informational; the next registration reports again
 
@@ -225,14 +243,12 @@ class WeightSubscriber:
                 for ann in self._stub.Subscribe(wb.SubscribeRequest(session_id=self.session,
                                                                      after_version=0)):
                     m = ann.manifest
-                    if self.version is None:
-                        follow = True
-                    else:
-                        follow = m.version != self.version if first else m.version > self.version
+                    follow = self._wanted(m, first)
                     first = False
                     if follow:
                         snap = self._try_fetch(m)
                         if snap is not None:
+                            self._held = (m.version, m.incarnation, _buckets_of(m))
                             yield snap
                     if stop and stop():
                         return
@@ -248,6 +264,25 @@ class WeightSubscriber:
             time.sleep(random.uniform(backoff / 2, backoff))
             backoff = min(backoff * 2, self.max_backoff)
 
+    def _wanted(self, m, first):
+        """Whether announcement `m` is worth fetching, given what is held."""
+        held = self._held or (None if self.version is None else (self.version, self.incarnation, None))
+        if held is None:
+            return True
+        version, incarnation, buckets = held
+        if m.incarnation != incarnation:
+            if m.version == version and buckets == _buckets_of(m):
+                # The same bytes from a restarted learner: nothing to fetch,
+                # but it now holds this incarnation's version.
+                self._held = (version, m.incarnation, buckets)
+                if self.version == version:
+                    self.report(version)
+                return False
+            return True
+        # Same incarnation (or a learner without incarnations): forwards
+        # only, but the first announcement of a registration even backwards.
+        return m.version != version if first else m.version > version
+
     def _try_fetch(self, manifest):
         try:
             return self.fetch(manifest)
@@ -259,6 +294,10 @@ class WeightSubscriber:
                 self.failures += 1
                 raise
         return None
+
+
+def _buckets_of(manifest):
+    return [(b.size_bytes, b.crc32c) for b in manifest.buckets]
 
 
 def _safetensors_bytes(snapshot):
