@@ -15,12 +15,17 @@ the call and its reply. Then report what the engine holds:
 subscriber.report(snapshot.version) after a load, nothing after an
 EngineError (the engine may hold part of the new version: load it again).
 
-Targets (the engine calls, by their public names):
+Targets: the engine calls below, by their public names, as the current
+sources of vLLM and SGLang (2025-2026) spell them; older releases lack some
+(the pause calls above all): the in-process adapters skip a pause the
+engine does not have; give the server adapters pause=False /
+pause_mode=None for a server without one.
 
-vLLM >= 0.8.5, V1 engine (the default), any tensor / data parallel size:
+vLLM, V1 engine (the default), any tensor / data parallel size
+(worker_extension_cls: vLLM 0.8 and later):
   `LLM(..., worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension")`,
   then VLLMFromTensors(llm):
-    llm.pause_generation(mode="wait")            AsyncLLM (>= 0.11); older
+    llm.pause_generation(mode="wait")            AsyncLLM (recent); older
         ones take wait_for_inflight_requests=True. vllm.LLM has none: its
         generation runs only inside generate(), so a load() between two
         generate() calls is drained already.
@@ -41,14 +46,14 @@ vLLM >= 0.8.5, V1 engine (the default), any tensor / data parallel size:
   update_weights, for vLLM's weight transfer engines).
 vLLM server (`vllm serve link`, VLLM_SERVER_DEV_MODE=1 for the endpoints
   that reach the workers), VLLMServer(url, link, config):
-    POST /pause?mode=wait                        (>= 0.11; pause=False before)
+    POST /pause?mode=wait                        (recent; pause=False before)
     write_hf_directory(snapshot, link, config)
     POST /collective_rpc {"method": "reload_weights"}
     POST /reset_prefix_cache
     POST /resume
   (The server does not report whether the prefix cache was reset; it is
   empty anyway once the paused engine has drained.)
-SGLang >= 0.4.6 (`sglang.Engine`), SGLangInProcess(engine):
+SGLang (`sglang.Engine`), SGLangInProcess(engine):
     engine.pause_generation(mode="abort") when the Engine has it (the sync
         Engine's generate() blocks, so a load() between calls is drained)
     engine.update_weights_from_tensor(named_tensors=..., flush_cache=False)
@@ -57,7 +62,7 @@ SGLang >= 0.4.6 (`sglang.Engine`), SGLangInProcess(engine):
         -> (success, message, num_paused_requests)
     engine.flush_cache()                         .success false fails
     engine.continue_generation()
-SGLang server (HTTP, >= 0.4.6), SGLangServer(url, link, config):
+SGLang server (HTTP), SGLangServer(url, link, config):
     POST /pause_generation {"mode": "abort"}     (abort: in-flight requests
         return to their callers as aborted; "retract" and "in_place" keep
         requests queued, and SGLang then refuses to flush the cache)
@@ -380,8 +385,8 @@ class VLLMServer(_HTTP, _Adapter):
     engine = "vLLM server"
 
     def __init__(self, url, link, config, extra_files=None, pause=True, timeout=600.0):
-        """pause: POST /pause?mode=wait and /resume around each load (vLLM
-        >= 0.11); False for a server without them."""
+        """pause: POST /pause?mode=wait and /resume around each load; False
+        for a server without them (older vLLM)."""
         self.url, self.link, self.config = url.rstrip("/"), link, config
         self.extra, self.pause, self.timeout = extra_files, pause, timeout
 
