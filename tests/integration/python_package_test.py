@@ -239,67 +239,6 @@ def scenario_weights():
           and json.load(open(os.path.join(link, "config.json")))["model_type"] == "qwen3",
           "the directory holds model.safetensors and config.json")
     stop(proc)
-    engines(back, exported)
-
-
-def engines(snap, exported):
-    """The engine adapters, up to the engine's own call (vLLM and SGLang
-    cannot be installed here): stand-ins record the calls, and the SGLang
-    server adapter talks HTTP to a real server that records the requests."""
-    from asympo_rl import engines as eng
-    calls = []
-
-    class Model:
-        def load_weights(self, weights):
-            calls.append(("load_weights", [n for n, _ in weights]))
-
-    class LLM:
-        def __init__(self):
-            self.llm_engine = type("E", (), {})()
-            self.llm_engine.model_executor = type("X", (), {})()
-            self.llm_engine.model_executor.driver_worker = type("W", (), {})()
-            self.llm_engine.model_executor.driver_worker.model_runner = type("R", (), {})()
-            self.llm_engine.model_executor.driver_worker.model_runner.model = Model()
-
-        def reset_prefix_cache(self):
-            calls.append(("reset_prefix_cache",))
-
-        def collective_rpc(self, method):
-            calls.append(("collective_rpc", method, os.path.realpath(link)))
-
-    eng.VLLMInProcess(LLM()).load(snap)
-    check(calls == [("load_weights", snap.names()), ("reset_prefix_cache",)],
-          "vLLM in process: load_weights with every HF name, then reset_prefix_cache")
-    link = os.path.join(WORK, "engine", "model")
-    calls.clear()
-    eng.VLLMFromDisk(LLM(), link, {"model_type": "qwen3"}).load(snap)
-    check(calls[0][:2] == ("collective_rpc", "reload_weights") and
-          calls[0][2].endswith(".v%d" % snap.version) and calls[1] == ("reset_prefix_cache",),
-          "vLLM from disk: the link points at the new version before reload_weights")
-
-    import http.server
-    seen = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            complete = None
-            if "model_path" in body:
-                complete = sorted(tensors_of(os.path.join(body["model_path"], "model.safetensors")))
-            seen.append((self.path, body, complete))
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b'{"success": true, "message": "ok"}')
-
-        def log_message(self, *a):
-            pass
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    eng.SGLangServer("http://127.0.0.1:%d" % server.server_port, link, {"model_type": "qwen3"}).load(snap)
-    server.shutdown()
-    check([p for p, _, _ in seen] == ["/update_weights_from_disk", "/flush_cache"] and
-          seen[0][1]["model_path"] == link and seen[0][2] == sorted(exported),
-          "SGLang server: update_weights_from_disk on a complete directory, then flush_cache")
 
 
 def status_of(port):
