@@ -9,9 +9,14 @@ side in one run, medians of --rounds rounds:
   bucket's CRC-32C), and that plus snap.tensors() as torch tensors;
 - submit: --batches batches of 8 groups x 8 responses x 64 tokens through
   the bare stub's Submit, LearnerClient.submit (batch ids, validation,
-  retry loop) and LearnerClient.submit_stream.
+  retry loop) and LearnerClient.submit_stream;
+- large: --batches batches of 16 groups x 8 responses x 192 tokens, each
+  response with its behavior log-probs, through the bare stub's Submit,
+  LearnerClient.submit (the client's validation at its heaviest) and
+  LearnerClient.submit with a policy version stamped on every response.
 
     python3 bench/python_client_bench.py --build build [--hidden 512 --layers 8 --vocab 32000]
+        [--cases weights,submit,large] [--package OTHER_CHECKOUT/proto/python]
 Prints Markdown tables (docs/benchmarks.md, "Python client")."""
 import argparse
 import json
@@ -109,18 +114,27 @@ def bench_weights(asympo_rl, target, rounds):
         print("| %s | %.3f | %.0f | %.2f |" % (label, t, size / t / 1e6, base / t))
 
 
-def bench_submit(asympo_rl, target, batches, rounds):
+def bench_submit(asympo_rl, target, batches, rounds, shape=(8, 8, 64), logprobs=False, stream=True):
+    """--batches batches of shape (groups, responses, tokens) through the bare
+    stub's Submit, LearnerClient.submit and (stream) submit_stream, rounds
+    alternating; logprobs: every response carries its behavior log-probs."""
     from asympo_rl import client as c
     import grpc
+    n_groups, n_responses, n_tokens = shape
     stub = c.learner_pb2_grpc.LearnerStub(grpc.insecure_channel(target))
     client = asympo_rl.LearnerClient(target, source="bench")
     client.status()
 
+    def response(i, r):
+        tokens = [2 + (i + r + t) % 50 for t in range(n_tokens)]
+        lps = [-0.5 - 0.001 * ((i + t) % 7) for t in range(n_tokens)] if logprobs else None
+        return asympo_rl.response(tokens, float(r % 2), behavior_logprobs=lps, finish_reason="stop")
+
     def make(i):
-        return [asympo_rl.group([1] * 64, [([2 + (i + r) % 50] * 64, float(r % 2)) for r in range(8)],
-                                prompt_id="b%d-%d" % (i, g)) for g in range(8)]
+        return [asympo_rl.group([1] * 64, [response(i, r) for r in range(n_responses)],
+                                prompt_id="b%d-%d" % (i, g)) for g in range(n_groups)]
     data = [make(i) for i in range(batches)]
-    times = {"stub": [], "submit": [], "stream": []}
+    times = {"stub": [], "submit": [], "stamped": [], "stream": []}
     for _ in range(rounds):
         t0 = time.perf_counter()
         for gs in data:
@@ -130,16 +144,25 @@ def bench_submit(asympo_rl, target, batches, rounds):
         for gs in data:
             client.submit(gs)
         times["submit"].append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        client.submit_stream(data)
-        times["stream"].append(time.perf_counter() - t0)
-    print("\n| submit (%d batches of 8 groups x 8 x 64 tokens) | batches/s | groups/s | vs bare |" % batches)
+        if not stream:  # each response stamped with a policy version: the groups copied
+            t0 = time.perf_counter()
+            for gs in data:
+                client.submit(gs, policy_version=0)
+            times["stamped"].append(time.perf_counter() - t0)
+        if stream:
+            t0 = time.perf_counter()
+            client.submit_stream(data)
+            times["stream"].append(time.perf_counter() - t0)
+    print("\n| submit (%d batches of %d groups x %d x %d tokens%s) | batches/s | groups/s | vs bare |"
+          % (batches, n_groups, n_responses, n_tokens, ", behavior log-probs" if logprobs else ""))
     print("| --- | ---: | ---: | ---: |")
     base = median(times["stub"])
     for key, label in (("stub", "bare stub Submit"), ("submit", "LearnerClient.submit"),
+                       ("stamped", "LearnerClient.submit(policy_version=0)"),
                        ("stream", "LearnerClient.submit_stream")):
-        t = median(times[key])
-        print("| %s | %.0f | %.0f | %.2f |" % (label, batches / t, 8 * batches / t, base / t))
+        if times[key]:
+            t = median(times[key])
+            print("| %s | %.0f | %.0f | %.2f |" % (label, batches / t, n_groups * batches / t, base / t))
 
 
 def main():
@@ -150,12 +173,17 @@ def main():
     ap.add_argument("--vocab", type=int, default=32000)
     ap.add_argument("--batches", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--package", default="",
+                    help="the proto/python directory to install (default: this checkout's), e.g. an older "
+                         "revision's from git archive, to measure before and after")
+    ap.add_argument("--cases", default="weights,submit,large",
+                    help="comma-separated: weights, submit (8x8x64), large (16x8x192 with log-probs)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="python_client_bench")
     pkg = os.path.join(work, "pkg")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-build-isolation", "--no-deps",
-                    "--target", pkg, os.path.join(root, "proto", "python")], check=True)
+                    "--target", pkg, args.package or os.path.join(root, "proto", "python")], check=True)
     sys.path.insert(0, pkg)
     import asympo_rl
     write_model(os.path.join(work, "model"), args.hidden, args.layers, args.vocab)
@@ -163,15 +191,21 @@ def main():
     learner = subprocess.Popen([os.path.join(args.build, "learner_server", "asympo-learner"),
                                 "--listen=127.0.0.1:%d" % port, "--metrics_address=",
                                 "--model=" + os.path.join(work, "model"), "--threads=1",
-                                "--prompts_per_step=100000", "--queue_capacity=100000",
-                                "--max_groups_per_batch=64", "--batch_id_window=100000"],
+                                "--prompts_per_step=65536", "--queue_capacity=100000",
+                                "--max_groups_per_batch=64", "--batch_id_window=100000",
+                                "--device_memory_gib=-1"],
                                stdout=open(os.path.join(work, "learner.log"), "w"), stderr=subprocess.STDOUT)
     try:
         target = "127.0.0.1:%d" % port
-        asympo_rl.LearnerClient(target).status(timeout=120)
+        asympo_rl.LearnerClient(target, retry_deadline=120).status()
         print("# python_client_bench: %s\n" % " ".join(sys.argv[1:]))
-        bench_weights(asympo_rl, target, args.rounds)
-        bench_submit(asympo_rl, target, args.batches, args.rounds)
+        if "weights" in args.cases:
+            bench_weights(asympo_rl, target, args.rounds)
+        if "submit" in args.cases:
+            bench_submit(asympo_rl, target, args.batches, args.rounds)
+        if "large" in args.cases:
+            bench_submit(asympo_rl, target, args.batches, args.rounds, shape=(16, 8, 192), logprobs=True,
+                         stream=False)
     finally:
         learner.send_signal(signal.SIGTERM)
         learner.wait(timeout=120)

@@ -7,6 +7,16 @@ deadline:   an address nothing listens on, retry_deadline=2 and timeout=60:
             status(), submit() (with and without validation) and
             submit_stream() give up within 3.5 s with LearnerUnavailableError
             naming the target, the attempts and the seconds waited.
+validation: every batch rule, one fault at a time (tokens out of the
+            vocabulary, one-byte and multi-byte, negative; too many tokens;
+            empty prompts and responses; group sizes; non-finite and too
+            large rewards; behavior log-probs count, sign and finiteness, and
+            missing for grpo; policy versions out of order; batch_id, source
+            and prompt_id bytes; no groups, too many): the client refuses it
+            before sending, with the same message from the vectorised check
+            and the rule by rule one (numpy hidden), and the learner, sent
+            the same batch unchecked, refuses it with a message that contains
+            the client's. Valid batches with multi-byte tokens pass both.
 
     python3 python_client_scenarios_test.py SCENARIO PKG_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
@@ -75,9 +85,132 @@ def scenario_deadline():
                      target, 3.5)
 
 
+def faulty_batches(vocab):
+    """(what, groups or RolloutBatch, batch_id): one broken rule each."""
+    R = asympo_rl.client.rollout_pb2
+
+    def with_fault(fault, n=2, length=3, tag="f"):
+        gs = groups(n, tag, responses=3, length=length)
+        for g in gs:  # multi-byte tokens and behavior log-probs everywhere
+            g.prompt_tokens.extend([vocab - 1, 200])
+            for r in g.responses:
+                r.tokens.extend([vocab - 2, 130])
+                r.behavior_logprobs.extend([-0.25] * len(r.tokens))
+        fault(gs)
+        return gs
+
+    def response(g, j):
+        return lambda gs: gs[g].responses[j]
+    cases = [
+        ("response token = vocab", lambda gs: gs[1].responses[2].tokens.__setitem__(1, vocab)),
+        ("response token far out", lambda gs: gs[0].responses[0].tokens.__setitem__(4, 1 << 30)),
+        ("negative response token", lambda gs: gs[1].responses[0].tokens.__setitem__(0, -1)),
+        ("prompt token = vocab", lambda gs: gs[1].prompt_tokens.__setitem__(2, vocab)),
+        ("negative prompt token", lambda gs: gs[0].prompt_tokens.__setitem__(0, -7)),
+        ("too many response tokens", lambda gs: (gs[1].responses[1].tokens.extend([3] * 8),
+                                                 gs[1].responses[1].behavior_logprobs.extend([-1.0] * 8))),
+        ("too many prompt tokens", lambda gs: gs[0].prompt_tokens.extend([3] * 8)),
+        ("empty response", lambda gs: (gs[1].responses[1].ClearField("tokens"),
+                                       gs[1].responses[1].ClearField("behavior_logprobs"))),
+        ("empty prompt", lambda gs: gs[1].ClearField("prompt_tokens")),
+        ("group of 1", lambda gs: [gs[1].responses.pop() for _ in range(2)]),
+        ("group of 5", lambda gs: gs[0].responses.extend([gs[0].responses[0]] * 2)),
+        ("NaN reward", lambda gs: setattr(response(1, 2)(gs), "reward", float("nan"))),
+        ("infinite reward", lambda gs: setattr(response(0, 1)(gs), "reward", float("-inf"))),
+        ("reward over max_abs_reward", lambda gs: setattr(response(1, 0)(gs), "reward", 2e6)),
+        ("log-probs count", lambda gs: response(1, 1)(gs).behavior_logprobs.append(-1.0)),
+        ("positive log-prob", lambda gs: response(0, 2)(gs).behavior_logprobs.__setitem__(3, 0.5)),
+        ("NaN log-prob", lambda gs: response(1, 2)(gs).behavior_logprobs.__setitem__(0, float("nan"))),
+        ("-inf log-prob", lambda gs: response(1, 0)(gs).behavior_logprobs.__setitem__(1, float("-inf"))),
+        ("last version alone", lambda gs: setattr(response(1, 1)(gs), "last_policy_version", 3)),
+        ("last version below first", lambda gs: (setattr(response(0, 0)(gs), "first_policy_version", 5),
+                                                 setattr(response(0, 0)(gs), "last_policy_version", 4))),
+        ("escapes in the prompt_id", lambda gs: (setattr(gs[0], "prompt_id", 'a\t"q"\\\' \u00e91\u00e9g\n'),
+                                                 [gs[0].responses.pop() for _ in range(2)])),
+        ("prompt_id of 257 bytes", lambda gs: setattr(gs[1], "prompt_id", "\u00e9" * 128 + "x")),
+        ("two faults: the first one named", lambda gs: (setattr(response(1, 0)(gs), "reward", 2e6),
+                                                        gs[0].responses[1].tokens.__setitem__(0, vocab))),
+    ]
+    out = [(what, with_fault(fault, tag=what), None) for what, fault in cases]
+    out.append(("no groups", R.RolloutBatch(source="scenarios"), None))
+    out.append(("5 groups", with_fault(lambda gs: None, n=5), None))
+    out.append(("batch_id of 129 bytes", with_fault(lambda gs: None), "b" * 129))
+    out.append(("source of 129 bytes", R.RolloutBatch(source="s" * 129, groups=with_fault(lambda gs: None)), None))
+    return out
+
+
+def local_message(client, batch, batch_id, numpy_hidden):
+    """The client's own refusal of `batch` (None: it passed)."""
+    from asympo_rl import validation
+    saved = getattr(validation, "np", None)
+    validation.np = None if numpy_hidden else saved
+    try:
+        client.make_batch(batch, batch_id) if isinstance(batch, list) else validation.validate_batch(
+            batch, client.status())
+        return None
+    except asympo_rl.InvalidBatchError as e:
+        return str(e)
+    finally:
+        validation.np = saved
+
+
+def scenario_validation():
+    port = free_port()
+    learner = Learner(port, "--tiny_vocab_size=300", "--max_prompt_tokens=8", "--max_response_tokens=8",
+                      "--max_group_size=4", "--max_groups_per_batch=4", "--prompts_per_step=64",
+                      "--queue_capacity=64")
+    target = "127.0.0.1:%d" % port
+    client = asympo_rl.LearnerClient(target, source="scenarios", retry_deadline=60)
+    raw = asympo_rl.LearnerClient(target, source="scenarios", retry_deadline=60, validate=False)
+    vocab = client.status().limits.vocab_size
+    check(vocab == 300, "the learner's vocabulary is 300 (two-byte tokens)")
+    for what, batch, batch_id in faulty_batches(vocab):
+        fast, slow = (local_message(client, batch, batch_id, hidden) for hidden in (False, True))
+        check(fast is not None and fast == slow, "%s: refused before sending: %s" % (what, fast))
+        try:
+            raw.submit(batch, batch_id=batch_id)
+            check(False, "%s: the learner refuses it too" % what)
+        except asympo_rl.InvalidBatchError as e:
+            check(fast in str(e), "%s: the learner's message contains the client's" % what)
+    valid = faulty_batches(vocab)[-1][1].groups  # the source's fault alone: these groups are valid
+    for hidden in (False, True):
+        check(local_message(client, list(valid), None, hidden) is None,
+              "valid groups with multi-byte tokens pass (numpy %s)" % ("hidden" if hidden else "used"))
+    check(client.submit(list(valid)).accepted_groups == 2, "and the learner takes them")
+    valid[1].responses[2].first_policy_version = 200  # multi-byte varints after the tokens
+    valid[1].responses[2].last_policy_version = 1 << 40
+    for hidden in (False, True):
+        check(local_message(client, list(valid), None, hidden) is None,
+              "and with policy versions 200 and 2^40 (numpy %s)" % ("hidden" if hidden else "used"))
+    from asympo_rl import validation
+    batch = client.make_batch(list(valid), "b/1")
+    check(validation.BatchOfGroups(list(valid), "scenarios", "b/1").SerializeToString() ==
+          batch.SerializeToString(), "a batch serialized from its groups: the RolloutBatch's bytes")
+    check(validation._elements_valid(client.make_batch(list(valid)).SerializeToString(), vocab),
+          "the vectorised check reads such a batch through (no fallback to the rules one by one)")
+    st = client.status()
+    check(st.accepted_batches == 1, "nothing but the valid batch was queued (%d)" % st.accepted_batches)
+    grpo = asympo_rl.client.learner_pb2.LearnerStatus()
+    grpo.CopyFrom(st)
+    grpo.wants_behavior_logprobs = True
+    missing = groups(2, "m")
+    for hidden in (False, True):
+        from asympo_rl import validation
+        saved = getattr(validation, "np", None)
+        validation.np = None if hidden else saved
+        try:
+            validation.validate_batch(asympo_rl.client.rollout_pb2.RolloutBatch(groups=missing), grpo)
+            check(False, "log-probs missing for grpo: refused")
+        except asympo_rl.InvalidBatchError as e:
+            check("behavior_logprobs missing" in str(e), "log-probs missing for grpo: %s" % e)
+        finally:
+            validation.np = saved
+    learner.stop()
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
-    {"deadline": scenario_deadline}[SCENARIO]()
+    {"deadline": scenario_deadline, "validation": scenario_validation}[SCENARIO]()
 
 
 if __name__ == "__main__":

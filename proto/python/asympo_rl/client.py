@@ -149,6 +149,18 @@ def stamp_policy_version(groups, version):
                 r.last_policy_version = version
 
 
+def _stamped(g, version):
+    """`g`, or a stamped copy of it when a response of it carries no version
+    (the caller's message is left as it is)."""
+    for r in g.responses:
+        if not r.HasField("first_policy_version") and not r.HasField("last_policy_version"):
+            copy = rollout_pb2.PromptGroup()
+            copy.CopyFrom(g)
+            stamp_policy_version([copy], version)
+            return copy
+    return g
+
+
 def group(prompt_tokens, responses, prompt_id="", policy_version=None):
     """A prompt group (asympo.v1 PromptGroup). `responses`: Response
     messages, (tokens, reward) pairs or dicts with the Response fields.
@@ -262,6 +274,10 @@ class LearnerClient:
                        else grpc.insecure_channel(target, options))
         self._channel = channel
         self._stub = learner_pb2_grpc.LearnerStub(channel)
+        # Submit with the request already serialized: the bytes validation
+        # read are the bytes sent (and kept for a resend).
+        self._submit_bytes = channel.unary_unary("/asympo.v1.Learner/Submit", request_serializer=None,
+                                                 response_deserializer=learner_pb2.SubmitResponse.FromString)
         self.session = session or os.urandom(8).hex()
         self._lock = threading.Lock()
         self._next = 0
@@ -314,13 +330,22 @@ class LearnerClient:
         this client's source and a new batch id (or `batch_id`), validated
         against the learner's limits. Responses without a policy version
         get `policy_version`, else default_policy_version()."""
+        batch = self._build_batch(groups, batch_id, policy_version)
+        self._encode(batch)
+        return batch
+
+    def _build_batch(self, groups, batch_id, policy_version):
         batch = rollout_pb2.RolloutBatch(source=self.source, groups=[_as_group(g) for g in groups],
                                          batch_id=self.new_batch_id() if batch_id is None else batch_id)
         stamp_policy_version(batch.groups, self.default_policy_version() if policy_version is None
                              else policy_version)
-        if self.validate:
-            validation.validate_batch(batch, self._status or self.status())
         return batch
+
+    def _encode(self, batch):
+        """The batch's wire bytes, validated first unless validate=False."""
+        if self.validate:
+            return validation.encode_valid_batch(batch, self._status or self.status())
+        return batch.SerializeToString()
 
     def submit(self, groups_or_batch, batch_id=None, timeout=None, policy_version=None):
         """Sends one batch, retrying with the same batch id until the learner
@@ -328,16 +353,24 @@ class LearnerClient:
         policy_version: as make_batch's (a RolloutBatch given whole is
         stamped only with an explicit one). Raises InvalidBatchError,
         RefusedError, LearnerBusyError or LearnerUnavailableError."""
-        batch = (groups_or_batch if isinstance(groups_or_batch, rollout_pb2.RolloutBatch)
-                 else self.make_batch(groups_or_batch, batch_id, policy_version))
         if isinstance(groups_or_batch, rollout_pb2.RolloutBatch):
+            batch = groups_or_batch
             stamp_policy_version(batch.groups, policy_version)
-            if self.validate:
-                validation.validate_batch(batch, self._status or self.status())
+        else:
+            # The groups are serialized as they are, not copied into one
+            # message first (a copy only where a version is stamped).
+            version = self.default_policy_version() if policy_version is None else policy_version
+            groups = [_as_group(g) for g in groups_or_batch]
+            if version is not None:
+                version = _version(version, "policy_version")
+                groups = [_stamped(g, version) for g in groups]
+            batch = validation.BatchOfGroups(groups, self.source,
+                                             self.new_batch_id() if batch_id is None else batch_id)
+        payload = self._encode(batch)
         backoff = _Backoff(self, "batch " + (batch.batch_id or "(no id)"))
         while True:
             try:
-                r = self._stub.Submit(batch, timeout=backoff.timeout(timeout), wait_for_ready=True)
+                r = self._submit_bytes(payload, timeout=backoff.timeout(timeout), wait_for_ready=True)
                 return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses,
                                     r.learner_version, r.queue_depth_groups, r.duplicate_batches > 0,
                                     backoff.attempt + 1)
