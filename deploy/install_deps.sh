@@ -44,7 +44,7 @@ if [[ $mode != --build ]]; then
     prometheus-alertmanager slurm-wlm munge
     # The Python client package (proto/python): built by pip without build
     # isolation, CRC-32C in C code.
-    python3-pip python3-setuptools python3-wheel python3-numpy python3-crc32c
+    python3-pip python3-venv python3-setuptools python3-wheel python3-numpy python3-crc32c
     # deploy/run_fuzz.sh: clang with libFuzzer and its sanitizer runtimes,
     # llvm-symbolizer for the reports. deploy/run_sanitizers.sh uses GCC's
     # runtimes, which come with build-essential.
