@@ -17,6 +17,9 @@ validation: every batch rule, one fault at a time (tokens out of the
             and the rule by rule one (numpy hidden), and the learner, sent
             the same batch unchecked, refuses it with a message that contains
             the client's. Valid batches with multi-byte tokens pass both.
+fairness:   8 threads of one client submitting into a full learner: the
+            longest wait is at most 3 times the median wait (waiters are
+            served in arrival order).
 
     python3 python_client_scenarios_test.py SCENARIO PKG_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
@@ -24,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from learner_client import check, free_port
@@ -31,6 +35,7 @@ from learner_client import check, free_port
 SCENARIO, PKG, LEARNER, WORK = sys.argv[1:5]
 sys.path.insert(0, PKG)
 import asympo_rl  # noqa: E402
+
 
 class Learner:
     """One asympo-learner process on `port` (tiny model, 16 tokens), its log
@@ -195,7 +200,6 @@ def scenario_validation():
     grpo.wants_behavior_logprobs = True
     missing = groups(2, "m")
     for hidden in (False, True):
-        from asympo_rl import validation
         saved = getattr(validation, "np", None)
         validation.np = None if hidden else saved
         try:
@@ -208,9 +212,45 @@ def scenario_validation():
     learner.stop()
 
 
+def scenario_fairness():
+    """8 threads of one client, 6 batches each, into a learner with room for
+    2 groups that trains 2 at a time and refuses at once when full (hint
+    50 ms): no submit may wait more than 3 times the median wait (the old
+    per-thread backoffs: 6 to 14 times)."""
+    port = free_port()
+    learner = Learner(port, "--queue_capacity=2", "--prompts_per_step=2", "--max_groups_per_batch=2",
+                      "--full_queue_timeout=0s", "--retry_after=50ms")
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="fair", retry_deadline=300,
+                                     min_backoff=0.05, max_backoff=2.0)
+    client.status()
+    waits, lock = [], threading.Lock()
+
+    def run(t):
+        for i in range(6):
+            gs = groups(1, "t%d-%d" % (t, i), responses=4, length=128)
+            t0 = time.monotonic()
+            r = client.submit(gs)
+            with lock:
+                waits.append((time.monotonic() - t0, r.attempts))
+    workers = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    t0 = time.monotonic()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    ws = sorted(w for w, _ in waits)
+    median = ws[len(ws) // 2]
+    check(len(ws) == 48, "48 submits accepted in %.1f s" % (time.monotonic() - t0))
+    check(ws[-1] <= 3 * median, "no submit waited more than 3 x the median wait: median %.2f s, 90th "
+          "percentile %.2f s, longest %.2f s, most attempts %d" % (median, ws[43], ws[-1],
+                                                                  max(a for _, a in waits)))
+    learner.stop()
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
-    {"deadline": scenario_deadline, "validation": scenario_validation}[SCENARIO]()
+    {"deadline": scenario_deadline, "validation": scenario_validation,
+     "fairness": scenario_fairness}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -30,75 +30,17 @@ a batch whose group is too old (FAILED_PRECONDITION: InvalidBatchError, the
 batch dropped; sample again with newer weights)."""
 import collections
 import os
-import random
 import threading
-import time
+import time  # noqa: F401  (asympo_rl.client.time: the tests' clock)
 
 import grpc
 
 from . import validation
 from ._stubs import learner_pb2, learner_pb2_grpc, rollout_pb2
-from .errors import InvalidBatchError, LearnerBusyError, LearnerUnavailableError, RefusedError
-
-RETRY_AFTER_KEY = "asympo-retry-after-ms"
-ACCEPTED_BATCHES_KEY = "asympo-accepted-batches"
-
-# The one Submit retry policy, docs/protocol.md "Retries" (the C++ tools:
-# common/submit_retry.h, DecideSubmit). The decisions:
-#   retry       send the same batch, same batch_id, again after the hint or
-#               the backoff
-#   drop_batch  final for this batch (InvalidBatchError): no retry can pass
-#               it; the caller drops it and goes on
-#   fatal       a configuration error (RefusedError): credentials, roles, an
-#               address that serves no learner of this protocol
-ACCEPTED, RETRY, DROP_BATCH, FATAL = "accepted", "retry", "drop_batch", "fatal"
-_C = grpc.StatusCode
-SUBMIT_POLICY = {
-    _C.OK: ACCEPTED,
-    # The outcome is unknown: the same batch again, same id.
-    _C.CANCELLED: RETRY, _C.UNKNOWN: RETRY, _C.DEADLINE_EXCEEDED: RETRY, _C.ABORTED: RETRY,
-    _C.INTERNAL: RETRY, _C.UNAVAILABLE: RETRY,
-    # With asympo-retry-after-ms: RETRY (decide_submit); without it: gRPC
-    # refused a message over its size limit.
-    _C.RESOURCE_EXHAUSTED: DROP_BATCH,
-    # The batch breaks a rule, or the learner's state does not admit it.
-    _C.INVALID_ARGUMENT: DROP_BATCH, _C.FAILED_PRECONDITION: DROP_BATCH,
-    _C.OUT_OF_RANGE: DROP_BATCH,
-    # Credentials and roles, or no learner of this protocol at the address.
-    _C.UNAUTHENTICATED: FATAL, _C.PERMISSION_DENIED: FATAL, _C.NOT_FOUND: FATAL,
-    _C.ALREADY_EXISTS: FATAL, _C.UNIMPLEMENTED: FATAL, _C.DATA_LOSS: FATAL,
-}
-
-
-def decide_submit(code, has_retry_hint):
-    """The decision for a finished Submit or SubmitStream with status `code`
-    (a grpc.StatusCode); has_retry_hint: its trailing metadata carried
-    asympo-retry-after-ms."""
-    if code == _C.RESOURCE_EXHAUSTED and has_retry_hint:
-        return RETRY
-    return SUBMIT_POLICY.get(code, FATAL)
-
-
-def decide_get_status(code, has_retry_hint):
-    """The same for GetStatus, which has no batch to drop."""
-    decision = decide_submit(code, has_retry_hint)
-    return FATAL if decision == DROP_BATCH else decision
-
-
-def retry_hint(error):
-    """The learner's hint of a RESOURCE_EXHAUSTED refusal, in seconds (1 when
-    unreadable or negative, at most 60), or None without one."""
-    if error.code() != _C.RESOURCE_EXHAUSTED:
-        return None
-    hint = _trailing(error, RETRY_AFTER_KEY)
-    if hint is None:
-        return None
-    try:
-        ms = int(hint)
-    except ValueError:
-        return 1.0
-    return 1.0 if ms < 0 else min(ms / 1000.0, 60.0)
-
+from .errors import InvalidBatchError, RefusedError
+from .retry import (ACCEPTED, ACCEPTED_BATCHES_KEY, DROP_BATCH, FATAL, RETRY, RETRY_AFTER_KEY,  # noqa: F401
+                    SUBMIT_POLICY, decide_get_status, decide_submit, retry_hint, trailing as _trailing)
+from .retry import Backoff as _Backoff, WaitLine as _WaitLine
 
 FINISH_REASONS = {None: 0, "": 0, "stop": 1, "length": 2}
 
@@ -188,60 +130,6 @@ def _as_group(g):
     raise InvalidBatchError("a group must be a PromptGroup or a dict, not %s" % type(g).__name__)
 
 
-def _trailing(error, key):
-    for k, v in (error.trailing_metadata() or ()):
-        if k == key:
-            return v
-    return None
-
-
-class _Backoff:
-    """The wait before a retry, within a deadline: the learner's hint when
-    there is one, else min_backoff doubling up to max_backoff; both plus up
-    to 20% jitter (as SubmitBackoff in common/submit_retry.h). Every
-    attempt's timeout is cut to what is left of the deadline, so that
-    retry_deadline bounds the whole wait, an unreachable learner's too."""
-
-    def __init__(self, client, what="call"):
-        self.client, self.what, self.attempt = client, what, 0
-        self.current = client.min_backoff
-        self.start = time.monotonic()
-        self.deadline = self.start + client.retry_deadline
-
-    def timeout(self, timeout):
-        """The next attempt's timeout: `timeout` (None: the client's), at
-        most what is left of the deadline."""
-        left = max(self.deadline - time.monotonic(), 0.001)
-        return min(timeout or self.client.timeout, left)
-
-    def wait(self, error, what=None):
-        """Sleeps before the next attempt, or raises once the budget is
-        spent. what: names the call in the error (default: as constructed)."""
-        self.what = what or self.what
-        self.attempt += 1
-        code = error.code()
-        delay = retry_hint(error)
-        if delay is None:
-            delay = self.current
-            self.current = min(self.current * 2, self.client.max_backoff)
-        delay *= 1 + 0.2 * random.random()
-        if time.monotonic() + delay >= self.deadline or (
-                self.client.max_attempts and self.attempt >= self.client.max_attempts):
-            raise self.give_up(code, error.details())
-        time.sleep(delay)
-
-    def give_up(self, code, details):
-        """The error that ends the retries: LearnerBusyError for a full
-        queue, else LearnerUnavailableError, naming the target, the attempts
-        and the seconds waited."""
-        cls = LearnerBusyError if code == grpc.StatusCode.RESOURCE_EXHAUSTED else LearnerUnavailableError
-        return cls("%s to %s: gave up after %d attempts in %.1f s (retry_deadline %g s, max_attempts %d); "
-                   "the last answer: %s: %s" % (self.what, self.client.target, self.attempt,
-                                                time.monotonic() - self.start, self.client.retry_deadline,
-                                                self.client.max_attempts, code.name, details),
-                   code=code, attempts=self.attempt)
-
-
 class LearnerClient:
     """A client of the Learner service. Thread-safe: submits may run on many
     threads; batch ids stay unique."""
@@ -280,6 +168,7 @@ class LearnerClient:
                                                  response_deserializer=learner_pb2.SubmitResponse.FromString)
         self.session = session or os.urandom(8).hex()
         self._lock = threading.Lock()
+        self._line = _WaitLine()
         self._next = 0
         self._status = None
         self.weights = weights
@@ -367,16 +256,11 @@ class LearnerClient:
             batch = validation.BatchOfGroups(groups, self.source,
                                              self.new_batch_id() if batch_id is None else batch_id)
         payload = self._encode(batch)
-        backoff = _Backoff(self, "batch " + (batch.batch_id or "(no id)"))
-        while True:
-            try:
-                r = self._submit_bytes(payload, timeout=backoff.timeout(timeout), wait_for_ready=True)
-                return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses,
-                                    r.learner_version, r.queue_depth_groups, r.duplicate_batches > 0,
-                                    backoff.attempt + 1)
-            except grpc.RpcError as e:
-                self._raise_if_final(e, "batch %s" % (batch.batch_id or "(no id)"))
-                backoff.wait(e)
+        what = "batch " + (batch.batch_id or "(no id)")
+        r, attempts = self._retrying(
+            what, lambda t: self._submit_bytes(payload, timeout=t, wait_for_ready=True), timeout)
+        return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses, r.learner_version,
+                            r.queue_depth_groups, r.duplicate_batches > 0, attempts)
 
     def submit_stream(self, batches, timeout=None):
         """Sends many batches on one SubmitStream (each a RolloutBatch or a
@@ -386,26 +270,51 @@ class LearnerClient:
         pending = [b if isinstance(b, rollout_pb2.RolloutBatch) else self.make_batch(b)
                    for b in batches]
         total = collections.Counter()
-        backoff = _Backoff(self, "stream of %d batches" % len(pending))
-        while pending:
+
+        def attempt(t):
             try:
-                r = self._stub.SubmitStream(iter(pending), timeout=backoff.timeout(timeout),
-                                            wait_for_ready=True)
-                total.update(batches=r.accepted_batches, groups=r.accepted_groups,
-                             responses=r.accepted_responses, duplicates=r.duplicate_batches)
-                return StreamResult(total["batches"], total["groups"], total["responses"],
-                                    total["duplicates"], r.learner_version, backoff.attempt + 1)
+                return self._stub.SubmitStream(iter(pending), timeout=t, wait_for_ready=True)
             except grpc.RpcError as e:
                 done = _trailing(e, ACCEPTED_BATCHES_KEY)
                 done = int(done) if done and done.isdigit() else 0
                 for b in pending[:done]:
                     total.update(batches=1, groups=len(b.groups),
                                  responses=sum(len(g.responses) for g in b.groups))
-                pending = pending[done:]
-                self._raise_if_final(e, "stream batch %s" % (pending[0].batch_id if pending else "-"))
-                backoff.wait(e)
-        return StreamResult(total["batches"], total["groups"], total["responses"],
-                            total["duplicates"], 0, backoff.attempt + 1)
+                del pending[:done]
+                raise
+        r, attempts = self._retrying("stream of %d batches" % len(pending), attempt, timeout)
+        total.update(batches=r.accepted_batches, groups=r.accepted_groups,
+                     responses=r.accepted_responses, duplicates=r.duplicate_batches)
+        return StreamResult(total["batches"], total["groups"], total["responses"], total["duplicates"],
+                            r.learner_version, attempts)
+
+    def _retrying(self, what, attempt, timeout=None):
+        """(attempt(t)'s answer, attempts): attempt (a call with timeout t)
+        made again under the retry policy until it is answered, raising
+        what the policy makes final; waiting fairly with the client's other
+        submissions (_WaitLine)."""
+        backoff = _Backoff(self, what)
+        ticket, in_line = self._line.arrive()
+        last = None
+        try:
+            while True:
+                if in_line and not self._line.wait_turn(ticket, backoff.deadline):
+                    raise backoff.give_up(last.code() if last else None,
+                                          (last.details() if last else "") + "; waited in line behind the "
+                                          "client's earlier submissions")
+                try:
+                    return attempt(backoff.timeout(timeout)), backoff.attempt + 1
+                except grpc.RpcError as e:
+                    last = e
+                    self._raise_if_final(e, backoff.what)
+                    self._line.join(ticket)
+                    in_line = True
+                    if self._line.first(ticket):
+                        backoff.wait(e)
+                    else:
+                        backoff.count(e)
+        finally:
+            self._line.leave(ticket)
 
     def _raise_if_final(self, e, what):
         """Raises unless the policy retries the answer (docs/protocol.md,
