@@ -20,6 +20,11 @@ validation: every batch rule, one fault at a time (tokens out of the
 fairness:   8 threads of one client submitting into a full learner: the
             longest wait is at most 3 times the median wait (waiters are
             served in arrival order).
+session:    two clients with the same session= (a generator restarted)
+            never make the same batch id: the second one's new batches are
+            all queued, none answered as a duplicate; a batch sent again
+            with its recorded id is; ids longer than the learner's
+            max_batch_id_bytes are refused before sending.
 
     python3 python_client_scenarios_test.py SCENARIO PKG_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
@@ -140,7 +145,8 @@ def faulty_batches(vocab):
     out.append(("no groups", R.RolloutBatch(source="scenarios"), None))
     out.append(("5 groups", with_fault(lambda gs: None, n=5), None))
     out.append(("batch_id of 129 bytes", with_fault(lambda gs: None), "b" * 129))
-    out.append(("source of 129 bytes", R.RolloutBatch(source="s" * 129, groups=with_fault(lambda gs: None)), None))
+    out.append(("source of 129 bytes", R.RolloutBatch(source="s" * 129, groups=with_fault(lambda gs: None)),
+                None))
     return out
 
 
@@ -247,10 +253,40 @@ def scenario_fairness():
     learner.stop()
 
 
+def scenario_session():
+    """Two clients given the same session= (a generator and its restart)."""
+    port = free_port()
+    learner = Learner(port, "--prompts_per_step=64", "--queue_capacity=64")
+    target = "127.0.0.1:%d" % port
+    first = asympo_rl.LearnerClient(target, source="gen", session="run-7", retry_deadline=60)
+    ids = [first.submit(groups(1, "a%d" % i)).batch_id for i in range(4)]
+    again = asympo_rl.LearnerClient(target, source="gen", session="run-7", retry_deadline=60)
+    results = [again.submit(groups(1, "b%d" % i)) for i in range(4)]
+    check(all(i.startswith("gen/run-7/") for i in ids + [r.batch_id for r in results]),
+          "ids name the source and the session: %s, %s" % (ids[0], results[0].batch_id))
+    check(not set(ids) & {r.batch_id for r in results}, "a second client of the session reuses no id")
+    local = {first.new_batch_id() for _ in range(1000)} | {again.new_batch_id() for _ in range(1000)}
+    check(len(local) == 2000, "2000 ids of the two clients, all different")
+    check(not any(r.duplicate for r in results), "the second client's new batches are not duplicates")
+    st = again.status()
+    check(st.accepted_batches == 8 and st.duplicate_batches == 0 and st.queue_depth_groups == 8,
+          "the learner queued all 8 batches (accepted %d, duplicates %d, queued %d groups)"
+          % (st.accepted_batches, st.duplicate_batches, st.queue_depth_groups))
+    r = again.submit(groups(1, "a0"), batch_id=ids[0])
+    check(r.duplicate, "a batch sent again with its recorded id is a duplicate")
+    try:
+        asympo_rl.LearnerClient(target, source="gen", session="s" * 110).submit(groups(1, "c"))
+        check(False, "ids over max_batch_id_bytes are refused")
+    except asympo_rl.InvalidBatchError as e:
+        check("max_batch_id_bytes" in str(e) and "session" in str(e),
+              "ids over max_batch_id_bytes are refused, naming the limit and the session: %s" % e)
+    learner.stop()
+
+
 def main():
     os.makedirs(WORK, exist_ok=True)
     {"deadline": scenario_deadline, "validation": scenario_validation,
-     "fairness": scenario_fairness}[SCENARIO]()
+     "fairness": scenario_fairness, "session": scenario_session}[SCENARIO]()
 
 
 if __name__ == "__main__":

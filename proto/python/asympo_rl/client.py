@@ -4,9 +4,13 @@
     print(client.status().limits)
     result = client.submit([group(prompt_tokens, [(tokens, reward), ...]), ...])
 
-Every batch gets a batch_id ("<source>/<session>/<n>") unless one is given,
-so that a retry after a lost reply is acknowledged by the learner as a
-duplicate and trained once (docs/protocol.md, "Exactly-once"). Every answer
+Every batch gets a batch_id unless one is given, "<source>/<session>/<n>",
+or "<source>/<session>/<sub>/<n>" with session= (<sub>: random, new for
+every LearnerClient), so that a retry after a lost reply is acknowledged by
+the learner as a duplicate and trained once (docs/protocol.md,
+"Exactly-once"), and new data never reuses an id: a batch id names one
+payload, and the learner refuses an old id with new data
+(ALREADY_EXISTS). Every answer
 is read with the project's one Submit retry policy (docs/protocol.md,
 "Retries"; the same table as the C++ tools' common/submit_retry.h):
 retry, with the same id, after the learner's asympo-retry-after-ms hint or
@@ -142,9 +146,14 @@ class LearnerClient:
         what is left of retry_deadline). retry_deadline: seconds a submit,
         a stream or status() keeps retrying, an unreachable learner
         included (LearnerUnavailableError names the target, the attempts
-        and the seconds waited); max_attempts: 0 for no limit besides it. session: the middle part of generated batch
-        ids (default: random); give the same one to resume a run whose
-        batches must keep their ids. weights: the WeightSubscriber whose
+        and the seconds waited); max_attempts: 0 for no limit besides it.
+        session: names the run in the generated batch ids (default:
+        random); each client adds a random sub-session of its own, so a
+        generator restarted with the same session never reuses an id of
+        its earlier process for new data. Batches sent again keep the ids
+        they were sent with (submit(..., batch_id=), resend_unconfirmed()).
+        Raises InvalidBatchError when source and session leave the ids no
+        room within max_batch_id_bytes. weights: the WeightSubscriber whose
         reported version (what the engine samples with, report()) stamps
         the responses a batch sends without a policy version; right when
         the engine loads weights only between generations (else pass
@@ -167,6 +176,10 @@ class LearnerClient:
         self._submit_bytes = channel.unary_unary("/asympo.v1.Learner/Submit", request_serializer=None,
                                                  response_deserializer=learner_pb2.SubmitResponse.FromString)
         self.session = session or os.urandom(8).hex()
+        self.sub_session = os.urandom(6).hex() if session else ""
+        parts = [self.source[:64], self.session] + ([self.sub_session] if session else [])
+        self._id_prefix = "/".join(parts) + "/"
+        self._check_id_bytes(self._id_prefix + "0", validation.MAX_BATCH_ID_BYTES)
         self._lock = threading.Lock()
         self._line = _WaitLine()
         self._next = 0
@@ -204,10 +217,23 @@ class LearnerClient:
         return (self._status or self.status()).limits
 
     def new_batch_id(self):
+        """The next generated batch id, checked against the learner's
+        max_batch_id_bytes when its limits are known."""
         with self._lock:
             n = self._next
             self._next += 1
-        return "%s/%s/%d" % (self.source[:64], self.session, n)
+        batch_id = self._id_prefix + str(n)
+        if self._status is not None:
+            limit = self._status.limits.max_batch_id_bytes or validation.MAX_BATCH_ID_BYTES
+            self._check_id_bytes(batch_id, limit)
+        return batch_id
+
+    def _check_id_bytes(self, batch_id, limit):
+        if len(batch_id.encode()) > limit:
+            raise InvalidBatchError(
+                "batch id %r is %d bytes, more than max_batch_id_bytes %d: shorten session= (%d bytes) or "
+                "source= (%d bytes)" % (batch_id, len(batch_id.encode()), limit, len(self.session.encode()),
+                                        len(self.source.encode())))
 
     def default_policy_version(self):
         """The version a batch without one is stamped with: the weight

@@ -180,9 +180,10 @@ class _PlainRules:
         for r in group.responses:
             n, lps, reward = len(r.tokens), len(r.behavior_logprobs), r.reward
             if not (0 < n <= max_response and -bound <= reward <= bound and isfinite(reward)
-                    and (lps == n or (lps == 0 and not self.require_logprobs))
-                    and (not r.HasField("last_policy_version") or (
-                        r.HasField("first_policy_version") and r.last_policy_version >= r.first_policy_version))):
+                    and (lps == n or (lps == 0 and not self.require_logprobs))):
+                return False
+            if r.HasField("last_policy_version") and not (
+                    r.HasField("first_policy_version") and r.last_policy_version >= r.first_policy_version):
                 return False
         return True
 
