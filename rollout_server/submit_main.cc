@@ -1,4 +1,5 @@
-// asympo-submit: sends a JSONL file of scored prompt groups to a learner.
+// asympo-submit: sends a JSONL file of scored prompt groups to a learner,
+// exactly once, and waits until the learner confirms it trained them.
 //
 //   asympo-submit --learner=127.0.0.1:50051 --input=groups.jsonl
 //   asympo-submit --learner=... --input=chat.jsonl --tokenizer=tokenizer.json
@@ -7,49 +8,60 @@
 // "text", "responses": [{"tokens": [...] or "text": "...", "reward": 1.0,
 // "finish_reason": "stop", "behavior_logprobs": [...], "first_policy_version":
 // 7, "last_policy_version": 8}, ...]} (all but the tokens and the reward
-// optional). Text needs
-// --tokenizer. Every row is checked against the learner's limits before
-// anything is sent; a bad row is reported as "<file>:<line>: <rule>".
+// optional; text needs --tokenizer). Every row is checked against the
+// learner's limits before anything is sent; a bad row is reported as
+// "<file>:<line>: <rule>" and not sent; every good row is.
 //
-// Lines are sent in windows of --groups_per_batch lines, one batch each,
-// whose batch_id names the window and its bytes
-// ("<source>/<run>/<first>-<last>/<crc32c>"): sending a window again (a
-// retry, a rerun) trains it once. A window with a bad row is not sent. The
-// ids of confirmed windows are appended to --state (fsynced), and a rerun
-// skips them: an interrupted run resumes where it stopped, and a rerun after
-// a row was fixed sends only what was not confirmed. The learner's answers
-// are read with the one Submit retry policy (common/submit_retry.h, docs/protocol.md
-// "Retries"): backpressure (RESOURCE_EXHAUSTED and its retry hint) and
+// Windows are keyed by content, never by line numbers
+// (rollout_server/submit_state.h says exactly what is keyed by what): the
+// good rows that are in no window yet form windows of --groups_per_batch
+// rows in file order, one batch each, whose batch_id is derived from the
+// rows' digests. A window is recorded in --state before it is first sent and
+// its rows never go in another window: lines deleted, inserted or moved
+// change nothing already sent, and a fixed row is new content, sent once.
+//
+// Accepted is not trained (docs/protocol.md, "Recovery after a learner
+// restart"). Each accepted window is recorded with the reply's
+// learner_incarnation and learner_version, and as trained only when
+// GetStatus from that same incarnation reports recorded_through_version
+// (--confirm=trained: trained_through_version) above that version; the run
+// ends by waiting up to --confirm_timeout for it. A window not confirmed is
+// sent again, with its batch_id and payload, whenever the learner is not the
+// incarnation that accepted it: at the start of a rerun, and as soon as a
+// reply or GetStatus shows a restarted learner. The learner answers those it
+// had recorded as duplicates and queues those it lost.
+//
+// The learner's answers are read with the one Submit retry policy
+// (common/submit_retry.h, docs/protocol.md "Retries"): backpressure and
 // outages are waited out, within --retry_deadline per batch; a batch that is
 // final (drop_batch) is reported as refused and the run goes on; a fatal
 // answer (credentials, roles, no learner at the address) stops it.
 //
-// Exit status: 0 when every row was accepted; 1 when a row was bad or
-// refused (the rest was sent); 2 for a usage error, an unreadable file or a
-// learner that refuses the connection or cannot be reached.
-#include <fcntl.h>
-#include <unistd.h>
-
+// Exit status: 0 when every good row is confirmed trained and no row was
+// bad; 1 when a row was bad or refused, or a window the restarted learner
+// lost has rows no longer in the file (the rest was sent); 2 for a usage
+// error, an unreadable file or state, or a learner that refuses the
+// connection or cannot be reached; 3 when every row was accepted but some
+// windows are not confirmed yet (a rerun confirms them or sends them again).
 #include <algorithm>
-#include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "asympo/v1/learner.grpc.pb.h"
 #include "common/batch_validation.h"
-#include "common/crc32c.h"
 #include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/grpc_status.h"
@@ -58,6 +70,8 @@
 #include "common/submit_retry.h"
 #include "common/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
+#include "rollout_server/submit_rows.h"
+#include "rollout_server/submit_state.h"
 
 ABSL_FLAG(std::string, learner, "127.0.0.1:50051", "The learner's host:port.");
 ABSL_FLAG(std::string, tls_ca, "",
@@ -75,14 +89,23 @@ ABSL_FLAG(std::string, tokenizer, "",
           "A Hugging Face tokenizer.json, for rows that give \"prompt\" or response \"text\" "
           "instead of token ids.");
 ABSL_FLAG(int32_t, groups_per_batch, 16,
-          "Lines per batch (capped by the learner's max_groups_per_batch).");
+          "Rows per window, one batch each (capped by the learner's max_groups_per_batch).");
 ABSL_FLAG(std::string, source, "asympo-submit", "RolloutBatch.source, and the batch ids' prefix.");
 ABSL_FLAG(std::string, run_id, "",
           "The batch ids' run part (default: the input file's name). Reruns of one file must "
           "keep it to be deduplicated.");
 ABSL_FLAG(std::string, state, "",
-          "File of confirmed batch ids, appended as batches are accepted and read to resume "
-          "(default: <input>.submitted; \"none\" keeps none).");
+          "The run's record of windows formed, accepted and confirmed (JSON lines, fsynced), "
+          "read by a rerun to resume (default: <input>.submitted; \"none\" keeps none).");
+ABSL_FLAG(std::string, confirm, "recorded",
+          "What confirms a window as trained: \"recorded\" (GetStatus.recorded_through_version: "
+          "the learner's checkpoint holds it, so it survives a learner restart) or \"trained\" "
+          "(trained_through_version: for a learner without --checkpoint_dir, which records "
+          "nothing).");
+ABSL_FLAG(absl::Duration, confirm_timeout, absl::Minutes(5),
+          "How long the run waits at its end for the learner to confirm the windows it accepted "
+          "(0: read GetStatus once). Windows left unconfirmed give exit status 3; a rerun "
+          "confirms them, or sends them again if the learner restarted.");
 ABSL_FLAG(absl::Duration, timeout, absl::Seconds(60), "Deadline of one Submit call.");
 ABSL_FLAG(absl::Duration, retry_deadline, absl::Minutes(10),
           "How long one batch is retried through backpressure and outages before the run "
@@ -98,133 +121,80 @@ ASYMPO_FLAG_RANGE(groups_per_batch, 1, 65536);
 ASYMPO_DURATION_FLAG_RANGE(timeout, absl::Milliseconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(retry_deadline, absl::ZeroDuration(), absl::Hours(24 * 7));
 ASYMPO_DURATION_FLAG_RANGE(progress_every, absl::ZeroDuration(), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(confirm_timeout, absl::ZeroDuration(), absl::Hours(24 * 7));
 
 namespace {
 
-struct Row {
-  int line = 0;
-  std::string text;
-  v1::PromptGroup group;
-  std::string error;  // empty: good
-};
-
-std::vector<int32_t> TokensOf(const nlohmann::json& j, const Tokenizer* tok, const char* ids_key,
-                              const char* text_key, const std::string& what) {
-  if (j.contains(ids_key)) {
-    const nlohmann::json& ids = j[ids_key];
-    if (!ids.is_array()) throw std::runtime_error(what + " " + ids_key + " is not a list");
-    std::vector<int32_t> out;
-    for (const auto& v : ids) {
-      if (!v.is_number_integer() || v.get<int64_t>() < INT32_MIN || v.get<int64_t>() > INT32_MAX) {
-        throw std::runtime_error(
-            absl::StrCat(what, " ", ids_key, " holds ", v.dump(), ", not a token id"));
-      }
-      out.push_back(v.get<int32_t>());
-    }
-    return out;
-  }
-  if (!j.contains(text_key)) {
-    throw std::runtime_error(
-        absl::StrCat(what, " has neither \"", ids_key, "\" nor \"", text_key, "\""));
-  }
-  if (!j[text_key].is_string()) throw std::runtime_error(what + " " + text_key + " is not text");
-  if (tok == nullptr) {
-    throw std::runtime_error(
-        absl::StrCat(what, " gives \"", text_key, "\": tokenizing it needs --tokenizer"));
-  }
-  return tok->Encode(j[text_key].get<std::string>());
-}
-
-v1::Response ParseResponse(const nlohmann::json& r, const Tokenizer* tok, const std::string& what) {
-  if (!r.is_object()) throw std::runtime_error(what + " is not an object");
-  v1::Response out;
-  for (int32_t id : TokensOf(r, tok, "tokens", "text", what)) out.add_tokens(id);
-  if (!r.contains("reward") || !r["reward"].is_number()) {
-    throw std::runtime_error(what + " has no numeric \"reward\"");
-  }
-  out.set_reward(r["reward"].get<float>());
-  if (r.contains("finish_reason")) {
-    const std::string f =
-        r["finish_reason"].is_string() ? r["finish_reason"].get<std::string>() : "?";
-    if (f == "stop") {
-      out.set_finish_reason(v1::FINISH_REASON_STOP);
-    } else if (f == "length") {
-      out.set_finish_reason(v1::FINISH_REASON_LENGTH);
-    } else {
-      throw std::runtime_error(what + " finish_reason is not \"stop\" or \"length\"");
-    }
-  }
-  if (r.contains("behavior_logprobs")) {
-    if (!r["behavior_logprobs"].is_array()) {
-      throw std::runtime_error(what + " behavior_logprobs is not a list");
-    }
-    for (const auto& v : r["behavior_logprobs"]) {
-      if (!v.is_number()) throw std::runtime_error(what + " behavior_logprobs holds a non-number");
-      out.add_behavior_logprobs(v.get<float>());
-    }
-  }
-  // The policy versions that sampled the response's first and last token
-  // (docs/protocol.md, "Policy lag"); the ordering is checked with the
-  // learner's rules (ValidateBatch).
-  const auto version = [&](const char* key) -> std::optional<uint64_t> {
-    if (!r.contains(key)) return std::nullopt;
-    if (!r[key].is_number_unsigned()) {
-      throw std::runtime_error(absl::StrCat(what, " ", key, " is not a non-negative integer"));
-    }
-    return r[key].get<uint64_t>();
-  };
-  if (const auto v = version("first_policy_version")) out.set_first_policy_version(*v);
-  if (const auto v = version("last_policy_version")) out.set_last_policy_version(*v);
-  return out;
-}
-
-// Parses one line into row->group, or sets row->error.
-void ParseRow(const std::string& name, const Tokenizer* tok, const BatchLimits& limits, Row* row) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(row->text);
-    if (!j.is_object()) throw std::runtime_error("the line is not a JSON object");
-    v1::PromptGroup& g = row->group;
-    if (j.contains("prompt_id") && !j["prompt_id"].is_string()) {
-      throw std::runtime_error("prompt_id is not a string");
-    }
-    g.set_prompt_id(j.value("prompt_id", absl::StrCat(name, ":", row->line)));
-    for (int32_t id : TokensOf(j, tok, "prompt_tokens", "prompt", "the prompt")) {
-      g.add_prompt_tokens(id);
-    }
-    if (!j.contains("responses") || !j["responses"].is_array()) {
-      throw std::runtime_error("\"responses\" is missing or not a list");
-    }
-    for (size_t i = 0; i < j["responses"].size(); ++i) {
-      *g.add_responses() = ParseResponse(j["responses"][i], tok, absl::StrCat("response ", i));
-    }
-    v1::RolloutBatch one;
-    *one.add_groups() = g;
-    const absl::Status s = ValidateRolloutBatch(one, limits);
-    if (!s.ok()) throw std::runtime_error(std::string(s.message()));
-  } catch (const nlohmann::json::parse_error& e) {
-    const std::string what = e.what();  // "[json.exception.parse_error.101] parse error at ..."
-    const size_t at = what.find("] ");
-    row->error = "not valid JSON: " + (at == std::string::npos ? what : what.substr(at + 2));
-  } catch (const std::exception& e) {
-    row->error = e.what();
-  }
-}
+using submit::Row;
+using submit::Window;
+using submit::WindowState;
 
 struct Tally {
-  int64_t groups_sent = 0, duplicates = 0, skipped_confirmed = 0, refused_rows = 0, bad_rows = 0;
+  int64_t groups_sent = 0, duplicates = 0, resent_windows = 0, skipped_confirmed = 0,
+          refused_rows = 0, bad_rows = 0;
   uint64_t version = 0;
   uint32_t queue = 0;
   bool waiting = false;
 };
 
+struct Run {
+  std::string input, id_prefix;
+  v1::Learner::Stub* stub = nullptr;
+  submit::StateFile state;
+  absl::flat_hash_map<std::string, const Row*> rows;  // the good rows, by key
+  std::string incarnation;                            // the learner's, as last seen
+  bool restarted = false;                  // a reply came from another incarnation: resend
+  bool by_recorded = true;                 // --confirm=recorded
+  absl::flat_hash_set<size_t> unsendable;  // windows to resend whose rows are gone
+  Tally tally;
+  int64_t lines = 0;
+  absl::Time last_progress = absl::Now();
+};
+
+// Windows accepted (or formed) and not yet confirmed, that can still be.
+struct Pending {
+  int64_t windows = 0, groups = 0, confirmed_windows = 0, confirmed_groups = 0;
+};
+
+Pending PendingOf(const Run& run) {
+  Pending p;
+  for (size_t w = 0; w < run.state.windows().size(); ++w) {
+    const Window& win = run.state.window(w);
+    const auto groups = static_cast<int64_t>(win.keys.size());
+    if (win.state == WindowState::kTrained) {
+      ++p.confirmed_windows;
+      p.confirmed_groups += groups;
+    } else if (win.state != WindowState::kRefused && !run.unsendable.contains(w)) {
+      ++p.windows;
+      p.groups += groups;
+    }
+  }
+  return p;
+}
+
+void Progress(Run* run, bool force) {
+  const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
+  if (every <= absl::ZeroDuration() || (!force && absl::Now() - run->last_progress < every)) return;
+  run->last_progress = absl::Now();
+  const Tally& t = run->tally;
+  const Pending p = PendingOf(*run);
+  std::cerr << absl::StrFormat(
+      "asympo-submit: %d rows, %d groups sent (%d duplicates, %d windows again), %d skipped as "
+      "confirmed, %d bad, %d refused; %d windows confirmed, %d awaiting; learner version %d, "
+      "queue %d%s\n",
+      run->lines, t.groups_sent, t.duplicates, t.resent_windows, t.skipped_confirmed, t.bad_rows,
+      t.refused_rows, p.confirmed_windows, p.windows, t.version, t.queue,
+      t.waiting ? " (waiting: the learner's queue is full)" : "");
+}
+
 // Sends one batch through the Submit retry policy (docs/protocol.md,
-// "Retries") until it is accepted (true), dropped as final (false, *refusal
-// set), or a fatal error or the spent --retry_deadline (returned).
+// "Retries") until it is accepted (true, *reply set), dropped as final
+// (false, *refusal set), or a fatal error or the spent --retry_deadline
+// (returned).
 absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& batch, Tally* t,
-                               std::string* refusal) {
+                               std::string* refusal, v1::SubmitResponse* reply) {
   const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_retry_deadline);
   SubmitBackoff backoff(absl::Milliseconds(100), absl::Seconds(10));
-  v1::SubmitResponse r;
   const SubmitAttempt a = SubmitUntilSettled(
       *stub, batch, {absl::GetFlag(FLAGS_timeout), /*wait_for_ready=*/true}, backoff,
       [&](const SubmitAttempt& a) {
@@ -233,15 +203,15 @@ absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& 
         absl::SleepFor(a.wait);
         return true;
       },
-      &r);
+      reply);
   const grpc::Status& s = a.status;
   switch (a.decision) {
     case SubmitDecision::kAccepted:
       t->waiting = false;
       t->groups_sent += batch.groups_size();
-      t->duplicates += static_cast<int64_t>(r.duplicate_batches());
-      t->version = r.learner_version();
-      t->queue = r.queue_depth_groups();
+      t->duplicates += static_cast<int64_t>(reply->duplicate_batches());
+      t->version = reply->learner_version();
+      t->queue = reply->queue_depth_groups();
       return true;
     case SubmitDecision::kDropBatch:
       *refusal = s.error_message();  // a retry could not pass
@@ -258,119 +228,109 @@ absl::StatusOr<bool> SendBatch(v1::Learner::Stub* stub, const v1::RolloutBatch& 
                    GrpcCodeName(s.error_code()), ": ", s.error_message(), ")"));
 }
 
-std::string BaseName(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
+// A learner that answers as another incarnation restarted: every window it
+// did not confirm is to be sent again.
+void SawIncarnation(Run* run, const std::string& incarnation) {
+  if (incarnation == run->incarnation) return;
+  if (!run->incarnation.empty()) {
+    std::cerr << "asympo-submit: the learner restarted (incarnation " << incarnation << ", was "
+              << run->incarnation << "): windows it did not confirm are sent again\n";
+  }
+  run->incarnation = incarnation;
+  run->restarted = true;
 }
 
-class StateFile {
- public:
-  absl::Status Open(const std::string& path) {
-    if (path == "none") return absl::OkStatus();
-    std::ifstream in(path);
-    for (std::string id; std::getline(in, id);) {
-      if (!id.empty()) confirmed_.insert(id);
-    }
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd_ < 0) return absl::InvalidArgumentError(absl::StrCat("cannot write --state ", path));
-    return absl::OkStatus();
+// The file's lines of `win`'s rows that are still in it, for messages.
+std::string LinesOf(const Run& run, const Window& win) {
+  std::vector<int> lines;
+  for (const std::string& k : win.keys) {
+    if (auto it = run.rows.find(k); it != run.rows.end()) lines.push_back(it->second->line);
   }
-  ~StateFile() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  bool Confirmed(const std::string& id) const { return confirmed_.count(id) > 0; }
-  void Confirm(const std::string& id) {
-    if (fd_ < 0) return;
-    const std::string line = id + "\n";
-    if (::write(fd_, line.data(), line.size()) != static_cast<ssize_t>(line.size()) ||
-        ::fsync(fd_) != 0) {
-      std::cerr << "asympo-submit: warning: cannot record " << id << " in --state\n";
-    }
-  }
-  size_t size() const { return confirmed_.size(); }
-
- private:
-  std::set<std::string> confirmed_;
-  int fd_ = -1;
-};
-
-absl::StatusOr<std::vector<Row>> ReadRows(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::InvalidArgumentError(absl::StrCat("cannot read --input ", path));
-  std::vector<Row> rows;
-  std::string text;
-  for (int line = 1; std::getline(in, text); ++line) {
-    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
-    rows.push_back(Row{line, std::move(text), {}, {}});
-  }
-  return rows;
+  return absl::StrCat(run.input, ":", absl::StrJoin(lines, ","));
 }
 
-struct Run {
-  std::string input, name, id_prefix;
-  v1::Learner::Stub* stub = nullptr;
-  StateFile state;
-  Tally tally;
-  int64_t lines = 0, done_lines = 0;
-  absl::Time last_progress = absl::Now();
-};
-
-void Progress(Run* run, bool force) {
-  const absl::Duration every = absl::GetFlag(FLAGS_progress_every);
-  if (every <= absl::ZeroDuration() || (!force && absl::Now() - run->last_progress < every)) return;
-  run->last_progress = absl::Now();
-  const Tally& t = run->tally;
-  std::cerr << absl::StrFormat(
-      "asympo-submit: %d/%d rows, %d groups sent (%d duplicates), %d skipped as confirmed, %d bad, "
-      "%d refused; learner version %d, queue %d%s\n",
-      run->done_lines, run->lines, t.groups_sent, t.duplicates, t.skipped_confirmed, t.bad_rows,
-      t.refused_rows, t.version, t.queue,
-      t.waiting ? " (waiting: the learner's queue is full)" : "");
-}
-
-// Sends rows[begin, end) as one batch unless a row is bad or it was confirmed.
-absl::Status SendWindow(Run* run, std::vector<Row>& rows, size_t begin, size_t end) {
-  std::string bytes;
-  for (size_t i = begin; i < end; ++i) absl::StrAppend(&bytes, rows[i].text, "\n");
+// Sends window `w` (`again`: a window sent before, with its batch_id) until
+// it is accepted or refused.
+absl::Status SendWindow(Run* run, size_t w, bool again) {
+  const Window& win = run->state.window(w);
   v1::RolloutBatch batch;
   batch.set_source(absl::GetFlag(FLAGS_source));
-  batch.set_batch_id(absl::StrFormat("%s%d-%d/%08x", run->id_prefix, rows[begin].line,
-                                     rows[end - 1].line, Crc32c(bytes.data(), bytes.size())));
-  run->done_lines += static_cast<int64_t>(end - begin);
-  bool bad = false;
-  for (size_t i = begin; i < end; ++i) {
-    if (rows[i].error.empty()) continue;
-    std::cerr << run->input << ":" << rows[i].line << ": " << rows[i].error << "\n";
-    ++run->tally.bad_rows;
-    bad = true;
+  batch.set_batch_id(win.id);
+  for (const std::string& k : win.keys) {
+    auto it = run->rows.find(k);
+    if (it == run->rows.end()) {
+      std::cerr << run->input << ": window " << win.id << " (" << win.keys.size()
+                << " rows) must be sent again, but row " << k
+                << " is no longer in the file: not sent, and not confirmed\n";
+      run->unsendable.insert(w);
+      return absl::OkStatus();
+    }
+    *batch.add_groups() = it->second->group;
   }
-  if (bad) {
-    std::cerr << run->input << ":" << rows[begin].line << "-" << rows[end - 1].line
-              << ": not sent (a bad row in its batch); fix the row and run again\n";
-    return absl::OkStatus();
-  }
-  if (run->state.Confirmed(batch.batch_id())) {
-    run->tally.skipped_confirmed += static_cast<int64_t>(end - begin);
-    return absl::OkStatus();
-  }
-  for (size_t i = begin; i < end; ++i) *batch.add_groups() = std::move(rows[i].group);
-  if (absl::GetFlag(FLAGS_check_only)) return absl::OkStatus();
   std::string refusal;
-  ASYMPO_ASSIGN_OR_RETURN(const bool accepted, SendBatch(run->stub, batch, &run->tally, &refusal));
+  v1::SubmitResponse reply;
+  ASYMPO_ASSIGN_OR_RETURN(const bool accepted,
+                          SendBatch(run->stub, batch, &run->tally, &refusal, &reply));
+  if (again) ++run->tally.resent_windows;
   if (!accepted) {
-    std::cerr << run->input << ":" << rows[begin].line << "-" << rows[end - 1].line
-              << ": refused by the learner: " << refusal << "\n";
-    run->tally.refused_rows += static_cast<int64_t>(end - begin);
+    std::cerr << LinesOf(*run, win) << ": refused by the learner: " << refusal << "\n";
+    run->tally.refused_rows += static_cast<int64_t>(win.keys.size());
+    run->state.Refused(w);
     return absl::OkStatus();
   }
-  run->state.Confirm(batch.batch_id());
+  run->state.Accepted(w, reply.learner_incarnation(), reply.learner_version());
+  SawIncarnation(run, reply.learner_incarnation());
   Progress(run, false);
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::LearnerStatus> LearnerStatus(v1::Learner::Stub* stub) {
+// Whether window `w` is to be sent (again): formed but never answered, or
+// accepted by a learner incarnation that is gone.
+bool NeedsSend(const Run& run, size_t w) {
+  const Window& win = run.state.window(w);
+  if (run.unsendable.contains(w)) return false;
+  return win.state == WindowState::kFormed ||
+         (win.state == WindowState::kAccepted && win.incarnation != run.incarnation);
+}
+
+// Sends again every window that needs it, until the learner stays the same
+// incarnation through a whole pass.
+absl::Status SendUnconfirmed(Run* run) {
+  run->restarted = false;
+  for (bool sent = true; sent;) {
+    sent = false;
+    for (size_t w = 0; w < run->state.windows().size(); ++w) {
+      if (!NeedsSend(*run, w)) continue;
+      ASYMPO_RETURN_IF_ERROR(SendWindow(run, w, /*again=*/true));
+      sent = true;
+    }
+  }
+  run->restarted = false;
+  return absl::OkStatus();
+}
+
+// Forms windows of the good rows in no window yet, in file order, and sends
+// each.
+absl::Status SendNew(Run* run, const std::vector<Row>& rows, size_t per_window) {
+  std::vector<const Row*> free;
+  for (const Row& r : rows) {
+    if (r.error.empty() && !run->state.Claimed(r.key)) free.push_back(&r);
+  }
+  for (size_t begin = 0; begin < free.size(); begin += per_window) {
+    std::vector<std::string> keys;
+    for (size_t i = begin; i < std::min(free.size(), begin + per_window); ++i) {
+      keys.push_back(free[i]->key);
+    }
+    const size_t w = run->state.Formed(submit::WindowId(run->id_prefix, keys), keys);
+    ASYMPO_RETURN_IF_ERROR(SendWindow(run, w, /*again=*/false));
+    if (run->restarted) ASYMPO_RETURN_IF_ERROR(SendUnconfirmed(run));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::LearnerStatus> ReadStatus(v1::Learner::Stub* stub, absl::Duration timeout) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(GrpcDeadline(absl::GetFlag(FLAGS_timeout)));
+  ctx.set_deadline(GrpcDeadline(timeout));
   ctx.set_wait_for_ready(true);
   v1::LearnerStatus st;
   const grpc::Status s = stub->GetStatus(&ctx, v1::GetStatusRequest(), &st);
@@ -380,6 +340,48 @@ absl::StatusOr<v1::LearnerStatus> LearnerStatus(v1::Learner::Stub* stub) {
         " did not answer GetStatus: ", GrpcCodeName(s.error_code()), ": ", s.error_message()));
   }
   return st;
+}
+
+// Records as trained every accepted window that `st` confirms: from the
+// incarnation that accepted it, a confirming version above its version.
+// Recorded is also capped at checkpoint_version: a learner computes
+// recorded_through_version when it writes the checkpoint, so a batch
+// answered at the checkpoint's own version after that is not in it, though
+// the learner may report recorded_through_version = checkpoint_version + 1.
+void Confirm(Run* run, const v1::LearnerStatus& st) {
+  const uint64_t through = run->by_recorded
+                               ? std::min(st.recorded_through_version(), st.checkpoint_version())
+                               : st.trained_through_version();
+  run->tally.version = st.version();
+  run->tally.queue = st.queue_depth_groups();
+  for (size_t w = 0; w < run->state.windows().size(); ++w) {
+    const Window& win = run->state.window(w);
+    if (win.state == WindowState::kAccepted && !st.incarnation().empty() &&
+        win.incarnation == st.incarnation() && win.version < through) {
+      run->state.Trained(w);
+    }
+  }
+}
+
+// Reads GetStatus until every window is confirmed or --confirm_timeout is
+// spent (once at least); sends again what a restarted learner lost.
+absl::Status AwaitConfirmation(Run* run) {
+  if (PendingOf(*run).windows == 0) return absl::OkStatus();
+  const absl::Time give_up = absl::Now() + absl::GetFlag(FLAGS_confirm_timeout);
+  SubmitBackoff backoff(absl::Milliseconds(50), absl::Seconds(1));
+  for (;;) {
+    const absl::Duration left = std::max(give_up - absl::Now(), absl::Seconds(1));
+    const absl::StatusOr<v1::LearnerStatus> st =
+        ReadStatus(run->stub, std::min(left, absl::GetFlag(FLAGS_timeout)));
+    if (st.ok()) {
+      SawIncarnation(run, st->incarnation());
+      if (run->restarted) ASYMPO_RETURN_IF_ERROR(SendUnconfirmed(run));
+      Confirm(run, *st);
+    }
+    if (PendingOf(*run).windows == 0 || absl::Now() >= give_up) return absl::OkStatus();
+    Progress(run, false);
+    absl::SleepFor(std::min(backoff.Next(std::nullopt), give_up - absl::Now()));
+  }
 }
 
 BatchLimits LimitsOf(const v1::LearnerStatus& st) {
@@ -394,25 +396,12 @@ BatchLimits LimitsOf(const v1::LearnerStatus& st) {
   return l;
 }
 
-absl::StatusOr<int> Main() {
-  Run run;
-  run.input = absl::GetFlag(FLAGS_input);
-  if (run.input.empty()) return absl::InvalidArgumentError("--input is required");
-  const int32_t per_batch = absl::GetFlag(FLAGS_groups_per_batch);
-  std::unique_ptr<Tokenizer> tok;
-  if (!absl::GetFlag(FLAGS_tokenizer).empty()) {
-    ASYMPO_ASSIGN_OR_RETURN(tok, Tokenizer::FromFile(absl::GetFlag(FLAGS_tokenizer)));
-  }
-  ASYMPO_ASSIGN_OR_RETURN(std::vector<Row> rows, ReadRows(run.input));
-  run.lines = static_cast<int64_t>(rows.size());
-  run.name = BaseName(run.input);
-  const std::string run_id =
-      absl::GetFlag(FLAGS_run_id).empty() ? run.name : absl::GetFlag(FLAGS_run_id);
-  run.id_prefix =
-      absl::StrCat(absl::GetFlag(FLAGS_source).substr(0, 40), "/", run_id.substr(0, 48), "/");
-  const std::string state =
-      absl::GetFlag(FLAGS_state).empty() ? run.input + ".submitted" : absl::GetFlag(FLAGS_state);
-  ASYMPO_RETURN_IF_ERROR(run.state.Open(absl::GetFlag(FLAGS_check_only) ? "none" : state));
+std::string BaseName(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+absl::StatusOr<std::unique_ptr<v1::Learner::Stub>> Connect() {
   security::ClientTlsOptions tls;
   tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
@@ -423,28 +412,106 @@ absl::StatusOr<int> Main() {
   prometheus::Registry tls_registry;  // asympo-submit exports no metrics
   ASYMPO_ASSIGN_OR_RETURN(
       auto channel, security::CreateClientChannel(absl::GetFlag(FLAGS_learner), tls, tls_registry));
-  auto stub = v1::Learner::NewStub(channel);
-  run.stub = stub.get();
-  ASYMPO_ASSIGN_OR_RETURN(const v1::LearnerStatus st, LearnerStatus(stub.get()));
-  const BatchLimits limits = LimitsOf(st);
-  for (Row& row : rows) ParseRow(run.name, tok.get(), limits, &row);
-  const size_t window = static_cast<size_t>(std::min(per_batch, limits.max_groups_per_batch));
-  for (size_t begin = 0; begin < rows.size(); begin += window) {
-    ASYMPO_RETURN_IF_ERROR(SendWindow(&run, rows, begin, std::min(rows.size(), begin + window)));
+  return v1::Learner::NewStub(channel);
+}
+
+// Parses every row against the learner's limits, names the bad ones and
+// keys the good ones (submit_state.h).
+void ParseAll(Run* run, const Tokenizer* tok, const BatchLimits& limits, std::vector<Row>* rows) {
+  std::vector<const v1::PromptGroup*> groups;
+  for (Row& row : *rows) {
+    submit::ParseRow(tok, limits, &row);
+    if (!row.error.empty()) {
+      std::cerr << run->input << ":" << row.line << ": " << row.error
+                << " (not sent; fix the row and run again)\n";
+      ++run->tally.bad_rows;
+      continue;
+    }
+    groups.push_back(&row.group);
   }
-  Progress(&run, true);
-  const Tally& t = run.tally;
-  std::cout << nlohmann::json{{"rows", run.lines},
+  const std::vector<std::string> keys = submit::RowKeys(groups);
+  size_t i = 0;
+  for (Row& row : *rows) {
+    if (!row.error.empty()) continue;
+    row.key = keys[i++];
+    run->rows[row.key] = &row;
+  }
+}
+
+// The last line on stdout: what was sent, and what is confirmed and not.
+int Summarize(Run* run) {
+  Progress(run, true);
+  const Tally& t = run->tally;
+  const Pending p = PendingOf(*run);
+  if (p.windows > 0) {
+    std::cerr << "asympo-submit: " << p.windows << " windows (" << p.groups
+              << " groups) accepted but not confirmed as " << absl::GetFlag(FLAGS_confirm)
+              << " within --confirm_timeout: run again later; it confirms them, or sends them "
+                 "again if the learner lost them\n";
+  }
+  std::cout << nlohmann::json{{"rows", run->lines},
                               {"groups_sent", t.groups_sent},
                               {"duplicates", t.duplicates},
+                              {"resent_windows", t.resent_windows},
                               {"skipped_confirmed", t.skipped_confirmed},
                               {"bad_rows", t.bad_rows},
                               {"refused_rows", t.refused_rows},
+                              {"windows_confirmed", p.confirmed_windows},
+                              {"groups_confirmed", p.confirmed_groups},
+                              {"windows_unconfirmed", p.windows},
+                              {"groups_unconfirmed", p.groups},
+                              {"windows_lost", run->unsendable.size()},
+                              {"confirm", absl::GetFlag(FLAGS_confirm)},
                               {"learner_version", t.version},
+                              {"learner_incarnation", run->incarnation},
                               {"check_only", absl::GetFlag(FLAGS_check_only)}}
-                   .dump()
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
             << std::endl;
-  return t.bad_rows + t.refused_rows > 0 ? 1 : 0;
+  if (t.bad_rows + t.refused_rows > 0 || !run->unsendable.empty()) return 1;
+  return p.windows > 0 ? 3 : 0;
+}
+
+absl::StatusOr<int> Main() {
+  Run run;
+  run.input = absl::GetFlag(FLAGS_input);
+  if (run.input.empty()) return absl::InvalidArgumentError("--input is required");
+  const std::string confirm = absl::GetFlag(FLAGS_confirm);
+  if (confirm != "recorded" && confirm != "trained") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--confirm is \"", confirm, "\"; it must be \"recorded\" or \"trained\""));
+  }
+  run.by_recorded = confirm == "recorded";
+  std::unique_ptr<Tokenizer> tok;
+  if (!absl::GetFlag(FLAGS_tokenizer).empty()) {
+    ASYMPO_ASSIGN_OR_RETURN(tok, Tokenizer::FromFile(absl::GetFlag(FLAGS_tokenizer)));
+  }
+  ASYMPO_ASSIGN_OR_RETURN(std::vector<Row> rows, submit::ReadRows(run.input));
+  run.lines = static_cast<int64_t>(rows.size());
+  const std::string run_id =
+      absl::GetFlag(FLAGS_run_id).empty() ? BaseName(run.input) : absl::GetFlag(FLAGS_run_id);
+  run.id_prefix =
+      absl::StrCat(absl::GetFlag(FLAGS_source).substr(0, 40), "/", run_id.substr(0, 48), "/");
+  const std::string state =
+      absl::GetFlag(FLAGS_state).empty() ? run.input + ".submitted" : absl::GetFlag(FLAGS_state);
+  ASYMPO_RETURN_IF_ERROR(run.state.Open(absl::GetFlag(FLAGS_check_only) ? "none" : state));
+  ASYMPO_ASSIGN_OR_RETURN(auto stub, Connect());
+  run.stub = stub.get();
+  ASYMPO_ASSIGN_OR_RETURN(const v1::LearnerStatus st,
+                          ReadStatus(stub.get(), absl::GetFlag(FLAGS_timeout)));
+  const BatchLimits limits = LimitsOf(st);
+  ParseAll(&run, tok.get(), limits, &rows);
+  if (absl::GetFlag(FLAGS_check_only)) return Summarize(&run);
+  for (const Row& r : rows) {
+    if (r.error.empty() && run.state.Trained(r.key)) ++run.tally.skipped_confirmed;
+  }
+  run.incarnation = st.incarnation();
+  Confirm(&run, st);
+  ASYMPO_RETURN_IF_ERROR(SendUnconfirmed(&run));
+  const auto per_window = static_cast<size_t>(
+      std::min(absl::GetFlag(FLAGS_groups_per_batch), limits.max_groups_per_batch));
+  ASYMPO_RETURN_IF_ERROR(SendNew(&run, rows, per_window));
+  ASYMPO_RETURN_IF_ERROR(AwaitConfirmation(&run));
+  return Summarize(&run);
 }
 
 }  // namespace
@@ -453,9 +520,10 @@ absl::StatusOr<int> Main() {
 int main(int argc, char** argv) {
   asympo::SetProgramUsage(
       "asympo-submit: sends a JSONL file of scored prompt groups to an asympo-learner, "
-      "exactly once.\n"
+      "exactly once, and confirms they were trained.\n"
       "  asympo-submit --learner=HOST:PORT --input=groups.jsonl [--tokenizer=tokenizer.json]\n"
-      "Exit status: 0 all rows accepted, 1 a row bad or refused, 2 usage or connection error.",
+      "Exit status: 0 all rows confirmed trained, 1 a row bad or refused, 2 usage or connection "
+      "error, 3 rows accepted but not all confirmed yet (run again later).",
       "rollout_server/submit_main.cc");
   if (absl::Status s = asympo::ParseFlagsAndStartLogging(argc, argv); !s.ok()) {
     std::cerr << "asympo-submit: " << s.message() << "\n";

@@ -1,17 +1,28 @@
 """asympo-submit against a real asympo-learner.
 
-A JSONL file with two bad rows (broken JSON, a token outside the vocabulary)
-is sent in windows of 3 lines: the bad rows are named by file and line, their
-windows are not sent, the rest is, and the exit status is 1. After the rows
-are fixed, a rerun sends only the two windows it had not confirmed (exit 0).
-A rerun without the state file sends every window again: each is answered as
-a duplicate and nothing is trained twice. Rows of text are tokenized with
---tokenizer (a tokenizer.json); without it they are bad rows. Rows may carry
-first_policy_version/last_policy_version; versions out of order or negative
-are bad rows, and a versioned group's lag reaches GetStatus once trained.
---check_only sends nothing.
+jsonl: a JSONL file with two bad rows (broken JSON, a token outside the
+vocabulary) is sent in windows of 3 good rows: the bad rows are named by file
+and line and not sent, every good row is, and the exit status is 1. After the
+rows are fixed, a rerun sends only the two fixed rows (exit 0). A rerun of the
+first file without the state file forms the same windows, by content, so each
+is answered as a duplicate and nothing is trained twice. Rows of text are
+tokenized with --tokenizer (a tokenizer.json); without it they are bad rows.
+Rows may carry first_policy_version/last_policy_version; versions out of order
+or negative are bad rows, and a versioned group's lag reaches GetStatus once
+trained. --check_only sends nothing.
 
-    python3 submit_tool_test.py SUBMIT_BINARY LEARNER_BINARY TOKENIZER_JSON WORK_DIR"""
+deleted_rows: a bad row deleted instead of fixed shifts every later line; the
+rerun sends nothing again (windows are keyed by their rows' content, not
+their lines), and rows inserted anywhere are sent once.
+
+kill_restart: a learner with checkpoints is killed with SIGKILL after
+asympo-submit finished, with groups trained after its last checkpoint and one
+still queued; asympo-submit had not confirmed them as recorded (exit 3). The
+learner restarts from its checkpoint; a rerun sends again every window not
+confirmed, with its batch id: the recorded ones are duplicates, the lost ones
+are queued, and every group is trained exactly once in the restored history.
+
+    python3 submit_tool_test.py SCENARIO SUBMIT_BINARY LEARNER_BINARY TOKENIZER_JSON WORK_DIR"""
 import json
 import os
 import shutil
@@ -22,7 +33,9 @@ import time
 
 from learner_client import check, free_port, generate_stubs, grpc
 
-SUBMIT, LEARNER, TOKENIZER, WORK = sys.argv[1:5]
+SCENARIO, SUBMIT, LEARNER, TOKENIZER, WORK = sys.argv[1:6]
+PORT = 0
+pb2 = pb2_grpc = None
 
 
 def row(i, token=None):
@@ -31,34 +44,61 @@ def row(i, token=None):
                                       "reward": float(r == 0), "finish_reason": "stop"} for r in range(3)]})
 
 
+def write(path, lines):
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def submit(path, *extra):
+    """Runs asympo-submit; the learners of these tests train every group
+    (--prompts_per_step=1) but write no checkpoint, unless extra says so."""
     out = subprocess.run([SUBMIT, "--learner=127.0.0.1:%d" % PORT, "--input=" + path,
-                          "--groups_per_batch=3", "--progress_every=0"] + list(extra),
-                         capture_output=True, text=True, timeout=120)
+                          "--groups_per_batch=3", "--progress_every=0", "--confirm=trained",
+                          "--confirm_timeout=60s"] + list(extra),
+                         capture_output=True, text=True, timeout=180)
     print(out.stderr, out.stdout)
     summary = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else {}
     return out.returncode, summary, out.stderr
 
 
-def main():
+def start_learner(name, *extra):
     global PORT
-    shutil.rmtree(WORK, ignore_errors=True)
-    os.makedirs(WORK)
-    proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
-    pb2, pb2_grpc, _ = generate_stubs(proto, os.path.join(WORK, "stubs"))
     PORT = free_port()
-    log = open(os.path.join(WORK, "learner.log"), "w")
+    log = open(os.path.join(WORK, name + ".log"), "w")
     proc = subprocess.Popen([LEARNER, "--listen=127.0.0.1:%d" % PORT, "--metrics_address=",
-                             "--model=tiny", "--tiny_vocab_size=300", "--prompts_per_step=2",
-                             "--queue_capacity=64", "--threads=1"], stdout=log, stderr=subprocess.STDOUT)
+                             "--model=tiny", "--tiny_vocab_size=300", "--queue_capacity=64",
+                             "--threads=1"] + list(extra), stdout=log, stderr=subprocess.STDOUT)
     stub = pb2_grpc.LearnerStub(grpc.insecure_channel("127.0.0.1:%d" % PORT))
+    return proc, stub
+
+
+def status_of(stub):
+    return stub.GetStatus(pb2.GetStatusRequest(), timeout=30, wait_for_ready=True)
+
+
+def wait_status(stub, what, cond, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        status = status_of(stub)
+        if cond(status):
+            return status
+        time.sleep(0.05)
+    check(False, what + " (last status: %s)" % str(status).replace("\n", " "))
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "the learner exits cleanly")
+
+
+def jsonl():
+    proc, stub = start_learner("learner", "--prompts_per_step=1")
     path = os.path.join(WORK, "rows.jsonl")
     lines = [row(i) for i in range(1, 14)]
     good = list(lines)
     lines[3] = '{"prompt_id": "q4", "prompt_tokens": [1, 2'  # line 4: broken JSON
     lines[6] = row(7, token=999)                             # line 7: outside the vocabulary
-    with open(path, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    write(path, lines)
 
     rc, s, err = submit(path, "--check_only")
     check(rc == 1 and s.get("groups_sent") == 0 and s.get("bad_rows") == 2, "--check_only: 2 bad rows, nothing sent")
@@ -68,34 +108,36 @@ def main():
     check("rows.jsonl:7: group 0 (prompt_id \"q7\") response 1: response token 0 is 999, outside the "
           "vocabulary [0, 300)" in err, "the rule is the learner's message")
     check("rows.jsonl:4: not valid JSON: parse error at line 1, column 43" in err, "broken JSON named")
-    check(s["groups_sent"] == 7 and s["bad_rows"] == 2, "the 7 rows of good windows sent: %s" % s)
-    status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
-    check(status.accepted_groups == 7, "the learner accepted 7 groups")
+    check(s["groups_sent"] == 11 and s["bad_rows"] == 2 and s["windows_confirmed"] == 4 and
+          s["windows_unconfirmed"] == 0, "the 11 good rows sent in 4 windows, trained: %s" % s)
+    check(status_of(stub).accepted_groups == 11, "the learner accepted 11 groups")
+    first = window_ids(path + ".submitted")
 
-    with open(path, "w") as f:
-        f.write("\n".join(good) + "\n")
+    write(path, good)
     rc, s, err = submit(path)
-    check(rc == 0 and s["groups_sent"] == 6 and s["skipped_confirmed"] == 7,
-          "after the fix, a rerun sends the 2 windows it had not confirmed: %s" % s)
+    check(rc == 0 and s["groups_sent"] == 2 and s["skipped_confirmed"] == 11,
+          "after the fix, a rerun sends the 2 fixed rows: %s" % s)
     os.remove(path + ".submitted")
+    write(path, lines)
     rc, s, err = submit(path)
-    check(rc == 0 and s["duplicates"] == 5, "without the state file every window is a duplicate: %s" % s)
-    status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
-    check(status.accepted_groups == 13 and status.duplicate_batches == 5,
-          "13 groups accepted once each, 5 duplicates (%d, %d)" % (status.accepted_groups,
+    check(rc == 1 and s["duplicates"] == 4 and s["groups_sent"] == 11,
+          "without the state file, the first file's windows are duplicates: %s" % s)
+    check(window_ids(path + ".submitted") == first and len(first) == 4,
+          "the same 4 windows, with the same ids")
+    status = status_of(stub)
+    check(status.accepted_groups == 13 and status.duplicate_batches == 4,
+          "13 groups accepted once each, 4 duplicates (%d, %d)" % (status.accepted_groups,
                                                                     status.duplicate_batches))
     text = os.path.join(WORK, "text.jsonl")
-    with open(text, "w") as f:
-        f.write(json.dumps({"prompt": "hello", "responses": [{"text": "a", "reward": 1}] * 2}) + "\n")
+    write(text, [json.dumps({"prompt": "hello", "responses": [{"text": "a", "reward": 1}] * 2})])
     rc, s, err = submit(text)
     check(rc == 1 and "text.jsonl:1: the prompt gives \"prompt\": tokenizing it needs --tokenizer" in err,
           "text without --tokenizer is named")
     rc, s, err = submit(text, "--tokenizer=" + TOKENIZER)
     check(rc == 0 and s["groups_sent"] == 1, "with --tokenizer the text row is tokenized and sent: %s" % s)
-    status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
-    check(status.accepted_groups == 14, "the learner accepted it (%d groups in all)" % status.accepted_groups)
+    check(status_of(stub).accepted_groups == 14, "the learner accepted it")
     versions = os.path.join(WORK, "versions.jsonl")
-    versioned = [json.loads(row(20)), json.loads(row(23))]  # a training step's worth
+    versioned = [json.loads(row(20)), json.loads(row(23))]
     for g in versioned:
         for r in g["responses"]:
             r["first_policy_version"], r["last_policy_version"] = 0, 0
@@ -103,25 +145,111 @@ def main():
     backwards["responses"][2].update(first_policy_version=3, last_policy_version=1)
     negative = json.loads(row(22))
     negative["responses"][0]["first_policy_version"] = -1
-    with open(versions, "w") as f:
-        f.write("\n".join(json.dumps(r) for r in versioned + [backwards, negative]) + "\n")
+    write(versions, [json.dumps(r) for r in versioned + [backwards, negative]])
     rc, s, err = submit(versions, "--groups_per_batch=1")
     check(rc == 1 and s["groups_sent"] == 2 and s["bad_rows"] == 2, "the versioned rows sent: %s" % s)
     check("versions.jsonl:3: group 0 (prompt_id \"q21\") response 2: last_policy_version 1 is below "
           "first_policy_version 3" in err, "versions out of order named by the learner's rule")
     check("versions.jsonl:4: " in err and "first_policy_version is not a non-negative integer" in err,
           "a negative version named")
-    for _ in range(300):
-        status = stub.GetStatus(pb2.GetStatusRequest(), timeout=10)
-        if any(l.trained_groups > 0 for l in status.source_policy_lags):
-            break
-        time.sleep(0.1)
+    status = status_of(stub)
     check([l.trained_groups for l in status.source_policy_lags] == [2],
           "the versioned groups' lag is counted once trained: %s" % status.source_policy_lags)
     rc, s, err = submit(os.path.join(WORK, "missing.jsonl"))
     check(rc == 2 and "cannot read --input" in err, "a missing file: exit 2, named")
-    proc.send_signal(signal.SIGTERM)
-    check(proc.wait(timeout=60) == 0, "the learner exits cleanly")
+    stop(proc)
+
+
+def deleted_rows():
+    proc, stub = start_learner("learner", "--prompts_per_step=1")
+    path = os.path.join(WORK, "rows.jsonl")
+    lines = [row(i) for i in range(1, 14)]
+    lines[1] = row(2, token=999)  # line 2: bad
+    write(path, lines)
+    rc, s, err = submit(path)
+    check(rc == 1 and s["groups_sent"] == 12 and s["bad_rows"] == 1, "12 good rows sent: %s" % s)
+    del lines[1]  # deleted, not fixed: every later row moves up a line
+    write(path, lines)
+    rc, s, err = submit(path)
+    check(rc == 0 and s["groups_sent"] == 0 and s["skipped_confirmed"] == 12,
+          "the rerun sends nothing again: %s" % s)
+    status = status_of(stub)
+    check(status.accepted_groups == 12 and status.duplicate_batches == 0,
+          "no group queued twice (%d accepted, %d duplicates)" % (status.accepted_groups,
+                                                                  status.duplicate_batches))
+    lines = [row(30)] + lines[:5] + [row(31)] + lines[5:]
+    write(path, lines)
+    rc, s, err = submit(path)
+    check(rc == 0 and s["groups_sent"] == 2 and s["skipped_confirmed"] == 12,
+          "2 rows inserted: only they are sent: %s" % s)
+    check(status_of(stub).accepted_groups == 14, "the learner queued 14 groups in all")
+    stop(proc)
+
+
+def window_ids(state_path):
+    """The batch ids of the windows in asympo-submit's state file, in order."""
+    lines = [json.loads(l) for l in open(state_path).read().splitlines()]
+    return [l["window"] for l in lines if "window" in l]
+
+
+def recorded_ids(ckpt, version):
+    """The batch ids a checkpoint records as trained (one group each here)."""
+    meta = json.load(open(os.path.join(ckpt, "ckpt-%012d" % version, "meta.json")))
+    if "batches" in meta:
+        return [b["id"] for b in meta["batches"] if b.get("trained")]
+    return meta["batch_ids"]
+
+
+def kill_restart():
+    ckpt = os.path.join(WORK, "ckpt")
+    flags = ["--prompts_per_step=2", "--checkpoint_dir=" + ckpt, "--checkpoint_every=2"]
+    proc, stub = start_learner("learner-1", *flags)
+    path = os.path.join(WORK, "rows.jsonl")
+    lines = [row(i) for i in range(1, 12)]
+    write(path, lines)
+    # One group a window: 11 windows, 5 steps, checkpoints at versions 2 and 4.
+    rc, s, err = submit(path, "--groups_per_batch=1", "--confirm=recorded", "--confirm_timeout=0")
+    check(rc == 3 and s["groups_sent"] == 11 and s["windows_unconfirmed"] > 0,
+          "accepted, not yet confirmed as recorded: exit 3, named in the summary: %s" % s)
+    unconfirmed = s["windows_unconfirmed"]
+    wait_status(stub, "5 steps trained, 1 group queued",
+                lambda st: st.version == 5 and st.queue_depth_groups == 1)
+    check(os.path.isdir(os.path.join(ckpt, "ckpt-%012d" % 4)) and
+          not os.path.isdir(os.path.join(ckpt, "ckpt-%012d" % 5)), "the newest checkpoint is version 4")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    recorded = recorded_ids(ckpt, 4)
+    check(len(recorded) == 8, "the checkpoint records 8 trained windows: %s" % recorded)
+
+    proc, stub = start_learner("learner-2", *flags)
+    write(path, lines + [row(12)])
+    rc, s, err = submit(path, "--groups_per_batch=1", "--confirm=recorded")
+    check(rc == 0 and s["windows_unconfirmed"] == 0 and s["resent_windows"] == unconfirmed,
+          "the rerun sends again every window not confirmed, and confirms them all: %s" % s)
+    ids = window_ids(path + ".submitted")
+    check(len(ids) == 12 and len(set(ids)) == 12, "12 windows, one per row")
+    lost = 11 - len(recorded)
+    status = status_of(stub)
+    check(s["duplicates"] == unconfirmed - lost and status.duplicate_batches == unconfirmed - lost,
+          "the recorded windows sent again are duplicates (%d)" % status.duplicate_batches)
+    check(status.accepted_groups == lost + 1 and status.trained_groups == lost + 1,
+          "the %d lost groups and the new one queued and trained once (%d, %d)" %
+          (lost, status.accepted_groups, status.trained_groups))
+    check(len(recorded) + status.trained_groups == 12, "every group trained once in the restored history")
+    final = recorded_ids(ckpt, status.checkpoint_version)
+    check(sorted(final) == sorted(ids), "the newest checkpoint records every window once")
+    rc, s, err = submit(path, "--groups_per_batch=1", "--confirm=recorded")
+    check(rc == 0 and s["groups_sent"] == 0 and s["skipped_confirmed"] == 12, "a third run sends nothing")
+    stop(proc)
+
+
+def main():
+    global pb2, pb2_grpc
+    shutil.rmtree(WORK, ignore_errors=True)
+    os.makedirs(WORK)
+    proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
+    pb2, pb2_grpc, _ = generate_stubs(proto, os.path.join(WORK, "stubs"))
+    {"jsonl": jsonl, "deleted_rows": deleted_rows, "kill_restart": kill_restart}[SCENARIO]()
 
 
 if __name__ == "__main__":
