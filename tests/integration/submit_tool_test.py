@@ -22,6 +22,11 @@ learner restarts from its checkpoint; a rerun sends again every window not
 confirmed, with its batch id: the recorded ones are duplicates, the lost ones
 are queued, and every group is trained exactly once in the restored history.
 
+restart_mid_run: the same kill while asympo-submit waits for the last
+windows to be recorded; the learner restarts on the same address and the
+running asympo-submit sees the new incarnation, sends again what was not
+confirmed, and confirms it.
+
     python3 submit_tool_test.py SCENARIO SUBMIT_BINARY LEARNER_BINARY TOKENIZER_JSON WORK_DIR"""
 import json
 import os
@@ -61,9 +66,10 @@ def submit(path, *extra):
     return out.returncode, summary, out.stderr
 
 
-def start_learner(name, *extra):
+def start_learner(name, *extra, port=None):
+    """Starts a learner on `port` (default: a free one), which PORT then names."""
     global PORT
-    PORT = free_port()
+    PORT = port or free_port()
     log = open(os.path.join(WORK, name + ".log"), "w")
     proc = subprocess.Popen([LEARNER, "--listen=127.0.0.1:%d" % PORT, "--metrics_address=",
                              "--model=tiny", "--tiny_vocab_size=300", "--queue_capacity=64",
@@ -243,13 +249,49 @@ def kill_restart():
     stop(proc)
 
 
+def restart_mid_run():
+    ckpt = os.path.join(WORK, "ckpt")
+    flags = ["--prompts_per_step=2", "--checkpoint_dir=" + ckpt]
+    proc, stub = start_learner("learner-1", "--checkpoint_every=2", *flags)
+    path = os.path.join(WORK, "rows.jsonl")
+    write(path, [row(i) for i in range(1, 11)])
+    # 10 windows, 5 steps, checkpoints at versions 2 and 4: the last 2
+    # windows wait for a checkpoint that this learner will not write.
+    tool = subprocess.Popen([SUBMIT, "--learner=127.0.0.1:%d" % PORT, "--input=" + path,
+                             "--groups_per_batch=1", "--progress_every=0", "--confirm=recorded",
+                             "--confirm_timeout=120s"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    wait_status(stub, "5 steps trained", lambda st: st.version == 5)
+    check(tool.poll() is None, "asympo-submit waits for the last windows to be recorded")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    recorded = recorded_ids(ckpt, 4)
+    check(len(recorded) == 8, "the newest checkpoint records 8 windows")
+    proc, stub = start_learner("learner-2", "--checkpoint_every=1", *flags, port=PORT)
+    tool_out, tool_err = tool.communicate(timeout=180)
+    print(tool_err, tool_out)
+    s = json.loads(tool_out.strip().splitlines()[-1])
+    check(tool.returncode == 0 and s["windows_unconfirmed"] == 0 and s["resent_windows"] >= 2 and
+          "the learner restarted" in tool_err,
+          "the run sees the restart, sends again what was not confirmed, and confirms it: %s" % s)
+    status = status_of(stub)
+    check(status.accepted_groups == 2 and status.trained_groups == 2 and
+          status.duplicate_batches == s["resent_windows"] - 2,
+          "the 2 lost groups trained again, once; the recorded ones sent again are duplicates")
+    ids = window_ids(path + ".submitted")
+    check(sorted(recorded_ids(ckpt, status.checkpoint_version)) == sorted(ids),
+          "the newest checkpoint records every window once")
+    stop(proc)
+
+
 def main():
     global pb2, pb2_grpc
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
     proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
     pb2, pb2_grpc, _ = generate_stubs(proto, os.path.join(WORK, "stubs"))
-    {"jsonl": jsonl, "deleted_rows": deleted_rows, "kill_restart": kill_restart}[SCENARIO]()
+    {"jsonl": jsonl, "deleted_rows": deleted_rows, "kill_restart": kill_restart,
+     "restart_mid_run": restart_mid_run}[SCENARIO]()
 
 
 if __name__ == "__main__":
