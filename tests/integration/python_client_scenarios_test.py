@@ -25,10 +25,21 @@ session:    two clients with the same session= (a generator restarted)
             all queued, none answered as a duplicate; a batch sent again
             with its recorded id is; ids longer than the learner's
             max_batch_id_bytes are refused before sending.
+recovery:   the recovery rule against a learner with checkpoints killed
+            with SIGKILL and restarted on its directory: the client keeps
+            the batches checkpoint 6 does not record (among them 2 trained
+            by step 7, 1 queued when killed), sends them again when the
+            first reply names the new incarnation, and every one of the 20
+            batch ids is trained exactly once (version 10 of 2-group steps,
+            the final checkpoint's batches, the step log).
+confirm_options: confirm_at="trained" for a learner without checkpoints;
+            at max_unconfirmed a submit waits, then raises
+            LearnerBusyError without sending.
 
     python3 python_client_scenarios_test.py SCENARIO PKG_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +60,7 @@ class Learner:
 
     def __init__(self, port, *flags):
         Learner.starts += 1
+        self.port = port
         self.log = os.path.join(WORK, "learner-%d.log" % Learner.starts)
         self.proc = subprocess.Popen([LEARNER, "--listen=127.0.0.1:%d" % port, "--metrics_address=",
                                       "--model=tiny", "--tiny_vocab_size=16", "--threads=1"] + list(flags),
@@ -283,10 +295,130 @@ def scenario_session():
     learner.stop()
 
 
+def wait_status(client, what, cond, seconds=120):
+    deadline = time.monotonic() + seconds
+    while True:
+        st = client.status()
+        if cond(st):
+            return st
+        if time.monotonic() > deadline:
+            check(False, "%s within %d s (version %d, queue %d)" % (what, seconds, st.version,
+                                                                    st.queue_depth_groups))
+        time.sleep(0.1)
+
+
+def newest_checkpoint(ckpt):
+    import json
+    newest = max(d for d in os.listdir(ckpt) if d.startswith("ckpt-"))
+    with open(os.path.join(ckpt, newest, "meta.json")) as f:
+        return json.load(f)
+
+
+def scenario_recovery():
+    """A learner with checkpoints, killed (SIGKILL) with batches trained
+    after its last checkpoint and one queued, restarted on its directory."""
+    port, ckpt = free_port(), os.path.join(WORK, "ckpt")
+    flags = ["--prompts_per_step=2", "--checkpoint_every=3", "--keep_checkpoints=0", "--queue_capacity=64",
+             "--checkpoint_dir=" + ckpt, "--step_csv=" + os.path.join(WORK, "steps.csv")]
+    learner = Learner(port, *flags)
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="rec", session="s", retry_deadline=120)
+    sent = [client.submit(groups(1, "old%d" % i)).batch_id for i in range(15)]
+    wait_status(client, "7 steps, checkpoint 6", lambda s: s.version >= 7 and s.checkpoint_version == 6)
+    left = client.confirm()
+    check(3 <= left and [b for b, _, _ in client.unconfirmed()] == sent[-left:],
+          "checkpoint 6 confirms the oldest batches; the newest %d stay unconfirmed (recorded through %d), "
+          "among them the 2 trained by step 7 and the 1 queued"
+          % (left, client.status().recorded_through_version))
+    first = client.status().incarnation
+    learner.stop(signal.SIGKILL)
+    learner = Learner(port, *flags)
+    new = [client.submit(groups(1, "new%d" % i)) for i in range(5)]
+    sent += [r.batch_id for r in new]
+    check(new[0].learner_incarnation not in ("", first), "the reply names the new incarnation")
+    check(all(inc == new[0].learner_incarnation for _, inc, _ in client.unconfirmed()),
+          "the first reply from the restarted learner had the %d unconfirmed batches sent again" % left)
+    st = wait_status(client, "the restarted learner trains all 20 groups", lambda s: s.version >= 10 and
+                     s.queue_depth_groups == 0)
+    check(st.version == 10 and st.resumed_from_version == 6,
+          "version 10 from checkpoint 6: 20 groups in 2-group steps, none lost, none twice "
+          "(duplicates: %d)" % st.duplicate_batches)
+    check(client.confirm() >= 0, "confirm() after the restart")
+    learner.stop()
+    meta = newest_checkpoint(ckpt)
+    trained = {b["id"]: b for b in meta["batches"]}
+    check(meta["version"] == 10 and all(b in trained and trained[b]["trained"] == [0] for b in sent),
+          "the final checkpoint (version %d) records each of the 20 batch ids trained once"
+          % meta["version"])
+    rows = {}
+    with open(os.path.join(WORK, "steps.csv")) as f:
+        for line in f.read().splitlines()[1:]:
+            rows[int(line.split(",")[2])] = line  # the restarted learner rewrites versions 7 on
+    check(sorted(rows) == list(range(1, 11)), "the step log's surviving history: versions 1-10")
+
+
+def scenario_recorded_after_idle():
+    """Batches answered after a checkpoint taken with an empty queue are not
+    recorded: recorded_through_version must not cover them (R <= T). Not
+    registered in ctest while the learner keeps R at the checkpoint's value
+    (R 7 > T 6 here, and the 3 batches, confirmed, are lost by a kill)."""
+    port = free_port()
+    learner = Learner(port, "--prompts_per_step=2", "--checkpoint_every=3", "--queue_capacity=64",
+                      "--checkpoint_dir=" + os.path.join(WORK, "ckpt"))
+    client = asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="idle", retry_deadline=60)
+    for i in range(12):
+        client.submit(groups(1, "a%d" % i))
+    wait_status(client, "checkpoint 6, queue empty", lambda s: s.checkpoint_version == 6 and
+                s.queue_depth_groups == 0)
+    check(client.confirm() == 0, "checkpoint 6 confirms the 12 batches")
+    for i in range(3):
+        client.submit(groups(1, "b%d" % i))
+    st = wait_status(client, "step 7", lambda s: s.version >= 7)
+    check(st.recorded_through_version <= st.trained_through_version,
+          "recorded_through_version %d <= trained_through_version %d"
+          % (st.recorded_through_version, st.trained_through_version))
+    check(client.confirm() == 3, "the 3 batches answered after checkpoint 6 stay unconfirmed")
+    learner.stop()
+
+
+def scenario_confirm_options():
+    """confirm_at='trained' for a learner without checkpoints, and the
+    max_unconfirmed bound."""
+    port = free_port()
+    learner = Learner(port, "--prompts_per_step=2", "--queue_capacity=64")
+    target = "127.0.0.1:%d" % port
+    by_training = asympo_rl.LearnerClient(target, source="t", confirm_at="trained", retry_deadline=60)
+    by_record = asympo_rl.LearnerClient(target, source="r", retry_deadline=60)
+    for i in range(2):
+        by_training.submit(groups(1, "t%d" % i))
+        by_record.submit(groups(1, "r%d" % i))
+    wait_status(by_record, "2 steps", lambda s: s.version >= 2)
+    check(by_training.confirm() == 0, "confirm_at='trained': trained batches are confirmed")
+    check(by_record.confirm() == 2, "confirm_at='recorded': a learner without checkpoints confirms none")
+    stop_training = Learner(free_port(), "--prompts_per_step=64", "--queue_capacity=64")
+    target = "127.0.0.1:%d" % stop_training.port
+    asympo_rl.LearnerClient(target, retry_deadline=60).status()  # started
+    bounded = asympo_rl.LearnerClient(target, source="b", max_unconfirmed=2, retry_deadline=2)
+    for i in range(2):
+        bounded.submit(groups(1, "b%d" % i))
+    t0 = time.monotonic()
+    try:
+        bounded.submit(groups(1, "b2"))
+        check(False, "a third batch waits for room among max_unconfirmed=2")
+    except asympo_rl.LearnerBusyError as e:
+        check("max_unconfirmed 2" in str(e) and time.monotonic() - t0 < 4,
+              "at max_unconfirmed the submit waits up to retry_deadline, then: %s" % e)
+    check(bounded.status().accepted_batches == 2, "the third batch was not sent")
+    stop_training.stop()
+    learner.stop()
+
+
 def main():
-    os.makedirs(WORK, exist_ok=True)
+    shutil.rmtree(WORK, ignore_errors=True)  # a checkpoint of an earlier run would be resumed
+    os.makedirs(WORK)
     {"deadline": scenario_deadline, "validation": scenario_validation,
-     "fairness": scenario_fairness, "session": scenario_session}[SCENARIO]()
+     "fairness": scenario_fairness, "session": scenario_session,
+     "recovery": scenario_recovery, "confirm_options": scenario_confirm_options,
+     "recorded_after_idle": scenario_recorded_after_idle}[SCENARIO]()
 
 
 if __name__ == "__main__":

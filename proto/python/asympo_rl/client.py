@@ -31,17 +31,43 @@ version the subscriber last reported as loaded:
 
 The learner measures the lag from them and, with --max_policy_lag, refuses
 a batch whose group is too old (FAILED_PRECONDITION: InvalidBatchError, the
-batch dropped; sample again with newer weights)."""
+batch dropped; sample again with newer weights).
+
+Recovery after a learner restart (docs/protocol.md): the client keeps every
+accepted batch, as the bytes it sent, with its reply's learner_incarnation
+and learner_version, until it is confirmed: GetStatus of the same
+incarnation reports recorded_through_version above that version (in the
+learner's checkpoint; confirm_at="trained" confirms at
+trained_through_version, for a learner without --checkpoint_dir, whose
+restart starts over anyway). Every status() and confirm() forgets the
+confirmed ones. When a reply or the status shows another incarnation, the
+unconfirmed batches are sent again with their own ids (resend_unconfirmed)
+before the client's next new batch: the learner answers the recorded ones
+as duplicates and queues the others, so a learner killed and restarted from
+its checkpoint loses nothing and trains nothing twice:
+
+    client = LearnerClient("learner:50051", source="vllm-0", session="run-7")
+    client.submit(groups)          # kept until confirmed
+    client.confirm()               # GetStatus: forget what is recorded
+    client.unconfirmed()           # [(batch_id, incarnation, version), ...]
+
+At most max_unconfirmed batches (1000) are kept: at the bound a submit asks
+GetStatus again with the backoff until some are confirmed, up to
+retry_deadline, then raises LearnerBusyError without sending; 0 keeps none
+(no recovery). A resent batch the learner now refuses for good is
+forgotten and listed in client.resend_refused."""
 import collections
 import os
+import random
 import threading
-import time  # noqa: F401  (asympo_rl.client.time: the tests' clock)
+import time
 
 import grpc
 
 from . import validation
 from ._stubs import learner_pb2, learner_pb2_grpc, rollout_pb2
-from .errors import InvalidBatchError, RefusedError
+from .errors import InvalidBatchError, LearnerBusyError, RefusedError
+from .recovery import Unconfirmed
 from .retry import (ACCEPTED, ACCEPTED_BATCHES_KEY, DROP_BATCH, FATAL, RETRY, RETRY_AFTER_KEY,  # noqa: F401
                     SUBMIT_POLICY, decide_get_status, decide_submit, retry_hint, trailing as _trailing)
 from .retry import Backoff as _Backoff, WaitLine as _WaitLine
@@ -50,10 +76,10 @@ FINISH_REASONS = {None: 0, "": 0, "stop": 1, "length": 2}
 
 SubmitResult = collections.namedtuple(
     "SubmitResult", "batch_id accepted_groups accepted_responses learner_version queue_depth_groups "
-                    "duplicate attempts")
+                    "duplicate attempts learner_incarnation")
 StreamResult = collections.namedtuple(
     "StreamResult", "accepted_batches accepted_groups accepted_responses duplicate_batches "
-                    "learner_version attempts")
+                    "learner_version attempts learner_incarnation")
 
 
 def response(tokens, reward, behavior_logprobs=None, finish_reason=None, first_policy_version=None,
@@ -140,7 +166,7 @@ class LearnerClient:
 
     def __init__(self, target, source="", credentials=None, timeout=60.0, retry_deadline=300.0,
                  max_attempts=0, min_backoff=0.1, max_backoff=10.0, validate=True, channel=None,
-                 session=None, weights=None):
+                 session=None, weights=None, max_unconfirmed=1000, confirm_at="recorded"):
         """target: "host:port". credentials: grpc.ChannelCredentials for TLS
         (None: a plaintext channel). timeout: seconds per attempt (cut to
         what is left of retry_deadline). retry_deadline: seconds a submit,
@@ -157,7 +183,12 @@ class LearnerClient:
         reported version (what the engine samples with, report()) stamps
         the responses a batch sends without a policy version; right when
         the engine loads weights only between generations (else pass
-        policy_version, or set each response's versions)."""
+        policy_version, or set each response's versions).
+        max_unconfirmed, confirm_at: the recovery rule (the module's
+        docstring): the most accepted batches kept until the learner
+        confirms them (0: none kept, no recovery), and what confirms one:
+        "recorded" (in the learner's checkpoint) or "trained" (for a
+        learner without --checkpoint_dir, whose restart starts over)."""
         if len(source.encode()) > validation.MAX_SOURCE_BYTES:
             raise InvalidBatchError("source is %d bytes, more than %d" % (len(source.encode()),
                                                                            validation.MAX_SOURCE_BYTES))
@@ -185,6 +216,9 @@ class LearnerClient:
         self._next = 0
         self._status = None
         self.weights = weights
+        self._kept = Unconfirmed(max_unconfirmed, confirm_at)
+        self._resend_lock = threading.Lock()
+        self.resend_refused = []  # (batch_id, message): resent batches the learner refused for good
 
     def close(self):
         self._channel.close()
@@ -205,6 +239,7 @@ class LearnerClient:
                 st = self._stub.GetStatus(learner_pb2.GetStatusRequest(), timeout=backoff.timeout(timeout),
                                           wait_for_ready=wait_for_ready)
                 self._status = st
+                self._kept.see(st)
                 return st
             except grpc.RpcError as e:
                 if decide_get_status(e.code(), retry_hint(e) is not None) != RETRY:
@@ -282,11 +317,13 @@ class LearnerClient:
             batch = validation.BatchOfGroups(groups, self.source,
                                              self.new_batch_id() if batch_id is None else batch_id)
         payload = self._encode(batch)
+        self._before_new_data()
         what = "batch " + (batch.batch_id or "(no id)")
         r, attempts = self._retrying(
             what, lambda t: self._submit_bytes(payload, timeout=t, wait_for_ready=True), timeout)
+        self._accepted([(batch.batch_id, payload, r.learner_incarnation)], r.learner_version)
         return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses, r.learner_version,
-                            r.queue_depth_groups, r.duplicate_batches > 0, attempts)
+                            r.queue_depth_groups, r.duplicate_batches > 0, attempts, r.learner_incarnation)
 
     def submit_stream(self, batches, timeout=None):
         """Sends many batches on one SubmitStream (each a RolloutBatch or a
@@ -295,7 +332,8 @@ class LearnerClient:
         did not confirm (trailing metadata asympo-accepted-batches)."""
         pending = [b if isinstance(b, rollout_pb2.RolloutBatch) else self.make_batch(b)
                    for b in batches]
-        total = collections.Counter()
+        total, early = collections.Counter(), []  # early: accepted before a failed attempt
+        self._before_new_data()
 
         def attempt(t):
             try:
@@ -306,13 +344,91 @@ class LearnerClient:
                 for b in pending[:done]:
                     total.update(batches=1, groups=len(b.groups),
                                  responses=sum(len(g.responses) for g in b.groups))
+                early.extend(pending[:done])
                 del pending[:done]
                 raise
         r, attempts = self._retrying("stream of %d batches" % len(pending), attempt, timeout)
         total.update(batches=r.accepted_batches, groups=r.accepted_groups,
                      responses=r.accepted_responses, duplicates=r.duplicate_batches)
+        # The reply's version is the stream's last: at or above each batch's
+        # own, so confirming at it is safe. Those accepted before a failure
+        # have no known incarnation: sent again (as duplicates, or queued
+        # when their learner restarted) to learn it.
+        self._accepted([(b.batch_id, b.SerializeToString(), None) for b in early] +
+                       [(b.batch_id, b.SerializeToString(), r.learner_incarnation) for b in pending],
+                       r.learner_version)
         return StreamResult(total["batches"], total["groups"], total["responses"], total["duplicates"],
-                            r.learner_version, attempts)
+                            r.learner_version, attempts, r.learner_incarnation)
+
+    def unconfirmed(self):
+        """(batch_id, learner_incarnation, learner_version) of every batch
+        kept until the learner confirms it, oldest first."""
+        return self._kept.listing()
+
+    def confirm(self):
+        """Asks the learner (GetStatus) which kept batches it has recorded
+        (confirm_at="trained": trained) and forgets those; when it has
+        restarted since a batch was accepted, sends that batch again
+        (resend_unconfirmed). Returns how many batches stay unconfirmed."""
+        self.status()
+        if self._kept.has_stale():
+            self.resend_unconfirmed()
+        return len(self._kept)
+
+    def resend_unconfirmed(self, timeout=None):
+        """Sends again, each with its own batch id and bytes, every kept
+        batch accepted by an earlier learner incarnation than the newest
+        seen: the learner answers those its checkpoint recorded as
+        duplicates and queues the others. submit, submit_stream and
+        confirm call it when a reply or the status shows a restart; a
+        batch the learner now refuses for good is forgotten and listed in
+        resend_refused. Returns the number of batches sent again."""
+        sent = 0
+        with self._resend_lock:
+            while self._kept.has_stale():
+                for k in self._kept.stale():
+                    def send(t, payload=k.payload):
+                        return self._submit_bytes(payload, timeout=t, wait_for_ready=True)
+                    try:
+                        r, _ = self._retrying("resent batch " + k.batch_id, send, timeout)
+                    except InvalidBatchError as e:
+                        self._kept.forget(k.batch_id)
+                        self.resend_refused.append((k.batch_id, str(e)))
+                        continue
+                    self._kept.record(k.batch_id, k.payload, r.learner_incarnation, r.learner_version)
+                    sent += 1
+        return sent
+
+    def _accepted(self, batches, learner_version):
+        """Keeps (batch_id, payload, incarnation) accepted at learner_version;
+        sends the stale ones again when the reply shows a restart."""
+        stale = False
+        for batch_id, payload, incarnation in batches:
+            stale = self._kept.record(batch_id, payload, incarnation, learner_version)
+        if stale:
+            self.resend_unconfirmed()
+
+    def _before_new_data(self):
+        """The recovery rule's order: after a restart, the unconfirmed
+        batches go before new data; at max_unconfirmed, waits for the
+        learner to confirm some (GetStatus, with the backoff) until
+        retry_deadline, then raises LearnerBusyError (the new batch is not
+        sent)."""
+        if self._kept.has_stale():
+            self.resend_unconfirmed()
+        start, delay = time.monotonic(), self.min_backoff
+        while self._kept.full() and self.confirm() >= self._kept.limit:
+            if time.monotonic() + delay > start + self.retry_deadline:
+                at = self._kept.confirm_at
+                raise LearnerBusyError(
+                    "%s: %d batches wait for the learner to confirm them (max_unconfirmed %d, confirm_at %r; "
+                    "its %s_through_version is %d); waited %.1f s. A learner without --checkpoint_dir never "
+                    "records: use confirm_at='trained' for it" % (
+                        self.target, len(self._kept), self._kept.limit, at, at,
+                        getattr(self._status, at + "_through_version", 0), time.monotonic() - start),
+                    code=None, attempts=0)
+            time.sleep(delay * (1 + 0.2 * random.random()))
+            delay = min(delay * 2, self.max_backoff)
 
     def _retrying(self, what, attempt, timeout=None):
         """(attempt(t)'s answer, attempts): attempt (a call with timeout t)
