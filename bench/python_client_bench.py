@@ -123,8 +123,12 @@ def bench_submit(asympo_rl, target, batches, rounds, shape=(8, 8, 64), logprobs=
     n_groups, n_responses, n_tokens = shape
     stub = c.learner_pb2_grpc.LearnerStub(grpc.insecure_channel(target))
     # The learner here never trains: keep every batch (the recovery rule's
-    # cost) without ever waiting for a confirmation.
-    client = asympo_rl.LearnerClient(target, source="bench", max_unconfirmed=10 ** 7)
+    # cost) without ever waiting for a confirmation (an older client, from
+    # --package, keeps none).
+    try:
+        client = asympo_rl.LearnerClient(target, source="bench", max_unconfirmed=10 ** 7)
+    except TypeError:
+        client = asympo_rl.LearnerClient(target, source="bench")
     client.status()
 
     def response(i, r):

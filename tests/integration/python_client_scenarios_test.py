@@ -209,6 +209,11 @@ def scenario_validation():
     batch = client.make_batch(list(valid), "b/1")
     check(validation.BatchOfGroups(list(valid), "scenarios", "b/1").SerializeToString() ==
           batch.SerializeToString(), "a batch serialized from its groups: the RolloutBatch's bytes")
+    valid[0].responses[1].first_policy_version = 7  # first alone: not stamped either
+    stamped = asympo_rl.client.rollout_pb2.RolloutBatch(source="scenarios", batch_id="b/2", groups=valid)
+    asympo_rl.stamp_policy_version(stamped.groups, 1 << 33)
+    check(validation.BatchOfGroups(list(valid), "scenarios", "b/2", stamp=1 << 33).SerializeToString() ==
+          stamped.SerializeToString(), "a version stamped in the bytes: the stamped RolloutBatch's bytes")
     check(validation._elements_valid(client.make_batch(list(valid)).SerializeToString(), vocab),
           "the vectorised check reads such a batch through (no fallback to the rules one by one)")
     st = client.status()
@@ -286,6 +291,11 @@ def scenario_session():
           % (st.accepted_batches, st.duplicate_batches, st.queue_depth_groups))
     r = again.submit(groups(1, "a0"), batch_id=ids[0])
     check(r.duplicate, "a batch sent again with its recorded id is a duplicate")
+    s = again.submit_stream([groups(2, "s%d" % i) for i in range(3)])
+    kept = [b for b, _, _ in again.unconfirmed()]
+    check(s.accepted_batches == 3 and s.accepted_groups == 6 and s.duplicate_batches == 0 and len(kept) == 8
+          and s.learner_incarnation == st.incarnation,
+          "a stream of 3 new batches is queued and kept unconfirmed with the others (%d kept)" % len(kept))
     try:
         asympo_rl.LearnerClient(target, source="gen", session="s" * 110).submit(groups(1, "c"))
         check(False, "ids over max_batch_id_bytes are refused")

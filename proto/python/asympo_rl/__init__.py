@@ -1,7 +1,8 @@
 """asympo-rl: the Python client of the ASymPO-RL learner.
 
-- LearnerClient: submit rollout batches (exactly once, with batch ids),
-  read the learner's status and limits.
+- LearnerClient: submit rollout batches (exactly once, with batch ids;
+  each kept until the learner's checkpoint records it, and sent again
+  after a learner restart), read the learner's status and limits.
 - WeightSubscriber: receive the learner's policy weights, verified, as
   (Hugging Face name, tensor) pairs; write_hf_directory for engines that
   reload from disk.

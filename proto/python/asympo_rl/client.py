@@ -121,18 +121,6 @@ def stamp_policy_version(groups, version):
                 r.last_policy_version = version
 
 
-def _stamped(g, version):
-    """`g`, or a stamped copy of it when a response of it carries no version
-    (the caller's message is left as it is)."""
-    for r in g.responses:
-        if not r.HasField("first_policy_version") and not r.HasField("last_policy_version"):
-            copy = rollout_pb2.PromptGroup()
-            copy.CopyFrom(g)
-            stamp_policy_version([copy], version)
-            return copy
-    return g
-
-
 def group(prompt_tokens, responses, prompt_id="", policy_version=None):
     """A prompt group (asympo.v1 PromptGroup). `responses`: Response
     messages, (tokens, reward) pairs or dicts with the Response fields.
@@ -206,6 +194,8 @@ class LearnerClient:
         # read are the bytes sent (and kept for a resend).
         self._submit_bytes = channel.unary_unary("/asympo.v1.Learner/Submit", request_serializer=None,
                                                  response_deserializer=learner_pb2.SubmitResponse.FromString)
+        self._stream_bytes = channel.stream_unary("/asympo.v1.Learner/SubmitStream", request_serializer=None,
+                                                  response_deserializer=learner_pb2.SubmitResponse.FromString)
         self.session = session or os.urandom(8).hex()
         self.sub_session = os.urandom(6).hex() if session else ""
         parts = [self.source[:64], self.session] + ([self.sub_session] if session else [])
@@ -303,20 +293,7 @@ class LearnerClient:
         policy_version: as make_batch's (a RolloutBatch given whole is
         stamped only with an explicit one). Raises InvalidBatchError,
         RefusedError, LearnerBusyError or LearnerUnavailableError."""
-        if isinstance(groups_or_batch, rollout_pb2.RolloutBatch):
-            batch = groups_or_batch
-            stamp_policy_version(batch.groups, policy_version)
-        else:
-            # The groups are serialized as they are, not copied into one
-            # message first (a copy only where a version is stamped).
-            version = self.default_policy_version() if policy_version is None else policy_version
-            groups = [_as_group(g) for g in groups_or_batch]
-            if version is not None:
-                version = _version(version, "policy_version")
-                groups = [_stamped(g, version) for g in groups]
-            batch = validation.BatchOfGroups(groups, self.source,
-                                             self.new_batch_id() if batch_id is None else batch_id)
-        payload = self._encode(batch)
+        batch, payload = self._prepare(groups_or_batch, batch_id, policy_version)
         self._before_new_data()
         what = "batch " + (batch.batch_id or "(no id)")
         r, attempts = self._retrying(
@@ -325,25 +302,44 @@ class LearnerClient:
         return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses, r.learner_version,
                             r.queue_depth_groups, r.duplicate_batches > 0, attempts, r.learner_incarnation)
 
+    def _prepare(self, groups_or_batch, batch_id, policy_version):
+        """(batch, payload): a RolloutBatch given whole (stamped only with an
+        explicit policy_version), or the groups with this client's source
+        and batch_id (else a new one), and its validated wire bytes."""
+        if isinstance(groups_or_batch, rollout_pb2.RolloutBatch):
+            batch = groups_or_batch
+            stamp_policy_version(batch.groups, policy_version)
+        else:
+            # The groups are serialized as they are, not copied into one
+            # message first; a version is stamped in the bytes.
+            version = self.default_policy_version() if policy_version is None else policy_version
+            batch = validation.BatchOfGroups(
+                [_as_group(g) for g in groups_or_batch], self.source,
+                self.new_batch_id() if batch_id is None else batch_id,
+                None if version is None else _version(version, "policy_version"))
+        return batch, self._encode(batch)
+
     def submit_stream(self, batches, timeout=None):
         """Sends many batches on one SubmitStream (each a RolloutBatch or a
         list of groups; each gets its own batch id). After a retryable
         failure the stream is opened again from the first batch the learner
         did not confirm (trailing metadata asympo-accepted-batches)."""
-        pending = [b if isinstance(b, rollout_pb2.RolloutBatch) else self.make_batch(b)
-                   for b in batches]
+        pending = []  # (batch_id, payload, groups, responses)
+        for b in batches:
+            batch, payload = self._prepare(b, None, None)
+            pending.append((batch.batch_id, payload, len(batch.groups),
+                            sum(len(g.responses) for g in batch.groups)))
         total, early = collections.Counter(), []  # early: accepted before a failed attempt
         self._before_new_data()
 
         def attempt(t):
             try:
-                return self._stub.SubmitStream(iter(pending), timeout=t, wait_for_ready=True)
+                return self._stream_bytes(iter([p[1] for p in pending]), timeout=t, wait_for_ready=True)
             except grpc.RpcError as e:
                 done = _trailing(e, ACCEPTED_BATCHES_KEY)
                 done = int(done) if done and done.isdigit() else 0
-                for b in pending[:done]:
-                    total.update(batches=1, groups=len(b.groups),
-                                 responses=sum(len(g.responses) for g in b.groups))
+                for _, _, groups, responses in pending[:done]:
+                    total.update(batches=1, groups=groups, responses=responses)
                 early.extend(pending[:done])
                 del pending[:done]
                 raise
@@ -354,9 +350,8 @@ class LearnerClient:
         # own, so confirming at it is safe. Those accepted before a failure
         # have no known incarnation: sent again (as duplicates, or queued
         # when their learner restarted) to learn it.
-        self._accepted([(b.batch_id, b.SerializeToString(), None) for b in early] +
-                       [(b.batch_id, b.SerializeToString(), r.learner_incarnation) for b in pending],
-                       r.learner_version)
+        self._accepted([(b[0], b[1], None) for b in early] +
+                       [(b[0], b[1], r.learner_incarnation) for b in pending], r.learner_version)
         return StreamResult(total["batches"], total["groups"], total["responses"], total["duplicates"],
                             r.learner_version, attempts, r.learner_incarnation)
 

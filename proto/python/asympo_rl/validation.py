@@ -195,17 +195,58 @@ class BatchOfGroups:
     take a RolloutBatch. SerializeToString() gives the same bytes as the
     RolloutBatch would."""
 
-    def __init__(self, groups, source, batch_id):
-        self.groups, self.source, self.batch_id = groups, source, batch_id
+    def __init__(self, groups, source, batch_id, stamp=None):
+        """stamp: a policy version set, in the bytes only, on every response
+        that carries neither first_policy_version nor last_policy_version
+        (as client.stamp_policy_version would, without copying or changing
+        the groups)."""
+        self.groups, self.source, self.batch_id, self.stamp = groups, source, batch_id, stamp
 
     def SerializeToString(self):  # noqa: N802 (the protobuf message's name)
         parts = []
-        for tag, items in ((_BATCH_GROUPS, [g.SerializeToString() for g in self.groups]),
+        groups = [g.SerializeToString() for g in self.groups]
+        if self.stamp is not None:
+            versions = b"".join(bytes([tag]) + _varint_bytes(self.stamp) for tag in _RESPONSE_VARINTS[1:])
+            groups = [_stamped_group(g, versions) for g in groups]
+        for tag, items in ((_BATCH_GROUPS, groups),
                            (_BATCH_STRINGS[0], [self.source.encode()] if self.source else []),
                            (_BATCH_STRINGS[1], [self.batch_id.encode()] if self.batch_id else [])):
             for b in items:
                 parts += [bytes([tag]), _varint_bytes(len(b)), b]
         return b"".join(parts)
+
+
+def _stamped_group(data, versions):
+    """A serialized PromptGroup with `versions` (the bytes of fields
+    first_policy_version and last_policy_version, the Response's last) added
+    to every response that has neither: the bytes the stamped message
+    serializes to."""
+    out, pos, end = [], 0, len(data)
+    while pos < end:
+        start, tag = pos, data[pos]
+        n, pos = _length(data, pos + 1)
+        if tag == _GROUP_RESPONSES and not _has_versions(data, pos, pos + n):
+            response = data[pos:pos + n] + versions
+            out += [bytes([tag]), _varint_bytes(len(response)), response]
+        else:
+            out.append(data[start:pos + n])
+        pos += n
+    return b"".join(out)
+
+
+def _has_versions(data, pos, end):
+    while pos < end:
+        tag = data[pos]
+        if tag in _RESPONSE_VARINTS[1:]:
+            return True
+        if tag == _RESPONSE_TOKENS or tag == _RESPONSE_LOGPROBS:
+            n, pos = _length(data, pos + 1)
+            pos += n
+        elif tag == _RESPONSE_REWARD:
+            pos += 5
+        else:
+            pos = _varint(data, pos + 1)[1]
+    return False
 
 
 def _varint_bytes(n):
