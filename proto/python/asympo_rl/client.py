@@ -51,10 +51,10 @@ its checkpoint loses nothing and trains nothing twice:
     client.confirm()               # GetStatus: forget what is recorded
     client.unconfirmed()           # [(batch_id, incarnation, version), ...]
 
-At most max_unconfirmed batches (1000) are kept: at the bound a submit asks
-GetStatus again with the backoff until some are confirmed, up to
-retry_deadline, then raises LearnerBusyError without sending; 0 keeps none
-(no recovery). A resent batch the learner now refuses for good is
+At most max_unconfirmed batches (1000; one more per thread that submits at
+the same moment) are kept: at the bound a submit asks GetStatus again with
+the backoff until some are confirmed, up to retry_deadline, then raises
+LearnerBusyError without sending; 0 keeps none (no recovery). A resent batch the learner now refuses for good is
 forgotten and listed in client.resend_refused."""
 import collections
 import os
