@@ -40,14 +40,14 @@ BatchLedger::Seen BatchLedger::Check(const std::string& id, const std::string& d
   const Record& r = it->second;
   // A record without a digest (a checkpoint older than digests) cannot tell
   // payloads apart: as before, the id alone decides.
-  if (r.digest.empty()) return Seen::kDuplicate;
+  if (r.digest.empty()) return Seen::kRecorded;
   if (r.digest != digest || r.groups != groups) return Seen::kConflict;
   if (!r.restored) return Seen::kDuplicate;
   untrained->clear();
   for (int32_t i = 0; i < r.groups; ++i) {
     if (!r.trained[static_cast<size_t>(i)]) untrained->push_back(i);
   }
-  return untrained->empty() ? Seen::kDuplicate : Seen::kResend;
+  return untrained->empty() ? Seen::kRecorded : Seen::kResend;
 }
 
 BatchLedger::Record* BatchLedger::Remember(const std::string& id) {
@@ -86,7 +86,7 @@ void BatchLedger::Resolve(const std::string& id, int32_t index, uint64_t version
 }
 
 uint64_t BatchLedger::TrainedThrough(uint64_t version) const {
-  return pending_.empty() ? version + 1 : std::min(version + 1, pending_.begin()->first);
+  return pending_.empty() ? version : std::min(version, pending_.begin()->first);
 }
 
 std::vector<RecordedBatch> BatchLedger::Recorded() const {

@@ -43,6 +43,7 @@ class BatchLedger {
   enum class Seen {
     kNew,        // never seen (or forgotten): queue every group
     kDuplicate,  // the same payload was accepted: acknowledge, queue nothing
+    kRecorded,   // a duplicate of a batch the restored checkpoint trained in full
     kConflict,   // another payload was accepted under this id: refuse
     kResend,     // restored with untrained groups: queue those only
   };
@@ -65,8 +66,9 @@ class BatchLedger {
   // good: trained by a step (`trained`), or skipped or dropped.
   void Resolve(const std::string& id, int32_t index, uint64_t version, bool trained);
 
-  // Every batch accepted at a version below this is resolved:
-  // `version` + 1 when nothing is unresolved.
+  // Every batch accepted at a version below this is resolved: `version`
+  // (the learner's now) when nothing is unresolved, never more, so that a
+  // batch accepted at `version` after this call is not counted in.
   uint64_t TrainedThrough(uint64_t version) const;
 
   // The batches of which a step trained at least one group, oldest first

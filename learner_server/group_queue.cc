@@ -24,6 +24,7 @@ absl::Status DuplicateStatus(const std::vector<QueuedGroup>& groups) {
 
 constexpr char kSourceLimitPayload[] = "asympo.learner/source_limit";
 constexpr char kConflictPayload[] = "asympo.learner/batch_id_conflict";
+constexpr char kRecordedPayload[] = "asympo.learner/recorded_duplicate";
 
 absl::Status ConflictStatus(const std::vector<QueuedGroup>& groups) {
   const std::string id = QuoteForMessage(groups.front().batch_id);
@@ -50,6 +51,10 @@ bool GroupQueue::IsSourceLimitRefusal(const absl::Status& status) {
 bool GroupQueue::IsBatchIdConflict(const absl::Status& status) {
   return status.code() == absl::StatusCode::kAlreadyExists &&
          status.GetPayload(kConflictPayload).has_value();
+}
+
+bool GroupQueue::IsRecordedDuplicate(const absl::Status& status) {
+  return IsDuplicate(status) && status.GetPayload(kRecordedPayload).has_value();
 }
 
 bool GroupQueue::IsDuplicate(const absl::Status& status) {
@@ -92,6 +97,12 @@ absl::Status GroupQueue::AdmitIdLocked(std::vector<QueuedGroup>* groups) {
     case BatchLedger::Seen::kDuplicate:
       ++duplicate_batches_;
       return DuplicateStatus(*groups);
+    case BatchLedger::Seen::kRecorded: {
+      ++duplicate_batches_;
+      absl::Status s = DuplicateStatus(*groups);
+      s.SetPayload(kRecordedPayload, absl::Cord("1"));
+      return s;
+    }
     case BatchLedger::Seen::kConflict:
       ++batch_id_conflicts_;
       return ConflictStatus(*groups);

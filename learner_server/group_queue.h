@@ -132,6 +132,9 @@ class GroupQueue {
   // (acknowledged, not queued), or refuses it for reusing an accepted
   // batch's id with another payload.
   static bool IsDuplicate(const absl::Status& status);
+  // A duplicate of a batch the restored checkpoint recorded as trained in
+  // full (SubmitResponse.recorded_duplicates).
+  static bool IsRecordedDuplicate(const absl::Status& status);
   static bool IsBatchIdConflict(const absl::Status& status);
   // Groups queued or waiting, by source (sources holding none are left out).
   std::vector<std::pair<std::string, int64_t>> HeldBySource() const;
@@ -168,7 +171,8 @@ class GroupQueue {
   // Remembers `batches` (from a checkpoint).
   void RestoreBatches(const std::vector<CheckpointBatch>& batches);
   // Every batch accepted at a version below this is resolved (LearnerStatus.
-  // trained_through_version); `version` is the learner's now.
+  // trained_through_version); `version` is the learner's now, the most it
+  // returns.
   uint64_t TrainedThrough(uint64_t version) const;
 
   // Refuses new pushes (UNAVAILABLE) and fails waiting ones; queued groups

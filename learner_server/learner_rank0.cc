@@ -206,8 +206,10 @@ absl::Status LearnerRank0::WriteGathered() {
   const LearnerDaemonOptions& o = options();
   Trainer& trainer = core_->trainer();
   if (!o.checkpoint_dir.empty()) {
-    // Every batch accepted below `through` is resolved by the steps this
-    // checkpoint holds (only this thread resolves groups).
+    // Every batch answered below `through` (never above the checkpoint's
+    // version: a batch answered at it after the save is not in it) is
+    // resolved by the steps this checkpoint holds (only this thread
+    // resolves groups).
     const uint64_t through = queue_->TrainedThrough(trainer.version());
     absl::StatusOr<CheckpointInfo> info =
         SaveCheckpoint(o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(),

@@ -177,6 +177,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       reply.set_accepted_groups(static_cast<uint64_t>(counts_.groups));
       reply.set_accepted_responses(static_cast<uint64_t>(counts_.responses));
       reply.set_duplicate_batches(duplicate ? 1 : 0);
+      reply.set_recorded_duplicates(GroupQueue::IsRecordedDuplicate(s) ? 1 : 0);
       reply.set_learner_version(svc_->version());
       reply.set_learner_incarnation(svc_->options().incarnation);
       reply.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
@@ -296,6 +297,9 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     Account(*svc_, principal_->name, s, counts_);
     ++accepted_;
     if (duplicate) reply_.set_duplicate_batches(reply_.duplicate_batches() + 1);
+    if (GroupQueue::IsRecordedDuplicate(s)) {
+      reply_.set_recorded_duplicates(reply_.recorded_duplicates() + 1);
+    }
     reply_.set_accepted_batches(accepted_);
     reply_.set_accepted_groups(reply_.accepted_groups() + static_cast<uint64_t>(counts_.groups));
     reply_.set_accepted_responses(reply_.accepted_responses() +

@@ -279,6 +279,9 @@ absl::Status SendWindow(Run* run, size_t w, bool again) {
     return absl::OkStatus();
   }
   run->state.Accepted(w, reply.learner_incarnation(), reply.learner_version());
+  // A duplicate of a batch the restarted learner's checkpoint records in
+  // full: confirmed now, not after that learner's next checkpoint.
+  if (reply.recorded_duplicates() > 0) run->state.Trained(w);
   SawIncarnation(run, reply.learner_incarnation());
   Progress(run, false);
   return absl::OkStatus();
@@ -344,10 +347,10 @@ absl::StatusOr<v1::LearnerStatus> ReadStatus(v1::Learner::Stub* stub, absl::Dura
 
 // Records as trained every accepted window that `st` confirms: from the
 // incarnation that accepted it, a confirming version above its version.
-// Recorded is also capped at checkpoint_version: a learner computes
-// recorded_through_version when it writes the checkpoint, so a batch
-// answered at the checkpoint's own version after that is not in it, though
-// the learner may report recorded_through_version = checkpoint_version + 1.
+// Recorded is also capped at checkpoint_version: a batch answered at the
+// checkpoint's own version after it was written is not in it (learners
+// report no more since recorded_through_version was capped; the cap keeps
+// older ones safe).
 void Confirm(Run* run, const v1::LearnerStatus& st) {
   const uint64_t through = run->by_recorded
                                ? std::min(st.recorded_through_version(), st.checkpoint_version())
