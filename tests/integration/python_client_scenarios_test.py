@@ -32,6 +32,9 @@ recovery:   the recovery rule against a learner with checkpoints killed
             first reply names the new incarnation, and every one of the 20
             batch ids is trained exactly once (version 10 of 2-group steps,
             the final checkpoint's batches, the step log).
+recorded_after_idle: batches answered after a checkpoint taken with an
+            empty queue stay unconfirmed (recorded_through_version <=
+            trained_through_version).
 confirm_options: confirm_at="trained" for a learner without checkpoints;
             at max_unconfirmed a submit waits, then raises
             LearnerBusyError without sending.
@@ -347,6 +350,9 @@ def scenario_recovery():
     check(new[0].learner_incarnation not in ("", first), "the reply names the new incarnation")
     check(all(inc == new[0].learner_incarnation for _, inc, _ in client.unconfirmed()),
           "the first reply from the restarted learner had the %d unconfirmed batches sent again" % left)
+    kept = {b for b, _, _ in client.unconfirmed()}
+    check(kept <= set(sent[12:]), "those checkpoint 6 records, answered as recorded duplicates, are "
+          "confirmed at once: %d kept, all among the 3 it lacks and the 5 new ones" % len(kept))
     st = wait_status(client, "the restarted learner trains all 20 groups", lambda s: s.version >= 10 and
                      s.queue_depth_groups == 0)
     check(st.version == 10 and st.resumed_from_version == 6,
@@ -368,9 +374,9 @@ def scenario_recovery():
 
 def scenario_recorded_after_idle():
     """Batches answered after a checkpoint taken with an empty queue are not
-    recorded: recorded_through_version must not cover them (R <= T). Not
-    registered in ctest while the learner keeps R at the checkpoint's value
-    (R 7 > T 6 here, and the 3 batches, confirmed, are lost by a kill)."""
+    recorded: recorded_through_version must not cover them (R <= T; the
+    learner of afa79a9 kept R 7 > T 6 here, so the 3 batches, confirmed,
+    were lost by a kill)."""
     port = free_port()
     learner = Learner(port, "--prompts_per_step=2", "--checkpoint_every=3", "--queue_capacity=64",
                       "--checkpoint_dir=" + os.path.join(WORK, "ckpt"))

@@ -54,8 +54,10 @@ its checkpoint loses nothing and trains nothing twice:
 At most max_unconfirmed batches (1000; one more per thread that submits at
 the same moment) are kept: at the bound a submit asks GetStatus again with
 the backoff until some are confirmed, up to retry_deadline, then raises
-LearnerBusyError without sending; 0 keeps none (no recovery). A resent batch the learner now refuses for good is
-forgotten and listed in client.resend_refused."""
+LearnerBusyError without sending; 0 keeps none (no recovery). A resent
+batch the learner now refuses for good is forgotten and listed in
+client.resend_refused; one it answers as a duplicate its checkpoint records
+in full (SubmitResponse.recorded_duplicates) is confirmed at once."""
 import collections
 import os
 import random
@@ -119,6 +121,14 @@ def stamp_policy_version(groups, version):
             if not r.HasField("first_policy_version") and not r.HasField("last_policy_version"):
                 r.first_policy_version = version
                 r.last_policy_version = version
+
+
+def _recorded_duplicate(reply):
+    """Whether a Submit reply acknowledges its batch as a duplicate that the
+    checkpoint the learner resumed from records as trained in full: confirmed
+    at once (SubmitResponse.recorded_duplicates; 0 from a learner without
+    the field)."""
+    return getattr(reply, "recorded_duplicates", 0) > 0
 
 
 def group(prompt_tokens, responses, prompt_id="", policy_version=None):
@@ -298,7 +308,10 @@ class LearnerClient:
         what = "batch " + (batch.batch_id or "(no id)")
         r, attempts = self._retrying(
             what, lambda t: self._submit_bytes(payload, timeout=t, wait_for_ready=True), timeout)
-        self._accepted([(batch.batch_id, payload, r.learner_incarnation)], r.learner_version)
+        if _recorded_duplicate(r):
+            self._kept.forget(batch.batch_id)
+        else:
+            self._accepted([(batch.batch_id, payload, r.learner_incarnation)], r.learner_version)
         return SubmitResult(batch.batch_id, r.accepted_groups, r.accepted_responses, r.learner_version,
                             r.queue_depth_groups, r.duplicate_batches > 0, attempts, r.learner_incarnation)
 
@@ -374,7 +387,9 @@ class LearnerClient:
         """Sends again, each with its own batch id and bytes, every kept
         batch accepted by an earlier learner incarnation than the newest
         seen: the learner answers those its checkpoint recorded as
-        duplicates and queues the others. submit, submit_stream and
+        duplicates (confirmed at once when it says the checkpoint records
+        them in full, SubmitResponse.recorded_duplicates) and queues the
+        others. submit, submit_stream and
         confirm call it when a reply or the status shows a restart; a
         batch the learner now refuses for good is forgotten and listed in
         resend_refused. Returns the number of batches sent again."""
@@ -390,7 +405,10 @@ class LearnerClient:
                         self._kept.forget(k.batch_id)
                         self.resend_refused.append((k.batch_id, str(e)))
                         continue
-                    self._kept.record(k.batch_id, k.payload, r.learner_incarnation, r.learner_version)
+                    if _recorded_duplicate(r):
+                        self._kept.forget(k.batch_id)
+                    else:
+                        self._kept.record(k.batch_id, k.payload, r.learner_incarnation, r.learner_version)
                     sent += 1
         return sent
 
