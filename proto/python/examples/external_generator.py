@@ -151,12 +151,17 @@ def main():
     ap.add_argument("--log_every", type=int, default=20)
     ap.add_argument("--weights_dir", default="",
                     help="also write every loaded version as a Hugging Face directory here (a link)")
+    ap.add_argument("--confirm_at", default="trained", choices=["trained", "recorded"],
+                    help="when the client forgets a batch it sent (docs/protocol.md, \"Recovery "
+                         "after a learner restart\"): \"recorded\" for a learner with "
+                         "--checkpoint_dir, whose checkpoints outlive a restart; \"trained\" "
+                         "for one without (the example's)")
     args = ap.parse_args()
     cfg = json.load(open(args.config))
     torch.set_num_threads(1)
     rng, gen = random.Random(args.seed), torch.Generator().manual_seed(args.seed)
 
-    client = asympo_rl.LearnerClient(args.learner, source=args.source)
+    client = asympo_rl.LearnerClient(args.learner, source=args.source, confirm_at=args.confirm_at)
     status = client.status(timeout=60)
     if status.limits.vocab_size != cfg["vocab_size"]:
         sys.exit("the learner's vocabulary is %d, the config's %d" % (status.limits.vocab_size,
