@@ -246,13 +246,17 @@ TEST_F(RolloutDaemonTest, DropsTheGroupsBeingSampledWhenTheVersionGoesBack) {
   ASSERT_TRUE(WaitFor(sampled_by_3, absl::Seconds(30)));
   EXPECT_GE(M("asympo_rollout_groups_dropped_total", "rewound"), 1);
   // Nothing sampled after the rewind mixes the two runs' versions.
-  std::lock_guard<std::mutex> lock(restarted.mu);
-  for (const auto& b : restarted.accepted) {
-    for (const auto& g : b.groups()) {
-      for (const auto& r : g.responses()) {
-        EXPECT_TRUE(r.first_policy_version() == r.last_policy_version())
-            << "a response sampled by versions " << r.first_policy_version() << " and "
-            << r.last_policy_version();
+  {
+    // Released before the shutdown below, which waits for a Submit that
+    // may be waiting for this lock.
+    std::lock_guard<std::mutex> lock(restarted.mu);
+    for (const auto& b : restarted.accepted) {
+      for (const auto& g : b.groups()) {
+        for (const auto& r : g.responses()) {
+          EXPECT_TRUE(r.first_policy_version() == r.last_policy_version())
+              << "a response sampled by versions " << r.first_policy_version() << " and "
+              << r.last_policy_version();
+        }
       }
     }
   }
