@@ -31,7 +31,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const auto ids = json.find("batch_ids");
   const auto list = batches != json.end() ? batches : ids;
   ASYMPO_FUZZ_CHECK(meta->batches.size() == (list == json.end() ? 0 : list->size()));
-  for (const CheckpointBatch& b : meta->batches) {
+  for (const asympo::CheckpointBatch& b : meta->batches) {
     ASYMPO_FUZZ_CHECK(b.digest.empty() || b.digest.size() == 32);
     for (size_t i = 0; i < b.trained.size(); ++i) {
       ASYMPO_FUZZ_CHECK(b.trained[i] >= 0 && b.trained[i] < b.groups);
