@@ -6,9 +6,12 @@
 - WeightSubscriber: receive the learner's policy weights, verified, as
   (Hugging Face name, tensor) pairs; write_hf_directory for engines that
   reload from disk.
+- asympo_rl.engines: load a snapshot into vLLM or SGLang (pause, load,
+  flush, resume); EngineError when an engine call fails.
 See docs/external_generators.md in the repository."""
 from .client import (LearnerClient, StreamResult, SubmitResult, group, response,  # noqa: F401
                      stamp_policy_version)
+from .engines import EngineError  # noqa: F401
 from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
                      LearnerUnavailableError, RefusedError, WeightsError)
 from .validation import validate_batch  # noqa: F401
