@@ -7,9 +7,6 @@ find_package(Threads REQUIRED)
 find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
-# SHA-256 of accepted batches (learner_server/batch_ledger.cc); gRPC links
-# OpenSSL already.
-find_package(OpenSSL REQUIRED COMPONENTS Crypto)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(glog CONFIG REQUIRED)
 find_package(nlohmann_json CONFIG REQUIRED)

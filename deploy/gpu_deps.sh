@@ -30,6 +30,5 @@ apt-get download \
   libgtest-dev libgmock-dev libpcre2-dev libpcre2-8-0 libunwind8 libunwind-dev \
   nlohmann-json3-dev libicu-dev libicu72 icu-devtools pkgconf pkgconf-bin libpkgconf3 \
   civetweb libcivetweb-dev libc-ares-dev libre2-dev libprometheus-cpp-push1.0 libcurl4-openssl-dev \
-  libssl-dev libssl3 \
   2>&1 | grep -v unsandboxed | tail -1
 du -sh .

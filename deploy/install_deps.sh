@@ -30,7 +30,7 @@ esac
 # The programs: compilers, CMake, and the libraries they link.
 packages=(
   build-essential cmake ninja-build pkg-config
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libtorch-dev libgloo-dev prometheus-cpp-dev
   libgoogle-glog-dev libgflags-dev
   libopenblas0-pthread libpcre2-dev nlohmann-json3-dev libicu-dev

@@ -1,35 +1,26 @@
 #include "learner_server/batch_ledger.h"
 
-#include <openssl/evp.h>
-
 #include <algorithm>
-#include <memory>
 #include <utility>
 
+#include "common/security/x509.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 
 namespace asympo::learner {
 
 std::string BatchDigest(const google::protobuf::RepeatedPtrField<v1::PromptGroup>& groups) {
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr);
   std::string bytes;
-  for (const v1::PromptGroup& g : groups) {
-    bytes.clear();
-    {
-      google::protobuf::io::StringOutputStream raw(&bytes);
-      google::protobuf::io::CodedOutputStream out(&raw);
-      out.SetSerializationDeterministic(true);
+  {
+    google::protobuf::io::StringOutputStream raw(&bytes);
+    google::protobuf::io::CodedOutputStream out(&raw);
+    out.SetSerializationDeterministic(true);
+    for (const v1::PromptGroup& g : groups) {
       out.WriteVarint64(g.ByteSizeLong());  // length-prefixed: groups cannot run together
       g.SerializeWithCachedSizes(&out);
     }
-    EVP_DigestUpdate(ctx.get(), bytes.data(), bytes.size());
   }
-  unsigned char md[EVP_MAX_MD_SIZE];
-  unsigned int n = 0;
-  EVP_DigestFinal_ex(ctx.get(), md, &n);
-  return std::string(reinterpret_cast<const char*>(md), n);
+  return security::Sha256(bytes);
 }
 
 BatchLedger::Seen BatchLedger::Check(const std::string& id, const std::string& digest,

@@ -155,16 +155,21 @@ CertificateIdentity IdentityOf(X509* cert) {
 
 }  // namespace
 
-std::string Sha256Hex(absl::string_view data) {
+std::string Sha256(absl::string_view data) {
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr);
+  return std::string(reinterpret_cast<const char*>(md), len);
+}
+
+std::string Sha256Hex(absl::string_view data) {
+  const std::string md = Sha256(data);
   static constexpr char kHex[] = "0123456789abcdef";
   std::string out;
-  out.reserve(2 * len);
-  for (unsigned int i = 0; i < len; ++i) {
-    out.push_back(kHex[md[i] >> 4]);
-    out.push_back(kHex[md[i] & 15]);
+  out.reserve(2 * md.size());
+  for (unsigned char c : md) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
   }
   return out;
 }

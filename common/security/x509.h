@@ -16,7 +16,8 @@
 
 namespace asympo::security {
 
-// The lowercase hex SHA-256 of `data` (64 characters).
+// The SHA-256 of `data`: 32 raw bytes, and as 64 lowercase hex digits.
+std::string Sha256(absl::string_view data);
 std::string Sha256Hex(absl::string_view data);
 
 // Reads a whole file; NOT_FOUND / PERMISSION_DENIED naming `what` (a flag
