@@ -32,10 +32,10 @@ BatchLedger::Seen BatchLedger::Check(const std::string& id, const std::string& d
   // A record without a digest (a checkpoint older than digests) cannot tell
   // payloads apart: as before, the id alone decides.
   if (r.digest.empty()) return Seen::kRecorded;
-  if (r.digest != digest || r.groups != groups) return Seen::kConflict;
+  if (r.digest != digest || r.groups() != groups) return Seen::kConflict;
   if (!r.restored) return Seen::kDuplicate;
   untrained->clear();
-  for (int32_t i = 0; i < r.groups; ++i) {
+  for (int32_t i = 0; i < r.groups(); ++i) {
     if (!r.trained[static_cast<size_t>(i)]) untrained->push_back(i);
   }
   return untrained->empty() ? Seen::kRecorded : Seen::kResend;
@@ -63,7 +63,6 @@ void BatchLedger::Accept(const std::string& id, const std::string& digest, int32
     return;
   }
   r->digest = digest;
-  r->groups = groups;
   r->trained.assign(static_cast<size_t>(std::max(groups, 0)), false);
 }
 
@@ -72,7 +71,7 @@ void BatchLedger::Resolve(const std::string& id, int32_t index, uint64_t version
   if (p != pending_.end() && --p->second <= 0) pending_.erase(p);
   if (!trained || id.empty()) return;
   auto it = records_.find(id);
-  if (it == records_.end() || index < 0 || index >= it->second.groups) return;
+  if (it == records_.end() || index < 0 || index >= it->second.groups()) return;
   it->second.trained[static_cast<size_t>(index)] = true;
 }
 
@@ -84,13 +83,13 @@ std::vector<RecordedBatch> BatchLedger::Recorded() const {
   std::vector<RecordedBatch> out;
   for (const std::string& id : order_) {
     const Record& r = records_.at(id);
-    RecordedBatch b{id, r.digest, r.groups, {}};
-    for (int32_t i = 0; i < r.groups; ++i) {
+    RecordedBatch b{id, r.digest, r.groups(), {}};
+    for (int32_t i = 0; i < r.groups(); ++i) {
       if (r.trained[static_cast<size_t>(i)]) b.trained.push_back(i);
     }
     // A batch no step has trained any of is left out: a restart accepts it
     // again whole.
-    if (!b.trained.empty() || r.groups == 0) out.push_back(std::move(b));
+    if (!b.trained.empty() || r.groups() == 0) out.push_back(std::move(b));
   }
   return out;
 }
@@ -100,10 +99,10 @@ void BatchLedger::Restore(const std::vector<RecordedBatch>& batches) {
     if (b.id.empty()) continue;
     Record* r = Remember(b.id);
     r->digest = b.digest;
-    r->groups = b.digest.empty() ? 0 : b.groups;
-    r->trained.assign(static_cast<size_t>(std::max(r->groups, 0)), false);
+    const int32_t groups = b.digest.empty() ? 0 : std::max(b.groups, 0);
+    r->trained.assign(static_cast<size_t>(groups), false);
     for (int32_t i : b.trained) {
-      if (i >= 0 && i < r->groups) r->trained[static_cast<size_t>(i)] = true;
+      if (i >= 0 && i < groups) r->trained[static_cast<size_t>(i)] = true;
     }
     r->restored = true;
   }

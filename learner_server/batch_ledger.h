@@ -81,9 +81,9 @@ class BatchLedger {
  private:
   struct Record {
     std::string digest;
-    int32_t groups = 0;
-    std::vector<bool> trained;  // by group index
-    bool restored = false;      // from a checkpoint, its untrained groups not queued
+    std::vector<bool> trained;  // by group index: one flag per group
+    int32_t groups() const { return static_cast<int32_t>(trained.size()); }
+    bool restored = false;  // from a checkpoint, its untrained groups not queued
   };
   Record* Remember(const std::string& id);
 
