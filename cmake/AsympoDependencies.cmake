@@ -44,13 +44,63 @@ else()
   message(STATUS "ASymPO-RL: LibTorch without CUDA; CPU only")
 endif()
 
+# The dependencies' headers before LibTorch's. The LibTorch inside PyTorch
+# wheels ships headers of its own under torch/include, among them an older
+# protobuf (torch/include/google/protobuf, seen with PyTorch 2.11). Its
+# -isystem folder comes before the dependencies' on the command line, so a TU
+# that includes LibTorch and a generated .pb.h picked up the wrong protobuf
+# and failed to compile. Where LibTorch's include folder holds one of the
+# folders below and a dependency's include folder holds it too, a folder of
+# links in the build tree points to the dependency's copy and is searched
+# first. Debian's LibTorch ships none of them: then nothing changes.
+set(_asympo_dep_roots "")
+foreach(t protobuf::libprotobuf gRPC::grpc++ absl::base nlohmann_json::nlohmann_json glog::glog)
+  if(TARGET ${t})
+    get_target_property(_dirs ${t} INTERFACE_INCLUDE_DIRECTORIES)
+    if(_dirs)
+      list(APPEND _asympo_dep_roots ${_dirs})
+    endif()
+  endif()
+endforeach()
+list(APPEND _asympo_dep_roots ${Protobuf_INCLUDE_DIRS})
+list(REMOVE_DUPLICATES _asympo_dep_roots)
+set(_asympo_shim "${CMAKE_BINARY_DIR}/dependency_headers_first")
+set(_asympo_shimmed "")
+foreach(name google absl grpc grpcpp nlohmann glog gflags gtest gmock prometheus)
+  set(_in_torch OFF)
+  foreach(torch_root ${TORCH_INCLUDE_DIRS})
+    if(IS_DIRECTORY "${torch_root}/${name}" AND NOT "${torch_root}" IN_LIST _asympo_dep_roots)
+      set(_in_torch ON)
+    endif()
+  endforeach()
+  if(NOT _in_torch)
+    continue()
+  endif()
+  foreach(dep_root ${_asympo_dep_roots})
+    if(IS_DIRECTORY "${dep_root}/${name}")
+      file(MAKE_DIRECTORY "${_asympo_shim}")
+      file(REMOVE "${_asympo_shim}/${name}")
+      file(CREATE_LINK "${dep_root}/${name}" "${_asympo_shim}/${name}" SYMBOLIC)
+      list(APPEND _asympo_shimmed "${name} (${dep_root})")
+      break()
+    endif()
+  endforeach()
+endforeach()
+if(_asympo_shimmed)
+  include_directories(BEFORE SYSTEM "${_asympo_shim}")
+  message(STATUS "ASymPO-RL: LibTorch ships headers the dependencies also have; theirs come first: ${_asympo_shimmed}")
+endif()
+
 # libstdc++ first in every binary's list of shared libraries. The LibTorch
 # inside PyTorch >= 2.5 wheels exports its own statically linked copies of
 # libstdc++'s std::filesystem functions (pytorch/pytorch#133437); the dynamic
 # linker binds a call to the first library in that list that defines the
 # symbol, which was libtorch_cpu, and every std::filesystem call then
 # crashed (seen on a GPU node with PyTorch 2.11, docs/operations.md). Named
-# first, libstdc++ provides them. Harmless with Debian's LibTorch.
+# first, libstdc++ provides them. Harmless with Debian's LibTorch. It did not
+# keep std::filesystem::remove_all off LibTorch's copy (a learner died at its
+# first checkpoint pruning on such a node): trees are removed with POSIX
+# calls instead (common/remove_tree.h).
 add_link_options("LINKER:--push-state,--no-as-needed" "-lstdc++" "LINKER:--pop-state")
 
 if(ASYMPO_BUILD_TESTS)

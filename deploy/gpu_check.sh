@@ -386,10 +386,14 @@ part_transfer() {
     # The gRPC wire for one billion bf16 parameters (2 GB = 500M float32's).
     run_step transfer grpc-wire "$build/bench/broadcast_bench" --params_m 500 --receivers 1 --reps 3
     cp "$logs/grpc-wire.out" "$logs/broadcast_bench.txt" 2>/dev/null
-    grep '^|' "$logs/grpc-wire.out" 2>/dev/null | tail -2 |
+    # The table's header and its last row, cell by cell.
+    grep '^|' "$logs/grpc-wire.out" 2>/dev/null |
       python3 -c 'import json,sys
-lines = [l.strip() for l in sys.stdin]
-if lines: print(json.dumps({"line": " ".join(lines), "case": "grpc_wire", "impl": "cpp"}))' >>"$logs/bench.jsonl"
+rows = [[c.strip() for c in l.strip().strip("|").split("|")] for l in sys.stdin]
+rows = [r for r in rows if not all(set(c) <= set("-: ") for c in r)]
+if len(rows) >= 2:
+    print(json.dumps({"case": "grpc_wire", "impl": "cpp", "columns": rows[0], "row": rows[-1]}))' \
+      >>"$logs/bench.jsonl"
     run_step transfer publish-steps "$build/bench/publish_bench" --config qwen3-0.6b --device cuda \
       --dtype bfloat16 --groups 8 --responses 8 --tokens 248 --steps 5 --rounds 2 --malloc_tuned 1
     grep '^|' "$logs/publish-steps.out" >"$logs/publish_steps.md" 2>/dev/null

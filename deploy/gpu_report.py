@@ -43,9 +43,11 @@ def read_jsonl(path):
     return out
 
 
-# A test's line in ctest's closing list: "  7 - Suite.Name (Failed)". The
-# reason in parentheses may hold spaces ("Subprocess aborted", "Not Run").
-FAILED_LINE = re.compile(r"^\s*\d+ - (\S+) \(([^()]+)\)\s*$")
+# A test's line in ctest's closing list: "  7 - Suite.Name (Failed)", then
+# the test's labels when it has any ("\t 26 - HfLogitsOnGpu (Failed)    gpu",
+# as ctest 3.28 wrote it on a GPU node). The reason in parentheses may hold
+# spaces ("Subprocess aborted", "Not Run").
+FAILED_LINE = re.compile(r"^\s*\d+ - (\S+) \(([^()]+)\)(?:\s+\S.*)?\s*$")
 SUMMARY = re.compile(r"(\d+)% tests passed, (\d+) tests? failed out of (\d+)")
 SKIPPED = re.compile(r"\*\*\*Skipped")
 
@@ -188,7 +190,9 @@ def render(dirs):
                           if isinstance(v, (int, float)) and v >= 0)))
         if b.get("case") == "grpc_wire":
             weights += 1
-            md.append("- gRPC wire (broadcast_bench, loopback): %s" % b.get("line", ""))
+            cells = zip(b.get("columns", []), b.get("row", []))
+            md.append("- gRPC wire (broadcast_bench, loopback): %s"
+                      % (", ".join("%s %s" % (c, v) for c, v in cells) or b.get("line", "")))
     if not weights:
         md.append("- not run")
     md += ["", "## Trainer step with --broadcast_every 1", "", publish or "not run"]

@@ -22,6 +22,7 @@
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
 #include "common/model/torch_errors.h"
+#include "common/remove_tree.h"
 #include "common/status_macros.h"
 
 namespace asympo::learner {
@@ -71,18 +72,17 @@ class RemoveUnlessKept {
   explicit RemoveUnlessKept(std::string dir) : dir_(std::move(dir)) {}
   ~RemoveUnlessKept() {
     if (dir_.empty()) return;
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-    if (!ec) return;
-    // remove_all lists the directory, which takes a descriptor: out of
+    const absl::Status removed = RemoveTree(dir_);
+    if (removed.ok()) return;
+    // RemoveTree lists the directory, which takes a descriptor: out of
     // them (EMFILE), remove by name what a save puts there (a file writer
     // that fails removes its own temporary file).
     for (const char* name : {kCheckpointStateFile, kCheckpointMetaFile}) {
       ::unlink((dir_ + "/" + name).c_str());
     }
     if (::rmdir(dir_.c_str()) != 0 && errno != ENOENT) {
-      LOG(WARNING) << "cannot remove the unfinished checkpoint " << dir_ << ": " << ErrorText(ec)
-                   << "; the next start removes it";
+      LOG(WARNING) << "cannot remove the unfinished checkpoint " << dir_ << ": "
+                   << removed.message() << "; the next start removes it";
     }
   }
   void Keep() { dir_.clear(); }
@@ -131,12 +131,12 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
   const std::string final_dir = absl::StrFormat("%s/ckpt-%012d", root, version);
   const std::string tmp_dir = absl::StrFormat("%s/.tmp-ckpt-%012d-%d", root, version, ::getpid());
-  fs::remove_all(tmp_dir, ec);
+  (void)RemoveTree(tmp_dir);  // left by an earlier try of this process id
   RemoveUnlessKept cleanup(tmp_dir);
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ErrorText(ec)));
   ASYMPO_RETURN_IF_ERROR(WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batches));
-  fs::remove_all(final_dir, ec);
+  (void)RemoveTree(final_dir);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(
         absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir, ": ",
@@ -146,7 +146,10 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   ASYMPO_RETURN_IF_ERROR(SyncDirectory(root));
   if (keep_last > 0) {
     const std::vector<std::string> all = ListCheckpoints(root);
-    for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i) fs::remove_all(all[i], ec);
+    for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i) {
+      const absl::Status removed = RemoveTree(all[i]);
+      if (!removed.ok()) LOG(WARNING) << "cannot prune an old checkpoint: " << removed.message();
+    }
   }
   CheckpointInfo info;
   info.path = final_dir;
@@ -171,7 +174,8 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::str
   for (const auto& e : fs::directory_iterator(root, ec)) {
     if (e.path().filename().string().rfind(".tmp-ckpt-", 0) == 0) {
       LOG(WARNING) << "removing the unfinished checkpoint " << e.path().string();
-      fs::remove_all(e.path(), ec);
+      const absl::Status removed = RemoveTree(e.path().string());
+      if (!removed.ok()) LOG(WARNING) << removed.message();
     }
   }
   for (const std::string& dir : ListCheckpoints(root)) {

@@ -8,14 +8,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
-#include <system_error>
 #include <utility>
 
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/remove_tree.h"
 #include "common/status_macros.h"
 
 namespace asympo::security {
@@ -94,8 +93,7 @@ CredentialPublisher::~CredentialPublisher() {
     stop_ = true;
   }
   if (thread_.joinable()) thread_.join();
-  std::error_code ignored;
-  std::filesystem::remove_all(dir_, ignored);
+  (void)RemoveTree(dir_);
 }
 
 std::string CredentialPublisher::cert_path() const {
@@ -117,8 +115,7 @@ absl::Status CredentialPublisher::Publish(const CredentialTexts& texts) {
   const int64_t next = generation_ + 1;
   const std::string name = absl::StrCat("gen-", next);
   const std::string gen_dir = absl::StrCat(dir_, "/", name);
-  std::error_code ignored;
-  std::filesystem::remove_all(gen_dir, ignored);  // left by a failed try
+  (void)RemoveTree(gen_dir);  // left by a failed try
   if (mkdir(gen_dir.c_str(), 0700) != 0) return Errno("cannot make", gen_dir);
   // A later second than the generation before, whatever the clock says:
   // what tells gRPC that the files changed while it read them.
@@ -138,7 +135,7 @@ absl::Status CredentialPublisher::Publish(const CredentialTexts& texts) {
   generation_ = next;
   mtime_ = mtime;
   published_ = texts;
-  std::filesystem::remove_all(absl::StrCat(dir_, "/gen-", next - 2), ignored);
+  (void)RemoveTree(absl::StrCat(dir_, "/gen-", next - 2));
   return absl::OkStatus();
 }
 

@@ -233,6 +233,26 @@ class GpuReport(unittest.TestCase):
         self.assertIn("give --out", r.stderr)
         self.assertFalse(os.path.exists(os.path.join(os.getcwd(), "--help")))
 
+    def test_ctest_lists_with_labels_name_the_failed_tests(self):
+        # ctest 3.28 on a GPU node appends each test's labels to its line in
+        # the closing lists; Debian 12's ctest here does not.
+        sys.path.insert(0, os.path.join(SRC, "deploy"))
+        import gpu_report
+        log = os.path.join(WORK, "labelled_ctest.out")
+        with open(log, "w") as f:
+            f.write("13/14 Test  #26: HfLogitsOnGpu .....***Failed   25.67 sec\n"
+                    "93% tests passed, 2 tests failed out of 14\n\n"
+                    "The following tests did not run:\n"
+                    "\t 21 - Nccl.CreateFails (Skipped)\n\n"
+                    "The following tests FAILED:\n"
+                    "\t 26 - HfLogitsOnGpu (Failed)                            gpu\n"
+                    "\t 27 - Gpu.Crashes (Subprocess aborted)     gpu unit\n"
+                    "Errors while running CTest\n")
+        s = gpu_report.ctest_summary(log)
+        self.assertEqual(s["failed"], 2)
+        self.assertEqual(s["failed_tests"], [{"name": "HfLogitsOnGpu", "reason": "Failed"},
+                                             {"name": "Gpu.Crashes", "reason": "Subprocess aborted"}])
+
     def test_parts_from_several_machines_merge_into_one_report(self):
         tests_dir = os.path.join(WORK, "machine-a")
         build, _ = fake_tree("merge")

@@ -9,7 +9,12 @@ with save_pretrained (safetensors), and computes float32 logits on the GPU
 (the reference) and bfloat16 logits; policy_logits loads the saved directory
 in bfloat16 on the GPU. The C++ bf16 error against the float32 reference must
 be no worse than 1.5x transformers' own bf16 error (plus a small floor), and
-the greedy next token must agree on at least 97% of positions.
+the greedy next token must agree with the float32 reference on as many
+positions as transformers' bf16 does, less one point. (On these random
+weights the top logits lie close together, so bf16 rounding alone changes the
+greedy token at about 5% of positions: on an H100 with PyTorch 2.11 and
+transformers 5.17, ours agreed on 94.8% (Qwen3) and 95.8% (Llama) with the
+same mean error as transformers' bf16; a fixed 97% threshold failed both.)
 Exits 77 (skip) without CUDA or transformers.
 """
 import json
@@ -78,10 +83,13 @@ def check(name, config, binary, work):
     err_ours = (ours - ref).abs()
     err_hf = (hf_bf16 - ref).abs()
     agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    agree_hf = (hf_bf16.argmax(-1) == ref.argmax(-1)).float().mean().item()
     ok = (err_ours.mean() <= 1.5 * err_hf.mean() + 1e-3 and err_ours.max() <= 3 * err_hf.max() + 1e-2
-          and agree >= 0.97)
-    print("%s: mean |ours - fp32| %.4g (transformers bf16 %.4g), max %.4g (%.4g), argmax agreement %.3f: %s"
-          % (name, err_ours.mean(), err_hf.mean(), err_ours.max(), err_hf.max(), agree, "ok" if ok else "FAIL"))
+          and agree >= agree_hf - 0.01)
+    print("%s: mean |ours - fp32| %.4g (transformers bf16 %.4g), max %.4g (%.4g), "
+          "argmax agreement %.3f (%.3f): %s"
+          % (name, err_ours.mean(), err_hf.mean(), err_ours.max(), err_hf.max(), agree, agree_hf,
+             "ok" if ok else "FAIL"))
     return ok
 
 
