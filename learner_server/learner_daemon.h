@@ -34,6 +34,7 @@
 #include "learner_server/learner_service.h"
 #include "learner_server/source_quarantine.h"
 #include "learner_server/trainer.h"
+#include "learner_server/weight_group.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
 namespace asympo::learner {
@@ -86,6 +87,11 @@ struct LearnerDaemonOptions {
   // rollout daemons; the current version is published at start.
   int64_t broadcast_every = 1;
   broadcast::BroadcastSenderOptions broadcast;
+  // The weight group that external engine workers join (WeightGroup on
+  // the gRPC port; off unless enabled). Its model_signature and authorizer
+  // are filled in at start.
+  bool weight_group_enabled = false;
+  WeightGroupOptions weight_group;
   // When set, one CSV row per step (time, version, reward, loss, ...) is
   // appended there.
   std::string step_csv_path;

@@ -69,7 +69,7 @@ absl::StatusOr<LearnerSecurity> SetUpLearnerSecurity(LearnerDaemonOptions* o,
 absl::StatusOr<std::unique_ptr<LearnerEndpoint>> LearnerEndpoint::Start(
     const LearnerDaemonOptions& o, const LearnerSecurity& security,
     std::unique_ptr<LearnerService> service, broadcast::BroadcastSender* sender,
-    prometheus::Registry& registry) {
+    prometheus::Registry& registry, grpc::Service* weight_group) {
   std::unique_ptr<LearnerEndpoint> e(new LearnerEndpoint());
   e->service_ = std::move(service);
   grpc::ServerBuilder builder;
@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<LearnerEndpoint>> LearnerEndpoint::Start(
   connections.max_connections.Set(e->listener_->max_connections());
   builder.RegisterService(e->service_.get());
   builder.RegisterService(sender);
+  if (weight_group != nullptr) builder.RegisterService(weight_group);
   builder.SetMaxReceiveMessageSize(static_cast<int>(e->service_->options().max_message_bytes));
   // Rollouts' weight receivers send keepalive pings every 20 s on their
   // announcement streams; allow them (and idle ones) without a GOAWAY.

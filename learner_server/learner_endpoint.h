@@ -35,16 +35,15 @@ absl::StatusOr<LearnerSecurity> SetUpLearnerSecurity(LearnerDaemonOptions* o,
 
 class LearnerEndpoint {
  public:
-  // Serves `service` and `sender` on o.listen_address with `security`'s
-  // credentials, through a GrpcListener held to o's connection limits
-  // (counted in asympo_learner_connections_total). `security`, `sender`
-  // and the service's queue, counters and observer must outlive the
-  // endpoint. UNAVAILABLE when the address cannot be listened on (naming
+  // Serves `service`, `sender` and `weight_group` (when given) on o.listen_address with
+  // `security`'s credentials, through a GrpcListener held to o's connection limits (counted in
+  // asympo_learner_connections_total). `security`, `sender` and the service's queue, counters and
+  // observer must outlive the endpoint. UNAVAILABLE when the address cannot be listened on (naming
   // it); INVALID_ARGUMENT naming a rule it breaks.
   static absl::StatusOr<std::unique_ptr<LearnerEndpoint>> Start(
       const LearnerDaemonOptions& o, const LearnerSecurity& security,
       std::unique_ptr<LearnerService> service, broadcast::BroadcastSender* sender,
-      prometheus::Registry& registry);
+      prometheus::Registry& registry, grpc::Service* weight_group = nullptr);
   // Closes the listener, then stops the server (2 s for calls in flight).
   ~LearnerEndpoint();
 

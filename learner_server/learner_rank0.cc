@@ -108,6 +108,18 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   ASYMPO_ASSIGN_OR_RETURN(
       publisher_, SnapshotPublisher::Create(sender_.get(), model, o.publish_dtype,
                                             o.broadcast_every, RegisterSnapshotCounters(registry)));
+  if (o.weight_group_enabled) {
+    WeightGroupOptions wo = o.weight_group;
+    wo.model_signature = sender_->model_signature();
+    wo.authorizer = security_.authorizer.get();
+    if (wo.backend == "nccl" && model.options().device.is_cuda()) {
+      wo.nccl_device = std::max(0, int{model.options().device.index()});
+    }
+    ASYMPO_ASSIGN_OR_RETURN(weight_group_, WeightGroup::Create(std::move(wo), registry));
+    sender_->SetPublishHook([g = weight_group_.get()](auto manifest, broadcast::HostBuckets host) {
+      g->Offer(std::move(manifest), std::move(host));
+    });
+  }
   return absl::OkStatus();
 }
 
@@ -154,7 +166,7 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
       endpoint_, LearnerEndpoint::Start(
                      o, security_,
                      std::make_unique<LearnerService>(so, queue_.get(), &counters_, metrics_.get()),
-                     sender_.get(), registry));
+                     sender_.get(), registry, weight_group_.get()));
   metrics_->ObserveQueue(queue_->Stats());
   metrics_->SetVersion(core_->version());
   const PolicyModel& model = core_->model();
@@ -174,8 +186,9 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
 
 void LearnerRank0::Shutdown() {
   if (stopping_.exchange(true)) return;
-  if (queue_) queue_->Close();       // refuses new batches, fails waiting ones
-  if (sender_) sender_->Shutdown();  // ends the rollouts' subscriptions
+  if (queue_) queue_->Close();                   // refuses new batches, fails waiting ones
+  if (sender_) sender_->Shutdown();              // ends the rollouts' subscriptions
+  if (weight_group_) weight_group_->Shutdown();  // ends its waiting calls
 }
 
 absl::Status LearnerRank0::Checkpoint() {

@@ -93,6 +93,7 @@ class LearnerRank0 final : public LearnerDaemon {
   LearnerSecurity security_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<SnapshotPublisher> publisher_;
+  std::unique_ptr<WeightGroup> weight_group_;  // outlives endpoint_, which serves it
   std::unique_ptr<LearnerMetrics> metrics_;
   std::unique_ptr<SkippedSteps> skipped_;
   std::unique_ptr<SourceQuarantine> quarantine_;

@@ -10,12 +10,15 @@
 #include <string>
 #include <vector>
 
+#include <glog/logging.h>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/daemon/daemon_main.h"
 #include "common/daemon/heap_release.h"
 #include "common/flag_ranges.h"
+#include "common/listener/host_port.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
@@ -209,6 +212,22 @@ ABSL_FLAG(absl::Duration, broadcast_nccl_timeout, absl::Seconds(60),
           "aborted and every receiver falls back to gRPC.");
 ABSL_FLAG(absl::Duration, broadcast_fetch_idle_timeout, absl::Minutes(1),
           "A snapshot fetch whose receiver takes no chunk for this long is cancelled.");
+ABSL_FLAG(std::string, weight_group, "off",
+          "A collective group for weight updates that external engine workers join "
+          "(WeightGroup on the gRPC port, docs/protocol.md \"Weight group\"): gloo, nccl "
+          "(the learner on a GPU) or off.");
+ABSL_FLAG(std::string, weight_group_address, "127.0.0.1",
+          "Where the learner's end of the weight group's collectives listens (Gloo: a host "
+          "name or address of this machine). Their traffic is not encrypted: an address beyond "
+          "loopback is the operator's explicit choice.");
+ABSL_FLAG(absl::Duration, weight_group_timeout, absl::Seconds(60),
+          "Weight group: timeout of the rendezvous and of each bucket's broadcast.");
+ABSL_FLAG(absl::Duration, weight_group_ready_timeout, absl::Seconds(60),
+          "Weight group: a member that does not ask for the next version within this of the "
+          "first one that asked (or makes no call for this long) is left out of the next "
+          "generation.");
+ABSL_FLAG(absl::Duration, weight_group_join_window, absl::Seconds(2),
+          "Weight group: how long a new generation gathers joining workers.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
 ABSL_FLAG(std::string, heartbeat_file, "",
           "Every rank: rewrite this file (\"<unix seconds> <beats>\") at most once a second while "
@@ -325,6 +344,9 @@ ASYMPO_DURATION_FLAG_RANGE(full_queue_timeout, absl::ZeroDuration(), absl::Hours
 ASYMPO_DURATION_FLAG_RANGE(retry_after, absl::ZeroDuration(), absl::Hours(1));
 ASYMPO_DURATION_FLAG_RANGE(submit_stream_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(broadcast_nccl_timeout, absl::Milliseconds(1), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(weight_group_timeout, absl::Milliseconds(100), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(weight_group_ready_timeout, absl::Milliseconds(100), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(weight_group_join_window, absl::ZeroDuration(), absl::Minutes(10));
 ASYMPO_DURATION_FLAG_RANGE(broadcast_fetch_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(dist_timeout, absl::Seconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(fault_broadcast_chunk_delay, absl::ZeroDuration(), absl::Hours(1));
@@ -492,6 +514,30 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   if (o->model_options.device.is_cuda()) {
     b.nccl_device = std::max(0, int{o->model_options.device.index()});
   }
+  const std::string group = absl::GetFlag(FLAGS_weight_group);
+  if (group != "off" && group != "gloo" && group != "nccl") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--weight_group=", group, ": expected off, gloo or nccl"));
+  }
+  if (group == "nccl" && !o->model_options.device.is_cuda()) {
+    return absl::InvalidArgumentError(
+        "--weight_group=nccl broadcasts from the learner's GPU: it needs --device=cuda");
+  }
+  o->weight_group_enabled = group != "off";
+  asympo::learner::WeightGroupOptions& g = o->weight_group;
+  g.backend = group;
+  g.address = absl::GetFlag(FLAGS_weight_group_address);
+  if (o->weight_group_enabled && g.address.empty()) {
+    return absl::InvalidArgumentError("--weight_group_address is empty");
+  }
+  if (o->weight_group_enabled && g.backend == "gloo" && !asympo::IsLoopbackAddress(g.address)) {
+    LOG(WARNING) << "--weight_group_address=" << g.address
+                 << ": the weight group's collectives leave this host unencrypted; anyone who "
+                    "reaches that address can read the weights";
+  }
+  g.timeout = absl::GetFlag(FLAGS_weight_group_timeout);
+  g.ready_timeout = absl::GetFlag(FLAGS_weight_group_ready_timeout);
+  g.join_window = absl::GetFlag(FLAGS_weight_group_join_window);
   return absl::OkStatus();
 }
 

@@ -111,6 +111,11 @@ std::shared_ptr<Snapshot> Stamp(const SenderState& st, uint64_t version, HostBuc
 // Publish's common part, with st.publish_mu held: checks the version,
 // stamps `host` and makes it the latest snapshot, announced to every
 // subscriber (`t0`: when Publish began).
+// The snapshot's manifest, sharing its ownership.
+std::shared_ptr<const v1::SnapshotManifest> ManifestOf(const std::shared_ptr<const Snapshot>& s) {
+  return std::shared_ptr<const v1::SnapshotManifest>(s->announcement, &s->manifest());
+}
+
 absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
                          const DeviceBuckets* device, std::chrono::steady_clock::time_point t0)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.publish_mu) {
@@ -124,6 +129,7 @@ absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
   }
   std::shared_ptr<Snapshot> snapshot = Stamp(st, version, std::move(host));
   if (device != nullptr) snapshot->device = *device;
+  BroadcastSender::PublishHook hook;
   {
     absl::MutexLock lock(&st.mu);
     st.latest = snapshot;
@@ -131,7 +137,9 @@ absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
       if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(snapshot->announcement);
     }
     st.nccl_cv.SignalAll();
+    hook = st.publish_hook;
   }
+  if (hook) hook(ManifestOf(snapshot), snapshot->host);
   const v1::SnapshotManifest& m = snapshot->manifest();
   st.metrics.publish_seconds.Observe(SecondsSince(t0));
   st.metrics.version.Set(static_cast<double>(version));
@@ -229,6 +237,16 @@ absl::Status BroadcastSender::Publish(uint64_t version, HostBuckets host,
     }
   }
   return AdoptLocked(st, version, std::move(host), device, t0);
+}
+
+void BroadcastSender::SetPublishHook(PublishHook hook) {
+  std::shared_ptr<const Snapshot> latest;
+  {
+    absl::MutexLock lock(&state_->mu);
+    state_->publish_hook = hook;
+    latest = state_->latest;
+  }
+  if (hook && latest != nullptr) hook(ManifestOf(latest), latest->host);
 }
 
 void BroadcastSender::Shutdown() {

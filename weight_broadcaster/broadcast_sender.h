@@ -59,6 +59,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -212,6 +213,14 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   // above. INVALID_ARGUMENT also when the tensors' signature differs from
   // model_signature or a view's size is wrong.
   absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors);
+  // Called after every Publish, and at once with the latest snapshot if
+  // there is one, with the snapshot's manifest (checksums stamped) and its
+  // host bytes, which `host.keep_alive` keeps alive for as long as the hook's
+  // receiver holds them (the learner's weight group). Called on the
+  // publishing thread, outside the sender's locks: it must not block.
+  using PublishHook =
+      std::function<void(std::shared_ptr<const v1::SnapshotManifest> manifest, HostBuckets host)>;
+  void SetPublishHook(PublishHook hook);
   // Whether the NCCL transport was asked for (nccl_world_size >= 2): only
   // then are DeviceBuckets of use.
   bool nccl_configured() const;

@@ -139,6 +139,7 @@ struct SenderState {
   std::vector<std::shared_ptr<char>> tensor_buffers ABSL_GUARDED_BY(publish_mu);
   mutable absl::Mutex mu;
   std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
+  BroadcastSender::PublishHook publish_hook ABSL_GUARDED_BY(mu);
   // BroadcastSender::SetIncarnation's.
   std::string incarnation ABSL_GUARDED_BY(mu);
   uint64_t resumed_from_version ABSL_GUARDED_BY(mu) = 0;

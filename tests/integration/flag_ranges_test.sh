@@ -41,6 +41,10 @@ refused "$learner" '--metrics_address "notaport" has no port' --metrics_address=
 refused "$learner" "--max_steps=abc: Illegal value 'abc'" --max_steps=abc
 refused "$learner" "--seed=-1: Illegal value '-1'" --seed -1
 refused "$learner" "--lr=nan: expected 0 to 1" --lr=nan
+refused "$learner" "--weight_group=tcp: expected off, gloo or nccl" --weight_group=tcp
+refused "$learner" "--weight_group=nccl broadcasts from the learner's GPU: it needs --device=cuda" \
+  --weight_group=nccl
+refused "$learner" "--weight_group_timeout=0: expected 100ms to 1h" --weight_group_timeout=0
 refused "$rollout" "--top_p=2: expected 0 to 1" --top_p=2
 refused "$rollout" "--group_size=1: expected 2 to 4096" --group_size=1
 refused "$eval_bin" "--k=-1: expected 0 to 65536" --k=-1

@@ -186,6 +186,41 @@ TEST(BroadcastTest, PublishAdoptsHostBucketsLaidOutByTheSendersPlan) {
   EXPECT_EQ(server.sender().latest_version(), 2u);
 }
 
+TEST(BroadcastTest, ThePublishHookSeesEverySnapshotWithItsBytes) {
+  SenderServer server(SmallBuckets());
+  ASSERT_OK(server.Publish(1));
+  std::vector<std::pair<std::shared_ptr<const v1::SnapshotManifest>, HostBuckets>> seen;
+  server.sender().SetPublishHook([&](auto manifest, HostBuckets host) {
+    seen.emplace_back(std::move(manifest), std::move(host));
+  });
+  ASSERT_EQ(seen.size(), 1u) << "the latest snapshot at once";
+  ASSERT_OK(server.Publish(2));
+  ASSERT_EQ(seen.size(), 2u);
+  for (uint64_t v : {1, 2}) {
+    const auto& [m, host] = seen[v - 1];
+    EXPECT_EQ(m->version(), v);
+    EXPECT_GT(m->buckets_size(), 1);
+    const std::vector<std::string> w = testing::Weights(v);
+    for (int t = 0; t < m->tensors_size(); ++t) {
+      const v1::TensorEntry& e = m->tensors(t);
+      const char* at =
+          host.data + host.plan->bucket_start(static_cast<int>(e.bucket())) + e.offset();
+      EXPECT_EQ(std::string(at, e.size_bytes()), w[static_cast<size_t>(t)]) << e.name();
+    }
+    for (const v1::BucketInfo& b : m->buckets()) {
+      const char* at = host.data + host.plan->bucket_start(static_cast<int>(b.index()));
+      EXPECT_EQ(Crc32c(at, b.size_bytes()), b.crc32c()) << "bucket " << b.index();
+    }
+  }
+  // What the hook holds stays alive after newer versions (its keep_alive).
+  ASSERT_OK(server.Publish(3));
+  EXPECT_EQ(std::string(seen[0].second.data + seen[0].second.plan->bucket_start(0), 1),
+            std::string(1, testing::WeightByte(1, 0, 0)));
+  server.sender().SetPublishHook(nullptr);
+  ASSERT_OK(server.Publish(4));
+  EXPECT_EQ(seen.size(), 3u);
+}
+
 TEST(BroadcastTest, PublishRejectsOldVersionsAndWrongTensors) {
   SenderServer server(SmallBuckets());
   ASSERT_OK(server.Publish(5));

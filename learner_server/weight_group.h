@@ -1,0 +1,103 @@
+// The weight group: a collective group (c10d Gloo or NCCL) for weight
+// updates that external engine workers join, served on the learner's gRPC
+// port (proto/asympo/v1/weight_group.proto; docs/protocol.md, "Weight
+// group").
+//
+// The learner is rank 0 of every generation. Workers Join; the group thread
+// forms a generation from the workers that joined within the join window
+// (ranks 1..N in the order they joined), keeps its c10d store (a HashStore
+// the members reach through the Store call) and builds rank 0's process
+// group over it while the members build theirs. Then, whenever every member
+// has asked for a version (Next) and at least one of them lacks the latest
+// published snapshot, all of them get its manifest and the thread
+// broadcasts its buckets from the snapshot's host memory (NCCL: through one
+// device buffer of the largest bucket's size), one broadcast per bucket.
+//
+// Membership changes end a generation, never the group: a Join (a new
+// worker, or a restarted one under its old id), a member that has not asked
+// within ready_timeout of the first member that asked, one that made no call
+// for that long, or a failed broadcast or rendezvous. The members are then
+// told to join again (REJOIN) and a new generation is formed between two
+// broadcasts; a worker that does not join again within the join window is
+// left out.
+//
+// Security: every call needs the role read_weights, like WeightBroadcast.
+// The collectives themselves run over Gloo's or NCCL's own TCP connections,
+// unencrypted: rank 0 binds them to `address` (loopback by default).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include <prometheus/registry.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "asympo/v1/weight_group.grpc.pb.h"
+#include "common/security/authorizer.h"
+#include "weight_broadcaster/broadcast_sender.h"
+
+namespace asympo::learner {
+
+struct WeightGroupOptions {
+  // "gloo" (host memory) or "nccl" (rank 0 on CUDA device `nccl_device`).
+  std::string backend = "gloo";
+  // The host name or address rank 0's Gloo transport binds to.
+  std::string address = "127.0.0.1";
+  int nccl_device = 0;
+  // Timeout of the rendezvous and of each collective.
+  absl::Duration timeout = absl::Seconds(60);
+  // How long the group waits for every member to ask for a version once
+  // one has asked and lacks the latest; the others are then left out.
+  // Also how long a member may make no call at all.
+  absl::Duration ready_timeout = absl::Seconds(60);
+  // After a generation ends, how long the group gathers Joins.
+  absl::Duration join_window = absl::Seconds(2);
+  // Members of one generation at most (one more Join: RESOURCE_EXHAUSTED).
+  int max_members = 256;
+  // Join's check of the worker's model; every manifest carries it too.
+  std::string model_signature;
+  // Who may join (role read_weights). Null: everyone, as "anonymous".
+  security::Authorizer* authorizer = nullptr;
+};
+
+class WeightGroup final : public v1::WeightGroup::Service {
+ public:
+  // INVALID_ARGUMENT for an unknown backend or a bad option, and
+  // FAILED_PRECONDITION when this build lacks the backend's process group.
+  static absl::StatusOr<std::unique_ptr<WeightGroup>> Create(WeightGroupOptions options,
+                                                             prometheus::Registry& registry);
+  ~WeightGroup() override;
+
+  // The latest snapshot (BroadcastSender's publish hook): the group
+  // broadcasts it to the members that lack it. `host` keeps its bytes alive.
+  void Offer(std::shared_ptr<const v1::SnapshotManifest> manifest, broadcast::HostBuckets host);
+
+  // Ends the group thread and every waiting call (UNAVAILABLE). Call it
+  // before the server's Shutdown.
+  void Shutdown();
+
+  // For tests and the log: the current generation (0: none yet), its
+  // members, and how many versions the group has broadcast.
+  uint64_t generation() const;
+  int members() const;
+  int64_t versions_sent() const;
+
+  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinGroupRequest* request,
+                    v1::JoinGroupResponse* response) override;
+  grpc::Status Store(grpc::ServerContext* ctx, const v1::GroupStoreRequest* request,
+                     v1::GroupStoreResponse* response) override;
+  grpc::Status Next(grpc::ServerContext* ctx, const v1::GroupNextRequest* request,
+                    v1::GroupNextResponse* response) override;
+
+  struct State;
+
+ private:
+  explicit WeightGroup(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace asympo::learner
