@@ -6,8 +6,13 @@
 - WeightSubscriber: receive the learner's policy weights, verified, as
   (Hugging Face name, tensor) pairs; write_hf_directory for engines that
   reload from disk.
+- WeightGroupReceiver: receive them instead over the learner's collective
+  weight group (torch.distributed, Gloo or NCCL), bucket by bucket, as
+  WeightUpdates; GroupStore, the c10d store the group meets over. Needs
+  torch, which is imported on first use of these names.
 - asympo_rl.engines: load a snapshot into vLLM or SGLang (pause, load,
-  flush, resume); EngineError when an engine call fails.
+  flush, resume), or have them receive from the weight group; EngineError
+  when an engine call fails.
 See docs/external_generators.md in the repository."""
 from .client import (LearnerClient, StreamResult, SubmitResult, group, response,  # noqa: F401
                      stamp_policy_version)
@@ -18,3 +23,18 @@ from .validation import validate_batch  # noqa: F401
 from .weights import Snapshot, WeightSubscriber, model_signature, write_hf_directory  # noqa: F401
 
 __version__ = "0.1.0"
+
+_WEIGHT_GROUP = ("WeightGroupReceiver", "WeightUpdate", "GroupStore")
+
+
+def __getattr__(name):
+    # The weight group needs torch: imported when first asked for, so that
+    # the rest of the package works without it.
+    if name in _WEIGHT_GROUP:
+        from . import weight_group
+        return getattr(weight_group, name)
+    raise AttributeError("module 'asympo_rl' has no attribute %r" % name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_WEIGHT_GROUP))

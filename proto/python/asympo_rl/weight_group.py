@@ -1,0 +1,668 @@
+"""WeightGroupReceiver: the learner's weights over a collective group
+(torch.distributed, Gloo or NCCL), bucket by bucket, for engine workers.
+
+    with WeightGroupReceiver("learner:50051", worker_id="vllm-0-tp0") as rx:
+        for update in rx.updates():              # blocks; one per new version
+            for name, tensor in update:          # as each bucket arrives
+                model.load_weights([(name, tensor)])
+            # update.version is now held: the next Next reports it
+
+It follows the WeightGroup protocol (proto/asympo/v1/weight_group.proto,
+docs/protocol.md "Weight group"): Join until a generation is formed; build
+a c10d process group (ProcessGroupGloo or ProcessGroupNCCL) whose store is
+the learner's, reached through the Store RPC (GroupStore); then Next, and
+on RECEIVE take part in one broadcast (root: the learner, rank 0) of each
+bucket of the manifest, in index order, each a 1-D uint8 tensor of the
+bucket's size (none for an empty bucket). Every member takes part in
+every broadcast of its generation, so a version the receiver holds
+already is received and dropped, and an update the caller stops
+iterating is received to its end (drained) before the next Next.
+
+Each bucket lands in a buffer of its own on `device`; the receiver keeps
+no bucket once its tensors are handed out (they are views of it), so it
+holds at most one bucket at a time and never the whole model twice. A
+bucket's CRC-32C is checked before its tensors are yielded. When a
+bucket's CRC does not match, or the collective fails, the rest of that
+version comes over gRPC (WeightBroadcast.FetchSnapshot, each bucket
+checked), the broadcasts still being received while the group stands;
+the next Next reports a CRC mismatch (received_ok false), and a failed
+group is left and joined again. A version the learner no longer holds
+when that fetch starts (NOT_FOUND: a newer one replaced it) is skipped:
+iterating its update raises WeightsError, and the engine, holding part
+of it, gets the next version whole.
+
+With NCCL, a collective that times out is in the hands of PyTorch's NCCL
+watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING), which may end the process
+rather than raise; a worker started again joins again.
+
+Not thread-safe: one thread drives a receiver. Torch is required."""
+import datetime
+import random
+import time
+
+import grpc
+import torch
+import torch.distributed as dist
+
+from ._stubs import weight_broadcast_pb2 as wb, weight_broadcast_pb2_grpc
+from .crc32c import crc32c
+from .errors import RefusedError, WeightsError
+from .weights import WeightSubscriber, check_manifest
+
+try:
+    from .v1 import weight_group_pb2 as wg, weight_group_pb2_grpc
+except ImportError as e:  # pragma: no cover
+    raise ImportError("asympo_rl's WeightGroup stubs are missing (%s): install the package again "
+                      "from the repository's proto/python" % e) from e
+
+_TORCH_DTYPES = {wb.DTYPE_F32: torch.float32, wb.DTYPE_BF16: torch.bfloat16, wb.DTYPE_F16: torch.float16}
+_ITEM_BYTES = {wb.DTYPE_F32: 4, wb.DTYPE_BF16: 2, wb.DTYPE_F16: 2}
+# What c10d's own stores raise on a timeout (torch 2.x); RuntimeError before.
+_StoreTimeout = getattr(dist, "DistStoreError", RuntimeError)
+_MAX_STORE_WAIT_MS = 30000   # GroupStoreRequest.wait_ms's limit
+_MAX_POLL_MS = 60000         # Join and Next's
+_RPC_GRACE_S = 30.0          # beyond a long poll's wait, before the call gives up
+# Join's codes that no retry can pass: another model or backend, credentials
+# the learner refuses, a learner without --weight_group, a bad worker_id,
+# another process joining under the same worker_id (ABORTED).
+_FINAL = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
+          grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED,
+          grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ABORTED)
+
+
+def _as_bytes(v):
+    """A store value as bytes: c10d passes bytes (or, torch 1.13's
+    compare_set, a list of ints), Python callers often str."""
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+def _ms(delta):
+    """A timedelta (or seconds) in whole ms; None for no limit (0)."""
+    s = delta.total_seconds() if isinstance(delta, datetime.timedelta) else float(delta)
+    return None if s <= 0 else max(1, int(s * 1000))
+
+
+class GroupStoreError(RuntimeError):
+    """A Store RPC failed: the message names the operation, the keys, the
+    gRPC code and the learner's reply."""
+
+
+class GroupStore(dist.Store):
+    """The c10d store of one generation of the learner's weight group, a
+    torch.distributed.Store whose every operation is a WeightGroup.Store
+    RPC naming `member_token`; c10d's process groups (ProcessGroupGloo,
+    ProcessGroupNCCL) rendezvous over it. The learner keeps the keys, with
+    c10d HashStore's semantics: get and wait wait until the keys are set,
+    up to this store's timeout (then _StoreTimeout: torch's DistStoreError,
+    RuntimeError on torch 1.x); add stores the sum as decimal text and
+    returns it; compare_set sets when the key holds `expected` (or is unset
+    and expected is empty) and returns what the key holds after.
+
+    The methods are those c10d calls on a Python store: set, get, add,
+    compare_set, check, wait, getNumKeys and deleteKey (also under the
+    names Python callers use, num_keys and delete_key), clone. A failed RPC
+    raises GroupStoreError. Thread-safe (the stub is)."""
+
+    def __init__(self, channel, member_token, timeout=datetime.timedelta(minutes=5), poll_ms=10000):
+        """channel: a grpc.Channel to the learner. timeout: how long get
+        and wait wait (timedelta; zero: no limit). poll_ms: the longest
+        single wait asked of the learner (at most 30000)."""
+        super().__init__()
+        self._channel, self.member_token = channel, member_token
+        self._stub = weight_group_pb2_grpc.WeightGroupStub(channel)
+        self.poll_ms = max(1, min(int(poll_ms), _MAX_STORE_WAIT_MS))
+        self.set_timeout(timeout)
+
+    def _call(self, op, keys, wait_ms=0, **fields):
+        req = wg.GroupStoreRequest(member_token=self.member_token, op=op, keys=keys, wait_ms=wait_ms, **fields)
+        try:
+            return self._stub.Store(req, timeout=wait_ms / 1000.0 + _RPC_GRACE_S)
+        except grpc.RpcError as e:
+            raise GroupStoreError("GroupStore %s %s (member %s): %s: %s" % (
+                wg.GroupStoreRequest.Op.Name(op), list(keys), self.member_token, e.code().name,
+                e.details())) from None
+
+    def _waiting(self, op, keys, timeout=None):
+        """Asks op (GET or WAIT) in polls of at most poll_ms until the keys
+        are set; _StoreTimeout after `timeout` (default: the store's)."""
+        limit = _ms(self.timeout if timeout is None else timeout)
+        deadline = None if limit is None else time.monotonic() + limit / 1000.0
+        while True:
+            wait = self.poll_ms
+            if deadline is not None:
+                wait = min(wait, max(1, int((deadline - time.monotonic()) * 1000)))
+            r = self._call(op, keys, wait_ms=wait)
+            if r.ready:
+                return r
+            if deadline is not None and time.monotonic() >= deadline:
+                raise _StoreTimeout("GroupStore (member %s): %s not set within %d ms (timeout)"
+                                    % (self.member_token, list(keys), limit))
+
+    def set(self, key, value):
+        self._call(wg.GroupStoreRequest.OP_SET, [key], value=_as_bytes(value))
+
+    def get(self, key):
+        return self._waiting(wg.GroupStoreRequest.OP_GET, [key]).value
+
+    def add(self, key, amount):
+        return self._call(wg.GroupStoreRequest.OP_ADD, [key], amount=int(amount)).number
+
+    def compare_set(self, key, expected, desired):
+        return self._call(wg.GroupStoreRequest.OP_COMPARE_SET, [key], expected=_as_bytes(expected),
+                          value=_as_bytes(desired)).value
+
+    def check(self, keys):
+        return self._call(wg.GroupStoreRequest.OP_CHECK, list(keys)).ready
+
+    def wait(self, keys, timeout=None):
+        self._waiting(wg.GroupStoreRequest.OP_WAIT, list(keys), timeout)
+
+    def num_keys(self):
+        return self._call(wg.GroupStoreRequest.OP_NUM_KEYS, []).number
+
+    def delete_key(self, key):
+        r = self._call(wg.GroupStoreRequest.OP_DELETE, [key])
+        return r.ready or r.number > 0
+
+    # The names c10d's Python-store trampoline calls (torch 1.13 and 2.x).
+    getNumKeys = num_keys
+    deleteKey = delete_key
+
+    def clone(self):
+        return GroupStore(self._channel, self.member_token, self.timeout, self.poll_ms)
+
+
+class _GroupFailed(Exception):
+    """A collective of the group failed; the receiver has left the group."""
+
+
+class WeightUpdate:
+    """One version arriving over the group: version, incarnation, manifest.
+    Iterate it once, promptly: (Hugging Face name, tensor) pairs on the
+    receiver's device as each bucket arrives (buckets() gives them a
+    bucket at a time). The tensors are views of the bucket's own buffer,
+    safe to keep. Iteration raises WeightsError when the version cannot be
+    completed (its fallback fetch failed, or a newer version replaced it).
+
+    After it: complete (every tensor yielded), ok (every bucket came over
+    the group with its CRC-32C), crc_failed (a bucket that came over the
+    group did not match its CRC-32C), group_failed (a collective failed),
+    fetched (buckets that came over gRPC instead), error (why iterating it
+    raised)."""
+
+    def __init__(self, receiver, manifest):
+        self.manifest = manifest
+        self._receiver = receiver
+        self._layout = [[] for _ in manifest.buckets]
+        for t in manifest.tensors:
+            if t.bucket < len(self._layout):  # else check_manifest refuses it
+                self._layout[t.bucket].append(t)
+        self._next = 0          # buckets taken so far
+        self._fetch = None      # the gRPC fallback's bucket iterator, once in use
+        self._started = self._over = False
+        self.crc_failed = self.group_failed = False
+        self.complete, self.ok, self.fetched, self.error = False, True, 0, ""
+
+    @property
+    def version(self):
+        return self.manifest.version
+
+    @property
+    def incarnation(self):
+        return self.manifest.incarnation
+
+    def close(self):
+        """Ends the update now: receives (and drops) the broadcasts not
+        iterated to, so the group goes on without waiting for this member.
+        Also done by the receiver's next call, and on leaving a `with`."""
+        self._finish()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._finish()
+
+    def __iter__(self):
+        for pairs in self.buckets():
+            yield from pairs
+
+    def buckets(self):
+        """Yields, per bucket in index order, the list of its (name, tensor)
+        pairs (a bucket without tensors gives an empty list)."""
+        if self._started or self._over:
+            raise RuntimeError("the update of version %d is iterated once, before the next update"
+                               % self.version)
+        self._started = True
+        try:
+            while self._next < len(self.manifest.buckets):
+                pairs = self._take()
+                self._next += 1
+                yield pairs
+                del pairs
+        except WeightsError as e:
+            self.error = str(e)
+            self._finish()
+            raise
+        self.complete = True
+        self._finish()
+
+    def _take(self):
+        """The next bucket's (name, tensor) pairs, from the group or, once
+        it failed or a CRC did not match, from the gRPC fallback."""
+        rx, i = self._receiver, self._next
+        info = self.manifest.buckets[i]
+        if self._fetch is None:
+            try:
+                buf = rx._broadcast(info.size_bytes)
+            except _GroupFailed:
+                self.ok, self.group_failed = False, True
+            else:
+                if rx._crc_matches(buf, info):
+                    return _views(buf, self._layout[i])
+                del buf
+                self.ok, self.crc_failed = False, True
+                # Keep the group in step: receive the rest of the version's
+                # broadcasts now, then fetch what is missing.
+                self._drain(i + 1)
+            self._fetch = rx._fetch(self.manifest, i)
+        index, buf = next(self._fetch)
+        self.fetched += 1
+        return _views(buf, self._layout[index])
+
+    def _drain(self, start):
+        """Receives (and drops) the broadcasts of buckets start.., while
+        the group stands."""
+        rx = self._receiver
+        for info in self.manifest.buckets[start:]:
+            try:
+                buf = rx._broadcast(info.size_bytes)
+            except _GroupFailed:
+                self.ok, self.group_failed = False, True
+                return
+            if not rx._crc_matches(buf, info):
+                self.ok, self.crc_failed = False, True
+            del buf
+
+    def _finish(self):
+        """Ends the update (idempotent): receives the broadcasts the caller
+        did not iterate to, closes a fallback fetch, and tells the receiver
+        the outcome."""
+        if self._over:
+            return
+        self._over = True
+        if self._fetch is not None:
+            self._fetch.close()  # its broadcasts were received before it began
+            self._fetch = None
+        elif not self.complete and self._receiver._pg is not None:
+            self._drain(self._next)
+        self._receiver._settle(self)
+
+
+def _views(buf, entries):
+    """[(name, tensor)] of one bucket's tensors: views of `buf` (1-D uint8),
+    or copies where an offset does not suit the dtype's alignment."""
+    out = []
+    for t in entries:
+        piece = buf[t.offset:t.offset + t.size_bytes]
+        if t.offset % _ITEM_BYTES[t.dtype]:
+            piece = piece.clone()
+        out.append((t.name, piece.view(_TORCH_DTYPES[t.dtype]).reshape(tuple(t.shape))))
+    return out
+
+
+class WeightGroupReceiver:
+    """A member of the learner's weight group (see the module's docstring)."""
+
+    def __init__(self, target, worker_id, backend="gloo", device="cpu", model_signature=None,
+                 credentials=None, channel=None, gloo_address="127.0.0.1", held_version=0,
+                 held_incarnation="", verify=True, join_wait_ms=10000, next_wait_ms=10000,
+                 fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0):
+        """target: the learner's "host:port". worker_id: a stable name (at
+        most 128 bytes); joining again under it replaces the earlier member
+        (a restarted worker). backend: "gloo" (tensors on the CPU) or
+        "nccl" (device a CUDA device). model_signature: the engine model's
+        (asympo_rl.model_signature); the learner refuses to let another
+        model join (RefusedError); None: not checked. credentials: a
+        grpc.ChannelCredentials (None: plaintext), or channel: a ready
+        grpc.Channel. gloo_address: the address this worker's Gloo
+        transport binds to and the others reach it at (loopback by
+        default; the host's address for a multi-host group). held_version,
+        held_incarnation: what the engine holds already (0 and "": nothing).
+        verify: check the CRC-32C of buckets received on a GPU too (a copy
+        to the host per bucket); buckets on the CPU are always checked.
+        join_wait_ms, next_wait_ms: the long polls' length."""
+        if backend not in ("gloo", "nccl"):
+            raise ValueError("backend %r: gloo or nccl" % (backend,))
+        if len(worker_id.encode()) > 128:
+            raise ValueError("worker_id is %d bytes, more than 128" % len(worker_id.encode()))
+        self.device = torch.device(device)
+        if backend == "nccl" and self.device.type != "cuda":
+            raise ValueError("backend nccl needs a CUDA device, not %s" % self.device)
+        if backend == "gloo":
+            try:
+                dist.ProcessGroupGloo.create_device(hostname=gloo_address)
+            except RuntimeError as e:
+                raise ValueError("gloo_address %r: %s" % (gloo_address, e)) from None
+        self._own_channel = channel is None
+        if channel is None:
+            options = [("grpc.max_receive_message_length", 64 << 20),
+                       ("grpc.max_send_message_length", 64 << 20)]
+            channel = (grpc.secure_channel(target, credentials, options) if credentials is not None
+                       else grpc.insecure_channel(target, options))
+        self._channel = channel
+        self._stub = weight_group_pb2_grpc.WeightGroupStub(channel)
+        self._broadcast_stub = weight_broadcast_pb2_grpc.WeightBroadcastStub(channel)
+        self.target, self.worker_id, self.backend = target, worker_id, backend
+        self.signature, self.gloo_address, self.verify = model_signature, gloo_address, verify
+        self.join_wait_ms = max(1, min(int(join_wait_ms), _MAX_POLL_MS))
+        self.next_wait_ms = max(1, min(int(next_wait_ms), _MAX_POLL_MS))
+        self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
+        self.version, self.incarnation = held_version, held_incarnation
+        self._holds = bool(held_version or held_incarnation)
+        self._held_buckets = None   # (size, crc) of each bucket of the held version, when known
+        self._report = (0, False)   # (received_version, received_ok) for the next Next
+        self._pg = self._store = self._token = None
+        self.generation = self.rank = self.world_size = None
+        self._current = None        # the WeightUpdate handed out last
+        self._subscriber = None     # for the gRPC fallback
+        self._backoff = min_backoff
+        # Counters: generations joined, versions that came broken over the
+        # group (a CRC or the collective), versions completed over gRPC.
+        self.joins = self.failures = self.fallbacks = 0
+
+    def close(self):
+        """Ends the current update (draining it), leaves the group and
+        closes the channel it made."""
+        if self._current is not None:
+            self._current._finish()
+        self._leave()
+        if self._own_channel:
+            self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def forget(self):
+        """Forgets the version the engine holds: the next update is the
+        group's latest, whatever its number."""
+        self.version, self.incarnation, self._holds, self._held_buckets = 0, "", False, None
+
+    def updates(self, stop=None):
+        """Yields a WeightUpdate per version to load, until stop() (optional)
+        returns True between long polls. Each is ended (drained) when the
+        next is asked for."""
+        while True:
+            update = self.next_update(stop=stop)
+            if update is None:
+                return
+            yield update
+
+    def next_update(self, timeout=None, stop=None):
+        """The next WeightUpdate to load, or None after `timeout` seconds
+        (None: no limit) or once stop() returns True. Ends the previous
+        update first. RefusedError when the learner refuses this worker."""
+        if self._current is not None:
+            self._current._finish()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not (stop and stop()):
+            left = None if deadline is None else int((deadline - time.monotonic()) * 1000)
+            if left is not None and left <= 0:
+                return None
+            if self._pg is None:
+                self._join(left)
+                continue
+            manifest = self._ask(left)
+            if manifest is None:
+                continue
+            update = self._accept(manifest)
+            if update is not None:
+                self._current = update
+                return update
+        return None
+
+    # --- membership --------------------------------------------------------
+
+    def _pause(self):
+        time.sleep(random.uniform(self._backoff / 2, self._backoff))
+        self._backoff = min(self._backoff * 2, self.max_backoff)
+
+    def _refused(self, call, e):
+        if e.code() in _FINAL:
+            raise RefusedError("WeightGroup.%s (worker %s): %s" % (call, self.worker_id, e.details()),
+                               e.code()) from None
+
+    def _join(self, left_ms):
+        """One Join long poll; on formed, builds the process group. Errors
+        other than refusals back off and return (the caller asks again)."""
+        wait = self.join_wait_ms if left_ms is None else max(1, min(self.join_wait_ms, left_ms))
+        try:
+            r = self._stub.Join(wg.JoinGroupRequest(worker_id=self.worker_id, model_signature=self.signature or "",
+                                                    backend=self.backend, wait_ms=wait),
+                                timeout=wait / 1000.0 + _RPC_GRACE_S, wait_for_ready=True)
+        except grpc.RpcError as e:
+            self._refused("Join", e)
+            self._pause()
+            return
+        if not r.formed:
+            return
+        store = GroupStore(self._channel, r.member_token, datetime.timedelta(milliseconds=r.timeout_ms or 60000))
+        try:
+            self._pg = self._new_group(store, r)
+        except RuntimeError:
+            # The generation did not come together (a member missing, the
+            # learner ended it): join the next one.
+            self._pause()
+            return
+        self._store, self._token = store, r.member_token
+        self.generation, self.rank, self.world_size = r.generation, r.rank, r.world_size
+        self.joins += 1
+        self._backoff = self.min_backoff
+
+    def _new_group(self, store, r):
+        timeout = datetime.timedelta(milliseconds=r.timeout_ms or 60000)
+        if self.backend == "gloo":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=self.gloo_address)]
+            opts._timeout = timeout
+            return dist.ProcessGroupGloo(store, r.rank, r.world_size, opts)
+        torch.cuda.set_device(self.device)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(store, r.rank, r.world_size, opts)
+
+    def _leave(self):
+        """Drops the process group (its connections close) and the token."""
+        self._pg = self._store = self._token = None
+
+    def _ask(self, left_ms):
+        """One Next long poll: the manifest to receive, or None (WAIT, or
+        REJOIN / a failed call, after which the group is left)."""
+        wait = self.next_wait_ms if left_ms is None else max(1, min(self.next_wait_ms, left_ms))
+        version, ok = self._report
+        try:
+            r = self._stub.Next(wg.GroupNextRequest(
+                member_token=self._token, held_version=self.version, held_incarnation=self.incarnation,
+                received_version=version, received_ok=ok, wait_ms=wait), timeout=wait / 1000.0 + _RPC_GRACE_S)
+        except grpc.RpcError as e:
+            if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+                self._refused("Next", e)
+            # An outage, a learner shutting down: join again.
+            self._leave()
+            self._pause()
+            return None
+        self._report = (0, True)  # each outcome is reported once
+        self._backoff = self.min_backoff
+        if r.action == wg.GroupNextResponse.ACTION_REJOIN:
+            self._leave()
+            return None
+        if r.action == wg.GroupNextResponse.ACTION_RECEIVE:
+            return r.manifest
+        return None
+
+    # --- versions ----------------------------------------------------------
+
+    def _accept(self, m):
+        """A WeightUpdate for manifest `m` when the engine wants it; else
+        receives its broadcasts, drops them and returns None."""
+        update = WeightUpdate(self, m)
+        try:
+            check_manifest(m)
+            if self.signature and m.model_signature != self.signature:
+                raise WeightsError("version %d is of model %s, not %s" % (m.version, m.model_signature,
+                                                                          self.signature))
+        except WeightsError as e:
+            update.error, update.ok = str(e), False
+        else:
+            if self._wanted(m):
+                return update
+        update._finish()
+        return None
+
+    def _wanted(self, m):
+        if not self._holds:
+            return True
+        if m.incarnation != self.incarnation:
+            if m.version == self.version and self._held_buckets == _buckets_of(m):
+                # The same bytes from a restarted learner: hold them under
+                # its incarnation, nothing to load.
+                self.incarnation = m.incarnation
+                return False
+            return True
+        return m.version > self.version
+
+    def _settle(self, update):
+        """Records an ended update: what the next Next reports, and what
+        the engine holds when the update was iterated to its end."""
+        m = update.manifest
+        # received_ok speaks of the CRCs (the learner counts a false one as
+        # receiver_crc); a failed collective it has seen itself.
+        if update.crc_failed or not update.group_failed:
+            self._report = (m.version, not update.crc_failed)
+        if self._current is update:
+            self._current = None
+        if not update.ok:
+            self.failures += 1
+        if update.complete:
+            if update.fetched:
+                self.fallbacks += 1
+            self.version, self.incarnation, self._holds = m.version, m.incarnation, True
+            self._held_buckets = _buckets_of(m)
+
+    def _broadcast(self, size):
+        """Receives one bucket's broadcast into a new buffer on the device;
+        _GroupFailed (having left the group) when the collective fails. An
+        empty bucket has no broadcast (every rank skips it)."""
+        if self._pg is None:
+            raise _GroupFailed("not in a group")
+        buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+        if size == 0:
+            return buf
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = 0, 0
+        try:
+            self._pg.broadcast([buf], opts).wait()
+        except RuntimeError as e:
+            self._leave()
+            raise _GroupFailed(str(e)) from None
+        return buf
+
+    def _crc_matches(self, buf, info):
+        if buf.device.type != "cpu":
+            if not self.verify:
+                return True
+            buf = buf.cpu()
+        return bucket_crc32c(buf.numpy()) == info.crc32c
+
+    def _fetch(self, m, first):
+        """Yields (index, buffer) of buckets first.. of version m over gRPC
+        (WeightBroadcast.FetchSnapshot), one bucket held at a time, each
+        checked. WeightsError when that fails, or NOT_FOUND says a newer
+        version replaced it."""
+        if self._subscriber is None:
+            self._subscriber = WeightSubscriber(self.target, self.worker_id, model_signature=m.model_signature,
+                                                channel=self._channel, fetch_timeout=self.fetch_timeout)
+        sub = self._subscriber
+        sub.signature, sub.version, sub.incarnation = m.model_signature, self.version, self.incarnation
+        chunks = None
+        try:
+            sub.register()
+            chunks = self._broadcast_stub.FetchSnapshot(
+                wb.FetchSnapshotRequest(session_id=sub.session, version=m.version), timeout=self.fetch_timeout)
+            yield from _assemble(m, first, chunks, self.device)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                raise WeightsError("version %d: the learner holds it no more (a newer one replaced it); "
+                                   "skipped" % m.version) from None
+            raise WeightsError("version %d: the gRPC fetch failed: %s: %s" % (m.version, e.code().name,
+                                                                              e.details())) from None
+        except RefusedError as e:
+            raise WeightsError("version %d: the gRPC fetch was refused: %s" % (m.version, e)) from None
+        finally:
+            if chunks is not None:
+                chunks.cancel()  # a fetch closed early stops streaming
+
+
+def bucket_crc32c(data):
+    """CRC-32C of one bucket's bytes (the manifest's BucketInfo.crc32c)."""
+    return crc32c(data)
+
+
+def _assemble(m, first, chunks, device):
+    """(index, buffer on device) of each bucket first.. from the chunks of
+    a FetchSnapshot stream, each checked against the manifest; one bucket
+    held at a time."""
+    def done(index, buf, filled):
+        info = m.buckets[index]
+        if filled != info.size_bytes:
+            raise WeightsError("version %d: bucket %d ended at %d of %d bytes"
+                               % (m.version, index, filled, info.size_bytes))
+        crc = bucket_crc32c(buf)
+        if crc != info.crc32c:
+            raise WeightsError("version %d: bucket %d fetched over gRPC has CRC-32C %08x, the manifest "
+                               "says %08x" % (m.version, index, crc, info.crc32c))
+        if not buf:
+            return index, torch.empty(0, dtype=torch.uint8, device=device)
+        return index, torch.frombuffer(buf, dtype=torch.uint8).to(device)
+
+    expect, buf, filled = first, None, 0
+    for c in chunks:
+        if c.version != m.version or c.bucket >= len(m.buckets):
+            raise WeightsError("version %d: a chunk of version %d, bucket %d does not belong"
+                               % (m.version, c.version, c.bucket))
+        if c.bucket < first:
+            continue
+        if buf is not None and c.bucket != expect:
+            out, buf = done(expect, buf, filled), None
+            expect += 1
+            yield out
+            del out
+        while buf is None and expect < c.bucket:  # buckets without a chunk: empty ones
+            yield done(expect, bytearray(), 0)
+            expect += 1
+        if c.bucket != expect:
+            raise WeightsError("version %d: bucket %d came out of order" % (m.version, c.bucket))
+        if buf is None:
+            buf, filled = bytearray(m.buckets[expect].size_bytes), 0
+        if c.offset != filled or c.offset + len(c.data) > len(buf):
+            raise WeightsError("version %d: bucket %d chunk at %d is out of order or too long"
+                               % (m.version, c.bucket, c.offset))
+        buf[c.offset:c.offset + len(c.data)] = c.data
+        filled += len(c.data)
+    if buf is not None:
+        out, buf = done(expect, buf, filled), None
+        expect += 1
+        yield out
+        del out
+    while expect < len(m.buckets):  # the stream ended early, or trailing empty buckets
+        yield done(expect, bytearray(), 0)
+        expect += 1
+
+
+def _buckets_of(m):
+    return [(b.size_bytes, b.crc32c) for b in m.buckets]
