@@ -18,6 +18,18 @@ HTTP errors.
   another path is refused;
 - VLLMServer: the same through a vLLM server's HTTP endpoints;
 - SGLangInProcess from tensors and from disk; SGLangServer;
+- from the learner's weight group (a second learner, --weight_group=gloo):
+  VLLMFromGroup joins every worker of a stand-in engine on its first load
+  (asympo_join_weight_group, one member per worker), then per load pauses,
+  has every worker receive the version (asympo_receive_group_update, each
+  bucket to load_weights as it arrives), resets the prefix cache and
+  resumes; a load that finds no new version loads and resets nothing; a
+  worker whose load_weights fails fails the load (EngineError, resumed),
+  the next load has both workers load that version again, and the group
+  goes on to the next version; SGLangFromGroup does the same
+  through update_weights_from_tensor per bucket from a receiver in this
+  process. Every worker's tensors are, byte for byte, a gRPC fetch of the
+  same version;
 - every failure (raise, success false, reset_prefix_cache False, HTTP 400
   and 500, a server that is down) raises EngineError naming the call and
   the reply, and generation is resumed all the same.
@@ -114,8 +126,12 @@ def wire(x):
 class Model:
     def __init__(self):
         self.loaded = []
+        self.fail = None  # raised by the next load_weights
 
     def load_weights(self, weights):
+        if self.fail is not None:
+            self.fail, e = None, self.fail
+            raise e
         self.loaded.extend((n, t.clone()) for n, t in weights)
         return {n for n, _ in weights}
 
@@ -165,6 +181,8 @@ class LLM:
     def __init__(self, calls, workers=2, model=None, fail=None):
         self.calls, self.fail = calls, fail or {}
         self.workers = [Worker() for _ in range(workers)]
+        for rank, w in enumerate(self.workers):
+            w.rank = rank
         self.llm_engine = type("Engine", (), {})()
         self.llm_engine.model_config = type("ModelConfig", (), {"model": model or "/models/base"})()
         self.reload = None  # what reload_weights does
@@ -178,7 +196,22 @@ class LLM:
         self._maybe_fail(method)
         if method == "reload_weights":
             return [self.reload(w) for w in self.workers]
-        return [getattr(w, method)(*wire(args), **(kwargs or {})) for w in self.workers]
+        # Each worker runs the call at once, as vLLM's worker processes do.
+        replies, errors = [None] * len(self.workers), []
+
+        def call(i, w):
+            try:
+                replies[i] = getattr(w, method)(*wire(args), **(kwargs or {}))
+            except Exception as e:  # noqa: BLE001 - re-raised below, as vLLM does
+                errors.append(e)
+        threads = [threading.Thread(target=call, args=(i, w)) for i, w in enumerate(self.workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+        return replies
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -459,6 +492,124 @@ def sglang_server(snap):
         check("later" in str(e), "an unknown pause_mode is refused: %s" % e)
 
 
+GROUP_FLAGS = ["--model=tiny", "--tiny_vocab_size=8000", "--threads=1", "--broadcast_bucket_mb=1",
+               "--prompts_per_step=2", "--weight_group=gloo", "--weight_group_timeout=10s",
+               "--weight_group_ready_timeout=10s", "--weight_group_join_window=1s"]
+
+
+def group_engines():
+    """VLLMFromGroup and SGLangFromGroup against a learner's weight group."""
+    port = free_port()
+    target = "127.0.0.1:%d" % port
+    log = open(os.path.join(WORK, "group-learner.log"), "w")
+    proc = subprocess.Popen([LEARNER, "--listen=" + target, "--metrics_address="] + GROUP_FLAGS,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = asympo_rl.LearnerClient(target, source="engines-group-test")
+        client.status(timeout=60)
+        feed = iter(range(1000))
+
+        def new_version():
+            """Has the learner train one more version; returns once it has."""
+            n, before = next(feed), client.status().version
+            client.submit([asympo_rl.group([1, 4, 8 + n + g, 3], [([8 + n + g, 2], 1.0), ([9, 2], 0.0)],
+                                           prompt_id="g%d-%d" % (n, g)) for g in range(2)])
+            deadline = time.time() + 60
+            while client.status().version == before and time.time() < deadline:
+                time.sleep(0.05)
+        vllm_group(target, new_version)
+        sglang_group(target, new_version)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def latest_over_grpc(target):
+    sub = asympo_rl.WeightSubscriber(target, receiver_id="engines-group-check")
+    snap = next(sub.snapshots())
+    sub.close()
+    return snap
+
+
+def vllm_group(target, new_version):
+    calls = []
+    llm = AsyncLLM(calls)
+    adapter = eng.VLLMFromGroup(llm, target, "vllm-e", backend="gloo", gloo_address="127.0.0.1",
+                                next_wait_ms=500)
+    receive = ("collective_rpc", "asympo_receive_group_update")
+    v = asyncio.run(adapter.aload(60))
+    snap = latest_over_grpc(target)
+    check(v == snap.version and len(snap.manifest.buckets) >= 2, "vLLM from the group: version %s of %d buckets "
+          "arrived" % (v, len(snap.manifest.buckets)))
+    check(calls == [("pause_generation", "wait"), ("collective_rpc", "asympo_join_weight_group"), receive,
+                    ("reset_prefix_cache",), ("resume_generation",)] and adapter.members == ["vllm-e-0", "vllm-e-1"],
+          "vLLM from the group, first load: pause, every worker joins (as vllm-e-0, vllm-e-1), receives; "
+          "reset_prefix_cache, resume")
+    check(all(same(w.model_runner.model.loaded, snap) for w in llm.workers),
+          "each worker's load_weights got every tensor of version %d, byte for byte as a gRPC fetch" % v)
+    for w in llm.workers:
+        w.model_runner.model.loaded.clear()
+    calls.clear()
+    check(asyncio.run(adapter.aload(1.5)) is None and calls == [("pause_generation", "wait"), receive,
+                                                              ("resume_generation",)],
+          "a load with no new version within its timeout: None; nothing loaded, no cache reset, resumed")
+
+    llm.workers[1].model_runner.model.fail = RuntimeError("CUDA out of memory")
+    new_version()
+    calls.clear()
+    check(raises(lambda: asyncio.run(adapter.aload(60)), "collective_rpc('asympo_receive_group_update')",
+                 "CUDA out of memory") and calls == [("pause_generation", "wait"), receive, ("resume_generation",)],
+          "a worker's load_weights failing fails the load, naming the call and the error; resumed")
+    failed = latest_over_grpc(target)
+    for w in llm.workers:
+        w.model_runner.model.loaded.clear()
+    calls.clear()
+    again = asyncio.run(adapter.aload(60))
+    check(again == failed.version and calls[-2:] == [("reset_prefix_cache",), ("resume_generation",)] and
+          all(same(w.model_runner.model.loaded, failed) for w in llm.workers),
+          "after the failed load, the next one has both workers (one had loaded it) load version %s again, "
+          "whole" % again)
+    for w in llm.workers:
+        w.model_runner.model.loaded.clear()
+    new_version()
+    v2 = asyncio.run(adapter.aload(60))
+    snap = latest_over_grpc(target)
+    check(v2 == snap.version and v2 > again and all(same(w.model_runner.model.loaded, snap) for w in llm.workers),
+          "the group went on: the next version (%s) reached both workers whole" % v2)
+    for w in llm.workers:
+        w._asympo_group.close()
+
+
+def sglang_group(target, new_version):
+    calls = []
+    engine = SGLangEngine(calls)
+    with asympo_rl.WeightGroupReceiver(target, "sglang-e", next_wait_ms=500) as receiver:
+        adapter = eng.SGLangFromGroup(engine, receiver)
+        v = adapter.load(60)
+        snap = latest_over_grpc(target)
+        buckets = len(snap.manifest.buckets)
+        check(v == snap.version and calls == [("pause_generation", "abort")] +
+              [("update_weights_from_tensor", False)] * buckets + [("flush_cache",), ("continue_generation",)] and
+              same(engine.got, snap),
+              "SGLang from the group: pause_generation('abort'), update_weights_from_tensor per bucket (%d, "
+              "flush_cache False), flush_cache, continue_generation; version %d byte for byte" % (buckets, v))
+        calls.clear()
+        check(adapter.load(1.5) is None and calls == [], "no new version within the timeout: None, no engine call")
+        new_version()
+        engine.answers = {"update": (False, "shape mismatch")}
+        check(raises(lambda: adapter.load(60), "update_weights_from_tensor", "shape mismatch") and
+              calls == [("pause_generation", "abort"), ("update_weights_from_tensor", False),
+                        ("continue_generation",)],
+              "SGLang from the group: an update answering success false fails, names its message; resumed")
+        engine.answers, engine.got = {}, []
+        new_version()
+        calls.clear()
+        v2 = adapter.load(60)
+        snap = latest_over_grpc(target)
+        check(v2 == snap.version and v2 > v and same(engine.got, snap),
+              "the group went on: version %s reached the SGLang engine whole" % v2)
+
+
 def main():
     t0 = time.time()
     v0, v1 = real_snapshots()
@@ -467,6 +618,7 @@ def main():
     vllm_server(v0, v1)
     sglang_engine(rebucketed(v1, 8))
     sglang_server(v1)
+    group_engines()
     print("all engine adapter checks passed in %.1f s" % (time.time() - t0))
 
 

@@ -41,6 +41,16 @@ vLLM, V1 engine (the default), any tensor / data parallel size
   with write_hf_directory(snapshot, link, config) and
   llm.collective_rpc("reload_weights") (Worker.reload_weights re-reads the
   model path, i.e. the link, now pointing at the new version) as step 2.
+  VLLMFromGroup(llm, target, worker_id) (the learner's weight group,
+  WeightGroupReceiver): load(timeout_s) pauses, then
+    llm.collective_rpc("asympo_join_weight_group",
+        args=(target, worker_id, backend), kwargs=...)   first load only:
+        each worker becomes a member of the group (worker_id-<rank>)
+    llm.collective_rpc("asympo_receive_group_update", args=(timeout_s, reload))
+        every worker takes part in the broadcasts and hands each bucket's
+        tensors to load_weights as it arrives; answers the version, or
+        None when none came (then no cache reset)
+  and resets the prefix cache and resumes as above.
   The extension's methods are prefixed asympo_: vLLM refuses an extension
   whose names clash with the worker's (current workers have their own
   update_weights, for vLLM's weight transfer engines).
@@ -62,6 +72,10 @@ SGLang (`sglang.Engine`), SGLangInProcess(engine):
         -> (success, message, num_paused_requests)
     engine.flush_cache()                         .success false fails
     engine.continue_generation()
+  SGLangFromGroup(engine, receiver): a WeightGroupReceiver in this process
+    receives each version; per bucket update_weights_from_tensor as above
+    (SGLang's update_weights_from_distributed wants one broadcast per
+    tensor over its own rendezvous, which the learner's group is not).
 SGLang server (HTTP), SGLangServer(url, link, config):
     POST /pause_generation {"mode": "abort"}     (abort: in-flight requests
         return to their callers as aborted; "retract" and "in_place" keep
@@ -72,14 +86,14 @@ SGLang server (HTTP), SGLangServer(url, link, config):
     POST /continue_generation
 
 aload(snapshot) is load() for engines whose calls are coroutines (vLLM's
-AsyncLLM); load() refuses such an engine. The learner's collective weight
-group will feed VLLMWorkerExtension through another asympo_ method that
-receives tensors and hands them to the same _asympo_load step.
+AsyncLLM); load() refuses such an engine. The group adapters take a
+timeout instead of a snapshot, and return the version loaded (or None).
 
 vLLM and SGLang need a GPU and are not installed where this package is
 tested: tests/integration/python_engines_test.py runs every adapter against
 stand-ins that record the calls (a real HTTP server for SGLangServer) and
-the worker extension on a real snapshot of a real learner."""
+the worker extension on a real snapshot of a real learner, and the group
+adapters on a real learner's weight group (Gloo)."""
 import inspect
 import json
 import os
@@ -144,12 +158,64 @@ class VLLMWorkerExtension:
         model; returns the number of tensors handed to load_weights."""
         return self._asympo_load(tensors_from_bucket(tensors, data, getattr(self, "device", None)))
 
+    def asympo_join_weight_group(self, target, worker_id, backend, tls_ca=None, token_file=None, **kw):
+        """Makes this worker a member of the learner's weight group: a
+        WeightGroupReceiver kept on the worker, named worker_id-<rank> (each
+        worker of a tensor or pipeline parallel engine is a member of its
+        own). backend "nccl" receives on the worker's GPU, "gloo" on the
+        CPU. tls_ca, token_file: paths of the CA certificate and of a bearer
+        token for a learner with TLS (credential objects do not cross
+        collective_rpc). Other keywords go to WeightGroupReceiver (e.g.
+        gloo_address, model_signature). Returns the member's worker_id."""
+        from .weight_group import WeightGroupReceiver
+        if getattr(self, "_asympo_group", None) is not None:
+            self._asympo_group.close()
+            self._asympo_group = None
+        member = "%s-%d" % (worker_id, getattr(self, "rank", 0))
+        kw.setdefault("device", getattr(self, "device", "cuda") if backend == "nccl" else "cpu")
+        if tls_ca or token_file:
+            kw["credentials"] = _credentials(tls_ca, token_file)
+        self._asympo_group = WeightGroupReceiver(target, member, backend=backend, **kw)
+        return member
+
+    def asympo_receive_group_update(self, timeout_s=60.0, reload=False):
+        """Receives the weight group's next version into this worker's
+        model: each bucket's (name, tensor) pairs go to load_weights as the
+        bucket arrives. Returns the version, or None when none began within
+        timeout_s. A failed load_weights still receives the rest of the
+        version's broadcasts (the group goes on) before raising. reload:
+        forget the version this worker holds, so that the group's latest
+        comes again (after a failed load left the engine's workers on
+        different versions)."""
+        group = getattr(self, "_asympo_group", None)
+        if group is None:
+            raise RuntimeError("this worker is in no weight group: call asympo_join_weight_group first")
+        if reload:
+            group.forget()
+        update = group.next_update(timeout=timeout_s)
+        if update is None:
+            return None
+        with update:
+            for pairs in update.buckets():
+                if pairs:
+                    self._asympo_load(pairs)
+        return update.version
+
     def _asympo_load(self, named_tensors):
-        # The one load step of every source (buckets over RPC now, the
-        # learner's weight group later): vLLM maps HF names onto its
-        # fused, sharded parameters and copies each into place.
-        self.model_runner.model.load_weights(named_tensors)
+        # The one load step of every source (buckets over RPC, the
+        # learner's weight group): vLLM maps HF names onto its fused,
+        # sharded parameters and copies each into place.
+        self.model_runner.model.load_weights(weights=named_tensors)
         return len(named_tensors)
+
+
+def _credentials(tls_ca, token_file):
+    import grpc
+    creds = grpc.ssl_channel_credentials(root_certificates=open(tls_ca, "rb").read() if tls_ca else None)
+    if token_file:
+        with open(token_file) as f:
+            creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(f.read().strip()))
+    return creds
 
 
 def _succeeded(reply):
@@ -178,25 +244,32 @@ class _Adapter:
 
     def load(self, snapshot):
         """Loads `snapshot`; EngineError when an engine call fails."""
-        # The steps are one coroutine for load() and aload(). Here _do
-        # awaits nothing, so a single send runs it to the end.
-        run = self._run(snapshot, False)
-        try:
-            run.send(None)
-        except StopIteration:
-            return
-        run.close()
-        raise RuntimeError("load() was suspended: an engine call awaited")  # _do prevents it
+        return self._sync(self._run(snapshot, False))
 
     async def aload(self, snapshot):
         """load() for an engine whose calls are coroutines (AsyncLLM)."""
-        await self._run(snapshot, True)
+        return await self._run(snapshot, True)
 
-    async def _run(self, snapshot, awaiting):
-        self._awaiting, self._version = awaiting, snapshot.version
+    @staticmethod
+    def _sync(run):
+        # The steps are one coroutine for load() and aload(). Here _do
+        # awaits nothing, so a single send runs it to the end.
+        try:
+            run.send(None)
+        except StopIteration as done:
+            return done.value
+        run.close()
+        raise RuntimeError("load() was suspended: an engine call awaited")  # _do prevents it
+
+    def _describe(self, source):
+        """What a load is of, for the error messages."""
+        return "version %d" % source.version
+
+    async def _run(self, source, awaiting):
+        self._awaiting, self._what = awaiting, self._describe(source)
         try:
             await self._pause()
-            await self._load(snapshot)
+            result = await self._load(source)
             await self._flush()
         except Exception as e:
             try:
@@ -205,6 +278,7 @@ class _Adapter:
                 raise EngineError("%s; and then %s" % (e, r)) from e
             raise
         await self._resume()
+        return result
 
     async def _do(self, call, fn, *args, **kwargs):
         """fn(*args, **kwargs): its reply, or EngineError naming `call`."""
@@ -219,11 +293,11 @@ class _Adapter:
         except EngineError:
             raise
         except Exception as e:
-            raise EngineError("%s: %s failed for version %d: %s: %s"
-                              % (self.engine, call, self._version, type(e).__name__, e)) from e
+            raise EngineError("%s: %s failed for %s: %s: %s"
+                              % (self.engine, call, self._what, type(e).__name__, e)) from e
         if not _succeeded(reply):
-            raise EngineError("%s: %s failed for version %d: the engine answered %s"
-                              % (self.engine, call, self._version, _shown(reply)))
+            raise EngineError("%s: %s failed for %s: the engine answered %s"
+                              % (self.engine, call, self._what, _shown(reply)))
         return reply
 
     async def _pause(self):
@@ -254,9 +328,12 @@ class _VLLM(_Adapter):
             kwargs = {"mode": "wait"} if "mode" in params else {"wait_for_inflight_requests": True}
             await self._do("pause_generation(%s)" % kwargs, self.llm.pause_generation, **kwargs)
 
-    async def _rpc(self, method, args=()):
+    async def _rpc(self, method, args=(), kwargs=None):
         call = "collective_rpc(%r)" % method
-        replies = await self._do(call, self.llm.collective_rpc, method, args=args)
+        if kwargs:
+            replies = await self._do(call, self.llm.collective_rpc, method, args=args, kwargs=kwargs)
+        else:
+            replies = await self._do(call, self.llm.collective_rpc, method, args=args)
         return call, list(replies) if replies is not None else []
 
     async def _flush(self):
@@ -278,9 +355,74 @@ class VLLMFromTensors(_VLLM):
             wrong = [r for r in replies if r != len(tensors)]
             if not replies or wrong:
                 raise EngineError("vLLM: %s failed for version %d: workers answered %r, not %d tensors "
-                                  "each (is the engine started with worker_extension_cls="
-                                  "\"asympo_rl.engines.VLLMWorkerExtension\"?)"
-                                  % (call, snapshot.version, replies, len(tensors)))
+                                  "each (is the engine started with %s?)"
+                                  % (call, snapshot.version, replies, len(tensors), _EXTENSION))
+
+
+_EXTENSION = 'worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension"'
+
+
+class VLLMFromGroup(_VLLM):
+    """Loads the versions the learner's weight group broadcasts
+    (WeightGroupReceiver) into a vLLM engine started with
+    worker_extension_cls="asympo_rl.engines.VLLMWorkerExtension": every
+    worker is a member of the group and receives the buckets itself (on its
+    GPU with NCCL), handing each bucket's tensors to load_weights as it
+    arrives. load(timeout_s) pauses generation, has every worker receive
+    the group's next version (asympo_receive_group_update; the first load
+    joins them, asympo_join_weight_group), resets the prefix cache and
+    resumes; it returns the version, or None when none came within
+    timeout_s (then nothing is loaded nor reset).
+
+    The group broadcasts once every member is asking, and waits for the
+    slowest up to the learner's --weight_group_ready_timeout: call load()
+    again at once after each, between batches of generation, so that the
+    workers keep asking. After a failed load the workers may hold
+    different versions: the next load has each forget its own, so that
+    all of them receive the group's latest."""
+
+    def __init__(self, llm, target, worker_id, backend="nccl", pause=True, **receiver_kw):
+        """target: the learner's "host:port". worker_id: this engine's name
+        in the group (its workers add their rank). backend: "nccl" or
+        "gloo". receiver_kw: asympo_join_weight_group's keywords (tls_ca,
+        token_file, gloo_address, model_signature, ...), plain values."""
+        super().__init__(llm, pause)
+        self.target, self.worker_id, self.backend, self.receiver_kw = target, worker_id, backend, receiver_kw
+        self.members = None  # the workers' names in the group, once joined
+        self._loaded = self._reload = False
+
+    def load(self, timeout_s=60.0):
+        """Receives and loads the group's next version; its number, or None."""
+        return self._sync(self._run(timeout_s, False))
+
+    async def aload(self, timeout_s=60.0):
+        return await self._run(timeout_s, True)
+
+    def _describe(self, timeout_s):
+        return "the weight group's next version"
+
+    async def _load(self, timeout_s):
+        self._loaded = False
+        if self.members is None:
+            call, replies = await self._rpc("asympo_join_weight_group", (self.target, self.worker_id, self.backend),
+                                            self.receiver_kw)
+            if not replies or not all(isinstance(r, str) for r in replies):
+                raise EngineError("vLLM: %s failed: workers answered %r, not their names in the group (is the "
+                                  "engine started with %s?)" % (call, replies, _EXTENSION))
+            self.members = replies
+        reload, self._reload = self._reload, True  # until the workers agree again
+        call, replies = await self._rpc("asympo_receive_group_update", (timeout_s, reload))
+        if not replies or len(set(replies)) != 1 or not (replies[0] is None or isinstance(replies[0], int)):
+            raise EngineError("vLLM: %s failed for %s: workers answered %r, not one version (or None) for all"
+                              % (call, self._what, replies))
+        self._reload = reload and replies[0] is None  # a reload that found nothing is asked again
+        if replies[0] is not None:
+            self._what, self._loaded = "version %d" % replies[0], True
+        return replies[0]
+
+    async def _flush(self):
+        if self._loaded:
+            await super()._flush()
 
 
 class VLLMFromDisk(_VLLM):
@@ -353,6 +495,51 @@ class SGLangInProcess(_SGLang):
     async def _resume(self):
         if self.pause_mode:
             await self._do("continue_generation", self.sgl.continue_generation)
+
+
+class SGLangFromGroup(SGLangInProcess):
+    """Loads the versions the learner's weight group broadcasts into an
+    in-process `sglang.Engine`: `receiver` (a WeightGroupReceiver in this
+    process, which is the group's member) receives each version bucket by
+    bucket, and each bucket's tensors go to
+    engine.update_weights_from_tensor(named_tensors, flush_cache=False) as
+    the bucket arrives; then flush_cache, with pause_generation /
+    continue_generation around it as SGLangInProcess does. load(timeout_s)
+    first waits up to timeout_s for the group's next version (generation
+    goes on meanwhile) and returns it, or None.
+
+    SGLang's own update_weights_from_distributed does not fit this group:
+    it expects one broadcast per tensor, over a group that SGLang forms
+    itself through its own TCPStore rendezvous (init_weights_update_group),
+    while the learner's group broadcasts whole buckets over the store it
+    serves through WeightGroup.Store. Hence the receiver here and the
+    tensors handed over in process (for a GPU receiver, on the engine's
+    GPU: backend "nccl", device "cuda:N")."""
+
+    def __init__(self, engine, receiver, pause_mode="abort"):
+        _SGLang.__init__(self, pause_mode if hasattr(engine, "pause_generation") else None)
+        self.sgl, self.receiver, self.link = engine, receiver, None
+
+    def load(self, timeout_s=60.0):
+        """Receives and loads the group's next version; its number, or None.
+        WeightsError (after resuming) when the version could not be
+        completed: the engine holds part of it, and the next load brings a
+        whole version."""
+        update = self.receiver.next_update(timeout=timeout_s)
+        if update is None:
+            return None
+        with update:  # whatever fails, the rest is received: the group goes on
+            self._sync(self._run(update, False))
+        return update.version
+
+    async def aload(self, timeout_s=60.0):
+        raise TypeError("SGLangFromGroup: sglang.Engine's calls are synchronous: call load()")
+
+    async def _load(self, update):
+        for pairs in update.buckets():
+            if pairs:
+                await self._do("update_weights_from_tensor", self.sgl.update_weights_from_tensor,
+                               named_tensors=pairs, flush_cache=False)
 
 
 class _HTTP:
