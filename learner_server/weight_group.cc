@@ -270,9 +270,10 @@ absl::StatusOr<std::unique_ptr<WeightGroup>> WeightGroup::Create(WeightGroupOpti
   st->failures = &prometheus::BuildCounter()
                       .Name("asympo_weight_group_failures_total")
                       .Help(
-                          "Weight group generations ended by a failure, by reason: rendezvous, "
-                          "broadcast, ready_timeout (a member did not ask in time), "
-                          "receiver_crc (a member reported a bucket that failed its CRC).")
+                          "Weight group failures, by reason: rendezvous, broadcast and "
+                          "ready_timeout (a member did not ask in time) end the generation; "
+                          "receiver_crc (a member reported a bucket that failed its CRC) does "
+                          "not.")
                       .Register(registry);
   for (const char* r : {"rendezvous", "broadcast", "ready_timeout", "receiver_crc"}) {
     st->failures->Add({{"reason", r}});
@@ -675,7 +676,7 @@ grpc::Status WeightGroup::Next(grpc::ServerContext* ctx, const v1::GroupNextRequ
     return grpc::Status::OK;
   }
   const std::string token = m->token;
-  if (request->received_version() != 0 && !request->received_ok()) {
+  if (request->received() && !request->received_ok()) {
     LOG(WARNING) << "weight group: " << m->worker_id << " received version "
                  << request->received_version() << " with a bucket that failed its CRC-32C";
     st.Fail("receiver_crc");

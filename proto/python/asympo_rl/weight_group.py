@@ -363,7 +363,7 @@ class WeightGroupReceiver:
         self.version, self.incarnation = held_version, held_incarnation
         self._holds = bool(held_version or held_incarnation)
         self._held_buckets = None   # (size, crc) of each bucket of the held version, when known
-        self._report = (0, False)   # (received_version, received_ok) for the next Next
+        self._report = None   # (received_version, received_ok) for the next Next, if any
         self._pg = self._store = self._token = None
         self.generation = self.rank = self.world_size = None
         self._current = None        # the WeightUpdate handed out last
@@ -484,11 +484,12 @@ class WeightGroupReceiver:
         """One Next long poll: the manifest to receive, or None (WAIT, or
         REJOIN / a failed call, after which the group is left)."""
         wait = self.next_wait_ms if left_ms is None else max(1, min(self.next_wait_ms, left_ms))
-        version, ok = self._report
+        version, ok = self._report or (0, False)
         try:
             r = self._stub.Next(wg.GroupNextRequest(
                 member_token=self._token, held_version=self.version, held_incarnation=self.incarnation,
-                received_version=version, received_ok=ok, wait_ms=wait), timeout=wait / 1000.0 + _RPC_GRACE_S)
+                received=self._report is not None, received_version=version, received_ok=ok,
+                wait_ms=wait), timeout=wait / 1000.0 + _RPC_GRACE_S)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 self._refused("Next", e)
@@ -496,7 +497,7 @@ class WeightGroupReceiver:
             self._leave()
             self._pause()
             return None
-        self._report = (0, True)  # each outcome is reported once
+        self._report = None  # each outcome is reported once
         self._backoff = self.min_backoff
         if r.action == wg.GroupNextResponse.ACTION_REJOIN:
             self._leave()
