@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "common/tokenizer/tokenizer.h"
+#include "rollout_server/addition_task.h"
 #include "rollout_server/math_verifier.h"
 
 namespace asympo::rollout {
@@ -457,6 +458,9 @@ std::vector<std::pair<std::string, std::string>> TaskNames() {
   for (const SyntheticSpec& spec : kSyntheticTasks) {
     names.emplace_back(spec.name, absl::StrCat("synthetic: ", spec.description));
   }
+  names.emplace_back("add",
+                     "synthetic: add 3 to 5 two-digit numbers, a scratchpad of running sums in any "
+                     "order of the operands, reward 1 when the final answer is the sum");
   names.emplace_back("math",
                      "JSONL {\"prompt\", \"answer\"} rows through a chat template and a "
                      "tokenizer.json; reward 1 when the final answer matches");
@@ -469,6 +473,7 @@ absl::StatusOr<std::unique_ptr<Task>> CreateTask(const TaskOptions& options) {
         absl::StrCat("vocab_size is ", options.vocab_size, "; it must be positive"));
   }
   if (options.name == "math") return CreateMath(options);
+  if (options.name == "add") return CreateAdditionTask(options);
   for (const SyntheticSpec& spec : kSyntheticTasks) {
     if (options.name == spec.name) return CreateSynthetic(spec, options);
   }
