@@ -12,12 +12,22 @@
 //                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
 //                 [--p_low] [--p_high] [--scale_floor] [--advantage mean] [--eval_json FILE]
 //                 [--weight_decay 0] [--layers 0] [--hidden 0]
+//                 [--init_model DIR] [--sft_steps 0] [--sft_target 0.4] [--sft_lr 1e-3]
+//                 [--sft_batch 32] [--sft_eval_every 50] [--save_model DIR] [--base_stats 64]
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
 // rollouts run k versions behind sees it. --csv writes one row per step
 // (reward, accuracy, the loss diagnostics, the learner's collapse gauge).
 // --eval_json writes the latest held-out evaluation with its per-prompt rows
 // (asympo-eval's JSON).
+// --init_model starts from a model directory (an --export_dir, or one
+// --save_model wrote) instead of random weights. --sft_steps N first trains
+// the model on the task's reference solutions (bench/task_sft.h) for at
+// most N steps, stopping once the held-out greedy accuracy reaches
+// --sft_target; --save_model writes the model directory after it (before
+// RL), which --init_model, asympo-eval --model and both daemons' --model
+// read. With either, --base_stats P samples P groups before RL and prints
+// the base's S_g range and within-group 1/S_g ratios. --steps 0 stops there.
 // Prints one line per --log_every steps (reward and accuracy of that step's
 // samples, averaged over the last --log_every steps), then a summary: mean
 // reward and accuracy over the first and last 20 steps, and wall time.
@@ -36,9 +46,12 @@
 #include <ATen/Parallel.h>
 #include <torch/types.h>
 
+#include "absl/strings/str_cat.h"
 #include "bench/bench_flags.h"
+#include "bench/task_sft.h"
 #include "common/model/device.h"
 #include "common/model/model_config.h"
+#include "common/model/model_io.h"
 #include "common/model/policy_model.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/trainer.h"
@@ -55,7 +68,6 @@ using asympo::bench::FlagS;
 namespace rollout = asympo::rollout;
 namespace learner = asympo::learner;
 using Clock = std::chrono::steady_clock;
-
 
 double Mean(const std::vector<double>& v, size_t begin, size_t end) {
   end = std::min(end, v.size());
@@ -100,7 +112,12 @@ struct Args {
   std::string csv;                    // per-step rows; empty: none
   int64_t eval_every;                 // 0: only at the end
   int32_t eval_k;
-  std::string eval_json;  // the last evaluation, per prompt; empty: none
+  std::string eval_json;   // the last evaluation, per prompt; empty: none
+  std::string init_model;  // a model directory to start from; empty: random
+  std::string save_model;  // where to write the model after --sft_steps
+  asympo::bench::SftOptions sft;
+  int64_t sft_steps = 0;
+  int64_t base_stats = 64;
 };
 
 Args ParseArgs(int argc, char** argv) {
@@ -132,6 +149,15 @@ Args ParseArgs(int argc, char** argv) {
   args.eval_every = Flag(argc, argv, "--eval_every", 0);
   args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
   args.eval_json = FlagS(argc, argv, "--eval_json", "");
+  args.init_model = FlagS(argc, argv, "--init_model", "");
+  args.save_model = FlagS(argc, argv, "--save_model", "");
+  args.sft_steps = Flag(argc, argv, "--sft_steps", 0);
+  args.sft.max_steps = std::max<int64_t>(1, args.sft_steps);
+  args.sft.target_accuracy = FlagD(argc, argv, "--sft_target", 0.4);
+  args.sft.lr = FlagD(argc, argv, "--sft_lr", 1e-3);
+  args.sft.batch = Flag(argc, argv, "--sft_batch", 32);
+  args.sft.eval_every = Flag(argc, argv, "--sft_eval_every", 50);
+  args.base_stats = Flag(argc, argv, "--base_stats", 64);
   asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
@@ -178,12 +204,19 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
   asympo::ModelOptions model_options;
   model_options.seed = args.seed;
   absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> model =
-      asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options);
+      args.init_model.empty()
+          ? asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options)
+          : asympo::LoadPolicyModel(args.init_model, model_options);
   if (!model.ok()) return model.status();
   setup.model = *std::move(model);
+  if (setup.model->config().vocab_size < setup.task->min_vocab_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--init_model ", args.init_model, ": its vocabulary (", setup.model->config().vocab_size,
+        ") is smaller than the task needs (", setup.task->min_vocab_size(), ")"));
+  }
   if (args.lag > 0) {
     absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> behavior =
-        asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options);
+        asympo::PolicyModel::CreateRandom(setup.model->config(), model_options);
     if (!behavior.ok()) return behavior.status();
     setup.behavior = *std::move(behavior);
   }
@@ -309,12 +342,12 @@ void RecordStep(int64_t step, const learner::StepResult& result, History* histor
   const bool suspected = history->collapse.Observe(result.diagnostics.reward_mean);
   if (history->csv == nullptr) return;
   const learner::LossDiagnostics& d = result.diagnostics;
-  *history->csv << (step + 1) << ',' << history->rewards.back() << ','
-                << history->accuracies.back() << ',' << d.mean_nll << ',' << d.s_pos << ','
-                << d.s_neg << ',' << d.naive_ratio << ',' << d.clip_low_fraction << ','
-                << d.clip_high_fraction << ',' << d.degenerate_group_fraction << ','
-                << d.mean_response_length << ',' << result.grad_norm << ','
-                << history->collapse.ema() << ',' << (suspected ? 1 : 0) << '\n';
+  *history->csv << (step + 1) << ',' << history->rewards.back() << ',' << history->accuracies.back()
+                << ',' << d.mean_nll << ',' << d.s_pos << ',' << d.s_neg << ',' << d.naive_ratio
+                << ',' << d.clip_low_fraction << ',' << d.clip_high_fraction << ','
+                << d.degenerate_group_fraction << ',' << d.mean_response_length << ','
+                << result.grad_norm << ',' << history->collapse.ema() << ',' << (suspected ? 1 : 0)
+                << '\n';
 }
 
 // The model this step samples with: the trained one, or under --lag the
@@ -438,12 +471,43 @@ absl::Status Train(const Args& args, Setup* setup) {
 
 }  // namespace
 
+// --sft_steps, --save_model and --base_stats: the base model before RL.
+absl::Status PrepareBase(const Args& args, Setup* setup) {
+  if (args.sft_steps > 0) {
+    asympo::bench::SftOptions o = args.sft;
+    o.seed = args.seed;
+    absl::StatusOr<asympo::bench::SftResult> r =
+        asympo::bench::RunSft(setup->model.get(), setup->task.get(), o);
+    if (!r.ok()) return r.status();
+    std::printf(
+        "sft done steps=%lld greedy_acc=%.3f target=%.2f reached=%d loss=%.4f seconds=%.1f\n",
+        static_cast<long long>(r->steps), r->accuracy, o.target_accuracy, r->reached ? 1 : 0,
+        r->last_loss, r->seconds);
+  }
+  if (!args.save_model.empty()) {
+    if (absl::Status s = asympo::ExportPolicyModel(*setup->model, args.save_model); !s.ok()) {
+      return s;
+    }
+    std::printf("model written to %s\n", args.save_model.c_str());
+  }
+  if ((args.sft_steps > 0 || !args.init_model.empty()) && args.base_stats > 0) {
+    absl::StatusOr<asympo::bench::BaseStatistics> stats = asympo::bench::MeasureBase(
+        *setup->model, setup->task.get(), args.base_stats, args.group, args.seed + 17);
+    if (!stats.ok()) return stats.status();
+    std::printf("%s\n", asympo::bench::BaseStatisticsLine(*stats).c_str());
+  }
+  std::fflush(stdout);
+  return absl::OkStatus();
+}
+
 int main(int argc, char** argv) {
   const Args args = ParseArgs(argc, argv);
   asympo::SetCpuThreads(args.threads);
   torch::manual_seed(args.seed);
   absl::StatusOr<Setup> setup = CreateSetup(args);
   if (!setup.ok()) return Fail(setup.status());
+  if (absl::Status s = PrepareBase(args, &*setup); !s.ok()) return Fail(s);
+  if (args.steps == 0) return 0;
   PrintHeader(args, setup->sampling);
   const absl::Status status = Train(args, &*setup);
   if (!status.ok()) return Fail(status);
