@@ -7,6 +7,9 @@ side in one run, medians of --rounds rounds:
   three ways: the bare FetchSnapshot stream (chunks read and dropped), the
   WeightSubscriber's fetch (buckets assembled, manifest checked, every
   bucket's CRC-32C), and that plus snap.tensors() as torch tensors;
+- group: the same snapshot through the learner's weight group
+  (--weight_group=gloo) to 1 and to 3 worker processes with
+  WeightGroupReceiver (broadcast, CRC-32C, torch views);
 - submit: --batches batches of 8 groups x 8 responses x 64 tokens through
   the bare stub's Submit, LearnerClient.submit (batch ids, validation,
   retry loop) and LearnerClient.submit_stream;
@@ -16,7 +19,7 @@ side in one run, medians of --rounds rounds:
   LearnerClient.submit with a policy version stamped on every response.
 
     python3 bench/python_client_bench.py --build build [--hidden 512 --layers 8 --vocab 32000]
-        [--cases weights,submit,large] [--package OTHER_CHECKOUT/proto/python]
+        [--cases weights,group,submit,large] [--package OTHER_CHECKOUT/proto/python]
 Prints Markdown tables (docs/benchmarks.md, "Python client")."""
 import argparse
 import json
@@ -171,6 +174,40 @@ def bench_submit(asympo_rl, target, batches, rounds, shape=(8, 8, 64), logprobs=
             print("| %s | %.0f | %.0f | %.2f |" % (label, batches / t, n_groups * batches / t, base / t))
 
 
+GROUP_WORKER = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[1])
+from asympo_rl import WeightGroupReceiver
+t0 = time.perf_counter()
+with WeightGroupReceiver(sys.argv[2], sys.argv[3], join_wait_ms=2000, next_wait_ms=2000) as rx:
+    update = rx.next_update(timeout=120)
+    t1 = time.perf_counter()
+    n = sum(t.numel() * t.element_size() for _, t in update)
+    t2 = time.perf_counter()
+    print(json.dumps({"join_s": t1 - t0, "receive_s": t2 - t1, "bytes": n, "ok": update.ok,
+                      "fetched": update.fetched}))
+"""
+
+
+def bench_group(pkg, target, rounds, workers):
+    """Workers (processes of their own) that join the weight group and take
+    one version: the time from Next's RECEIVE to the last bucket's tensors
+    (broadcast, CRC-32C, views), the slowest worker of each round."""
+    receive, join, size = [], [], 0
+    for r in range(rounds):
+        procs = [subprocess.Popen([sys.executable, "-c", GROUP_WORKER, pkg, target,
+                                   "bench-%d-%d-%d" % (workers, r, i)], stdout=subprocess.PIPE, text=True)
+                 for i in range(workers)]
+        rows = [json.loads(p.communicate(timeout=300)[0].strip().splitlines()[-1]) for p in procs]
+        assert all(row["ok"] and row["fetched"] == 0 for row in rows), rows
+        receive.append(max(row["receive_s"] for row in rows))
+        join.append(max(row["join_s"] for row in rows))
+        size = rows[0]["bytes"]
+    t = median(receive)
+    print("| weight group, Gloo on loopback, %d worker%s | %.3f | %.0f | join + rendezvous %.2f s |" % (
+        workers, "" if workers == 1 else "s", t, size / t / 1e6, median(join)))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build")
@@ -183,7 +220,8 @@ def main():
                     help="the proto/python directory to install (default: this checkout's), e.g. an older "
                          "revision's from git archive, to measure before and after")
     ap.add_argument("--cases", default="weights,submit,large",
-                    help="comma-separated: weights, submit (8x8x64), large (16x8x192 with log-probs)")
+                    help="comma-separated: weights, group (the weight group, 1 and 3 workers), submit "
+                         "(8x8x64), large (16x8x192 with log-probs)")
     args = ap.parse_args()
     work = tempfile.mkdtemp(prefix="python_client_bench")
     pkg = os.path.join(work, "pkg")
@@ -199,7 +237,9 @@ def main():
                                 "--model=" + os.path.join(work, "model"), "--threads=1",
                                 "--prompts_per_step=65536", "--queue_capacity=100000",
                                 "--max_groups_per_batch=64", "--batch_id_window=100000",
-                                "--device_memory_gib=-1"],
+                                "--device_memory_gib=-1"]
+                               + (["--weight_group=gloo", "--weight_group_join_window=200ms"]
+                                  if "group" in args.cases else []),
                                stdout=open(os.path.join(work, "learner.log"), "w"), stderr=subprocess.STDOUT)
     try:
         target = "127.0.0.1:%d" % port
@@ -207,6 +247,12 @@ def main():
         print("# python_client_bench: %s\n" % " ".join(sys.argv[1:]))
         if "weights" in args.cases:
             bench_weights(asympo_rl, target, args.rounds)
+        if "group" in args.cases:
+            print("| weights over the weight group (same snapshot) | seconds | MB/s | |")
+            print("| --- | ---: | ---: | --- |")
+            for n in (1, 3):
+                bench_group(pkg, target, args.rounds, n)
+            print()
         if "submit" in args.cases:
             bench_submit(asympo_rl, target, args.batches, args.rounds)
         if "large" in args.cases:
