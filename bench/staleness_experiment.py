@@ -77,7 +77,7 @@ def run_one(args, objective, lag, seed):
 
 def read_rows(path):
     with open(path) as f:
-        return [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]
+        return [{k: float(v) if v != "" else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def analyse(rows):

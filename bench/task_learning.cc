@@ -17,7 +17,8 @@
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
 // rollouts run k versions behind sees it. --csv writes one row per step
-// (reward, accuracy, the loss diagnostics, the learner's collapse gauge).
+// (reward, accuracy, the loss diagnostics, the learner's collapse gauge and,
+// for task add, the entropy of the operand orders within a group).
 // --eval_json writes the latest held-out evaluation with its per-prompt rows
 // (asympo-eval's JSON).
 // --init_model starts from a model directory (an --export_dir, or one
@@ -55,6 +56,7 @@
 #include "common/model/policy_model.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/trainer.h"
+#include "rollout_server/addition_task.h"
 #include "rollout_server/evaluation.h"
 #include "rollout_server/generation.h"
 #include "rollout_server/tasks.h"
@@ -321,10 +323,29 @@ ScoredGroups ScoreGroups(const Args& args, const rollout::Task& task,
   return scored;
 }
 
+// Task add: the mean over the step's groups of the entropy of the operand
+// orders their responses use.
+double OrderEntropyOf(const Args& args, const std::vector<rollout::TaskPrompt>& prompts,
+                      const std::vector<rollout::GenerationResult>& results) {
+  double sum = 0;
+  for (int64_t p = 0; p < args.prompts; ++p) {
+    absl::StatusOr<std::vector<int32_t>> operands = rollout::AdditionOperands(prompts[p]);
+    if (!operands.ok()) continue;
+    std::vector<std::vector<int32_t>> responses;
+    for (int64_t g = 0; g < args.group; ++g)
+      responses.push_back(results[p * args.group + g].tokens);
+    sum += rollout::AdditionOrderEntropy(*operands, responses).nats;
+  }
+  return args.prompts > 0 ? sum / static_cast<double>(args.prompts) : 0;
+}
+
 // Per-step means of the samples' reward and accuracy, and where the time went.
 struct History {
   std::vector<double> rewards;
   std::vector<double> accuracies;
+  // Task add: the mean over the step's groups of the entropy of the operand
+  // orders their responses use (nats); empty for the other tasks.
+  std::vector<double> order_entropy;
   double gen_seconds = 0;
   double train_seconds = 0;
   // The learner's collapse gauge (asympo_learner_collapse_suspected) with
@@ -336,7 +357,7 @@ struct History {
 // --csv: the header, then one row per step.
 constexpr char kCsvHeader[] =
     "step,reward,accuracy,mean_nll,s_pos,s_neg,naive_ratio,clip_low,clip_high,"
-    "degenerate_fraction,response_length,grad_norm,collapse_ema,collapse_suspected\n";
+    "degenerate_fraction,response_length,grad_norm,collapse_ema,collapse_suspected,order_entropy\n";
 
 void RecordStep(int64_t step, const learner::StepResult& result, History* history) {
   const bool suspected = history->collapse.Observe(result.diagnostics.reward_mean);
@@ -347,7 +368,9 @@ void RecordStep(int64_t step, const learner::StepResult& result, History* histor
                 << ',' << d.clip_low_fraction << ',' << d.clip_high_fraction << ','
                 << d.degenerate_group_fraction << ',' << d.mean_response_length << ','
                 << result.grad_norm << ',' << history->collapse.ema() << ',' << (suspected ? 1 : 0)
-                << '\n';
+                << ',';
+  if (!history->order_entropy.empty()) *history->csv << history->order_entropy.back();
+  *history->csv << '\n';
 }
 
 // The model this step samples with: the trained one, or under --lag the
@@ -378,6 +401,9 @@ absl::StatusOr<learner::StepResult> RunStep(const Args& args,
       *sampler == setup->model.get() ? engine.Generate(batch.requests)
                                      : rollout::GenerationEngine(*sampler).Generate(batch.requests);
   if (!results.ok()) return results.status();
+  if (setup->task->name() == "add") {
+    history->order_entropy.push_back(OrderEntropyOf(args, batch.prompts, *results));
+  }
   ScoredGroups scored =
       ScoreGroups(args, *setup->task, batch.prompts, *results, setup->trainer->version());
 

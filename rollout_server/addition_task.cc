@@ -1,6 +1,8 @@
 #include "rollout_server/addition_task.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <string>
@@ -269,6 +271,24 @@ std::vector<int32_t> AdditionOrder(const std::vector<int32_t>& operands,
     order.push_back(static_cast<int32_t>(j));
   }
   return order;
+}
+
+OrderEntropy AdditionOrderEntropy(const std::vector<int32_t>& operands,
+                                  const std::vector<std::vector<int32_t>>& responses) {
+  std::map<std::vector<int32_t>, int64_t> counts;
+  OrderEntropy out;
+  for (const std::vector<int32_t>& r : responses) {
+    std::vector<int32_t> order = AdditionOrder(operands, r);
+    if (order.empty()) continue;
+    ++counts[std::move(order)];
+    ++out.read;
+  }
+  if (out.read < 2) return out;
+  for (const auto& [order, n] : counts) {
+    const double p = static_cast<double>(n) / static_cast<double>(out.read);
+    out.nats -= p * std::log(p);
+  }
+  return out;
 }
 
 }  // namespace asympo::rollout

@@ -63,4 +63,14 @@ std::vector<int32_t> RandomAdditionSolution(const std::vector<int32_t>& operands
 std::vector<int32_t> AdditionOrder(const std::vector<int32_t>& operands,
                                    const std::vector<int32_t>& response);
 
+// The entropy, in nats, of the operand orders that `responses` use (each
+// read with AdditionOrder; responses whose order cannot be read are left
+// out), and how many were read. 0 when fewer than two were.
+struct OrderEntropy {
+  double nats = 0;
+  int64_t read = 0;
+};
+OrderEntropy AdditionOrderEntropy(const std::vector<int32_t>& operands,
+                                  const std::vector<std::vector<int32_t>>& responses);
+
 }  // namespace asympo::rollout

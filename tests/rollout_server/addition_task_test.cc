@@ -1,6 +1,7 @@
 #include "rollout_server/addition_task.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <numeric>
@@ -146,6 +147,24 @@ TEST(AdditionTaskTest, TheOrderOfAScratchpadIsReadBack) {
       << "one operand missing";
   EXPECT_TRUE(AdditionOrder({10, 20}, {D(1), D(1), P, D(2), D(0), kEosId}).empty())
       << "a number that is no operand";
+}
+
+TEST(AdditionTaskTest, TheEntropyOfTheOrdersInAGroup) {
+  const std::vector<int32_t> ops = {23, 45, 17};
+  const std::vector<int32_t> a = AdditionSolution(ops, {0, 1, 2});
+  const std::vector<int32_t> b = AdditionSolution(ops, {2, 1, 0});
+  OrderEntropy one = AdditionOrderEntropy(ops, {a, a, a, a});
+  EXPECT_EQ(one.read, 4);
+  EXPECT_DOUBLE_EQ(one.nats, 0.0) << "one order";
+  OrderEntropy two = AdditionOrderEntropy(ops, {a, b, a, b, {D(8), D(5), kEosId}});
+  EXPECT_EQ(two.read, 4) << "the bare answer has no order";
+  EXPECT_NEAR(two.nats, std::log(2.0), 1e-12);
+  std::vector<std::vector<int32_t>> all;
+  std::vector<int32_t> order = {0, 1, 2};
+  do all.push_back(AdditionSolution(ops, order));
+  while (std::next_permutation(order.begin(), order.end()));
+  EXPECT_NEAR(AdditionOrderEntropy(ops, all).nats, std::log(6.0), 1e-12) << "the most: ln k!";
+  EXPECT_EQ(AdditionOrderEntropy(ops, {a}).nats, 0.0);
 }
 
 TEST(AdditionTaskTest, HeldOutProblemsAreNeverServedInAnyOrder) {
