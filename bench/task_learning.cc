@@ -246,8 +246,9 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
                                       ? static_cast<int32_t>(args.max_new_tokens)
                                       : setup.task->max_new_tokens();
   setup.sampling.stop_token_ids = setup.task->stop_token_ids();
-  // Only the grpo objective needs the sampling policy's token log-probs.
-  setup.sampling.return_logprobs = *objective == learner::Objective::kGrpo;
+  // The grpo objective needs the sampling policy's token log-probs, and so
+  // does the drift measured under --lag (behavior_kl).
+  setup.sampling.return_logprobs = *objective == learner::Objective::kGrpo || args.lag > 0;
   return setup;
 }
 
@@ -339,6 +340,20 @@ double OrderEntropyOf(const Args& args, const std::vector<rollout::TaskPrompt>& 
   return args.prompts > 0 ? sum / static_cast<double>(args.prompts) : 0;
 }
 
+// --lag: the drift between the weights that sampled this step and the ones
+// that train on it, as the mean token KL(behavior || current).
+absl::StatusOr<double> BehaviorKl(const asympo::PolicyModel& model, const PromptBatch& batch,
+                                  const std::vector<rollout::GenerationResult>& results) {
+  std::vector<std::vector<int32_t>> prompts, responses;
+  std::vector<std::vector<float>> logprobs;
+  for (size_t i = 0; i < results.size(); ++i) {
+    prompts.push_back(batch.requests[i].prompt);
+    responses.push_back(results[i].tokens);
+    logprobs.push_back(results[i].logprobs);
+  }
+  return asympo::bench::MeanTokenKl(model, prompts, responses, logprobs);
+}
+
 // Per-step means of the samples' reward and accuracy, and where the time went.
 struct History {
   std::vector<double> rewards;
@@ -346,6 +361,8 @@ struct History {
   // Task add: the mean over the step's groups of the entropy of the operand
   // orders their responses use (nats); empty for the other tasks.
   std::vector<double> order_entropy;
+  // --lag: the mean token KL(behavior || current) of the step's samples.
+  std::vector<double> behavior_kl;
   double gen_seconds = 0;
   double train_seconds = 0;
   // The learner's collapse gauge (asympo_learner_collapse_suspected) with
@@ -357,7 +374,8 @@ struct History {
 // --csv: the header, then one row per step.
 constexpr char kCsvHeader[] =
     "step,reward,accuracy,mean_nll,s_pos,s_neg,naive_ratio,clip_low,clip_high,"
-    "degenerate_fraction,response_length,grad_norm,collapse_ema,collapse_suspected,order_entropy\n";
+    "degenerate_fraction,response_length,grad_norm,collapse_ema,collapse_suspected,order_entropy,"
+    "behavior_kl\n";
 
 void RecordStep(int64_t step, const learner::StepResult& result, History* history) {
   const bool suspected = history->collapse.Observe(result.diagnostics.reward_mean);
@@ -370,6 +388,8 @@ void RecordStep(int64_t step, const learner::StepResult& result, History* histor
                 << result.grad_norm << ',' << history->collapse.ema() << ',' << (suspected ? 1 : 0)
                 << ',';
   if (!history->order_entropy.empty()) *history->csv << history->order_entropy.back();
+  *history->csv << ',';
+  if (!history->behavior_kl.empty()) *history->csv << history->behavior_kl.back();
   *history->csv << '\n';
 }
 
@@ -403,6 +423,11 @@ absl::StatusOr<learner::StepResult> RunStep(const Args& args,
   if (!results.ok()) return results.status();
   if (setup->task->name() == "add") {
     history->order_entropy.push_back(OrderEntropyOf(args, batch.prompts, *results));
+  }
+  if (args.lag > 0) {
+    absl::StatusOr<double> kl = BehaviorKl(*setup->model, batch, *results);
+    if (!kl.ok()) return kl.status();
+    history->behavior_kl.push_back(*kl);
   }
   ScoredGroups scored =
       ScoreGroups(args, *setup->task, batch.prompts, *results, setup->trainer->version());

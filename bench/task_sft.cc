@@ -158,6 +158,46 @@ absl::StatusOr<SftResult> RunSft(PolicyModel* model, rollout::Task* task, const 
   return result;
 }
 
+absl::StatusOr<double> MeanTokenKl(const PolicyModel& model,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::vector<std::vector<int32_t>>& responses,
+                                   const std::vector<std::vector<float>>& behavior_logprobs) {
+  if (prompts.empty() || prompts.size() != responses.size() ||
+      responses.size() != behavior_logprobs.size()) {
+    return absl::InvalidArgumentError(
+        "MeanTokenKl: prompts, responses and log-probs differ in count");
+  }
+  for (size_t i = 0; i < responses.size(); ++i) {
+    if (responses[i].size() != behavior_logprobs[i].size()) {
+      return absl::InvalidArgumentError(absl::StrCat("MeanTokenKl: response ", i, " has ",
+                                                     responses[i].size(), " tokens and ",
+                                                     behavior_logprobs[i].size(), " log-probs"));
+    }
+  }
+  at::NoGradGuard no_grad;
+  const SftBatch batch = MakeBatch(prompts, responses, model.options().device);
+  const at::Tensor hidden = model.Forward(batch.ids, batch.positions, batch.key_mask);
+  const int64_t t = batch.ids.size(1);
+  const at::Tensor logp =
+      at::log_softmax(model.Logits(hidden.narrow(1, 0, t - 1)).to(at::kFloat), -1)
+          .gather(-1, batch.ids.narrow(1, 1, t - 1).unsqueeze(-1))
+          .squeeze(-1)
+          .cpu();
+  auto current = logp.accessor<float, 2>();
+  double sum = 0;
+  int64_t tokens = 0;
+  for (size_t i = 0; i < responses.size(); ++i) {
+    const size_t p = prompts[i].size();
+    for (size_t j = 0; j < responses[i].size(); ++j) {
+      // Response token j is predicted at position p + j - 1.
+      sum += behavior_logprobs[i][j] -
+             current[static_cast<int64_t>(i)][static_cast<int64_t>(p + j - 1)];
+      ++tokens;
+    }
+  }
+  return tokens > 0 ? sum / static_cast<double>(tokens) : 0.0;
+}
+
 absl::StatusOr<BaseStatistics> MeasureBase(const PolicyModel& model, rollout::Task* task,
                                            int64_t prompts, int64_t group, uint64_t seed) {
   std::mt19937_64 rng(seed);

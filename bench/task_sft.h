@@ -55,6 +55,15 @@ absl::StatusOr<std::vector<int32_t>> ReferenceResponse(const rollout::Task& task
 absl::StatusOr<SftResult> RunSft(PolicyModel* model, rollout::Task* task,
                                  const SftOptions& options);
 
+// The mean over every response token of log pi_behavior - log pi_model:
+// with `behavior_logprobs` the sampler's log-probs of its own tokens
+// (temperature 1), an unbiased estimate of KL(behavior || model) per token,
+// the drift between the weights that sampled and the weights that train.
+absl::StatusOr<double> MeanTokenKl(const PolicyModel& model,
+                                   const std::vector<std::vector<int32_t>>& prompts,
+                                   const std::vector<std::vector<int32_t>>& responses,
+                                   const std::vector<std::vector<float>>& behavior_logprobs);
+
 // What sampling from a model gives, as the objectives see it: S, a
 // response's mean token NLL under the policy (temperature 1), over
 // `prompts` groups of `group` samples, and per group the ratio of the

@@ -11,6 +11,7 @@
 #include "common/model/model_config.h"
 #include "common/model/model_io.h"
 #include "rollout_server/addition_task.h"
+#include "rollout_server/generation.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -91,6 +92,38 @@ TEST(TaskSftTest, BaseStatisticsDescribeTheSamples) {
   EXPECT_GE(s.ratio_median, 1.0);
   EXPECT_GE(s.ratio_p90, s.ratio_median);
   EXPECT_NE(BaseStatisticsLine(s).find("S_g median="), std::string::npos);
+}
+
+TEST(TaskSftTest, MeanTokenKlIsZeroForTheSamplerAndPositiveForOtherWeights) {
+  std::unique_ptr<rollout::Task> add = MakeTask("add");
+  std::unique_ptr<PolicyModel> sampler = TinyModel(3);
+  std::mt19937_64 rng(9);
+  std::vector<rollout::GenerationRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    rollout::GenerationRequest r;
+    r.prompt = add->NextPrompt(rng).prompt_tokens;
+    r.params.max_new_tokens = 12;
+    r.params.return_logprobs = true;
+    r.params.seed = rng();
+    requests.push_back(std::move(r));
+  }
+  ASSERT_OK_AND_ASSIGN(std::vector<rollout::GenerationResult> results,
+                       rollout::GenerationEngine(sampler.get()).Generate(requests));
+  std::vector<std::vector<int32_t>> prompts, responses;
+  std::vector<std::vector<float>> logprobs;
+  for (size_t i = 0; i < results.size(); ++i) {
+    prompts.push_back(requests[i].prompt);
+    responses.push_back(results[i].tokens);
+    logprobs.push_back(results[i].logprobs);
+  }
+  ASSERT_OK_AND_ASSIGN(double same, MeanTokenKl(*sampler, prompts, responses, logprobs));
+  EXPECT_NEAR(same, 0.0, 1e-4) << "the weights that sampled";
+  std::unique_ptr<PolicyModel> other = TinyModel(4);
+  ASSERT_OK_AND_ASSIGN(double drift, MeanTokenKl(*other, prompts, responses, logprobs));
+  EXPECT_GT(drift, 0.01) << "other weights";
+  logprobs[0].pop_back();
+  EXPECT_THAT(MeanTokenKl(*sampler, prompts, responses, logprobs),
+              StatusIs(absl::StatusCode::kInvalidArgument, "log-probs"));
 }
 
 TEST(TaskSftTest, BadOptionsAreRefused) {
