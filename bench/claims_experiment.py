@@ -1,0 +1,247 @@
+#!/usr/bin/env python3
+"""The paper's three claims on task add (docs/tasks.md), resumable: a base
+model made here by supervised training, a learning-rate sweep at lag 0,
+then every objective at every lag and seed. Each run writes one result file
+(JSON) when it finishes; a run whose file exists is skipped, so a grid
+stopped part-way completes when started again. Commit the files as they
+land.
+
+    python3 bench/claims_experiment.py [--build_dir build] [--out docs/results/claims]
+        [--phase base,sweep,grid] [--jobs 2] [--steps 400] [--seeds 0,1,2]
+        [--lags 0,4,16] [--lrs 3e-5,1e-4,3e-4] [--objectives naive,gpg,grpo,spo,asympo,asympo_stable]
+
+Layout under --out:
+  base/model/          the base model (task_learning --sft_steps ... --save_model)
+  base/base.json       its accuracy, S_g range and within-group 1/S_g ratios
+  sweep/OBJ_lrLR_seedS.json   lag 0, every objective and learning rate
+  grid/OBJ_lrLR_lagK_seedS.json
+  runs/NAME.csv, runs/NAME.log  the per-step rows and the logs (not committed)
+  summary.json         what the files say, cell by cell (and the lr chosen)
+
+The shared learning rate is the one with the best mean@8 for grpo at lag 0
+over the seeds (the paper's protocol); the grid runs every objective with
+it, and with each objective's own best learning rate at lag 0 where that
+differs. Per step (runs/*.csv): reward, S_P, S_N, the degenerate-group
+fraction, the entropy of the operand orders and, under a lag, the mean
+token KL between the weights that sampled and the weights that train.
+"""
+import argparse
+import concurrent.futures
+import csv
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
+EVAL = re.compile(r"^eval step=(\d+) (.*)$", re.M)
+SFT = re.compile(r"^sft done (.*)$", re.M)
+BASE = re.compile(r"^base responses=(\d+) S_g median=([\d.]+) p10=([\d.]+) p90=([\d.]+) nats; "
+                  r"within-group max/min of 1/S_g median=([\d.]+) p90=([\d.]+); "
+                  r"sample accuracy=([\d.]+)$", re.M)
+# The base: the smallest model that learns add (docs/tasks.md, "A base model for add").
+MODEL = ["--layers", "4", "--hidden", "128"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build_dir", default="build")
+    ap.add_argument("--out", default="docs/results/claims")
+    ap.add_argument("--phase", default="base,sweep,grid", help="comma-separated: base, sweep, grid")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--lags", default="0,4,16")
+    ap.add_argument("--lrs", default="3e-5,1e-4,3e-4")
+    ap.add_argument("--objectives", default=",".join(OBJECTIVES))
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--group", type=int, default=8)
+    ap.add_argument("--eval_prompts_k", type=int, default=8, help="mean@k and pass@k of the final evaluation")
+    ap.add_argument("--sft_target", type=float, default=0.4)
+    ap.add_argument("--sft_steps", type=int, default=3000)
+    args = ap.parse_args(argv)
+    args.seeds = [int(x) for x in args.seeds.split(",") if x]
+    args.lags = [int(x) for x in args.lags.split(",") if x]
+    args.lrs = [float(x) for x in args.lrs.split(",") if x]
+    args.objectives = [x for x in args.objectives.split(",") if x]
+    args.phase = [x for x in args.phase.split(",") if x]
+    for o in args.objectives:
+        if o not in OBJECTIVES:
+            ap.error("--objectives: unknown objective %r (%s)" % (o, ", ".join(OBJECTIVES)))
+    for p in args.phase:
+        if p not in ("base", "sweep", "grid"):
+            ap.error("--phase: unknown phase %r (base, sweep, grid)" % p)
+    if args.steps < 1 or args.jobs < 1 or not args.seeds or not args.lags or not args.lrs:
+        ap.error("--steps and --jobs must be positive; --seeds, --lags and --lrs non-empty")
+    return args
+
+
+def write_json(path, value):
+    """Atomically: a file that exists is a finished run."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_json(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def task_learning(args):
+    return os.path.join(args.build_dir, "bench", "task_learning")
+
+
+def make_base(args):
+    """The base model and base/base.json, unless they exist."""
+    base = os.path.join(args.out, "base")
+    result = os.path.join(base, "base.json")
+    if os.path.exists(result) and os.path.exists(os.path.join(base, "model", "config.json")):
+        return read_json(result)
+    os.makedirs(base, exist_ok=True)
+    cmd = [task_learning(args), "--task", "add", *MODEL, "--sft_steps", str(args.sft_steps),
+           "--sft_eval_every", "25", "--sft_target", repr(args.sft_target), "--sft_batch", "64",
+           "--sft_lr", "1e-3", "--steps", "0", "--save_model", os.path.join(base, "model"),
+           "--base_stats", "64", "--group", str(args.group), "--threads", "1", "--seed", "0"]
+    start = time.time()
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError("the base model failed (exit %d): %s" % (out.returncode, out.stderr[-2000:]))
+    sft = dict(kv.split("=", 1) for kv in SFT.search(out.stdout).group(1).split())
+    m = BASE.search(out.stdout)
+    value = {"command": " ".join(cmd), "seconds": round(time.time() - start, 1),
+             "sft": {k: float(v) for k, v in sft.items()},
+             "s_g": {"median": float(m.group(2)), "p10": float(m.group(3)), "p90": float(m.group(4))},
+             "inverse_s_ratio": {"median": float(m.group(5)), "p90": float(m.group(6))},
+             "sample_accuracy": float(m.group(7)), "responses": int(m.group(1))}
+    write_json(result, value)
+    return value
+
+
+def run_name(objective, lr, lag, seed):
+    return "%s_lr%g_lag%d_seed%d" % (objective, lr, lag, seed)
+
+
+def mean_of(rows, column, begin=0, end=None):
+    values = [r[column] for r in rows[begin:end] if not math.isnan(r[column])]
+    return statistics.mean(values) if values else float("nan")
+
+
+def read_rows(path):
+    with open(path) as f:
+        return [{k: float(v) if v != "" else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
+
+
+def analyse(rows):
+    """The paper's collapse: after the first half, the 20-step mean reward
+    below half its running peak."""
+    rewards = [r["reward"] for r in rows]
+    peak, collapse, means = 0.0, None, []
+    for i in range(len(rewards)):
+        mean20 = statistics.mean(rewards[max(0, i - 19):i + 1])
+        means.append(mean20)
+        peak = max(peak, mean20)
+        if collapse is None and i >= len(rewards) // 2 and peak > 0.1 and mean20 < 0.5 * peak:
+            collapse = int(rows[i]["step"])
+    return {"peak_reward20": peak, "final_reward20": means[-1] if means else float("nan"),
+            "collapse_step": collapse}
+
+
+def run_one(args, folder, objective, lr, lag, seed):
+    name = run_name(objective, lr, lag, seed)
+    result = os.path.join(args.out, folder, name + ".json")
+    if os.path.exists(result):
+        return read_json(result)
+    runs = os.path.join(args.out, "runs")
+    csv_path, log_path = os.path.join(runs, name + ".csv"), os.path.join(runs, name + ".log")
+    cmd = [task_learning(args), "--task", "add", "--init_model", os.path.join(args.out, "base", "model"),
+           "--objective", objective, "--lr", repr(lr), "--lag", str(lag), "--seed", str(seed),
+           "--steps", str(args.steps), "--group", str(args.group), "--prompts", str(args.prompts),
+           "--eval_k", str(args.eval_prompts_k), "--log_every", "50", "--csv", csv_path,
+           "--threads", "1", "--base_stats", "0"]
+    start = time.time()
+    with open(log_path, "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.time() - start
+    if rc != 0:
+        raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
+    text = open(log_path).read()
+    evals = EVAL.findall(text)
+    final = dict(kv.split("=", 1) for kv in evals[-1][1].split()) if evals else {}
+    rows = read_rows(csv_path)
+    half = len(rows) // 2
+    value = {"objective": objective, "lr": lr, "lag": lag, "seed": seed, "steps": args.steps,
+             "command": " ".join(cmd), "seconds": round(seconds, 1),
+             "eval": {k: float(v) for k, v in final.items()}, **analyse(rows),
+             "s_pos": mean_of(rows, "s_pos"), "s_neg": mean_of(rows, "s_neg"),
+             "degenerate_fraction": mean_of(rows, "degenerate_fraction"),
+             "order_entropy_first": mean_of(rows, "order_entropy", 0, 20),
+             "order_entropy_last": mean_of(rows, "order_entropy", -20),
+             "behavior_kl": mean_of(rows, "behavior_kl", half)}
+    os.makedirs(os.path.dirname(result), exist_ok=True)
+    write_json(result, value)
+    return value
+
+
+def run_all(args, jobs):
+    """Runs (folder, objective, lr, lag, seed) jobs, skipping finished ones."""
+    done = []
+    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+        futures = {pool.submit(run_one, args, *job): job for job in jobs}
+        for f in concurrent.futures.as_completed(futures):
+            value = f.result()
+            done.append(value)
+            print("done %s %s: mean@%d %.3f, greedy %.3f, %.0f s" % (
+                futures[f][0], run_name(*futures[f][1:]), args.eval_prompts_k,
+                value["eval"].get("mean@%d" % args.eval_prompts_k, float("nan")),
+                value["eval"].get("greedy_acc", float("nan")), value["seconds"]), flush=True)
+    return done
+
+
+def best_lr(runs, objective, k):
+    by_lr = {}
+    for r in runs:
+        if r["objective"] == objective:
+            by_lr.setdefault(r["lr"], []).append(r["eval"].get("mean@%d" % k, float("nan")))
+    scored = {lr: statistics.mean(v) for lr, v in by_lr.items() if v}
+    return max(scored, key=scored.get) if scored else None
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    for sub in ("base", "sweep", "grid", "runs"):
+        os.makedirs(os.path.join(args.out, sub), exist_ok=True)
+    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps}
+    start = time.time()
+    if "base" in args.phase or not os.path.exists(os.path.join(args.out, "base", "base.json")):
+        summary["base"] = make_base(args)
+        print("base: %s" % json.dumps(summary["base"]["s_g"]), flush=True)
+    sweep = run_all(args, [("sweep", o, lr, 0, s) for o in args.objectives for lr in args.lrs
+                           for s in args.seeds]) if "sweep" in args.phase or "grid" in args.phase else []
+    shared = best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None
+    own = {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
+    summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
+    if "grid" in args.phase and shared is not None:
+        # Lag 0 at a swept learning rate is a sweep run already.
+        def folder(lr, lag):
+            return "sweep" if lag == 0 and lr in args.lrs else "grid"
+        jobs = {(folder(shared, lag), o, shared, lag, s) for o in args.objectives for lag in args.lags
+                for s in args.seeds}
+        jobs |= {(folder(own[o], lag), o, own[o], lag, s) for o in args.objectives if own[o] is not None
+                 for lag in args.lags for s in args.seeds}
+        summary["grid"] = run_all(args, sorted(jobs, key=lambda j: (j[3], j[1], j[2], j[4])))
+    summary["seconds_this_invocation"] = round(time.time() - start, 1)
+    summary["seconds_all_runs"] = round(sum(r["seconds"] for r in summary.get("sweep", []) +
+                                            summary.get("grid", [])), 1)
+    write_json(os.path.join(args.out, "summary.json"), summary)
+    print("summary: %s (shared lr %s)" % (os.path.join(args.out, "summary.json"), shared))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""The claims experiment's driver on a tiny grid: it makes the base, sweeps
+the learning rate, runs the grid with one result file per run, skips every
+finished run when started again, and completes a grid stopped part-way.
+
+    claims_smoke_test.py <source dir> <build dir> <scratch dir>
+"""
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+
+def run(source, build, out):
+    cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
+           "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
+           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--sft_steps", "25",
+           "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    sys.stdout.write(p.stdout + p.stderr)
+    assert p.returncode == 0, "exit %d" % p.returncode
+    return p.stdout
+
+
+def main():
+    source, build, scratch = sys.argv[1:4]
+    shutil.rmtree(scratch, ignore_errors=True)
+    out = os.path.join(scratch, "claims")
+    run(source, build, out)
+    base = json.load(open(os.path.join(out, "base", "base.json")))
+    assert base["s_g"]["p10"] <= base["s_g"]["median"] <= base["s_g"]["p90"], base
+    assert os.path.exists(os.path.join(out, "base", "model", "config.json"))
+    sweep = sorted(glob.glob(os.path.join(out, "sweep", "*.json")))
+    grid = sorted(glob.glob(os.path.join(out, "grid", "*.json")))
+    assert len(sweep) == 4, sweep  # 2 objectives x 2 learning rates, lag 0
+    assert len(grid) >= 2, grid    # lag 2 at the shared (and own) learning rate
+    for path in sweep + grid:
+        r = json.load(open(path))
+        for key in ("objective", "lr", "lag", "seed", "seconds", "eval", "s_pos", "s_neg",
+                    "degenerate_fraction", "order_entropy_last", "command"):
+            assert key in r, (path, key)
+        if r["lag"] > 0:
+            assert r["behavior_kl"] == r["behavior_kl"], (path, "behavior_kl is NaN under a lag")
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["shared_lr"] in (1e-4, 3e-4), summary["shared_lr"]
+
+    # Started again: every run is skipped (no file is rewritten).
+    stamps = {p: os.path.getmtime(p) for p in sweep + grid}
+    run(source, build, out)
+    assert all(os.path.getmtime(p) == t for p, t in stamps.items()), "a finished run ran again"
+
+    # Stopped part-way: a missing result is run, the others are not.
+    os.remove(grid[0])
+    run(source, build, out)
+    assert os.path.exists(grid[0]), "the missing run did not run"
+    assert all(os.path.getmtime(p) == t for p, t in stamps.items() if p != grid[0])
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
