@@ -222,7 +222,9 @@ def main(argv=None):
     if "base" in args.phase or not os.path.exists(os.path.join(args.out, "base", "base.json")):
         summary["base"] = make_base(args)
         print("base: %s" % json.dumps(summary["base"]["s_g"]), flush=True)
-    sweep = run_all(args, [("sweep", o, lr, 0, s) for o in args.objectives for lr in args.lrs
+    # grpo first: the shared learning rate is its best.
+    order = sorted(args.objectives, key=lambda o: o != "grpo")
+    sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs
                            for s in args.seeds]) if "sweep" in args.phase or "grid" in args.phase else []
     shared = best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None
     own = {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
