@@ -554,6 +554,9 @@ void WeightGroup::State::Broadcast() {
     RegroupLocked("a broadcast failed");
     return;
   }
+  // Every member took part: a long broadcast is not silence.
+  const absl::Time now = absl::Now();
+  for (Member& m : members) m.last_seen = now;
   ++versions_sent;
   versions_total->Increment();
   VLOG(1) << "weight group: version " << manifest->version() << " to " << members.size()
