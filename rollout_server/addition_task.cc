@@ -20,10 +20,12 @@ using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kMarkerId;
 using addition::kPlusId;
+using synthetic::Draw;
 using synthetic::kBosId;
 using synthetic::kEosId;
 using synthetic::kFirstSymbolId;
 using synthetic::kSepId;
+using synthetic::SplitMix;
 
 constexpr uint64_t kHeldOutEvery = 4;
 constexpr uint64_t kEvaluationSeed = 0xadd5eedULL;
@@ -34,18 +36,6 @@ void AppendNumber(int32_t n, std::vector<int32_t>* out) {
 }
 
 bool IsDigit(int32_t id) { return id >= kFirstSymbolId && id < kFirstSymbolId + 10; }
-
-// A uniform draw from [0, n), the same on every standard library.
-int32_t Draw(std::mt19937_64& rng, int32_t n) {
-  return static_cast<int32_t>(rng() % static_cast<uint64_t>(n));
-}
-
-uint64_t SplitMix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Whether a prompt belongs to the evaluation split: a fixed hash of its
 // operands as a multiset (the same numbers in another order are the same

@@ -22,18 +22,13 @@
 namespace asympo::rollout {
 namespace {
 
+using synthetic::Draw;
 using synthetic::kBosId;
 using synthetic::kEosId;
 using synthetic::kFirstMarkerId;
 using synthetic::kFirstSymbolId;
 using synthetic::kSepId;
-
-// A uniform draw from [0, n). Modulo of a 64-bit draw rather than
-// std::uniform_int_distribution, whose algorithm differs between standard
-// libraries: a seed gives the same prompts everywhere.
-int32_t Draw(std::mt19937_64& rng, int32_t n) {
-  return static_cast<int32_t>(rng() % static_cast<uint64_t>(n));
-}
+using synthetic::SplitMix;
 
 // ---------------------------------------------------------------------------
 // Synthetic tasks.
@@ -171,13 +166,6 @@ class SyntheticTask : public Task {
     uint64_t h = SplitMix(static_cast<uint64_t>(spec_.marker) + 0x9e3779b97f4a7c15ULL);
     for (int32_t s : symbols) h = SplitMix(h ^ static_cast<uint64_t>(s + 1));
     return h % kHeldOutEvery == 0;
-  }
-
-  static uint64_t SplitMix(uint64_t x) {
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
   }
 
   std::vector<int32_t> DrawSymbols(std::mt19937_64& rng) const {
@@ -452,6 +440,21 @@ absl::StatusOr<std::unique_ptr<Task>> CreateMath(const TaskOptions& o) {
 }
 
 }  // namespace
+
+namespace synthetic {
+
+int32_t Draw(std::mt19937_64& rng, int32_t n) {
+  return static_cast<int32_t>(rng() % static_cast<uint64_t>(n));
+}
+
+uint64_t SplitMix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace synthetic
 
 std::vector<std::pair<std::string, std::string>> TaskNames() {
   std::vector<std::pair<std::string, std::string>> names;

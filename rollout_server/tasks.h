@@ -43,6 +43,13 @@ inline constexpr int32_t kSepId = 3;
 inline constexpr int32_t kFirstMarkerId = 4;
 // Symbol i of the alphabet is kFirstSymbolId + i.
 inline constexpr int32_t kFirstSymbolId = 8;
+
+// A uniform draw from [0, n). Modulo of a 64-bit draw rather than
+// std::uniform_int_distribution, whose algorithm differs between standard
+// libraries: a seed gives the same prompts everywhere.
+int32_t Draw(std::mt19937_64& rng, int32_t n);
+// SplitMix64's finalizer: the fixed hash that picks held-out prompts.
+uint64_t SplitMix(uint64_t x);
 }  // namespace synthetic
 
 // The math task's prompt template when TaskOptions.prompt_template is empty:
