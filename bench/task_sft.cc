@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "learner_server/adamw.h"
+#include "learner_server/token_logprobs.h"
 #include "rollout_server/addition_task.h"
 #include "rollout_server/evaluation.h"
 #include "rollout_server/generation.h"
@@ -25,42 +26,40 @@ double Quantile(std::vector<double> v, double q) {
   return v[i];
 }
 
-// The batch's sequences (prompt + response) as (B, T) ids, positions and
-// key mask, and the (B, T - 1) mask of the next-token targets that are
-// response tokens.
-struct SftBatch {
-  at::Tensor ids, positions, key_mask, target_mask;
+// Each sequence (prompt + response) padded into a batch, and (B, T - 1)
+// log-probs under `model` of every next token (TokenLogProbs: 0 past a
+// sequence's end), with the 0/1 mask of those that are response tokens:
+// position j predicts token j + 1.
+struct ResponseLogProbs {
+  at::Tensor logp, response_mask;
 };
 
-SftBatch MakeBatch(const std::vector<std::vector<int32_t>>& prompts,
-                   const std::vector<std::vector<int32_t>>& responses, const at::Device& device) {
-  const int64_t b = static_cast<int64_t>(prompts.size());
-  int64_t t = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    t = std::max<int64_t>(t, static_cast<int64_t>(prompts[i].size() + responses[i].size()));
+absl::StatusOr<ResponseLogProbs> LogProbsOf(const PolicyModel& model,
+                                            const std::vector<std::vector<int32_t>>& prompts,
+                                            const std::vector<std::vector<int32_t>>& responses) {
+  std::vector<std::vector<int32_t>> sequences;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    sequences.push_back(prompts[i]);
+    sequences.back().insert(sequences.back().end(), responses[i].begin(), responses[i].end());
   }
-  at::Tensor ids = at::zeros({b, t}, at::kLong);
-  at::Tensor key_mask = at::zeros({b, t}, at::kBool);
-  at::Tensor target_mask = at::zeros({b, t - 1}, at::kFloat);
-  auto id = ids.accessor<int64_t, 2>();
-  auto key = key_mask.accessor<bool, 2>();
-  auto target = target_mask.accessor<float, 2>();
+  const learner::PaddedSequences padded = learner::PadSequences(sequences);
+  const int64_t b = padded.ids.size(0), t = padded.ids.size(1);
+  at::Tensor response_mask = at::zeros({b, t - 1}, at::kFloat);
+  auto mask = response_mask.accessor<float, 2>();
   for (int64_t i = 0; i < b; ++i) {
-    const int64_t p = static_cast<int64_t>(prompts[i].size());
-    const int64_t n = p + static_cast<int64_t>(responses[i].size());
-    for (int64_t j = 0; j < n; ++j) {
-      id[i][j] = j < p ? prompts[i][j] : responses[i][j - p];
-      key[i][j] = true;
-      // Position j predicts token j + 1: trained when that is a response token.
-      if (j + 1 >= p && j + 1 < n) target[i][j] = 1;
-    }
+    const int64_t p = static_cast<int64_t>(prompts[static_cast<size_t>(i)].size());
+    const int64_t n = static_cast<int64_t>(sequences[static_cast<size_t>(i)].size());
+    for (int64_t j = p - 1; j < n - 1; ++j) mask[i][j] = 1;
   }
-  SftBatch out;
-  out.positions = at::arange(t, at::kLong).unsqueeze(0).expand({b, t}).contiguous().to(device);
-  out.ids = ids.to(device);
-  out.key_mask = key_mask.to(device);
-  out.target_mask = target_mask.to(device);
-  return out;
+  const at::Device device = model.options().device;
+  const at::Tensor ids = padded.ids.to(device), key_mask = padded.mask.to(device);
+  const at::Tensor positions = at::arange(t, at::kLong).unsqueeze(0).expand({b, t}).to(device);
+  const at::Tensor hidden = model.Forward(ids, positions.contiguous(), key_mask);
+  const at::Tensor logits = model.Logits(hidden.narrow(1, 0, t - 1)).to(at::kFloat);
+  absl::StatusOr<at::Tensor> logp =
+      learner::TokenLogProbs(logits, ids.narrow(1, 1, t - 1), key_mask.narrow(1, 1, t - 1));
+  if (!logp.ok()) return logp.status();
+  return ResponseLogProbs{*std::move(logp), response_mask.to(device)};
 }
 
 absl::StatusOr<double> GreedyAccuracy(const PolicyModel& model, const rollout::Task& task,
@@ -110,7 +109,6 @@ absl::StatusOr<SftResult> RunSft(PolicyModel* model, rollout::Task* task, const 
   const auto start = std::chrono::steady_clock::now();
   std::mt19937_64 rng(o.seed);
   learner::AdamW optimizer(model->parameters(), learner::AdamWOptions{});
-  const at::Device device = model->options().device;
   SftResult result;
   for (int64_t step = 1; step <= o.max_steps; ++step) {
     std::vector<std::vector<int32_t>> prompts, responses;
@@ -121,14 +119,9 @@ absl::StatusOr<SftResult> RunSft(PolicyModel* model, rollout::Task* task, const 
       prompts.push_back(std::move(p.prompt_tokens));
       responses.push_back(*std::move(r));
     }
-    const SftBatch batch = MakeBatch(prompts, responses, device);
-    const at::Tensor hidden = model->Forward(batch.ids, batch.positions, batch.key_mask);
-    const int64_t t = batch.ids.size(1);
-    const at::Tensor logits = model->Logits(hidden.narrow(1, 0, t - 1)).to(at::kFloat);
-    const at::Tensor logp = at::log_softmax(logits, -1)
-                                .gather(-1, batch.ids.narrow(1, 1, t - 1).unsqueeze(-1))
-                                .squeeze(-1);
-    const at::Tensor loss = -(logp * batch.target_mask).sum() / batch.target_mask.sum();
+    absl::StatusOr<ResponseLogProbs> lp = LogProbsOf(*model, prompts, responses);
+    if (!lp.ok()) return lp.status();
+    const at::Tensor loss = -(lp->logp * lp->response_mask).sum() / lp->response_mask.sum();
     optimizer.ZeroGrad();
     loss.backward();
     const double norm = learner::GradientNorm(model->parameters());
@@ -175,14 +168,9 @@ absl::StatusOr<double> MeanTokenKl(const PolicyModel& model,
     }
   }
   at::NoGradGuard no_grad;
-  const SftBatch batch = MakeBatch(prompts, responses, model.options().device);
-  const at::Tensor hidden = model.Forward(batch.ids, batch.positions, batch.key_mask);
-  const int64_t t = batch.ids.size(1);
-  const at::Tensor logp =
-      at::log_softmax(model.Logits(hidden.narrow(1, 0, t - 1)).to(at::kFloat), -1)
-          .gather(-1, batch.ids.narrow(1, 1, t - 1).unsqueeze(-1))
-          .squeeze(-1)
-          .cpu();
+  absl::StatusOr<ResponseLogProbs> lp = LogProbsOf(model, prompts, responses);
+  if (!lp.ok()) return lp.status();
+  const at::Tensor logp = lp->logp.cpu();
   auto current = logp.accessor<float, 2>();
   double sum = 0;
   int64_t tokens = 0;
