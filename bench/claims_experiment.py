@@ -27,7 +27,6 @@ token KL between the weights that sampled and the weights that train.
 """
 import argparse
 import concurrent.futures
-import csv
 import json
 import math
 import os
@@ -37,8 +36,10 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from staleness_experiment import EVAL, read_rows  # noqa: E402  (the same logs and CSVs)
+
 OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
-EVAL = re.compile(r"^eval step=(\d+) (.*)$", re.M)
 SFT = re.compile(r"^sft done (.*)$", re.M)
 BASE = re.compile(r"^base responses=(\d+) S_g median=([\d.]+) p10=([\d.]+) p90=([\d.]+) nats; "
                   r"within-group max/min of 1/S_g median=([\d.]+) p90=([\d.]+); "
@@ -131,11 +132,6 @@ def run_name(objective, lr, lag, seed):
 def mean_of(rows, column, begin=0, end=None):
     values = [r[column] for r in rows[begin:end] if not math.isnan(r[column])]
     return statistics.mean(values) if values else float("nan")
-
-
-def read_rows(path):
-    with open(path) as f:
-        return [{k: float(v) if v != "" else float("nan") for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def analyse(rows):
