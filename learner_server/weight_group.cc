@@ -42,10 +42,6 @@ absl::Duration WaitOf(uint32_t ms, uint32_t cap) {
   return absl::Milliseconds(ms == 0 ? kDefaultWaitMs : std::min(ms, cap));
 }
 
-grpc::Status Refuse(grpc::StatusCode code, const std::string& message) {
-  return grpc::Status(code, message);
-}
-
 std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
@@ -54,26 +50,26 @@ std::chrono::milliseconds Millis(absl::Duration d) {
 grpc::Status CheckStoreRequest(const v1::GroupStoreRequest& r) {
   const auto& keys = r.keys();
   if (keys.size() > kMaxStoreKeys) {
-    return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                  absl::StrCat("at most ", kMaxStoreKeys, " keys, not ", keys.size()));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("at most ", kMaxStoreKeys, " keys, not ", keys.size()));
   }
   for (const std::string& k : keys) {
     if (k.size() > kMaxStoreKeyBytes) {
-      return Refuse(
+      return grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrCat("a key of ", k.size(), " bytes (at most ", kMaxStoreKeyBytes, ")"));
     }
   }
   if (r.value().size() > kMaxStoreValueBytes || r.expected().size() > kMaxStoreValueBytes) {
-    return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                  absl::StrCat("a value over ", kMaxStoreValueBytes, " bytes"));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("a value over ", kMaxStoreValueBytes, " bytes"));
   }
   const bool one_key = r.op() != v1::GroupStoreRequest::OP_CHECK &&
                        r.op() != v1::GroupStoreRequest::OP_WAIT &&
                        r.op() != v1::GroupStoreRequest::OP_NUM_KEYS;
   if (one_key && keys.size() != 1) {
-    return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                  absl::StrCat("this store operation takes one key, not ", keys.size()));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("this store operation takes one key, not ", keys.size()));
   }
   return grpc::Status::OK;
 }
@@ -127,13 +123,13 @@ grpc::Status RunStoreOp(c10d::Store& store, const v1::GroupStoreRequest& r,
         response->set_number(store.getNumKeys());
         break;
       default:
-        return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                      absl::StrCat("unknown store operation ", static_cast<int>(r.op())));
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            absl::StrCat("unknown store operation ", static_cast<int>(r.op())));
     }
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    return Refuse(grpc::StatusCode::INVALID_ARGUMENT,
-                  absl::StrCat("store operation failed: ", what.substr(0, what.find('\n'))));
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("store operation failed: ", what.substr(0, what.find('\n'))));
   }
   return grpc::Status::OK;
 }
@@ -575,27 +571,28 @@ grpc::Status WeightGroup::Join(grpc::ServerContext* ctx, const v1::JoinGroupRequ
   if (!who.ok()) return ToGrpcStatus(who.status());
   const std::string& id = request->worker_id();
   if (id.empty() || id.size() > kMaxWorkerIdBytes) {
-    return Refuse(
+    return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("worker_id must be 1 to ", kMaxWorkerIdBytes, " bytes, not ", id.size()));
   }
   if (request->backend() != st.options.backend) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                  absl::StrCat("the weight group's backend is ", st.options.backend, ", not \"",
-                               request->backend().substr(0, 16), "\""));
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("the weight group's backend is ", st.options.backend,
+                                     ", not \"", request->backend().substr(0, 16), "\""));
   }
   if (!request->model_signature().empty() &&
       request->model_signature() != st.options.model_signature) {
-    return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                  "the worker's model_signature differs from the learner's model");
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "the worker's model_signature differs from the learner's model");
   }
   const absl::Time deadline = absl::Now() + WaitOf(request->wait_ms(), kMaxWaitMs);
   absl::MutexLock lock(&st.mu);
-  if (st.shut_down) return Refuse(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
   if (static_cast<int>(st.joiners.size()) >= st.options.max_members && !st.joiners.contains(id)) {
-    return Refuse(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                  absl::StrCat("the weight group has ", st.options.max_members,
-                               " workers waiting to join already"));
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("the weight group has ", st.options.max_members,
+                                     " workers waiting to join already"));
   }
   auto j = std::make_shared<State::Joiner>();
   j->worker_id = id;
@@ -617,10 +614,11 @@ grpc::Status WeightGroup::Join(grpc::ServerContext* ctx, const v1::JoinGroupRequ
     if (st.cv.WaitWithDeadline(&st.mu, deadline) && absl::Now() >= deadline) break;
   }
   if (j->replaced) {
-    return Refuse(grpc::StatusCode::ABORTED,
-                  absl::StrCat("a newer Join for worker ", id, " took this one's place"));
+    return grpc::Status(grpc::StatusCode::ABORTED,
+                        absl::StrCat("a newer Join for worker ", id, " took this one's place"));
   }
-  if (st.shut_down) return Refuse(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
   if (!j->formed) {
     // Not formed in time: the worker calls again, unless a formation that
     // counts it is gathering right now.
@@ -653,10 +651,10 @@ grpc::Status WeightGroup::Store(grpc::ServerContext* ctx, const v1::GroupStoreRe
     absl::MutexLock lock(&st.mu);
     State::Member* m = st.MemberOf(request->member_token());
     if (m == nullptr) {
-      return Refuse(grpc::StatusCode::FAILED_PRECONDITION,
-                    absl::StrCat("member token \"", request->member_token().substr(0, 40),
-                                 "\" names no member of the weight group's generation ",
-                                 st.generation, "; Join again"));
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("member token \"", request->member_token().substr(0, 40),
+                                       "\" names no member of the weight group's generation ",
+                                       st.generation, "; Join again"));
     }
     m->last_seen = absl::Now();
     store = st.store;
@@ -672,7 +670,8 @@ grpc::Status WeightGroup::Next(grpc::ServerContext* ctx, const v1::GroupNextRequ
   if (!who.ok()) return ToGrpcStatus(who.status());
   const absl::Time deadline = absl::Now() + WaitOf(request->wait_ms(), kMaxWaitMs);
   absl::MutexLock lock(&st.mu);
-  if (st.shut_down) return Refuse(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
   State::Member* m = st.MemberOf(request->member_token());
   if (m == nullptr) {
     response->set_action(v1::GroupNextResponse::ACTION_REJOIN);
@@ -707,7 +706,8 @@ grpc::Status WeightGroup::Next(grpc::ServerContext* ctx, const v1::GroupNextRequ
   --m->calls;
   m->asking = false;
   m->last_seen = absl::Now();
-  if (st.shut_down) return Refuse(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down)
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
   if (!m->told) {
     response->set_action(v1::GroupNextResponse::ACTION_WAIT);
     return grpc::Status::OK;
