@@ -71,7 +71,9 @@ TEST(AdditionTaskTest, PromptsSpellTheOperandsAndStayInTheVocabulary) {
       EXPECT_LE(operands[j], 99);
       EXPECT_EQ(p.prompt_tokens[2 + 3 * j], D(operands[j] / 10));
       EXPECT_EQ(p.prompt_tokens[3 + 3 * j], D(operands[j] % 10));
-      if (j + 1 < operands.size()) EXPECT_EQ(p.prompt_tokens[4 + 3 * j], P);
+      if (j + 1 < operands.size()) {
+        EXPECT_EQ(p.prompt_tokens[4 + 3 * j], P);
+      }
     }
     for (int32_t id : p.prompt_tokens) EXPECT_LT(id, task->min_vocab_size());
   }
