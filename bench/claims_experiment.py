@@ -186,27 +186,32 @@ def run_one(args, folder, objective, lr, lag, seed):
 
 
 def run_all(args, jobs):
-    """Runs (folder, objective, lr, lag, seed) jobs, skipping finished ones."""
-    done = []
+    """Runs (folder, objective, lr, lag, seed) jobs, skipping finished ones.
+    The results come back in the jobs' order, whatever order they finish in."""
+    done = {}
     with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
         futures = {pool.submit(run_one, args, *job): job for job in jobs}
         for f in concurrent.futures.as_completed(futures):
             value = f.result()
-            done.append(value)
+            done[futures[f]] = value
             print("done %s %s: mean@%d %.3f, greedy %.3f, %.0f s" % (
                 futures[f][0], run_name(*futures[f][1:]), args.eval_prompts_k,
                 value["eval"].get("mean@%d" % args.eval_prompts_k, float("nan")),
                 value["eval"].get("greedy_acc", float("nan")), value["seconds"]), flush=True)
-    return done
+    return [done[job] for job in jobs]
 
 
 def best_lr(runs, objective, k):
+    """The learning rate with the best mean of mean@k over seeds. A tie goes to
+    the smaller rate and a rate whose score is NaN never wins, so the choice
+    does not depend on the order the runs finished in."""
     by_lr = {}
     for r in runs:
         if r["objective"] == objective:
             by_lr.setdefault(r["lr"], []).append(r["eval"].get("mean@%d" % k, float("nan")))
     scored = {lr: statistics.mean(v) for lr, v in by_lr.items() if v}
-    return max(scored, key=scored.get) if scored else None
+    scored = {lr: (v if v == v else float("-inf")) for lr, v in scored.items()}
+    return min(scored, key=lambda lr: (-scored[lr], lr)) if scored else None
 
 
 def main(argv=None):

@@ -24,8 +24,26 @@ def run(source, build, out):
     return p.stdout
 
 
+def check_best_lr(source):
+    """The shared learning rate does not depend on the order runs finish in:
+    a tie goes to the smaller rate, and NaN never wins."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_experiment
+    def run(lr, score, objective="grpo"):
+        return {"objective": objective, "lr": lr, "eval": {"mean@1": score}}
+    tie = [run(3e-4, 0.0), run(1e-4, 0.0), run(1e-4, 0.9, "spo")]
+    assert claims_experiment.best_lr(tie, "grpo", 1) == 1e-4
+    assert claims_experiment.best_lr(tie[::-1], "grpo", 1) == 1e-4
+    nan = [run(1e-4, float("nan")), run(3e-4, 0.1)]
+    assert claims_experiment.best_lr(nan, "grpo", 1) == 3e-4
+    assert claims_experiment.best_lr(nan[::-1], "grpo", 1) == 3e-4
+    assert claims_experiment.best_lr([run(1e-4, 0.5), run(3e-4, 0.6)], "grpo", 1) == 3e-4
+    assert claims_experiment.best_lr(tie, "gpg", 1) is None
+
+
 def main():
     source, build, scratch = sys.argv[1:4]
+    check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
     run(source, build, out)
