@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """One asynchronous RL run on this machine: one asympo-learner and N
-asympo-rollout daemons on loopback, with the built-in tiny model and a
-synthetic task. Prints live progress, then a summary, and writes the run's
-logs, a per-step CSV and a reward-curve PNG into the run directory. At the
+asympo-rollout daemons on loopback, with the built-in tiny model (or a
+model directory, --model) and a synthetic task. Prints live progress, then
+a summary, and writes the run's logs, a per-step CSV and a reward-curve PNG
+into the run directory. At the
 end, asympo-eval evaluates the learner's last checkpoint on the task's
 held-out prompts (greedy accuracy, mean@k, pass@k; eval.json).
 
@@ -173,8 +174,12 @@ def main():
     # deterministic before it learned to copy (docs/tasks.md, "Why the demo
     # stalled").
     ap.add_argument("--objective", default="asympo_stable", help="naive, spo, asympo, asympo_stable, grpo, gpg")
+    ap.add_argument("--model", default="tiny",
+                    help="both daemons' --model: tiny (the built-in model, --vocab ids) or a Hugging "
+                         "Face model directory (config.json + safetensors) to start from, such as a "
+                         "base made by bench/task_learning --save_model")
     ap.add_argument("--vocab", type=int, default=16,
-                    help="vocabulary of the built-in tiny model (synthetic tasks need 8 + 4 ids)")
+                    help="vocabulary of the built-in tiny model (copy needs 8 + 4 ids, add 22)")
     ap.add_argument("--lr", type=float, default=1e-4)
     # A constant lr 1e-4 lets a policy that has learned copy drift off it
     # late in the run; decaying to 0.1x over the run holds it (docs/tasks.md).
@@ -229,6 +234,8 @@ def main():
         for a in getattr(args, name):
             if not a.startswith("--") or "=" not in a:
                 ap.error("--%s %r: expected one %s flag as --FLAG=VALUE" % (name, a, name.split("_")[0]))
+    if args.model != "tiny" and not os.path.isfile(os.path.join(args.model, "config.json")):
+        ap.error("--model %s: expected tiny or a model directory with config.json" % args.model)
     if args.lr_schedule == "cosine" and args.max_steps == 0:
         ap.error("--lr_schedule cosine decays over --max_steps steps; give --max_steps, or --lr_schedule constant")
 
@@ -258,6 +265,8 @@ def main():
     signal.signal(signal.SIGTERM, on_signal)
 
     port, learner_metrics = free_port(), free_port()
+    model = (["--model=tiny", "--tiny_vocab_size=%d" % args.vocab] if args.model == "tiny"
+             else ["--model=" + args.model])
     schedule = (["--lr_schedule=cosine", "--total_steps=%d" % args.max_steps]
                 if args.lr_schedule == "cosine" else ["--lr_schedule=constant"])
     rollout_metrics = [free_port() for _ in range(args.rollouts)]
@@ -267,7 +276,7 @@ def main():
                 "--dist_master_port=%d" % free_port(), "--dist_insecure", "--dist_timeout=120s"]
     learner_cmd = [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
-        "--model=tiny", "--tiny_vocab_size=%d" % args.vocab, "--seed=%d" % args.seed, "--threads=1",
+        "--seed=%d" % args.seed, "--threads=1"] + model + [
         "--device=" + args.device, "--dtype=" + args.dtype, "--objective=" + args.objective,
         "--lr=%g" % args.lr, "--prompts_per_step=%d" % args.prompts_per_step,
         "--queue_capacity=%d" % args.queue_capacity, "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
@@ -288,8 +297,7 @@ def main():
         run.start("rollout-%d" % i, [
             rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
             "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--run_name=" + args.run_name,
-            "--model=tiny",
-            "--tiny_vocab_size=%d" % args.vocab, "--threads=1",
+            "--threads=1"] + model + [
             "--device=" + args.device, "--dtype=" + args.dtype,
             "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
             "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,

@@ -41,6 +41,7 @@ def refused(build, work):
         (["--minutes", "0"], "--minutes 0"),
         (["--lr_schedule", "linear"], "invalid choice: 'linear'"),
         (["--learner_ranks", "0"], "--learner_ranks 0"),
+        (["--model", work], "--model %s: expected tiny or a model directory with config.json" % work),
     ]
     for flags, message in cases:
         r = launch(build, "--out", os.path.join(work, "refused"), *flags, timeout=30)
@@ -122,6 +123,27 @@ def two_ranks(build, work):
           "rank 1 joined and trained its share of all 20 steps")
 
 
+def model_dir_run(build, work):
+    """--model DIR: both daemons and asympo-eval start from a saved model (a
+    base made by bench/task_learning --save_model), on task add."""
+    model = os.path.join(work, "base")
+    subprocess.run([os.path.join(build, "bench", "task_learning"), "--task", "add", "--layers", "1",
+                    "--hidden", "32", "--steps", "0", "--base_stats", "0", "--save_model", model],
+                   check=True, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, timeout=120)
+    out = os.path.join(work, "from_model")
+    r = launch(build, "--out", out, "--model", model, "--task", "add", "--max_steps", "6",
+               "--minutes", "3", "--eval_k", "0", "--group_size", "4", "--prompts_per_step", "2",
+               "--lr_schedule", "constant", "--rollouts", "1", "--prometheus_targets",
+               os.path.join(work, "prometheus_targets"))
+    print(r.stdout[-1500:])
+    check(r.returncode == 0 and "steps trained            6" in r.stdout, "a run from --model DIR exits 0 after 6 steps")
+    for log in ("learner.log", "rollout-0.log"):
+        with open(os.path.join(out, log)) as f:
+            check(model in f.read(), log + ": the daemon loaded " + model)
+    with open(os.path.join(out, "eval.json")) as f:
+        check(json.load(f)["prompts"] > 0, "asympo-eval evaluated the run's checkpoint of that model")
+
+
 def main():
     build, work = sys.argv[1], sys.argv[2]
     shutil.rmtree(work, ignore_errors=True)
@@ -129,6 +151,7 @@ def main():
     refused(build, work)
     failing_learner(build, work)
     short_run(build, work)
+    model_dir_run(build, work)
     two_ranks(build, work)
     print("PASS")
 
