@@ -9,12 +9,16 @@ land.
     python3 bench/claims_experiment.py [--build_dir build] [--out docs/results/claims]
         [--phase base,sweep,grid] [--jobs 2] [--steps 400] [--seeds 0,1,2]
         [--lags 0,4,16] [--lrs 3e-5,1e-4,3e-4] [--objectives naive,gpg,grpo,spo,asympo,asympo_stable]
+        [--daemon_objectives naive,gpg,grpo,spo,asympo] [--daemon_queue 128]
 
 Layout under --out:
   base/model/          the base model (task_learning --sft_steps ... --save_model)
   base/base.json       its accuracy, S_g range and within-group 1/S_g ratios
   sweep/OBJ_lrLR_seedS.json   lag 0, every objective and learning rate
   grid/OBJ_lrLR_lagK_seedS.json
+  daemons/OBJ_qQ_seedS.json   phase daemons: the same settings through
+                       deploy/local_run.py (a learner, two rollout daemons, a
+                       queue of Q groups: real staleness), at the shared lr
   runs/NAME.csv, runs/NAME.log  the per-step rows and the logs (not committed)
   summary.json         what the files say, cell by cell (and the lr chosen)
 
@@ -40,6 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from staleness_experiment import EVAL, read_rows  # noqa: E402  (the same logs and CSVs)
 
 OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
+PHASES = ("base", "sweep", "grid", "daemons")
 SFT = re.compile(r"^sft done (.*)$", re.M)
 BASE = re.compile(r"^base responses=(\d+) S_g median=([\d.]+) p10=([\d.]+) p90=([\d.]+) nats; "
                   r"within-group max/min of 1/S_g median=([\d.]+) p90=([\d.]+); "
@@ -52,7 +57,8 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build_dir", default="build")
     ap.add_argument("--out", default="docs/results/claims")
-    ap.add_argument("--phase", default="base,sweep,grid", help="comma-separated: base, sweep, grid")
+    ap.add_argument("--phase", default="base,sweep,grid,daemons",
+                    help="comma-separated: base, sweep, grid, daemons")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--seeds", default="0,1,2")
@@ -64,20 +70,28 @@ def parse_args(argv=None):
     ap.add_argument("--eval_prompts_k", type=int, default=8, help="mean@k and pass@k of the final evaluation")
     ap.add_argument("--sft_target", type=float, default=0.4)
     ap.add_argument("--sft_steps", type=int, default=3000)
+    ap.add_argument("--daemon_objectives", default="naive,gpg,grpo,spo,asympo",
+                    help="phase daemons: one local_run.py run each")
+    ap.add_argument("--daemon_queue", type=int, default=128,
+                    help="phase daemons: the learner's queue in groups (128 = 16 steps of 8 prompts)")
     args = ap.parse_args(argv)
     args.seeds = [int(x) for x in args.seeds.split(",") if x]
     args.lags = [int(x) for x in args.lags.split(",") if x]
     args.lrs = [float(x) for x in args.lrs.split(",") if x]
     args.objectives = [x for x in args.objectives.split(",") if x]
+    args.daemon_objectives = [x for x in args.daemon_objectives.split(",") if x]
     args.phase = [x for x in args.phase.split(",") if x]
-    for o in args.objectives:
-        if o not in OBJECTIVES:
-            ap.error("--objectives: unknown objective %r (%s)" % (o, ", ".join(OBJECTIVES)))
+    for flag in ("objectives", "daemon_objectives"):
+        for o in getattr(args, flag):
+            if o not in OBJECTIVES:
+                ap.error("--%s: unknown objective %r (%s)" % (flag, o, ", ".join(OBJECTIVES)))
     for p in args.phase:
-        if p not in ("base", "sweep", "grid"):
-            ap.error("--phase: unknown phase %r (base, sweep, grid)" % p)
+        if p not in PHASES:
+            ap.error("--phase: unknown phase %r (%s)" % (p, ", ".join(PHASES)))
     if args.steps < 1 or args.jobs < 1 or not args.seeds or not args.lags or not args.lrs:
         ap.error("--steps and --jobs must be positive; --seeds, --lags and --lrs non-empty")
+    if args.daemon_queue < 1:
+        ap.error("--daemon_queue must be positive")
     return args
 
 
@@ -149,13 +163,26 @@ def analyse(rows):
             "collapse_step": collapse}
 
 
+def trajectory(rows):
+    """The mechanism's measures at the start (first 20 steps) and the end
+    (last 50): how many groups carry no signal, how sharp the policy is."""
+    out = {}
+    for column in ("degenerate_fraction", "mean_nll", "s_pos", "s_neg", "accuracy"):
+        out[column] = [mean_of(rows, column, 0, 20), mean_of(rows, column, -50)]
+    return out
+
+
 def run_one(args, folder, objective, lr, lag, seed):
     name = run_name(objective, lr, lag, seed)
     result = os.path.join(args.out, folder, name + ".json")
-    if os.path.exists(result):
-        return read_json(result)
     runs = os.path.join(args.out, "runs")
     csv_path, log_path = os.path.join(runs, name + ".csv"), os.path.join(runs, name + ".log")
+    if os.path.exists(result):
+        value = read_json(result)
+        if "trajectory" not in value and os.path.exists(csv_path):  # a result of before it was kept
+            value["trajectory"] = trajectory(read_rows(csv_path))
+            write_json(result, value)
+        return value
     cmd = [task_learning(args), "--task", "add", "--init_model", os.path.join(args.out, "base", "model"),
            "--objective", objective, "--lr", repr(lr), "--lag", str(lag), "--seed", str(seed),
            "--steps", str(args.steps), "--group", str(args.group), "--prompts", str(args.prompts),
@@ -179,7 +206,7 @@ def run_one(args, folder, objective, lr, lag, seed):
              "degenerate_fraction": mean_of(rows, "degenerate_fraction"),
              "order_entropy_first": mean_of(rows, "order_entropy", 0, 20),
              "order_entropy_last": mean_of(rows, "order_entropy", -20),
-             "behavior_kl": mean_of(rows, "behavior_kl", half)}
+             "behavior_kl": mean_of(rows, "behavior_kl", half), "trajectory": trajectory(rows)}
     os.makedirs(os.path.dirname(result), exist_ok=True)
     write_json(result, value)
     return value
@@ -201,6 +228,49 @@ def run_all(args, jobs):
     return [done[job] for job in jobs]
 
 
+def run_daemons(args, objective, lr, seed):
+    """One deploy/local_run.py run from the base: real staleness from the
+    learner's queue and two rollout daemons. Skipped when its result exists;
+    a run folder that finished (eval.json) is read, not run again."""
+    name = "%s_q%d_seed%d" % (objective, args.daemon_queue, seed)
+    result = os.path.join(args.out, "daemons", name + ".json")
+    if os.path.exists(result):
+        return read_json(result)
+    folder = os.path.join(args.out, "runs", "daemons_" + name)
+    here = os.path.dirname(os.path.abspath(__file__))
+    flags = ["--build_dir", args.build_dir, "--model", os.path.join(args.out, "base", "model"),
+             "--task", "add", "--objective", objective, "--lr", repr(lr), "--lr_schedule", "constant",
+             "--temperature", "1.0", "--group_size", str(args.group), "--prompts_per_step", str(args.prompts),
+             "--queue_capacity", str(args.daemon_queue), "--max_steps", str(args.steps), "--minutes", "60",
+             "--seed", str(seed), "--eval_k", str(args.eval_prompts_k), "--interval", "30", "--out", folder]
+    cmd = [sys.executable, os.path.join(here, "..", "deploy", "local_run.py")] + flags
+    start = time.time()
+    if not os.path.exists(os.path.join(folder, "eval.json")):
+        with open(folder + ".out", "w") as log:
+            rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        if rc != 0 or not os.path.exists(os.path.join(folder, "eval.json")):
+            raise RuntimeError("daemons %s failed (exit %d): see %s.out" % (name, rc, folder))
+    rows = [dict(r, reward=r["reward_mean"]) for r in read_rows(os.path.join(folder, "steps.csv"))]
+    ev = read_json(os.path.join(folder, "eval.json"))
+    # The learner's lag histogram as last scraped (absent when no scrape saw a trained group).
+    lag_path = os.path.join(folder, "policy_lag.json")
+    lag = read_json(lag_path) if os.path.exists(lag_path) else None
+    k = ev["k"]
+    value = {"objective": objective, "lr": lr, "seed": seed, "queue": args.daemon_queue, "steps": len(rows),
+             "command": " ".join(["python3", "deploy/local_run.py"] + flags),
+             "seconds": round(rows[-1]["time_s"], 1) if rows else float("nan"),
+             "eval": {"greedy_acc": ev["greedy_accuracy"], "mean@%d" % k: ev["mean_at_k"],
+                      "pass@%d" % k: ev["pass_at_k"], "prompts": ev["prompts"]},
+             **analyse(rows),
+             "policy_lag": {"mean": lag["mean"], "p90": float(lag["p90"])} if lag else None,
+             "staleness_mean": mean_of(rows, "staleness_mean"),
+             "s_pos": mean_of(rows, "s_pos"), "s_neg": mean_of(rows, "s_neg")}
+    if time.time() - start > 1:
+        value["wall_seconds"] = round(time.time() - start, 1)
+    write_json(result, value)
+    return value
+
+
 def best_lr(runs, objective, k):
     """The learning rate with the best mean of mean@k over seeds. A tie goes to
     the smaller rate and a rate whose score is NaN never wins, so the choice
@@ -216,7 +286,7 @@ def best_lr(runs, objective, k):
 
 def main(argv=None):
     args = parse_args(argv)
-    for sub in ("base", "sweep", "grid", "runs"):
+    for sub in ("base", "sweep", "grid", "daemons", "runs"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps}
     start = time.time()
@@ -226,7 +296,7 @@ def main(argv=None):
     # grpo first: the shared learning rate is its best.
     order = sorted(args.objectives, key=lambda o: o != "grpo")
     sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs
-                           for s in args.seeds]) if "sweep" in args.phase or "grid" in args.phase else []
+                           for s in args.seeds]) if {"sweep", "grid", "daemons"} & set(args.phase) else []
     shared = best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None
     own = {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
     summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
@@ -239,6 +309,15 @@ def main(argv=None):
         jobs |= {(folder(own[o], lag), o, own[o], lag, s) for o in args.objectives if own[o] is not None
                  for lag in args.lags for s in args.seeds}
         summary["grid"] = run_all(args, sorted(jobs, key=lambda j: (j[3], j[1], j[2], j[4])))
+    if "daemons" in args.phase:
+        lr = shared if shared is not None else args.lrs[0]
+        summary["daemons"] = []
+        for o in args.daemon_objectives:  # one at a time: each run is three processes
+            value = run_daemons(args, o, lr, args.seeds[0])
+            summary["daemons"].append(value)
+            print("done daemons %s: mean@%d %.3f, greedy %.3f, staleness %.1f, %.0f s" % (
+                o, args.eval_prompts_k, value["eval"].get("mean@%d" % args.eval_prompts_k, float("nan")),
+                value["eval"]["greedy_acc"], value["staleness_mean"], value["seconds"]), flush=True)
     summary["seconds_this_invocation"] = round(time.time() - start, 1)
     summary["seconds_all_runs"] = round(sum(r["seconds"] for r in summary.get("sweep", []) +
                                             summary.get("grid", [])), 1)

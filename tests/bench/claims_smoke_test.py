@@ -16,7 +16,7 @@ import sys
 def run(source, build, out):
     cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
-           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--sft_steps", "25",
+           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--daemon_objectives", "grpo", "--sft_steps", "25",
            "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     sys.stdout.write(p.stdout + p.stderr)
@@ -63,9 +63,18 @@ def main():
             assert r["behavior_kl"] == r["behavior_kl"], (path, "behavior_kl is NaN under a lag")
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["shared_lr"] in (1e-4, 3e-4), summary["shared_lr"]
+    # The cross-check through the daemons: from the base, at the shared lr.
+    daemons = glob.glob(os.path.join(out, "daemons", "*.json"))
+    assert [os.path.basename(p) for p in daemons] == ["grpo_q128_seed0.json"], daemons
+    d = json.load(open(daemons[0]))
+    assert d["lr"] == summary["shared_lr"] and d["steps"] == 3, d
+    assert "--model %s" % os.path.join(out, "base", "model") in d["command"], d["command"]
+    assert 0 <= d["eval"]["greedy_acc"] <= 1 and d["staleness_mean"] >= 0, d
+    for path in sweep + grid:
+        assert "trajectory" in json.load(open(path)), path
 
     # Started again: every run is skipped (no file is rewritten).
-    stamps = {p: os.path.getmtime(p) for p in sweep + grid}
+    stamps = {p: os.path.getmtime(p) for p in sweep + grid + daemons}
     run(source, build, out)
     assert all(os.path.getmtime(p) == t for p, t in stamps.items()), "a finished run ran again"
 
