@@ -44,7 +44,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from staleness_experiment import EVAL, read_rows  # noqa: E402  (the same logs and CSVs)
 
 OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
-PHASES = ("base", "sweep", "grid", "daemons")
+PHASES = ("base", "sweep", "grid", "daemons", "copy")
+# Phase copy: the mechanism on very short responses, with the copy grid's
+# settings of docs/results.md (bench/staleness_experiment.py's defaults).
+COPY = ["--task", "copy", "--lr", "0.0003", "--group", "16", "--prompts", "8", "--vocab", "16",
+        "--layers", "2", "--lag", "0"]
 SFT = re.compile(r"^sft done (.*)$", re.M)
 BASE = re.compile(r"^base responses=(\d+) S_g median=([\d.]+) p10=([\d.]+) p90=([\d.]+) nats; "
                   r"within-group max/min of 1/S_g median=([\d.]+) p90=([\d.]+); "
@@ -57,8 +61,10 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build_dir", default="build")
     ap.add_argument("--out", default="docs/results/claims")
-    ap.add_argument("--phase", default="base,sweep,grid,daemons",
-                    help="comma-separated: base, sweep, grid, daemons")
+    ap.add_argument("--phase", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
+    ap.add_argument("--copy_objectives", default="grpo,spo,asympo",
+                    help="phase copy: the objectives whose mechanism is measured on copy")
+    ap.add_argument("--copy_steps", type=int, default=600, help="phase copy: steps per run")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--seeds", default="0,1,2")
@@ -81,7 +87,8 @@ def parse_args(argv=None):
     args.objectives = [x for x in args.objectives.split(",") if x]
     args.daemon_objectives = [x for x in args.daemon_objectives.split(",") if x]
     args.phase = [x for x in args.phase.split(",") if x]
-    for flag in ("objectives", "daemon_objectives"):
+    args.copy_objectives = [x for x in args.copy_objectives.split(",") if x]
+    for flag in ("objectives", "daemon_objectives", "copy_objectives"):
         for o in getattr(args, flag):
             if o not in OBJECTIVES:
                 ap.error("--%s: unknown objective %r (%s)" % (flag, o, ", ".join(OBJECTIVES)))
@@ -90,8 +97,8 @@ def parse_args(argv=None):
             ap.error("--phase: unknown phase %r (%s)" % (p, ", ".join(PHASES)))
     if args.steps < 1 or args.jobs < 1 or not args.seeds or not args.lags or not args.lrs:
         ap.error("--steps and --jobs must be positive; --seeds, --lags and --lrs non-empty")
-    if args.daemon_queue < 1:
-        ap.error("--daemon_queue must be positive")
+    if args.daemon_queue < 1 or args.copy_steps < 1:
+        ap.error("--daemon_queue and --copy_steps must be positive")
     return args
 
 
@@ -164,11 +171,21 @@ def analyse(rows):
 
 
 def trajectory(rows):
-    """The mechanism's measures at the start (first 20 steps) and the end
-    (last 50): how many groups carry no signal, how sharp the policy is."""
+    """The mechanism's measures, the same on every task: at the start (first
+    20 steps) and the end (last 50), how many groups carry no signal and how
+    sharp the policy is; the degenerate fraction over steps 331-350; and the
+    training accuracy (20-step mean) when the mean token NLL first fell below
+    1.0 (None when it never did or started below)."""
     out = {}
     for column in ("degenerate_fraction", "mean_nll", "s_pos", "s_neg", "accuracy"):
         out[column] = [mean_of(rows, column, 0, 20), mean_of(rows, column, -50)]
+    out["degenerate_350"] = mean_of(rows, "degenerate_fraction", 330, 350) if len(rows) >= 350 else None
+    out["nll_below_1"] = None
+    if rows and rows[0]["mean_nll"] >= 1.0:
+        i = next((i for i, r in enumerate(rows) if r["mean_nll"] < 1.0), None)
+        if i is not None:
+            out["nll_below_1"] = {"step": int(rows[i]["step"]),
+                                  "accuracy20": mean_of(rows, "accuracy", max(0, i - 19), i + 1)}
     return out
 
 
@@ -179,7 +196,8 @@ def run_one(args, folder, objective, lr, lag, seed):
     csv_path, log_path = os.path.join(runs, name + ".csv"), os.path.join(runs, name + ".log")
     if os.path.exists(result):
         value = read_json(result)
-        if "trajectory" not in value and os.path.exists(csv_path):  # a result of before it was kept
+        if "nll_below_1" not in value.get("trajectory", {}) and os.path.exists(csv_path):
+            # A result of before the trajectory was kept: derived from its own rows.
             value["trajectory"] = trajectory(read_rows(csv_path))
             write_json(result, value)
         return value
@@ -226,6 +244,32 @@ def run_all(args, jobs):
                 value["eval"].get("mean@%d" % args.eval_prompts_k, float("nan")),
                 value["eval"].get("greedy_acc", float("nan")), value["seconds"]), flush=True)
     return [done[job] for job in jobs]
+
+
+def run_copy(args, objective, seed):
+    """One copy run at lag 0 (the task of 3-5-token responses, from random
+    weights): its final evaluation and the same trajectory as an add run."""
+    name = "%s_seed%d" % (objective, seed)
+    result = os.path.join(args.out, "copy", name + ".json")
+    if os.path.exists(result):
+        return read_json(result)
+    csv_path = os.path.join(args.out, "runs", "copy_%s.csv" % name)
+    log_path = os.path.join(args.out, "runs", "copy_%s.log" % name)
+    cmd = [task_learning(args), *COPY, "--steps", str(args.copy_steps), "--objective", objective, "--seed", str(seed), "--log_every", "100",
+           "--csv", csv_path, "--threads", "1"]
+    start = time.time()
+    with open(log_path, "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    if rc != 0:
+        raise RuntimeError("copy %s failed (exit %d): see %s" % (name, rc, log_path))
+    evals = EVAL.findall(open(log_path).read())
+    rows = read_rows(csv_path)
+    value = {"objective": objective, "seed": seed, "task": "copy", "command": " ".join(cmd),
+             "seconds": round(time.time() - start, 1),
+             "eval": {k: float(v) for k, v in (kv.split("=", 1) for kv in evals[-1][1].split())} if evals else {},
+             **analyse(rows), "trajectory": trajectory(rows)}
+    write_json(result, value)
+    return value
 
 
 def run_daemons(args, objective, lr, seed):
@@ -286,7 +330,7 @@ def best_lr(runs, objective, k):
 
 def main(argv=None):
     args = parse_args(argv)
-    for sub in ("base", "sweep", "grid", "daemons", "runs"):
+    for sub in ("base", "sweep", "grid", "daemons", "copy", "runs"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps}
     start = time.time()
@@ -318,6 +362,11 @@ def main(argv=None):
             print("done daemons %s: mean@%d %.3f, greedy %.3f, staleness %.1f, %.0f s" % (
                 o, args.eval_prompts_k, value["eval"].get("mean@%d" % args.eval_prompts_k, float("nan")),
                 value["eval"]["greedy_acc"], value["staleness_mean"], value["seconds"]), flush=True)
+    if "copy" in args.phase:
+        with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+            summary["copy"] = list(pool.map(lambda j: run_copy(args, *j),
+                                            [(o, s) for o in args.copy_objectives for s in args.seeds]))
+        print("done copy: %d runs" % len(summary["copy"]), flush=True)
     summary["seconds_this_invocation"] = round(time.time() - start, 1)
     summary["seconds_all_runs"] = round(sum(r["seconds"] for r in summary.get("sweep", []) +
                                             summary.get("grid", [])), 1)

@@ -16,7 +16,8 @@ import sys
 def run(source, build, out):
     cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
-           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--daemon_objectives", "grpo", "--sft_steps", "25",
+           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
+           "--copy_steps", "3", "--sft_steps", "25",
            "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     sys.stdout.write(p.stdout + p.stderr)
@@ -70,11 +71,14 @@ def main():
     assert d["lr"] == summary["shared_lr"] and d["steps"] == 3, d
     assert "--model %s" % os.path.join(out, "base", "model") in d["command"], d["command"]
     assert 0 <= d["eval"]["greedy_acc"] <= 1 and d["staleness_mean"] >= 0, d
+    copy = glob.glob(os.path.join(out, "copy", "*.json"))
+    assert [os.path.basename(p) for p in copy] == ["asympo_seed0.json"], copy
+    assert json.load(open(copy[0]))["trajectory"]["mean_nll"][0] > 1.0, "copy starts from random weights"
     for path in sweep + grid:
-        assert "trajectory" in json.load(open(path)), path
+        assert "nll_below_1" in json.load(open(path))["trajectory"], path
 
     # Started again: every run is skipped (no file is rewritten).
-    stamps = {p: os.path.getmtime(p) for p in sweep + grid + daemons}
+    stamps = {p: os.path.getmtime(p) for p in sweep + grid + daemons + copy}
     run(source, build, out)
     assert all(os.path.getmtime(p) == t for p, t in stamps.items()), "a finished run ran again"
 
