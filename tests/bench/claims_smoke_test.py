@@ -87,7 +87,29 @@ def main():
     run(source, build, out)
     assert os.path.exists(grid[0]), "the missing run did not run"
     assert all(os.path.getmtime(p) == t for p, t in stamps.items() if p != grid[0])
+    check_report(source, out, scratch)
     print("ok")
+
+
+def check_report(source, out, scratch):
+    """claims_report.py rewrites only what lies between the page's markers,
+    from the result files, and refuses a page without them."""
+    page = os.path.join(scratch, "results.md")
+    with open(page, "w") as f:
+        f.write("# Results\n\nprose before\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nprose after\n")
+    report = [sys.executable, os.path.join(source, "bench", "claims_report.py"), "--out", out, "--k", "1"]
+    subprocess.run(report + ["--doc", page], check=True, timeout=60)
+    text = open(page).read()
+    assert "old table" not in text and "prose before" in text and "prose after" in text, text
+    assert text.count("<!-- claims:begin -->") == 1 and text.count("<!-- claims:end -->") == 1
+    for needle in ("**The base**", "**The learning-rate sweep**", "**Claim 1:", "**Claim 2:", "**Claim 3:",
+                   "Verdict: **", "**Through the daemons**", "| `grpo` |", "**Wall clock**"):
+        assert needle in text, needle
+    bare = os.path.join(scratch, "bare.md")
+    with open(bare, "w") as f:
+        f.write("# no markers\n")
+    r = subprocess.run(report + ["--doc", bare], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no <!-- claims:begin -->" in r.stderr, r.stderr
 
 
 if __name__ == "__main__":
