@@ -146,6 +146,22 @@ def make_base(args):
     return value
 
 
+S_G_RANGE = (0.2, 0.6)  # nats: a pretrained model's response NLL, the paper's regime
+RATIO_MODERATE = 10.0   # within-group max/min of 1/S_g, median
+
+
+def base_check(base):
+    """Whether the base sits where the paper's claims can hold: its S_g
+    median in S_G_RANGE and ASymPO's within-group weights moderate."""
+    s_g, ratio = base["s_g"]["median"], base["inverse_s_ratio"]["median"]
+    ok_s = S_G_RANGE[0] <= s_g <= S_G_RANGE[1]
+    ok_r = ratio < RATIO_MODERATE
+    text = "S_g median %.3f nats (%s the paper-like %g-%g); within-group 1/S_g ratio median %.2f (%s)" % (
+        s_g, "within" if ok_s else "OUTSIDE", S_G_RANGE[0], S_G_RANGE[1], ratio,
+        "moderate, below %g" % RATIO_MODERATE if ok_r else "NOT moderate: %g or more" % RATIO_MODERATE)
+    return ok_s and ok_r, text
+
+
 def run_name(objective, lr, lag, seed):
     return "%s_lr%g_lag%d_seed%d" % (objective, lr, lag, seed)
 
@@ -337,6 +353,12 @@ def main(argv=None):
     if "base" in args.phase or not os.path.exists(os.path.join(args.out, "base", "base.json")):
         summary["base"] = make_base(args)
         print("base: %s" % json.dumps(summary["base"]["s_g"]), flush=True)
+    base = os.path.join(args.out, "base", "base.json")
+    if os.path.exists(base):
+        ok, text = base_check(read_json(base))
+        summary["base_check"] = {"ok": ok, "text": text}
+        print("base check: %s%s" % (text, "" if ok else "; the claims are tested outside the paper's regime"),
+              flush=True)
     # grpo first: the shared learning rate is its best.
     order = sorted(args.objectives, key=lambda o: o != "grpo")
     sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs

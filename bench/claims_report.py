@@ -16,7 +16,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from claims_experiment import OBJECTIVES, best_lr  # noqa: E402
+from claims_experiment import OBJECTIVES, base_check, best_lr  # noqa: E402
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STABLE = ("grpo", "spo", "asympo")  # the claim-1 objectives that should not collapse
@@ -67,7 +67,8 @@ def base_section(base):
             "largest 1/S_g is %.2f times the smallest (median; p90 %.2f)." % (
                 base["command"], base["seconds"], base["sft"]["steps"], base["sft"]["greedy_acc"],
                 base["sft"]["target"], base["sample_accuracy"], base["responses"], s["median"], s["p10"],
-                s["p90"], base["inverse_s_ratio"]["median"], base["inverse_s_ratio"]["p90"]), ""]
+                s["p90"], base["inverse_s_ratio"]["median"], base["inverse_s_ratio"]["p90"]),
+            "", "Check before RL: %s." % base_check(base)[1], ""]
 
 
 def sweep_section(sweep, k, objectives, lrs):

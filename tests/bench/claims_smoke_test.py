@@ -47,7 +47,9 @@ def main():
     check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
-    run(source, build, out)
+    printed = run(source, build, out)
+    # 25 supervised steps leave the base near random (S_g about ln 22): the check says so.
+    assert "base check: S_g median" in printed and "OUTSIDE the paper-like" in printed, printed
     base = json.load(open(os.path.join(out, "base", "base.json")))
     assert base["s_g"]["p10"] <= base["s_g"]["median"] <= base["s_g"]["p90"], base
     assert os.path.exists(os.path.join(out, "base", "model", "config.json"))
@@ -102,7 +104,7 @@ def check_report(source, out, scratch):
     text = open(page).read()
     assert "old table" not in text and "prose before" in text and "prose after" in text, text
     assert text.count("<!-- claims:begin -->") == 1 and text.count("<!-- claims:end -->") == 1
-    for needle in ("**The base**", "**The learning-rate sweep**", "**Claim 1:", "**Claim 2:", "**Claim 3:",
+    for needle in ("**The base**", "Check before RL: S_g median", "**The learning-rate sweep**", "**Claim 1:", "**Claim 2:", "**Claim 3:",
                    "Verdict: **", "**Through the daemons**", "| `grpo` |", "**Wall clock**"):
         assert needle in text, needle
     bare = os.path.join(scratch, "bare.md")
