@@ -199,22 +199,26 @@ def mechanism_section(sweep, copy, k, lrs):
     lines = ["**The mechanism on both tasks** (lag 0; mean over seeds). Degenerate: the fraction of groups "
              "whose rewards are all equal (no signal); first 20 steps → last 50, and over steps 331-350. "
              "NLL and S_P: the last 50 steps. On copy, the 20-step training accuracy when the mean token "
-             "NLL first fell below 1.0 (add starts below it):", "",
+             "NLL first fell below 1.0 (add starts below it); on add, the entropy of the operand orders within a "
+             "group, first 20 steps → last 20:", "",
              "| task | objective | lr | seeds | greedy | mean@%d | degenerate first → last | degenerate 331-350 | "
-             "mean NLL | S_P | accuracy at NLL < 1 |" % k,
-             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+             "mean NLL | S_P | accuracy at NLL < 1 | order entropy first → last |" % k,
+             "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |"]
 
     def row(task, o, lr, rs):
         t = [r["trajectory"] for r in rs if "trajectory" in r]
         if not t:
             return
         below = [x["nll_below_1"]["accuracy20"] for x in t if x.get("nll_below_1")]
-        lines.append("| %s | `%s` | %s | %d | %s | %s | %.2f → %.2f | %s | %.3f | %.3f | %s |" % (
+        entropy = [(r["order_entropy_first"], r["order_entropy_last"]) for r in rs if "order_entropy_first" in r]
+        entropy = [e for e in entropy if e[0] == e[0]]
+        lines.append("| %s | `%s` | %s | %d | %s | %s | %.2f → %.2f | %s | %.3f | %.3f | %s | %s |" % (
             task, o, lr, len(rs), mean_sd([r["eval"].get("greedy_acc") for r in rs], 2),
             mean_sd([score(r, k) for r in rs], 2), mean([x["degenerate_fraction"][0] for x in t]),
             mean([x["degenerate_fraction"][1] for x in t]),
             mean_sd([x.get("degenerate_350") for x in t], 2), mean([x["mean_nll"][1] for x in t]),
-            mean([x["s_pos"][1] for x in t]), mean_sd(below, 2)))
+            mean([x["s_pos"][1] for x in t]), mean_sd(below, 2),
+            "%.2f → %.2f" % (mean([e[0] for e in entropy]), mean([e[1] for e in entropy])) if entropy else "-"))
     for o in ("grpo", "spo", "asympo"):
         for lr in lrs:
             row("add", o, "%g" % lr, cell(sweep, o, lr, 0))
