@@ -117,17 +117,17 @@ def paired(runs, a, b, lr_a, lr_b, lag, k):
     return [(s, sa[s] - sb[s]) for s in sorted(set(sa) & set(sb))]
 
 
-def verdict(holds):
-    """confirmed / not confirmed / mixed from per-case booleans (None: no data)."""
+def verdict(holds, complete=True):
+    """confirmed / not confirmed / mixed from per-case booleans (None: no
+    data); said to be partial while a case lacks runs."""
     known = [h for h in holds if h is not None]
     if not known:
         return "not measured yet"
-    if all(known):
-        return "confirmed" if len(known) == len(holds) else "confirmed where measured"
-    return "not confirmed" if not any(known) else "mixed"
+    said = "confirmed" if all(known) else "not confirmed" if not any(known) else "mixed"
+    return said if complete and len(known) == len(holds) else said + " so far (runs still missing)"
 
 
-def claim1(runs, lr, lags, objectives):
+def claim1(runs, lr, lags, objectives, seeds):
     stale = [lag for lag in lags if lag > 0]
     lines = ["**Claim 1: `naive` and `gpg` collapse late under staleness, `grpo`, `spo` and `asympo` do "
              "not.** Rule: a run collapses when, after the first half of training, its 20-step mean "
@@ -141,21 +141,24 @@ def claim1(runs, lr, lags, objectives):
     hit_u = sum(r["collapse_step"] is not None for r in unstable)
     hit_s = sum(r["collapse_step"] is not None for r in stable)
     holds = [hit_u * 2 >= len(unstable) if unstable else None, hit_s == 0 if stable else None]
-    said = verdict(holds) if unstable else "not measured yet"
+    complete = all(len(cell(runs, o, lr, lag)) >= seeds for o in ("naive", "gpg") + STABLE for lag in lags)
+    said = verdict(holds, complete) if unstable else "not measured yet"
     lines += ["", "Verdict: **%s**: %d of %d stale `naive`/`gpg` runs collapsed (the claim needs at least half), "
               "%d of %d `grpo`/`spo`/`asympo` runs did (it needs none)." % (
                   said, hit_u, len(unstable), hit_s, len(stable)), ""]
     return lines
 
 
-def compare(runs, a, b, lr_a, lr_b, lags, k, title, rule):
+def compare(runs, a, b, lr_a, lr_b, lags, k, seeds, title, rule):
     lines = [title, "", "| lag | %s mean@%d | %s mean@%d | difference (mean ± sd) | per seed |" % (a, k, b, k),
              "| ---: | ---: | ---: | ---: | --- |"]
-    holds = []
+    holds, complete = [], True
     for lag in lags:
         pairs = paired(runs, a, b, lr_a, lr_b, lag, k)
+        complete = complete and len(pairs) >= seeds
         if not pairs:
             holds.append(None)
+            lines.append("| %d | - | - | - | not run yet |" % lag)
             continue
         diffs = [d for _, d in pairs]
         holds.append(rule(mean(diffs)))
@@ -163,23 +166,23 @@ def compare(runs, a, b, lr_a, lr_b, lags, k, title, rule):
             lag, mean_sd([score(r, k) for r in cell(runs, a, lr_a, lag)]),
             mean_sd([score(r, k) for r in cell(runs, b, lr_b, lag)]), mean_sd(diffs),
             ", ".join("%+.3f (seed %d)" % (d, s) for s, d in pairs)))
-    return lines, holds
+    return lines, holds, complete
 
 
-def claims_2_3(runs, lr, lags, k):
+def claims_2_3(runs, lr, lags, k, seeds):
     stale = [lag for lag in lags if lag > 0]
-    lines, holds = compare(
-        runs, "asympo", "grpo", lr, lr, stale, k,
+    lines, holds, complete = compare(
+        runs, "asympo", "grpo", lr, lr, stale, k, seeds,
         "**Claim 2: `asympo` within %d points of `grpo`'s mean@%d at lags %s.** Rule: the mean over "
         "seeds of the per-seed difference is at least -%.2f (being better holds too)." % (
             round(100 * TOLERANCE), k, " and ".join(map(str, stale)), TOLERANCE),
         lambda d: d >= -TOLERANCE)
-    lines += ["", "Verdict: **%s**." % verdict(holds), ""]
-    more, holds = compare(
-        runs, "asympo", "spo", lr, lr, lags, k,
+    lines += ["", "Verdict: **%s**." % verdict(holds, complete), ""]
+    more, holds, complete = compare(
+        runs, "asympo", "spo", lr, lr, lags, k, seeds,
         "**Claim 3: `asympo` against `spo`.** Rule: `asympo` at least `spo`'s mean@%d minus %.2f at "
         "every lag." % (k, TOLERANCE), lambda d: d >= -TOLERANCE)
-    lines += more + ["", "Verdict: **%s**." % verdict(holds), ""]
+    lines += more + ["", "Verdict: **%s**." % verdict(holds, complete), ""]
     return lines
 
 
@@ -261,14 +264,14 @@ def wall_section(groups):
     return lines + ["| all | %d | | %.0f |" % (sum(len(rs) for _, rs in groups), total / 60), ""]
 
 
-def render(out, k):
+def render(out, k, lags=(0, 4, 16), seeds=3):
     base = load(os.path.join(out, "base"))
     sweep, grid = load(os.path.join(out, "sweep")), load(os.path.join(out, "grid"))
     daemons, copy = load(os.path.join(out, "daemons")), load(os.path.join(out, "copy"))
     objectives = [o for o in OBJECTIVES if any(r["objective"] == o for r in sweep + grid)]
     lrs = sorted({r["lr"] for r in sweep})
     runs = sweep + grid
-    lags = sorted({r["lag"] for r in runs})
+    lags = sorted(set(lags) | {r["lag"] for r in runs})
     shared = best_lr(sweep, "grpo", k)
     own = {o: best_lr(sweep, o, k) for o in objectives}
     lines = [BEGIN, "Generated by `python3 bench/claims_report.py` from `docs/results/claims/` (%d sweep, %d grid, "
@@ -279,7 +282,7 @@ def render(out, k):
     lines += ["**The grid at the shared lr %g** (GRPO's best at lag 0; mean ± sd over seeds; final and peak: "
               "20-step mean training reward; S_P, S_N: whole run; behavior KL: second half):" % shared, ""]
     lines += grid_table(runs, k, objectives, lags, lambda o: shared)
-    lines += claim1(runs, shared, lags, objectives) + claims_2_3(runs, shared, lags, k)
+    lines += claim1(runs, shared, lags, objectives, seeds) + claims_2_3(runs, shared, lags, k, seeds)
     lines += kl_section(runs, shared, lags, objectives)
     differs = [o for o in objectives if own[o] is not None and own[o] != shared]
     lines += ["**Each objective at its own best lr** (where it differs from the shared one: %s):" % (
@@ -297,8 +300,10 @@ def main():
     ap.add_argument("--out", default="docs/results/claims", help="claims_experiment.py's --out")
     ap.add_argument("--doc", default="docs/results.md", help="the page whose claims markers are replaced")
     ap.add_argument("--k", type=int, default=8, help="the k of mean@k (the runs' --eval_prompts_k)")
+    ap.add_argument("--lags", default="0,4,16", help="the lags the claims are checked at (the grid's)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds a cell needs before its verdict is final")
     args = ap.parse_args()
-    text = render(args.out, args.k)
+    text = render(args.out, args.k, [int(x) for x in args.lags.split(",") if x], args.seeds)
     with open(args.doc) as f:
         page = f.read()
     if BEGIN not in page or END not in page:

@@ -16,7 +16,7 @@ import sys
 def run(source, build, out):
     cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
-           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
+           "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo,asympo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
            "--copy_steps", "3", "--sft_steps", "25",
            "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -55,8 +55,8 @@ def main():
     assert os.path.exists(os.path.join(out, "base", "model", "config.json"))
     sweep = sorted(glob.glob(os.path.join(out, "sweep", "*.json")))
     grid = sorted(glob.glob(os.path.join(out, "grid", "*.json")))
-    assert len(sweep) == 4, sweep  # 2 objectives x 2 learning rates, lag 0
-    assert len(grid) >= 2, grid    # lag 2 at the shared (and own) learning rate
+    assert len(sweep) == 6, sweep  # 3 objectives x 2 learning rates, lag 0
+    assert len(grid) >= 3, grid    # lag 2 at the shared (and own) learning rate
     for path in sweep + grid:
         r = json.load(open(path))
         for key in ("objective", "lr", "lag", "seed", "seconds", "eval", "s_pos", "s_neg",
@@ -99,11 +99,25 @@ def check_report(source, out, scratch):
     page = os.path.join(scratch, "results.md")
     with open(page, "w") as f:
         f.write("# Results\n\nprose before\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nprose after\n")
-    report = [sys.executable, os.path.join(source, "bench", "claims_report.py"), "--out", out, "--k", "1"]
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_report
+    assert claims_report.verdict([True, True]) == "confirmed"
+    assert claims_report.verdict([False, False]) == "not confirmed"
+    assert claims_report.verdict([True, False]) == "mixed"
+    assert claims_report.verdict([True, None]) == "confirmed so far (runs still missing)"
+    assert claims_report.verdict([True, True], complete=False) == "confirmed so far (runs still missing)"
+    assert claims_report.verdict([None, None]) == "not measured yet"
+    report = [sys.executable, os.path.join(source, "bench", "claims_report.py"), "--out", out, "--k", "1",
+              "--lags", "0,2", "--seeds", "1"]
     subprocess.run(report + ["--doc", page], check=True, timeout=60)
     text = open(page).read()
     assert "old table" not in text and "prose before" in text and "prose after" in text, text
     assert text.count("<!-- claims:begin -->") == 1 and text.count("<!-- claims:end -->") == 1
+    # Claims 2 and 3 are measured on every lag and seed; claim 1 needs naive and gpg, not run here.
+    assert "not run yet" not in text and "runs still missing" not in text, "the tiny grid is complete"
+    verdicts = [l for l in text.splitlines() if l.startswith("Verdict: **")]
+    assert len(verdicts) == 3 and verdicts[0].startswith("Verdict: **not measured yet**"), verdicts
+    assert all(v.split("**")[1] in ("confirmed", "not confirmed", "mixed") for v in verdicts[1:]), verdicts
     for needle in ("**The base**", "Check before RL: S_g median", "**The learning-rate sweep**", "**Claim 1:", "**Claim 2:", "**Claim 3:",
                    "Verdict: **", "**Through the daemons**", "| `grpo` |", "**Wall clock**"):
         assert needle in text, needle
