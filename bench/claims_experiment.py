@@ -10,6 +10,8 @@ land.
         [--phase base,sweep,grid] [--jobs 2] [--steps 400] [--seeds 0,1,2]
         [--lags 0,4,16] [--lrs 3e-5,1e-4,3e-4] [--objectives naive,gpg,grpo,spo,asympo,asympo_stable]
         [--daemon_objectives naive,gpg,grpo,spo,asympo] [--daemon_queue 128]
+        [--copy_objectives grpo,spo,asympo] [--copy_steps 600]
+    python3 bench/claims_report.py   # then: docs/results.md's tables from the files
 
 Layout under --out:
   base/model/          the base model (task_learning --sft_steps ... --save_model)
@@ -19,6 +21,8 @@ Layout under --out:
   daemons/OBJ_qQ_seedS.json   phase daemons: the same settings through
                        deploy/local_run.py (a learner, two rollout daemons, a
                        queue of Q groups: real staleness), at the shared lr
+  copy/OBJ_seedS.json  phase copy: the mechanism's measures on copy (3-5-token
+                       responses from random weights, the copy grid's settings)
   runs/NAME.csv, runs/NAME.log  the per-step rows and the logs (not committed)
   summary.json         what the files say, cell by cell (and the lr chosen)
 
