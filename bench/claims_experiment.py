@@ -7,7 +7,7 @@ stopped part-way completes when started again. Commit the files as they
 land.
 
     python3 bench/claims_experiment.py [--build_dir build] [--out docs/results/claims]
-        [--phase base,sweep,grid] [--jobs 2] [--steps 400] [--seeds 0,1,2]
+        [--phase base,sweep,grid,daemons,copy] [--jobs 2] [--steps 400] [--seeds 0,1,2]
         [--lags 0,4,16] [--lrs 3e-5,1e-4,3e-4] [--objectives naive,gpg,grpo,spo,asympo,asympo_stable]
         [--daemon_objectives naive,gpg,grpo,spo,asympo] [--daemon_queue 128]
         [--copy_objectives grpo,spo,asympo] [--copy_steps 600]
@@ -16,7 +16,7 @@ land.
 Layout under --out:
   base/model/          the base model (task_learning --sft_steps ... --save_model)
   base/base.json       its accuracy, S_g range and within-group 1/S_g ratios
-  sweep/OBJ_lrLR_seedS.json   lag 0, every objective and learning rate
+  sweep/OBJ_lrLR_lag0_seedS.json   lag 0, every objective and learning rate
   grid/OBJ_lrLR_lagK_seedS.json
   daemons/OBJ_qQ_seedS.json   phase daemons: the same settings through
                        deploy/local_run.py (a learner, two rollout daemons, a
