@@ -209,6 +209,21 @@ def trajectory(rows):
     return out
 
 
+def train(cmd, name, csv_path, log_path):
+    """Runs one task_learning command with its log in log_path: (seconds,
+    the final evaluation, the per-step rows of csv_path)."""
+    start = time.time()
+    with open(log_path, "w") as log:
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+    seconds = time.time() - start
+    if rc != 0:
+        raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
+    with open(log_path) as f:
+        evals = EVAL.findall(f.read())
+    final = dict(kv.split("=", 1) for kv in evals[-1][1].split()) if evals else {}
+    return seconds, {k: float(v) for k, v in final.items()}, read_rows(csv_path)
+
+
 def run_one(args, folder, objective, lr, lag, seed):
     name = run_name(objective, lr, lag, seed)
     result = os.path.join(args.out, folder, name + ".json")
@@ -226,20 +241,10 @@ def run_one(args, folder, objective, lr, lag, seed):
            "--steps", str(args.steps), "--group", str(args.group), "--prompts", str(args.prompts),
            "--eval_k", str(args.eval_prompts_k), "--log_every", "50", "--csv", csv_path,
            "--threads", "1", "--base_stats", "0"]
-    start = time.time()
-    with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-    seconds = time.time() - start
-    if rc != 0:
-        raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
-    text = open(log_path).read()
-    evals = EVAL.findall(text)
-    final = dict(kv.split("=", 1) for kv in evals[-1][1].split()) if evals else {}
-    rows = read_rows(csv_path)
+    seconds, final, rows = train(cmd, name, csv_path, log_path)
     half = len(rows) // 2
     value = {"objective": objective, "lr": lr, "lag": lag, "seed": seed, "steps": args.steps,
-             "command": " ".join(cmd), "seconds": round(seconds, 1),
-             "eval": {k: float(v) for k, v in final.items()}, **analyse(rows),
+             "command": " ".join(cmd), "seconds": round(seconds, 1), "eval": final, **analyse(rows),
              "s_pos": mean_of(rows, "s_pos"), "s_neg": mean_of(rows, "s_neg"),
              "degenerate_fraction": mean_of(rows, "degenerate_fraction"),
              "order_entropy_first": mean_of(rows, "order_entropy", 0, 20),
@@ -275,19 +280,11 @@ def run_copy(args, objective, seed):
         return read_json(result)
     csv_path = os.path.join(args.out, "runs", "copy_%s.csv" % name)
     log_path = os.path.join(args.out, "runs", "copy_%s.log" % name)
-    cmd = [task_learning(args), *COPY, "--steps", str(args.copy_steps), "--objective", objective, "--seed", str(seed), "--log_every", "100",
-           "--csv", csv_path, "--threads", "1"]
-    start = time.time()
-    with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-    if rc != 0:
-        raise RuntimeError("copy %s failed (exit %d): see %s" % (name, rc, log_path))
-    evals = EVAL.findall(open(log_path).read())
-    rows = read_rows(csv_path)
+    cmd = [task_learning(args), *COPY, "--steps", str(args.copy_steps), "--objective", objective,
+           "--seed", str(seed), "--log_every", "100", "--csv", csv_path, "--threads", "1"]
+    seconds, final, rows = train(cmd, "copy " + name, csv_path, log_path)
     value = {"objective": objective, "seed": seed, "task": "copy", "command": " ".join(cmd),
-             "seconds": round(time.time() - start, 1),
-             "eval": {k: float(v) for k, v in (kv.split("=", 1) for kv in evals[-1][1].split())} if evals else {},
-             **analyse(rows), "trajectory": trajectory(rows)}
+             "seconds": round(seconds, 1), "eval": final, **analyse(rows), "trajectory": trajectory(rows)}
     write_json(result, value)
     return value
 
@@ -308,7 +305,6 @@ def run_daemons(args, objective, lr, seed):
              "--queue_capacity", str(args.daemon_queue), "--max_steps", str(args.steps), "--minutes", "60",
              "--seed", str(seed), "--eval_k", str(args.eval_prompts_k), "--interval", "30", "--out", folder]
     cmd = [sys.executable, os.path.join(here, "..", "deploy", "local_run.py")] + flags
-    start = time.time()
     if not os.path.exists(os.path.join(folder, "eval.json")):
         with open(folder + ".out", "w") as log:
             rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -329,8 +325,6 @@ def run_daemons(args, objective, lr, seed):
              "policy_lag": {"mean": lag["mean"], "p90": float(lag["p90"])} if lag else None,
              "staleness_mean": mean_of(rows, "staleness_mean"),
              "s_pos": mean_of(rows, "s_pos"), "s_neg": mean_of(rows, "s_neg")}
-    if time.time() - start > 1:
-        value["wall_seconds"] = round(time.time() - start, 1)
     write_json(result, value)
     return value
 
@@ -354,10 +348,10 @@ def main(argv=None):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps}
     start = time.time()
-    if "base" in args.phase or not os.path.exists(os.path.join(args.out, "base", "base.json")):
+    base = os.path.join(args.out, "base", "base.json")
+    if "base" in args.phase or not os.path.exists(base):
         summary["base"] = make_base(args)
         print("base: %s" % json.dumps(summary["base"]["s_g"]), flush=True)
-    base = os.path.join(args.out, "base", "base.json")
     if os.path.exists(base):
         ok, text = base_check(read_json(base))
         summary["base_check"] = {"ok": ok, "text": text}

@@ -10,13 +10,13 @@ around the markers is kept; every figure between them comes from the files.
 """
 import argparse
 import glob
-import json
 import os
 import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from claims_experiment import OBJECTIVES, base_check, best_lr  # noqa: E402
+from claims_experiment import OBJECTIVES, base_check, best_lr, read_json  # noqa: E402
+from staleness_experiment import fmt_mean  # noqa: E402
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STABLE = ("grpo", "spo", "asympo")  # the claim-1 objectives that should not collapse
@@ -24,20 +24,12 @@ TOLERANCE = 0.02                    # claims 2 and 3: two points of mean@k
 
 
 def load(folder):
-    out = []
-    for path in sorted(glob.glob(os.path.join(folder, "*.json"))):
-        with open(path) as f:
-            out.append(json.load(f))
-    return out
+    return [read_json(path) for path in sorted(glob.glob(os.path.join(folder, "*.json")))]
 
 
 def mean_sd(values, digits=3):
-    values = [v for v in values if v is not None and v == v]
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return "%.*f" % (digits, values[0])
-    return "%.*f ± %.*f" % (digits, statistics.mean(values), digits, statistics.stdev(values))
+    """staleness_experiment's mean ± sd, also skipping NaN (a run without the measure)."""
+    return fmt_mean([v for v in values if v is None or v == v], digits)
 
 
 def mean(values):
