@@ -134,6 +134,12 @@ grpc::Status RunStoreOp(c10d::Store& store, const v1::GroupStoreRequest& r,
   return grpc::Status::OK;
 }
 
+// Every call that finds the server stopping gets the same answer; clients
+// treat UNAVAILABLE as "try again elsewhere or later".
+grpc::Status ShuttingDown() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+}
+
 }  // namespace
 
 struct WeightGroup::State {
@@ -587,8 +593,7 @@ grpc::Status WeightGroup::Join(grpc::ServerContext* ctx, const v1::JoinGroupRequ
   }
   const absl::Time deadline = absl::Now() + WaitOf(request->wait_ms(), kMaxWaitMs);
   absl::MutexLock lock(&st.mu);
-  if (st.shut_down)
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down) return ShuttingDown();
   if (static_cast<int>(st.joiners.size()) >= st.options.max_members && !st.joiners.contains(id)) {
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                         absl::StrCat("the weight group has ", st.options.max_members,
@@ -617,8 +622,7 @@ grpc::Status WeightGroup::Join(grpc::ServerContext* ctx, const v1::JoinGroupRequ
     return grpc::Status(grpc::StatusCode::ABORTED,
                         absl::StrCat("a newer Join for worker ", id, " took this one's place"));
   }
-  if (st.shut_down)
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down) return ShuttingDown();
   if (!j->formed) {
     // Not formed in time: the worker calls again, unless a formation that
     // counts it is gathering right now.
@@ -670,8 +674,7 @@ grpc::Status WeightGroup::Next(grpc::ServerContext* ctx, const v1::GroupNextRequ
   if (!who.ok()) return ToGrpcStatus(who.status());
   const absl::Time deadline = absl::Now() + WaitOf(request->wait_ms(), kMaxWaitMs);
   absl::MutexLock lock(&st.mu);
-  if (st.shut_down)
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down) return ShuttingDown();
   State::Member* m = st.MemberOf(request->member_token());
   if (m == nullptr) {
     response->set_action(v1::GroupNextResponse::ACTION_REJOIN);
@@ -706,8 +709,7 @@ grpc::Status WeightGroup::Next(grpc::ServerContext* ctx, const v1::GroupNextRequ
   --m->calls;
   m->asking = false;
   m->last_seen = absl::Now();
-  if (st.shut_down)
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+  if (st.shut_down) return ShuttingDown();
   if (!m->told) {
     response->set_action(v1::GroupNextResponse::ACTION_WAIT);
     return grpc::Status::OK;

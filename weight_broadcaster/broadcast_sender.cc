@@ -149,6 +149,12 @@ absl::Status AdoptLocked(SenderState& st, uint64_t version, HostBuckets host,
   return absl::OkStatus();
 }
 
+// Every call that finds the server stopping gets the same answer; clients
+// treat UNAVAILABLE as "try again elsewhere or later".
+grpc::Status ShuttingDown() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+}
+
 }  // namespace
 
 struct BroadcastSender::State : SenderState {
@@ -257,7 +263,7 @@ void BroadcastSender::Shutdown() {
   internal::CancelNcclLocked(st);
   for (auto& [id, s] : st.sessions) {
     if (s.stream != nullptr) {
-      s.stream->End(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
+      s.stream->End(ShuttingDown());
     }
   }
 }
@@ -349,7 +355,7 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal, const std
                        absl::StrCat("receiver ", QuoteForMessage(id), " is registered by ",
                                     st.anonymous() ? "another connection" : "another principal"));
     } else if (st.shut_down) {
-      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+      status = ShuttingDown();
     } else if (grpc::Status full =
                    st.RegistrationRoomLocked(owner != st.session_of.end(), id, share_key);
                !full.ok()) {
@@ -386,8 +392,7 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
   if (!status.ok()) return new SubscribeReactor(&st, status);
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) {
-    return new SubscribeReactor(
-        &st, grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down"));
+    return new SubscribeReactor(&st, ShuttingDown());
   }
   State::Session* found = nullptr;
   status = st.FindSessionLocked(request.session_id(), principal, &found);
