@@ -346,7 +346,10 @@ def main(argv=None):
     args = parse_args(argv)
     for sub in ("base", "sweep", "grid", "daemons", "copy", "runs"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
-    summary = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps}
+    # A later invocation with fewer phases keeps what the earlier ones recorded.
+    summary_path = os.path.join(args.out, "summary.json")
+    summary = read_json(summary_path) if os.path.exists(summary_path) else {}
+    summary.update({"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": args.steps})
     start = time.time()
     base = os.path.join(args.out, "base", "base.json")
     if "base" in args.phase or not os.path.exists(base):
@@ -363,7 +366,8 @@ def main(argv=None):
                            for s in args.seeds]) if {"sweep", "grid", "daemons"} & set(args.phase) else []
     shared = best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None
     own = {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
-    summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
+    if sweep:
+        summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
     if "grid" in args.phase and shared is not None:
         # Lag 0 at a swept learning rate is a sweep run already.
         def folder(lr, lag):
@@ -390,8 +394,8 @@ def main(argv=None):
     summary["seconds_this_invocation"] = round(time.time() - start, 1)
     summary["seconds_all_runs"] = round(sum(r["seconds"] for r in summary.get("sweep", []) +
                                             summary.get("grid", [])), 1)
-    write_json(os.path.join(args.out, "summary.json"), summary)
-    print("summary: %s (shared lr %s)" % (os.path.join(args.out, "summary.json"), shared))
+    write_json(summary_path, summary)
+    print("summary: %s (shared lr %s)" % (summary_path, shared))
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ import subprocess
 import sys
 
 
-def run(source, build, out):
+def run(source, build, out, phases=()):
     cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
            "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo,asympo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
            "--copy_steps", "3", "--sft_steps", "25",
            "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
+    if phases:
+        cmd += ["--phase", ",".join(phases)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     sys.stdout.write(p.stdout + p.stderr)
     assert p.returncode == 0, "exit %d" % p.returncode
@@ -89,6 +91,13 @@ def main():
     run(source, build, out)
     assert os.path.exists(grid[0]), "the missing run did not run"
     assert all(os.path.getmtime(p) == t for p, t in stamps.items() if p != grid[0])
+
+    # One phase alone keeps what the others recorded in summary.json.
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    run(source, build, out, phases=["copy"])
+    again = json.load(open(os.path.join(out, "summary.json")))
+    for key in ("shared_lr", "own_lr", "sweep", "grid", "daemons", "copy", "base_check"):
+        assert again.get(key) == summary.get(key), (key, again.get(key), summary.get(key))
     check_report(source, out, scratch)
     print("ok")
 
@@ -107,6 +116,17 @@ def check_report(source, out, scratch):
     assert claims_report.verdict([True, None]) == "confirmed so far (runs still missing)"
     assert claims_report.verdict([True, True], complete=False) == "confirmed so far (runs still missing)"
     assert claims_report.verdict([None, None]) == "not measured yet"
+    # Claim 1 at each objective's own lr reads each objective's runs at its rate, not one rate.
+    def r(o, lr, lag, seed, step):
+        return {"objective": o, "lr": lr, "lag": lag, "seed": seed, "collapse_step": step}
+    own = {"naive": 1e-4, "gpg": 1e-4, "grpo": 3e-5, "spo": 1e-4, "asympo": 1e-4}
+    runs = [r(o, own[o], lag, 0, 201 if o in ("naive", "gpg") and lag else None)
+            for o in own for lag in (0, 4)]
+    runs += [r("grpo", 1e-4, 4, 0, 250)]  # not grpo's own rate: must not count
+    said = "\n".join(claims_report.claim1(runs, lambda o: own[o], [0, 4], list(own), 1, own=True))
+    assert "Verdict at the own lrs: **confirmed**: 2 of 2 stale" in said and "0 of 6 `grpo`" in said, said
+    said = "\n".join(claims_report.claim1(runs, lambda o: 1e-4, [0, 4], list(own), 1))
+    assert "Verdict: **mixed" in said and "1 of 5 `grpo`" in said, said
     report = [sys.executable, os.path.join(source, "bench", "claims_report.py"), "--out", out, "--k", "1",
               "--lags", "0,2", "--seeds", "1"]
     subprocess.run(report + ["--doc", page], check=True, timeout=60)
@@ -117,6 +137,10 @@ def check_report(source, out, scratch):
     assert "not run yet" not in text and "runs still missing" not in text, "the tiny grid is complete"
     verdicts = [l for l in text.splitlines() if l.startswith("Verdict: **")]
     assert len(verdicts) == 3 and verdicts[0].startswith("Verdict: **not measured yet**"), verdicts
+    # Each objective at its own lr: three more verdicts where some objective's rate differs.
+    own_verdicts = [l for l in text.splitlines() if l.startswith("Verdict at the own lrs: **")]
+    assert len(own_verdicts) == (3 if "at its own best lr** (where it differs from the shared one: none" not in text
+                                 else 0), own_verdicts
     assert all(v.split("**")[1] in ("confirmed", "not confirmed", "mixed") for v in verdicts[1:]), verdicts
     for needle in ("**The base**", "Check before RL: S_g median", "**The learning-rate sweep**", "**Claim 1:", "**Claim 2:", "**Claim 3:",
                    "Verdict: **", "**Through the daemons**", "| `grpo` |", "**Wall clock**"):
