@@ -45,7 +45,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from staleness_experiment import EVAL, read_rows  # noqa: E402  (the same logs and CSVs)
+from staleness_experiment import read_rows, run_logged  # noqa: E402  (the same logs and CSVs)
 
 OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
 PHASES = ("base", "sweep", "grid", "daemons", "copy")
@@ -210,18 +210,9 @@ def trajectory(rows):
 
 
 def train(cmd, name, csv_path, log_path):
-    """Runs one task_learning command with its log in log_path: (seconds,
-    the final evaluation, the per-step rows of csv_path)."""
-    start = time.time()
-    with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
-    seconds = time.time() - start
-    if rc != 0:
-        raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
-    with open(log_path) as f:
-        evals = EVAL.findall(f.read())
-    final = dict(kv.split("=", 1) for kv in evals[-1][1].split()) if evals else {}
-    return seconds, {k: float(v) for k, v in final.items()}, read_rows(csv_path)
+    """staleness_experiment's run_logged, then the per-step rows of csv_path."""
+    seconds, final = run_logged(cmd, name, log_path)
+    return seconds, final, read_rows(csv_path)
 
 
 def run_one(args, folder, objective, lr, lag, seed):

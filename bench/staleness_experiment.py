@@ -62,17 +62,24 @@ def run_one(args, objective, lag, seed):
            "--prompts", str(args.prompts), "--vocab", str(args.vocab), "--log_every", "100",
            "--layers", str(args.layers),
            "--csv", csv_path, "--threads", "1"]
+    seconds, final = run_logged(cmd, name, log_path)
+    return {"objective": objective, "lag": lag, "seed": seed, "csv": csv_path,
+            "seconds": seconds, "eval": final}
+
+
+def run_logged(cmd, name, log_path):
+    """Runs one task_learning command with its output in log_path: (seconds,
+    its last evaluation line as numbers, {} without one)."""
     start = time.time()
     with open(log_path, "w") as log:
         rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
     seconds = time.time() - start
-    text = open(log_path).read()
     if rc != 0:
         raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
-    evals = EVAL.findall(text)
+    with open(log_path) as f:
+        evals = EVAL.findall(f.read())
     final = dict(kv.split("=", 1) for kv in evals[-1][1].split()) if evals else {}
-    return {"objective": objective, "lag": lag, "seed": seed, "csv": csv_path,
-            "seconds": seconds, "eval": {k: float(v) for k, v in final.items()}}
+    return seconds, {k: float(v) for k, v in final.items()}
 
 
 def read_rows(path):
