@@ -46,8 +46,10 @@ function(asympo_add_gtest)
   if("gpu" IN_LIST ARG_LABELS)
     set(lock RESOURCE_LOCK gpu)
   endif()
+  # A test of a program keeps one core busy: two of ctest's slots
+  # (tests/CMakeLists.txt, "scheduling").
   gtest_discover_tests(${ARG_NAME}
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}" ${lock}
+    PROPERTIES LABELS "${ARG_LABELS}" PROCESSORS 2 ${lock}
     DISCOVERY_TIMEOUT 60)
 endfunction()

@@ -336,7 +336,7 @@ part_tests() {
   run_step tests gpu_tests ctest --test-dir "$build" -L gpu --output-on-failure -j 1 --timeout 240
   local rc=$? rc_all=0
   if ((all)); then
-    run_step tests all_tests ctest --test-dir "$build" -LE gpu --output-on-failure -j "$(nproc)"
+    run_step tests all_tests ctest --test-dir "$build" -LE gpu --output-on-failure -j "$((2 * $(nproc)))"  # two slots a core (tests/CMakeLists.txt)
     rc_all=$?
   fi
   ((rc == 0 && rc_all == 0))

@@ -47,11 +47,14 @@ for t in "${targets[@]}"; do
   [[ -n ${max_len[$t]:-} ]] || { echo "run_fuzz: no target \"$t\" (${!max_len[*]})" >&2; exit 2; }
 done
 
-./deploy/install_deps.sh
+# Timed legs (deploy/ci_legs.sh): printed by .ci/run when it set CI_TIMES.
+source deploy/ci_legs.sh
+./deploy/install_deps.sh >/dev/null
 cmake -S . -B "$build_dir" -G Ninja -DASYMPO_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++-14 \
   -DCMAKE_BUILD_TYPE=Debug >/dev/null
-cmake --build "$build_dir" -j "$(nproc)" -- $(printf '%s_fuzz ' "${targets[@]}")
-ctest --test-dir "$build_dir" --output-on-failure -L fuzz \
+# shellcheck disable=SC2046
+ci_leg "fuzz build" cmake --build "$build_dir" -j "$(nproc)" -- $(printf '%s_fuzz ' "${targets[@]}")
+ci_leg "fuzz replay" ctest --test-dir "$build_dir" --output-on-failure -L fuzz \
   -R "^Fuzz\.($(IFS='|'; echo "${targets[*]}"))\$"
 ((seconds > 0)) || exit 0
 
@@ -90,8 +93,11 @@ max_len_table=$(declare -p max_len)
 
 echo "run_fuzz: ${#targets[@]} targets, ${seconds} s each, $jobs at once"
 status=0
-printf '%s\n' "${targets[@]}" |
-  xargs -P "$jobs" -I{} bash -c 'eval "$max_len_table"; fuzz_one "$1"' _ {} || status=1
+fuzz_all() {
+  printf '%s\n' "${targets[@]}" |
+    xargs -P "$jobs" -I{} bash -c 'eval "$max_len_table"; fuzz_one "$1"' _ {}
+}
+ci_leg fuzzing fuzz_all || status=1
 if ((status)); then
   echo "run_fuzz: a target crashed; inputs under $build_dir/findings/"
 else

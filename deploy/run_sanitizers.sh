@@ -42,8 +42,10 @@ case $leg in
 esac
 jobs=${JOBS:-$(nproc)}
 supp=$PWD/tests/sanitizers
+# Timed legs (deploy/ci_legs.sh): printed by .ci/run when it set CI_TIMES.
+source deploy/ci_legs.sh
 
-./deploy/install_deps.sh
+./deploy/install_deps.sh >/dev/null
 
 # configure <dir> <sanitizer flags> [cmake options...]: -O1 with line tables
 # (stack traces with file:line at a fraction of -g's cost), no benchmarks.
@@ -64,7 +66,8 @@ run_ctest() {
   local dir=$1 exclude=$2
   shift 2
   # shellcheck disable=SC2086
-  ctest --test-dir "$dir" --output-on-failure -j "$jobs" -E "_NOT_BUILT\$|$exclude" "$@" \
+  # Two slots a core, as deploy/run_tests.sh (tests/CMakeLists.txt, "scheduling").
+  ctest --test-dir "$dir" --output-on-failure -j $((2 * jobs)) -E "_NOT_BUILT\$|$exclude" "$@" \
     ${CTEST_ARGS:-}
 }
 
@@ -81,32 +84,33 @@ asan() {
   fi
   configure "$dir" "-fsanitize=address,undefined -fno-sanitize-recover=all" \
     -DASYMPO_SANITIZER_TESTS=ON
-  cmake --build "$dir" -j "$jobs" -- daemon_tests weight_broadcaster_tests nccl_tests \
-    asympo_fake_nccl "${programs[@]}"
+  ci_leg "$leg build" cmake --build "$dir" -j "$jobs" -- daemon_tests weight_broadcaster_tests \
+    nccl_tests asympo_fake_nccl "${programs[@]}"
   ASAN_OPTIONS="detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1" \
   LSAN_OPTIONS="suppressions=$supp/lsan.supp:print_suppressions=0" \
   UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:suppressions=$supp/ubsan.supp" \
-    run_ctest "$dir" '^(Layout|Prometheus|TokenizeCli)|OutOfDescriptors' -L "unit|sanitizer"
+    ci_leg "$leg tests" run_ctest "$dir" '^(Layout|Prometheus|TokenizeCli)|OutOfDescriptors' \
+      -L "unit|sanitizer"
 }
 
 tsan() {
   local dir=${TSAN_BUILD_DIR:-build-tsan}
   configure "$dir" "-fsanitize=thread" -DASYMPO_SANITIZER_TESTS=ON
-  cmake --build "$dir" -j "$jobs" -- daemon_tests nccl_tests asympo_fake_nccl \
-    sanitizer_learner_tests
+  ci_leg "tsan build" cmake --build "$dir" -j "$jobs" -- daemon_tests nccl_tests \
+    asympo_fake_nccl sanitizer_learner_tests
   # Abseil's mutexes made visible to ThreadSanitizer (tests/sanitizers/tsan_absl_mutex.cc),
   # preloaded so that gRPC's and Abseil's own calls go through it too.
   c++ -std=c++17 -O1 -g1 -fPIC -shared -o "$dir/libtsan_absl_mutex.so" \
     "$supp/tsan_absl_mutex.cc" -ldl -Wl,-z,lazy
   LD_PRELOAD=$PWD/$dir/libtsan_absl_mutex.so \
   TSAN_OPTIONS="suppressions=$supp/tsan.supp:second_deadlock_stack=1:halt_on_error=0" \
-    run_ctest "$dir" '^$' -L 'unit|sanitizer' \
+    ci_leg "tsan tests" run_ctest "$dir" '^$' -L 'unit|sanitizer' \
       -R '^(GroupQueue|Nccl|DaemonRuntime|StopSignals|MetricsEndpoint|RunName)'
 }
 
 case $leg in
   asan) asan subset ;;
-  asan-full) asan full ;;
+  asan-full) leg=asan-full asan full ;;
   tsan) tsan ;;
-  all) asan subset; tsan ;;
+  all) leg=asan asan subset; tsan ;;
 esac

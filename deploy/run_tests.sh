@@ -18,7 +18,8 @@ builds everything in BUILD_DIR, and runs every test but label container.
 
 Environment:
   BUILD_DIR    the build tree [build]
-  JOBS         compilers and tests at once [nproc]
+  JOBS         compilers at once [nproc]; ctest gets two slots a core
+               (2 * JOBS; tests/CMakeLists.txt, "scheduling")
   CTEST_ARGS   ctest's selection [-LE container], e.g. "-L unit"
 EOF
       exit 0 ;;
@@ -30,10 +31,25 @@ cd "$(dirname "$0")/.."
 build_dir=${BUILD_DIR:-build}
 jobs=${JOBS:-$(nproc)}
 
-./deploy/install_deps.sh
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
-cmake --build "$build_dir" -j "$jobs"
-# shellcheck disable=SC2086
+# Each leg is timed (deploy/ci_legs.sh); the times are printed at the end,
+# here or, when .ci/run set CI_TIMES, at the end of the whole CI run.
+source deploy/ci_legs.sh
+if [[ -z ${CI_TIMES:-} ]]; then
+  CI_TIMES=$(mktemp)
+  trap 'ci_report; rm -f "$CI_TIMES"' EXIT
+fi
+
+ci_leg install ./deploy/install_deps.sh
+ci_leg configure cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release
+ci_leg build cmake --build "$build_dir" -j "$jobs"
 # The container image build (label container, about 15 minutes) is a heavy
-# leg run by hand: CTEST_ARGS="-L container" deploy/run_tests.sh.
-ctest --test-dir "$build_dir" --output-on-failure -j "$jobs" ${CTEST_ARGS:--LE container}
+# leg run by hand: CTEST_ARGS="-L container" deploy/run_tests.sh. ctest
+# gets two slots a core: a test holds two for each core it keeps busy and
+# one when it mostly waits, and the slowest start first (PROCESSORS and
+# COST, tests/CMakeLists.txt, "scheduling").
+rc=0
+# shellcheck disable=SC2086
+ci_leg ctest ctest --test-dir "$build_dir" --output-on-failure -j $((2 * jobs)) \
+  ${CTEST_ARGS:--LE container} 2>&1 | tee "$build_dir/ctest_output.log" || rc=$?
+python3 deploy/ci_times.py ctest "$build_dir" "$build_dir/ctest_output.log" || true
+exit $rc
