@@ -26,7 +26,7 @@
 // micro-batches of M real tokens in sequences of S tokens (bench/step_groups.h;
 // the trainer's --micro_batch_tokens is M, its activation checkpointing E as
 // ModelOptions::checkpoint_every), and the rank also prints its memory plan
-// (learner_server/memory_plan.h: CPU, float32, no publisher, no checkpoint,
+// (learner_server/plan/memory_plan.h: CPU, float32, no publisher, no checkpoint,
 // no workspace) beside the measured tensor peak.
 #include <algorithm>
 #include <chrono>
@@ -45,9 +45,9 @@
 #include "common/daemon/daemon_runtime.h"
 #include "common/model/cpu_memory.h"
 #include "common/model/device.h"
-#include "learner_server/data_parallel.h"
-#include "learner_server/memory_plan.h"
-#include "learner_server/trainer.h"
+#include "learner_server/parallel/data_parallel.h"
+#include "learner_server/plan/memory_plan.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
 namespace {

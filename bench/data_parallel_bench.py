@@ -73,7 +73,7 @@ def mib(x):
     return x / 2**20
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default="build")
     ap.add_argument("--model", default="100m")
@@ -91,7 +91,11 @@ def main():
     if args.micro_batch_tokens and (args.micro_batch_tokens % args.sequence
                                     or args.micro_batch_tokens // args.sequence < 1):
         ap.error("--micro_batch_tokens must be a multiple of --sequence")
-    binary = os.path.join(args.build, "bench", "data_parallel_bench")
+    return args
+
+
+def world_configs(args):
+    """The (world, shard) pairs to run, in --worlds then --shards order."""
     shards = [int(x) for x in args.shards.split(",")]
     configs = []
     for w in (int(x) for x in args.worlds.split(",")):
@@ -99,8 +103,14 @@ def main():
             # One process shards nothing by itself; full runs as a world of one.
             if w > 1 or shard != 1:
                 configs.append((w, shard))
+    return configs
+
+
+def run_rounds(binary, configs, args, sink):
+    """Every config once a round, each round starting one config later so
+    that none always runs first. Returns {config: [ranks' figures, a round]};
+    each rank's figures also go to sink (a JSON line, or nowhere when None)."""
     results = {c: [] for c in configs}
-    sink = open(args.jsonl, "w") if args.jsonl else None
     for r in range(args.rounds):
         order = configs[r % len(configs):] + configs[:r % len(configs)]
         for world, shard in order:
@@ -111,31 +121,31 @@ def main():
                     sink.write(json.dumps(dict(x, round=r)) + "\n")
             print("round %d: %d rank(s)%s: step %.2f s" % (
                 r + 1, world, NAMES[shard], ranks[0]["step_s"]), file=sys.stderr)
-    base = statistics.median(rs[0]["step_s"] for rs in results[configs[0]])
-    first = results[configs[0]][0][0]
-    print("model %s (%.1fM parameters), %d tokens a step, %d round(s) of %d steps, median of rounds"
-          % (args.model, first["parameters"] / 1e6, first["tokens"], args.rounds, args.steps))
-    planned = bool(args.micro_batch_tokens)
-    if planned:
-        print("each rank: %d micro-batch(es) of %d tokens in sequences of %d, checkpointing %s"
-              % (args.micro_batches, args.micro_batch_tokens, args.sequence,
-                 {0: "none", 1: "layers"}.get(args.checkpointing, "every_%d" % args.checkpointing)))
+    return results
+
+
+def print_plan_table(configs, results):
+    """Each config's memory plan per rank against its measured tensor peak."""
+    print("| learner | tensor peak/rank in a step (MiB) | plan peak/rank (MiB) | "
+          "plan vs measured (worst rank) | plan's peak phase |")
+    print("| --- | ---: | ---: | ---: | --- |")
+    for world, shard in configs:
+        runs = results[(world, shard)]
+        measured = statistics.median(max(x["peak_step_bytes"] for x in rs) for rs in runs)
+        plan = runs[0][0]["plan_peak_bytes"]
+        worst = max((abs(x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"],
+                     (x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"])
+                    for rs in runs for x in rs)[1]
+        print("| %s | %.0f | %.0f | %+.1f%% | %s |" % (
+            world_name(world, shard), mib(measured), mib(plan), 100 * worst,
+            runs[0][0]["plan_phase"]))
     print()
-    if planned:
-        print("| learner | tensor peak/rank in a step (MiB) | plan peak/rank (MiB) | "
-              "plan vs measured (worst rank) | plan's peak phase |")
-        print("| --- | ---: | ---: | ---: | --- |")
-        for world, shard in configs:
-            runs = results[(world, shard)]
-            measured = statistics.median(max(x["peak_step_bytes"] for x in rs) for rs in runs)
-            plan = runs[0][0]["plan_peak_bytes"]
-            worst = max((abs(x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"],
-                         (x["plan_peak_bytes"] - x["peak_step_bytes"]) / x["peak_step_bytes"])
-                        for rs in runs for x in rs)[1]
-            print("| %s | %.0f | %.0f | %+.1f%% | %s |" % (
-                world_name(world, shard), mib(measured), mib(plan), 100 * worst,
-                runs[0][0]["plan_phase"]))
-        print()
+
+
+def print_speed_table(configs, results, base):
+    """Each config's step time, throughput, time in collectives and memory
+    per rank, medians over the rounds; speed-up against base, the first
+    config's median step time."""
     print("| learner | threads/rank | step (s) | tokens/s | vs 1 process | in collectives | "
           "AdamW moments/rank (MiB) | tensors held/rank (MiB) | tensor peak/rank in a step (MiB) | "
           "RSS/rank after (MiB) | peak RSS/rank (MiB) |")
@@ -154,6 +164,27 @@ def main():
             name, runs[0][0]["threads"], step, runs[0][0]["tokens"] / step, base / step,
             "-" if world == 1 and shard == 0 else "%.0f%%" % (100 * share), mib(state), mib(held),
             mib(peak_step), mib(rss), mib(peak)))
+
+
+def main():
+    args = parse_args()
+    binary = os.path.join(args.build, "bench", "data_parallel_bench")
+    configs = world_configs(args)
+    sink = open(args.jsonl, "w") if args.jsonl else None
+    results = run_rounds(binary, configs, args, sink)
+    base = statistics.median(rs[0]["step_s"] for rs in results[configs[0]])
+    first = results[configs[0]][0][0]
+    print("model %s (%.1fM parameters), %d tokens a step, %d round(s) of %d steps, median of rounds"
+          % (args.model, first["parameters"] / 1e6, first["tokens"], args.rounds, args.steps))
+    planned = bool(args.micro_batch_tokens)
+    if planned:
+        print("each rank: %d micro-batch(es) of %d tokens in sequences of %d, checkpointing %s"
+              % (args.micro_batches, args.micro_batch_tokens, args.sequence,
+                 {0: "none", 1: "layers"}.get(args.checkpointing, "every_%d" % args.checkpointing)))
+    print()
+    if planned:
+        print_plan_table(configs, results)
+    print_speed_table(configs, results, base)
 
 
 if __name__ == "__main__":

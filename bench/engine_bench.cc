@@ -42,8 +42,8 @@
 #include "bench/bench_models.h"
 #include "common/model/device.h"
 #include "common/model/model_io.h"
-#include "rollout_server/continuous_engine.h"
-#include "rollout_server/generation.h"
+#include "rollout_server/engine/continuous_engine.h"
+#include "rollout_server/engine/generation.h"
 
 namespace {
 

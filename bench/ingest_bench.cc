@@ -23,9 +23,9 @@
 
 #include "bench/bench_flags.h"
 #include "common/daemon/heap_release.h"
-#include "learner_server/group_queue.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/admission/learner_service.h"
 #include "learner_server/learner_metrics.h"
-#include "learner_server/learner_service.h"
 
 namespace {
 
@@ -195,8 +195,8 @@ bool MeasureFullQueue(const Args& args, const v1::RolloutBatch& batch, LearnerSe
   while (queue->Stats().depth_groups + args.groups <= args.capacity) {
     std::vector<asympo::learner::QueuedGroup> gs;
     v1::RolloutBatch copy = batch;
-    if (!service->Prepare(&copy, &gs).ok()) return false;
-    if (!queue->Push(std::move(gs), absl::Now()).ok()) break;
+    if (!service->Prepare(&copy, &gs).accepted()) return false;
+    if (!queue->Push(std::move(gs), absl::Now()).accepted()) break;
   }
   const int64_t after = asympo::daemon::ResidentBytes();
   // Bound (docs/protocol.md): K groups x (prompt + G x response tokens) x 4

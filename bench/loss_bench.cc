@@ -20,8 +20,8 @@
 
 #include "bench/bench_flags.h"
 #include "common/model/device.h"
-#include "learner_server/policy_loss.h"
-#include "learner_server/token_logprobs.h"
+#include "learner_server/loss/policy_loss.h"
+#include "learner_server/loss/token_logprobs.h"
 
 namespace {
 

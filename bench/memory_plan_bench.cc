@@ -1,4 +1,4 @@
-// The memory plan (learner_server/memory_plan.h) against what LibTorch
+// The memory plan (learner_server/plan/memory_plan.h) against what LibTorch
 // allocates on the CPU for a learner step.
 //
 //   memory_plan_bench [--config 100m] [--threads 2] [--modes 0,1,2]
@@ -40,10 +40,10 @@
 #include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "common/model/policy_model.h"
-#include "learner_server/memory_plan.h"
-#include "learner_server/memory_plan_report.h"
-#include "learner_server/token_logprobs.h"
-#include "learner_server/trainer.h"
+#include "learner_server/loss/token_logprobs.h"
+#include "learner_server/plan/memory_plan.h"
+#include "learner_server/plan/memory_plan_report.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace {
 

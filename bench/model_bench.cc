@@ -30,9 +30,9 @@
 #include "common/model/model_io.h"
 #include "common/model/policy_model.h"
 #include "common/status_macros.h"
-#include "learner_server/adamw.h"
-#include "learner_server/token_logprobs.h"
-#include "rollout_server/generation.h"
+#include "learner_server/loss/token_logprobs.h"
+#include "learner_server/optim/adamw.h"
+#include "rollout_server/engine/generation.h"
 
 namespace {
 

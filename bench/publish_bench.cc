@@ -47,7 +47,7 @@
 #include "common/model/model_io.h"
 #include "learner_server/learner_metrics.h"
 #include "learner_server/snapshot_publisher.h"
-#include "learner_server/trainer.h"
+#include "learner_server/trainer/trainer.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 #include "weight_broadcaster/nccl/nccl_transport.h"
 

@@ -2,7 +2,7 @@
 // data_parallel_bench), and the memory plan they are checked against:
 // every micro-batch holds micro_batch_tokens real tokens in sequences of
 // `sequence` tokens, so that its rows are as long as the memory plan's
-// (learner_server/memory_plan.h).
+// (learner_server/plan/memory_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "common/model/model_config.h"
-#include "learner_server/group_queue.h"
-#include "learner_server/memory_plan.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/plan/memory_plan.h"
 
 namespace asympo::bench {
 

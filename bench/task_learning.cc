@@ -55,11 +55,11 @@
 #include "common/model/model_io.h"
 #include "common/model/policy_model.h"
 #include "learner_server/learner_metrics.h"
-#include "learner_server/trainer.h"
-#include "rollout_server/addition_task.h"
+#include "learner_server/trainer/trainer.h"
+#include "rollout_server/engine/generation.h"
 #include "rollout_server/evaluation.h"
-#include "rollout_server/generation.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/tasks/addition_task.h"
+#include "rollout_server/tasks/tasks.h"
 
 namespace {
 

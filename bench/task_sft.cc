@@ -10,11 +10,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "learner_server/adamw.h"
-#include "learner_server/token_logprobs.h"
-#include "rollout_server/addition_task.h"
+#include "learner_server/loss/token_logprobs.h"
+#include "learner_server/optim/adamw.h"
+#include "rollout_server/engine/generation.h"
 #include "rollout_server/evaluation.h"
-#include "rollout_server/generation.h"
+#include "rollout_server/tasks/addition_task.h"
 
 namespace asympo::bench {
 namespace {

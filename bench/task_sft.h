@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/tasks/tasks.h"
 
 namespace asympo::bench {
 

@@ -31,9 +31,9 @@
 #include "common/model/cpu_memory.h"
 #include "common/model/device.h"
 #include "common/model/policy_model.h"
-#include "learner_server/micro_batches.h"
-#include "learner_server/token_logprobs.h"
-#include "learner_server/trainer.h"
+#include "learner_server/loss/token_logprobs.h"
+#include "learner_server/trainer/micro_batches.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace {
 

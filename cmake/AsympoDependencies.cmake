@@ -18,7 +18,7 @@ find_package(Torch REQUIRED)
 message(STATUS "ASymPO-RL: LibTorch ${Torch_VERSION} at ${Torch_DIR}")
 # A LibTorch built with CUDA (the one inside a CUDA PyTorch wheel) defines the
 # torch_cuda target (and finds libc10_cuda). Then the CUDA-only pieces (CUDA
-# graphs for the decode step, rollout_server/decode_graph_cuda.cc) are
+# graphs for the decode step, rollout_server/engine/decode_graph_cuda.cc) are
 # compiled in, with the CUDA toolkit's headers, and linked to LibTorch's CUDA
 # libraries; without them the CPU build compiles its eager stand-ins.
 set(ASYMPO_WITH_CUDA OFF)

@@ -30,7 +30,7 @@ absl::Status CheckTokens(const google::protobuf::RepeatedField<int32_t>& tokens,
 }
 
 // The versions' own rules; how they stand to the learner's version is the
-// learner's to check (learner_server/policy_lag.h).
+// learner's to check (learner_server/admission/policy_lag.h).
 absl::Status CheckResponseVersions(const v1::Response& r, const std::string& where) {
   if (!r.has_last_policy_version()) return absl::OkStatus();
   if (!r.has_first_policy_version()) {

@@ -1,6 +1,6 @@
 // The one Submit retry policy of the protocol's clients: the rollout
 // daemon's sender (rollout_server/submit_client.h) and asympo-submit
-// (rollout_server/submit_main.cc) decide what to do with a learner's answer
+// (rollout_server/submit/submit_main.cc) decide what to do with a learner's answer
 // here, and send through the one loop below. The Python client (proto/python/asympo_rl/client.py)
 // implements the same table with the same decision names. The table, and why each code is where it
 // is: docs/protocol.md, "Retries".

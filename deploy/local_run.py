@@ -152,8 +152,20 @@ def write_prometheus_targets(folder, run_name, learner_port, rollout_ports):
     return path
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+# Every numeric option's range, shown by --help and checked (exit 2).
+RANGES = {"max_steps": (0, 10**9), "minutes": (0.01, 10**6), "rollouts": (0, 64),
+          "learner_ranks": (1, 16), "vocab": (2, 1 << 20), "lr": (0, 1),
+          "group_size": (2, 4096), "prompts_per_step": (1, 65536), "temperature": (0, 100),
+          "queue_capacity": (1, 1 << 24), "seed": (0, 2**63 - 1), "interval": (0.1, 3600),
+          "eval_k": (0, 65536), "check_greedy": (0, 1), "check_rise": (-1, 1)}
+
+
+def range_text(lo, hi):
+    return "%s to %s" % tuple(str(x) if isinstance(x, int) else "%g" % x for x in (lo, hi))
+
+
+def add_run_flags(ap):
+    """Where the run finds its binaries and writes, and how long it lasts."""
     ap.add_argument("--build_dir", default="build", help="where asympo-learner and asympo-rollout were built")
     ap.add_argument("--out", default="", help="run directory (default runs/<date-time>)")
     ap.add_argument("--run_name", default="",
@@ -168,6 +180,11 @@ def main():
     ap.add_argument("--rollouts", type=int, default=2, help="rollout daemons")
     ap.add_argument("--learner_ranks", type=int, default=1,
                     help="data-parallel learner ranks (Gloo on loopback; rank 0 serves the rollouts)")
+
+
+def add_training_flags(ap):
+    """What is learned and how: task, objective, model and the sampling and
+    training settings both daemons share."""
     ap.add_argument("--task", default="copy", help="built-in task (asympo-rollout --list_tasks)")
     # asympo_stable at lr 1e-4: asympo's 1/S_g weighting puts each update on
     # the confident responses, and at 5e-4 the tiny policy turned
@@ -196,6 +213,10 @@ def main():
                     help="the rollouts' --weight_update (continuous batching)")
     ap.add_argument("--queue_capacity", type=int, default=32, help="K, in prompt groups (bounds staleness)")
     ap.add_argument("--seed", type=int, default=1)
+
+
+def add_daemon_flags(ap):
+    """Flags handed through to the daemons, and where they run."""
     ap.add_argument("--learner_arg", action="append", default=[], metavar="--FLAG=VALUE",
                     help="one more asympo-learner flag, passed as is and checked by the learner "
                          "(repeatable; e.g. --learner_arg=--lr_schedule=cosine)")
@@ -206,6 +227,10 @@ def main():
     ap.add_argument("--device", default="cpu", help="both daemons' --device: cpu, cuda or cuda:N")
     ap.add_argument("--dtype", default="float32",
                     help="dtype of the weights rollouts sample with (both daemons' --dtype)")
+
+
+def add_report_flags(ap):
+    """Progress lines, the evaluation at the end and the checks on it."""
     ap.add_argument("--interval", type=float, default=5.0, help="seconds between progress lines")
     ap.add_argument("--eval_k", type=int, default=8,
                     help="samples per held-out prompt for asympo-eval's mean@k and pass@k (0: greedy only)")
@@ -214,22 +239,24 @@ def main():
                     help="exit 1 unless asympo-eval's held-out greedy accuracy reaches this")
     ap.add_argument("--check_rise", type=float, default=None,
                     help="exit 1 unless the last 20 steps' mean reward exceeds the first 20's by this much")
-    # Every numeric option's range, shown by --help and checked (exit 2).
-    ranges = {"max_steps": (0, 10**9), "minutes": (0.01, 10**6), "rollouts": (0, 64),
-              "learner_ranks": (1, 16), "vocab": (2, 1 << 20), "lr": (0, 1),
-              "group_size": (2, 4096), "prompts_per_step": (1, 65536), "temperature": (0, 100),
-              "queue_capacity": (1, 1 << 24), "seed": (0, 2**63 - 1), "interval": (0.1, 3600),
-              "eval_k": (0, 65536), "check_greedy": (0, 1), "check_rise": (-1, 1)}
-    def text(lo, hi):
-        return "%s to %s" % tuple(str(x) if isinstance(x, int) else "%g" % x for x in (lo, hi))
+
+
+def parse_args():
+    """The command line, checked: a flag out of its range or inconsistent
+    with another ends the launcher (exit 2) before any daemon starts."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_flags(ap)
+    add_training_flags(ap)
+    add_daemon_flags(ap)
+    add_report_flags(ap)
     for action in ap._actions:
-        if action.dest in ranges:
-            action.help = (action.help or "") + " (range %s)" % text(*ranges[action.dest])
+        if action.dest in RANGES:
+            action.help = (action.help or "") + " (range %s)" % range_text(*RANGES[action.dest])
     args = ap.parse_args()
-    for name, (lo, hi) in ranges.items():
+    for name, (lo, hi) in RANGES.items():
         value = getattr(args, name)
         if value is not None and not lo <= value <= hi:  # also refuses nan
-            ap.error("--%s %s: expected %s" % (name, value, text(lo, hi)))
+            ap.error("--%s %s: expected %s" % (name, value, range_text(lo, hi)))
     for name in ("learner_arg", "rollout_arg"):
         for a in getattr(args, name):
             if not a.startswith("--") or "=" not in a:
@@ -238,7 +265,14 @@ def main():
         ap.error("--model %s: expected tiny or a model directory with config.json" % args.model)
     if args.lr_schedule == "cosine" and args.max_steps == 0:
         ap.error("--lr_schedule cosine decays over --max_steps steps; give --max_steps, or --lr_schedule constant")
+    return args
 
+
+def prepare(args):
+    """Finds the binaries (exits when one is missing), creates the run
+    directory and settles --out and --run_name; a steps.csv left there by an
+    earlier run is removed, as the learner appends to it. Returns the
+    learner, rollout and eval binaries and the steps.csv path."""
     learner_bin = os.path.join(args.build_dir, "learner_server", "asympo-learner")
     rollout_bin = os.path.join(args.build_dir, "rollout_server", "asympo-rollout")
     eval_bin = os.path.join(args.build_dir, "rollout_server", "asympo-eval")
@@ -254,8 +288,13 @@ def main():
     steps_csv = os.path.join(args.out, "steps.csv")
     if os.path.exists(steps_csv):
         os.remove(steps_csv)
+    return learner_bin, rollout_bin, eval_bin, steps_csv
 
-    run = Run(args)
+
+def catch_signals():
+    """SIGINT and SIGTERM only end the progress loop, so that every process
+    is stopped and the summary still written; returns the list each signal
+    is appended to."""
     interrupted = []
 
     def on_signal(sig, frame):
@@ -263,18 +302,14 @@ def main():
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    return interrupted
 
-    port, learner_metrics = free_port(), free_port()
-    model = (["--model=tiny", "--tiny_vocab_size=%d" % args.vocab] if args.model == "tiny"
-             else ["--model=" + args.model])
+
+def learner_command(args, learner_bin, port, learner_metrics, model, dist, steps_csv):
+    """asympo-learner's command line, without --dist_rank."""
     schedule = (["--lr_schedule=cosine", "--total_steps=%d" % args.max_steps]
                 if args.lr_schedule == "cosine" else ["--lr_schedule=constant"])
-    rollout_metrics = [free_port() for _ in range(args.rollouts)]
-    dist = []
-    if args.learner_ranks > 1:
-        dist = ["--dist_world_size=%d" % args.learner_ranks, "--dist_master_addr=127.0.0.1",
-                "--dist_master_port=%d" % free_port(), "--dist_insecure", "--dist_timeout=120s"]
-    learner_cmd = [
+    return [
         learner_bin, "--listen=127.0.0.1:%d" % port, "--metrics_address=127.0.0.1:%d" % learner_metrics,
         "--seed=%d" % args.seed, "--threads=1"] + model + [
         "--device=" + args.device, "--dtype=" + args.dtype, "--objective=" + args.objective,
@@ -289,24 +324,51 @@ def main():
         "--step_csv=" + steps_csv, "--checkpoint_dir=" + os.path.join(args.out, "checkpoints"),
         "--checkpoint_every=200", "--max_steps=%d" % args.max_steps,
         "--run_name=" + args.run_name] + schedule + dist + args.learner_arg
+
+
+def rollout_command(args, rollout_bin, i, port, metrics_port, model):
+    """Rollout daemon i's command line; --rollout_arg comes last, so that it
+    overrides local_run's own flags."""
+    return [
+        rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
+        "--metrics_address=127.0.0.1:%d" % metrics_port, "--run_name=" + args.run_name,
+        "--threads=1"] + model + [
+        "--device=" + args.device, "--dtype=" + args.dtype,
+        "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
+        "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
+        "--batching=" + args.batching, "--weight_update=" + args.weight_update,
+        "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),
+        "--max_running_sequences=%d" % (max(1, args.prompts_per_step // 2) * args.group_size),
+        "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
+        "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)] + args.rollout_arg
+
+
+def start_daemons(run, args, learner_bin, rollout_bin, steps_csv):
+    """Starts the learner (rank 0 first, so that run.procs[0] is the one
+    the rollouts talk to), its other ranks and the rollouts, each on free
+    loopback ports. Returns the learner's port, its metrics port and the
+    rollouts' metrics ports."""
+    port, learner_metrics = free_port(), free_port()
+    model = (["--model=tiny", "--tiny_vocab_size=%d" % args.vocab] if args.model == "tiny"
+             else ["--model=" + args.model])
+    rollout_metrics = [free_port() for _ in range(args.rollouts)]
+    dist = []
+    if args.learner_ranks > 1:
+        dist = ["--dist_world_size=%d" % args.learner_ranks, "--dist_master_addr=127.0.0.1",
+                "--dist_master_port=%d" % free_port(), "--dist_insecure", "--dist_timeout=120s"]
+    learner_cmd = learner_command(args, learner_bin, port, learner_metrics, model, dist, steps_csv)
     run.start("learner", learner_cmd + (["--dist_rank=0"] if dist else []))
     # Ranks 1.. only train the share of each step rank 0 sends them.
     for r in range(1, args.learner_ranks):
         run.start("learner-rank%d" % r, learner_cmd + ["--dist_rank=%d" % r])
     for i in range(args.rollouts):
-        run.start("rollout-%d" % i, [
-            rollout_bin, "--learner=127.0.0.1:%d" % port, "--id=rollout-%d" % i,
-            "--metrics_address=127.0.0.1:%d" % rollout_metrics[i], "--run_name=" + args.run_name,
-            "--threads=1"] + model + [
-            "--device=" + args.device, "--dtype=" + args.dtype,
-            "--seed=%d" % (1000 * args.seed + i), "--task=" + args.task,
-            "--group_size=%d" % args.group_size, "--temperature=%g" % args.temperature,
-            "--batching=" + args.batching, "--weight_update=" + args.weight_update,
-            "--prompts_per_generation=%d" % max(1, args.prompts_per_step // 2),
-            "--max_running_sequences=%d" % (max(1, args.prompts_per_step // 2) * args.group_size),
-            "--max_groups_per_batch=%d" % min(16, args.queue_capacity),
-            "--max_buffered_groups=%d" % max(args.prompts_per_step, 16)] + args.rollout_arg)
+        run.start("rollout-%d" % i, rollout_command(args, rollout_bin, i, port, rollout_metrics[i], model))
+    return port, learner_metrics, rollout_metrics
 
+
+def announce(args, port, learner_metrics, rollout_metrics):
+    """Says where the run is and writes its Prometheus targets; prints the
+    progress table's header. Returns the targets file."""
     print("local_run: learner on 127.0.0.1:%d%s, %d rollouts, task %s, objective %s; logs and results in %s"
           % (port, " (%d data-parallel ranks)" % args.learner_ranks if args.learner_ranks > 1 else "",
              args.rollouts, args.task, args.objective, args.out))
@@ -316,8 +378,39 @@ def main():
           % (learner_metrics, ",".join(map(str, rollout_metrics)), args.run_name, targets))
     print("%7s %6s %7s %8s %8s %9s %7s %9s %s" % ("time", "step", "version", "reward", "accuracy",
                                                  "tokens/s", "queue", "staleness", "versions in use"))
+    return targets
+
+
+def progress_row(elapsed, lm, rms, last):
+    """One progress line's figures from the learner's (lm) and the rollouts'
+    (rms) metrics; the rollouts' reward and accuracy are over the responses
+    since the previous line, whose running totals `last` holds (updated)."""
+    responses = sum(m.get("asympo_rollout_responses_total", 0) for m in rms)
+    correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in rms)
+    reward = sum(m.get("asympo_rollout_reward_sum_total", 0) for m in rms)
+    dn = responses - last["responses"]
+    acc = (correct - last["correct"]) / dn if dn > 0 else float("nan")
+    rwd = (reward - last["reward"]) / dn if dn > 0 else float("nan")
+    last.update(responses=responses, correct=correct, reward=reward)
+    versions = sorted({int(m["asympo_rollout_weight_version"]) for m in rms if "asympo_rollout_weight_version" in m})
+    sc = lm.get("asympo_learner_staleness_versions_count", 0)
+    stale = lm.get("asympo_learner_staleness_versions_sum", 0) / sc if sc else float("nan")
+    return {
+        "time_s": round(elapsed, 1), "step": int(lm.get("asympo_learner_steps_total", 0)),
+        "version": int(lm.get("asympo_learner_version", 0)),
+        "learner_reward_ema": lm.get("asympo_learner_reward_ema", float("nan")),
+        "rollout_reward": rwd, "rollout_accuracy": acc,
+        "tokens_per_s": lm.get("asympo_learner_tokens_per_second", 0),
+        "queue_depth": int(lm.get("asympo_learner_queue_depth_groups", 0)),
+        "staleness_mean": stale, "versions_in_use": " ".join(map(str, versions)),
+    }
+
+
+def watch(run, args, interrupted, start, learner_metrics, rollout_metrics):
+    """Prints a progress line every --interval seconds until a signal, a
+    daemon's failure, the learner's end or --minutes. Returns the progress
+    rows, the learner's last metrics and the failure's report (or None)."""
     progress = []
-    start = time.time()
     last = {"responses": 0.0, "correct": 0.0, "reward": 0.0}
     last_learner = {}
     next_print = start + args.interval
@@ -337,30 +430,20 @@ def main():
         lm = scrape(learner_metrics) or {}
         last_learner = lm or last_learner  # the learner exits after --max_steps
         rms = [scrape(p) or {} for p in rollout_metrics]
-        responses = sum(m.get("asympo_rollout_responses_total", 0) for m in rms)
-        correct = sum(m.get("asympo_rollout_correct_responses_total", 0) for m in rms)
-        reward = sum(m.get("asympo_rollout_reward_sum_total", 0) for m in rms)
-        dn = responses - last["responses"]
-        acc = (correct - last["correct"]) / dn if dn > 0 else float("nan")
-        rwd = (reward - last["reward"]) / dn if dn > 0 else float("nan")
-        last = {"responses": responses, "correct": correct, "reward": reward}
-        versions = sorted({int(m["asympo_rollout_weight_version"]) for m in rms if "asympo_rollout_weight_version" in m})
-        sc = lm.get("asympo_learner_staleness_versions_count", 0)
-        stale = lm.get("asympo_learner_staleness_versions_sum", 0) / sc if sc else float("nan")
-        row = {
-            "time_s": round(now - start, 1), "step": int(lm.get("asympo_learner_steps_total", 0)),
-            "version": int(lm.get("asympo_learner_version", 0)),
-            "learner_reward_ema": lm.get("asympo_learner_reward_ema", float("nan")),
-            "rollout_reward": rwd, "rollout_accuracy": acc,
-            "tokens_per_s": lm.get("asympo_learner_tokens_per_second", 0),
-            "queue_depth": int(lm.get("asympo_learner_queue_depth_groups", 0)),
-            "staleness_mean": stale, "versions_in_use": " ".join(map(str, versions)),
-        }
+        row = progress_row(now - start, lm, rms, last)
         progress.append(row)
         print("%6.0fs %6d %7d %8.3f %8.3f %9.0f %3d/%-3d %9.2f %s" % (
-            row["time_s"], row["step"], row["version"], row["learner_reward_ema"], acc, row["tokens_per_s"],
-            row["queue_depth"], args.queue_capacity, stale, ",".join(map(str, versions)) or "-"), flush=True)
+            row["time_s"], row["step"], row["version"], row["learner_reward_ema"], row["rollout_accuracy"],
+            row["tokens_per_s"], row["queue_depth"], args.queue_capacity, row["staleness_mean"],
+            row["versions_in_use"].replace(" ", ",") or "-"), flush=True)
+    return progress, last_learner, failed
 
+
+def stop_run(run, args, interrupted, targets, failed, learner_metrics, rollout_metrics, last_learner):
+    """Takes the daemons' last metrics, stops every process and removes the
+    run's Prometheus targets. Returns the rollouts' and the learner's final
+    metrics and the first failure, now including a daemon that exited
+    badly at the stop."""
     if interrupted:
         print("local_run: interrupted; stopping every process")
     final_rollout = [scrape(p) or {} for p in rollout_metrics]
@@ -373,16 +456,43 @@ def main():
     for name, p, _ in run.procs:
         if p.returncode not in (0, -signal.SIGTERM) and not failed:
             failed = exit_report(name, p.returncode, args.out)
+    return final_rollout, final_learner, failed
 
-    with open(os.path.join(args.out, "progress.csv"), "w", newline="") as f:
+
+def write_progress_csv(path, progress):
+    with open(path, "w", newline="") as f:
         if progress:
             w = csv.DictWriter(f, fieldnames=list(progress[0].keys()))
             w.writeheader()
             w.writerows(progress)
-    steps = []
-    if os.path.exists(steps_csv):
-        with open(steps_csv) as f:
-            steps = list(csv.DictReader(f))
+
+
+def read_steps(steps_csv):
+    """The learner's per-step rows, none when it wrote no steps.csv."""
+    if not os.path.exists(steps_csv):
+        return []
+    with open(steps_csv) as f:
+        return list(csv.DictReader(f))
+
+
+def print_policy_lag(args, final_learner):
+    """The policy lag line of the summary, also written to policy_lag.json;
+    nothing before the learner observed any."""
+    lag = policy_lag(final_learner)
+    if lag is None:
+        return
+    print("  policy lag               mean %.2f, p90 %s versions (%d groups; --weight_update=%s)"
+          % (lag["mean"], lag["p90"], lag["count"], args.weight_update))
+    with open(os.path.join(args.out, "policy_lag.json"), "w") as f:
+        json.dump(dict(lag, batching=args.batching, weight_update=args.weight_update), f, indent=1)
+
+
+def summarize(args, start, steps_csv, eval_bin, progress, final_rollout, final_learner, interrupted, failed):
+    """Writes progress.csv, runs asympo-eval, draws the reward curve and
+    prints the summary. Returns the evaluation (or None) and the mean
+    reward of the first and of the last 20 steps."""
+    write_progress_csv(os.path.join(args.out, "progress.csv"), progress)
+    steps = read_steps(steps_csv)
     rewards = [float(r["reward_mean"]) for r in steps]
     first, last20 = mean(rewards[:20]), mean(rewards[-20:])
     evaluation = None if args.no_eval else evaluate(eval_bin, args)
@@ -402,12 +512,7 @@ def main():
     print("  reward, last 20 steps    %.3f" % last20)
     if accs:
         print("  accuracy, first interval %.3f   last interval %.3f" % (accs[0], accs[-1]))
-    lag = policy_lag(final_learner)
-    if lag is not None:
-        print("  policy lag               mean %.2f, p90 %s versions (%d groups; --weight_update=%s)"
-              % (lag["mean"], lag["p90"], lag["count"], args.weight_update))
-        with open(os.path.join(args.out, "policy_lag.json"), "w") as f:
-            json.dump(dict(lag, batching=args.batching, weight_update=args.weight_update), f, indent=1)
+    print_policy_lag(args, final_learner)
     print("  responses sampled        %d (%.1f%% exact)" % (responses, 100 * correct / responses if responses else 0))
     print("  groups not trained       %d refused, dropped or unsent by the rollouts "
           "(%d unsent at the rollouts' stop); %d left in the learner's queue"
@@ -419,6 +524,11 @@ def main():
     print("  progress CSV             %s" % os.path.join(args.out, "progress.csv"))
     print("  reward curve             %s" % (plot if plotted else "(not drawn: python3-matplotlib missing)"))
     print("  logs                     %s/{learner,rollout-*}.log" % args.out)
+    return evaluation, first, last20
+
+
+def exit_status(args, failed, evaluation, first, last20):
+    """1 when a daemon failed or a --check_* is not met (said why), else 0."""
     if failed:
         print("local_run: " + failed)
         return 1
@@ -431,6 +541,22 @@ def main():
         print("local_run: reward did not rise by %.3f (first %.3f, last %.3f)" % (args.check_rise, first, last20))
         return 1
     return 0
+
+
+def main():
+    args = parse_args()
+    learner_bin, rollout_bin, eval_bin, steps_csv = prepare(args)
+    run = Run(args)
+    interrupted = catch_signals()
+    port, learner_metrics, rollout_metrics = start_daemons(run, args, learner_bin, rollout_bin, steps_csv)
+    targets = announce(args, port, learner_metrics, rollout_metrics)
+    start = time.time()
+    progress, last_learner, failed = watch(run, args, interrupted, start, learner_metrics, rollout_metrics)
+    final_rollout, final_learner, failed = stop_run(run, args, interrupted, targets, failed,
+                                                    learner_metrics, rollout_metrics, last_learner)
+    evaluation, first, last20 = summarize(args, start, steps_csv, eval_bin, progress, final_rollout,
+                                          final_learner, interrupted, failed)
+    return exit_status(args, failed, evaluation, first, last20)
 
 
 def policy_lag(metrics):

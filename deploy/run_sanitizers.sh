@@ -71,9 +71,10 @@ run_ctest() {
     ${CTEST_ARGS:-}
 }
 
-# The learner's queue, service and checkpoint tests and the rollout daemon's,
-# without the numerics suites (tests/CMakeLists.txt, "sanitizers").
-service_programs=(sanitizer_learner_tests sanitizer_rollout_tests)
+# The learner's queue (a program of its own, which links the admission room
+# only), service and checkpoint tests and the rollout daemon's, without the
+# numerics suites (tests/CMakeLists.txt, "sanitizers").
+service_programs=(sanitizer_learner_tests sanitizer_queue_tests sanitizer_rollout_tests)
 
 asan() {
   local dir=${ASAN_BUILD_DIR:-build-asan} programs=(common_tests security_tests tokenizer_tests model_tests)
@@ -97,7 +98,7 @@ tsan() {
   local dir=${TSAN_BUILD_DIR:-build-tsan}
   configure "$dir" "-fsanitize=thread" -DASYMPO_SANITIZER_TESTS=ON
   ci_leg "tsan build" cmake --build "$dir" -j "$jobs" -- daemon_tests nccl_tests \
-    asympo_fake_nccl sanitizer_learner_tests
+    asympo_fake_nccl sanitizer_queue_tests
   # Abseil's mutexes made visible to ThreadSanitizer (tests/sanitizers/tsan_absl_mutex.cc),
   # preloaded so that gRPC's and Abseil's own calls go through it too.
   c++ -std=c++17 -O1 -g1 -fPIC -shared -o "$dir/libtsan_absl_mutex.so" \

@@ -13,9 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
-#include "learner_server/data_parallel.h"
-#include "learner_server/learner_daemon.h"
-#include "learner_server/trainer.h"
+#include "learner_server/learner_options.h"
+#include "learner_server/parallel/data_parallel.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
 

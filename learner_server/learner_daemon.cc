@@ -1,56 +1,25 @@
 #include "learner_server/learner_daemon.h"
 
-#include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include <utility>
+
 #include "learner_server/learner_rank0.h"
 #include "learner_server/learner_worker.h"
 
 namespace asympo::learner {
 
-absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& o) {
-  if (o.prompts_per_step <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompts_per_step is ", o.prompts_per_step, "; it must be positive"));
-  }
-  if (o.queue.capacity_groups < o.prompts_per_step) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("queue capacity ", o.queue.capacity_groups, " is below prompts_per_step ",
-                     o.prompts_per_step, "; a step could never be filled"));
-  }
-  if (o.service.limits.max_groups_per_batch > o.queue.capacity_groups) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_groups_per_batch ", o.service.limits.max_groups_per_batch,
-                     " exceeds the queue capacity ", o.queue.capacity_groups,
-                     "; such a batch could never be queued"));
-  }
-  if (o.queue.batch_id_window < o.queue.capacity_groups) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch_id_window ", o.queue.batch_id_window, " is below the queue capacity ",
-        o.queue.capacity_groups, "; every batch with a queued group must be remembered"));
-  }
-  if (o.max_connections < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_connections is ", o.max_connections, "; it must be >= 0 (0: default)"));
-  }
-  if (o.max_policy_lag < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_policy_lag is ", o.max_policy_lag, "; it must be >= 0 (0: no bound)"));
-  }
-  if (o.broadcast_every < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
-  }
-  ASYMPO_RETURN_IF_ERROR(ValidateCollapseOptions(o.collapse));
-  ASYMPO_RETURN_IF_ERROR(ValidateQuarantineOptions(o.quarantine));
-  return ValidateTrainerOptions(o.trainer);
-}
-
 absl::StatusOr<std::unique_ptr<LearnerDaemon>> LearnerDaemon::Create(
     LearnerDaemonOptions options, prometheus::Registry& registry) {
+  std::unique_ptr<LearnerRole> role;
   if (options.data_parallel.world_size > 1 && options.data_parallel.rank != 0) {
-    return LearnerWorker::Create(std::move(options));
+    auto worker = LearnerWorker::Create(std::move(options));
+    if (!worker.ok()) return worker.status();
+    role = *std::move(worker);
+  } else {
+    auto rank0 = LearnerRank0::Create(std::move(options), registry);
+    if (!rank0.ok()) return rank0.status();
+    role = *std::move(rank0);
   }
-  return LearnerRank0::Create(std::move(options), registry);
+  return std::unique_ptr<LearnerDaemon>(new LearnerDaemon(std::move(role)));
 }
 
 }  // namespace asympo::learner

@@ -17,122 +17,18 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
-#include <string>
 
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
-#include "common/batch_validation.h"
-#include "common/model/policy_model.h"
-#include "common/security/authorizer.h"
-#include "common/security/tls.h"
-#include "learner_server/data_parallel.h"
-#include "learner_server/group_queue.h"
-#include "learner_server/learner_metrics.h"
-#include "learner_server/learner_service.h"
-#include "learner_server/source_quarantine.h"
-#include "learner_server/trainer.h"
-#include "learner_server/weight_group.h"
-#include "weight_broadcaster/broadcast_sender.h"
+#include "learner_server/learner_options.h"
+#include "learner_server/learner_role.h"
 
 namespace asympo::learner {
 
-struct LearnerDaemonOptions {
-  // gRPC address to serve the Learner service on ("host:port"; port 0
-  // picks a free one, see port()).
-  std::string listen_address = "127.0.0.1:50051";
-  // Transport security and who may call (docs/security.md). Beyond
-  // loopback the learner needs TLS and a way to authenticate its callers,
-  // unless `insecure`.
-  security::ServerTlsOptions tls;
-  security::AuthOptions auth;
-  bool insecure = false;
-  // The Learner service: batch limits (vocab_size is taken from the
-  // model), the queue-full wait and retry hint, the stream limits and
-  // timeout. Its authorizer, objective, version, model_signature,
-  // received_bytes, quarantine and policy_lag are filled in by the daemon.
-  LearnerServiceOptions service;
-  // "tiny" for the built-in model, or a Hugging Face model directory.
-  std::string model = "tiny";
-  int64_t tiny_vocab_size = 64;
-  // The learner's model: dtype float32 (master weights), compute_dtype
-  // (bfloat16 on a GPU), device.
-  ModelOptions model_options;
-  // The dtype of the weights rollouts sample with: broadcast snapshots and
-  // exported directories are in it (--dtype).
-  at::ScalarType publish_dtype = at::kFloat;
-  TrainerOptions trainer;
-  int64_t prompts_per_step = 8;
-  GroupQueueOptions queue;
-  // Connections to listen_address open at once (GrpcListenerOptions); 0:
-  // the soft RLIMIT_NOFILE less 128, at most 4,096.
-  int max_connections = 0;
-  // GrpcListenerOptions::max_connections_per_peer and
-  // unauthenticated_grace.
-  int max_connections_per_peer = 0;
-  absl::Duration connection_auth_grace = absl::Seconds(10);
-  // Checkpoints: every N steps (0: only at shutdown) into checkpoint_dir
-  // (empty: none); the newest valid one is restored at start.
-  std::string checkpoint_dir;
-  int64_t checkpoint_every = 50;
-  int keep_checkpoints = 3;
-  // When set, the policy is also written there as a Hugging Face directory
-  // with every checkpoint and at shutdown.
-  std::string export_dir;
-  CollapseOptions collapse;
-  // Weight broadcast (the WeightBroadcast service shares the gRPC port):
-  // every `broadcast_every` versions the weights are published to the
-  // rollout daemons; the current version is published at start.
-  int64_t broadcast_every = 1;
-  broadcast::BroadcastSenderOptions broadcast;
-  // The weight group that external engine workers join (WeightGroup on
-  // the gRPC port; off unless enabled). Its model_signature and authorizer
-  // are filled in at start.
-  bool weight_group_enabled = false;
-  WeightGroupOptions weight_group;
-  // When set, one CSV row per step (time, version, reward, loss, ...) is
-  // appended there.
-  std::string step_csv_path;
-  // Stop after this many steps of this run (0: run until Shutdown).
-  int64_t max_steps = 0;
-  // Stop with an error after this many skipped steps in a row (0: never): a
-  // learner whose every step fails (non-finite gradients that its
-  // checkpointed state reproduces) would otherwise take the generators'
-  // groups for ever without training on them.
-  int64_t max_consecutive_skipped_steps = 100;
-  // When a source's groups keep poisoning steps (SourceQuarantine).
-  QuarantineOptions quarantine;
-  // K: the most versions a group's policy version (the oldest
-  // Response.first_policy_version of its responses) may be behind the
-  // learner's, at admission and when a step takes it (PolicyLag; 0: no
-  // bound). Groups without a policy version are not bounded.
-  int64_t max_policy_lag = 0;
-  // The per-step INFO line: every step of the first 10, then at most one
-  // per this interval, and when a collapse suspicion begins (at most once an
-  // interval too; zero: every step). The step CSV and the metrics have
-  // every step.
-  absl::Duration log_every = absl::Seconds(10);
-  // Text stored in checkpoints (the flags the daemon was started with).
-  std::string config_text;
-  // Data parallelism (world_size 1: none). Rank 0 is the daemon described
-  // above; every other rank only trains the share of each step rank 0 sends
-  // it: no gRPC server, queue, checkpoints, CSV or export.
-  DataParallelOptions data_parallel;
-  // When set, called by the training loop after each step and each idle
-  // wait for data (rank 0), and after each message from rank 0 (the other
-  // ranks): the liveness heartbeat (learner_server/heartbeat.h).
-  std::function<void()> on_progress;
-};
-
-// Checks the options both roles share, so that a bad one stops every rank
-// at start; INVALID_ARGUMENT naming it.
-absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& options);
-
-// The daemon of one rank: LearnerRank0 (learner_rank0.h) or, on the other
-// ranks of a data-parallel job, LearnerWorker (learner_worker.h).
-class LearnerDaemon {
+// The daemon of one rank: rank 0's or a worker's role (learner_role.h).
+class LearnerDaemon final {
  public:
   // The daemon for options.data_parallel's rank: builds everything (rank 0
   // restores the newest checkpoint and starts the gRPC server); metrics go
@@ -140,20 +36,18 @@ class LearnerDaemon {
   // option or file.
   static absl::StatusOr<std::unique_ptr<LearnerDaemon>> Create(LearnerDaemonOptions options,
                                                                prometheus::Registry& registry);
-  virtual ~LearnerDaemon() = default;
 
-  // Trains until Shutdown(), max_steps or rank 0's stop; then rank 0
-  // checkpoints. Returns the number of steps this run trained.
-  virtual absl::StatusOr<int64_t> Run() = 0;
-  // Any thread; Run returns after the current step (a worker stops with
-  // rank 0, not on its own).
-  virtual void Shutdown() = 0;
-  // The bytes of every request taken in so far, on every method and
-  // whatever became of it (common/daemon/heap_release.h); 0 on a worker,
-  // which serves nothing. Any thread.
-  virtual int64_t received_bytes() const = 0;
-  // The policy version (the trainer's). Any thread.
-  virtual uint64_t version() const = 0;
+  // LearnerRole's contract: Run trains until Shutdown (any thread),
+  // max_steps or rank 0's stop and returns the steps it trained;
+  // received_bytes and version may be read from any thread.
+  absl::StatusOr<int64_t> Run() { return role_->Run(); }
+  void Shutdown() { role_->Shutdown(); }
+  int64_t received_bytes() const { return role_->received_bytes(); }
+  uint64_t version() const { return role_->version(); }
+
+ private:
+  explicit LearnerDaemon(std::unique_ptr<LearnerRole> role) : role_(std::move(role)) {}
+  std::unique_ptr<LearnerRole> role_;
 };
 
 }  // namespace asympo::learner

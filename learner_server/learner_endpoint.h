@@ -14,8 +14,8 @@
 #include "absl/time/time.h"
 #include "common/listener/grpc_listener.h"
 #include "common/security/authorizer.h"
-#include "learner_server/learner_daemon.h"
-#include "learner_server/learner_service.h"
+#include "learner_server/admission/learner_service.h"
+#include "learner_server/learner_options.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
 namespace asympo::learner {

@@ -123,6 +123,11 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
       step_seconds_(AddHistogram(r, "asympo_learner_step_duration_seconds",
                                  "Wall time of a training step.",
                                  {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})) {
+  RegisterBatchFamilies(r);
+}
+
+// The batch and source families: labelled by result and by source.
+void LearnerMetrics::RegisterBatchFamilies(prometheus::Registry& r) {
   auto& batches = prometheus::BuildCounter()
                       .Name("asympo_learner_batches_total")
                       .Help(

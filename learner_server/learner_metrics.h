@@ -27,12 +27,12 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "learner_server/group_queue.h"
-#include "learner_server/learner_service.h"
-#include "learner_server/policy_lag.h"
-#include "learner_server/skipped_steps.h"
-#include "learner_server/source_quarantine.h"
-#include "learner_server/trainer.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/admission/learner_service.h"
+#include "learner_server/admission/policy_lag.h"
+#include "learner_server/admission/source_quarantine.h"
+#include "learner_server/trainer/skipped_steps.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
 
@@ -101,6 +101,8 @@ class LearnerMetrics : public SubmitObserver {
   void OnCheckpointFailure() { checkpoint_failures_.Increment(); }
 
  private:
+  void RegisterBatchFamilies(prometheus::Registry& r);
+
   CollapseDetector collapse_;
   prometheus::Gauge &version_, &reward_mean_, &reward_std_, &reward_ema_, &reward_peak_, &loss_,
       &s_pos_, &s_neg_, &ratio_, &imbalance_, &clip_low_, &clip_high_, &grad_norm_, &lr_,

@@ -15,7 +15,7 @@
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
-#include "learner_server/checkpoint.h"
+#include "learner_server/trainer/checkpoint.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
@@ -41,21 +41,6 @@ absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) 
   std::remove(probe.c_str());
   if (!written || !closed) return fail("a file in it cannot be written");
   return absl::OkStatus();
-}
-
-// The refs of `all` that are not in `kept`, a subsequence of it in order.
-std::vector<GroupRef> NotIn(const std::vector<GroupRef>& all, const std::vector<GroupRef>& kept) {
-  std::vector<GroupRef> out;
-  size_t j = 0;
-  for (const GroupRef& r : all) {
-    if (j < kept.size() && kept[j].batch_id == r.batch_id && kept[j].batch_index == r.batch_index &&
-        kept[j].arrival_version == r.arrival_version) {
-      ++j;
-    } else {
-      out.push_back(r);
-    }
-  }
-  return out;
 }
 
 }  // namespace
@@ -151,6 +136,7 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   const LearnerDaemonOptions& o = options();
   queue_ = std::make_unique<GroupQueue>(o.queue);
   queue_->RestoreBatches(restored_batches_);
+  intake_ = std::make_unique<StepIntake>(queue_.get(), policy_lag_.get());
   restored_batches_.clear();
   LearnerServiceOptions so = o.service;
   so.authorizer = security_.authorizer.get();
@@ -243,31 +229,22 @@ absl::Status LearnerRank0::WriteGathered() {
 
 bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   // Only this thread moves the version: the next step trains from it.
-  const uint64_t version = core_->version();
-  policy_lag_->DropBehind(*queue_, version);
-  std::vector<QueuedGroup> groups =
-      queue_->Pop(options().prompts_per_step, absl::Now() + absl::Milliseconds(200));
-  const std::vector<GroupRef> popped = RefsOf(groups);
-  policy_lag_->DropPopped(&groups, version);  // queued as the version moved on
-  const std::vector<GroupRef> stepped = RefsOf(groups);
-  queue_->Resolve(NotIn(popped, stepped), /*trained=*/false);
+  TakenGroups taken = intake_->Take(options().prompts_per_step, core_->version(),
+                                    absl::Now() + absl::Milliseconds(200));
   if (stopping_.load()) {
-    *untrained += static_cast<int64_t>(groups.size());
+    *untrained += static_cast<int64_t>(taken.groups.size());
     return false;
   }
-  if (groups.empty()) {
+  if (taken.groups.empty()) {
     // The other ranks wait for every message within the timeout.
     if (core_->dp() != nullptr) {
       if (absl::Status s = core_->dp()->SendIdle(); !s.ok()) Fail(std::move(s));
     }
     return failure_.ok();
   }
-  const int64_t n = static_cast<int64_t>(groups.size());
-  std::vector<std::string> sources;
-  for (const QueuedGroup& g : groups) sources.push_back(g.source);
-  const std::vector<GroupLag> lags = LagsOf(groups, version);
-  StepOr<StepResult> step =
-      core_->dp() != nullptr ? StepAcrossRanks(groups) : core_->trainer().Step(std::move(groups));
+  const int64_t n = static_cast<int64_t>(taken.groups.size());
+  StepOr<StepResult> step = core_->dp() != nullptr ? StepAcrossRanks(taken.groups)
+                                                   : core_->trainer().Step(std::move(taken.groups));
   if (!step.ok()) {
     if (IsRankFailure(step.status())) {
       *untrained += n;
@@ -276,11 +253,11 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     }
     skipped_->Record(step.failure(), n);
     counters_.skipped_groups.fetch_add(static_cast<uint64_t>(n));
-    queue_->Resolve(stepped, /*trained=*/false);
+    intake_->Skipped(taken);
     if (step.reason() == SkipReason::kPoisonedGroups) {
       // One source's poison, not the learner's failure: it does not count
       // toward --max_consecutive_skipped_steps; the quarantine stops it.
-      DropPoisoned(sources, /*counted=*/true);
+      DropPoisoned(taken.sources, /*counted=*/true);
       return true;
     }
     return !TooManySkipped(step.status());
@@ -288,8 +265,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   skipped_in_a_row_ = 0;
   if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
   // As the staleness: a data-parallel step's `dropped` indexes rank 0's shard.
-  policy_lag_->ObserveTrained(lags, core_->dp() == nullptr ? step->dropped : std::vector<size_t>{});
-  queue_->Resolve(stepped, /*trained=*/true);
+  intake_->Trained(taken, core_->dp() == nullptr ? step->dropped : std::vector<size_t>{});
   ++*steps;
   return AfterStep(*steps, *step);
 }

@@ -16,22 +16,24 @@
 
 #include "absl/status/statusor.h"
 #include "common/log_throttle.h"
-#include "learner_server/group_queue.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/admission/learner_service.h"
+#include "learner_server/admission/policy_lag.h"
+#include "learner_server/admission/source_quarantine.h"
+#include "learner_server/admission/step_intake.h"
 #include "learner_server/learner_core.h"
-#include "learner_server/learner_daemon.h"
 #include "learner_server/learner_endpoint.h"
 #include "learner_server/learner_metrics.h"
-#include "learner_server/learner_service.h"
-#include "learner_server/policy_lag.h"
-#include "learner_server/skipped_steps.h"
+#include "learner_server/learner_options.h"
+#include "learner_server/learner_role.h"
 #include "learner_server/snapshot_publisher.h"
-#include "learner_server/source_quarantine.h"
 #include "learner_server/step_log.h"
+#include "learner_server/trainer/skipped_steps.h"
 #include "weight_broadcaster/broadcast_sender.h"
 
 namespace asympo::learner {
 
-class LearnerRank0 final : public LearnerDaemon {
+class LearnerRank0 final : public LearnerRole {
  public:
   // Builds everything, restores the newest checkpoint, publishes its
   // version and starts the gRPC server; metrics go to `registry`, which
@@ -100,6 +102,7 @@ class LearnerRank0 final : public LearnerDaemon {
   std::unique_ptr<PolicyLag> policy_lag_;
   LogThrottle poisoned_log_;
   std::unique_ptr<GroupQueue> queue_;
+  std::unique_ptr<StepIntake> intake_;  // over queue_ and policy_lag_
   LearnerCounters counters_;
   std::unique_ptr<StepLog> step_log_;
   // Serves the queue, the counters and the sender; destroyed first.

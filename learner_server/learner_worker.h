@@ -11,11 +11,12 @@
 #include "absl/status/statusor.h"
 #include "common/log_throttle.h"
 #include "learner_server/learner_core.h"
-#include "learner_server/learner_daemon.h"
+#include "learner_server/learner_options.h"
+#include "learner_server/learner_role.h"
 
 namespace asympo::learner {
 
-class LearnerWorker final : public LearnerDaemon {
+class LearnerWorker final : public LearnerRole {
  public:
   // Joins the other ranks, builds the model and the trainer, and takes
   // rank 0's weights, moments and version. Errors name the bad option.

@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "glog/logging.h"
-#include "learner_server/memory_plan_report.h"
+#include "learner_server/plan/memory_plan_report.h"
 
 namespace asympo::learner {
 namespace {

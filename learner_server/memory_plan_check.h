@@ -13,8 +13,8 @@
 #include <c10/core/Device.h>
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "learner_server/learner_daemon.h"
-#include "learner_server/memory_plan.h"
+#include "learner_server/learner_options.h"
+#include "learner_server/plan/memory_plan.h"
 
 namespace asympo::learner {
 

@@ -27,7 +27,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "learner_server/trainer.h"
+#include "learner_server/trainer/trainer.h"
 #include "weight_broadcaster/broadcast_sender.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 

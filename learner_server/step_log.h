@@ -16,8 +16,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "learner_server/group_queue.h"
-#include "learner_server/trainer.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
 

@@ -20,7 +20,7 @@
 #include "common/model/torch_errors.h"
 #include "common/status_macros.h"
 #include "rollout_server/evaluation.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/tasks/tasks.h"
 
 ABSL_FLAG(std::string, model, "",
           "\"tiny\" or a Hugging Face model directory (e.g. the learner's --export_dir); empty: "

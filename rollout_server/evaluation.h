@@ -19,8 +19,8 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
-#include "rollout_server/generation.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/engine/generation.h"
+#include "rollout_server/tasks/tasks.h"
 
 namespace asympo::rollout {
 

@@ -1,6 +1,6 @@
 // The rollout daemon: samples groups of responses with the newest policy
 // snapshot, scores them with a task's verifier and sends them to the
-// learner (DESIGN.md section 2). rollout_server/main.cc turns flags into
+// learner (docs/architecture.md). rollout_server/main.cc turns flags into
 // RolloutDaemonOptions and owns the metrics registry and endpoint.
 //
 // Threads:
@@ -33,12 +33,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/model/policy_model.h"
-#include "rollout_server/continuous_engine.h"
-#include "rollout_server/double_buffered_policy.h"
-#include "rollout_server/generation.h"
+#include "rollout_server/engine/continuous_engine.h"
+#include "rollout_server/engine/double_buffered_policy.h"
+#include "rollout_server/engine/generation.h"
 #include "rollout_server/rollout_metrics.h"
 #include "rollout_server/submit_client.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/tasks/tasks.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 
 namespace asympo::rollout {

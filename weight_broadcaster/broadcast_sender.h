@@ -1,5 +1,5 @@
 // The sender side of the weight broadcaster: the WeightBroadcast gRPC
-// service that lives in the learner (DESIGN.md section 5).
+// service that lives in the learner (docs/protocol.md, "Weight broadcast").
 //
 // The sender owns the snapshot's bucket layout: Plan() makes it once
 // (SnapshotPlan, snapshot_plan.h), and the learner's staging writes its host

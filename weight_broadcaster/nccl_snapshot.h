@@ -1,4 +1,4 @@
-// The receiving end of the NCCL transport (DESIGN.md section 5): the bucket
+// The receiving end of the NCCL transport (docs/protocol.md, "Weight broadcast"): the bucket
 // broadcasts a non-root rank takes part in after each announcement, with
 // the same checks as a gRPC fetch, and the SnapshotTransport that wraps
 // them for the WeightReceiver. Thread-compatible (as

@@ -1,5 +1,5 @@
 // Snapshot manifests: how a policy snapshot's tensors are packed into large
-// buckets for transfer (DESIGN.md section 5).
+// buckets for transfer (docs/protocol.md, "Weight broadcast").
 //
 // The sender plans the layout once per model (PlanSnapshot), fills the
 // buckets, and stamps each bucket's CRC-32C; the receiver checks the manifest

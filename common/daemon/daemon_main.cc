@@ -38,6 +38,7 @@ absl::Status DaemonMain::Start(int argc, char** argv) {
   runtime_ = *std::move(runtime);
   SetProgramUsage(usage_, main_file_);
   AddProgramFlagFile("common/daemon/daemon_main.cc");
+  for (const std::string& file : flag_files_) AddProgramFlagFile(file);
   if (absl::Status s = ParseFlagsAndStartLogging(argc, argv); !s.ok()) return s;
   LOG(INFO) << "starting " << VersionString(argv[0]);
   return absl::OkStatus();

@@ -46,6 +46,10 @@ class DaemonMain {
   // SetProgramUsage takes them (common/flag_usage.h).
   DaemonMain(std::string program, std::string usage, std::string main_file);
 
+  // A further source file of the program's own flags (AddProgramFlagFile:
+  // --help lists them, their ranges are checked). Before Start.
+  void AddFlagFile(std::string file) { flag_files_.push_back(std::move(file)); }
+
   // First in main: keeps freed memory for reuse (RetainFreedMemory),
   // installs the stop signals before any thread starts, parses the flags
   // (--help and --version print and exit 0 here), starts logging and logs
@@ -76,6 +80,7 @@ class DaemonMain {
 
  private:
   const std::string program_, usage_, main_file_;
+  std::vector<std::string> flag_files_;
   std::unique_ptr<DaemonRuntime> runtime_;
 };
 

@@ -1,5 +1,5 @@
 // The files of one learner checkpoint directory, ckpt-<version, 12 digits>/
-// (learner_server/checkpoint.h writes them atomically):
+// (learner_server/trainer/checkpoint.h writes them atomically):
 //  - state.safetensors: the policy's parameters under their own names, the
 //    optimizer's tensors under "__optimizer__.<name>", the CPU generator's
 //    state as "__rng_state__";

@@ -17,7 +17,7 @@
 namespace asympo {
 
 // One accepted batch a checkpoint remembers, for exactly-once delivery
-// across restarts (learner_server/batch_ledger.h).
+// across restarts (learner_server/admission/batch_ledger.h).
 struct CheckpointBatch {
   std::string id;
   std::string digest;  // SHA-256 of its groups, raw bytes; empty: unknown

@@ -67,7 +67,7 @@ struct SharedPrefixCache {
 KvCache PromptRow(const SharedPrefixCache& cache, int64_t row);
 
 // Where the decoder layers' weights live when they are sharded across
-// data-parallel ranks (learner_server/full_shard.h). The model gathers a
+// data-parallel ranks (learner_server/optim/full_shard.h). The model gathers a
 // layer's weights before running it and releases them after (in the
 // forward, and again in the backward, which recomputes the layer), and
 // hands the layer's gradients over instead of accumulating them in .grad.
@@ -87,6 +87,10 @@ class LayerResidency {
 absl::StatusOr<int64_t> ParseActivationCheckpointing(absl::string_view text);
 // The flag's spelling of checkpoint_every (the inverse of the above).
 std::string ActivationCheckpointingName(int64_t checkpoint_every);
+
+// RMSNorm of x's last dimension, computed in float32 as Hugging Face does,
+// then cast back to x's dtype.
+at::Tensor RmsNorm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
 // The additive attention bias (B, 1, T, K) in `dtype` (0 where `allowed`
 // (B, T, K, bool) holds, -inf elsewhere) that scaled_dot_product_attention

@@ -10,8 +10,8 @@
 
 #include "common/model/model_config.h"
 #include "common/model/model_io.h"
-#include "rollout_server/addition_task.h"
-#include "rollout_server/generation.h"
+#include "rollout_server/engine/generation.h"
+#include "rollout_server/tasks/addition_task.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 

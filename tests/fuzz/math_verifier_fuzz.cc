@@ -1,4 +1,4 @@
-// libFuzzer target: the math answer verifier (rollout_server/math_verifier.h),
+// libFuzzer target: the math answer verifier (rollout_server/tasks/math_verifier.h),
 // which reads model output, on a response and a reference answer cut from
 // the input at its first NUL byte (the whole input is the response when
 // there is none). Beyond not crashing: the reward is 0 or 1, it is 1 exactly
@@ -10,7 +10,7 @@
 #include <string>
 #include <string_view>
 
-#include "rollout_server/math_verifier.h"
+#include "rollout_server/tasks/math_verifier.h"
 #include "tests/fuzz/fuzz_check.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -15,8 +15,8 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/daemon/metrics_endpoint.h"
-#include "learner_server/checkpoint.h"
 #include "learner_server/learner_rank0.h"
+#include "learner_server/trainer/checkpoint.h"
 #include "tests/testing/http.h"
 #include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"

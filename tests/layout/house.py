@@ -17,9 +17,13 @@ Rules checked:
 - tests mirror the tree: every folder under tests/ is a room's mirror or one
   of the test-only folders, and tests include only rooms and tests/testing;
 - no function in the source rooms or bench/ reaches MAX_FUNCTION_LINES
-  lines (split it where it has parts);
+  lines, counted from its signature through a constructor's initializer
+  list (split it where it has parts); the same for the Python under
+  deploy/, bench/ and proto/python;
+- no source file of a room is over MAX_FILE_LINES lines (split it by job);
 - docs/architecture.md shows the current drawing.
 """
+import ast
 import os
 import re
 import sys
@@ -35,17 +39,30 @@ ROOMS = [
     ("common/model", "asympo_model", 2),
     ("common/daemon", "asympo_daemon", 2),
     ("common/security", "asympo_security", 2),
+    ("common/collective", "asympo_collective", 2),
     ("weight_broadcaster/nccl", "asympo_nccl", 2),
     ("weight_broadcaster", "asympo_broadcast", 3),
     ("weight_broadcaster/model_weights", "asympo_weights", 4),
-    ("learner_server", "asympo_learner", 5),
-    ("rollout_server", "asympo_rollout", 5),
+    ("learner_server/loss", "asympo_loss", 5),
+    ("learner_server/optim", "asympo_optim", 5),
+    ("learner_server/admission", "asympo_admission", 5),
+    ("rollout_server/engine", "asympo_engine", 5),
+    ("rollout_server/tasks", "asympo_tasks", 5),
+    ("rollout_server/submit", "asympo_submit", 5),
+    ("learner_server/trainer", "asympo_trainer", 6),
+    ("learner_server/plan", "asympo_plan", 6),
+    ("rollout_server", "asympo_rollout", 6),
+    ("learner_server/parallel", "asympo_parallel", 7),
+    ("learner_server", "asympo_learner", 8),
 ]
 SOURCE_ROOTS = ["common", "learner_server", "rollout_server", "weight_broadcaster"]
 TEST_ONLY = ["tests/testing", "tests/integration", "tests/layout", "tests/reference", "tests/bench", "tests/deploy",
              "tests/common/tokenizer/reference", "tests/fuzz", "tests/sanitizers"]
 BEGIN, END = "<!-- house:begin -->", "<!-- house:end -->"
 MAX_FUNCTION_LINES = 80
+MAX_FILE_LINES = 550
+# The Python held to the same function rule (tests/ are not).
+PYTHON_ROOTS = ["deploy", "bench", "proto/python"]
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
 
@@ -186,9 +203,13 @@ def check_tests(root):
                 continue
             path = os.path.join(rel, f)
             for inc in includes(root, path):
-                # Shared helpers live in tests/testing/; a folder's own
-                # helpers serve it and the folders below it.
-                if inc.startswith("tests/") and not inc.startswith(("tests/testing/", rel + "/")):
+                # Shared helpers live in tests/testing/; otherwise a helper
+                # serves the tests of its own branch: its folder, the
+                # folders below it and those above it.
+                helper_dir = os.path.dirname(inc)
+                if inc.startswith("tests/") and not inc.startswith("tests/testing/") and \
+                        not (rel == helper_dir or rel.startswith(helper_dir + "/") or
+                             helper_dir.startswith(rel + "/")):
                     errors.append('%s includes "%s" from another test folder' % (path, inc))
     return errors
 
@@ -229,31 +250,74 @@ def strip_code(text):
 def long_functions(root, path):
     """(first line, length, signature) of each outermost function body of
     MAX_FUNCTION_LINES lines or more. A function is a brace block opened
-    after a parameter list (not after if/for/while/switch/catch nor a lambda)."""
+    after a parameter list (not after if/for/while/switch/catch nor a lambda),
+    or after a constructor's initializer list. Braces inside parentheses and
+    a member's brace initializer (`: a_{1}, b_(2) {`) open no block: the
+    function's body is the brace after them."""
     text = strip_code(open(os.path.join(root, path), encoding="utf-8").read())
-    stack, found, line, last = [], [], 1, 0
+    stack, found, line, last, parens = [], [], 1, 0, 0
+    ctor_list = re.compile(r"\)\s*(noexcept\s*)?:(?!:)")
     for i, ch in enumerate(text):
         if ch == "\n":
             line += 1
+        elif ch == "(":
+            parens += 1
+        elif ch == ")":
+            parens = max(0, parens - 1)
         elif ch == "{":
             head = re.sub(r"\s+", " ", text[last:i]).strip()
+            if parens or (ctor_list.search(head) and re.search(r"[\w>]$", head)):
+                stack.append((line, "init", head))
+                continue
             is_function = (re.search(r"\)\s*(const)?\s*(override|final)?\s*(noexcept)?$", head) or
-                           re.search(r"\)\s*:\s*[\w:]+\(.*$", head)) and \
+                           (ctor_list.search(head) and re.search(r"[)}]$", head))) and \
                 not re.match(r"^(if|for|while|switch|catch|else if)\b", head) and \
                 not re.search(r"\[[^\]]*\]\s*\(", head)
-            stack.append((line, bool(is_function), head))
+            # A function's lines count from its signature, not its brace.
+            # (blank and preprocessor lines before it are not its own).
+            lead = text[last:i].split("\n")
+            skip = next((k for k, l in enumerate(lead) if l.strip() and not l.lstrip().startswith("#")), 0)
+            first = line - (len(lead) - 1) + skip
+            stack.append((first if is_function else line, bool(is_function), head))
             last = i + 1
         elif ch == "}":
             if stack:
                 start, is_function, head = stack.pop()
-                if is_function and not any(f for _, f, _ in stack):
+                if is_function == "init":
+                    continue
+                if is_function and not any(f is True for _, f, _ in stack):
                     length = line - start + 1
                     if length >= MAX_FUNCTION_LINES:
-                        found.append((start, length, head[-70:]))
+                        signature = ctor_list.split(head)[0] if ctor_list.search(head) else head
+                        found.append((start, length, signature[-70:]))
             last = i + 1
-        elif ch == ";":
+        elif ch == ";" and not parens:
             last = i + 1
     return found
+
+
+def long_python_functions(root, path):
+    """(first line, length, name) of each Python function (methods and nested
+    functions too) of MAX_FUNCTION_LINES lines or more, from its `def` line
+    (decorators not counted) to its last line."""
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        tree = ast.parse(f.read(), filename=path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length >= MAX_FUNCTION_LINES:
+                found.append((node.lineno, length, node.name))
+    return sorted(found)
+
+
+def python_sources(root, top):
+    for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
+        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__", "build")
+                       and not d.endswith(".egg-info")]
+        for f in sorted(filenames):
+            if f.endswith(".py") and not f.endswith(("_pb2.py", "_pb2_grpc.py")):
+                yield os.path.relpath(os.path.join(dirpath, f), root)
 
 
 def check_function_lengths(root):
@@ -263,6 +327,24 @@ def check_function_lengths(root):
             for start, length, head in long_functions(root, path):
                 errors.append("%s:%d: a function of %d lines (%s); split it where it has parts"
                               % (path, start, length, head))
+    for top in PYTHON_ROOTS:
+        for path in python_sources(root, top):
+            for start, length, name in long_python_functions(root, path):
+                errors.append("%s:%d: a function of %d lines (%s); split it where it has parts"
+                              % (path, start, length, name))
+    return errors
+
+
+def check_file_lengths(root):
+    """No source file of a room over MAX_FILE_LINES lines: a file that grows
+    past it holds more than one job."""
+    errors = []
+    for top in SOURCE_ROOTS:
+        for path in sources(root, top):
+            with open(os.path.join(root, path), encoding="utf-8") as f:
+                n = sum(1 for _ in f)
+            if n > MAX_FILE_LINES:
+                errors.append("%s: %d lines, over %d; split it by job" % (path, n, MAX_FILE_LINES))
     return errors
 
 
@@ -300,6 +382,7 @@ def main():
     errors += check_cmake(root, edges)
     errors += check_tests(root)
     errors += check_function_lengths(root)
+    errors += check_file_lengths(root)
     doc = open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8").read()
     m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), doc, re.S)
     if m is None or m.group(0) != drawing(root, edges):
@@ -309,8 +392,8 @@ def main():
         print("FAIL:", e)
     if not errors:
         print("ok: %d rooms, %d arrows, all downward; one library per room; tests mirror the "
-              "tree; no function of %d lines or more" %
-              (len(ROOMS), sum(len(v) for v in edges.values()), MAX_FUNCTION_LINES))
+              "tree; no function of %d lines or more (C++ and Python); no source file over %d lines" %
+              (len(ROOMS), sum(len(v) for v in edges.values()), MAX_FUNCTION_LINES, MAX_FILE_LINES))
     return 1 if errors else 0
 
 

@@ -6,8 +6,8 @@
 #include <torch/types.h>
 
 #include "learner_server/learner_metrics.h"
-#include "tests/learner_server/trainer_test_util.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_test_util.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {

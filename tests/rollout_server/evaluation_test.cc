@@ -17,7 +17,7 @@
 #include "common/model/checkpoint_files.h"
 #include "common/model/model_config.h"
 #include "common/model/safetensors.h"
-#include "rollout_server/tasks.h"
+#include "rollout_server/tasks/tasks.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/tiny_policy.h"

@@ -10,7 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 
-#include "learner_server/trainer.h"
+#include "learner_server/trainer/trainer.h"
 
 namespace asympo::testing {
 

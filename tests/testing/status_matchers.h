@@ -9,7 +9,7 @@
 // contains `substring` (any message when it is empty). They also match a
 // grpc::Status (anything with error_code() and error_message()), and the code
 // may be given as a grpc::StatusCode: the two enums number the canonical codes
-// alike.
+// alike, and anything else with a status() member.
 #pragma once
 
 #include <ostream>
@@ -32,6 +32,11 @@ inline const absl::Status& GetStatus(const absl::Status& status) { return status
 template <typename T>
 const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
   return status_or.status();
+}
+// Anything else with a status() (an AdmissionResult, say).
+template <typename T>
+auto GetStatus(const T& value) -> decltype(static_cast<const absl::Status&>(value.status())) {
+  return value.status();
 }
 // A grpc::Status, without including gRPC here.
 template <typename GrpcStatus>

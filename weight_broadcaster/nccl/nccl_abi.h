@@ -1,6 +1,6 @@
 // The slice of the NCCL 2.x and CUDA runtime C ABI that the NCCL transport
 // calls, declared here so that nothing in the project needs nccl.h or the
-// CUDA headers to build (DESIGN.md section 8). The values are the ones NCCL
+// CUDA headers to build (docs/architecture.md, "NCCL transport"). The values are the ones NCCL
 // and CUDA document and keep stable across releases; handles are opaque
 // pointers, enums are C ints.
 //

@@ -1,4 +1,4 @@
-// Run-time binding to NCCL and the CUDA runtime (DESIGN.md section 8).
+// Run-time binding to NCCL and the CUDA runtime (docs/architecture.md, "NCCL transport").
 //
 // Nothing in the project links libnccl or libcudart: LoadNccl() opens them
 // with dlopen when the NCCL transport is first asked for, so every binary

@@ -1,4 +1,4 @@
-// The NCCL transport of the weight broadcaster (DESIGN.md section 5): moves
+// The NCCL transport of the weight broadcaster (docs/protocol.md, "Weight broadcast"): moves
 // snapshot buckets, which live in host memory, from the learner (rank 0) to
 // every rollout daemon over one NCCL communicator.
 //
@@ -149,8 +149,7 @@ class NcclBroadcaster {
   absl::Status Handshake();
   absl::Status AllocateSlots(uint64_t piece_bytes, bool readback);
   absl::Status Run(const void* src, void* dst, size_t n, absl::string_view what,
-                   bool src_on_device = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+                   bool src_on_device = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Run's parts: the pieces of one operation, enqueueing piece i, copying a
   // broadcast piece out, and a watched wait for a CUDA event.
   struct Pipeline;

@@ -330,11 +330,18 @@ int HighestOpenDescriptor() {
 void ExhaustAndConnect(int port, int connections, std::vector<int>* hog) {
   for (int fd; (fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC)) >= 0;) hog->push_back(fd);
   if (errno != EMFILE || hog->size() < static_cast<size_t>(connections)) Fail("fill descriptors");
+  // One descriptor freed for each client; a thread of gRPC's may take a
+  // freed one first (the process is out of them), so free another then.
   std::vector<int> clients;
   for (int i = 0; i < connections; ++i) {
-    ::close(hog->back());
-    hog->pop_back();
-    clients.push_back(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int fd = -1;
+    while (fd < 0 && !hog->empty()) {
+      ::close(hog->back());
+      hog->pop_back();
+      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd < 0 && errno != EMFILE) Fail("socket while out of descriptors");
+    }
+    clients.push_back(fd);
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -342,7 +349,8 @@ void ExhaustAndConnect(int port, int connections, std::vector<int>* hog) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   for (const int fd : clients) {
     if (fd < 0 || ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
-      Fail("connect while out of descriptors");
+      Fail(std::string(fd < 0 ? "no socket" : "connect") + " while out of descriptors: " +
+           std::strerror(errno));
     }
   }
   for (const int fd : clients) {

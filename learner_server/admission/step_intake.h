@@ -1,0 +1,57 @@
+// What a training step takes from admission and what it gives back, so
+// that the learner's loop reads: take, step, commit.
+//
+// Take drops the queued groups that fell behind the policy-lag bound while
+// they waited, pops the step's groups, drops those of them behind the bound
+// (queued between the check at admission and a version change), resolves
+// the dropped ones as untrained in the ledger, and notes each taken group's
+// source and lag. Trained and Skipped resolve the taken groups in the
+// ledger (the exactly-once record a checkpoint keeps) and, for a trained
+// step, put the lags in the policy-lag figures. A step the learner never
+// ran (it stopped first) is neither: its groups stay unresolved, so a
+// restart from the checkpoint accepts their batches again.
+//
+// Not thread-safe: the trainer thread's (the queue and the policy lag it
+// wraps are thread-safe, and admission keeps using them).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "learner_server/admission/group_queue.h"
+#include "learner_server/admission/policy_lag.h"
+
+namespace asympo::learner {
+
+// The groups of one step and what the commit needs once they are moved
+// into the trainer.
+struct TakenGroups {
+  std::vector<QueuedGroup> groups;  // in arrival order; the step takes them
+  std::vector<GroupRef> refs;       // the same groups, for the ledger
+  std::vector<GroupLag> lags;       // each group's source and lag at `version`
+  std::vector<std::string> sources;
+  uint64_t version = 0;  // the step's training version
+};
+
+class StepIntake {
+ public:
+  // `queue` and `lag` outlive the intake.
+  StepIntake(GroupQueue* queue, PolicyLag* lag) : queue_(queue), lag_(lag) {}
+
+  // The groups of the step that trains at `version`: up to `count`, waiting
+  // for them until `deadline` (fewer, or none, when it passes).
+  TakenGroups Take(int64_t count, uint64_t version, absl::Time deadline);
+  // The step trained the taken groups but those at the indices `dropped`
+  // (sorted; the groups it dropped as poisoned, left out of the lags).
+  void Trained(const TakenGroups& taken, const std::vector<size_t>& dropped);
+  // The step was skipped: the taken groups left untrained.
+  void Skipped(const TakenGroups& taken);
+
+ private:
+  GroupQueue* queue_;
+  PolicyLag* lag_;
+};
+
+}  // namespace asympo::learner

@@ -1,0 +1,27 @@
+#include "learner_server/optim/dist_shard.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace asympo::learner {
+
+absl::string_view DistShardName(DistShard shard) {
+  switch (shard) {
+    case DistShard::kOptimizer:
+      return "optimizer";
+    case DistShard::kFull:
+      return "full";
+    case DistShard::kNone:
+      break;
+  }
+  return "none";
+}
+
+absl::StatusOr<DistShard> ParseDistShard(absl::string_view text) {
+  for (const DistShard s : {DistShard::kNone, DistShard::kOptimizer, DistShard::kFull}) {
+    if (text == DistShardName(s)) return s;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", text, "\" is not a sharding mode; expected none, optimizer or full"));
+}
+
+}  // namespace asympo::learner

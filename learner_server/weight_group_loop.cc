@@ -1,0 +1,266 @@
+// The weight group's thread (weight_group.h): forms generations, connects
+// the process groups, broadcasts versions.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include <glog/logging.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "learner_server/weight_group_state.h"
+
+namespace asympo::learner {
+namespace {
+
+std::string NewToken() {
+  absl::BitGen gen;
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
+}  // namespace
+
+void WeightGroup::State::Loop() {
+  while (true) {
+    enum { kStop, kForm, kBroadcast } next;
+    {
+      absl::MutexLock lock(&mu);
+      while (true) {
+        if (shut_down) {
+          next = kStop;
+          break;
+        }
+        const absl::Time now = absl::Now();
+        // Members gone quiet, or not asking while another waits for the latest.
+        if (phase == Phase::kActive) {
+          absl::Time first_ask = absl::InfiniteFuture();
+          for (const Member& m : members) {
+            if (m.asking && !m.told && Lacks(m)) first_ask = std::min(first_ask, m.asked_since);
+          }
+          for (const Member& m : members) {
+            const bool quiet = m.calls == 0 && now - m.last_seen > options.ready_timeout;
+            const bool late = !(m.asking && !m.told) && now - first_ask > options.ready_timeout;
+            if (quiet || late) {
+              LOG(WARNING) << "weight group: " << m.worker_id << " (rank " << m.rank << ") "
+                           << (quiet ? "made no call" : "did not ask for the next version")
+                           << " for " << absl::FormatDuration(options.ready_timeout)
+                           << "; generation " << generation << " ends without it";
+              Fail("ready_timeout");
+              RegroupLocked("a member timed out");
+              break;
+            }
+          }
+        }
+        const bool boundary = phase == Phase::kNone || phase == Phase::kActive;
+        if (boundary && (regroup || (!joiners.empty() && phase != Phase::kForming))) {
+          // Joiners waiting, a member gone, or a failure: form anew (a
+          // joiner left over from the last formation only if it is new).
+          bool any_new = regroup;
+          for (const auto& [id, j] : joiners) any_new = any_new || !j->formed;
+          if (any_new) {
+            next = kForm;
+            break;
+          }
+        }
+        if (phase == Phase::kActive && latest != nullptr && !members.empty()) {
+          bool all_asking = true, any_lacks = false;
+          for (const Member& m : members) {
+            all_asking = all_asking && m.asking && !m.told;
+            any_lacks = any_lacks || Lacks(m);
+          }
+          if (all_asking && any_lacks) {
+            next = kBroadcast;
+            break;
+          }
+        }
+        cv.WaitWithTimeout(&mu, absl::Milliseconds(200));
+      }
+    }
+    if (next == kStop) break;
+    if (next == kForm) Form();
+    if (next == kBroadcast) Broadcast();
+  }
+  absl::MutexLock lock(&mu);
+  TellAllLocked(v1::GroupNextResponse::ACTION_REJOIN);
+  phase = Phase::kNone;
+  pg.reset();
+  store.reset();
+  cv.SignalAll();
+}
+
+std::vector<std::shared_ptr<WeightGroup::State::Joiner>> WeightGroup::State::EndAndGatherLocked() {
+  // The old generation ends: its members are told to join again.
+  std::vector<std::string> expected;
+  for (const Member& m : members) expected.push_back(m.worker_id);
+  if (!members.empty()) {
+    LOG(INFO) << "weight group: generation " << generation << " ends ("
+              << (regroup ? regroup_reason : std::string("workers joining")) << ")";
+  }
+  TellAllLocked(v1::GroupNextResponse::ACTION_REJOIN);
+  members.clear();
+  pg.reset();
+  store.reset();
+  regroup = false;
+  phase = Phase::kForming;
+  ++generation;
+  generation_gauge->Set(static_cast<double>(generation));
+  members_gauge->Set(0);
+  // Gather Joins for the join window: workers started together form one
+  // generation. After a generation with members, as soon as all of them
+  // are back (a restart, a new worker beside them).
+  const absl::Time deadline = absl::Now() + options.join_window;
+  while (!shut_down && absl::Now() < deadline) {
+    bool all_back = !expected.empty();
+    for (const std::string& id : expected) all_back = all_back && joiners.contains(id);
+    if (all_back) break;
+    cv.WaitWithDeadline(&mu, deadline);
+  }
+  std::vector<std::shared_ptr<Joiner>> joined;
+  if (shut_down) return joined;
+  for (const auto& [id, j] : joiners) joined.push_back(j);
+  std::sort(joined.begin(), joined.end(),
+            [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  if (static_cast<int>(joined.size()) > options.max_members) {
+    joined.resize(static_cast<size_t>(options.max_members));
+  }
+  return joined;
+}
+
+void WeightGroup::State::AssignLocked(const std::vector<std::shared_ptr<Joiner>>& joined) {
+  const int world = static_cast<int>(joined.size()) + 1;
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < joined.size(); ++i) {
+    Joiner& j = *joined[i];
+    j.formed = true;
+    j.generation = generation;
+    j.rank = static_cast<int>(i) + 1;
+    j.world_size = world;
+    j.token = NewToken();
+    Member m;
+    m.worker_id = j.worker_id;
+    m.token = j.token;
+    m.rank = j.rank;
+    m.last_seen = now;
+    members.push_back(std::move(m));
+    joiners.erase(j.worker_id);
+  }
+  phase = Phase::kConnecting;
+  cv.SignalAll();  // the Joins return
+}
+
+void WeightGroup::State::Form() {
+  c10::intrusive_ptr<c10d::Store> new_store;
+  uint64_t gen = 0;
+  int world = 0;
+  {
+    absl::MutexLock lock(&mu);
+    const std::vector<std::shared_ptr<Joiner>> joined = EndAndGatherLocked();
+    if (shut_down) return;
+    if (joined.empty()) {
+      phase = Phase::kNone;
+      return;
+    }
+    gen = generation;
+    world = static_cast<int>(joined.size()) + 1;
+    new_store = c10::make_intrusive<c10d::HashStore>();
+    store = new_store;
+    AssignLocked(joined);
+  }
+  // Rank 0's process group, while the members build theirs.
+  c10::intrusive_ptr<collective::CollectiveGroup> new_pg;
+  std::string error;
+  try {
+    new_pg = options.backend == "nccl"
+                 ? collective::NewNcclGroup(new_store, 0, world, Millis(options.timeout))
+                 : collective::NewGlooGroup(new_store, 0, world, Millis(options.timeout),
+                                            options.address);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  absl::MutexLock lock(&mu);
+  if (gen != generation || shut_down) return;
+  if (new_pg == nullptr) {
+    LOG(WARNING) << "weight group: generation " << gen << " (" << world
+                 << " ranks) did not connect: " << error.substr(0, error.find('\n'));
+    Fail("rendezvous");
+    phase = Phase::kActive;  // a boundary: the loop forms the next one
+    RegroupLocked("the rendezvous failed");
+    return;
+  }
+  pg = new_pg;
+  phase = Phase::kActive;
+  members_gauge->Set(static_cast<double>(members.size()));
+  std::string ids;
+  for (const Member& m : members) absl::StrAppend(&ids, ids.empty() ? "" : ", ", m.worker_id);
+  LOG(INFO) << "weight group: generation " << gen << " connected, " << world << " ranks (learner + "
+            << ids << ")";
+  cv.SignalAll();
+}
+
+void WeightGroup::State::Broadcast() {
+  std::shared_ptr<const v1::SnapshotManifest> manifest;
+  broadcast::HostBuckets host;
+  c10::intrusive_ptr<collective::CollectiveGroup> group;
+  uint64_t gen = 0;
+  {
+    absl::MutexLock lock(&mu);
+    manifest = latest;
+    host = latest_host;
+    group = pg;
+    gen = generation;
+    phase = Phase::kBroadcasting;
+    // Each member's Next takes the manifest from here: a small bucket's
+    // broadcast may end on rank 0 before a member's call has returned.
+    TellAllLocked(v1::GroupNextResponse::ACTION_RECEIVE, manifest);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string error;
+  try {
+    const bool nccl = options.backend == "nccl";
+    for (const v1::BucketInfo& b : manifest->buckets()) {
+      const int64_t size = static_cast<int64_t>(b.size_bytes());
+      if (size == 0) continue;  // every rank skips an empty bucket
+      char* data = host.data + host.plan->bucket_start(static_cast<int>(b.index()));
+      at::Tensor t = at::from_blob(data, {size}, at::TensorOptions().dtype(at::kByte));
+      if (nccl) {
+        const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(options.nccl_device));
+        if (!device_buffer.defined() || device_buffer.numel() < size) {
+          device_buffer = at::empty({size}, at::TensorOptions().dtype(at::kByte).device(dev));
+        }
+        at::Tensor d = device_buffer.narrow(0, 0, size);
+        d.copy_(t);
+        t = d;
+      }
+      std::vector<at::Tensor> tensors{t};
+      c10d::BroadcastOptions bo;
+      bo.rootRank = 0;
+      bo.timeout = Millis(options.timeout);
+      group->broadcast(tensors, bo)->wait(Millis(options.timeout));
+    }
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  absl::MutexLock lock(&mu);
+  if (gen != generation) return;
+  phase = Phase::kActive;
+  if (!error.empty()) {
+    LOG(WARNING) << "weight group: broadcast of version " << manifest->version()
+                 << " in generation " << gen << " failed: " << error.substr(0, error.find('\n'));
+    Fail("broadcast");
+    RegroupLocked("a broadcast failed");
+    return;
+  }
+  // Every member took part: a long broadcast is not silence.
+  const absl::Time now = absl::Now();
+  for (Member& m : members) m.last_seen = now;
+  ++versions_sent;
+  versions_total->Increment();
+  VLOG(1) << "weight group: version " << manifest->version() << " to " << members.size()
+          << " members in "
+          << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
+  cv.SignalAll();
+}
+
+}  // namespace asympo::learner

@@ -1,0 +1,234 @@
+#include "learner_server/trainer/checkpoint.h"
+
+#include <cstdint>
+#include <fstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+#include <nlohmann/json.hpp>
+
+#include "learner_server/trainer/trainer.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/tiny_policy.h"
+
+namespace asympo::learner {
+namespace {
+
+using ::asympo::testing::StatusIs;
+
+std::unique_ptr<PolicyModel> Tiny(uint64_t seed) { return ::asympo::testing::TinyPolicy(32, seed); }
+
+std::vector<QueuedGroup> Groups() {
+  std::vector<QueuedGroup> out;
+  for (int g = 0; g < 3; ++g) {
+    QueuedGroup q;
+    q.group.add_prompt_tokens(1 + g);
+    for (int r = 0; r < 3; ++r) {
+      v1::Response* resp = q.group.add_responses();
+      resp->add_tokens(4 + r + g);
+      resp->add_tokens(9);
+      resp->set_reward(r == g % 3 ? 1.0f : 0.0f);
+    }
+    out.push_back(q);
+  }
+  return out;
+}
+
+TrainerOptions Options() {
+  TrainerOptions o;
+  o.lr.peak_lr = 1e-2;
+  return o;
+}
+
+void ExpectSameWeights(const PolicyModel& a, const PolicyModel& b) {
+  for (size_t i = 0; i < a.named_parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(a.named_parameters()[i].second, b.named_parameters()[i].second))
+        << a.named_parameters()[i].first;
+  }
+}
+
+TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  // Run A: two steps, checkpoint, two more steps.
+  auto a = Tiny(1);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(ta->Step(Groups()));
+  const auto saved =
+      SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "--objective=asympo");
+  ASSERT_OK(saved);
+  const torch::Tensor draw_a = torch::rand({4});  // the CPU generator moves on after the save
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(ta->Step(Groups()));
+
+  // Run B: a fresh process would start from other weights; restore, replay.
+  auto b = Tiny(99);
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
+  ASSERT_OK(loaded);
+  ASSERT_TRUE(loaded->has_value());
+  EXPECT_EQ((*loaded)->version, 2u);
+  EXPECT_EQ((*loaded)->config, "--objective=asympo");
+  tb->set_version((*loaded)->version);
+  EXPECT_TRUE(torch::equal(torch::rand({4}), draw_a));  // RNG state restored
+  ASSERT_OK(tb->Step(Groups()));
+  ASSERT_OK(tb->Step(Groups()));
+  EXPECT_EQ(tb->version(), ta->version());
+  ExpectSameWeights(*a, *b);
+  EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
+}
+
+TEST(CheckpointTest, MomentsCanStayInHostMemoryForASharedWorldToScatter) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto a = Tiny(1);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), ""));
+  auto b = Tiny(99);
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  ASSERT_OK(LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer(), /*moments_on_host=*/true));
+  ExpectSameWeights(*a, *b);
+  ASSERT_EQ(tb->optimizer().exp_avg().size(), ta->optimizer().exp_avg().size());
+  int64_t moments = 0;
+  for (size_t i = 0; i < ta->optimizer().exp_avg().size(); ++i) {
+    if (!ta->optimizer().exp_avg()[i].defined()) continue;
+    for (const auto* m : {&tb->optimizer().exp_avg()[i], &tb->optimizer().exp_avg_sq()[i]}) {
+      EXPECT_TRUE(m->is_cpu());
+      EXPECT_EQ(m->scalar_type(), at::kFloat);
+    }
+    EXPECT_TRUE(torch::equal(tb->optimizer().exp_avg()[i], ta->optimizer().exp_avg()[i].cpu()));
+    EXPECT_TRUE(
+        torch::equal(tb->optimizer().exp_avg_sq()[i], ta->optimizer().exp_avg_sq()[i].cpu()));
+    ++moments;
+  }
+  EXPECT_GT(moments, 0);
+}
+
+TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  auto t = Trainer::Create(Options(), m.get(), nullptr).value();
+  ASSERT_OK(t->Step(Groups()));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, t->optimizer(), ""));
+  auto snapshot = Tiny(1);
+  ASSERT_OK(snapshot->LoadParameters(m->named_parameters()));
+  ASSERT_OK(t->Step(Groups()));
+  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, t->optimizer(), "").value();
+  // Flip one byte in the middle of the newest state file.
+  {
+    std::fstream f(newest.path + "/state.safetensors",
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2000);
+    f.put('\x7f');
+  }
+  auto restored = Tiny(5);
+  AdamW opt(restored->parameters(), {});
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), restored.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 1u);
+  ExpectSameWeights(*restored, *snapshot);
+}
+
+TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  for (uint64_t v = 1; v <= 4; ++v) ASSERT_OK(SaveCheckpoint(tmp.path(), v, *m, opt, "", 2));
+  const auto all = ListCheckpoints(tmp.path());
+  ASSERT_EQ(all.size(), 2u);  // keep_last = 2
+  std::filesystem::resize_file(all[0] + "/state.safetensors", 100);
+  std::filesystem::create_directories(tmp.Path(".tmp-ckpt-000000000005-1"));  // a crashed save
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 3u);
+  EXPECT_FALSE(std::filesystem::exists(tmp.Path(".tmp-ckpt-000000000005-1")));
+  EXPECT_FALSE(LoadLatestCheckpoint(tmp.Path("none"), m.get(), &opt).value().has_value());
+}
+
+std::vector<std::string> IdsOf(const std::vector<CheckpointBatch>& batches) {
+  std::vector<std::string> out;
+  for (const CheckpointBatch& b : batches) out.push_back(b.id);
+  return out;
+}
+
+TEST(CheckpointTest, TrainedBatchesRoundTripAndAMalformedListSkipsTheCheckpoint) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  const std::string digest(32, '\xa5');
+  const std::vector<CheckpointBatch> batches = {{"rollout-0/00ab/0", digest, 3, {0, 2}},
+                                                {"vllm \"3\"/\u00e9/17", digest, 1, {0}},
+                                                {"", "", 0, {}}};
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, batches));
+  const auto newest =
+      SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {CheckpointBatch{"x", "", 2, {1}}}).value();
+  auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  ASSERT_EQ(IdsOf(loaded->batches), std::vector<std::string>{"x"});
+  EXPECT_EQ(loaded->batches[0].trained, std::vector<int32_t>{1});
+  // A meta.json whose batches are malformed is not trusted.
+  {
+    std::ifstream in(newest.path + "/meta.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"trained\": [\n        1\n      ]");
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, std::string("\"trained\": [\n        1\n      ]").size(), "\"trained\": [2]");
+    std::ofstream(newest.path + "/meta.json", std::ios::trunc) << text;
+  }
+  loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->version, 1u);
+  ASSERT_EQ(IdsOf(loaded->batches), IdsOf(batches));
+  EXPECT_EQ(loaded->batches[0].digest, digest);
+  EXPECT_EQ(loaded->batches[0].groups, 3);
+  EXPECT_EQ(loaded->batches[0].trained, (std::vector<int32_t>{0, 2}));
+}
+
+TEST(CheckpointTest, AnOlderCheckpointsBatchIdsReadAsIdsWithoutDigests) {
+  const auto meta = ParseCheckpointMeta(
+      R"({"version": 4, "optimizer_steps": 4, "crc32c": 1, "batch_ids": ["a", "b"]})", "m");
+  ASSERT_OK(meta.status());
+  ASSERT_EQ(IdsOf(meta->batches), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(meta->batches[0].digest.empty());
+  EXPECT_THAT(ParseCheckpointMeta(R"({"version": 4, "optimizer_steps": 4, "crc32c": 1,
+      "batches": [{"id": "a", "digest": "zz"}]})",
+                                  "m")
+                  .status(),
+              StatusIs(absl::StatusCode::kDataLoss, "batches[0]: digest is not 64 hex digits"));
+}
+
+// meta.json numbers that do not fit their fields were read modulo 2^n: a
+// crc32c of 2^32 plus the true CRC passed the check, and an optimizer_steps
+// of 2^63 became a negative step count (the properties of
+// tests/fuzz/checkpoint_meta_fuzz.cc). Such a checkpoint is now skipped.
+TEST(CheckpointTest, AMetaJsonWhoseNumbersDoNotFitTheirFieldsSkipsTheCheckpoint) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0));
+  const auto newest = SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0).value();
+  nlohmann::json meta;
+  std::ifstream(newest.path + "/meta.json") >> meta;
+  const auto rewrite = [&](const char* key, const nlohmann::json& value) {
+    nlohmann::json changed = meta;
+    changed[key] = value;
+    std::ofstream(newest.path + "/meta.json", std::ios::trunc) << changed.dump(2);
+  };
+  for (const auto& [key, value] :
+       {std::pair<const char*, nlohmann::json>{
+            "crc32c", meta["crc32c"].get<uint64_t>() + (uint64_t{1} << 32)},
+        {"optimizer_steps", uint64_t{1} << 63},
+        {"optimizer_steps", -1}}) {
+    rewrite(key, value);
+    const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+    ASSERT_TRUE(loaded.has_value());
+    EXPECT_EQ(loaded->version, 1u) << key << " " << value.dump();
+  }
+  rewrite("version", 2);  // the file as written loads again
+  EXPECT_EQ(LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value()->version, 2u);
+}
+
+}  // namespace
+}  // namespace asympo::learner

@@ -1,0 +1,114 @@
+#include "learner_server/trainer/trainer.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <torch/types.h>
+
+#include "tests/testing/in_process_publisher.h"
+#include "tests/testing/status_matchers.h"
+#include "tests/testing/trainer_test_util.h"
+
+namespace asympo::learner {
+namespace {
+
+using ::asympo::testing::InProcessPublisher;
+using ::asympo::testing::StatusIs;
+
+TEST(TrainerTest, ATrainingStepLowersTheLossOnAFixedBatch) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kNaive), model.get(), nullptr).value();
+  const auto first = trainer->Step(FixedGroups(6)).value();
+  double last = first.diagnostics.loss;
+  for (int i = 0; i < 4; ++i) last = trainer->Step(FixedGroups(6)).value().diagnostics.loss;
+  EXPECT_LT(last, first.diagnostics.loss);
+  EXPECT_EQ(trainer->version(), 5u);
+}
+
+TEST(TrainerTest, AsympoRaisesRewardedAndLowersUnrewardedLogProbs) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), nullptr).value();
+  const auto before = trainer->Step(FixedGroups(6)).value();
+  StepResult after;
+  for (int i = 0; i < 5; ++i) after = trainer->Step(FixedGroups(6)).value();
+  // The forward loss is 0 every step, but the scales move: the rewarded
+  // responses' NLL falls relative to the others'.
+  EXPECT_NEAR(after.diagnostics.loss, 0.0, 1e-6);
+  EXPECT_LT(after.diagnostics.s_pos, before.diagnostics.s_pos);
+  EXPECT_GT(after.diagnostics.s_neg - after.diagnostics.s_pos,
+            before.diagnostics.s_neg - before.diagnostics.s_pos);
+}
+
+TEST(TrainerTest, MicroBatchingGivesTheSameGradientsAsOneBatch) {
+  auto a = Tiny(), b = Tiny();
+  TrainerOptions small = Options(Objective::kAsympo), large = small;
+  small.micro_batch_tokens = 20;  // one group per micro-batch
+  large.micro_batch_tokens = 1 << 20;
+  auto ta = Trainer::Create(small, a.get(), nullptr).value();
+  auto tb = Trainer::Create(large, b.get(), nullptr).value();
+  const auto ra = ta->ComputeGradients(FixedGroups(5)).value();
+  const auto rb = tb->ComputeGradients(FixedGroups(5)).value();
+  EXPECT_EQ(ra.micro_batches, 5);
+  EXPECT_EQ(rb.micro_batches, 1);
+  EXPECT_NEAR(ra.diagnostics.s_pos, rb.diagnostics.s_pos, 1e-5);
+  EXPECT_NEAR(ra.diagnostics.imbalance, rb.diagnostics.imbalance, 1e-5);
+  EXPECT_EQ(ra.diagnostics.tokens, rb.diagnostics.tokens);
+  for (size_t i = 0; i < a->named_parameters().size(); ++i) {
+    const torch::Tensor ga = a->named_parameters()[i].second.grad();
+    const torch::Tensor gb = b->named_parameters()[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined());
+    EXPECT_TRUE(torch::allclose(ga, gb, 1e-4, 1e-7)) << a->named_parameters()[i].first;
+  }
+}
+
+TEST(TrainerTest, PublishesEveryVersionAndMeasuresStaleness) {
+  auto model = Tiny();
+  InProcessPublisher publisher;
+  auto trainer = Trainer::Create(Options(Objective::kSpo), model.get(), &publisher).value();
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  const auto r = trainer->Step(FixedGroups(3, /*arrival=*/1)).value();
+  EXPECT_EQ(publisher.version(), 3u);
+  EXPECT_EQ(publisher.publishes(), 3);
+  EXPECT_EQ(r.staleness, std::vector<uint64_t>({1, 1, 1}));  // arrived at v1, used at v2
+  EXPECT_TRUE(torch::equal(publisher.weights()[0].second, model->named_parameters()[0].second));
+}
+
+TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
+  auto model = Tiny();
+  auto trainer = Trainer::Create(Options(Objective::kGrpo), model.get(), nullptr).value();
+  const auto r = trainer->Step(FixedGroups(3));
+  ASSERT_OK(r);
+  EXPECT_GT(r->diagnostics.clip_high_fraction + r->diagnostics.clip_low_fraction, 0.0);
+}
+
+TEST(TrainerTest, RejectsBadOptionsByName) {
+  auto model = Tiny();
+  TrainerOptions o = Options(Objective::kAsympo);
+  o.micro_batch_tokens = 0;
+  EXPECT_THAT(Trainer::Create(o, model.get(), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "micro_batch_tokens is 0"));
+  o = Options(Objective::kAsympo);
+  o.lr.kind = "linear";
+  EXPECT_THAT(Trainer::Create(o, model.get(), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "lr schedule \"linear\" is unknown"));
+}
+
+TEST(LrScheduleTest, WarmsUpThenDecaysAlongACosine) {
+  LrScheduleOptions o;
+  o.peak_lr = 1.0;
+  o.warmup_steps = 4;
+  o.kind = "cosine";
+  o.total_steps = 14;
+  o.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(LearningRate(o, 0), 0.25);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 3), 1.0);
+  EXPECT_DOUBLE_EQ(LearningRate(o, 4), 1.0);
+  EXPECT_NEAR(LearningRate(o, 9), 0.55, 1e-12);  // half way: 0.1 + 0.9 * 0.5
+  EXPECT_NEAR(LearningRate(o, 14), 0.1, 1e-12);
+  EXPECT_NEAR(LearningRate(o, 100), 0.1, 1e-12);
+  o.kind = "constant";
+  EXPECT_DOUBLE_EQ(LearningRate(o, 50), 1.0);
+}
+
+}  // namespace
+}  // namespace asympo::learner
