@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon/metric_builders.h"
+#include "learner_server/admission/admission_result.h"
 
 namespace asympo::learner {
 namespace {
@@ -138,8 +139,13 @@ void LearnerMetrics::RegisterBatchFamilies(prometheus::Registry& r) {
                           "or rate), policy_lag (a group more than --max_policy_lag versions "
                           "behind), unavailable.")
                       .Register(r);
-  for (const char* result : {"accepted", "duplicate", "batch_id_conflict", "invalid", "full",
-                             "quota", "policy_lag", "unavailable"}) {
+  // Every label a batch's result can take (OutcomeLabel; kCancelled shares
+  // kUnavailable's).
+  for (AdmissionOutcome o :
+       {AdmissionOutcome::kAccepted, AdmissionOutcome::kDuplicate,
+        AdmissionOutcome::kBatchIdConflict, AdmissionOutcome::kInvalid, AdmissionOutcome::kFull,
+        AdmissionOutcome::kQuota, AdmissionOutcome::kPolicyLag, AdmissionOutcome::kUnavailable}) {
+    const std::string result(OutcomeLabel(o));
     batches_[result] = &batches.Add({{"result", result}});
   }
   source_batches_ = &prometheus::BuildCounter()

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "learner_server/weight_group_state.h"
+#include "learner_server/weight_group_store.h"
 
 namespace asympo::learner {
 namespace {

@@ -22,10 +22,6 @@
 
 namespace asympo::learner {
 
-inline std::chrono::milliseconds Millis(absl::Duration d) {
-  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
-}
-
 struct WeightGroup::State {
   WeightGroupOptions options;
 

@@ -9,14 +9,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace asympo::learner {
-namespace {
-
-std::chrono::milliseconds Millis(absl::Duration d) {
-  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
-}
-
-}  // namespace
-
 absl::Duration WaitOf(uint32_t ms, uint32_t cap) {
   return absl::Milliseconds(ms == 0 ? kDefaultWaitMs : std::min(ms, cap));
 }

@@ -4,6 +4,7 @@
 // at most kMaxStoreWaitMs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 
 #include <grpcpp/grpcpp.h>
@@ -21,6 +22,11 @@ inline constexpr size_t kMaxStoreValueBytes = 1u << 20;
 inline constexpr uint32_t kMaxWaitMs = 60000;
 inline constexpr uint32_t kMaxStoreWaitMs = 30000;
 inline constexpr uint32_t kDefaultWaitMs = 10000;
+
+// `d` in whole milliseconds, as c10d's stores and collectives take it.
+inline std::chrono::milliseconds Millis(absl::Duration d) {
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
 
 // A request's wait: `ms` (0: kDefaultWaitMs), at most `cap`.
 absl::Duration WaitOf(uint32_t ms, uint32_t cap);

@@ -62,14 +62,16 @@ void Account(const LearnerService& svc, const std::string& source, const Admissi
   }
 }
 
+void AddRetryAfter(grpc::CallbackServerContext* ctx, absl::Duration hint) {
+  ctx->AddTrailingMetadata(kRetryAfterMetadataKey, std::to_string(absl::ToInt64Milliseconds(hint)));
+}
+
 // RESOURCE_EXHAUSTED carries a retry hint: the refusal's own (a rate's or
 // a quarantine's wait), else the service's.
 void AddRetryHint(grpc::CallbackServerContext* ctx, const AdmissionResult& r,
                   absl::Duration default_hint) {
   if (r.status().code() == absl::StatusCode::kResourceExhausted) {
-    const absl::Duration hint = r.retry_after().value_or(default_hint);
-    ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
-                             std::to_string(absl::ToInt64Milliseconds(hint)));
+    AddRetryAfter(ctx, r.retry_after().value_or(default_hint));
   }
 }
 
@@ -211,9 +213,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
     share_key_ = security::ShareKey(svc_->options().authorizer, **p, *ctx_);
     if (absl::Status full = svc_->OpenStream(share_key_); !full.ok()) {
       svc_->CountRefusal("RESOURCE_EXHAUSTED", "streams");
-      ctx_->AddTrailingMetadata(
-          kRetryAfterMetadataKey,
-          std::to_string(absl::ToInt64Milliseconds(svc_->options().retry_after)));
+      AddRetryAfter(ctx_, svc_->options().retry_after);
       End(ToGrpcStatus(full));
       return;
     }

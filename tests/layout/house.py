@@ -76,11 +76,15 @@ def room_of(path):
     return best
 
 
-def sources(root, top):
+def sources(root, top, suffixes=(".h", ".cc")):
+    """The files under `top` ending in `suffixes`, relative to `root`; what
+    tools and builds leave there (installs, caches, pip's build folders,
+    generated protobuf modules) is not the project's source."""
     for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
-        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__")]
+        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__", "build")
+                       and not d.endswith(".egg-info")]
         for f in sorted(filenames):
-            if f.endswith((".h", ".cc")):
+            if f.endswith(suffixes) and not f.endswith(("_pb2.py", "_pb2_grpc.py")):
                 yield os.path.relpath(os.path.join(dirpath, f), root)
 
 
@@ -311,15 +315,6 @@ def long_python_functions(root, path):
     return sorted(found)
 
 
-def python_sources(root, top):
-    for dirpath, dirnames, filenames in os.walk(os.path.join(root, top)):
-        dirnames[:] = [d for d in dirnames if d not in ("node_modules", "__pycache__", "build")
-                       and not d.endswith(".egg-info")]
-        for f in sorted(filenames):
-            if f.endswith(".py") and not f.endswith(("_pb2.py", "_pb2_grpc.py")):
-                yield os.path.relpath(os.path.join(dirpath, f), root)
-
-
 def check_function_lengths(root):
     errors = []
     for top in SOURCE_ROOTS + ["bench"]:
@@ -328,7 +323,7 @@ def check_function_lengths(root):
                 errors.append("%s:%d: a function of %d lines (%s); split it where it has parts"
                               % (path, start, length, head))
     for top in PYTHON_ROOTS:
-        for path in python_sources(root, top):
+        for path in sources(root, top, (".py",)):
             for start, length, name in long_python_functions(root, path):
                 errors.append("%s:%d: a function of %d lines (%s); split it where it has parts"
                               % (path, start, length, name))
