@@ -1,6 +1,7 @@
 #include "common/daemon/daemon_runtime.h"
 
 #include <malloc.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -99,6 +100,11 @@ struct DaemonRuntime::Stop {
 
 absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
   RaiseDescriptorLimit();
+  // A write to a socket whose peer has gone is an error (EPIPE) for the
+  // code that made it, not a signal that ends the daemon: Gloo's transport
+  // writes without MSG_NOSIGNAL, and a data-parallel rank that dies while
+  // rank 0 sends it a step must be reported, not take rank 0 with it.
+  ::signal(SIGPIPE, SIG_IGN);
   absl::StatusOr<std::unique_ptr<StopSignals>> signals = StopSignals::Install();
   if (!signals.ok()) return signals.status();
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());

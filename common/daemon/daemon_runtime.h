@@ -50,7 +50,9 @@ absl::Status CheckMetricsAddress(const std::string& address, bool insecure);
 
 class DaemonRuntime {
  public:
-  // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors).
+  // Installs the SIGINT/SIGTERM handlers (StopSignals::Install's errors)
+  // and ignores SIGPIPE: a write to a socket whose peer has gone fails with
+  // EPIPE instead of ending the process.
   static absl::StatusOr<std::unique_ptr<DaemonRuntime>> Install();
 
   // Serves the registry on `address` (MetricsEndpoint::Start), every series

@@ -1,8 +1,11 @@
 #include "common/daemon/daemon_runtime.h"
 
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -38,6 +41,25 @@ TEST(DaemonRuntimeTest, LabelsEverySeriesWithTheRunName) {
   ASSERT_OK((*runtime)->ServeMetrics("127.0.0.1:0", "slurm-4711"));
   EXPECT_THAT(asympo::testing::HttpGet("127.0.0.1", (*runtime)->metrics_port(), "/metrics"),
               HasSubstr("asympo_test_gauge{run=\"slurm-4711\"} 5"));
+}
+
+// A peer that goes away mid-write (a data-parallel rank killed while rank
+// 0 sends it a step over Gloo's sockets, which write without
+// MSG_NOSIGNAL) must come back as EPIPE on that write, never as a SIGPIPE
+// that kills the daemon before it can report the lost peer.
+TEST(DaemonRuntimeDeathTest, AWriteToAClosedSocketIsAnErrorNotASignal) {
+  EXPECT_EXIT(
+      {
+        auto runtime = DaemonRuntime::Install();
+        if (!runtime.ok()) std::_Exit(2);
+        int fds[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::_Exit(3);
+        ::close(fds[1]);
+        const char byte = 'x';
+        const ssize_t n = ::write(fds[0], &byte, 1);
+        std::_Exit(n == -1 && errno == EPIPE ? 0 : 4);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(RunNameTest, KeepsAGoodNameAndNamesTheFlagForABadOne) {
