@@ -4,7 +4,8 @@
 # ci_report prints them all; without it, legs run untimed.
 #
 #   ci_leg NAME COMMAND...   runs COMMAND; its exit status is the leg's
-#   ci_report                the table of $CI_TIMES (wall time per leg)
+#   ci_report                the table of $CI_TIMES (wall time per leg), then
+#                            $CI_TIMES.failures (failed tests and why), if any
 
 if [[ ${BASH_SOURCE[0]} == "$0" ]]; then  # run rather than sourced
   case ${1:-} in
@@ -33,4 +34,9 @@ ci_report() {
   echo "== legs of this run (wall time) =="
   awk -F'\t' '{ printf "  %-28s %4dm%02ds  %s\n", $1, $2 / 60, $2 % 60, $3; total += $2 }
     END { printf "  %-28s %4dm%02ds\n", "total", total / 60, total % 60 }' "$CI_TIMES"
+  if [[ -s $CI_TIMES.failures ]]; then
+    echo "== failed tests, and why (the FAIL lines of their output) =="
+    cat "$CI_TIMES.failures"
+  fi
+  rm -f "$CI_TIMES.failures"
 }

@@ -5,10 +5,14 @@ deploy/ci_legs.sh).
 
     ci_times.py ctest BUILD_DIR LOG   per-label times of the run whose
                                       output is LOG
+    ci_times.py failures LOG          why each failed test of LOG failed, a
+                                      few lines each (the end of a CI run)
 
 Each label's line sums the seconds of its tests (tests run side by side,
 so the sums exceed the wall time) and names its slowest test; the ten
-slowest tests follow.
+slowest tests follow. A failed test's reason is its output's FAIL lines
+(ctest --output-on-failure prints the output after the result line), else
+its last lines.
 """
 import collections
 import json
@@ -69,7 +73,30 @@ def ctest(build_dir, log):
         print("  %7.1f s  %s  %s" % (seconds, name, status))
 
 
-USAGE = "usage: ci_times.py ctest BUILD_DIR LOG"
+def failures(log, per_test=3, most=12):
+    """Prints each failed test of `log` with its FAIL lines (or last lines)."""
+    blocks, current = [], None
+    for line in open(log, encoding="utf-8", errors="replace"):
+        m = RESULT.match(line)
+        if m or re.match(r"^\s*Start\s+\d+: ", line):
+            current = None
+            if m and m.group(2).strip() not in ("Passed", "Skipped"):
+                current = (short(m.group(1)), m.group(2).strip(), [])
+                blocks.append(current)
+            continue
+        if current is not None and line.strip():
+            current[2].append(line.rstrip()[:200])
+    for name, status, lines in blocks[:most]:
+        why = ([l for l in lines if re.search(r"\bFAIL|Failure", l)] or
+               [l for l in lines if "error" in l.lower()] or lines[-per_test:])
+        print("%s (%s)" % (name, status))
+        for l in why[:per_test]:
+            print("    " + l.strip())
+    if len(blocks) > most:
+        print("... and %d more" % (len(blocks) - most))
+
+
+USAGE = "usage: ci_times.py ctest BUILD_DIR LOG | failures LOG"
 
 
 def main(argv):
@@ -78,6 +105,8 @@ def main(argv):
         print(__doc__)
     elif len(argv) == 4 and argv[1] == "ctest":
         ctest(argv[2], argv[3])
+    elif len(argv) == 3 and argv[1] == "failures":
+        failures(argv[2])
     else:
         print(USAGE, file=sys.stderr)
         return 2

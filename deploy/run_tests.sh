@@ -52,4 +52,9 @@ rc=0
 ci_leg ctest ctest --test-dir "$build_dir" --output-on-failure -j $((2 * jobs)) \
   ${CTEST_ARGS:--LE container} 2>&1 | tee "$build_dir/ctest_output.log" || rc=$?
 python3 deploy/ci_times.py ctest "$build_dir" "$build_dir/ctest_output.log" || true
+# Why each failed test failed, printed again after the legs' table at the
+# very end of the run (ci_report), where a truncated CI log still shows it.
+if ((rc != 0)); then
+  python3 deploy/ci_times.py failures "$build_dir/ctest_output.log" >>"$CI_TIMES.failures" || true
+fi
 exit $rc
