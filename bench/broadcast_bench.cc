@@ -215,19 +215,21 @@ void PrintHeader(const Args& args, double crc_bps, uint32_t crc_sink) {
       "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
 }
 
-bc::BroadcastSenderOptions SenderOptions(const Args& args) {
-  bc::BroadcastSenderOptions so;
+bc::SnapshotStoreOptions StoreOptions(const Args& args) {
+  bc::SnapshotStoreOptions so;
   so.packing.bucket_bytes = static_cast<uint64_t>(args.bucket_mib) << 20;
   return so;
 }
 
-// The gRPC side of one snapshot size: the model, the sender that publishes
-// it and the server that the receivers fetch from. Members are destroyed in
-// reverse order: the server before the sender it serves.
+// The gRPC side of one snapshot size: the model, the store it is published
+// to, the sender that serves it and the server that the receivers fetch
+// from. Members are destroyed in reverse order: the server before the
+// sender it serves, the sender before the store it reads.
 struct Publisher {
   Model model;
   std::string signature;
   prometheus::Registry registry;  // not exported
+  bc::SnapshotStore store;
   bc::BroadcastSender sender;
   std::unique_ptr<grpc::Server> server;
   int port = 0;
@@ -236,7 +238,8 @@ struct Publisher {
   Publisher(const Args& args, int64_t params_m)
       : model(params_m * 1000000, args.tensor_m * 1000000),
         signature(bc::ModelSignature(model.specs)),
-        sender(SenderOptions(args), signature, registry) {
+        store(StoreOptions(args), signature, registry),
+        sender({}, store, registry) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&sender);
@@ -331,7 +334,7 @@ bool RunRounds(const Args& args, Publisher* publisher, Receivers* receivers, Cel
     const uint64_t version = ++publisher->version;
     model.Touch(version);
     const auto p0 = Clock::now();
-    if (!publisher->sender.Publish(version, model.Views()).ok()) return false;
+    if (!publisher->store.Publish(version, model.Views()).ok()) return false;
     times->publish_s.push_back(Seconds(p0));
     const auto t0 = Clock::now();
     Snapshots got;

@@ -19,7 +19,7 @@
 //   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
 // The parts of moving one snapshot, each timed alone (medians), and per
 // billion parameters: staging on the device, the copy to pinned host memory
-// (already laid out as the sender's buckets), the sender's Publish of it
+// (already laid out as the store's buckets), the store's Publish of it
 // (pack_crc: it adopts the buckets and takes their CRC-32C), loading into a
 // receiver's spare model on
 // the device, and the one-rank NCCL broadcast of the snapshot's bytes from
@@ -89,18 +89,18 @@ std::vector<QueuedGroup> Groups(int64_t n, int64_t responses, int64_t tokens, in
 // The inline path: stage, copy, checksum and announce on the trainer thread.
 class InlinePublisher : public asympo::learner::WeightPublisher {
  public:
-  InlinePublisher(asympo::broadcast::BroadcastSender* sender,
+  InlinePublisher(asympo::broadcast::SnapshotStore* store,
                   std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
-      : sender_(sender), staging_(std::move(staging)) {}
+      : store_(store), staging_(std::move(staging)) {}
   void Publish(uint64_t version, const asympo::PolicyModel& model) override {
     if (!staging_->Stage(model).ok() || !staging_->CopyToHost().ok() ||
-        !sender_->Publish(version, staging_->HostBucketsOfCopy()).ok()) {
+        !store_->Publish(version, staging_->HostBucketsOfCopy()).ok()) {
       std::abort();
     }
   }
 
  private:
-  asympo::broadcast::BroadcastSender* sender_;
+  asympo::broadcast::SnapshotStore* store_;
   std::unique_ptr<asympo::broadcast::SnapshotStaging> staging_;
 };
 
@@ -130,13 +130,13 @@ struct Setup {
 double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(s.config);
   auto model = asympo::PolicyModel::CreateRandom(cfg, s.model).value();
-  prometheus::Registry publisher_metrics;  // not exported; outlives the sender and publisher
-  asympo::broadcast::BroadcastSender sender(
-      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), publisher_metrics);
+  prometheus::Registry publisher_metrics;  // not exported; outlives the store and publisher
+  asympo::broadcast::SnapshotStore store({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
+                                         publisher_metrics);
   std::unique_ptr<asympo::learner::WeightPublisher> publisher;
   if (mode == "async") {
     publisher = asympo::learner::SnapshotPublisher::Create(
-                    &sender, *model, s.dtype, 1,
+                    &store, *model, s.dtype, 1,
                     asympo::learner::RegisterSnapshotCounters(publisher_metrics))
                     .value();
   } else if (mode == "stage") {
@@ -144,8 +144,7 @@ double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
         asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());
   } else if (mode == "inline") {
     publisher = std::make_unique<InlinePublisher>(
-        &sender,
-        asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, sender, false).value());
+        &store, asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, store, false).value());
   }
   prometheus::Registry registry;
   std::unique_ptr<asympo::daemon::HeapReleaser> releaser;
@@ -215,16 +214,16 @@ int Transfer(const Setup& s, int reps) {
   spare_options.random_init = false;
   auto spare = asympo::PolicyModel::CreateRandom(cfg, spare_options).value();
   prometheus::Registry registry;  // not exported
-  asympo::broadcast::BroadcastSender sender(
-      {}, asympo::broadcast::ModelSignatureOf(*model, s.dtype), registry);
-  // Laid out as the sender's buckets: Publish adopts the host copy.
-  auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, sender, false).value();
+  asympo::broadcast::SnapshotStore store({}, asympo::broadcast::ModelSignatureOf(*model, s.dtype),
+                                         registry);
+  // Laid out as the store's buckets: Publish adopts the host copy.
+  auto staging = asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, store, false).value();
   std::vector<asympo::broadcast::TensorView> views;
   uint64_t version = 0;
   const double stage = Seconds([&] { Must(staging->Stage(*model)); }, cuda, reps);
   const double copy = Seconds([&] { views = staging->CopyToHost().value(); }, cuda, reps);
   const double pack =
-      Seconds([&] { Must(sender.Publish(++version, staging->HostBucketsOfCopy())); }, cuda, reps);
+      Seconds([&] { Must(store.Publish(++version, staging->HostBucketsOfCopy())); }, cuda, reps);
   std::vector<std::pair<std::string, at::Tensor>> source;
   for (const auto& v : views) {
     source.emplace_back(v.spec.name, at::from_blob(const_cast<void*>(v.data), v.spec.shape,

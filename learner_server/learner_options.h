@@ -20,8 +20,9 @@
 #include "learner_server/learner_metrics.h"
 #include "learner_server/parallel/data_parallel.h"
 #include "learner_server/trainer/trainer.h"
-#include "learner_server/weight_group.h"
 #include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/snapshot_store.h"
+#include "weight_broadcaster/weight_group/weight_group.h"
 
 namespace asympo::learner {
 
@@ -73,11 +74,13 @@ struct LearnerDaemonOptions {
   // rollout daemons; the current version is published at start.
   int64_t broadcast_every = 1;
   broadcast::BroadcastSenderOptions broadcast;
+  // The snapshot store every transport reads (its bucket packing).
+  broadcast::SnapshotStoreOptions snapshots;
   // The weight group that external engine workers join (WeightGroup on
   // the gRPC port; off unless enabled). Its model_signature and authorizer
   // are filled in at start.
   bool weight_group_enabled = false;
-  WeightGroupOptions weight_group;
+  broadcast::WeightGroupOptions weight_group;
   // When set, one CSV row per step (time, version, reward, loss, ...) is
   // appended there.
   std::string step_csv_path;

@@ -61,7 +61,7 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(d->BuildPublisher(registry));
   ASYMPO_RETURN_IF_ERROR(c.BuildTrainer(d->publisher_.get()));
   ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
-  d->sender_->SetIncarnation(d->incarnation_, d->resumed_from_);
+  d->store_->SetIncarnation(d->incarnation_, d->resumed_from_);
   LOG(INFO) << "incarnation " << d->incarnation_;
   ASYMPO_RETURN_IF_ERROR(c.SyncRanks());  // every rank starts from these weights
   // Late joiners and restarted rollouts get the current weights at once.
@@ -85,25 +85,28 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   quarantine_ =
       std::make_unique<SourceQuarantine>(o.quarantine, RegisterQuarantineCounters(registry));
   policy_lag_ = std::make_unique<PolicyLag>(o.max_policy_lag, RegisterPolicyLagMetrics(registry));
+  broadcast::SnapshotStoreOptions store = o.snapshots;
+  store.incarnation = incarnation_;
+  store_ = std::make_unique<broadcast::SnapshotStore>(
+      std::move(store), broadcast::ModelSignatureOf(model, o.publish_dtype), registry);
   broadcast::BroadcastSenderOptions bo = o.broadcast;
   bo.received_bytes = &received_bytes_;
-  bo.incarnation = incarnation_;
-  sender_ = std::make_unique<broadcast::BroadcastSender>(
-      std::move(bo), broadcast::ModelSignatureOf(model, o.publish_dtype), registry);
-  ASYMPO_ASSIGN_OR_RETURN(
-      publisher_, SnapshotPublisher::Create(sender_.get(), model, o.publish_dtype,
-                                            o.broadcast_every, RegisterSnapshotCounters(registry)));
+  sender_ = std::make_unique<broadcast::BroadcastSender>(std::move(bo), *store_, registry);
+  // With the NCCL transport and the model on a GPU, NCCL broadcasts from
+  // the staged device copy.
+  const bool device_buckets = sender_->nccl_configured() && model.options().device.is_cuda();
+  ASYMPO_ASSIGN_OR_RETURN(publisher_, SnapshotPublisher::Create(
+                                          store_.get(), model, o.publish_dtype, o.broadcast_every,
+                                          RegisterSnapshotCounters(registry), device_buckets));
   if (o.weight_group_enabled) {
-    WeightGroupOptions wo = o.weight_group;
-    wo.model_signature = sender_->model_signature();
+    broadcast::WeightGroupOptions wo = o.weight_group;
     wo.authorizer = security_.authorizer.get();
+    wo.received_bytes = &received_bytes_;
     if (wo.backend == "nccl" && model.options().device.is_cuda()) {
       wo.nccl_device = std::max(0, int{model.options().device.index()});
     }
-    ASYMPO_ASSIGN_OR_RETURN(weight_group_, WeightGroup::Create(std::move(wo), registry));
-    sender_->SetPublishHook([g = weight_group_.get()](auto manifest, broadcast::HostBuckets host) {
-      g->Offer(std::move(manifest), std::move(host));
-    });
+    ASYMPO_ASSIGN_OR_RETURN(weight_group_,
+                            broadcast::WeightGroup::Create(std::move(wo), *store_, registry));
   }
   return absl::OkStatus();
 }
@@ -142,7 +145,7 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   so.authorizer = security_.authorizer.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [core = core_.get()] { return core->version(); };
-  so.model_signature = sender_->model_signature();
+  so.model_signature = store_->model_signature();
   so.received_bytes = &received_bytes_;
   so.quarantine = quarantine_.get();
   so.policy_lag = policy_lag_.get();

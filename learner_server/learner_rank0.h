@@ -54,7 +54,6 @@ class LearnerRank0 final : public LearnerRole {
 
   int port() const { return endpoint_->port(); }
   const PolicyLag& policy_lag() const { return *policy_lag_; }
-  broadcast::BroadcastSender& broadcaster() { return *sender_; }
   const SkippedSteps& skipped_steps() const { return *skipped_; }
 
  private:
@@ -93,9 +92,11 @@ class LearnerRank0 final : public LearnerRole {
   std::unique_ptr<LearnerCore> core_;       // the options, model, trainer, ranks
   std::atomic<int64_t> received_bytes_{0};  // of every request (CountReceived)
   LearnerSecurity security_;
+  // The snapshot store, and the transports that read it.
+  std::unique_ptr<broadcast::SnapshotStore> store_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<SnapshotPublisher> publisher_;
-  std::unique_ptr<WeightGroup> weight_group_;  // outlives endpoint_, which serves it
+  std::unique_ptr<broadcast::WeightGroup> weight_group_;  // outlives endpoint_, which serves it
   std::unique_ptr<LearnerMetrics> metrics_;
   std::unique_ptr<SkippedSteps> skipped_;
   std::unique_ptr<SourceQuarantine> quarantine_;

@@ -7,26 +7,26 @@
 namespace asympo::learner {
 
 absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
-    broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
-    int64_t every, prometheus::Counter& coalesced) {
+    broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
+    int64_t every, prometheus::Counter& coalesced, bool device_buckets) {
   if (every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
   }
-  // Laid out as the sender's buckets. With the NCCL transport and the model
-  // on a GPU, NCCL broadcasts straight from the staged device copy.
-  const bool device_buckets = sender->nccl_configured() && model.options().device.is_cuda();
+  // Laid out as the store's buckets. With device_buckets (the NCCL
+  // transport and the model on a GPU), NCCL broadcasts straight from the
+  // staged device copy.
   ASYMPO_ASSIGN_OR_RETURN(
       std::unique_ptr<broadcast::SnapshotStaging> staging,
-      broadcast::SnapshotStaging::Create(model, dtype, *sender, device_buckets));
+      broadcast::SnapshotStaging::Create(model, dtype, *store, device_buckets));
   return std::unique_ptr<SnapshotPublisher>(
-      new SnapshotPublisher(sender, every, std::move(staging), coalesced));
+      new SnapshotPublisher(store, every, std::move(staging), coalesced));
 }
 
-SnapshotPublisher::SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
+SnapshotPublisher::SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
                                      std::unique_ptr<broadcast::SnapshotStaging> staging,
                                      prometheus::Counter& coalesced)
-    : sender_(sender),
+    : store_(store),
       every_(static_cast<uint64_t>(every)),
       staging_(std::move(staging)),
       coalesced_counter_(coalesced) {
@@ -66,7 +66,7 @@ absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& 
   ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
   ASYMPO_RETURN_IF_ERROR(staging_->CopyToHost().status());
   const broadcast::DeviceBuckets device = staging_->DeviceBucketsOfStage();
-  return sender_->Publish(version, staging_->HostBucketsOfCopy(),
+  return store_->Publish(version, staging_->HostBucketsOfCopy(),
                           device.data == nullptr ? nullptr : &device);
 }
 
@@ -120,8 +120,8 @@ absl::Status SnapshotPublisher::CopyAndSend(uint64_t version) {
     copying_ = false;  // the trainer may stage the next version now
   }
   ASYMPO_RETURN_IF_ERROR(copied);
-  // The host copy is already laid out as the sender's buckets: it adopts it.
-  return sender_->Publish(version, staging_->HostBucketsOfCopy(),
+  // The host copy is already laid out as the store's buckets: it adopts it.
+  return store_->Publish(version, staging_->HostBucketsOfCopy(),
                           device.data == nullptr ? nullptr : &device);
 }
 

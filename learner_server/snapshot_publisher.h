@@ -1,12 +1,13 @@
 // The learner's side of the weight broadcast: every `every`-th version goes
-// to the BroadcastSender, in the dtype rollouts sample with (--dtype), off
+// to the snapshot store (weight_broadcaster/snapshot_store.h), which every
+// transport reads, in the dtype rollouts sample with (--dtype), off
 // the trainer thread.
 //
 // Publish(), on the trainer thread after an optimizer step, only stages the
 // weights on the model's device (SnapshotStaging::Stage: one conversion copy,
 // enqueued kernels on a GPU) and returns. A publisher thread then copies the
 // staged buffer to (pinned) host memory in one transfer, laid out as the
-// sender's buckets (BroadcastSender::Plan), and the sender adopts that
+// store's buckets (SnapshotStore::Plan), and the store adopts that
 // memory, checksums it and announces it. The trainer waits only if it
 // finishes a step while that copy of the previous version is still in
 // flight. When the publisher thread falls behind (a slow CRC or a huge
@@ -28,21 +29,21 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "learner_server/trainer/trainer.h"
-#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/snapshot_store.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
 
 class SnapshotPublisher : public WeightPublisher {
  public:
-  // `sender` must outlive the publisher, and `coalesced` too (counts the
+  // `store` must outlive the publisher, and `coalesced` too (counts the
   // versions replaced before they were picked up; learner_metrics.h
   // registers it: RegisterSnapshotCounters). The staging
   // buffers (two snapshots' worth in `dtype`: one on the model's device, one
   // on the host) are allocated here.
   static absl::StatusOr<std::unique_ptr<SnapshotPublisher>> Create(
-      broadcast::BroadcastSender* sender, const PolicyModel& model, at::ScalarType dtype,
-      int64_t every, prometheus::Counter& coalesced);
+      broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
+      int64_t every, prometheus::Counter& coalesced, bool device_buckets = false);
   // Publishes what is staged, then stops the thread.
   ~SnapshotPublisher() override;
 
@@ -60,16 +61,16 @@ class SnapshotPublisher : public WeightPublisher {
   int64_t coalesced() const;
 
  private:
-  SnapshotPublisher(broadcast::BroadcastSender* sender, int64_t every,
+  SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
                     prometheus::Counter& coalesced);
   // With mu_ held: waits until nothing is staged, copied or being sent.
   void AwaitIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();
-  // Copies the staged version to the host and gives it to the sender.
+  // Copies the staged version to the host and gives it to the store.
   absl::Status CopyAndSend(uint64_t version);
 
-  broadcast::BroadcastSender* const sender_;
+  broadcast::SnapshotStore* const store_;
   const uint64_t every_;
   const std::unique_ptr<broadcast::SnapshotStaging> staging_;
   prometheus::Counter& coalesced_counter_;

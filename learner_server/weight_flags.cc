@@ -83,7 +83,7 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   o->broadcast_every = absl::GetFlag(FLAGS_broadcast_every);
   broadcast::BroadcastSenderOptions& b = o->broadcast;
   const int64_t bucket_mb = absl::GetFlag(FLAGS_broadcast_bucket_mb);
-  b.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;
+  o->snapshots.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;
   const int64_t chunk_kb = absl::GetFlag(FLAGS_broadcast_chunk_kb);
   if (chunk_kb <= 0 || (chunk_kb << 10) > b.max_chunk_bytes_cap) {
     return absl::InvalidArgumentError(absl::StrCat("--broadcast_chunk_kb=", chunk_kb,
@@ -120,7 +120,7 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
         "--weight_group=nccl broadcasts from the learner's GPU: it needs --device=cuda");
   }
   o->weight_group_enabled = group != "off";
-  WeightGroupOptions& g = o->weight_group;
+  broadcast::WeightGroupOptions& g = o->weight_group;
   g.backend = group;
   g.address = absl::GetFlag(FLAGS_weight_group_address);
   if (o->weight_group_enabled && g.address.empty()) {

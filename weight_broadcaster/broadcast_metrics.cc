@@ -19,10 +19,7 @@ prometheus::Histogram& AddSecondsHistogram(prometheus::Registry& r, const std::s
 }  // namespace
 
 SenderMetrics::SenderMetrics(prometheus::Registry& r)
-    : version(AddGauge(r, "asympo_broadcast_version", "Newest published snapshot version.")),
-      snapshot_bytes(AddGauge(r, "asympo_broadcast_snapshot_bytes",
-                              "Packed size of the newest snapshot (sum of its buckets).")),
-      bytes(AddCounter(r, "asympo_broadcast_bytes_total",
+    : bytes(AddCounter(r, "asympo_broadcast_bytes_total",
                        "Snapshot bytes sent in FetchSnapshot chunks.")),
       failures(
           AddCounter(r, "asympo_broadcast_failures_total",
@@ -35,9 +32,6 @@ SenderMetrics::SenderMetrics(prometheus::Registry& r)
                    "Distinct versions that subscribed receivers report sampling with.")),
       oldest_version(AddGauge(r, "asympo_broadcast_oldest_receiver_version",
                               "Oldest version a subscribed receiver samples with (0 when none).")),
-      publish_seconds(AddSecondsHistogram(
-          r, "asympo_broadcast_publish_seconds",
-          "Time Publish takes to checksum a snapshot (and pack it, when given loose tensors).")),
       transfer_seconds(
           AddSecondsHistogram(r, "asympo_broadcast_transfer_seconds",
                               "Duration of each FetchSnapshot stream that sent every chunk.")) {}

@@ -13,17 +13,16 @@
 
 namespace asympo::broadcast {
 
+// The sender's (the store's own, version, snapshot bytes and publish
+// seconds, are in snapshot_store.cc).
 struct SenderMetrics {
   explicit SenderMetrics(prometheus::Registry& r);
 
-  prometheus::Gauge& version;         // newest published version
-  prometheus::Gauge& snapshot_bytes;  // its packed size
   prometheus::Counter& bytes;         // bytes sent in chunks
   prometheus::Counter& failures;      // failed fetches + errors reported by receivers
   prometheus::Gauge& receivers;       // subscribed receivers
   prometheus::Gauge& versions_in_use;
   prometheus::Gauge& oldest_version;
-  prometheus::Histogram& publish_seconds;   // pack + checksum
   prometheus::Histogram& transfer_seconds;  // each completed FetchSnapshot stream
 };
 

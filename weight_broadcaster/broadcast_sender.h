@@ -1,17 +1,14 @@
-// The sender side of the weight broadcaster: the WeightBroadcast gRPC
-// service that lives in the learner (docs/protocol.md, "Weight broadcast").
+// The gRPC transport of the weight broadcaster: the WeightBroadcast
+// service that lives in the learner (docs/protocol.md, "Weight broadcast"),
+// with the NCCL transport it hands ranks out for.
 //
-// The sender owns the snapshot's bucket layout: Plan() makes it once
-// (SnapshotPlan, snapshot_plan.h), and the learner's staging writes its host
-// copy already laid out as those buckets. Publish(version, host) adopts that
-// memory as the snapshot's buckets (no copy), stamps each bucket's CRC-32C,
-// keeps the snapshot as the latest one, and announces it to every
-// subscriber; Publish(version, tensors) first packs loose tensors into
-// buckets of its own. Receivers fetch it as chunks (FetchSnapshot). Only the
-// latest snapshot is served: a snapshot that is still being fetched stays
-// alive until its last fetch ends, even after a newer one replaces it, but a
-// fetch that starts after the replacement gets NOT_FOUND (the receiver has
-// the newer announcement waiting).
+// It serves what the snapshot store holds (snapshot_store.h): the store
+// hands it every snapshot the learner publishes, and it announces each to
+// its subscribers. Receivers fetch the latest snapshot as chunks
+// (FetchSnapshot). Only the latest snapshot is served: a snapshot that is
+// still being fetched stays alive until its last fetch ends, even after a
+// newer one replaces it, but a fetch that starts after the replacement gets
+// NOT_FOUND (the receiver has the newer announcement waiting).
 //
 // Subscribe announces the latest snapshot at once if its version is greater
 // than after_version, then every newer one. after_version 0 means "from the
@@ -36,30 +33,27 @@
 // latest published is recorded as the latest (refusing it, as ReportVersion
 // does, would lock out the receivers of a learner restarted from an older
 // checkpoint). The methods are served raw and parse their requests
-// themselves (common/wire/wire_check.h): a request that does not parse is INVALID_ARGUMENT. A fetch
-// that writes nothing for fetch_idle_timeout, or lasts longer than max_fetch_duration, is
-// cancelled.
+// themselves (common/wire/wire_check.h): a request that does not parse is
+// INVALID_ARGUMENT. A fetch that writes nothing for fetch_idle_timeout, or
+// lasts longer than max_fetch_duration, is cancelled.
 //
 // NCCL (opt-in, BroadcastSenderOptions::nccl_world_size; sender_nccl.cc):
 // receivers given an NCCL rank in Register are not announced anything by
-// Publish or Subscribe; a thread of the sender announces each version to
+// the store's publishes or Subscribe; a thread of the sender announces each version to
 // them and broadcasts its buckets, one version at a time. When the
 // communicator fails, everyone is on gRPC from then on.
 //
-// Memory: the latest snapshot's buckets (host memory the publisher handed
-// over, held until no fetch reads them), plus any older snapshot a fetch
-// still reads; the publisher reuses a buffer once the sender lets it go.
-// Publish(version, tensors) keeps its own buffers the same way.
+// Memory: besides the store's latest snapshot, any older one a fetch
+// still reads (the sender holds it until the fetch ends).
 //
-// Torch-free: tensors arrive as raw byte views. Thread-safe; the gRPC
-// callbacks never block on the trainer. The sender must outlive the server
-// that serves it; call Shutdown() before the server's Shutdown(), which
+// Torch-free. Thread-safe; the gRPC callbacks never block on the trainer.
+// The store must outlive the sender, and the sender the server that serves
+// it; call Shutdown() before the server's Shutdown(), which
 // otherwise waits for the Subscribe streams that never end by themselves.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -76,39 +70,11 @@
 #include "weight_broadcaster/nccl/nccl_transport.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 #include "weight_broadcaster/snapshot_plan.h"
+#include "weight_broadcaster/snapshot_store.h"
 
 namespace asympo::broadcast {
 
-// One tensor to publish: its spec and its bytes (size must equal
-// product(shape) * DTypeSize(dtype)). The bytes are copied during Publish.
-struct TensorView {
-  TensorSpec spec;
-  const void* data = nullptr;
-  uint64_t size_bytes = 0;
-};
-
-// A snapshot's bytes in host memory laid out as `plan` says (the sender's:
-// BroadcastSender::Plan): plan->flat_bytes() bytes at `data`, bucket b at
-// data + plan->bucket_start(b), the gaps inside buckets zero. Publish adopts
-// them as the snapshot's buckets: `keep_alive` holds the memory until the
-// sender and every fetch have let the snapshot go, and the bytes must not
-// change meanwhile.
-struct HostBuckets {
-  std::shared_ptr<const SnapshotPlan> plan;
-  char* data = nullptr;
-  std::shared_ptr<void> keep_alive;
-};
-
-// The same bytes in GPU memory, laid out the same way, for the NCCL
-// transport to broadcast straight from the device. `keep_alive` holds that
-// memory until the sender lets the snapshot go.
-struct DeviceBuckets {
-  const void* data = nullptr;  // on the NCCL device; null: none
-  std::shared_ptr<const void> keep_alive;
-};
-
 struct BroadcastSenderOptions {
-  PackingOptions packing;
   // Chunk size used when a fetch does not ask for one (max_chunk_bytes 0);
   // requests are capped at max_chunk_bytes_cap. A chunk message is the data
   // plus at most 44 bytes: the default (4 MiB less 64 KiB) fits gRPC's
@@ -157,11 +123,6 @@ struct BroadcastSenderOptions {
   // When set, the bytes of every request (CountReceived), before any check.
   std::atomic<int64_t>* received_bytes = nullptr;
 
-  // The learner process's incarnation (LearnerStatus.incarnation) that
-  // every manifest and registration carries; SetIncarnation may replace it
-  // before the first Publish.
-  std::string incarnation;
-
   // The NCCL transport (off by default; see "NCCL" in docs/protocol.md).
   // With nccl_world_size N >= 2 the sender is rank 0 of an N-rank
   // communicator: the first N - 1 receivers that list TRANSPORT_NCCL first
@@ -189,58 +150,25 @@ using WeightBroadcastServiceBase = v1::WeightBroadcast::WithRawCallbackMethod_Re
 
 class BroadcastSender final : public WeightBroadcastServiceBase {
  public:
-  // `model_signature` is ModelSignature() of the tensors every Publish will
-  // carry; Register refuses receivers with another one. The sender's
-  // metrics are registered in `registry`, which must outlive it.
-  BroadcastSender(BroadcastSenderOptions options, std::string model_signature,
+  // Serves the snapshots of `store`, which must outlive the sender;
+  // Register refuses receivers whose model signature is not the store's.
+  // The sender's metrics are registered in `registry`, which must outlive
+  // it.
+  BroadcastSender(BroadcastSenderOptions options, SnapshotStore& store,
                   prometheus::Registry& registry);
   ~BroadcastSender() override;
 
-  // The bucket layout of every snapshot (PlanSnapshot with the options'
-  // packing), made on the first call and the same object afterwards.
-  // INVALID_ARGUMENT when the specs' signature differs from model_signature
-  // (or PlanSnapshot refuses them).
-  absl::StatusOr<std::shared_ptr<const SnapshotPlan>> Plan(const std::vector<TensorSpec>& specs);
-
-  // Announces version `version` with `host` as its buckets (adopted, not
-  // copied; their checksums are taken here). INVALID_ARGUMENT when `host`
-  // is not laid out by this sender's Plan, or `version` is not greater than
-  // the latest published one (the first Publish may use any version, e.g.
-  // the one restored from a checkpoint). With `device` (non-null), the NCCL
-  // transport broadcasts the buckets from there instead of from host memory.
-  absl::Status Publish(uint64_t version, HostBuckets host, const DeviceBuckets* device = nullptr);
-  // Copies `tensors` into buckets laid out by Plan, then publishes them as
-  // above. INVALID_ARGUMENT also when the tensors' signature differs from
-  // model_signature or a view's size is wrong.
-  absl::Status Publish(uint64_t version, const std::vector<TensorView>& tensors);
-  // Called after every Publish, and at once with the latest snapshot if
-  // there is one, with the snapshot's manifest (checksums stamped) and its
-  // host bytes, which `host.keep_alive` keeps alive for as long as the hook's
-  // receiver holds them (the learner's weight group). Called on the
-  // publishing thread, outside the sender's locks: it must not block.
-  using PublishHook =
-      std::function<void(std::shared_ptr<const v1::SnapshotManifest> manifest, HostBuckets host)>;
-  void SetPublishHook(PublishHook hook);
   // Whether the NCCL transport was asked for (nccl_world_size >= 2): only
   // then are DeviceBuckets of use.
   bool nccl_configured() const;
-
-  // The incarnation and the checkpoint version it resumed from that every
-  // later manifest carries (SnapshotManifest.incarnation). A receiver that
-  // registers or reports a version of another incarnation counts as holding
-  // none of this one's (version 0 in the receiver gauges).
-  void SetIncarnation(std::string incarnation, uint64_t resumed_from_version);
 
   // Ends every open Subscribe stream (the daemon calls it before shutting
   // the server down) and refuses new registrations and subscriptions with
   // UNAVAILABLE. Fetches in flight run on.
   void Shutdown();
 
-  uint64_t latest_version() const;
   // Receivers registered and still subscribed.
   int active_receivers() const;
-  // The signature every published snapshot carries (the constructor's).
-  const std::string& model_signature() const;
   // Version each registered receiver last reported (at Register or with
   // ReportVersion), sorted by receiver id.
   std::vector<std::pair<std::string, uint64_t>> receiver_versions() const;

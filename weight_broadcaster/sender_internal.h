@@ -1,12 +1,11 @@
 // Internals of BroadcastSender shared by broadcast_sender.cc (the service
-// calls and Publish) and sender_streams.cc (the Subscribe and FetchSnapshot
-// reactors). Not part of the public API.
+// calls and the store's reader) and sender_streams.cc (the Subscribe and
+// FetchSnapshot reactors). Not part of the public API.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,54 +21,17 @@
 #include "common/log_throttle.h"
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/session_registry.h"
 
 namespace asympo::broadcast::internal {
-
-// A published snapshot. The announcement (manifest only) is shared
-// separately so that a slow subscriber never pins the bytes; the bytes (the
-// adopted host buckets) live while the sender holds the snapshot as its
-// latest or a fetch (or a chunk inside gRPC) still reads them.
-struct Snapshot {
-  std::shared_ptr<const v1::SnapshotAnnouncement> announcement;
-  HostBuckets host;      // the bytes, laid out by host.plan
-  DeviceBuckets device;  // the same bytes on the NCCL device, if given
-
-  const v1::SnapshotManifest& manifest() const { return announcement->manifest(); }
-  uint64_t version() const { return manifest().version(); }
-  // Manifest bucket b's bytes in host memory, and on the device (null
-  // without device buckets).
-  char* bucket(int b) const { return host.data + host.plan->bucket_start(b); }
-  const void* device_bucket(int b) const {
-    return device.data == nullptr
-               ? nullptr
-               : static_cast<const char*>(device.data) + host.plan->bucket_start(b);
-  }
-};
 
 class SubscribeReactor;
 
 // BroadcastSender's state (BroadcastSender::State derives from it).
-// Where callers are anonymous, how long a registration must stay
-// unsubscribed before another connection may take its receiver id over (its
-// own connection may have gone; a receiver subscribes within milliseconds).
-inline constexpr absl::Duration kUnsubscribedTakeover = absl::Seconds(5);
-
 struct SenderState {
-  SenderState(BroadcastSenderOptions o, std::string signature, prometheus::Registry& registry);
+  SenderState(BroadcastSenderOptions o, SnapshotStore& store, prometheus::Registry& registry);
 
-  // One registration. A session ends when its Subscribe stream ends or when
-  // its receiver registers again.
-  struct Session {
-    std::string receiver_id;
-    uint64_t version = 0;  // what the receiver samples with, as last reported
-    SubscribeReactor* stream = nullptr;
-    int nccl_rank = 0;      // > 0: the session's receiver is this NCCL rank
-    absl::Time registered;  // options.clock's time at Register
-    int fetches = 0;        // under way
-    std::string principal;  // who registered it; only they may use it
-    std::string share_key;  // security::ShareKey of who registered it
-    absl::Time failure_counted = absl::InfinitePast();  // its last failure report counted
-  };
+  using Session = SessionRegistry::Session;
 
   // The caller's owner name if it may read weights; else the refusal. The
   // owner is the principal's name where callers authenticate, else the
@@ -82,32 +44,8 @@ struct SenderState {
   bool anonymous() const {
     return options.authorizer == nullptr || !options.authorizer->authenticates();
   }
-  // The session `session_id` if it exists and belongs to `principal`:
-  // FAILED_PRECONDITION for an unknown one, PERMISSION_DENIED for another
-  // principal's.
-  grpc::Status FindSessionLocked(const std::string& session_id, const std::string& principal,
-                                 Session** session) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-
-  // Whether session `session_id` (of a receiver id being registered again)
-  // is another owner's, one `principal` may not replace. Where callers are
-  // anonymous, an owner is a connection, which may have gone: its session
-  // may be taken over once it has stayed unsubscribed for
-  // kUnsubscribedTakeover.
-  bool TakenByAnotherLocked(const std::string& session_id, const std::string& principal) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // OK when a new registration of receiver `id` fits: within max_sessions
-  // in all (unless it is `replacing` its own) and within the per-principal
-  // share of `share_key`; else RESOURCE_EXHAUSTED, counted.
-  grpc::Status RegistrationRoomLocked(bool replacing, const std::string& id,
-                                      const std::string& share_key) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-
   // A fetch that FetchSnapshot counted has ended.
   void FetchDone(const std::string& session_id);
-
-  // Ends sessions that never subscribed within options.unsubscribed_session_ttl
-  // (a registration left behind, or a flood of them).
-  void ExpireUnsubscribedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   // The NCCL transport's life: off (never configured or unavailable),
   // handing out ranks, broadcasting, or failed (gRPC for all, for good).
@@ -119,7 +57,6 @@ struct SenderState {
   void CountFailure() { metrics.failures.Increment(); }
 
   const BroadcastSenderOptions options;
-  const std::string model_signature;
   const absl::flat_hash_set<uint64_t> corrupt_versions;
   SenderMetrics metrics;
   // Cancels fetches that stall or last too long.
@@ -129,40 +66,22 @@ struct SenderState {
   LogThrottle registered_again_log;
   LogThrottle failure_report_log;
 
-  // The bucket layout of every snapshot, made by the first Plan call.
-  absl::Mutex plan_mu;
-  std::shared_ptr<const SnapshotPlan> plan ABSL_GUARDED_BY(plan_mu);
-
-  absl::Mutex publish_mu;  // serializes Publish calls
-  // Publish(version, tensors)'s buffers, laid out by `plan`: one is reused
-  // once no snapshot holds it (it is then already faulted in).
-  std::vector<std::shared_ptr<char>> tensor_buffers ABSL_GUARDED_BY(publish_mu);
+  // What the sender serves, and its reader's id there (AddReader).
+  SnapshotStore& store;
+  int reader_id = -1;
   mutable absl::Mutex mu;
+  // The store's latest snapshot as its reader last saw it: every Subscribe
+  // and announcement is consistent with the sessions under `mu`.
   std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
-  BroadcastSender::PublishHook publish_hook ABSL_GUARDED_BY(mu);
-  // BroadcastSender::SetIncarnation's.
-  std::string incarnation ABSL_GUARDED_BY(mu);
-  uint64_t resumed_from_version ABSL_GUARDED_BY(mu) = 0;
   // The version `session` holds of this incarnation: `version`, or 0 when
   // `incarnation` names another one (empty: unknown, taken as this one).
   uint64_t OwnVersionLocked(uint64_t version, const std::string& of) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return of.empty() || of == incarnation ? version : 0;
+    return of.empty() || of == store.incarnation() ? version : 0;
   }
   bool shut_down ABSL_GUARDED_BY(mu) = false;
-  absl::flat_hash_map<std::string, Session> sessions ABSL_GUARDED_BY(mu);  // by session id
-  absl::flat_hash_map<std::string, std::string> session_of
-      ABSL_GUARDED_BY(mu);  // receiver -> session
-  std::mt19937_64 rng ABSL_GUARDED_BY(mu);
-  int fetches ABSL_GUARDED_BY(mu) = 0;  // under way, all sessions
-  // Fetches under way by share key, and each fetching session's key and
-  // count (a session may end before its fetches do).
-  absl::flat_hash_map<std::string, int> fetches_by_key ABSL_GUARDED_BY(mu);
-  struct Fetching {
-    std::string share_key;
-    int count = 0;
-  };
-  absl::flat_hash_map<std::string, Fetching> fetching ABSL_GUARDED_BY(mu);  // by session id
+  // The receivers' sessions: ownership, limits, expiry.
+  SessionRegistry sessions ABSL_GUARDED_BY(mu);
 
   // NCCL (broadcast_sender.cc). While the phase is kCollecting or kRunning,
   // sessions with an NCCL rank get announcements only from nccl_thread,

@@ -1,6 +1,5 @@
 #include <algorithm>
 #include <chrono>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -176,25 +175,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 
 }  // namespace
 
-SenderState::SenderState(BroadcastSenderOptions o, std::string signature,
+SenderState::SenderState(BroadcastSenderOptions o, SnapshotStore& snapshots,
                          prometheus::Registry& registry)
     : options(std::move(o)),
-      model_signature(std::move(signature)),
       corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
       metrics(registry),
-      incarnation(options.incarnation),
-      rng(std::random_device{}()) {}
+      store(snapshots),
+      sessions(options) {}
 
 void SenderState::FetchDone(const std::string& session_id) {
   absl::MutexLock lock(&mu);
-  --fetches;
-  if (auto f = fetching.find(session_id); f != fetching.end()) {
-    auto k = fetches_by_key.find(f->second.share_key);
-    if (k != fetches_by_key.end() && --k->second <= 0) fetches_by_key.erase(k);
-    if (--f->second.count <= 0) fetching.erase(f);
-  }
-  auto it = sessions.find(session_id);
-  if (it != sessions.end()) --it->second.fetches;
+  sessions.FetchDone(session_id);
 }
 
 grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx, std::string* principal,
@@ -207,95 +198,16 @@ grpc::Status SenderState::Authorize(const grpc::CallbackServerContext& ctx, std:
   return grpc::Status::OK;
 }
 
-grpc::Status SenderState::FindSessionLocked(const std::string& session_id,
-                                            const std::string& principal, Session** session) {
-  auto it = sessions.find(session_id);
-  if (it == sessions.end()) {
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("unknown session ", QuoteForMessage(session_id),
-                                     " (expired or replaced); register again"));
-  }
-  if (it->second.principal != principal) {
-    if (options.authorizer != nullptr) {
-      options.authorizer->CountRefusal("PERMISSION_DENIED", "session_owner");
-    }
-    return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
-                        "the session belongs to another principal");
-  }
-  *session = &it->second;
-  return grpc::Status::OK;
-}
-
-bool SenderState::TakenByAnotherLocked(const std::string& session_id,
-                                       const std::string& principal) const {
-  auto it = sessions.find(session_id);
-  if (it == sessions.end() || it->second.principal == principal) return false;
-  const SenderState::Session& s = it->second;
-  return !(anonymous() && s.stream == nullptr && s.nccl_rank == 0 &&
-           options.clock->Now() - s.registered >= kUnsubscribedTakeover);
-}
-
-grpc::Status SenderState::RegistrationRoomLocked(bool replacing, const std::string& id,
-                                                 const std::string& share_key) const {
-  const int total = options.max_sessions;
-  const int per_key =
-      std::min(total, options.max_sessions_per_principal > 0 ? options.max_sessions_per_principal
-                                                             : std::max(1, total / 4));
-  if (!replacing && static_cast<int>(sessions.size()) >= total) {
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("the learner holds ", sessions.size(),
-                                     " registrations, its limit; unsubscribed ones end after ",
-                                     absl::FormatDuration(options.unsubscribed_session_ttl)));
-  }
-  int mine = 0;
-  for (const auto& [sid, s] : sessions) {
-    mine += s.share_key == share_key && s.receiver_id != id ? 1 : 0;
-  }
-  if (mine < per_key) return grpc::Status::OK;
-  if (options.authorizer != nullptr) {
-    options.authorizer->CountRefusal("RESOURCE_EXHAUSTED", "registrations");
-  }
-  return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                      absl::StrCat(QuoteForMessage(share_key), " holds ", mine,
-                                   " registrations, its limit; unsubscribed ones end after ",
-                                   absl::FormatDuration(options.unsubscribed_session_ttl)));
-}
-
-void SenderState::ExpireUnsubscribedLocked() {
-  const absl::Time cutoff = options.clock->Now() - options.unsubscribed_session_ttl;
-  for (auto it = sessions.begin(); it != sessions.end();) {
-    const Session& s = it->second;
-    if (s.stream != nullptr || s.nccl_rank > 0 || s.registered > cutoff) {
-      ++it;
-      continue;
-    }
-    auto owner = session_of.find(s.receiver_id);
-    if (owner != session_of.end() && owner->second == it->first) session_of.erase(owner);
-    sessions.erase(it++);
-  }
-}
-
 void SenderState::UpdateReceiverGauges() {
-  int active = 0;
-  std::set<uint64_t> versions;
-  for (const auto& [id, s] : sessions) {
-    if (s.stream == nullptr) continue;
-    ++active;
-    versions.insert(s.version);
-  }
-  metrics.receivers.Set(active);
+  const std::vector<uint64_t> versions = sessions.versions_in_use();
+  metrics.receivers.Set(sessions.subscribed());
   metrics.versions_in_use.Set(static_cast<double>(versions.size()));
-  metrics.oldest_version.Set(versions.empty() ? 0.0 : static_cast<double>(*versions.begin()));
+  metrics.oldest_version.Set(versions.empty() ? 0.0 : static_cast<double>(versions.front()));
 }
 
 void SenderState::StreamDone(const std::string& session_id, SubscribeReactor* stream) {
   absl::MutexLock lock(&mu);
-  auto it = sessions.find(session_id);
-  if (it == sessions.end() || it->second.stream != stream) return;
-  auto r = session_of.find(it->second.receiver_id);
-  if (r != session_of.end() && r->second == session_id) session_of.erase(r);
-  sessions.erase(it);
-  UpdateReceiverGauges();
+  if (sessions.EndWithStream(session_id, stream)) UpdateReceiverGauges();
 }
 
 SubscribeReactor::SubscribeReactor(SenderState* state, const grpc::Status& refusal)

@@ -1,6 +1,6 @@
 // The bucket layout of a model's snapshots, planned once (docs/protocol.md,
 // "Weight broadcast"): the sender that publishes them makes it
-// (BroadcastSender::Plan), the learner's staging lays its host and device
+// (SnapshotStore::Plan), the learner's staging lays its host and device
 // copies out as it says, and the sender adopts that host memory as the
 // snapshot's buckets without copying it again.
 //

@@ -1,5 +1,5 @@
 // The c10d process groups the data-parallel learner (learner_server/
-// parallel) and the weight group (learner_server/weight_group.h) talk
+// parallel) and the weight group (weight_broadcaster/weight_group/weight_group.h) talk
 // through, and the two backends that make one: Gloo (host memory; CPU
 // ranks) and NCCL (device memory; one GPU a rank). Each backend is its own
 // source file, compiled only where the LibTorch build and its headers have

@@ -43,6 +43,7 @@ ROOMS = [
     ("weight_broadcaster/nccl", "asympo_nccl", 2),
     ("weight_broadcaster", "asympo_broadcast", 3),
     ("weight_broadcaster/model_weights", "asympo_weights", 4),
+    ("weight_broadcaster/weight_group", "asympo_weight_group", 4),
     ("learner_server/loss", "asympo_loss", 5),
     ("learner_server/optim", "asympo_optim", 5),
     ("learner_server/admission", "asympo_admission", 5),

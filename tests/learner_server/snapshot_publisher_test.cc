@@ -83,61 +83,61 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
   EXPECT_EQ(plain->DeviceBucketsOfStage().data, nullptr);
 }
 
-TEST(SnapshotStagingTest, TheHostCopyIsLaidOutAsTheSendersBucketsAndAdopted) {
+TEST(SnapshotStagingTest, TheHostCopyIsLaidOutAsTheStoresBucketsAndAdopted) {
   auto model = Tiny();
   prometheus::Registry registry;
-  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
-                                    registry);
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
+                                 registry);
   ASSERT_OK_AND_ASSIGN(auto staging,
-                       broadcast::SnapshotStaging::Create(*model, at::kBFloat16, sender, false));
-  ASSERT_OK_AND_ASSIGN(auto plan, sender.Plan(broadcast::ModelTensorSpecs(*model, at::kBFloat16)));
+                       broadcast::SnapshotStaging::Create(*model, at::kBFloat16, store, false));
+  ASSERT_OK_AND_ASSIGN(auto plan, store.Plan(broadcast::ModelTensorSpecs(*model, at::kBFloat16)));
   ASSERT_OK(staging->Stage(*model));
   ASSERT_OK_AND_ASSIGN(const auto views, staging->CopyToHost());
   broadcast::HostBuckets first = staging->HostBucketsOfCopy();
-  EXPECT_EQ(first.plan, plan) << "the sender's own plan";
+  EXPECT_EQ(first.plan, plan) << "the store's own plan";
   for (size_t t = 0; t < views.size(); ++t) {
     EXPECT_EQ(views[t].data, first.data + plan->tensor_start(static_cast<int>(t)));
   }
   const char* first_buffer = first.data;
-  ASSERT_OK(sender.Publish(1, std::move(first)));
-  // While the sender holds version 1's buckets, the next copy goes elsewhere;
+  ASSERT_OK(store.Publish(1, std::move(first)));
+  // While the store holds version 1's buckets, the next copy goes elsewhere;
   // once version 2 replaces it, the first buffer is used again.
   ASSERT_OK(staging->CopyToHost());
   const char* second_buffer = staging->HostBucketsOfCopy().data;
   EXPECT_NE(second_buffer, first_buffer);
-  ASSERT_OK(sender.Publish(2, staging->HostBucketsOfCopy()));
+  ASSERT_OK(store.Publish(2, staging->HostBucketsOfCopy()));
   ASSERT_OK(staging->CopyToHost());
   EXPECT_EQ(staging->HostBucketsOfCopy().data, first_buffer);
-  // Without a sender's plan, the sender refuses the copy.
+  // Without the store's plan, the store refuses the copy.
   auto plain = broadcast::SnapshotStaging::Create(*model, at::kBFloat16).value();
   ASSERT_OK(plain->Stage(*model));
   ASSERT_OK(plain->CopyToHost());
-  EXPECT_THAT(sender.Publish(3, plain->HostBucketsOfCopy()),
+  EXPECT_THAT(store.Publish(3, plain->HostBucketsOfCopy()),
               StatusIs(absl::StatusCode::kInvalidArgument, "plan"));
 }
 
 TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
   auto model = Tiny();
   prometheus::Registry registry;
-  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
-                                    registry);
-  auto publisher = SnapshotPublisher::Create(&sender, *model, at::kBFloat16, /*every=*/2,
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
+                                 registry);
+  auto publisher = SnapshotPublisher::Create(&store, *model, at::kBFloat16, /*every=*/2,
                                              RegisterSnapshotCounters(registry))
                        .value();
   ASSERT_OK(publisher->PublishNow(0, *model));
-  EXPECT_EQ(sender.latest_version(), 0u);  // synchronous
+  EXPECT_EQ(store.latest_version(), 0u);  // synchronous
   auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), publisher.get()).value();
   for (int i = 0; i < 5; ++i) ASSERT_OK(trainer->Step(FixedGroups(3)));
   publisher->Flush();
-  EXPECT_EQ(sender.latest_version(), 4u);  // 2 and 4 are published, 5 is not
+  EXPECT_EQ(store.latest_version(), 4u);  // 2 and 4 are published, 5 is not
   EXPECT_GE(publisher->coalesced(), 0);
 }
 
 TEST(SnapshotPublisherTest, ADtypeThatCannotBeBroadcastIsRefusedAtCreation) {
   auto model = Tiny();
   prometheus::Registry registry;
-  broadcast::BroadcastSender sender({}, broadcast::ModelSignatureOf(*model), registry);
-  auto p = SnapshotPublisher::Create(&sender, *model, at::kDouble, 1,
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model), registry);
+  auto p = SnapshotPublisher::Create(&store, *model, at::kDouble, 1,
                                      RegisterSnapshotCounters(registry));
   EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "cannot be broadcast"));
 }

@@ -101,13 +101,16 @@ class RolloutDaemonTest : public ::testing::Test {
   // `version`.
   void Serve(FakeLearner* learner, prometheus::Registry* registry, uint64_t version,
              const std::string& address) {
-    sender_ = std::make_unique<broadcast::BroadcastSender>(
-        broadcast::BroadcastSenderOptions{}, broadcast::ModelSignatureOf(*model_), *registry);
+    sender_.reset();  // it reads the store it replaces
+    store_ = std::make_unique<broadcast::SnapshotStore>(
+        broadcast::SnapshotStoreOptions{}, broadcast::ModelSignatureOf(*model_), *registry);
+    sender_ = std::make_unique<broadcast::BroadcastSender>(broadcast::BroadcastSenderOptions{},
+                                                           *store_, *registry);
     ASSERT_OK_AND_ASSIGN(auto staging,
                          broadcast::SnapshotStaging::Create(*model_, model_->options().dtype));
     ASSERT_OK(staging->Stage(*model_));
     ASSERT_OK_AND_ASSIGN(auto views, staging->CopyToHost());
-    ASSERT_OK(sender_->Publish(version, views));
+    ASSERT_OK(store_->Publish(version, views));
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(learner);
@@ -156,6 +159,7 @@ class RolloutDaemonTest : public ::testing::Test {
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<PolicyModel> model_;
   prometheus::Registry sender_registry_;  // outlives the sender
+  std::unique_ptr<broadcast::SnapshotStore> store_;
   std::unique_ptr<broadcast::BroadcastSender> sender_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -41,7 +41,7 @@ class BroadcastSecurityTest : public ::testing::Test {
     auto authorizer = security::Authorizer::Create(auth, metrics_.refusals, metrics_.registry);
     ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
-    BroadcastSenderOptions o;
+    testing::ServerOptions o;
     o.packing = testing::TestPacking();
     o.authorizer = authorizer_.get();
     o.received_bytes = &received_;
@@ -185,7 +185,7 @@ namespace {
 // learner's side and its place given back (a receiver that never reads
 // would otherwise pin the snapshot for good).
 TEST(BroadcastLimitsTest, AStalledFetchIsCancelledByTheLearner) {
-  BroadcastSenderOptions o;
+  testing::ServerOptions o;
   o.packing = testing::TestPacking();
   o.fetch_idle_timeout = absl::Milliseconds(200);
   o.chunk_delay = absl::Seconds(3);  // the stall

@@ -74,7 +74,7 @@ TEST(BroadcastSharesTest, AnotherConnectionCannotTakeASubscribedReceiverId) {
 }
 
 TEST(BroadcastSharesTest, RegistrationsAreSharedPerPeerAddress) {
-  BroadcastSenderOptions o;
+  testing::ServerOptions o;
   o.max_sessions = 8;
   o.max_sessions_per_principal = 2;
   SenderServer server(o);

@@ -28,8 +28,8 @@ using testing::ReceiverOptions;
 using testing::SenderServer;
 using testing::WaitUntil;
 
-BroadcastSenderOptions SmallBuckets() {
-  BroadcastSenderOptions o;
+testing::ServerOptions SmallBuckets() {
+  testing::ServerOptions o;
   o.packing = testing::TestPacking();
   return o;
 }
@@ -142,14 +142,14 @@ TEST(BroadcastTest, AFreshLearnersVersionZeroReachesReceivers) {
 TEST(BroadcastTest, PublishAdoptsHostBucketsLaidOutByTheSendersPlan) {
   SenderServer server(SmallBuckets());
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> plan,
-                       server.sender().Plan(testing::TestSpecs()));
+                       server.store().Plan(testing::TestSpecs()));
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> again,
-                       server.sender().Plan(testing::TestSpecs()));
+                       server.store().Plan(testing::TestSpecs()));
   EXPECT_EQ(again, plan) << "one plan for every snapshot";
   Rx a(ReceiverOptions(server.target(), "rollout-0"));
   HostBuckets host = testing::LaidOut(plan, 1);
   const std::weak_ptr<void> held = host.keep_alive;
-  ASSERT_OK(server.sender().Publish(1, std::move(host)));
+  ASSERT_OK(server.store().Publish(1, std::move(host)));
   EXPECT_FALSE(held.expired()) << "the sender holds the buckets it adopted";
   ASSERT_TRUE(a->WaitForPending(absl::Seconds(2)));
   std::shared_ptr<const ReceivedSnapshot> got = a->TakePending();
@@ -179,44 +179,46 @@ TEST(BroadcastTest, PublishAdoptsHostBucketsLaidOutByTheSendersPlan) {
   // Buckets laid out by another plan (even an equal one) are refused.
   ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> foreign,
                        SnapshotPlan::Make(testing::TestSpecs(), testing::TestPacking()));
-  EXPECT_THAT(server.sender().Publish(3, testing::LaidOut(foreign, 3)),
+  EXPECT_THAT(server.store().Publish(3, testing::LaidOut(foreign, 3)),
               StatusIs(absl::StatusCode::kInvalidArgument, "plan"));
-  EXPECT_THAT(server.sender().Plan({{"w", v1::DTYPE_F32, {2}}}),
+  EXPECT_THAT(server.store().Plan({{"w", v1::DTYPE_F32, {2}}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "signature"));
-  EXPECT_EQ(server.sender().latest_version(), 2u);
+  EXPECT_EQ(server.store().latest_version(), 2u);
 }
 
-TEST(BroadcastTest, ThePublishHookSeesEverySnapshotWithItsBytes) {
+// Every transport reads the store (the sender above, the NCCL thread, the
+// weight group): a reader sees the latest snapshot at once, then every new
+// one with its bytes, and holds what it keeps.
+TEST(BroadcastTest, AStoreReaderSeesEverySnapshotWithItsBytes) {
   SenderServer server(SmallBuckets());
   ASSERT_OK(server.Publish(1));
-  std::vector<std::pair<std::shared_ptr<const v1::SnapshotManifest>, HostBuckets>> seen;
-  server.sender().SetPublishHook([&](auto manifest, HostBuckets host) {
-    seen.emplace_back(std::move(manifest), std::move(host));
-  });
+  std::vector<std::shared_ptr<const Snapshot>> seen;
+  const int reader = server.store().AddReader(
+      [&](const std::shared_ptr<const Snapshot>& snapshot) { seen.push_back(snapshot); });
   ASSERT_EQ(seen.size(), 1u) << "the latest snapshot at once";
   ASSERT_OK(server.Publish(2));
   ASSERT_EQ(seen.size(), 2u);
   for (uint64_t v : {1, 2}) {
-    const auto& [m, host] = seen[v - 1];
-    EXPECT_EQ(m->version(), v);
-    EXPECT_GT(m->buckets_size(), 1);
+    const Snapshot& s = *seen[v - 1];
+    const v1::SnapshotManifest& m = s.manifest();
+    EXPECT_EQ(m.version(), v);
+    EXPECT_GT(m.buckets_size(), 1);
     const std::vector<std::string> w = testing::Weights(v);
-    for (int t = 0; t < m->tensors_size(); ++t) {
-      const v1::TensorEntry& e = m->tensors(t);
-      const char* at =
-          host.data + host.plan->bucket_start(static_cast<int>(e.bucket())) + e.offset();
+    for (int t = 0; t < m.tensors_size(); ++t) {
+      const v1::TensorEntry& e = m.tensors(t);
+      const char* at = s.bucket(static_cast<int>(e.bucket())) + e.offset();
       EXPECT_EQ(std::string(at, e.size_bytes()), w[static_cast<size_t>(t)]) << e.name();
     }
-    for (const v1::BucketInfo& b : m->buckets()) {
-      const char* at = host.data + host.plan->bucket_start(static_cast<int>(b.index()));
-      EXPECT_EQ(Crc32c(at, b.size_bytes()), b.crc32c()) << "bucket " << b.index();
+    for (const v1::BucketInfo& b : m.buckets()) {
+      EXPECT_EQ(Crc32c(s.bucket(static_cast<int>(b.index())), b.size_bytes()), b.crc32c())
+          << "bucket " << b.index();
     }
   }
-  // What the hook holds stays alive after newer versions (its keep_alive).
+  // What the reader holds stays alive after newer versions.
   ASSERT_OK(server.Publish(3));
-  EXPECT_EQ(std::string(seen[0].second.data + seen[0].second.plan->bucket_start(0), 1),
-            std::string(1, testing::WeightByte(1, 0, 0)));
-  server.sender().SetPublishHook(nullptr);
+  EXPECT_EQ(std::string(seen[0]->bucket(0), 1), std::string(1, testing::WeightByte(1, 0, 0)));
+  EXPECT_EQ(server.store().latest()->version(), 3u);
+  server.store().RemoveReader(reader);
   ASSERT_OK(server.Publish(4));
   EXPECT_EQ(seen.size(), 3u);
 }
@@ -230,18 +232,18 @@ TEST(BroadcastTest, PublishRejectsOldVersionsAndWrongTensors) {
   std::vector<std::string> w = testing::Weights(6);
   std::vector<TensorView> views = testing::Views(w);
   views[1].size_bytes -= 2;
-  EXPECT_THAT(server.sender().Publish(6, views),
+  EXPECT_THAT(server.store().Publish(6, views),
               StatusIs(absl::StatusCode::kInvalidArgument, "model.layers.0.mlp.up_proj.weight"));
 
   views = testing::Views(w);
   views[3].spec.shape = {10, 100};  // another architecture
-  EXPECT_THAT(server.sender().Publish(6, views),
+  EXPECT_THAT(server.store().Publish(6, views),
               StatusIs(absl::StatusCode::kInvalidArgument, "signature"));
-  EXPECT_EQ(server.sender().latest_version(), 5u);
+  EXPECT_EQ(server.store().latest_version(), 5u);
 }
 
 TEST(BroadcastTest, CorruptTransferIsCountedAndOldWeightsKept) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.corrupt_versions = {2};
   SenderServer server(o);
   Rx a(ReceiverOptions(server.target(), "rollout-0"));
@@ -385,7 +387,7 @@ TEST(BroadcastTest, FetchOfAVersionNotHeldIsNotFound) {
 }
 
 TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.default_chunk_bytes = 1000;
   o.max_chunk_bytes_cap = 3000;
   o.min_chunk_bytes = 1;  // this test's buckets are small; the floor has its own test
@@ -427,7 +429,7 @@ TEST(BroadcastTest, ChunksRespectTheRequestedSizeAndTheCap) {
 }
 
 TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.min_chunk_bytes = 500;
   SenderServer server(o);
   ASSERT_OK(server.Publish(1));
@@ -439,7 +441,7 @@ TEST(BroadcastTest, TinyChunkRequestsAreRaisedToTheFloor) {
   uint64_t expected = 0;
   for (const auto& b : m.buckets()) expected += (b.size_bytes() + 499) / 500;
   EXPECT_EQ(f.chunks.size(), expected);
-  EXPECT_EQ(BroadcastSenderOptions().min_chunk_bytes, 64u << 10);
+  EXPECT_EQ(testing::ServerOptions().min_chunk_bytes, 64u << 10);
 }
 
 TEST(BroadcastTest, HugeIdsAreNotEchoedAndUnpublishedVersionsAreRefused) {
@@ -528,7 +530,7 @@ TEST(BroadcastTest, RepeatedRegistrationsAndReportsDoNotFloodTheLog) {
 }
 
 TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.unsubscribed_session_ttl = absl::Milliseconds(300);
   asympo::testing::FakeClock clock;  // registrations expire when it moves on
   o.clock = &clock;
@@ -574,7 +576,7 @@ TEST(BroadcastTest, UnsubscribedRegistrationsExpireAndAreBounded) {
 }
 
 TEST(BroadcastTest, FetchesUnderWayAreBoundedPerSessionAndInAll) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.min_chunk_bytes = 1;
   o.chunk_delay = absl::Milliseconds(50);  // every fetch stays under way for a while
   o.max_fetches_per_session = 2;
@@ -661,7 +663,7 @@ TEST(BroadcastTest, ReceiversFollowARestartedLearnerBackwards) {
 // are not. Receivers fetch by incarnation and content, not by number alone.
 TEST(BroadcastTest, ARestartedLearnersOtherWeightsUnderTheSameVersionAreFetched) {
   const auto sender_of = [](const std::string& incarnation, int port) {
-    BroadcastSenderOptions o = SmallBuckets();
+    testing::ServerOptions o = SmallBuckets();
     o.incarnation = incarnation;
     return std::make_unique<SenderServer>(o, port);
   };
@@ -670,7 +672,7 @@ TEST(BroadcastTest, ARestartedLearnersOtherWeightsUnderTheSameVersionAreFetched)
     (*server)->sender().Shutdown();
     EXPECT_TRUE(WaitUntil([&] { return !rx->connected(); }));
     server->reset();
-    BroadcastSenderOptions o = SmallBuckets();
+    testing::ServerOptions o = SmallBuckets();
     o.incarnation = std::move(incarnation);
     *server = std::make_unique<SenderServer>(o, port);
     EXPECT_TRUE(WaitUntil([&] { return (*server)->sender().active_receivers() == 1; }));
@@ -684,7 +686,7 @@ TEST(BroadcastTest, ARestartedLearnersOtherWeightsUnderTheSameVersionAreFetched)
   // It holds the first incarnation's 5: none of this one's weights.
   EXPECT_THAT(server->sender().receiver_versions(), ElementsAre(Pair("rollout-0", 0)));
   const std::vector<std::string> retrained = testing::Weights(105);
-  ASSERT_OK(server->sender().Publish(5, testing::Views(retrained)));
+  ASSERT_OK(server->store().Publish(5, testing::Views(retrained)));
   ASSERT_TRUE(rx->WaitForPending(absl::Seconds(2))) << "the retrained version 5 was not fetched";
   std::shared_ptr<const ReceivedSnapshot> got = rx->TakePending();
   ASSERT_NE(got, nullptr);
@@ -703,7 +705,7 @@ TEST(BroadcastTest, ARestartedLearnersOtherWeightsUnderTheSameVersionAreFetched)
   // bytes under the same number are not fetched again, and the receiver
   // counts as holding this incarnation's version 5.
   restart(&server, rx, "third");
-  ASSERT_OK(server->sender().Publish(5, testing::Views(retrained)));
+  ASSERT_OK(server->store().Publish(5, testing::Views(retrained)));
   EXPECT_TRUE(WaitUntil([&] {
     return server->sender().receiver_versions() ==
            std::vector<std::pair<std::string, uint64_t>>{{"rollout-0", 5}};
@@ -727,7 +729,7 @@ TEST(BroadcastTest, RegisteringAgainReplacesTheOldSession) {
 }
 
 TEST(BroadcastTest, SlowReceiverSkipsToTheNewestVersion) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.default_chunk_bytes = 512;
   o.chunk_delay = absl::Milliseconds(15);  // ~20 chunks: each fetch takes ~0.3 s
   SenderServer server(o);
@@ -742,7 +744,7 @@ TEST(BroadcastTest, SlowReceiverSkipsToTheNewestVersion) {
 }
 
 TEST(BroadcastTest, StopIsPromptDuringAFetchAndTheSenderCountsTheCancel) {
-  BroadcastSenderOptions o = SmallBuckets();
+  testing::ServerOptions o = SmallBuckets();
   o.default_chunk_bytes = 64;  // ~140 chunks, 0.2 s apart: the fetch is far from done
   o.chunk_delay = absl::Milliseconds(200);
   SenderServer server(o);

@@ -109,13 +109,23 @@ inline bool WaitUntil(const std::function<bool()>& done,
 
 using ::asympo::testing::MetricValue;
 
-// A BroadcastSender served on a loopback port (0: any free one).
+// The sender's options and its store's, for SenderServer.
+struct ServerOptions : BroadcastSenderOptions {
+  PackingOptions packing;
+  std::string incarnation;
+};
+
+// A BroadcastSender over a snapshot store of its own, served on a loopback
+// port (0: any free one).
 class SenderServer {
  public:
-  explicit SenderServer(BroadcastSenderOptions options = {}, int port = 0)
+  explicit SenderServer(ServerOptions options = {}, int port = 0)
       : registry_(std::make_shared<prometheus::Registry>()),
-        sender_(std::make_unique<BroadcastSender>(std::move(options), ModelSignature(TestSpecs()),
-                                                  *registry_)) {
+        store_(std::make_unique<SnapshotStore>(
+            SnapshotStoreOptions{options.packing, options.incarnation},
+            ModelSignature(TestSpecs()), *registry_)),
+        sender_(std::make_unique<BroadcastSender>(static_cast<BroadcastSenderOptions>(options),
+                                                  *store_, *registry_)) {
     grpc::ServerBuilder builder;
     builder.AddListeningPort("127.0.0.1:" + std::to_string(port), grpc::InsecureServerCredentials(),
                              &port_);
@@ -135,12 +145,13 @@ class SenderServer {
 
   absl::Status Publish(uint64_t version) {
     const std::vector<std::string> w = Weights(version);
-    return sender_->Publish(version, Views(w));
+    return store_->Publish(version, Views(w));
   }
 
   int port() const { return port_; }
   std::string target() const { return "127.0.0.1:" + std::to_string(port_); }
   BroadcastSender& sender() { return *sender_; }
+  SnapshotStore& store() { return *store_; }
   prometheus::Registry& registry() { return *registry_; }
   double Metric(const std::string& name) { return MetricValue(*registry_, name); }
 
@@ -151,6 +162,7 @@ class SenderServer {
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<SnapshotStore> store_;
   std::unique_ptr<BroadcastSender> sender_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -62,8 +62,8 @@ NcclBroadcasterOptions FakeNccl(absl::Duration timeout) {
   return o;
 }
 
-BroadcastSenderOptions NcclSenderOptions(int world_size, absl::Duration timeout) {
-  BroadcastSenderOptions o;
+testing::ServerOptions NcclSenderOptions(int world_size, absl::Duration timeout) {
+  testing::ServerOptions o;
   o.packing = TestPacking();
   o.nccl_world_size = world_size;
   o.nccl = FakeNccl(timeout);
@@ -164,15 +164,15 @@ TEST_F(NcclBroadcastTest, BucketsGivenInDeviceMemoryAreBroadcastFromThere) {
   EXPECT_GT(staged_before, 0) << "host buckets go through the device staging";
 
   // Version 2's buckets in host memory and also "in device memory" (the
-  // fake's device memory is host memory), both laid out as the sender's plan
+  // fake's device memory is host memory), both laid out as the store's plan
   // says.
-  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> plan, server.sender().Plan(TestSpecs()));
+  ASSERT_OK_AND_ASSIGN(std::shared_ptr<const SnapshotPlan> plan, server.store().Plan(TestSpecs()));
   HostBuckets host = LaidOut(plan, 2);
   const HostBuckets on_device = LaidOut(plan, 2);
   DeviceBuckets device;
   device.data = on_device.data;
   device.keep_alive = on_device.keep_alive;
-  ASSERT_OK(server.sender().Publish(2, std::move(host), &device));
+  ASSERT_OK(server.store().Publish(2, std::move(host), &device));
   a.ExpectVersion(2);
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 2; }));
   EXPECT_EQ(Stats().host_to_device_copies, staged_before)
@@ -213,7 +213,7 @@ TEST_F(NcclBroadcastTest, AHungBroadcastFallsBackToGrpcForEveryone) {
 }
 
 TEST_F(NcclBroadcastTest, WithoutNcclLibrariesTheSenderStaysOnGrpc) {
-  BroadcastSenderOptions o = NcclSenderOptions(2, absl::Seconds(5));
+  testing::ServerOptions o = NcclSenderOptions(2, absl::Seconds(5));
   o.nccl.load.nccl_library = "/nonexistent/libnccl.so.2";
   SenderServer server(o);
   Receiver a(server.target(), "a", true, absl::Seconds(5));

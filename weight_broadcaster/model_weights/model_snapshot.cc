@@ -64,11 +64,11 @@ std::string ModelSignatureOf(const PolicyModel& model, at::ScalarType dtype) {
 
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const PolicyModel& model,
                                                                          at::ScalarType dtype,
-                                                                         BroadcastSender& sender,
+                                                                         SnapshotStore& store,
                                                                          bool device_buckets) {
   ASYMPO_RETURN_IF_ERROR(ToDType(dtype).status());
   ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan,
-                          sender.Plan(ModelTensorSpecs(model, dtype)));
+                          store.Plan(ModelTensorSpecs(model, dtype)));
   return Allocate(model, dtype, std::move(plan), device_buckets);
 }
 

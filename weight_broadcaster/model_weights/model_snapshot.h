@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
 #include "weight_broadcaster/broadcast_receiver.h"
-#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/snapshot_store.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::broadcast {
@@ -41,10 +41,10 @@ std::string ModelSignatureOf(const PolicyModel& model,
 //     GPU the copy runs on a stream of its own, after an event recorded by
 //     Stage: it overlaps the next step's kernels instead of queueing among
 //     them.
-// Both buffers are laid out as the sender's plan says (SnapshotPlan: the
+// Both buffers are laid out as the store's plan says (SnapshotPlan: the
 // snapshot's buckets one after the other, the gaps zero), so that the host
 // copy is the snapshot's buckets as they are (HostBucketsOfCopy, adopted by
-// BroadcastSender::Publish without another copy) and the device copy can be
+// SnapshotStore::Publish without another copy) and the device copy can be
 // broadcast over NCCL in place (DeviceBucketsOfStage). A buffer a snapshot
 // still holds is not written again: the next Stage or CopyToHost takes
 // another one (one spare each is kept).
@@ -52,17 +52,17 @@ std::string ModelSignatureOf(const PolicyModel& model,
 // several Stage calls may precede a CopyToHost (the last wins).
 class SnapshotStaging {
  public:
-  // Laid out as `sender`'s plan (BroadcastSender::Plan of
+  // Laid out as `store`'s plan (SnapshotStore::Plan of
   // ModelTensorSpecs(model, dtype)). With `device_buckets`,
   // DeviceBucketsOfStage hands the device copy to the NCCL transport.
   // Allocates the buffers; a LibTorch error (out of memory, no pinned
   // memory) is a status, as is a dtype that cannot be broadcast.
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(const PolicyModel& model,
                                                                  at::ScalarType dtype,
-                                                                 BroadcastSender& sender,
+                                                                 SnapshotStore& store,
                                                                  bool device_buckets);
   // With a plan of its own (SnapshotPlan::Make with `buckets`, else the
-  // default packing), for copies no sender adopts as they are; with
+  // default packing), for copies no store adopts as they are; with
   // `buckets` there are device buckets too.
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(
       const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets = nullptr);
@@ -72,7 +72,7 @@ class SnapshotStaging {
   absl::StatusOr<std::vector<TensorView>> CopyToHost();
 
   // The last CopyToHost's buffer as the plan's host buckets, for
-  // BroadcastSender::Publish; its keep_alive holds the buffer.
+  // SnapshotStore::Publish; its keep_alive holds the buffer.
   HostBuckets HostBucketsOfCopy() const;
   // The last staged copy's buckets in device memory, valid while the
   // result's keep_alive lives. Empty (null data) without device buckets.

@@ -21,11 +21,27 @@
 // broadcasts; a worker that does not join again within the join window is
 // left out.
 //
+// The snapshots come from the snapshot store (snapshot_store.h), which the
+// group reads like the other transports: nothing calls into the group when
+// the learner publishes.
+//
+// Calls: the service is on gRPC's callback API, every method served raw:
+// each request is checked on the wire (common/wire/wire_check.h) before it
+// is parsed (INVALID_ARGUMENT naming the fault) and its bytes counted with
+// every other request's. A Join, a Next or a store GET or WAIT that has to
+// wait holds no thread: it is parked, and the group's answering thread
+// finishes it once the group has its answer, its wait ends, the caller
+// cancels or the group shuts down. At most max_waiting calls wait at once,
+// and max_waiting_per_caller of one caller (a principal; a peer address
+// where callers are anonymous): one more is RESOURCE_EXHAUSTED, counted as
+// a refusal.
+//
 // Security: every call needs the role read_weights, like WeightBroadcast.
 // The collectives themselves run over Gloo's or NCCL's own TCP connections,
 // unencrypted: rank 0 binds them to `address` (loopback by default).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,9 +54,9 @@
 #include "absl/time/time.h"
 #include "asympo/v1/weight_group.grpc.pb.h"
 #include "common/security/authorizer.h"
-#include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/snapshot_store.h"
 
-namespace asympo::learner {
+namespace asympo::broadcast {
 
 struct WeightGroupOptions {
   // "gloo" (host memory) or "nccl" (rank 0 on CUDA device `nccl_device`).
@@ -58,23 +74,32 @@ struct WeightGroupOptions {
   absl::Duration join_window = absl::Seconds(2);
   // Members of one generation at most (one more Join: RESOURCE_EXHAUSTED).
   int max_members = 256;
-  // Join's check of the worker's model; every manifest carries it too.
-  std::string model_signature;
+  // Calls waiting at once (Join, Next, store waits), in all and of one
+  // caller; one more is RESOURCE_EXHAUSTED.
+  int max_waiting = 1024;
+  int max_waiting_per_caller = 256;
   // Who may join (role read_weights). Null: everyone, as "anonymous".
   security::Authorizer* authorizer = nullptr;
+  // When set, the bytes of every request (CountReceived), before any check.
+  std::atomic<int64_t>* received_bytes = nullptr;
 };
 
-class WeightGroup final : public v1::WeightGroup::Service {
+// The callback service with every method served raw (grpc::ByteBuffer).
+using WeightGroupServiceBase = v1::WeightGroup::WithRawCallbackMethod_Join<
+    v1::WeightGroup::WithRawCallbackMethod_Store<
+        v1::WeightGroup::WithRawCallbackMethod_Next<v1::WeightGroup::Service>>>;
+
+class WeightGroup final : public WeightGroupServiceBase {
  public:
-  // INVALID_ARGUMENT for an unknown backend or a bad option, and
-  // FAILED_PRECONDITION when this build lacks the backend's process group.
+  // Broadcasts the snapshots of `store` (which must outlive the group) to
+  // the members that lack the latest; Join checks a worker's model against
+  // the store's signature. INVALID_ARGUMENT for an unknown backend or a bad
+  // option, and FAILED_PRECONDITION when this build lacks the backend's
+  // process group.
   static absl::StatusOr<std::unique_ptr<WeightGroup>> Create(WeightGroupOptions options,
+                                                             SnapshotStore& store,
                                                              prometheus::Registry& registry);
   ~WeightGroup() override;
-
-  // The latest snapshot (BroadcastSender's publish hook): the group
-  // broadcasts it to the members that lack it. `host` keeps its bytes alive.
-  void Offer(std::shared_ptr<const v1::SnapshotManifest> manifest, broadcast::HostBuckets host);
 
   // Ends the group thread and every waiting call (UNAVAILABLE). Call it
   // before the server's Shutdown.
@@ -86,12 +111,17 @@ class WeightGroup final : public v1::WeightGroup::Service {
   int members() const;
   int64_t versions_sent() const;
 
-  grpc::Status Join(grpc::ServerContext* ctx, const v1::JoinGroupRequest* request,
-                    v1::JoinGroupResponse* response) override;
-  grpc::Status Store(grpc::ServerContext* ctx, const v1::GroupStoreRequest* request,
-                     v1::GroupStoreResponse* response) override;
-  grpc::Status Next(grpc::ServerContext* ctx, const v1::GroupNextRequest* request,
-                    v1::GroupNextResponse* response) override;
+  // Requests and replies are the serialized messages of
+  // proto/asympo/v1/weight_group.proto.
+  grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* reply) override;
+  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx,
+                                  const grpc::ByteBuffer* request,
+                                  grpc::ByteBuffer* reply) override;
+  grpc::ServerUnaryReactor* Next(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* reply) override;
+  // Calls that are waiting for the group (tests).
+  int waiting_calls() const;
 
   struct State;
 
@@ -100,4 +130,4 @@ class WeightGroup final : public v1::WeightGroup::Service {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace asympo::learner
+}  // namespace asympo::broadcast

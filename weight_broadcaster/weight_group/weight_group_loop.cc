@@ -10,10 +10,10 @@
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "learner_server/weight_group_state.h"
-#include "learner_server/weight_group_store.h"
+#include "weight_broadcaster/weight_group/weight_group_state.h"
+#include "weight_broadcaster/weight_group/weight_group_store.h"
 
-namespace asympo::learner {
+namespace asympo::broadcast {
 namespace {
 
 std::string NewToken() {
@@ -201,29 +201,28 @@ void WeightGroup::State::Form() {
 }
 
 void WeightGroup::State::Broadcast() {
-  std::shared_ptr<const v1::SnapshotManifest> manifest;
-  broadcast::HostBuckets host;
+  std::shared_ptr<const Snapshot> snapshot;
   c10::intrusive_ptr<collective::CollectiveGroup> group;
   uint64_t gen = 0;
   {
     absl::MutexLock lock(&mu);
-    manifest = latest;
-    host = latest_host;
+    snapshot = latest;
     group = pg;
     gen = generation;
     phase = Phase::kBroadcasting;
     // Each member's Next takes the manifest from here: a small bucket's
     // broadcast may end on rank 0 before a member's call has returned.
-    TellAllLocked(v1::GroupNextResponse::ACTION_RECEIVE, manifest);
+    TellAllLocked(v1::GroupNextResponse::ACTION_RECEIVE,
+                  std::shared_ptr<const v1::SnapshotManifest>(snapshot, &snapshot->manifest()));
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
   try {
     const bool nccl = options.backend == "nccl";
-    for (const v1::BucketInfo& b : manifest->buckets()) {
+    for (const v1::BucketInfo& b : snapshot->manifest().buckets()) {
       const int64_t size = static_cast<int64_t>(b.size_bytes());
       if (size == 0) continue;  // every rank skips an empty bucket
-      char* data = host.data + host.plan->bucket_start(static_cast<int>(b.index()));
+      char* data = snapshot->bucket(static_cast<int>(b.index()));
       at::Tensor t = at::from_blob(data, {size}, at::TensorOptions().dtype(at::kByte));
       if (nccl) {
         const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(options.nccl_device));
@@ -247,7 +246,7 @@ void WeightGroup::State::Broadcast() {
   if (gen != generation) return;
   phase = Phase::kActive;
   if (!error.empty()) {
-    LOG(WARNING) << "weight group: broadcast of version " << manifest->version()
+    LOG(WARNING) << "weight group: broadcast of version " << snapshot->version()
                  << " in generation " << gen << " failed: " << error.substr(0, error.find('\n'));
     Fail("broadcast");
     RegroupLocked("a broadcast failed");
@@ -258,10 +257,10 @@ void WeightGroup::State::Broadcast() {
   for (Member& m : members) m.last_seen = now;
   ++versions_sent;
   versions_total->Increment();
-  VLOG(1) << "weight group: version " << manifest->version() << " to " << members.size()
+  VLOG(1) << "weight group: version " << snapshot->version() << " to " << members.size()
           << " members in "
           << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   cv.SignalAll();
 }
 
-}  // namespace asympo::learner
+}  // namespace asympo::broadcast

@@ -1,9 +1,12 @@
-// The WeightGroup service on a real gRPC server: what it refuses and why,
-// who may call it, and a member that joins but never connects, which ends
-// its generation and not the group. Several real workers, one restarted,
+// The WeightGroup service on a real gRPC server: what it refuses and why
+// (malformed bytes included), who may call it, waiting calls that hold no
+// thread and their limits, and a member that joins but never connects,
+// which ends its generation and not the group. Several real workers, one restarted,
 // and every version byte-exact: tests/integration/python_weight_group_test.py.
-#include "learner_server/weight_group.h"
+#include "weight_broadcaster/weight_group/weight_group.h"
 
+#include <atomic>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -19,11 +22,12 @@
 #include "common/security/x509.h"
 #include "tests/testing/authorizer_metrics.h"
 #include "tests/testing/metrics.h"
+#include "tests/testing/raw_call.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/wait.h"
 
-namespace asympo::learner {
+namespace asympo::broadcast {
 namespace {
 
 using ::testing::HasSubstr;
@@ -43,12 +47,14 @@ class WeightGroupTest : public ::testing::Test {
     ASSERT_OK(authorizer);
     authorizer_ = *std::move(authorizer);
     WeightGroupOptions o;
-    o.timeout = absl::Milliseconds(500);
+    o.timeout = timeout_;
     o.ready_timeout = absl::Seconds(1);
     o.join_window = absl::Milliseconds(100);
-    o.model_signature = "sig-1";
     o.authorizer = authorizer_.get();
-    auto group = WeightGroup::Create(o, registry_);
+    o.received_bytes = &received_;
+    o.max_waiting = 300;
+    o.max_waiting_per_caller = 200;
+    auto group = WeightGroup::Create(o, store_, registry_);
     ASSERT_OK(group);
     group_ = *std::move(group);
     grpc::ServerBuilder builder;
@@ -62,13 +68,16 @@ class WeightGroupTest : public ::testing::Test {
     if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
 
-  std::unique_ptr<v1::WeightGroup::Stub> Stub(const std::string& token = "engine-tok") {
+  std::shared_ptr<grpc::Channel> Channel(const std::string& token = "engine-tok") {
     security::ClientTlsOptions o;
     if (!token.empty()) o.token_file = dir_.Path(token);
     auto channel =
         security::CreateClientChannel(absl::StrCat("127.0.0.1:", port_), o, client_registry_);
     EXPECT_OK(channel);
-    return v1::WeightGroup::NewStub(*channel);
+    return channel.ok() ? *channel : nullptr;
+  }
+  std::unique_ptr<v1::WeightGroup::Stub> Stub(const std::string& token = "engine-tok") {
+    return v1::WeightGroup::NewStub(Channel(token));
   }
 
   grpc::Status Join(v1::WeightGroup::Stub& stub, const std::string& id, v1::JoinGroupResponse* out,
@@ -109,7 +118,10 @@ class WeightGroupTest : public ::testing::Test {
 
   asympo::testing::ScopedTempDir dir_{"wgroup"};
   asympo::testing::AuthorizerMetrics metrics_;
+  absl::Duration timeout_ = absl::Milliseconds(500);  // the rendezvous's
+  std::atomic<int64_t> received_{0};
   prometheus::Registry registry_;
+  SnapshotStore store_{{}, "sig-1", registry_};  // what the group broadcasts
   prometheus::Registry client_registry_;
   std::unique_ptr<security::Authorizer> authorizer_;
   std::unique_ptr<WeightGroup> group_;
@@ -152,6 +164,90 @@ TEST_F(WeightGroupTest, BadRequestsAreRefusedNamingWhatIsWrong) {
   ASSERT_TRUE(Next(*stub, "no-such-token", &next).ok());
   EXPECT_EQ(next.action(), v1::GroupNextResponse::ACTION_REJOIN);
   EXPECT_EQ(group_->generation(), 0u) << "nobody joined";
+}
+
+// Requests are checked on the wire before they are parsed, like every other
+// method's, and their bytes counted with every other request's.
+TEST_F(WeightGroupTest, MalformedRequestsAreRefusedNamingTheFault) {
+  const int64_t before = received_.load();
+  for (const char* method : {"JoinGroupRequest", "GroupStoreRequest", "GroupNextRequest"}) {
+    const std::string name = method;
+    const std::string call = name == "JoinGroupRequest"    ? "Join"
+                             : name == "GroupStoreRequest" ? "Store"
+                                                           : "Next";
+    // Field 1 (a string) whose length runs past the end of the message.
+    grpc::Status s = asympo::testing::RawUnaryCall(
+        Channel(), "/asympo.v1.WeightGroup/" + call, std::string("\x0a\x7f\x01\x02", 4));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << call;
+    EXPECT_THAT(s.error_message(), HasSubstr("asympo.v1." + name)) << call;
+  }
+  EXPECT_EQ(received_.load() - before, 12) << "each request's 4 bytes";
+  // A store value over its limit is refused on the wire, unread.
+  v1::GroupStoreRequest big;
+  big.set_op(v1::GroupStoreRequest::OP_SET);
+  big.add_keys("k");
+  big.set_value(std::string((1u << 20) + 1, 'v'));
+  grpc::Status s = asympo::testing::RawUnaryCall(Channel(), "/asympo.v1.WeightGroup/Store",
+                                                 big.SerializeAsString());
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(group_->generation(), 0u);
+}
+
+// The threads of this process.
+int Threads() {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.exists();
+  return n;
+}
+
+// A group whose rendezvous waits long enough for a test to use its store.
+class WeightGroupSlowRendezvousTest : public WeightGroupTest {
+ protected:
+  WeightGroupSlowRendezvousTest() { timeout_ = absl::Seconds(5); }
+};
+
+// 200 store waits are parked, not served by 200 threads; the caller's next
+// one is refused (RESOURCE_EXHAUSTED, counted as a refusal), and every
+// parked call is answered when its keys are set.
+TEST_F(WeightGroupSlowRendezvousTest, WaitingCallsHoldNoThreadAndAreLimitedPerCaller) {
+  auto stub = Stub();
+  v1::JoinGroupResponse member;
+  ASSERT_TRUE(Join(*stub, "engine-0", &member).ok());
+  ASSERT_TRUE(member.formed());
+  const int threads_before = Threads();
+  constexpr int kCalls = 200;
+  std::vector<grpc::ClientContext> ctx(kCalls);
+  std::vector<v1::GroupStoreRequest> req(kCalls);
+  std::vector<v1::GroupStoreResponse> resp(kCalls);
+  std::atomic<int> ready{0}, finished{0};
+  for (int i = 0; i < kCalls; ++i) {
+    req[i].set_member_token(member.member_token());
+    req[i].set_op(v1::GroupStoreRequest::OP_WAIT);
+    req[i].add_keys("never-yet");
+    req[i].set_wait_ms(20000);
+    stub->async()->Store(&ctx[i], &req[i], &resp[i], [&, i](grpc::Status s) {
+      if (s.ok() && resp[i].ready()) ++ready;
+      ++finished;
+    });
+  }
+  ASSERT_TRUE(asympo::testing::WaitFor([&] { return group_->waiting_calls() == kCalls; }))
+      << group_->waiting_calls();
+  EXPECT_LT(Threads(), threads_before + 40) << "threads while " << kCalls << " calls wait";
+  v1::GroupStoreResponse store;
+  grpc::Status refused = StoreOp(*stub, member.member_token(), v1::GroupStoreRequest::OP_WAIT,
+                                 {"never-yet"}, &store);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("200 calls waiting"));
+  EXPECT_EQ(asympo::testing::MetricValue(metrics_.registry, "test_refusals_total", "waiting_calls"),
+            1);
+  // The key is set (the member's rendezvous is still pending): every
+  // parked wait answers ready.
+  ASSERT_TRUE(
+      StoreOp(*stub, member.member_token(), v1::GroupStoreRequest::OP_SET, {"never-yet"}, &store)
+          .ok());
+  EXPECT_TRUE(asympo::testing::WaitFor([&] { return finished.load() == kCalls; }));
+  EXPECT_EQ(ready.load(), kCalls);
+  EXPECT_EQ(group_->waiting_calls(), 0);
 }
 
 TEST_F(WeightGroupTest, EveryCallNeedsTheReadWeightsRole) {
@@ -244,16 +340,17 @@ TEST_F(WeightGroupTest, ANewerJoinUnderTheSameIdTakesTheWaitingOnesPlace) {
 
 TEST(WeightGroupOptionsTest, BadOptionsAreRefused) {
   prometheus::Registry registry;
+  SnapshotStore store({}, "sig-1", registry);
   WeightGroupOptions o;
   o.backend = "tcp";
   EXPECT_THAT(
-      WeightGroup::Create(o, registry),
+      WeightGroup::Create(o, store, registry),
       asympo::testing::StatusIs(absl::StatusCode::kInvalidArgument, "neither gloo nor nccl"));
   o.backend = "gloo";
   o.timeout = absl::ZeroDuration();
-  EXPECT_THAT(WeightGroup::Create(o, registry),
+  EXPECT_THAT(WeightGroup::Create(o, store, registry),
               asympo::testing::StatusIs(absl::StatusCode::kInvalidArgument, "positive"));
 }
 
 }  // namespace
-}  // namespace asympo::learner
+}  // namespace asympo::broadcast

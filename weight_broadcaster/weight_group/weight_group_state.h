@@ -1,6 +1,7 @@
 // The state of the weight group (weight_group.h), shared by its calls
-// (weight_group.cc) and its thread (weight_group_loop.cc). Internal: only
-// those two files include it.
+// (weight_group.cc), their answering thread (weight_group_waiting.cc) and
+// the group thread (weight_group_loop.cc). Internal: only those files
+// include it.
 #pragma once
 
 #include <chrono>
@@ -13,14 +14,22 @@
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 
+#include <grpcpp/grpcpp.h>
+
 #include <ATen/ATen.h>
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/collective/collective_group.h"
-#include "learner_server/weight_group.h"
+#include "weight_broadcaster/weight_group/weight_group.h"
 
-namespace asympo::learner {
+namespace asympo::broadcast {
+
+// Every call that finds the group stopping gets the same answer; clients
+// treat UNAVAILABLE as "try again elsewhere or later".
+inline grpc::Status GroupShuttingDown() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the learner is shutting down");
+}
 
 struct WeightGroup::State {
   WeightGroupOptions options;
@@ -59,6 +68,30 @@ struct WeightGroup::State {
   };
   enum class Phase { kNone, kForming, kConnecting, kActive, kBroadcasting };
 
+  // A call parked until the group can answer it (weight_group_waiting.cc).
+  struct Waiting {
+    enum class Kind { kJoin, kNext, kStore };
+    Kind kind = Kind::kJoin;
+    grpc::CallbackServerContext* ctx = nullptr;
+    grpc::ServerUnaryReactor* reactor = nullptr;
+    grpc::ByteBuffer* reply = nullptr;
+    absl::Time deadline;
+    std::string caller;  // its share key (security::ShareKey)
+    std::shared_ptr<Joiner> joiner;  // kJoin
+    std::string token;               // kNext: the member's token
+    v1::GroupStoreRequest request;   // kStore: a GET or WAIT
+    c10::intrusive_ptr<c10d::Store> group_store;  // kStore: the store it waits on
+
+    // The call this waits for: `ctx`'s reactor and reply, for `wait`.
+    void Bind(Kind k, grpc::CallbackServerContext* call, grpc::ByteBuffer* out,
+              absl::Duration wait) {
+      kind = k;
+      ctx = call;
+      reply = out;
+      deadline = absl::Now() + wait;
+    }
+  };
+
   mutable absl::Mutex mu;
   absl::CondVar cv;  // any change below
   bool shut_down = false;
@@ -71,11 +104,32 @@ struct WeightGroup::State {
   std::vector<Member> members;                                        // rank order
   c10::intrusive_ptr<c10d::Store> store;                              // the generation's
   c10::intrusive_ptr<collective::CollectiveGroup> pg;
-  std::shared_ptr<const v1::SnapshotManifest> latest;
-  broadcast::HostBuckets latest_host;
+  std::shared_ptr<const Snapshot> latest;  // the store's, as its reader last saw it
+  SnapshotStore* snapshots = nullptr;
+  int reader_id = -1;
   int64_t versions_sent = 0;
   at::Tensor device_buffer;  // NCCL: the largest bucket's size, on the GPU
   std::thread thread;
+  // Parked calls, and how many each caller has parked.
+  std::vector<std::unique_ptr<Waiting>> waiting;
+  absl::flat_hash_map<std::string, int> waiting_by_caller;
+  std::thread answerer;
+
+  // Parks `w` (its reactor is finished later by the answering thread;
+  // *parked true), or refuses it with RESOURCE_EXHAUSTED when max_waiting
+  // or the caller's max_waiting_per_caller calls wait already (its reactor
+  // finished at once; *parked false). Returns the call's reactor.
+  grpc::ServerUnaryReactor* ParkLocked(std::unique_ptr<Waiting> w, bool* parked)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The answering thread: finishes each parked call once it is settled.
+  void Answer();
+  // Whether `w` can be answered now, and its answer (written to w.reply).
+  bool SettledLocked(const Waiting& w, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  grpc::Status AnswerLocked(Waiting& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  grpc::Status AnswerJoinLocked(Waiting& w, v1::JoinGroupResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  grpc::Status AnswerNextLocked(Waiting& w, v1::GroupNextResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   Member* MemberOf(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     if (phase == Phase::kNone || phase == Phase::kForming) return nullptr;
@@ -98,8 +152,8 @@ struct WeightGroup::State {
 
   // Whether a member lacks the latest snapshot.
   bool Lacks(const Member& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return latest != nullptr &&
-           (m.held_version != latest->version() || m.held_incarnation != latest->incarnation());
+    return latest != nullptr && (m.held_version != latest->version() ||
+                                 m.held_incarnation != latest->manifest().incarnation());
   }
 
   void Loop();
@@ -124,4 +178,4 @@ struct WeightGroup::State {
   }
 };
 
-}  // namespace asympo::learner
+}  // namespace asympo::broadcast

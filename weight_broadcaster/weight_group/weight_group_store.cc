@@ -1,4 +1,4 @@
-#include "learner_server/weight_group_store.h"
+#include "weight_broadcaster/weight_group/weight_group_store.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,19 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace asympo::learner {
+namespace asympo::broadcast {
+WireLimits StoreWireLimits() {
+  WireLimits limits;
+  limits.max_string_bytes = static_cast<int64_t>(kMaxStoreValueBytes);
+  limits.max_bytes = 2 * static_cast<int64_t>(kMaxStoreValueBytes) + (64 << 10) +
+                     kMaxStoreKeys * static_cast<int64_t>(kMaxStoreKeyBytes + 8);
+  return limits;
+}
+
+bool IsStoreWait(const v1::GroupStoreRequest& r) {
+  return r.op() == v1::GroupStoreRequest::OP_GET || r.op() == v1::GroupStoreRequest::OP_WAIT;
+}
+
 absl::Duration WaitOf(uint32_t ms, uint32_t cap) {
   return absl::Milliseconds(ms == 0 ? kDefaultWaitMs : std::min(ms, cap));
 }
@@ -46,7 +58,6 @@ grpc::Status RunStoreOp(c10d::Store& store, const v1::GroupStoreRequest& r,
                         v1::GroupStoreResponse* response) {
   const auto& keys = r.keys();
   const auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
-  const absl::Duration wait = WaitOf(r.wait_ms(), kMaxStoreWaitMs);
   const std::vector<std::string> key_list(keys.begin(), keys.end());
   try {
     switch (r.op()) {
@@ -55,15 +66,7 @@ grpc::Status RunStoreOp(c10d::Store& store, const v1::GroupStoreRequest& r,
         break;
       case v1::GroupStoreRequest::OP_GET:
       case v1::GroupStoreRequest::OP_WAIT: {
-        bool ready = store.check(key_list);
-        if (!ready) {
-          try {
-            store.wait(key_list, Millis(wait));
-            ready = true;
-          } catch (const std::exception&) {
-            ready = false;  // not within wait_ms: the worker asks again
-          }
-        }
+        const bool ready = store.check(key_list);
         response->set_ready(ready);
         if (ready && r.op() == v1::GroupStoreRequest::OP_GET) {
           const std::vector<uint8_t> v = store.get(keys[0]);
@@ -101,4 +104,4 @@ grpc::Status RunStoreOp(c10d::Store& store, const v1::GroupStoreRequest& r,
   return grpc::Status::OK;
 }
 
-}  // namespace asympo::learner
+}  // namespace asympo::broadcast
