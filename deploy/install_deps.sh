@@ -42,6 +42,9 @@ if [[ $mode != --build ]]; then
     libgtest-dev libgmock-dev
     python3 python3-torch prometheus python3-grpcio python3-grpc-tools python3-matplotlib
     prometheus-alertmanager slurm-wlm munge
+    # ip: a doc's example runs on its default ports in a network namespace
+    # of its own (DocsAsWritten), beside tests that bind ports.
+    iproute2
     # The Python client package (proto/python): built by pip without build
     # isolation, CRC-32C in C code.
     python3-pip python3-venv python3-setuptools python3-wheel python3-numpy python3-crc32c
