@@ -16,6 +16,12 @@
 #   plain_scancel  a plain `scancel <job>` while it trains: the job ends
 #                  CANCELLED, and its output has no "Invalid job id" and no
 #                  scancel error.
+#   early_stop     `scancel --batch --signal=INT` as soon as the script runs,
+#                  while the daemons load: the script waits until they are
+#                  ready, then stops them; the job ends COMPLETED 0:0, rank 0
+#                  stopped cleanly and checkpointed, no error line (a daemon
+#                  signalled while it loads would die with the signal's
+#                  status and no checkpoint).
 # shellcheck shell=bash disable=SC2154  # node0, node1, tmp, here, sbatch_script: slurm_test.sh's
 
 # no_errors_in_output: the job's output has no error line of Slurm's.
@@ -143,4 +149,26 @@ scenario_plain_scancel() {
     fail "job $job: scancel errors in its output (above)"
   fi
   say "plain_scancel: CANCELLED; output: $(grep -c . "$out") lines, no scancel error"
+}
+
+scenario_early_stop() {
+  export ASYMPO_MAX_STEPS=0
+  # Scenario 2's ports (scancel's job ended long before).
+  run_job early_stop 2 --nodes=1 --nodelist="$node0"
+  local rank0=$shared/logs/$job/learner-rank0.log steps deadline
+  deadline=$(deadline_in 60)
+  until grep -q "asympo.sbatch: job $job" "$out" 2>/dev/null; do
+    ((SECONDS < deadline)) || fail "job $job did not start in 60 s"
+    sleep 0.1
+  done
+  scancel --batch --signal=INT "$job"
+  wait_job 90
+  check_job_ok
+  grep -q "the daemons are still starting" "$out" ||
+    fail "the stop did not wait for the daemons: $(cat "$out")"
+  no_errors_in_output
+  steps=$(grep -o 'stopped after [0-9]* steps' "$rank0" | grep -o '[0-9]*' || true)
+  [[ -n $steps ]] || { dump "$rank0"; fail "rank 0 did not stop cleanly"; }
+  check_learner "$steps"
+  say "early_stop: COMPLETED after $steps steps; the stop waited for the daemons"
 }

@@ -20,9 +20,10 @@
 #              checkpoints and exits, the rollouts are stopped, the job FAILS.
 #   rollouts_fail  every rollout refuses its flags: the learner is stopped,
 #              the job FAILS saying why.
-#   examples, time_limit, plain_scancel: in slurm_scenarios.sh (docs/cluster.md's
-#              CPU examples as written, with TLS and in plaintext; a job
-#              stopped by its time limit; a plain scancel).
+#   examples, time_limit, plain_scancel, early_stop: in slurm_scenarios.sh
+#              (docs/cluster.md's CPU examples as written, with TLS and in
+#              plaintext; a job stopped by its time limit; a plain scancel; a
+#              graceful stop while the daemons start).
 #
 #   tests/integration/slurm_test.sh BUILD_DIR [SCENARIO...]   (default: all)
 #
@@ -41,7 +42,8 @@ build=${1:?usage: slurm_test.sh BUILD_DIR [SCENARIO...]}
 shift
 scenarios=("$@")
 ((${#scenarios[@]})) ||
-  scenarios=(colocated two_nodes scancel rank_dies rollouts_fail examples time_limit plain_scancel)
+  scenarios=(colocated two_nodes scancel rank_dies rollouts_fail examples time_limit plain_scancel
+             early_stop)
 
 say() { printf '%s slurm_test: %s\n' "$(date +%H:%M:%S)" "$*"; }
 # Every wait ends by this time (SLURM_TEST_BUDGET seconds from now), leaving
