@@ -48,6 +48,7 @@ TEST(DaemonRuntimeTest, LabelsEverySeriesWithTheRunName) {
 // MSG_NOSIGNAL) must come back as EPIPE on that write, never as a SIGPIPE
 // that kills the daemon before it can report the lost peer.
 TEST(DaemonRuntimeDeathTest, AWriteToAClosedSocketIsAnErrorNotASignal) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the child starts threads
   EXPECT_EXIT(
       {
         auto runtime = DaemonRuntime::Install();
