@@ -26,8 +26,9 @@ function(asympo_use_torch_pch target)
 endfunction()
 
 # asympo_add_gtest(NAME name SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TORCH])
-# Builds one test executable and registers each TEST with ctest. TORCH
-# tests use the LibTorch PCH and a main() that sets one intra-op thread
+# Builds one test executable and registers each test suite with ctest (one
+# process per suite, cmake/AsympoGtestSuites.cmake). TORCH tests use the
+# LibTorch PCH and a main() that sets one intra-op thread
 # (tests/testing/torch_test_main.cc).
 function(asympo_add_gtest)
   cmake_parse_arguments(ARG "TORCH" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
@@ -42,14 +43,26 @@ function(asympo_add_gtest)
   endif()
   # One GPU per node: tests labelled gpu never run beside each other, whatever
   # ctest's -j (the NCCL watchdog tests time themselves).
-  set(lock)
+  set(lock "")
   if("gpu" IN_LIST ARG_LABELS)
-    set(lock RESOURCE_LOCK gpu)
+    set(lock gpu)
   endif()
-  # A test of a program keeps one core busy: two of ctest's slots
-  # (tests/CMakeLists.txt, "scheduling").
-  gtest_discover_tests(${ARG_NAME}
-    WORKING_DIRECTORY ${PROJECT_BINARY_DIR}
-    PROPERTIES LABELS "${ARG_LABELS}" PROCESSORS 2 ${lock}
-    DISCOVERY_TIMEOUT 60)
+  # One ctest test per test suite (cmake/AsympoGtestSuites.cmake), listed
+  # after each build of the program. A suite keeps one core busy: two of
+  # ctest's slots (tests/CMakeLists.txt, "scheduling").
+  set(suites "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_suites.cmake")
+  string(REPLACE ";" "," labels "${ARG_LABELS}")
+  add_custom_command(TARGET ${ARG_NAME} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:${ARG_NAME}> -DOUT=${suites}
+      -DWORKDIR=${PROJECT_BINARY_DIR} -DLABELS=${labels} -DLOCK=${lock} -DPROCESSORS=2
+      -P ${PROJECT_SOURCE_DIR}/cmake/AsympoGtestSuites.cmake
+    BYPRODUCTS ${suites}
+    VERBATIM)
+  # A program a leg did not build (deploy/run_sanitizers.sh builds a few)
+  # stands as one test NAME_NOT_BUILT, which such legs leave out.
+  set(include_file "${CMAKE_CURRENT_BINARY_DIR}/${ARG_NAME}_include.cmake")
+  file(WRITE "${include_file}"
+    "if(EXISTS \"${suites}\")\n  include(\"${suites}\")\nelse()\n"
+    "  add_test(${ARG_NAME}_NOT_BUILT ${ARG_NAME}_NOT_BUILT)\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES ${include_file})
 endfunction()
