@@ -32,7 +32,8 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
                                               "session replaced: the receiver registered again"));
   }
   if (int64_t held_back = 0; created.replaced && st.registered_again_log.Allow(&held_back)) {
-    LOG(INFO) << "receiver " << QuoteForMessage(id) << " registered again; its previous session ends"
+    LOG(INFO) << "receiver " << QuoteForMessage(id)
+              << " registered again; its previous session ends"
               << st.registered_again_log.HeldBack(held_back);
   }
   SenderState::Session& session = *created.session;
@@ -42,20 +43,19 @@ SenderState::Session& CreateSessionLocked(SenderState& st, const v1::RegisterReq
   // above its own until they load its weights). Before any publish there is
   // nothing to check against.
   session.version = st.OwnVersionLocked(request.current_version(), request.current_incarnation());
-  if (st.latest != nullptr) session.version = std::min(session.version, st.latest->version());
+  const std::shared_ptr<const Snapshot> latest = st.store.latest();
+  if (latest != nullptr) session.version = std::min(session.version, latest->version());
   response->set_session_id(created.session_id);
-  response->set_latest_version(st.latest == nullptr ? 0 : st.latest->version());
+  response->set_latest_version(latest == nullptr ? 0 : latest->version());
   response->set_incarnation(st.store.incarnation());
   st.UpdateReceiverGauges();
   return session;
 }
 
-// The store's reader: `snapshot` becomes the latest the sender serves, and
-// is announced to every subscriber on gRPC (the NCCL thread announces it to
-// its ranks).
+// The store's reader: `snapshot`, now the store's latest, is announced to
+// every subscriber on gRPC (the NCCL thread announces it to its ranks).
 void OnPublished(SenderState& st, const std::shared_ptr<const Snapshot>& snapshot) {
   absl::MutexLock lock(&st.mu);
-  st.latest = snapshot;
   for (auto& [id, s] : st.sessions) {
     if (s.stream != nullptr && !st.UsesNcclLocked(s)) s.stream->Offer(snapshot->announcement);
   }
@@ -224,7 +224,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::Subscribe(
   ctx->AddInitialMetadata(kSubscribedMetadataKey, "1");
   auto* stream = new SubscribeReactor(&st, request.session_id(), request.after_version());
   session.stream = stream;
-  if (st.latest != nullptr && !st.UsesNcclLocked(session)) stream->Offer(st.latest->announcement);
+  if (std::shared_ptr<const Snapshot> latest = st.store.latest();
+      latest != nullptr && !st.UsesNcclLocked(session)) {
+    stream->Offer(latest->announcement);
+  }
   st.nccl_cv.SignalAll();
   st.UpdateReceiverGauges();
   return stream;
@@ -250,14 +253,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
     // Only the newest snapshot is served. An older one stays alive while
     // fetches that started before it was replaced finish, but a new fetch
     // for it is refused: the receiver has a newer announcement waiting.
-    if (st.latest == nullptr || st.latest->version() != request->version()) {
+    snapshot = st.store.latest();
+    if (snapshot == nullptr || snapshot->version() != request->version()) {
       return internal::RefuseFetch(
           &st,
           grpc::Status(grpc::StatusCode::NOT_FOUND,
                        absl::StrCat("version ", request->version(), " is not held; the latest is ",
-                                    st.latest == nullptr ? 0 : st.latest->version())));
+                                    snapshot == nullptr ? 0 : snapshot->version())));
     }
-    snapshot = st.latest;
     st.sessions.FetchStarted(request->session_id(), *session, share_key);
   }
   uint64_t chunk =
@@ -297,7 +300,7 @@ grpc::Status BroadcastSender::DoReportVersion(const std::string& principal,
     if (!status.ok()) return status;
     // A receiver can only hold a version that was published; anything
     // newer would poison the oldest-version gauge and the staleness alert.
-    const uint64_t latest = st.latest == nullptr ? 0 : st.latest->version();
+    const uint64_t latest = st.store.latest_version();
     if (request.version() > latest) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("version ", request.version(),

@@ -70,9 +70,6 @@ struct SenderState {
   SnapshotStore& store;
   int reader_id = -1;
   mutable absl::Mutex mu;
-  // The store's latest snapshot as its reader last saw it: every Subscribe
-  // and announcement is consistent with the sessions under `mu`.
-  std::shared_ptr<const Snapshot> latest ABSL_GUARDED_BY(mu);
   // The version `session` holds of this incarnation: `version`, or 0 when
   // `incarnation` names another one (empty: unknown, taken as this one).
   uint64_t OwnVersionLocked(uint64_t version, const std::string& of) const

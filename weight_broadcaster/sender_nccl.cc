@@ -28,9 +28,10 @@ void NcclFail(SenderState& st, const absl::Status& status) {
   LOG(ERROR) << "NCCL weight transport failed; every receiver falls back to gRPC: " << status;
   st.CountFailure();
   st.nccl_phase = SenderState::NcclPhase::kFailed;
-  if (st.latest == nullptr) return;
+  const std::shared_ptr<const Snapshot> latest = st.store.latest();
+  if (latest == nullptr) return;
   for (auto& [id, s] : st.sessions) {
-    if (s.stream != nullptr && s.nccl_rank > 0) s.stream->Offer(st.latest->announcement);
+    if (s.stream != nullptr && s.nccl_rank > 0) s.stream->Offer(latest->announcement);
   }
 }
 
@@ -95,12 +96,12 @@ void NcclLoop(SenderState& st) {
     absl::Status ready;
     {
       absl::MutexLock lock(&st.mu);
-      while (!st.shut_down &&
-             (st.latest == nullptr || (sent.has_value() && st.latest->version() == *sent))) {
+      // The store's reader signals nccl_cv on every publish.
+      while (!st.shut_down && ((snapshot = st.store.latest()) == nullptr ||
+                               (sent.has_value() && snapshot->version() == *sent))) {
         st.nccl_cv.Wait(&st.mu);
       }
       if (st.shut_down) break;
-      snapshot = st.latest;
       ready = WaitForNcclRanksLocked(st, absl::Now() + st.options.nccl.timeout);
       if (st.shut_down) break;
       if (ready.ok()) {

@@ -39,18 +39,16 @@ grpc::Status SessionRegistry::Find(const std::string& session_id, const std::str
   return grpc::Status::OK;
 }
 
-grpc::Status SessionRegistry::AdmitRegistration(const std::string& id,
-                                                const std::string& principal,
+grpc::Status SessionRegistry::AdmitRegistration(const std::string& id, const std::string& principal,
                                                 const std::string& share_key) {
   ExpireUnsubscribed();
   auto owner = session_of_.find(id);
   const bool replacing = owner != session_of_.end();
   if (replacing) {
     auto it = sessions_.find(owner->second);
-    const bool taken =
-        it != sessions_.end() && it->second.principal != principal &&
-        !(anonymous() && it->second.stream == nullptr && it->second.nccl_rank == 0 &&
-          options_.clock->Now() - it->second.registered >= kUnsubscribedTakeover);
+    const bool taken = it != sessions_.end() && it->second.principal != principal &&
+                       !(anonymous() && it->second.stream == nullptr && it->second.nccl_rank == 0 &&
+                         options_.clock->Now() - it->second.registered >= kUnsubscribedTakeover);
     if (taken) {
       if (options_.authorizer != nullptr) {
         options_.authorizer->CountRefusal("PERMISSION_DENIED", "session_owner");
@@ -111,8 +109,7 @@ grpc::Status SessionRegistry::AdmitFetch(const Session& session, const std::stri
   const int per_key = ShareOf(total, options_.max_fetches_per_principal);
   const auto mine = fetches_by_key_.find(share_key);
   const int of_key = mine == fetches_by_key_.end() ? 0 : mine->second;
-  if (session.fetches < options_.max_fetches_per_session && of_key < per_key &&
-      fetches_ < total) {
+  if (session.fetches < options_.max_fetches_per_session && of_key < per_key && fetches_ < total) {
     return grpc::Status::OK;
   }
   if (of_key >= per_key && options_.authorizer != nullptr) {
@@ -121,9 +118,9 @@ grpc::Status SessionRegistry::AdmitFetch(const Session& session, const std::stri
   return grpc::Status(
       grpc::StatusCode::RESOURCE_EXHAUSTED,
       absl::StrCat(session.fetches, " fetches of this session, ", of_key, " of ",
-                   QuoteForMessage(share_key), " and ", fetches_,
-                   " in all are under way (limits ", options_.max_fetches_per_session, ", ",
-                   per_key, " and ", total, "); finish or cancel one first"));
+                   QuoteForMessage(share_key), " and ", fetches_, " in all are under way (limits ",
+                   options_.max_fetches_per_session, ", ", per_key, " and ", total,
+                   "); finish or cancel one first"));
 }
 
 void SessionRegistry::FetchStarted(const std::string& session_id, Session& session,
@@ -147,8 +144,7 @@ void SessionRegistry::FetchDone(const std::string& session_id) {
   if (it != sessions_.end()) --it->second.fetches;
 }
 
-bool SessionRegistry::EndWithStream(const std::string& session_id,
-                                    const SubscribeReactor* stream) {
+bool SessionRegistry::EndWithStream(const std::string& session_id, const SubscribeReactor* stream) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end() || it->second.stream != stream) return false;
   auto r = session_of_.find(it->second.receiver_id);

@@ -58,8 +58,7 @@ class SessionRegistry {
   // The session `session_id` if it exists and belongs to `principal`:
   // FAILED_PRECONDITION for an unknown one, PERMISSION_DENIED for another
   // principal's (counted).
-  grpc::Status Find(const std::string& session_id, const std::string& principal,
-                    Session** session);
+  grpc::Status Find(const std::string& session_id, const std::string& principal, Session** session);
 
   // OK when `principal` may register receiver `id` now: the id is not
   // another owner's (PERMISSION_DENIED, counted; where callers are
@@ -81,16 +80,14 @@ class SessionRegistry {
     bool replaced = false;  // the receiver had a session
     SubscribeReactor* replaced_stream = nullptr;
   };
-  Created Create(const std::string& id, const std::string& principal,
-                 const std::string& share_key);
+  Created Create(const std::string& id, const std::string& principal, const std::string& share_key);
 
   // OK when `session` may start one more fetch (max_fetches_per_session,
   // the caller's share of max_concurrent_fetches, max_concurrent_fetches);
   // else RESOURCE_EXHAUSTED naming the three counts. FetchStarted counts
   // one; FetchDone, when it ends (the session may have ended meanwhile).
   grpc::Status AdmitFetch(const Session& session, const std::string& share_key);
-  void FetchStarted(const std::string& session_id, Session& session,
-                    const std::string& share_key);
+  void FetchStarted(const std::string& session_id, Session& session, const std::string& share_key);
   void FetchDone(const std::string& session_id);
 
   // Ends session `session_id` if its stream is `stream` (its Subscribe
@@ -112,7 +109,7 @@ class SessionRegistry {
   void ExpireUnsubscribed();
 
   const BroadcastSenderOptions& options_;
-  absl::flat_hash_map<std::string, Session> sessions_;       // by session id
+  absl::flat_hash_map<std::string, Session> sessions_;        // by session id
   absl::flat_hash_map<std::string, std::string> session_of_;  // receiver -> session
   std::mt19937_64 rng_;
   int fetches_ = 0;  // under way, all sessions

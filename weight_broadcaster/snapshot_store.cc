@@ -16,8 +16,7 @@ namespace asympo::broadcast {
 namespace {
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // INVALID_ARGUMENT unless every view has the bytes its entry in `m` needs.
@@ -82,8 +81,7 @@ absl::StatusOr<std::shared_ptr<const SnapshotPlan>> SnapshotStore::Plan(
   const std::string signature = ModelSignature(specs);
   if (signature != model_signature_) {
     return absl::InvalidArgumentError(absl::StrCat("the tensors' model signature ", signature,
-                                                   " differs from the store's ",
-                                                   model_signature_));
+                                                   " differs from the store's ", model_signature_));
   }
   absl::MutexLock lock(&plan_mu_);
   if (plan_ == nullptr) {

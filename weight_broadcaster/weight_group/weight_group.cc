@@ -67,9 +67,9 @@ absl::StatusOr<std::unique_ptr<WeightGroup>> WeightGroup::Create(WeightGroupOpti
   State* raw = st.get();
   std::unique_ptr<WeightGroup> g(new WeightGroup(std::move(st)));
   raw->snapshots = &store;
-  raw->reader_id = store.AddReader([raw](const std::shared_ptr<const Snapshot>& snapshot) {
+  // A new snapshot wakes the group thread, which reads it from the store.
+  raw->reader_id = store.AddReader([raw](const std::shared_ptr<const Snapshot>&) {
     absl::MutexLock lock(&raw->mu);
-    raw->latest = snapshot;
     raw->cv.SignalAll();
   });
   raw->thread = std::thread([raw] { raw->Loop(); });
@@ -177,8 +177,7 @@ grpc::Status CheckJoin(const WeightGroupOptions& o, const SnapshotStore& store,
 }  // namespace
 
 grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
-                                            const grpc::ByteBuffer* raw,
-                                            grpc::ByteBuffer* reply) {
+                                            const grpc::ByteBuffer* raw, grpc::ByteBuffer* reply) {
   State& st = *state_;
   v1::JoinGroupRequest request;
   auto w = std::make_unique<State::Waiting>();
@@ -218,8 +217,7 @@ grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* WeightGroup::Store(grpc::CallbackServerContext* ctx,
-                                             const grpc::ByteBuffer* raw,
-                                             grpc::ByteBuffer* reply) {
+                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* reply) {
   State& st = *state_;
   v1::GroupStoreRequest request;
   std::string caller;
@@ -232,12 +230,12 @@ grpc::ServerUnaryReactor* WeightGroup::Store(grpc::CallbackServerContext* ctx,
     if (st.shut_down) return Finished(ctx, GroupShuttingDown());
     State::Member* m = st.MemberOf(request.member_token());
     if (m == nullptr) {
-      return Finished(ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                        absl::StrCat("member token \"",
-                                                     request.member_token().substr(0, 40),
-                                                     "\" names no member of the weight group's "
-                                                     "generation ",
-                                                     st.generation, "; Join again")));
+      return Finished(
+          ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                            absl::StrCat("member token \"", request.member_token().substr(0, 40),
+                                         "\" names no member of the weight group's "
+                                         "generation ",
+                                         st.generation, "; Join again")));
     }
     m->last_seen = absl::Now();
     store = st.store;
@@ -259,8 +257,7 @@ grpc::ServerUnaryReactor* WeightGroup::Store(grpc::CallbackServerContext* ctx,
 }
 
 grpc::ServerUnaryReactor* WeightGroup::Next(grpc::CallbackServerContext* ctx,
-                                            const grpc::ByteBuffer* raw,
-                                            grpc::ByteBuffer* reply) {
+                                            const grpc::ByteBuffer* raw, grpc::ByteBuffer* reply) {
   State& st = *state_;
   v1::GroupNextRequest request;
   auto w = std::make_unique<State::Waiting>();

@@ -85,8 +85,8 @@ struct WeightGroupOptions {
 };
 
 // The callback service with every method served raw (grpc::ByteBuffer).
-using WeightGroupServiceBase = v1::WeightGroup::WithRawCallbackMethod_Join<
-    v1::WeightGroup::WithRawCallbackMethod_Store<
+using WeightGroupServiceBase =
+    v1::WeightGroup::WithRawCallbackMethod_Join<v1::WeightGroup::WithRawCallbackMethod_Store<
         v1::WeightGroup::WithRawCallbackMethod_Next<v1::WeightGroup::Service>>>;
 
 class WeightGroup final : public WeightGroupServiceBase {
@@ -115,8 +115,7 @@ class WeightGroup final : public WeightGroupServiceBase {
   // proto/asympo/v1/weight_group.proto.
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* reply) override;
-  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx,
-                                  const grpc::ByteBuffer* request,
+  grpc::ServerUnaryReactor* Store(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                   grpc::ByteBuffer* reply) override;
   grpc::ServerUnaryReactor* Next(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* request,
                                  grpc::ByteBuffer* reply) override;

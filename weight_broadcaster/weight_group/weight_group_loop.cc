@@ -34,11 +34,14 @@ void WeightGroup::State::Loop() {
           break;
         }
         const absl::Time now = absl::Now();
+        const std::shared_ptr<const Snapshot> latest = snapshots->latest();
         // Members gone quiet, or not asking while another waits for the latest.
         if (phase == Phase::kActive) {
           absl::Time first_ask = absl::InfiniteFuture();
           for (const Member& m : members) {
-            if (m.asking && !m.told && Lacks(m)) first_ask = std::min(first_ask, m.asked_since);
+            if (m.asking && !m.told && Lacks(m, latest.get())) {
+              first_ask = std::min(first_ask, m.asked_since);
+            }
           }
           for (const Member& m : members) {
             const bool quiet = m.calls == 0 && now - m.last_seen > options.ready_timeout;
@@ -69,7 +72,7 @@ void WeightGroup::State::Loop() {
           bool all_asking = true, any_lacks = false;
           for (const Member& m : members) {
             all_asking = all_asking && m.asking && !m.told;
-            any_lacks = any_lacks || Lacks(m);
+            any_lacks = any_lacks || Lacks(m, latest.get());
           }
           if (all_asking && any_lacks) {
             next = kBroadcast;
@@ -206,7 +209,7 @@ void WeightGroup::State::Broadcast() {
   uint64_t gen = 0;
   {
     absl::MutexLock lock(&mu);
-    snapshot = latest;
+    snapshot = snapshots->latest();
     group = pg;
     gen = generation;
     phase = Phase::kBroadcasting;

@@ -76,10 +76,10 @@ struct WeightGroup::State {
     grpc::ServerUnaryReactor* reactor = nullptr;
     grpc::ByteBuffer* reply = nullptr;
     absl::Time deadline;
-    std::string caller;  // its share key (security::ShareKey)
-    std::shared_ptr<Joiner> joiner;  // kJoin
-    std::string token;               // kNext: the member's token
-    v1::GroupStoreRequest request;   // kStore: a GET or WAIT
+    std::string caller;                           // its share key (security::ShareKey)
+    std::shared_ptr<Joiner> joiner;               // kJoin
+    std::string token;                            // kNext: the member's token
+    v1::GroupStoreRequest request;                // kStore: a GET or WAIT
     c10::intrusive_ptr<c10d::Store> group_store;  // kStore: the store it waits on
 
     // The call this waits for: `ctx`'s reactor and reply, for `wait`.
@@ -104,8 +104,7 @@ struct WeightGroup::State {
   std::vector<Member> members;                                        // rank order
   c10::intrusive_ptr<c10d::Store> store;                              // the generation's
   c10::intrusive_ptr<collective::CollectiveGroup> pg;
-  std::shared_ptr<const Snapshot> latest;  // the store's, as its reader last saw it
-  SnapshotStore* snapshots = nullptr;
+  SnapshotStore* snapshots = nullptr;  // its reader signals cv on every publish
   int reader_id = -1;
   int64_t versions_sent = 0;
   at::Tensor device_buffer;  // NCCL: the largest bucket's size, on the GPU
@@ -150,8 +149,8 @@ struct WeightGroup::State {
     cv.SignalAll();
   }
 
-  // Whether a member lacks the latest snapshot.
-  bool Lacks(const Member& m) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  // Whether a member lacks `latest` (the store's latest snapshot).
+  static bool Lacks(const Member& m, const Snapshot* latest) {
     return latest != nullptr && (m.held_version != latest->version() ||
                                  m.held_incarnation != latest->manifest().incarnation());
   }

@@ -23,8 +23,7 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
 
 }  // namespace
 
-grpc::ServerUnaryReactor* WeightGroup::State::ParkLocked(std::unique_ptr<Waiting> w,
-                                                         bool* parked) {
+grpc::ServerUnaryReactor* WeightGroup::State::ParkLocked(std::unique_ptr<Waiting> w, bool* parked) {
   grpc::ServerUnaryReactor* reactor = w->ctx->DefaultReactor();
   w->reactor = reactor;
   int& mine = waiting_by_caller[w->caller];
@@ -41,11 +40,11 @@ grpc::ServerUnaryReactor* WeightGroup::State::ParkLocked(std::unique_ptr<Waiting
   if (own && options.authorizer != nullptr) {
     options.authorizer->CountRefusal("RESOURCE_EXHAUSTED", "waiting_calls");
   }
-  reactor->Finish(grpc::Status(
-      grpc::StatusCode::RESOURCE_EXHAUSTED,
-      absl::StrCat(own ? "this caller has " : "the weight group has ",
-                   own ? options.max_waiting_per_caller : options.max_waiting,
-                   " calls waiting already; let one end first")));
+  reactor->Finish(
+      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                   absl::StrCat(own ? "this caller has " : "the weight group has ",
+                                own ? options.max_waiting_per_caller : options.max_waiting,
+                                " calls waiting already; let one end first")));
   return reactor;
 }
 
@@ -73,8 +72,9 @@ bool WeightGroup::State::SettledLocked(const Waiting& w, absl::Time now) {
 grpc::Status WeightGroup::State::AnswerJoinLocked(Waiting& w, v1::JoinGroupResponse* response) {
   const Joiner& j = *w.joiner;
   if (j.replaced) {
-    return grpc::Status(grpc::StatusCode::ABORTED, absl::StrCat("a newer Join for worker ",
-                                                                j.worker_id, " took this one's place"));
+    return grpc::Status(
+        grpc::StatusCode::ABORTED,
+        absl::StrCat("a newer Join for worker ", j.worker_id, " took this one's place"));
   }
   if (shut_down) return GroupShuttingDown();
   if (!j.formed) {
