@@ -30,7 +30,9 @@ absl::Status LearnerCore::BuildModel() {
 }
 
 absl::Status LearnerCore::BuildTrainer(WeightPublisher* publisher) {
-  ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(options_.trainer, model_.get(), publisher));
+  TrainerOptions t = options_.trainer;
+  t.step_groups = options_.prompts_per_step;  // a short step weighs its groups as a full one
+  ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(std::move(t), model_.get(), publisher));
   return absl::OkStatus();
 }
 

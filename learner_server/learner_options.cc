@@ -15,6 +15,11 @@ absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& o) {
         absl::StrCat("queue capacity ", o.queue.capacity_groups, " is below prompts_per_step ",
                      o.prompts_per_step, "; a step could never be filled"));
   }
+  if (o.partial_step_after < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("partial_step_after is ", absl::FormatDuration(o.partial_step_after),
+                     "; it must be >= 0 (0: steps are always whole)"));
+  }
   if (o.service.limits.max_groups_per_batch > o.queue.capacity_groups) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_groups_per_batch ", o.service.limits.max_groups_per_batch,

@@ -52,6 +52,10 @@ struct LearnerDaemonOptions {
   at::ScalarType publish_dtype = at::kFloat;
   TrainerOptions trainer;
   int64_t prompts_per_step = 8;
+  // While fewer than prompts_per_step groups have been queued for this
+  // long, the trainer takes them as a short step (weighted as a full one:
+  // TrainerOptions::step_groups); zero: never, steps are always whole.
+  absl::Duration partial_step_after = absl::Seconds(30);
   GroupQueueOptions queue;
   // Connections to listen_address open at once (GrpcListenerOptions); 0:
   // the soft RLIMIT_NOFILE less 128, at most 4,096.

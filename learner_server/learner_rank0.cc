@@ -95,9 +95,9 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   // With the NCCL transport and the model on a GPU, NCCL broadcasts from
   // the staged device copy.
   const bool device_buckets = sender_->nccl_configured() && model.options().device.is_cuda();
-  ASYMPO_ASSIGN_OR_RETURN(publisher_, SnapshotPublisher::Create(
-                                          store_.get(), model, o.publish_dtype, o.broadcast_every,
-                                          RegisterSnapshotCounters(registry), device_buckets));
+  ASYMPO_ASSIGN_OR_RETURN(
+      publisher_, SnapshotPublisher::Create(store_.get(), model, o.publish_dtype, o.broadcast_every,
+                                            RegisterSnapshotCounters(registry), device_buckets));
   if (o.weight_group_enabled) {
     broadcast::WeightGroupOptions wo = o.weight_group;
     wo.authorizer = security_.authorizer.get();
@@ -137,9 +137,13 @@ absl::Status LearnerRank0::RestoreCheckpoint() {
 
 absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   const LearnerDaemonOptions& o = options();
-  queue_ = std::make_unique<GroupQueue>(o.queue);
+  GroupQueueOptions qo = o.queue;
+  qo.step_groups = o.prompts_per_step;  // no waiting batch holds up a step that others can fill
+  queue_ = std::make_unique<GroupQueue>(qo);
   queue_->RestoreBatches(restored_batches_);
-  intake_ = std::make_unique<StepIntake>(queue_.get(), policy_lag_.get());
+  intake_ = std::make_unique<StepIntake>(queue_.get(), policy_lag_.get(), o.partial_step_after);
+  admission_watch_ =
+      std::make_unique<AdmissionWatch>(registry, o.prompts_per_step, o.partial_step_after);
   restored_batches_.clear();
   LearnerServiceOptions so = o.service;
   so.authorizer = security_.authorizer.get();
@@ -239,6 +243,9 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return false;
   }
   if (taken.groups.empty()) {
+    const GroupQueueStats q = queue_->Stats();
+    metrics_->ObserveQueue(q);  // no step refreshes them while none is taken
+    admission_watch_->OnNoStep(q);
     // The other ranks wait for every message within the timeout.
     if (core_->dp() != nullptr) {
       if (absl::Status s = core_->dp()->SendIdle(); !s.ok()) Fail(std::move(s));
@@ -246,6 +253,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return failure_.ok();
   }
   const int64_t n = static_cast<int64_t>(taken.groups.size());
+  if (taken.short_step) admission_watch_->OnShortStep(n);
   StepOr<StepResult> step = core_->dp() != nullptr ? StepAcrossRanks(taken.groups)
                                                    : core_->trainer().Step(std::move(taken.groups));
   if (!step.ok()) {

@@ -21,6 +21,7 @@
 #include "learner_server/admission/policy_lag.h"
 #include "learner_server/admission/source_quarantine.h"
 #include "learner_server/admission/step_intake.h"
+#include "learner_server/admission_watch.h"
 #include "learner_server/learner_core.h"
 #include "learner_server/learner_endpoint.h"
 #include "learner_server/learner_metrics.h"
@@ -104,6 +105,7 @@ class LearnerRank0 final : public LearnerRole {
   LogThrottle poisoned_log_;
   std::unique_ptr<GroupQueue> queue_;
   std::unique_ptr<StepIntake> intake_;  // over queue_ and policy_lag_
+  std::unique_ptr<AdmissionWatch> admission_watch_;
   LearnerCounters counters_;
   std::unique_ptr<StepLog> step_log_;
   // Serves the queue, the counters and the sender; destroyed first.

@@ -62,6 +62,9 @@ ABSL_FLAG(double, max_abs_reward, 1e6,
           "but huge reward overflows the step's float32 sums).");
 // Steps.
 ABSL_FLAG(int64_t, prompts_per_step, 8, "Prompt groups per optimizer step.");
+ABSL_FLAG(absl::Duration, partial_step_after, absl::Seconds(30),
+          "Train the groups queued as a short step (each weighted as in a full step) when fewer "
+          "than --prompts_per_step have waited this long; 0: steps are always whole.");
 ABSL_FLAG(double, device_memory_gib, 0,
           "Memory of the device in GiB for the start-up memory plan, logged at start: the learner "
           "refuses to start when the plan's peak per rank exceeds it, naming the flags to change "
@@ -183,6 +186,7 @@ ASYMPO_FLAG_RANGE(collapse_min_drop, 0, 1e6);
 ASYMPO_FLAG_RANGE(collapse_confirm_steps, 1, 1e9);
 ASYMPO_FLAG_RANGE(collapse_recover_fraction, 0, 1);
 ASYMPO_DURATION_FLAG_RANGE(full_queue_timeout, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(partial_step_after, absl::ZeroDuration(), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(retry_after, absl::ZeroDuration(), absl::Hours(1));
 ASYMPO_DURATION_FLAG_RANGE(submit_stream_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(fault_submit_reply_delay, absl::ZeroDuration(), absl::Hours(1));
@@ -229,6 +233,7 @@ void RunFlags(LearnerDaemonOptions* o) {
   o->queue.max_waiting_pushes = absl::GetFlag(FLAGS_max_waiting_submissions);
   o->queue.batch_id_window = absl::GetFlag(FLAGS_batch_id_window);
   o->prompts_per_step = absl::GetFlag(FLAGS_prompts_per_step);
+  o->partial_step_after = absl::GetFlag(FLAGS_partial_step_after);
   o->max_steps = absl::GetFlag(FLAGS_max_steps);
   o->max_consecutive_skipped_steps = absl::GetFlag(FLAGS_max_consecutive_skipped_steps);
   o->max_policy_lag = absl::GetFlag(FLAGS_max_policy_lag);

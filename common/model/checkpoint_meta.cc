@@ -33,6 +33,12 @@ absl::StatusOr<CheckpointBatch> ParseBatch(const nlohmann::json& j, const std::s
   }
   CheckpointBatch b;
   b.id = j["id"].get<std::string>();
+  if (j.contains("principal")) {
+    if (!j["principal"].is_string()) {
+      return absl::DataLossError(absl::StrCat(where, ": principal is not a string"));
+    }
+    b.principal = j["principal"].get<std::string>();
+  }
   if (j.contains("digest")) {
     ASYMPO_ASSIGN_OR_RETURN(b.digest, ParseDigest(j["digest"], where));
   }
@@ -76,10 +82,12 @@ absl::StatusOr<std::vector<CheckpointBatch>> ParseBatches(const nlohmann::json& 
 nlohmann::json CheckpointBatchesJson(const std::vector<CheckpointBatch>& batches) {
   nlohmann::json out = nlohmann::json::array();
   for (const CheckpointBatch& b : batches) {
-    out.push_back({{"id", b.id},
-                   {"digest", absl::BytesToHexString(b.digest)},
-                   {"groups", b.groups},
-                   {"trained", b.trained}});
+    nlohmann::json j = {{"id", b.id},
+                        {"digest", absl::BytesToHexString(b.digest)},
+                        {"groups", b.groups},
+                        {"trained", b.trained}};
+    if (b.principal.has_value()) j["principal"] = *b.principal;
+    out.push_back(std::move(j));
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +25,10 @@ struct CheckpointBatch {
   int32_t groups = 0;  // groups in the batch; 0: unknown (all count as trained)
   // Indices of the groups the checkpoint's steps trained, ascending.
   std::vector<int32_t> trained;
+  // Who submitted it: batch ids are one namespace per principal. nullopt:
+  // written before checkpoints named principals (its id then matches a push
+  // of any principal).
+  std::optional<std::string> principal;
 };
 
 struct CheckpointMeta {

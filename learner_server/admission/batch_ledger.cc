@@ -23,12 +23,34 @@ std::string BatchDigest(const google::protobuf::RepeatedPtrField<v1::PromptGroup
   return security::Sha256(bytes);
 }
 
-BatchLedger::Seen BatchLedger::Check(const std::string& id, const std::string& digest,
-                                     int32_t groups, std::vector<int32_t>* untrained) const {
+namespace {
+
+// No principal's name: names hold no NUL.
+const std::string& AnyPrincipal() {
+  static const std::string kAny("\0any", 4);
+  return kAny;
+}
+
+}  // namespace
+
+const BatchLedger::Record* BatchLedger::Find(const std::string& principal,
+                                             const std::string& id) const {
+  auto it = records_.find(Key(principal, id));
+  if (it == records_.end()) it = records_.find(Key(AnyPrincipal(), id));
+  return it == records_.end() ? nullptr : &it->second;
+}
+
+BatchLedger::Record* BatchLedger::Find(const std::string& principal, const std::string& id) {
+  return const_cast<Record*>(std::as_const(*this).Find(principal, id));
+}
+
+BatchLedger::Seen BatchLedger::Check(const std::string& principal, const std::string& id,
+                                     const std::string& digest, int32_t groups,
+                                     std::vector<int32_t>* untrained) const {
   if (id.empty()) return Seen::kNew;
-  auto it = records_.find(id);
-  if (it == records_.end()) return Seen::kNew;
-  const Record& r = it->second;
+  const Record* found = Find(principal, id);
+  if (found == nullptr) return Seen::kNew;
+  const Record& r = *found;
   // A record without a digest (a checkpoint older than digests) cannot tell
   // payloads apart: as before, the id alone decides.
   if (r.digest.empty()) return Seen::kRecorded;
@@ -41,11 +63,11 @@ BatchLedger::Seen BatchLedger::Check(const std::string& id, const std::string& d
   return untrained->empty() ? Seen::kRecorded : Seen::kResend;
 }
 
-BatchLedger::Record* BatchLedger::Remember(const std::string& id) {
-  auto [it, inserted] = records_.try_emplace(id);
+BatchLedger::Record* BatchLedger::Remember(const Key& key) {
+  auto [it, inserted] = records_.try_emplace(key);
   if (inserted) {
-    order_.push_back(id);
-    while (static_cast<int64_t>(order_.size()) > window_ && order_.front() != id) {
+    order_.push_back(key);
+    while (static_cast<int64_t>(order_.size()) > window_ && order_.front() != key) {
       records_.erase(order_.front());
       order_.pop_front();
     }
@@ -53,11 +75,13 @@ BatchLedger::Record* BatchLedger::Remember(const std::string& id) {
   return &it->second;
 }
 
-void BatchLedger::Accept(const std::string& id, const std::string& digest, int32_t groups,
-                         int32_t queued, uint64_t version) {
+void BatchLedger::Accept(const std::string& principal, const std::string& id,
+                         const std::string& digest, int32_t groups, int32_t queued,
+                         uint64_t version) {
   if (queued > 0) pending_[version] += queued;
   if (id.empty()) return;
-  Record* r = Remember(id);
+  Record* r = Find(principal, id);
+  if (r == nullptr) r = Remember(Key(principal, id));
   if (r->restored) {  // a resend: its untrained groups are queued again
     r->restored = false;
     return;
@@ -66,13 +90,14 @@ void BatchLedger::Accept(const std::string& id, const std::string& digest, int32
   r->trained.assign(static_cast<size_t>(std::max(groups, 0)), false);
 }
 
-void BatchLedger::Resolve(const std::string& id, int32_t index, uint64_t version, bool trained) {
+void BatchLedger::Resolve(const std::string& principal, const std::string& id, int32_t index,
+                          uint64_t version, bool trained) {
   auto p = pending_.find(version);
   if (p != pending_.end() && --p->second <= 0) pending_.erase(p);
   if (!trained || id.empty()) return;
-  auto it = records_.find(id);
-  if (it == records_.end() || index < 0 || index >= it->second.groups()) return;
-  it->second.trained[static_cast<size_t>(index)] = true;
+  Record* r = Find(principal, id);
+  if (r == nullptr || index < 0 || index >= r->groups()) return;
+  r->trained[static_cast<size_t>(index)] = true;
 }
 
 uint64_t BatchLedger::TrainedThrough(uint64_t version) const {
@@ -81,9 +106,10 @@ uint64_t BatchLedger::TrainedThrough(uint64_t version) const {
 
 std::vector<RecordedBatch> BatchLedger::Recorded() const {
   std::vector<RecordedBatch> out;
-  for (const std::string& id : order_) {
-    const Record& r = records_.at(id);
-    RecordedBatch b{id, r.digest, r.groups(), {}};
+  for (const Key& key : order_) {
+    const Record& r = records_.at(key);
+    RecordedBatch b{key.second, r.digest, r.groups(), {}};
+    if (key.first != AnyPrincipal()) b.principal = key.first;
     for (int32_t i = 0; i < r.groups(); ++i) {
       if (r.trained[static_cast<size_t>(i)]) b.trained.push_back(i);
     }
@@ -97,7 +123,7 @@ std::vector<RecordedBatch> BatchLedger::Recorded() const {
 void BatchLedger::Restore(const std::vector<RecordedBatch>& batches) {
   for (const RecordedBatch& b : batches) {
     if (b.id.empty()) continue;
-    Record* r = Remember(b.id);
+    Record* r = Remember(Key(b.principal.value_or(AnyPrincipal()), b.id));
     r->digest = b.digest;
     const int32_t groups = b.digest.empty() ? 0 : std::max(b.groups, 0);
     r->trained.assign(static_cast<size_t>(groups), false);

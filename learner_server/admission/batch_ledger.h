@@ -3,6 +3,11 @@
 // retries and restarts (docs/protocol.md, "Exactly-once" and "Recovery
 // after a learner restart").
 //
+// Batch ids are one namespace per principal: a remembered id is the pair
+// (principal, batch id), so that no principal can take, or learn anything
+// from, another's ids. A batch restored from a checkpoint written before
+// checkpoints named principals matches its id pushed by any principal.
+//
 // For each remembered id: the digest of the batch's groups (SHA-256 of
 // their bytes), how many groups it has, which of them a training step
 // consumed, and how many are still unresolved (queued or in a step; a
@@ -22,6 +27,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -51,20 +57,22 @@ class BatchLedger {
   // Remembers at most `window` ids, oldest forgotten first.
   explicit BatchLedger(int64_t window) : window_(window) {}
 
-  // What a push of `groups` groups with `digest` under `id` is. For
-  // kResend, `*untrained` gets the indices to queue.
-  Seen Check(const std::string& id, const std::string& digest, int32_t groups,
-             std::vector<int32_t>* untrained) const;
+  // What a push by `principal` of `groups` groups with `digest` under `id`
+  // is. For kResend, `*untrained` gets the indices to queue.
+  Seen Check(const std::string& principal, const std::string& id, const std::string& digest,
+             int32_t groups, std::vector<int32_t>* untrained) const;
 
-  // A push of `id` (empty: a batch without an id) was queued: `queued`
-  // groups (every group, or a resend's untrained ones) that arrived at
-  // `version`, unresolved until Resolve.
-  void Accept(const std::string& id, const std::string& digest, int32_t groups, int32_t queued,
-              uint64_t version);
+  // A push of `id` (empty: a batch without an id) by `principal` was
+  // queued: `queued` groups (every group, or a resend's untrained ones)
+  // that arrived at `version`, unresolved until Resolve.
+  void Accept(const std::string& principal, const std::string& id, const std::string& digest,
+              int32_t groups, int32_t queued, uint64_t version);
 
-  // Group `index` of batch `id`, arrived at `version`, left the queue for
-  // good: trained by a step (`trained`), or skipped or dropped.
-  void Resolve(const std::string& id, int32_t index, uint64_t version, bool trained);
+  // Group `index` of `principal`'s batch `id`, arrived at `version`, left
+  // the queue for good: trained by a step (`trained`), or skipped or
+  // dropped.
+  void Resolve(const std::string& principal, const std::string& id, int32_t index, uint64_t version,
+               bool trained);
 
   // Every batch accepted at a version below this is resolved: `version`
   // (the learner's now) when nothing is unresolved, never more, so that a
@@ -85,11 +93,18 @@ class BatchLedger {
     int32_t groups() const { return static_cast<int32_t>(trained.size()); }
     bool restored = false;  // from a checkpoint, its untrained groups not queued
   };
-  Record* Remember(const std::string& id);
+  // (principal, batch id); a batch from a checkpoint without principals
+  // has kAnyPrincipal.
+  using Key = std::pair<std::string, std::string>;
+  Record* Remember(const Key& key);
+  // The record of `principal`'s `id`, or of `id` from a checkpoint without
+  // principals; nullptr when neither is remembered.
+  const Record* Find(const std::string& principal, const std::string& id) const;
+  Record* Find(const std::string& principal, const std::string& id);
 
   int64_t window_;
-  absl::flat_hash_map<std::string, Record> records_;
-  std::deque<std::string> order_;
+  absl::flat_hash_map<Key, Record> records_;
+  std::deque<Key> order_;
   // Unresolved groups by the version they arrived at.
   std::map<uint64_t, int64_t> pending_;
 };

@@ -74,7 +74,8 @@ AdmissionResult GroupQueue::AdmitIdLocked(std::vector<QueuedGroup>* groups) {
   if (groups->empty() || groups->front().batch_id.empty()) return AdmissionResult::Accepted();
   const QueuedGroup& first = groups->front();
   std::vector<int32_t> untrained;
-  switch (ledger_.Check(first.batch_id, first.batch_digest, first.batch_groups, &untrained)) {
+  switch (ledger_.Check(first.source, first.batch_id, first.batch_digest, first.batch_groups,
+                        &untrained)) {
     case BatchLedger::Seen::kNew:
       return AdmissionResult::Accepted();
     case BatchLedger::Seen::kDuplicate:
@@ -103,8 +104,8 @@ AdmissionResult GroupQueue::AdmitIdLocked(std::vector<QueuedGroup>* groups) {
 void GroupQueue::Enqueue(std::vector<QueuedGroup>* groups) {
   if (!groups->empty()) {
     const QueuedGroup& g = groups->front();
-    ledger_.Accept(g.batch_id, g.batch_digest, g.batch_groups, static_cast<int32_t>(groups->size()),
-                   g.arrival_version);
+    ledger_.Accept(g.source, g.batch_id, g.batch_digest, g.batch_groups,
+                   static_cast<int32_t>(groups->size()), g.arrival_version);
   }
   accepted_groups_ += static_cast<int64_t>(groups->size());
   for (QueuedGroup& g : *groups) queue_.push_back(std::move(g));
@@ -141,8 +142,9 @@ uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadl
               absl::StrCat("source ", QuoteForMessage(source), " holds ", source_holds,
                            " groups in the learner's queue and its share is ", source_limit,
                            "; this batch of ", n, " waits until the learner trains some of them")));
-    } else if (waiters_.empty() &&
-               static_cast<int64_t>(queue_.size()) + n <= options_.capacity_groups) {
+    } else if ((waiters_.empty() || StepShortLocked()) && FitsLocked(n)) {
+      // Waiting pushes that do not fit are passed while a step is short.
+      if (!waiters_.empty()) PassOverLocked(waiters_.end());
       held_[source] += n;
       Enqueue(&groups);
     } else if (static_cast<int64_t>(waiters_.size()) >= options_.max_waiting_pushes) {
@@ -156,7 +158,7 @@ uint64_t GroupQueue::PushAsync(std::vector<QueuedGroup> groups, absl::Time deadl
     } else {
       ticket = next_ticket_++;
       held_[source] += n;
-      waiters_.push_back(Waiter{ticket, std::move(groups), deadline, std::move(done)});
+      waiters_.push_back(Waiter{ticket, std::move(groups), deadline, std::move(done), absl::Now()});
       ++waiters_generation_;
       return ticket;  // `done` runs later
     }
@@ -193,32 +195,56 @@ void GroupQueue::CancelPush(uint64_t ticket) {
       absl::CancelledError("the submission was cancelled while waiting for queue room")));
 }
 
+bool GroupQueue::StepShortLocked() const {
+  return static_cast<int64_t>(queue_.size()) < options_.step_groups;
+}
+
+bool GroupQueue::FitsLocked(int64_t n) const {
+  return static_cast<int64_t>(queue_.size()) + n <= options_.capacity_groups;
+}
+
+void GroupQueue::PassOverLocked(std::list<Waiter>::iterator end) {
+  for (auto it = waiters_.begin(); it != end; ++it) {
+    if (!it->passed) ++passed_over_;
+    it->passed = true;
+  }
+}
+
 void GroupQueue::AdmitWaitersLocked(std::vector<Completion>* done) {
-  while (!waiters_.empty()) {
-    Waiter& w = waiters_.front();
+  bool skipped = false;  // a waiting push before `it` was passed over
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    Waiter& w = *it;
     const std::string source = SourceOf(w.groups);
     const int64_t held = static_cast<int64_t>(w.groups.size());
     // Another push of its id may have been admitted while it waited.
     if (AdmissionResult r = AdmitIdLocked(&w.groups); !r.accepted()) {
       ReleaseLocked(source, held);
       done->emplace_back(std::move(w.done), std::move(r));
-      waiters_.pop_front();
+      it = waiters_.erase(it);
       ++waiters_generation_;
       continue;
     }
     ReleaseLocked(source,
                   held - static_cast<int64_t>(w.groups.size()));  // a resend's trained groups
-    if (static_cast<int64_t>(queue_.size() + w.groups.size()) > options_.capacity_groups) break;
+    if (!FitsLocked(static_cast<int64_t>(w.groups.size())) || (skipped && !StepShortLocked())) {
+      // While a step is short the trainer frees no room: pass it over.
+      if (!StepShortLocked()) break;  // FIFO again
+      skipped = true;
+      ++it;
+      continue;
+    }
+    PassOverLocked(it);
     Enqueue(&w.groups);
     done->emplace_back(std::move(w.done), AdmissionResult::Accepted());
-    waiters_.pop_front();
+    it = waiters_.erase(it);
     ++waiters_generation_;
   }
 }
 
-std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline) {
+std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline, int64_t min_count) {
   std::vector<QueuedGroup> out;
   std::vector<Completion> done;
+  if (min_count <= 0 || min_count > count) min_count = count;
   {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -226,7 +252,7 @@ std::vector<QueuedGroup> GroupQueue::Pop(int64_t count, absl::Time deadline) {
     };
     mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
     const int64_t n = std::min<int64_t>(count, static_cast<int64_t>(queue_.size()));
-    if (static_cast<int64_t>(queue_.size()) >= count || closed_) {
+    if (n >= min_count || closed_) {
       out.reserve(static_cast<size_t>(n));
       for (int64_t i = 0; i < n; ++i) {
         out.push_back(std::move(queue_.front()));
@@ -263,7 +289,7 @@ std::vector<QueuedGroup> GroupQueue::RemoveIf(const std::function<bool(const Que
     } while (removed.size() != before);
     removed_groups_ += static_cast<int64_t>(removed.size());
     for (const QueuedGroup& g : removed) {
-      ledger_.Resolve(g.batch_id, g.batch_index, g.arrival_version, /*trained=*/false);
+      ledger_.Resolve(g.source, g.batch_id, g.batch_index, g.arrival_version, /*trained=*/false);
     }
   }
   RunAll(&done);
@@ -305,11 +331,7 @@ void GroupQueue::TimerLoop() {
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->deadline <= now) {
         ReleasePushLocked(it->groups);
-        done.emplace_back(std::move(it->done),
-                          Full(absl::ResourceExhaustedError(absl::StrCat(
-                              "the learner's queue stayed full (", queue_.size(), " of ",
-                              options_.capacity_groups,
-                              " groups) until the deadline; nothing of the batch was queued"))));
+        done.emplace_back(std::move(it->done), Full(DeadlinePassedLocked(*it)));
         it = waiters_.erase(it);
         ++waiters_generation_;
       } else {
@@ -327,14 +349,16 @@ void GroupQueue::TimerLoop() {
 std::vector<GroupRef> RefsOf(const std::vector<QueuedGroup>& groups) {
   std::vector<GroupRef> out;
   out.reserve(groups.size());
-  for (const QueuedGroup& g : groups) out.push_back({g.batch_id, g.batch_index, g.arrival_version});
+  for (const QueuedGroup& g : groups) {
+    out.push_back({g.batch_id, g.batch_index, g.arrival_version, g.source});
+  }
   return out;
 }
 
 void GroupQueue::Resolve(const std::vector<GroupRef>& groups, bool trained) {
   absl::MutexLock lock(&mu_);
   for (const GroupRef& g : groups) {
-    ledger_.Resolve(g.batch_id, g.batch_index, g.arrival_version, trained);
+    ledger_.Resolve(g.source, g.batch_id, g.batch_index, g.arrival_version, trained);
   }
 }
 
@@ -353,17 +377,42 @@ uint64_t GroupQueue::TrainedThrough(uint64_t version) const {
   return ledger_.TrainedThrough(version);
 }
 
+absl::Status GroupQueue::DeadlinePassedLocked(const Waiter& w) const {
+  const int64_t n = static_cast<int64_t>(w.groups.size());
+  std::string why;
+  if (w.passed && n > options_.capacity_groups - options_.step_groups + 1) {
+    // It needs the queue nearly empty, and smaller batches kept steps going.
+    why = absl::StrCat(
+        "; smaller batches were queued before it to keep the steps going: batches of "
+        "at most ",
+        options_.capacity_groups - options_.step_groups + 1, " groups never wait for one");
+  }
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the learner's queue stayed full (", queue_.size(), " of ", options_.capacity_groups,
+      " groups) until the deadline; the batch needed room for ", n,
+      " groups and nothing of it was queued", why));
+}
+
 GroupQueueStats GroupQueue::Stats() const {
   absl::MutexLock lock(&mu_);
-  return {static_cast<int64_t>(queue_.size()),
-          options_.capacity_groups,
-          static_cast<int64_t>(waiters_.size()),
-          accepted_groups_,
-          popped_groups_,
-          duplicate_batches_,
-          ledger_.size(),
-          batch_id_conflicts_,
-          removed_groups_};
+  GroupQueueStats s{static_cast<int64_t>(queue_.size()),
+                    options_.capacity_groups,
+                    static_cast<int64_t>(waiters_.size()),
+                    accepted_groups_,
+                    popped_groups_,
+                    duplicate_batches_,
+                    ledger_.size(),
+                    batch_id_conflicts_,
+                    removed_groups_};
+  const absl::Time now = absl::Now();
+  for (const Waiter& w : waiters_) {
+    const int64_t n = static_cast<int64_t>(w.groups.size());
+    s.waiting_groups += n;
+    s.largest_waiting = std::max(s.largest_waiting, n);
+    s.oldest_wait = std::max(s.oldest_wait, now - w.since);
+  }
+  s.passed_over = passed_over_;
+  return s;
 }
 
 }  // namespace asympo::learner

@@ -8,8 +8,17 @@
 // leave only through Pop, or through RemoveIf (the learner's policy-lag
 // bound drops, and counts, those that fell behind it).
 //
+// No head-of-line deadlock: the trainer pops `step_groups` at a time, so
+// while fewer are queued it frees no room, and a waiting push that does not
+// fit would wait forever for a step that the pushes behind it could
+// complete. So while fewer than `step_groups` groups are queued, a push that
+// fits is admitted even when earlier ones wait (they keep their order among
+// themselves); once a step's worth is queued, the order is FIFO again, so a
+// large push gets its turn as soon as steps free room for it.
+//
 // Exactly-once: a push whose groups carry a batch id the queue has already
-// accepted with the same payload is a duplicate (acknowledged, not queued
+// accepted from the same source (principal; ids are one namespace per
+// principal) with the same payload is a duplicate (acknowledged, not queued
 // again); with another payload it is refused (kBatchIdConflict). The queue remembers the last
 // `batch_id_window` accepted ids in a BatchLedger (batch_ledger.h): their digests, which of their
 // groups a training step consumed (Resolve), and the trained-through version. The trained batches
@@ -75,6 +84,7 @@ struct GroupRef {
   std::string batch_id;
   int32_t batch_index = 0;
   uint64_t arrival_version = 0;
+  std::string source;  // the principal whose batch id it is
 };
 std::vector<GroupRef> RefsOf(const std::vector<QueuedGroup>& groups);
 
@@ -89,6 +99,10 @@ struct GroupQueueOptions {
   // forgotten first. At least capacity_groups, so that every id with a
   // group still queued is remembered.
   int64_t batch_id_window = 65536;
+  // The trainer's step size (LearnerDaemonOptions::prompts_per_step): while
+  // fewer groups are queued, waiting pushes that do not fit are passed by
+  // later ones that do. 1: strict FIFO.
+  int64_t step_groups = 1;
 };
 
 struct GroupQueueStats {
@@ -101,6 +115,12 @@ struct GroupQueueStats {
   int64_t batch_ids = 0;           // ids remembered now
   int64_t batch_id_conflicts = 0;  // pushes refused: a known id with another payload, ever
   int64_t removed_groups = 0;      // by RemoveIf, ever
+  int64_t waiting_groups = 0;      // groups of the waiting pushes
+  // How long the oldest waiting push has waited (zero: none waits), and the
+  // most groups a waiting push holds: what admission waits on.
+  absl::Duration oldest_wait = absl::ZeroDuration();
+  int64_t largest_waiting = 0;
+  int64_t passed_over = 0;  // waiting pushes passed by later ones, ever
 };
 
 class GroupQueue {
@@ -141,8 +161,10 @@ class GroupQueue {
 
   // Waits until `count` groups are queued (or the deadline passes, or the
   // queue is closed and drained), then removes and returns up to `count`
-  // groups in arrival order. Admits waiting pushes that now fit.
-  std::vector<QueuedGroup> Pop(int64_t count, absl::Time deadline);
+  // groups in arrival order: none when fewer than `min_count` (default:
+  // `count`) are queued at the deadline, unless the queue is closed. Admits
+  // waiting pushes that now fit.
+  std::vector<QueuedGroup> Pop(int64_t count, absl::Time deadline, int64_t min_count = 0);
 
   // Removes the queued groups for which `drop` is true (the others keep
   // their order), then admits the waiting pushes that now fit, removing
@@ -182,11 +204,21 @@ class GroupQueue {
     std::vector<QueuedGroup> groups;
     absl::Time deadline;
     PushDone done;
+    absl::Time since;     // when it began to wait
+    bool passed = false;  // a later push was admitted before it
   };
   using Completion = std::pair<PushDone, AdmissionResult>;
 
-  // Moves waiting pushes that fit into the queue, in FIFO order.
+  // Moves waiting pushes that fit into the queue, in FIFO order (passing
+  // over those that do not fit while a step is short: see above).
   void AdmitWaitersLocked(std::vector<Completion>* done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fewer than a step's groups are queued: the trainer frees no room.
+  bool StepShortLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool FitsLocked(int64_t groups) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the waiting pushes before `end` passed over by a later one.
+  void PassOverLocked(std::list<Waiter>::iterator end) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The answer to a waiting push whose deadline passed.
+  absl::Status DeadlinePassedLocked(const Waiter& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Enqueue(std::vector<QueuedGroup>* groups) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // kAccepted when `groups` may be queued (a resend's are cut to its
   // untrained groups); else the duplicate or conflict answer (and counts it).
@@ -211,6 +243,7 @@ class GroupQueue {
   int64_t duplicate_batches_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t removed_groups_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t batch_id_conflicts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t passed_over_ ABSL_GUARDED_BY(mu_) = 0;
   BatchLedger ledger_ ABSL_GUARDED_BY(mu_);
   // Groups queued or waiting, by source.
   absl::flat_hash_map<std::string, int64_t> held_ ABSL_GUARDED_BY(mu_);

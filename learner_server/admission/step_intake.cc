@@ -7,7 +7,7 @@ namespace {
 
 bool SameGroup(const GroupRef& a, const GroupRef& b) {
   return a.batch_id == b.batch_id && a.batch_index == b.batch_index &&
-         a.arrival_version == b.arrival_version;
+         a.arrival_version == b.arrival_version && a.source == b.source;
 }
 
 // The refs of `all` not in `kept` (both in pop order, `kept` a subsequence).
@@ -30,7 +30,17 @@ TakenGroups StepIntake::Take(int64_t count, uint64_t version, absl::Time deadlin
   TakenGroups taken;
   taken.version = version;
   lag_->DropBehind(*queue_, version);
-  taken.groups = queue_->Pop(count, deadline);
+  const bool partial =
+      partial_after_ > absl::ZeroDuration() && absl::Now() - short_since_ >= partial_after_;
+  taken.groups = queue_->Pop(count, deadline, partial ? 1 : count);
+  if (!taken.groups.empty()) {
+    short_since_ = absl::InfiniteFuture();
+    taken.short_step = static_cast<int64_t>(taken.groups.size()) < count;
+  } else if (queue_->Stats().depth_groups == 0) {
+    short_since_ = absl::InfiniteFuture();
+  } else if (short_since_ == absl::InfiniteFuture()) {
+    short_since_ = absl::Now();
+  }
   const std::vector<GroupRef> popped = RefsOf(taken.groups);
   lag_->DropPopped(&taken.groups, version);  // queued as the version moved on
   taken.refs = RefsOf(taken.groups);

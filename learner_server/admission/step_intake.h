@@ -11,6 +11,11 @@
 // ran (it stopped first) is neither: its groups stay unresolved, so a
 // restart from the checkpoint accepts their batches again.
 //
+// Short steps: when fewer than a step's groups have been queued for
+// `partial_after` (nonzero), Take returns those it finds (at least one), so
+// that the last groups of a finished supply are trained rather than kept
+// waiting for a step that never fills.
+//
 // Not thread-safe: the trainer thread's (the queue and the policy lag it
 // wraps are thread-safe, and admission keeps using them).
 #pragma once
@@ -32,16 +37,19 @@ struct TakenGroups {
   std::vector<GroupRef> refs;       // the same groups, for the ledger
   std::vector<GroupLag> lags;       // each group's source and lag at `version`
   std::vector<std::string> sources;
-  uint64_t version = 0;  // the step's training version
+  uint64_t version = 0;     // the step's training version
+  bool short_step = false;  // fewer groups popped than asked for (after partial_after)
 };
 
 class StepIntake {
  public:
   // `queue` and `lag` outlive the intake.
-  StepIntake(GroupQueue* queue, PolicyLag* lag) : queue_(queue), lag_(lag) {}
+  StepIntake(GroupQueue* queue, PolicyLag* lag, absl::Duration partial_after = absl::ZeroDuration())
+      : queue_(queue), lag_(lag), partial_after_(partial_after) {}
 
   // The groups of the step that trains at `version`: up to `count`, waiting
-  // for them until `deadline` (fewer, or none, when it passes).
+  // for them until `deadline`; none when fewer are queued then, unless
+  // fewer have been queued for partial_after (then those).
   TakenGroups Take(int64_t count, uint64_t version, absl::Time deadline);
   // The step trained the taken groups but those at the indices `dropped`
   // (sorted; the groups it dropped as poisoned, left out of the lags).
@@ -52,6 +60,9 @@ class StepIntake {
  private:
   GroupQueue* queue_;
   PolicyLag* lag_;
+  const absl::Duration partial_after_;
+  // Since when Take has found groups queued, but fewer than a step's.
+  absl::Time short_since_ = absl::InfiniteFuture();
 };
 
 }  // namespace asympo::learner

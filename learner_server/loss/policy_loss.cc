@@ -316,6 +316,11 @@ absl::StatusOr<LossOutput> PolicyLoss::ComputeUnguarded(const LossInputs& in) co
       out.loss = GpgLoss(p, o, &d);
       break;
   }
+  if (p.totals.step_groups > p.totals.groups) {
+    // A short step: each group weighs what it weighs in a full step.
+    out.loss = out.loss *
+               (static_cast<double>(p.totals.groups) / static_cast<double>(p.totals.step_groups));
+  }
   FillDiagnostics(p, in.rewards, &d);
   d.loss = out.loss.detach().item<double>();
   return out;

@@ -65,6 +65,10 @@ struct StepTotals {
   int64_t tokens = 0;     // response tokens in the step
   // Responses in groups whose rewards are all equal (gpg's M).
   int64_t degenerate_responses = 0;
+  // The step's nominal size in groups (--prompts_per_step); 0: none. A
+  // short step (fewer groups) weights each group as a step of this size
+  // does: its loss is scaled by groups / step_groups.
+  int64_t step_groups = 0;
 };
 
 struct LossInputs {

@@ -258,7 +258,9 @@ StepOr<LossOutput> Trainer::LossOf(const MicroBatch& mb, const at::Tensor& hidde
   if (!at::isfinite(logp).all().item<bool>()) return NonFiniteLoss("token log-probs are");
   // An error keeps its code, which gives its reason (INVALID_ARGUMENT: bad
   // data; RESOURCE_EXHAUSTED: out of memory).
-  absl::StatusOr<LossOutput> out = loss_.Compute(LossInputsOf(mb, logp, totals, dev));
+  StepTotals weighed = totals;
+  weighed.step_groups = options_.step_groups;
+  absl::StatusOr<LossOutput> out = loss_.Compute(LossInputsOf(mb, logp, weighed, dev));
   if (!out.ok()) return out.status();
   faults_.AfterLoss(*out);
   if (!std::isfinite(out->diagnostics.loss)) return NonFiniteLoss("the loss is");

@@ -68,6 +68,11 @@ struct TrainerOptions {
   // Rows of logits computed at once by the chunked log-prob path.
   int64_t logprob_chunk_rows = 1024;
   int64_t pad_token_id = 0;
+  // The nominal step size in groups (--prompts_per_step): a short step
+  // (fewer groups, trained after --partial_step_after) weights each of its
+  // groups as a full step does (StepTotals::step_groups). 0: every step
+  // weighs as a whole.
+  int64_t step_groups = 0;
   // Fault injection, for tests and drills only: the Nth step attempt
   // (a call of Step() or StepShard(), 1-based, counted by this trainer) gets a NaN loss
   // (nonfinite_loss_steps) or a c10::Error thrown after its first

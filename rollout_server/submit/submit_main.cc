@@ -93,7 +93,7 @@ ABSL_FLAG(int32_t, groups_per_batch, 16,
 ABSL_FLAG(std::string, source, "asympo-submit", "RolloutBatch.source, and the batch ids' prefix.");
 ABSL_FLAG(std::string, run_id, "",
           "The batch ids' run part (default: the input file's name). Reruns of one file must "
-          "keep it to be deduplicated.");
+          "keep it, and the --state that holds the run's random id part, to be deduplicated.");
 ABSL_FLAG(std::string, state, "",
           "The run's record of windows formed, accepted and confirmed (JSON lines, fsynced), "
           "read by a rerun to resume (default: <input>.submitted; \"none\" keeps none).");
@@ -490,13 +490,15 @@ absl::StatusOr<int> Main() {
   }
   ASYMPO_ASSIGN_OR_RETURN(std::vector<Row> rows, submit::ReadRows(run.input));
   run.lines = static_cast<int64_t>(rows.size());
-  const std::string run_id =
-      absl::GetFlag(FLAGS_run_id).empty() ? BaseName(run.input) : absl::GetFlag(FLAGS_run_id);
-  run.id_prefix =
-      absl::StrCat(absl::GetFlag(FLAGS_source).substr(0, 40), "/", run_id.substr(0, 48), "/");
   const std::string state =
       absl::GetFlag(FLAGS_state).empty() ? run.input + ".submitted" : absl::GetFlag(FLAGS_state);
   ASYMPO_RETURN_IF_ERROR(run.state.Open(absl::GetFlag(FLAGS_check_only) ? "none" : state));
+  const std::string run_id =
+      absl::GetFlag(FLAGS_run_id).empty() ? BaseName(run.input) : absl::GetFlag(FLAGS_run_id);
+  // At most 40 + 1 + 32 + 1 + 12 + 1 + 32 = 119 bytes: within kMaxBatchIdBytes.
+  run.id_prefix =
+      absl::StrCat(absl::GetFlag(FLAGS_source).substr(0, 40), "/", run_id.substr(0, 32), "/",
+                   run.state.run_nonce(), run.state.run_nonce().empty() ? "" : "/");
   ASYMPO_ASSIGN_OR_RETURN(auto stub, Connect());
   run.stub = stub.get();
   ASYMPO_ASSIGN_OR_RETURN(const v1::LearnerStatus st,

@@ -5,9 +5,11 @@
 
 #include <fstream>
 #include <iostream>
+#include <random>
 #include <sstream>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/security/x509.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -20,6 +22,24 @@ namespace {
 constexpr size_t kDigestHex = 32;  // 128 bits
 constexpr char kHeaderKey[] = "asympo_submit_state";
 constexpr int kFormat = 2;
+
+constexpr size_t kNonceHex = 12;  // 48 random bits
+
+// kNonceHex random hex digits, from the system's entropy source.
+std::string NewNonce() {
+  std::random_device random;
+  std::string out;
+  while (out.size() < kNonceHex) absl::StrAppend(&out, absl::Hex(random(), absl::kZeroPad8));
+  return out.substr(0, kNonceHex);
+}
+
+bool IsNonce(const nlohmann::json& j) {
+  if (!j.is_string() || j.get<std::string>().size() != kNonceHex) return false;
+  for (char c : j.get<std::string>()) {
+    if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
 
 std::string Dump(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -101,6 +121,7 @@ absl::Status StateFile::Open(const std::string& path) {
     }
   }
   if (n == 0) Append(Dump({{kHeaderKey, kFormat}}));
+  if (run_nonce_.empty()) Record({{"run_nonce", NewNonce()}});
   return absl::OkStatus();
 }
 
@@ -112,6 +133,14 @@ bool StateFile::Trained(const std::string& key) const {
 absl::Status StateFile::Apply(const std::string& line) {
   const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
   if (!j.is_object() || j.size() < 1) return absl::InvalidArgumentError("not a JSON object");
+  if (j.contains("run_nonce")) {
+    if (!IsNonce(j["run_nonce"])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("run_nonce is not ", kNonceHex, " hex digits"));
+    }
+    run_nonce_ = j["run_nonce"].get<std::string>();
+    return absl::OkStatus();
+  }
   if (j.contains("window")) {
     if (!j["window"].is_string() || !j.contains("rows") || !j["rows"].is_array()) {
       return absl::InvalidArgumentError("a window without an id or rows");

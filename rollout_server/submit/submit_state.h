@@ -6,13 +6,18 @@
 //              ".<n>" for the n-th repeat (n >= 1) of the same content in
 //              the file: RowKeys.
 //   window     a batch of rows that were in no window yet, in file order.
-//              Its batch_id is "<source>/<run>/" and 32 hex digits of the
-//              SHA-256 of its rows' keys in order (WindowId): a retry or a
-//              resend of the window is the same id with the same payload,
-//              a duplicate at the learner.
+//              Its batch_id is "<source>/<run>/<run_nonce>/" and 32 hex
+//              digits of the SHA-256 of its rows' keys in order (WindowId):
+//              a retry or a resend of the window is the same id with the
+//              same payload, a duplicate at the learner. Without a state
+//              file (--state=none) there is no nonce: "<source>/<run>/".
 //   state      JSON lines appended to the state file (each fsynced), a later
 //              line about a window replacing what an earlier one said:
 //       {"asympo_submit_state": 2}                      the first line
+//       {"run_nonce": N}   12 random hex digits, written when the file is
+//           created (or first opened by an asympo-submit that keeps one):
+//           part of every later window's batch_id, so that nobody who
+//           knows the file can tell its ids in advance
 //       {"window": ID, "rows": [KEY, ...]}              written before the
 //           window is first sent: these rows belong to it from then on,
 //           never to another window
@@ -78,6 +83,8 @@ class StateFile {
   bool Claimed(const std::string& key) const { return claimed_.contains(key); }
   // Whether it is in a window confirmed as trained.
   bool Trained(const std::string& key) const;
+  // The run's random part of new windows' ids (empty with "none").
+  const std::string& run_nonce() const { return run_nonce_; }
 
   // Each records one line (fsynced) and applies it. Formed returns the
   // window's index.
@@ -92,6 +99,7 @@ class StateFile {
   void Record(const nlohmann::json& j);
 
   std::string path_;
+  std::string run_nonce_;
   int fd_ = -1;
   std::vector<Window> windows_;
   absl::flat_hash_map<std::string, size_t> by_id_;

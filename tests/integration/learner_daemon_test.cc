@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/daemon/metrics_endpoint.h"
 #include "learner_server/learner_rank0.h"
 #include "learner_server/trainer/checkpoint.h"
@@ -308,6 +309,73 @@ TEST(LearnerDaemonTest, ASecondLearnerCannotListenOnTheSamePort) {
   EXPECT_THAT(second,
               StatusIs(absl::StatusCode::kUnavailable, "cannot listen on " + o.listen_address));
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kUnavailable, "in use"));
+}
+
+// One Submit of `batch` with a deadline.
+grpc::Status Submit(v1::Learner::Stub* stub, const v1::RolloutBatch& batch,
+                    absl::Duration deadline = absl::Seconds(30)) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  v1::SubmitResponse r;
+  return stub->Submit(&ctx, batch, &r);
+}
+
+// The settings that froze training (the defaults: steps of 8, capacity 64,
+// batches of up to 64 groups): 5 groups queued, a batch of 64 that cannot
+// fit waiting, then 3 groups that complete a step. With whole steps only,
+// the 3 are accepted at once past the waiting batch, the step trains, and
+// the 64 are queued and trained after it.
+TEST(LearnerDaemonTest, ABatchThatCannotFitYetNeverStopsTheSteps) {
+  LearnerDaemonOptions o = Options("", 9);
+  o.prompts_per_step = 8;
+  o.queue.capacity_groups = 64;
+  o.service.limits.max_groups_per_batch = 64;
+  o.partial_step_after = absl::ZeroDuration();
+  Learner learner(std::move(o));
+  ASSERT_OK(learner.status);
+  absl::StatusOr<int64_t> steps;
+  std::thread run([&] { steps = learner.daemon->Run(); });
+  auto stub = v1::Learner::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(learner.daemon->port()), grpc::InsecureChannelCredentials()));
+  EXPECT_TRUE(Submit(stub.get(), Batch(5, 1)).ok());
+  grpc::Status big;
+  std::thread waiting([&] { big = Submit(stub.get(), Batch(64, 2)); });
+  // The learner says what admission waits on while no step is taken.
+  EXPECT_TRUE(asympo::testing::WaitFor([&] {
+    const std::string s = learner.Scrape();
+    return s.find("asympo_learner_queue_waiting_groups 64") != std::string::npos &&
+           s.find("asympo_learner_queue_waiting_submissions 1") != std::string::npos;
+  }));
+  const grpc::Status small = Submit(stub.get(), Batch(3, 3), absl::Seconds(5));
+  EXPECT_TRUE(small.ok()) << small.error_message();
+  waiting.join();
+  EXPECT_TRUE(big.ok()) << big.error_message();
+  if (!big.ok() || !small.ok()) learner.daemon->Shutdown();
+  run.join();
+  ASSERT_OK(steps.status());
+  EXPECT_EQ(*steps, 9);  // 5 + 3, then 64
+  EXPECT_THAT(learner.Scrape(), HasSubstr("asympo_learner_short_steps_total 0"));
+}
+
+// The last groups of a supply: fewer than a step's, trained as a short step
+// once they have waited --partial_step_after.
+TEST(LearnerDaemonTest, FewerGroupsThanAStepAreTrainedAfterPartialStepAfter) {
+  LearnerDaemonOptions o = Options("", 1);
+  o.prompts_per_step = 4;
+  o.partial_step_after = absl::Milliseconds(500);
+  Learner learner(std::move(o));
+  ASSERT_OK(learner.status);
+  auto stub = v1::Learner::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(learner.daemon->port()), grpc::InsecureChannelCredentials()));
+  ASSERT_TRUE(Submit(stub.get(), Batch(3, 1)).ok());
+  const absl::Time start = absl::Now();
+  ASSERT_OK_AND_ASSIGN(const int64_t steps, learner.daemon->Run());
+  EXPECT_EQ(steps, 1);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(500));
+  EXPECT_EQ(learner.daemon->version(), 1u);
+  const std::string scrape = learner.Scrape();
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_short_steps_total 1"));
+  EXPECT_THAT(scrape, HasSubstr("asympo_learner_short_step_groups_total 3"));
 }
 
 }  // namespace

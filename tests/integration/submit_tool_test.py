@@ -4,8 +4,8 @@ jsonl: a JSONL file with two bad rows (broken JSON, a token outside the
 vocabulary) is sent in windows of 3 good rows: the bad rows are named by file
 and line and not sent, every good row is, and the exit status is 1. After the
 rows are fixed, a rerun sends only the two fixed rows (exit 0). A rerun of the
-first file without the state file forms the same windows, by content, so each
-is answered as a duplicate and nothing is trained twice. Rows of text are
+first file without the state file is a new run: the same windows by content,
+under ids with another random part, sent again. Rows of text are
 tokenized with --tokenizer (a tokenizer.json); without it they are bad rows.
 Rows may carry first_policy_version/last_policy_version; versions out of order
 or negative are bad rows, and a versioned group's lag reaches GetStatus once
@@ -21,6 +21,12 @@ still queued; asympo-submit had not confirmed them as recorded (exit 3). The
 learner restarts from its checkpoint; a rerun sends again every window not
 confirmed, with its batch id: the recorded ones are duplicates, the lost ones
 are queued, and every group is trained exactly once in the restored history.
+
+last_groups: 5 groups in steps of 4: the last one is trained as a short
+step after --partial_step_after, so the run ends confirmed (exit 0). The
+batch ids carry the run's random part (run_nonce), kept in the state file;
+without a state file (--state=none) they are the content's alone, and a
+rerun's windows are duplicates.
 
 restart_mid_run: the same kill while asympo-submit waits for the last
 windows to be recorded; the learner restarts on the same address and the
@@ -123,17 +129,21 @@ def jsonl():
     rc, s, err = submit(path)
     check(rc == 0 and s["groups_sent"] == 2 and s["skipped_confirmed"] == 11,
           "after the fix, a rerun sends the 2 fixed rows: %s" % s)
+    # Without its state file a rerun is a new run: the same 4 windows by
+    # content, under ids with another random part (run_nonce), sent again.
     os.remove(path + ".submitted")
     write(path, lines)
     rc, s, err = submit(path)
-    check(rc == 1 and s["duplicates"] == 4 and s["groups_sent"] == 11,
-          "without the state file, the first file's windows are duplicates: %s" % s)
-    check(window_ids(path + ".submitted") == first and len(first) == 4,
-          "the same 4 windows, with the same ids")
+    check(rc == 1 and s["duplicates"] == 0 and s["groups_sent"] == 11,
+          "without the state file, the first file's windows are sent again: %s" % s)
+    again = window_ids(path + ".submitted")
+    check(len(again) == 4 and not set(again) & set(first) and
+          [i.rsplit("/", 1)[1] for i in again] == [i.rsplit("/", 1)[1] for i in first],
+          "the same 4 windows by content, under new ids: %s %s" % (first, again))
     status = status_of(stub)
-    check(status.accepted_groups == 13 and status.duplicate_batches == 4,
-          "13 groups accepted once each, 4 duplicates (%d, %d)" % (status.accepted_groups,
-                                                                    status.duplicate_batches))
+    check(status.accepted_groups == 24 and status.duplicate_batches == 0,
+          "24 groups accepted, no duplicates (%d, %d)" % (status.accepted_groups,
+                                                          status.duplicate_batches))
     text = os.path.join(WORK, "text.jsonl")
     write(text, [json.dumps({"prompt": "hello", "responses": [{"text": "a", "reward": 1}] * 2})])
     rc, s, err = submit(text)
@@ -141,7 +151,7 @@ def jsonl():
           "text without --tokenizer is named")
     rc, s, err = submit(text, "--tokenizer=" + TOKENIZER)
     check(rc == 0 and s["groups_sent"] == 1, "with --tokenizer the text row is tokenized and sent: %s" % s)
-    check(status_of(stub).accepted_groups == 14, "the learner accepted it")
+    check(status_of(stub).accepted_groups == 25, "the learner accepted it")
     versions = os.path.join(WORK, "versions.jsonl")
     versioned = [json.loads(row(20)), json.loads(row(23))]
     for g in versioned:
@@ -284,6 +294,38 @@ def restart_mid_run():
     stop(proc)
 
 
+def last_groups():
+    proc, stub = start_learner("learner", "--prompts_per_step=4", "--partial_step_after=1s")
+    path = os.path.join(WORK, "rows.jsonl")
+    write(path, [row(i) for i in range(1, 6)])
+    start = time.time()
+    rc, s, err = submit(path)
+    check(rc == 0 and s["groups_sent"] == 5 and s["windows_confirmed"] == 2,
+          "5 groups in steps of 4: the last one trained as a short step, all confirmed: %s" % s)
+    check(time.time() - start >= 1, "the short step waited --partial_step_after")
+    status = status_of(stub)
+    check(status.version == 2 and status.trained_groups == 5, "a full step and a short one")
+    state = [json.loads(l) for l in open(path + ".submitted").read().splitlines()]
+    nonces = [l["run_nonce"] for l in state if "run_nonce" in l]
+    ids = window_ids(path + ".submitted")
+    check(len(nonces) == 1 and len(nonces[0]) == 12 and
+          all(i.startswith("asympo-submit/rows.jsonl/%s/" % nonces[0]) for i in ids),
+          "the ids carry the run's random part, kept in the state file: %s %s" % (nonces, ids))
+    rc, s, err = submit(path)
+    check(rc == 0 and s["groups_sent"] == 0 and s["skipped_confirmed"] == 5,
+          "a rerun with the state file sends nothing: %s" % s)
+    # --state=none: no random part, the content alone: a rerun is duplicates.
+    other = os.path.join(WORK, "other.jsonl")
+    write(other, [row(i) for i in range(10, 14)])
+    rc, s, err = submit(other, "--state=none")
+    check(rc == 0 and s["groups_sent"] == 4, "sent without a state file: %s" % s)
+    # (Answered at the version that trained them: not confirmed again.)
+    rc, s, err = submit(other, "--state=none", "--confirm_timeout=0s")
+    check(s["duplicates"] == 2 and status_of(stub).accepted_groups == 9,
+          "again: duplicates by content, nothing queued: %s" % s)
+    stop(proc)
+
+
 def main():
     global pb2, pb2_grpc
     shutil.rmtree(WORK, ignore_errors=True)
@@ -291,7 +333,7 @@ def main():
     proto = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "proto")
     pb2, pb2_grpc, _ = generate_stubs(proto, os.path.join(WORK, "stubs"))
     {"jsonl": jsonl, "deleted_rows": deleted_rows, "kill_restart": kill_restart,
-     "restart_mid_run": restart_mid_run}[SCENARIO]()
+     "restart_mid_run": restart_mid_run, "last_groups": last_groups}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -323,6 +324,64 @@ TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutDigestsIsADuplicateWhateve
   q.RestoreBatches({CheckpointBatch{"old", "", 0, {}}});
   EXPECT_TRUE((q.Push(Batch(3, "x", "old"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
   EXPECT_EQ(Ids(q.RecordedBatches()), std::vector<std::string>{"old"});
+}
+
+// `batch` as pushed by `principal`.
+std::vector<QueuedGroup> From(const std::string& principal, std::vector<QueuedGroup> batch) {
+  for (QueuedGroup& g : batch) g.source = principal;
+  return batch;
+}
+
+// Batch ids are one namespace per principal: another principal's push
+// under a known id neither takes it (the owner's retry is still a
+// duplicate, its new data still its own) nor learns from it (a push of the
+// same payload is queued as its own, not answered "duplicate").
+TEST(GroupQueueBatchIdTest, BatchIdsAreOneNamespacePerPrincipal) {
+  GroupQueue q({16, 4});
+  ASSERT_OK(q.Push(From("mallory", Batch(2, "junk", "submit/file/0")), Soon()));
+  // The owner's real payload under the id mallory took first is accepted.
+  ASSERT_OK(q.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()));
+  EXPECT_TRUE((q.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()).outcome() ==
+               AdmissionOutcome::kDuplicate));
+  // No oracle: mallory's copy of alice's payload is mallory's new batch.
+  const AdmissionResult probe = q.Push(From("mallory", Batch(2, "real", "alice/1")), Soon());
+  EXPECT_TRUE(probe.accepted()) << probe;
+  ASSERT_OK(q.Push(From("alice", Batch(1, "more", "alice/1")), Soon()));
+  EXPECT_EQ(q.Stats().depth_groups, 7);
+  // A checkpoint keeps the principal of each batch, and a restart tells
+  // them apart too.
+  q.Resolve(RefsOf(q.Pop(7, Soon())), /*trained=*/true);
+  const std::vector<CheckpointBatch> recorded = q.RecordedBatches();
+  ASSERT_EQ(recorded.size(), 4u);
+  EXPECT_EQ(recorded[0].principal, std::optional<std::string>("mallory"));
+  EXPECT_EQ(recorded[1].principal, std::optional<std::string>("alice"));
+  GroupQueue restarted({16, 4});
+  restarted.RestoreBatches(recorded);
+  EXPECT_TRUE((restarted.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()).outcome() ==
+               AdmissionOutcome::kDuplicate));
+  EXPECT_TRUE((restarted.Push(From("bob", Batch(2, "real", "submit/file/0")), Soon()).accepted()));
+}
+
+// A checkpoint written before batches named their principal: its ids match
+// a push of any principal, so no batch is trained twice across the upgrade.
+TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutPrincipalsMatchesAnyPrincipal) {
+  GroupQueue first({8, 4});
+  ASSERT_OK(first.Push(From("alice", Batch(2, "a", "old/0")), Soon()));
+  first.Resolve(RefsOf(first.Pop(1, Soon())), /*trained=*/true);
+  std::vector<CheckpointBatch> recorded = first.RecordedBatches();
+  ASSERT_EQ(recorded.size(), 1u);
+  recorded[0].principal.reset();  // as an older checkpoint has it
+  GroupQueue q({8, 4});
+  q.RestoreBatches(recorded);
+  const AdmissionResult resend = q.Push(From("alice", Batch(2, "a", "old/0")), Soon());
+  ASSERT_TRUE(resend.accepted()) << resend;  // the untrained group only
+  EXPECT_EQ(q.Stats().depth_groups, 1);
+  EXPECT_TRUE((q.Push(From("bob", Batch(2, "a", "old/0")), Soon()).outcome() ==
+               AdmissionOutcome::kDuplicate));
+  q.Resolve(RefsOf(q.Pop(1, Soon())), /*trained=*/true);
+  ASSERT_EQ(q.RecordedBatches().size(), 1u);
+  EXPECT_EQ(q.RecordedBatches()[0].trained, (std::vector<int32_t>{0, 1}));
+  EXPECT_FALSE(q.RecordedBatches()[0].principal.has_value());
 }
 
 TEST(GroupQueueBatchIdTest, TrainedThroughIsTheOldestUnresolvedGroupsVersion) {

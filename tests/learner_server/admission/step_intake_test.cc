@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "absl/time/clock.h"
 #include "learner_server/learner_metrics.h"
 #include "tests/testing/rollout_batch_builder.h"
 #include "tests/testing/status_matchers.h"
@@ -88,6 +89,35 @@ TEST_F(StepIntakeTest, RecordsATrainedStepAndNotASkippedOne) {
   intake_.Skipped(b);
   EXPECT_EQ(RecordedIds(queue_), (std::vector<std::string>{"a"}));
   EXPECT_EQ(metrics_.lag.Collect().histogram.sample_count, 1u);
+}
+
+// Fewer than a step's groups, queued for longer than partial_after: the
+// next Take returns them as a short step; before that, none.
+TEST_F(StepIntakeTest, TakesAShortStepOnceFewerGroupsWaitedPartialAfter) {
+  StepIntake intake(&queue_, &lag_, absl::Milliseconds(150));
+  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
+  EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  absl::SleepFor(absl::Milliseconds(200));
+  const TakenGroups taken = intake.Take(4, 10, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(taken.groups.size(), 3u);
+  EXPECT_TRUE(taken.short_step);
+  // The timer starts again: a full step is not short, and a lone group
+  // waits again.
+  ASSERT_OK(queue_.Push(Batch("b", "gen", {10, 10, 10, 10, 10}), absl::InfiniteFuture()));
+  const TakenGroups full = intake.Take(4, 10, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(full.groups.size(), 4u);
+  EXPECT_FALSE(full.short_step);
+  EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+}
+
+// partial_after zero: steps are always whole.
+TEST_F(StepIntakeTest, WithoutPartialAfterFewerGroupsWaitForAWholeStep) {
+  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
+  EXPECT_TRUE(intake_.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  absl::SleepFor(absl::Milliseconds(50));
+  EXPECT_TRUE(intake_.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  EXPECT_EQ(queue_.Stats().depth_groups, 3);
 }
 
 }  // namespace

@@ -444,6 +444,28 @@ TEST_P(EveryObjectiveTest, MicroBatchesWithStepTotalsSumToTheWholeStep) {
   EXPECT_TRUE(torch::allclose(grad, whole_grad, 0, 1e-15));
 }
 
+// A short step (4 groups of a nominal 8) weighs each group as a step of 8
+// does: loss and gradient at half of the whole-step ones; a step of at
+// least step_groups is unchanged.
+TEST_P(EveryObjectiveTest, AShortStepWeighsEachGroupAsAFullStepDoes) {
+  const Batch b = RandomBatch({3, 4, 2, 5}, 6, 10);
+  const PolicyLoss loss = MakeLoss(GetParam());
+  const auto whole = loss.Compute(b.Inputs()).value();
+  const torch::Tensor whole_grad = GradOf(whole.loss, b.logp);
+  for (const int64_t step_groups : {8, 4, 2}) {
+    StepTotals totals = TotalsOf(b, whole.diagnostics);
+    totals.step_groups = step_groups;
+    LossInputs in = b.Inputs();
+    torch::Tensor logp = b.logp.detach().clone().requires_grad_(true);
+    in.token_logprobs = logp;
+    in.step_totals = totals;
+    const auto out = loss.Compute(in).value();
+    const double f = step_groups > 4 ? 4.0 / static_cast<double>(step_groups) : 1.0;
+    EXPECT_NEAR(out.diagnostics.loss, f * whole.diagnostics.loss, 1e-14) << step_groups;
+    EXPECT_TRUE(torch::allclose(GradOf(out.loss, logp), f * whole_grad, 0, 1e-15)) << step_groups;
+  }
+}
+
 // What the trainer reports for a step of several micro-batches.
 TEST_P(EveryObjectiveTest, DiagnosticSumsPoolMicroBatchesIntoTheWholeStepsDiagnostics) {
   const Batch b = RandomBatch({3, 4, 2, 5}, 6, 12);

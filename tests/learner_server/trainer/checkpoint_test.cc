@@ -158,9 +158,9 @@ TEST(CheckpointTest, TrainedBatchesRoundTripAndAMalformedListSkipsTheCheckpoint)
   auto m = Tiny(1);
   AdamW opt(m->parameters(), {});
   const std::string digest(32, '\xa5');
-  const std::vector<CheckpointBatch> batches = {{"rollout-0/00ab/0", digest, 3, {0, 2}},
+  const std::vector<CheckpointBatch> batches = {{"rollout-0/00ab/0", digest, 3, {0, 2}, "gen-1"},
                                                 {"vllm \"3\"/\u00e9/17", digest, 1, {0}},
-                                                {"", "", 0, {}}};
+                                                {"", "", 0, {}, ""}};
   ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0, batches));
   const auto newest =
       SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {CheckpointBatch{"x", "", 2, {1}}}).value();
@@ -184,6 +184,15 @@ TEST(CheckpointTest, TrainedBatchesRoundTripAndAMalformedListSkipsTheCheckpoint)
   EXPECT_EQ(loaded->batches[0].digest, digest);
   EXPECT_EQ(loaded->batches[0].groups, 3);
   EXPECT_EQ(loaded->batches[0].trained, (std::vector<int32_t>{0, 2}));
+  // The principal, when the batch had one (an older checkpoint's have none).
+  EXPECT_EQ(loaded->batches[0].principal, std::optional<std::string>("gen-1"));
+  EXPECT_FALSE(loaded->batches[1].principal.has_value());
+  EXPECT_EQ(loaded->batches[2].principal, std::optional<std::string>(""));
+  EXPECT_FALSE(ParseCheckpointMeta(
+                   R"({"version": 4, "optimizer_steps": 4, "crc32c": 1,
+                       "batches": [{"id": "a", "principal": 7}]})",
+                   "m")
+                   .ok());
 }
 
 TEST(CheckpointTest, AnOlderCheckpointsBatchIdsReadAsIdsWithoutDigests) {
