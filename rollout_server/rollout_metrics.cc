@@ -35,11 +35,14 @@ SubmitMetrics::SubmitMetrics(prometheus::Registry& r)
       dropped(prometheus::BuildCounter()
                   .Name("asympo_rollout_groups_dropped_total")
                   .Help("Groups dropped without reaching the learner, by reason: rejected (the "
-                        "learner refused the batch as invalid), shutdown (still buffered when "
-                        "the daemon stopped) or rewound (being sampled when the learner's "
-                        "version went back, a restart from an older checkpoint).")
+                        "learner refused the batch as invalid), stale (refused for their policy "
+                        "version: beyond --max_policy_lag, or sampled by another learner "
+                        "incarnation's weights), shutdown (still buffered when the daemon "
+                        "stopped) or rewound (being sampled when the learner's version went "
+                        "back, a restart from an older checkpoint).")
                   .Register(r)),
       dropped_rejected(dropped.Add({{"reason", "rejected"}})),
+      dropped_stale(dropped.Add({{"reason", "stale"}})),
       dropped_shutdown(dropped.Add({{"reason", "shutdown"}})),
       dropped_rewound(dropped.Add({{"reason", "rewound"}})),
       submit_errors(prometheus::BuildCounter()

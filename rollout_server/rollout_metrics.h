@@ -34,6 +34,7 @@ struct SubmitMetrics {
   prometheus::Counter& groups_sent;  // accepted by the learner
   prometheus::Family<prometheus::Counter>& dropped;
   prometheus::Counter& dropped_rejected;
+  prometheus::Counter& dropped_stale;  // refused for their policy version (FAILED_PRECONDITION)
   prometheus::Counter& dropped_shutdown;
   prometheus::Counter& dropped_rewound;  // in the engine when the version went back
   prometheus::Family<prometheus::Counter>& submit_errors;  // by gRPC code name

@@ -292,9 +292,16 @@ void SubmitClient::Send(v1::RolloutBatch batch) {
       // a limit it changed, or the batch is over its message size): drop
       // and count them, and read its status (objective, limits) again.
       CountError(a.status.error_code());
-      LOG(ERROR) << "the learner rejected a batch of " << n
-                 << " groups: " << a.status.error_message();
-      metrics_->dropped_rejected.Increment(n);
+      if (a.status.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        // Their policy version: too far behind, or another incarnation's.
+        LOG(WARNING) << "the learner refused a batch of " << n
+                     << " groups as stale: " << a.status.error_message();
+        metrics_->dropped_stale.Increment(n);
+      } else {
+        LOG(ERROR) << "the learner rejected a batch of " << n
+                   << " groups: " << a.status.error_message();
+        metrics_->dropped_rejected.Increment(n);
+      }
       connected_ = false;
       break;
     case SubmitDecision::kFatal:

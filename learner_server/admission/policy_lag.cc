@@ -31,11 +31,12 @@ absl::Status CheckNotFromTheFuture(const v1::RolloutBatch& batch, uint64_t versi
       const uint64_t newest =
           r.has_last_policy_version() ? r.last_policy_version() : r.first_policy_version();
       if (!r.has_first_policy_version() || newest <= version) continue;
-      return absl::InvalidArgumentError(absl::StrCat(
+      return absl::FailedPreconditionError(absl::StrCat(
           GroupWhere(g, group), " response ", j, ": ", VersionsOf(r),
           " is newer than the learner's version ", version,
-          "; a response cannot be sampled by weights the learner has not made (a generator of "
-          "another run, or sampled before the learner restarted from an older checkpoint)"));
+          "; sampled by weights this learner has not made (before it restarted from an older "
+          "checkpoint, or by a generator of another run): stale, dropped; sample with the "
+          "learner's weights"));
     }
   }
   return absl::OkStatus();
@@ -56,8 +57,10 @@ std::optional<uint64_t> GroupPolicyVersion(const v1::PromptGroup& group) {
 
 AdmissionResult CheckPolicyVersions(const v1::RolloutBatch& batch, uint64_t version,
                                     int64_t max_lag) {
+  // Another incarnation's (or run's) version: stale like a lagging group,
+  // never invalid: the batch itself is well formed.
   if (absl::Status s = CheckNotFromTheFuture(batch, version); !s.ok()) {
-    return AdmissionResult::Refused(AdmissionOutcome::kInvalid, std::move(s));
+    return AdmissionResult::Refused(AdmissionOutcome::kPolicyLag, std::move(s));
   }
   if (max_lag <= 0) return AdmissionResult::Accepted();
   for (int g = 0; g < batch.groups_size(); ++g) {

@@ -371,14 +371,17 @@ TEST_F(RolloutDaemonTest, StopsWithTheErrorOnAFatalAnswer) {
   EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
 }
 
-TEST_F(RolloutDaemonTest, DropsAFailedPreconditionBatchAndGoesOn) {
-  // The learner's state does not admit this batch as it is: drop_batch.
+TEST_F(RolloutDaemonTest, DropsAFailedPreconditionBatchAsStaleAndGoesOn) {
+  // The learner's state does not admit this batch as it is (its policy
+  // version is beyond the lag bound, or another incarnation's): drop_batch,
+  // counted as stale, not as rejected.
   learner_.script = {grpc::StatusCode::FAILED_PRECONDITION};
   Start(8);
   ASSERT_TRUE(WaitFor([&] { return learner_.AcceptedGroups() >= 4; }));
-  const double dropped = M("asympo_rollout_groups_dropped_total", "rejected");
+  const double dropped = M("asympo_rollout_groups_dropped_total", "stale");
   EXPECT_GE(dropped, 1);  // the first batch: what was buffered when it was taken
   EXPECT_LE(dropped, 4);
+  EXPECT_EQ(M("asympo_rollout_groups_dropped_total", "rejected"), 0);
   EXPECT_EQ(M("asympo_rollout_submit_errors_total", "FAILED_PRECONDITION"), 1);
 }
 

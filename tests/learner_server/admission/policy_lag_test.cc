@@ -68,16 +68,21 @@ TEST(PolicyLagTest, AGroupsVersionIsTheOldestFirstVersionOfItsResponses) {
   EXPECT_EQ(LagAt(7, 5), 0u);
 }
 
-TEST(PolicyLagTest, AVersionAboveTheLearnersIsInvalidNamingTheResponseAndBothVersions) {
+// A version above the learner's comes from another incarnation (a restart
+// from an older checkpoint) or run: stale, refused as the lag bound refuses
+// (FAILED_PRECONDITION, counted as policy lag), never as an invalid batch.
+TEST(PolicyLagTest, AVersionAboveTheLearnersIsStaleNamingTheResponseAndBothVersions) {
   v1::RolloutBatch b = Batch({4, std::nullopt});
   SetVersions(b.mutable_groups(1)->mutable_responses(2), 6, std::nullopt);
   EXPECT_OK(CheckPolicyVersions(Batch({4}), 5, 0));  // last 5 = the learner's: fine
-  EXPECT_THAT(CheckPolicyVersions(b, 5, 0),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+  const AdmissionResult future = CheckPolicyVersions(b, 5, 0);
+  EXPECT_TRUE(future.outcome() == AdmissionOutcome::kPolicyLag) << future;
+  EXPECT_THAT(future,
+              StatusIs(absl::StatusCode::kFailedPrecondition,
                        "group 1 (prompt_id \"p1\") response 2: first_policy_version 6 is newer "
                        "than the learner's version 5"));
-  EXPECT_THAT(CheckPolicyVersions(Batch({4}), 4, 0),
-              StatusIs(absl::StatusCode::kInvalidArgument,
+  EXPECT_THAT(CheckPolicyVersions(Batch({4}), 4, 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
                        "group 0 (prompt_id \"p0\") response 0: first_policy_version 4 (last 5) is "
                        "newer than the learner's version 4"));
 }
@@ -93,10 +98,10 @@ TEST(PolicyLagTest, AGroupBeyondTheBoundIsRefusedWithFailedPrecondition) {
                           "first_policy_version), 5 versions behind the learner's version 10, "
                           "more than its --max_policy_lag 4"));
   EXPECT_EQ(s.outcome(), AdmissionOutcome::kPolicyLag);
-  EXPECT_EQ(CheckPolicyVersions(Batch({11}), 10, 4).outcome(), AdmissionOutcome::kInvalid);
-  // A response from the future is the worse fault, whichever group it is in.
+  EXPECT_EQ(CheckPolicyVersions(Batch({11}), 10, 4).outcome(), AdmissionOutcome::kPolicyLag);
+  // A response from the future is named first, whichever group it is in.
   EXPECT_THAT(CheckPolicyVersions(Batch({0, 11}), 10, 4),
-              StatusIs(absl::StatusCode::kInvalidArgument, "group 1"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "group 1"));
 }
 
 class PolicyLagCountsTest : public ::testing::Test {
