@@ -36,8 +36,9 @@ recorded_after_idle: batches answered after a checkpoint taken with an
             empty queue stay unconfirmed (recorded_through_version <=
             trained_through_version).
 confirm_options: confirm_at="trained" for a learner without checkpoints;
-            at max_unconfirmed a submit waits, then raises
-            LearnerBusyError without sending.
+            a submit confirms on its own every confirm_every seconds; at
+            max_unconfirmed a submit waits, then raises LearnerBusyError
+            without sending.
 
     python3 python_client_scenarios_test.py SCENARIO PKG_DIR LEARNER_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 when grpc is missing."""
@@ -410,6 +411,16 @@ def scenario_confirm_options():
     wait_status(by_record, "2 steps", lambda s: s.version >= 2)
     check(by_training.confirm() == 0, "confirm_at='trained': trained batches are confirmed")
     check(by_record.confirm() == 2, "confirm_at='recorded': a learner without checkpoints confirms none")
+    # A caller that never calls confirm(): submits confirm on their own.
+    auto = asympo_rl.LearnerClient(target, source="a", confirm_at="trained", confirm_every=0.2,
+                                   retry_deadline=60)
+    first = [auto.submit(groups(1, "a%d" % i)).batch_id for i in range(2)]
+    wait_status(by_record, "the third step", lambda s: s.version >= 3)  # not auto's status()
+    time.sleep(0.3)
+    auto.submit(groups(1, "a2"))
+    kept = [b for b, _, _ in auto.unconfirmed()]
+    check(not set(first) & set(kept) and len(kept) == 1,
+          "a submit after confirm_every confirmed the trained batches on its own: %s" % kept)
     stop_training = Learner(free_port(), "--prompts_per_step=64", "--queue_capacity=64")
     target = "127.0.0.1:%d" % stop_training.port
     asympo_rl.LearnerClient(target, retry_deadline=60).status()  # started

@@ -49,6 +49,7 @@ its checkpoint loses nothing and trains nothing twice:
     client = LearnerClient("learner:50051", source="vllm-0", session="run-7")
     client.submit(groups)          # kept until confirmed
     client.confirm()               # GetStatus: forget what is recorded
+                                   # (submits also do, every confirm_every s)
     client.unconfirmed()           # [(batch_id, incarnation, version), ...]
 
 At most max_unconfirmed batches (1000; one more per thread that submits at
@@ -164,7 +165,8 @@ class LearnerClient:
 
     def __init__(self, target, source="", credentials=None, timeout=60.0, retry_deadline=300.0,
                  max_attempts=0, min_backoff=0.1, max_backoff=10.0, validate=True, channel=None,
-                 session=None, weights=None, max_unconfirmed=1000, confirm_at="recorded"):
+                 session=None, weights=None, max_unconfirmed=1000, confirm_at="recorded",
+                 confirm_every=10.0):
         """target: "host:port". credentials: grpc.ChannelCredentials for TLS
         (None: a plaintext channel). timeout: seconds per attempt (cut to
         what is left of retry_deadline). retry_deadline: seconds a submit,
@@ -186,7 +188,13 @@ class LearnerClient:
         docstring): the most accepted batches kept until the learner
         confirms them (0: none kept, no recovery), and what confirms one:
         "recorded" (in the learner's checkpoint) or "trained" (for a
-        learner without --checkpoint_dir, whose restart starts over)."""
+        learner without --checkpoint_dir, whose restart starts over).
+        confirm_every: seconds between the confirmations a submit makes on
+        its own (one GetStatus, after an accepted batch, when batches are
+        kept and the last status is older), so that a caller who never
+        calls confirm() keeps only the batches of the last checkpoint
+        interval, and a learner restart resends only those; 0: only
+        confirm() and status() confirm."""
         if len(source.encode()) > validation.MAX_SOURCE_BYTES:
             raise InvalidBatchError("source is %d bytes, more than %d" % (len(source.encode()),
                                                                            validation.MAX_SOURCE_BYTES))
@@ -217,6 +225,10 @@ class LearnerClient:
         self._status = None
         self.weights = weights
         self._kept = Unconfirmed(max_unconfirmed, confirm_at)
+        if isinstance(confirm_every, bool) or not isinstance(confirm_every, (int, float)) or confirm_every < 0:
+            raise ValueError("confirm_every %r: expected seconds >= 0" % (confirm_every,))
+        self.confirm_every = confirm_every
+        self._status_at = time.monotonic()  # when status() last answered
         self._resend_lock = threading.Lock()
         self.resend_refused = []  # (batch_id, message): resent batches the learner refused for good
 
@@ -239,6 +251,7 @@ class LearnerClient:
                 st = self._stub.GetStatus(learner_pb2.GetStatusRequest(), timeout=backoff.timeout(timeout),
                                           wait_for_ready=wait_for_ready)
                 self._status = st
+                self._status_at = time.monotonic()
                 self._kept.see(st)
                 return st
             except grpc.RpcError as e:
@@ -420,6 +433,10 @@ class LearnerClient:
             stale = self._kept.record(batch_id, payload, incarnation, learner_version)
         if stale:
             self.resend_unconfirmed()
+        elif (self.confirm_every and len(self._kept) and
+              time.monotonic() - self._status_at >= self.confirm_every):
+            self._status_at = time.monotonic()  # one confirmation at a time across threads
+            self.confirm()
 
     def _before_new_data(self):
         """The recovery rule's order: after a restart, the unconfirmed
