@@ -45,17 +45,37 @@ void ConnectionTable::MarkAuthorized(const std::string& peer) {
   by_address_[c.address].unauthorized.erase({c.seq, it->second});
 }
 
-std::vector<ConnectionRef> ConnectionTable::Expired(absl::Time now) {
+std::vector<ConnectionRef> ConnectionTable::Expired(
+    absl::Time now, const std::function<uint64_t(int fd)>& received) {
   std::vector<ConnectionRef> out;
   absl::MutexLock lock(&mu_);
   while (!unauthorized_.empty()) {
     const int fd = unauthorized_.begin()->second;
     const Connection& c = by_fd_[fd];
     if (now - c.accepted < limits_.grace) break;  // the rest are younger
+    if (received != nullptr) {
+      const uint64_t bytes = received(fd);
+      if (bytes >= c.received + limits_.min_progress_bytes) {
+        RenewLocked(fd, now, bytes);  // still receiving its first request
+        continue;
+      }
+    }
     out.push_back({fd, c.inode});
     RemoveLocked(fd);
   }
   return out;
+}
+
+void ConnectionTable::RenewLocked(int fd, absl::Time now, uint64_t received) {
+  Connection& c = by_fd_[fd];
+  Peer& p = by_address_[c.address];
+  p.unauthorized.erase({c.seq, fd});
+  unauthorized_.erase({c.seq, fd});
+  c.seq = next_seq_++;
+  c.accepted = now;
+  c.received = received;
+  p.unauthorized.insert({c.seq, fd});
+  unauthorized_.insert({c.seq, fd});
 }
 
 int ConnectionTable::open() const {

@@ -4,7 +4,10 @@
 // - at most `max_connections` open in all and `max_per_peer` from one peer
 //   address (the IP, without the port);
 // - a connection whose peer has made no authorized call (MarkAuthorized)
-//   within `grace` of being accepted is closed (Expired);
+//   within `grace` of being accepted is closed (Expired), unless it is
+//   still receiving its first request (a large message on a slow or busy
+//   link is authorized only once it has arrived whole): one that received
+//   at least `min_progress_bytes` in the last grace gets another;
 // - a connection that finds its peer's share or the whole table full
 //   takes the place of the oldest connection there that has not
 //   authorized (closed), and is refused only where every one has.
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <utility>
@@ -38,6 +42,8 @@ struct ConnectionLimits {
   // Without an authorized call for this long, a connection is closed;
   // an infinite duration: never.
   absl::Duration grace = absl::InfiniteDuration();
+  // Received in one grace, a connection is still being sent a request.
+  uint64_t min_progress_bytes = 64 << 10;
 };
 
 // A connection to close: its descriptor and the socket inode it had.
@@ -64,7 +70,13 @@ class ConnectionTable {
   // evicted or expired. Unknown peers are ignored.
   void MarkAuthorized(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
   // Connections past the grace without an authorized call, forgotten.
-  std::vector<ConnectionRef> Expired(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
+  // With `received` (the bytes a descriptor's socket has received, read
+  // under the table's lock), one that received at least min_progress_bytes
+  // since it was accepted or last renewed is renewed instead: its grace
+  // starts again at `now`.
+  std::vector<ConnectionRef> Expired(absl::Time now,
+                                     const std::function<uint64_t(int fd)>& received = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Forgets the connections for which `open(fd, inode)` is false (gRPC
   // closed them).
   template <typename Open>
@@ -88,7 +100,8 @@ class ConnectionTable {
     uint64_t seq = 0;
     std::string peer;
     std::string address;
-    absl::Time accepted;
+    absl::Time accepted;    // or last renewed
+    uint64_t received = 0;  // bytes the socket had received then
     bool authorized = false;
   };
   struct Peer {
@@ -96,6 +109,8 @@ class ConnectionTable {
     Order unauthorized;
   };
   void RemoveLocked(int fd) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `fd` a new grace from `now`: the newest of the unauthorized.
+  void RenewLocked(int fd, absl::Time now, uint64_t received) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the oldest connection of `order` into `out`; false if empty.
   bool EvictOldestLocked(const Order& order, std::vector<ConnectionRef>* out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

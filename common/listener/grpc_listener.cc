@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/listener/host_port.h"
+#include "common/listener/socket_bytes.h"
 
 namespace asympo {
 namespace {
@@ -366,7 +367,9 @@ void GrpcListener::Admit(int listen_fd, int fd, const sockaddr_storage& peer_add
 }
 
 void GrpcListener::CloseExpired() {
-  for (const ConnectionRef& c : table_->Expired(absl::Now())) CloseUnauthenticated(c);
+  for (const ConnectionRef& c : table_->Expired(absl::Now(), SocketBytesReceived)) {
+    CloseUnauthenticated(c);
+  }
 }
 
 void GrpcListener::CloseUnauthenticated(const ConnectionRef& c) {

@@ -78,6 +78,28 @@ TEST(ConnectionTableTest, ConnectionsWithoutAnAuthorizedCallExpireAfterTheGrace)
   EXPECT_EQ(t.open(), 1);
 }
 
+// A connection still being sent its first request (a large message on a
+// busy link: authorized only once whole) is not idle: each grace in which
+// it received at least min_progress_bytes starts another; one that stops
+// receiving expires a grace later.
+TEST(ConnectionTableTest, AConnectionStillReceivingItsFirstRequestGetsAnotherGrace) {
+  ConnectionTable t({/*max_connections=*/10, /*max_per_peer=*/10, absl::Seconds(5), 1000});
+  Admit(t, 1, "10.0.0.1", kT0);  // receiving
+  Admit(t, 2, "10.0.0.1", kT0);  // a trickle: less than 1000 bytes a grace
+  uint64_t bytes[3] = {0, 0, 0};
+  const auto received = [&](int fd) { return bytes[fd]; };
+  bytes[1] = 5000, bytes[2] = 999;
+  std::vector<ConnectionRef> gone = t.Expired(kT0 + absl::Seconds(6), received);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].fd, 2);
+  bytes[1] = 5999;  // less than 1000 more: idle now
+  EXPECT_TRUE(t.Expired(kT0 + absl::Seconds(10), received).empty());  // its new grace runs
+  gone = t.Expired(kT0 + absl::Seconds(12), received);
+  ASSERT_EQ(gone.size(), 1u);
+  EXPECT_EQ(gone[0].fd, 1);
+  EXPECT_EQ(t.open(), 0);
+}
+
 TEST(ConnectionTableTest, PruneForgetsClosedConnectionsAndAReusedNumberReplacesItsRecord) {
   ConnectionTable t({/*max_connections=*/2, /*max_per_peer=*/2, absl::InfiniteDuration()});
   Admit(t, 1, "10.0.0.1");
