@@ -160,6 +160,14 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal, const std
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes, " bytes, got ", id.size()));
   }
+  if (request.model_signature().empty()) {
+    // One rule with the weight group's Join: a receiver states the model
+    // it holds; nothing is taken on trust.
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("receiver ", QuoteForMessage(id),
+                                     ": model_signature is empty (GetStatus's model_signature "
+                                     "gives the learner's)"));
+  }
   if (request.model_signature() != st.store.model_signature()) {
     return grpc::Status(
         grpc::StatusCode::FAILED_PRECONDITION,

@@ -305,6 +305,20 @@ TEST(BroadcastTest, RegisterRefusesAnotherModelAndBadIds) {
   EXPECT_EQ(server.sender().active_receivers(), 0);
 }
 
+// One rule with the weight group's Join (weight_group_test.cc,
+// MalformedFieldsAreRefusedNamingTheField): an empty model signature is
+// refused, naming the field.
+TEST(BroadcastTest, RegisterRefusesAnEmptyModelSignature) {
+  SenderServer server(SmallBuckets());
+  auto stub = server.NewStub();
+  v1::RegisterRequest req;
+  req.set_receiver_id("rollout-0");
+  v1::RegisterResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_THAT(stub->Register(&ctx, req, &resp),
+              StatusIs(grpc::StatusCode::INVALID_ARGUMENT, "model_signature is empty"));
+}
+
 TEST(BroadcastTest, UnknownSessionIsRefusedOnEveryCall) {
   SenderServer server(SmallBuckets());
   ASSERT_OK(server.Publish(1));

@@ -12,7 +12,6 @@
 #include <prometheus/gauge.h>
 
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +41,18 @@ absl::StatusOr<std::unique_ptr<WeightGroup>> WeightGroup::Create(WeightGroupOpti
   }
   if (o.address.empty()) return absl::InvalidArgumentError("weight group: empty address");
   if (o.timeout <= absl::ZeroDuration() || o.ready_timeout <= absl::ZeroDuration() ||
-      o.join_window < absl::ZeroDuration() || o.max_members < 1) {
-    return absl::InvalidArgumentError("weight group: timeouts must be positive");
+      o.join_window < absl::ZeroDuration() || o.worker_id_ttl <= absl::ZeroDuration() ||
+      o.rendezvous_backoff < absl::ZeroDuration() ||
+      o.max_rendezvous_backoff < o.rendezvous_backoff) {
+    return absl::InvalidArgumentError(
+        "weight group: timeouts must be positive, and max_rendezvous_backoff at least "
+        "rendezvous_backoff");
+  }
+  if (o.max_members < 1 || o.max_waiting < 1 || o.max_waiting_per_caller < 1 ||
+      o.max_waiting_per_member < 1 || o.max_store_bytes < 1 || o.max_store_keys < 1 ||
+      o.max_store_bytes_per_member < 1 || o.max_store_keys_per_member < 1 ||
+      o.max_worker_ids_per_principal < 1) {
+    return absl::InvalidArgumentError("weight group: every limit must be at least 1");
   }
   auto st = std::make_unique<State>();
   st->options = std::move(o);
@@ -58,10 +67,12 @@ absl::StatusOr<std::unique_ptr<WeightGroup>> WeightGroup::Create(WeightGroupOpti
                       .Help(
                           "Weight group failures, by reason: rendezvous, broadcast and "
                           "ready_timeout (a member did not ask in time) end the generation; "
-                          "receiver_crc (a member reported a bucket that failed its CRC) does "
+                          "trial_rendezvous (newcomers did not connect beside it) and "
+                          "receiver_crc (a member reported a bucket that failed its CRC) do "
                           "not.")
                       .Register(registry);
-  for (const char* r : {"rendezvous", "broadcast", "ready_timeout", "receiver_crc"}) {
+  for (const char* r :
+       {"rendezvous", "trial_rendezvous", "broadcast", "ready_timeout", "receiver_crc"}) {
     st->failures->Add({{"reason", r}});
   }
   State* raw = st.get();
@@ -86,6 +97,7 @@ WeightGroup::~WeightGroup() {
   Shutdown();
   if (state_->thread.joinable()) state_->thread.join();
   if (state_->answerer.joinable()) state_->answerer.join();
+  if (state_->trial_thread.joinable()) state_->trial_thread.join();
 }
 
 void WeightGroup::Shutdown() {
@@ -162,19 +174,59 @@ grpc::Status CheckJoin(const WeightGroupOptions& o, const SnapshotStore& store,
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("worker_id must be 1 to ", kMaxWorkerIdBytes, " bytes, not ", id.size()));
   }
+  if (r.model_signature().empty() || r.model_signature().size() > kMaxSignatureBytes) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("model_signature must be 1 to ", kMaxSignatureBytes,
+                                     " bytes (GetStatus's model_signature gives the learner's), "
+                                     "not ",
+                                     r.model_signature().size()));
+  }
   if (r.backend() != o.backend) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         absl::StrCat("the weight group's backend is ", o.backend, ", not \"",
                                      r.backend().substr(0, 16), "\""));
   }
-  if (!r.model_signature().empty() && r.model_signature() != store.model_signature()) {
+  if (r.model_signature() != store.model_signature()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                         "the worker's model_signature differs from the learner's model");
   }
   return grpc::Status::OK;
 }
 
+// A Next's checks that need no lock.
+grpc::Status CheckNext(const v1::GroupNextRequest& r) {
+  grpc::Status status = CheckMemberToken(r.member_token());
+  if (status.ok() && r.held_incarnation().size() > kMaxSignatureBytes) {
+    status = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("held_incarnation must be at most ", kMaxSignatureBytes,
+                                       " bytes, not ", r.held_incarnation().size()));
+  }
+  return status;
+}
+
 }  // namespace
+
+grpc::Status WeightGroup::State::AdmitJoinLocked(const std::string& id, const std::string& owner,
+                                                 grpc::CallbackServerContext* ctx) {
+  bool rejoining = this->rejoining.contains(id) || proven.contains(id);
+  for (const Member& m : members) rejoining = rejoining || m.worker_id == id;
+  absl::Duration retry = absl::ZeroDuration();
+  std::string cause;
+  grpc::Status status = ids.Admit(
+      id, owner, rejoining, absl::Now(),
+      [this](const std::string& x) {
+        mu.AssertHeld();
+        return InUseLocked(x);
+      },
+      &retry, &cause);
+  if (status.ok()) return status;
+  CountRefusal(status, cause);
+  if (retry > absl::ZeroDuration()) {
+    ctx->AddTrailingMetadata(kRetryAfterMetadataKey,
+                             std::to_string(absl::ToInt64Milliseconds(retry)));
+  }
+  return status;
+}
 
 grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
                                             const grpc::ByteBuffer* raw, grpc::ByteBuffer* reply) {
@@ -187,6 +239,8 @@ grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
   const std::string& id = request.worker_id();
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) return Finished(ctx, GroupShuttingDown());
+  status = st.AdmitJoinLocked(id, w->caller, ctx);
+  if (!status.ok()) return Finished(ctx, status);
   if (static_cast<int>(st.joiners.size()) >= st.options.max_members && !st.joiners.contains(id)) {
     return Finished(ctx, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                       absl::StrCat("the weight group has ", st.options.max_members,
@@ -195,6 +249,7 @@ grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
   w->Bind(State::Waiting::Kind::kJoin, ctx, reply, WaitOf(request.wait_ms(), kMaxWaitMs));
   auto j = std::make_shared<State::Joiner>();
   j->worker_id = id;
+  j->owner = w->caller;
   w->joiner = j;
   bool parked = false;
   grpc::ServerUnaryReactor* reactor = st.ParkLocked(std::move(w), &parked);
@@ -206,12 +261,8 @@ grpc::ServerUnaryReactor* WeightGroup::Join(grpc::CallbackServerContext* ctx,
   } else {
     st.joiners.emplace(id, j);
   }
-  // A member joining again (a restarted worker) ends its generation.
-  for (const State::Member& m : st.members) {
-    if (m.worker_id == id && st.phase != State::Phase::kForming) {
-      st.RegroupLocked(absl::StrCat(id, " joined again"));
-    }
-  }
+  // A worker joining again under a member's id (a restarted one) goes
+  // through a trial like any newcomer: the generation goes on meanwhile.
   st.cv.SignalAll();
   return reactor;
 }
@@ -224,11 +275,12 @@ grpc::ServerUnaryReactor* WeightGroup::Store(grpc::CallbackServerContext* ctx,
   grpc::Status status = Accept(st.options, *ctx, *raw, &request, &caller, StoreWireLimits());
   if (status.ok()) status = CheckStoreRequest(request);
   if (!status.ok()) return Finished(ctx, status);
-  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<GenerationStore> store;
+  std::string worker;
   {
     absl::MutexLock lock(&st.mu);
     if (st.shut_down) return Finished(ctx, GroupShuttingDown());
-    State::Member* m = st.MemberOf(request.member_token());
+    State::Member* m = st.MemberOf(request.member_token(), &store);
     if (m == nullptr) {
       return Finished(
           ctx, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -238,18 +290,24 @@ grpc::ServerUnaryReactor* WeightGroup::Store(grpc::CallbackServerContext* ctx,
                                          st.generation, "; Join again")));
     }
     m->last_seen = absl::Now();
-    store = st.store;
+    ++m->store_ops;
+    worker = m->worker_id;
   }
   v1::GroupStoreResponse response;
-  status = RunStoreOp(*store, request, &response);
-  if (!status.ok()) return Finished(ctx, status);
+  std::string cause;
+  status = store->Run(request.member_token(), worker, request, &response, &cause);
+  if (!status.ok()) {
+    st.CountRefusal(status, cause);
+    return Finished(ctx, status);
+  }
   if (!IsStoreWait(request) || response.ready()) return Replied(ctx, response, reply);
   // Keys not set yet: parked until they are or its wait ends.
   auto w = std::make_unique<State::Waiting>();
   w->Bind(State::Waiting::Kind::kStore, ctx, reply, WaitOf(request.wait_ms(), kMaxStoreWaitMs));
   w->caller = std::move(caller);
+  w->token = request.member_token();
   w->request = std::move(request);
-  w->group_store = std::move(store);
+  w->group_store = store->store();
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) return Finished(ctx, GroupShuttingDown());
   bool parked = false;
@@ -262,6 +320,7 @@ grpc::ServerUnaryReactor* WeightGroup::Next(grpc::CallbackServerContext* ctx,
   v1::GroupNextRequest request;
   auto w = std::make_unique<State::Waiting>();
   grpc::Status status = Accept(st.options, *ctx, *raw, &request, &w->caller);
+  if (status.ok()) status = CheckNext(request);
   if (!status.ok()) return Finished(ctx, status);
   absl::MutexLock lock(&st.mu);
   if (st.shut_down) return Finished(ctx, GroupShuttingDown());

@@ -13,13 +13,21 @@
 // broadcasts its buckets from the snapshot's host memory (NCCL: through one
 // device buffer of the largest bucket's size), one broadcast per bucket.
 //
-// Membership changes end a generation, never the group: a Join (a new
-// worker, or a restarted one under its old id), a member that has not asked
-// within ready_timeout of the first member that asked, one that made no call
-// for that long, or a failed broadcast or rendezvous. The members are then
-// told to join again (REJOIN) and a new generation is formed between two
-// broadcasts; a worker that does not join again within the join window is
-// left out.
+// Membership: the first generation takes every worker that joined within
+// the join window. Beside a generation with members, newcomers (and a
+// restarted worker under its old id) go through a trial first: a world of
+// rank 0 and the newcomers alone, over a store of its own, built while the
+// generation goes on receiving versions (weight_group_trial.cc). Only when
+// the trial's rendezvous completes does the group end the generation at its
+// next boundary and form the next one of its members and the proven
+// newcomers; a trial that fails ends nothing. A generation also ends when a
+// member has not asked within ready_timeout of the first member that asked,
+// made no call for that long, or a broadcast or its rendezvous failed. The
+// members are then told to join again (REJOIN); one that does not within
+// the join window is left out. A failed rendezvous (a trial's or a
+// generation's) keeps out for a while the members that made no Store call,
+// or when every member did, the newcomers; their principal may bring no new
+// worker id meanwhile (WorkerIds).
 //
 // The snapshots come from the snapshot store (snapshot_store.h), which the
 // group reads like the other transports: nothing calls into the group when
@@ -37,6 +45,10 @@
 // a refusal.
 //
 // Security: every call needs the role read_weights, like WeightBroadcast.
+// A worker id belongs to the principal that joined it first (a peer host
+// where callers are anonymous), and a principal holds a bounded number of
+// them. A member sets, compare-sets and deletes only its own store keys,
+// within bytes and keys per member and per generation.
 // The collectives themselves run over Gloo's or NCCL's own TCP connections,
 // unencrypted: rank 0 binds them to `address` (loopback by default).
 #pragma once
@@ -74,10 +86,30 @@ struct WeightGroupOptions {
   absl::Duration join_window = absl::Seconds(2);
   // Members of one generation at most (one more Join: RESOURCE_EXHAUSTED).
   int max_members = 256;
-  // Calls waiting at once (Join, Next, store waits), in all and of one
-  // caller; one more is RESOURCE_EXHAUSTED.
+  // Calls waiting at once (Join, Next, store waits), in all, of one
+  // caller (a principal) and of one member (its Next and store waits); one
+  // more is RESOURCE_EXHAUSTED.
   int max_waiting = 1024;
   int max_waiting_per_caller = 256;
+  int max_waiting_per_member = 16;
+  // What the members set in one generation's store through Store (each
+  // key's bytes plus its value's), in all and of one member; a SET, ADD or
+  // COMPARE_SET beyond it is RESOURCE_EXHAUSTED. A Gloo rendezvous of 257
+  // ranks sets about 10 MiB in all, under 64 KiB a rank.
+  int64_t max_store_bytes = int64_t{64} << 20;
+  int max_store_keys = 16384;
+  int64_t max_store_bytes_per_member = int64_t{4} << 20;
+  int max_store_keys_per_member = 1024;
+  // Worker ids one principal (a peer host where callers are anonymous)
+  // holds at once: an id is bound to whoever joined it first until it has
+  // been out of the group for worker_id_ttl.
+  int max_worker_ids_per_principal = 64;
+  absl::Duration worker_id_ttl = absl::Minutes(10);
+  // A worker blamed for a failed rendezvous is kept out for
+  // rendezvous_backoff (its principal may bring no new worker id
+  // meanwhile), doubled on each failure in a row up to max_rendezvous_backoff.
+  absl::Duration rendezvous_backoff = absl::Seconds(10);
+  absl::Duration max_rendezvous_backoff = absl::Minutes(5);
   // Who may join (role read_weights). Null: everyone, as "anonymous".
   security::Authorizer* authorizer = nullptr;
   // When set, the bytes of every request (CountReceived), before any check.

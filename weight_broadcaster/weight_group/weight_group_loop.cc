@@ -6,23 +6,12 @@
 
 #include <glog/logging.h>
 
-#include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "weight_broadcaster/weight_group/weight_group_state.h"
 #include "weight_broadcaster/weight_group/weight_group_store.h"
 
 namespace asympo::broadcast {
-namespace {
-
-std::string NewToken() {
-  absl::BitGen gen;
-  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
-}
-
-}  // namespace
-
 void WeightGroup::State::Loop() {
   while (true) {
     enum { kStop, kForm, kBroadcast } next;
@@ -58,15 +47,20 @@ void WeightGroup::State::Loop() {
           }
         }
         const bool boundary = phase == Phase::kNone || phase == Phase::kActive;
-        if (boundary && (regroup || (!joiners.empty() && phase != Phase::kForming))) {
-          // Joiners waiting, a member gone, or a failure: form anew (a
-          // joiner left over from the last formation only if it is new).
-          bool any_new = regroup;
-          for (const auto& [id, j] : joiners) any_new = any_new || !j->formed;
-          if (any_new) {
-            next = kForm;
-            break;
-          }
+        if (boundary && regroup) {  // a member gone, a failure, newcomers proven
+          next = kForm;
+          break;
+        }
+        // Joiners not yet proven: with no generation, they form one; beside
+        // a generation with members, they go through a trial first.
+        bool any_new = false;
+        for (const auto& [id, j] : joiners) any_new = any_new || !proven.contains(id);
+        if (any_new && phase == Phase::kNone) {
+          next = kForm;
+          break;
+        }
+        if (any_new && phase != Phase::kForming && phase != Phase::kNone && trial == nullptr) {
+          StartTrialLocked();
         }
         if (phase == Phase::kActive && latest != nullptr && !members.empty()) {
           bool all_asking = true, any_lacks = false;
@@ -91,13 +85,20 @@ void WeightGroup::State::Loop() {
   phase = Phase::kNone;
   pg.reset();
   store.reset();
+  trial.reset();
   cv.SignalAll();
 }
 
 std::vector<std::shared_ptr<WeightGroup::State::Joiner>> WeightGroup::State::EndAndGatherLocked() {
-  // The old generation ends: its members are told to join again.
-  std::vector<std::string> expected;
-  for (const Member& m : members) expected.push_back(m.worker_id);
+  // The old generation ends: its members are told to join again. The new
+  // one takes them and the proven newcomers; only when nobody is expected,
+  // every joiner.
+  rejoining.clear();
+  for (const Member& m : members) rejoining.insert(m.worker_id);
+  std::vector<std::string> expected(rejoining.begin(), rejoining.end());
+  for (const std::string& id : proven) {
+    if (!rejoining.contains(id)) expected.push_back(id);
+  }
   if (!members.empty()) {
     LOG(INFO) << "weight group: generation " << generation << " ends ("
               << (regroup ? regroup_reason : std::string("workers joining")) << ")";
@@ -108,7 +109,7 @@ std::vector<std::shared_ptr<WeightGroup::State::Joiner>> WeightGroup::State::End
   store.reset();
   regroup = false;
   phase = Phase::kForming;
-  ++generation;
+  generation = ++last_generation;
   generation_gauge->Set(static_cast<double>(generation));
   members_gauge->Set(0);
   // Gather Joins for the join window: workers started together form one
@@ -123,7 +124,9 @@ std::vector<std::shared_ptr<WeightGroup::State::Joiner>> WeightGroup::State::End
   }
   std::vector<std::shared_ptr<Joiner>> joined;
   if (shut_down) return joined;
-  for (const auto& [id, j] : joiners) joined.push_back(j);
+  for (const auto& [id, j] : joiners) {
+    if (expected.empty() || rejoining.contains(id) || proven.contains(id)) joined.push_back(j);
+  }
   std::sort(joined.begin(), joined.end(),
             [](const auto& a, const auto& b) { return a->seq < b->seq; });
   if (static_cast<int>(joined.size()) > options.max_members) {
@@ -135,27 +138,22 @@ std::vector<std::shared_ptr<WeightGroup::State::Joiner>> WeightGroup::State::End
 void WeightGroup::State::AssignLocked(const std::vector<std::shared_ptr<Joiner>>& joined) {
   const int world = static_cast<int>(joined.size()) + 1;
   const absl::Time now = absl::Now();
+  newcomers.clear();
   for (size_t i = 0; i < joined.size(); ++i) {
     Joiner& j = *joined[i];
-    j.formed = true;
-    j.generation = generation;
-    j.rank = static_cast<int>(i) + 1;
-    j.world_size = world;
-    j.token = NewToken();
-    Member m;
-    m.worker_id = j.worker_id;
-    m.token = j.token;
-    m.rank = j.rank;
-    m.last_seen = now;
-    members.push_back(std::move(m));
-    joiners.erase(j.worker_id);
+    if (proven.contains(j.worker_id) && !rejoining.contains(j.worker_id)) {
+      newcomers.insert(j.worker_id);
+    }
+    members.push_back(AdmitLocked(j, generation, static_cast<int>(i) + 1, world, now));
   }
+  proven.clear();  // the proven that did not come back go through a trial again
+  rejoining.clear();
   phase = Phase::kConnecting;
   cv.SignalAll();  // the Joins return
 }
 
 void WeightGroup::State::Form() {
-  c10::intrusive_ptr<c10d::Store> new_store;
+  std::shared_ptr<GenerationStore> new_store;
   uint64_t gen = 0;
   int world = 0;
   {
@@ -163,12 +161,14 @@ void WeightGroup::State::Form() {
     const std::vector<std::shared_ptr<Joiner>> joined = EndAndGatherLocked();
     if (shut_down) return;
     if (joined.empty()) {
+      proven.clear();
+      rejoining.clear();
       phase = Phase::kNone;
       return;
     }
     gen = generation;
     world = static_cast<int>(joined.size()) + 1;
-    new_store = c10::make_intrusive<c10d::HashStore>();
+    new_store = std::make_shared<GenerationStore>(options);
     store = new_store;
     AssignLocked(joined);
   }
@@ -176,10 +176,7 @@ void WeightGroup::State::Form() {
   c10::intrusive_ptr<collective::CollectiveGroup> new_pg;
   std::string error;
   try {
-    new_pg = options.backend == "nccl"
-                 ? collective::NewNcclGroup(new_store, 0, world, Millis(options.timeout))
-                 : collective::NewGlooGroup(new_store, 0, world, Millis(options.timeout),
-                                            options.address);
+    new_pg = NewRankZero(new_store->store(), world);
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -189,10 +186,12 @@ void WeightGroup::State::Form() {
     LOG(WARNING) << "weight group: generation " << gen << " (" << world
                  << " ranks) did not connect: " << error.substr(0, error.find('\n'));
     Fail("rendezvous");
+    BlameLocked(members, newcomers);
     phase = Phase::kActive;  // a boundary: the loop forms the next one
     RegroupLocked("the rendezvous failed");
     return;
   }
+  for (const Member& m : members) ids.Cleared(m.worker_id);
   pg = new_pg;
   phase = Phase::kActive;
   members_gauge->Set(static_cast<double>(members.size()));

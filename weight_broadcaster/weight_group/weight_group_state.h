@@ -18,12 +18,21 @@
 
 #include <ATen/ATen.h>
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/collective/collective_group.h"
 #include "weight_broadcaster/weight_group/weight_group.h"
+#include "weight_broadcaster/weight_group/weight_group_ids.h"
+#include "weight_broadcaster/weight_group/weight_group_store.h"
 
 namespace asympo::broadcast {
+
+// A Join that a newer Join under the same worker id replaced is ABORTED
+// with this trailing metadata, so that clients can tell it from other
+// ABORTED answers (docs/protocol.md, "Weight group").
+inline constexpr char kAbortReasonMetadataKey[] = "asympo-abort-reason";
+inline constexpr char kJoinReplaced[] = "join_replaced";
 
 // Every call that finds the group stopping gets the same answer; clients
 // treat UNAVAILABLE as "try again elsewhere or later".
@@ -33,6 +42,7 @@ inline grpc::Status GroupShuttingDown() {
 
 struct WeightGroup::State {
   WeightGroupOptions options;
+  WorkerIds ids{options};  // guarded by mu
 
   // Metrics.
   prometheus::Gauge* members_gauge = nullptr;
@@ -43,7 +53,8 @@ struct WeightGroup::State {
   // A worker waiting in Join, and what the formation assigns it.
   struct Joiner {
     std::string worker_id;
-    uint64_t seq = 0;  // join order
+    std::string owner;  // its principal's share key
+    uint64_t seq = 0;   // join order
     bool formed = false;
     bool replaced = false;  // a newer Join under the same id took its place
     uint64_t generation = 0;
@@ -64,7 +75,17 @@ struct WeightGroup::State {
     std::shared_ptr<const v1::SnapshotManifest> manifest;  // with ACTION_RECEIVE
     absl::Time asked_since = absl::InfinitePast();
     absl::Time last_seen;
-    int calls = 0;  // calls in flight naming this member
+    int calls = 0;      // calls in flight naming this member
+    int store_ops = 0;  // Store calls it made in its generation
+  };
+  // A trial (weight_group_trial.cc): while a generation with members runs,
+  // newcomers first rendezvous with rank 0 alone, over a store of their
+  // own; only those that complete it are taken into the next generation,
+  // which then replaces the current one at its next boundary.
+  struct Trial {
+    uint64_t generation = 0;
+    std::vector<Member> members;
+    std::shared_ptr<GenerationStore> store;
   };
   enum class Phase { kNone, kForming, kConnecting, kActive, kBroadcasting };
 
@@ -78,7 +99,7 @@ struct WeightGroup::State {
     absl::Time deadline;
     std::string caller;                           // its share key (security::ShareKey)
     std::shared_ptr<Joiner> joiner;               // kJoin
-    std::string token;                            // kNext: the member's token
+    std::string token;                            // kNext, kStore: the member's token
     v1::GroupStoreRequest request;                // kStore: a GET or WAIT
     c10::intrusive_ptr<c10d::Store> group_store;  // kStore: the store it waits on
 
@@ -97,12 +118,22 @@ struct WeightGroup::State {
   bool shut_down = false;
   Phase phase = Phase::kNone;
   uint64_t generation = 0;
-  bool regroup = false;  // end the current generation at the next boundary
+  uint64_t last_generation = 0;  // the last number given, to a generation or a trial
+  bool regroup = false;          // end the current generation at the next boundary
   std::string regroup_reason;
   uint64_t join_seq = 0;
   absl::flat_hash_map<std::string, std::shared_ptr<Joiner>> joiners;  // by worker id
   std::vector<Member> members;                                        // rank order
-  c10::intrusive_ptr<c10d::Store> store;                              // the generation's
+  std::shared_ptr<GenerationStore> store;                             // the generation's
+  // Newcomers: of the current generation, those that came in from a trial
+  // (blamed first when its rendezvous fails); waiting to come in, those
+  // whose trial succeeded. Rejoining: the last generation's worker ids
+  // while the next one forms.
+  absl::flat_hash_set<std::string> newcomers;
+  absl::flat_hash_set<std::string> proven;
+  absl::flat_hash_set<std::string> rejoining;
+  std::unique_ptr<Trial> trial;  // the one under way, if any
+  std::thread trial_thread;
   c10::intrusive_ptr<collective::CollectiveGroup> pg;
   SnapshotStore* snapshots = nullptr;  // its reader signals cv on every publish
   int reader_id = -1;
@@ -112,6 +143,7 @@ struct WeightGroup::State {
   // Parked calls, and how many each caller has parked.
   std::vector<std::unique_ptr<Waiting>> waiting;
   absl::flat_hash_map<std::string, int> waiting_by_caller;
+  absl::flat_hash_map<std::string, int> waiting_by_member;  // by member token
   std::thread answerer;
 
   // Parks `w` (its reactor is finished later by the answering thread;
@@ -130,13 +162,55 @@ struct WeightGroup::State {
   grpc::Status AnswerNextLocked(Waiting& w, v1::GroupNextResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
-  Member* MemberOf(const std::string& token) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (phase == Phase::kNone || phase == Phase::kForming) return nullptr;
-    for (Member& m : members) {
-      if (m.token == token) return &m;
+  // The member of the current generation or of the trial that `token`
+  // names (null: none), and the store of its generation.
+  Member* MemberOf(const std::string& token, std::shared_ptr<GenerationStore>* its_store = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (phase != Phase::kNone && phase != Phase::kForming) {
+      for (Member& m : members) {
+        if (m.token != token) continue;
+        if (its_store != nullptr) *its_store = store;
+        return &m;
+      }
+    }
+    if (trial != nullptr) {
+      for (Member& m : trial->members) {
+        if (m.token != token) continue;
+        if (its_store != nullptr) *its_store = trial->store;
+        return &m;
+      }
     }
     return nullptr;
   }
+  // Whether worker `id` is joining, a member or in the trial (its binding
+  // is kept).
+  bool InUseLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Refusals: counted with `cause` when there is an authorizer.
+  void CountRefusal(const grpc::Status& status, const std::string& cause) {
+    if (options.authorizer != nullptr && !cause.empty()) {
+      options.authorizer->CountRefusal(status.error_code() == grpc::StatusCode::PERMISSION_DENIED
+                                           ? "PERMISSION_DENIED"
+                                           : "RESOURCE_EXHAUSTED",
+                                       cause);
+    }
+  }
+  // After a failed rendezvous of `failed` (a generation's or a trial's
+  // members): keeps out those that made no Store call, or when all did,
+  // those of them in `suspects` (the newcomers). Returns their ids.
+  std::vector<std::string> BlameLocked(const std::vector<Member>& failed,
+                                       const absl::flat_hash_set<std::string>& suspects)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // OK when `owner` may join as worker `id` now (WorkerIds::Admit); a
+  // refusal is counted, with a retry hint on `ctx` for a back-off.
+  grpc::Status AdmitJoinLocked(const std::string& id, const std::string& owner,
+                               grpc::CallbackServerContext* ctx) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Starts a trial of the joiners not yet proven (trial_thread).
+  void StartTrialLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  void RunTrial();
+  // Gives a member of a generation numbered `gen` its rank, token and
+  // the answer of its waiting Join; the joiner leaves `joiners`.
+  Member AdmitLocked(Joiner& j, uint64_t gen, int rank, int world, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   void Fail(const std::string& reason) { failures->Add({{"reason", reason}}).Increment(); }
 
@@ -153,6 +227,15 @@ struct WeightGroup::State {
   static bool Lacks(const Member& m, const Snapshot* latest) {
     return latest != nullptr && (m.held_version != latest->version() ||
                                  m.held_incarnation != latest->manifest().incarnation());
+  }
+
+  // Rank 0's process group of a world of `world` ranks over `s` (blocks
+  // until the rendezvous completes; throws c10d's errors).
+  c10::intrusive_ptr<collective::CollectiveGroup> NewRankZero(
+      const c10::intrusive_ptr<c10d::Store>& s, int world) const {
+    return options.backend == "nccl"
+               ? collective::NewNcclGroup(s, 0, world, Millis(options.timeout))
+               : collective::NewGlooGroup(s, 0, world, Millis(options.timeout), options.address);
   }
 
   void Loop();

@@ -27,24 +27,35 @@ grpc::ServerUnaryReactor* WeightGroup::State::ParkLocked(std::unique_ptr<Waiting
   grpc::ServerUnaryReactor* reactor = w->ctx->DefaultReactor();
   w->reactor = reactor;
   int& mine = waiting_by_caller[w->caller];
+  const auto of_member = waiting_by_member.find(w->token);
+  const int member_calls = of_member == waiting_by_member.end() ? 0 : of_member->second;
+  const bool member_full = !w->token.empty() && member_calls >= options.max_waiting_per_member;
   *parked = static_cast<int>(waiting.size()) < options.max_waiting &&
-            mine < options.max_waiting_per_caller;
+            mine < options.max_waiting_per_caller && !member_full;
   if (*parked) {
     ++mine;
+    if (!w->token.empty()) ++waiting_by_member[w->token];
     waiting.push_back(std::move(w));
     cv.SignalAll();
     return reactor;
   }
   const bool own = mine >= options.max_waiting_per_caller;
   if (mine == 0) waiting_by_caller.erase(w->caller);
-  if (own && options.authorizer != nullptr) {
-    options.authorizer->CountRefusal("RESOURCE_EXHAUSTED", "waiting_calls");
+  std::string message;
+  if (member_full) {
+    message = absl::StrCat("this member has ", options.max_waiting_per_member,
+                           " calls waiting already (max_waiting_per_member)");
+    CountRefusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, ""), "member_waiting_calls");
+  } else if (own) {
+    message = absl::StrCat("this caller has ", options.max_waiting_per_caller,
+                           " calls waiting already (max_waiting_per_caller)");
+    CountRefusal(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, ""), "waiting_calls");
+  } else {
+    message = absl::StrCat("the weight group has ", options.max_waiting,
+                           " calls waiting already (max_waiting)");
   }
-  reactor->Finish(
-      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                   absl::StrCat(own ? "this caller has " : "the weight group has ",
-                                own ? options.max_waiting_per_caller : options.max_waiting,
-                                " calls waiting already; let one end first")));
+  reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                               absl::StrCat(message, "; let one end first")));
   return reactor;
 }
 
@@ -72,6 +83,10 @@ bool WeightGroup::State::SettledLocked(const Waiting& w, absl::Time now) {
 grpc::Status WeightGroup::State::AnswerJoinLocked(Waiting& w, v1::JoinGroupResponse* response) {
   const Joiner& j = *w.joiner;
   if (j.replaced) {
+    // Only the id's own principal can do this (WorkerIds): a restarted
+    // worker, or its retry of a Join it gave up on. Marked for clients,
+    // which may retry it, unlike other ABORTED answers.
+    w.ctx->AddTrailingMetadata(kAbortReasonMetadataKey, kJoinReplaced);
     return grpc::Status(
         grpc::StatusCode::ABORTED,
         absl::StrCat("a newer Join for worker ", j.worker_id, " took this one's place"));
@@ -163,6 +178,8 @@ void WeightGroup::State::Answer() {
           done.emplace_back(w.reactor, AnswerLocked(w));
           auto c = waiting_by_caller.find(w.caller);
           if (c != waiting_by_caller.end() && --c->second <= 0) waiting_by_caller.erase(c);
+          auto m = waiting_by_member.find(w.token);
+          if (m != waiting_by_member.end() && --m->second <= 0) waiting_by_member.erase(m);
           continue;
         }
         wake = std::min(wake, w.kind == Waiting::Kind::kStore ? now + kStorePoll : w.deadline);

@@ -44,7 +44,7 @@ import grpc
 import torch
 import torch.distributed as dist
 
-from ._stubs import weight_broadcast_pb2 as wb, weight_broadcast_pb2_grpc
+from ._stubs import learner_pb2, learner_pb2_grpc, weight_broadcast_pb2 as wb, weight_broadcast_pb2_grpc
 from .crc32c import crc32c
 from .errors import RefusedError, WeightsError
 from .weights import WeightSubscriber, check_manifest
@@ -63,11 +63,26 @@ _MAX_STORE_WAIT_MS = 30000   # GroupStoreRequest.wait_ms's limit
 _MAX_POLL_MS = 60000         # Join and Next's
 _RPC_GRACE_S = 30.0          # beyond a long poll's wait, before the call gives up
 # Join's codes that no retry can pass: another model or backend, credentials
-# the learner refuses, a learner without --weight_group, a bad worker_id,
-# another process joining under the same worker_id (ABORTED).
+# the learner refuses, a learner without --weight_group, a bad worker_id or
+# one bound to another principal, another process joining under the same
+# worker_id (ABORTED, once _MAX_REPLACED takeovers in a row were retried).
 _FINAL = (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.UNAUTHENTICATED,
           grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNIMPLEMENTED,
           grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ABORTED)
+# The learner marks a Join that a newer Join under the same worker_id took
+# the place of (a retry of this worker's own, or a restarted worker): ABORTED
+# with this trailing metadata. Retried, at most _MAX_REPLACED times in a row:
+# beyond that, two live processes share the worker_id.
+_ABORT_REASON_KEY, _JOIN_REPLACED = "asympo-abort-reason", "join_replaced"
+_MAX_REPLACED = 3
+
+
+def _join_replaced(e):
+    """Whether RpcError `e` is a Join that a newer one replaced."""
+    if e.code() != grpc.StatusCode.ABORTED:
+        return False
+    metadata = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    return any(k == _ABORT_REASON_KEY and v == _JOIN_REPLACED for k, v in (metadata or ()))
 
 
 def _as_bytes(v):
@@ -321,11 +336,14 @@ class WeightGroupReceiver:
                  held_incarnation="", verify=True, join_wait_ms=10000, next_wait_ms=10000,
                  fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0):
         """target: the learner's "host:port". worker_id: a stable name (at
-        most 128 bytes); joining again under it replaces the earlier member
-        (a restarted worker). backend: "gloo" (tensors on the CPU) or
-        "nccl" (device a CUDA device). model_signature: the engine model's
+        most 128 bytes), bound to this worker's principal from its first
+        Join (another principal's is refused: RefusedError); joining again
+        under it replaces the earlier member (a restarted worker).
+        backend: "gloo" (tensors on the CPU) or "nccl" (device a CUDA
+        device). model_signature: the engine model's
         (asympo_rl.model_signature); the learner refuses to let another
-        model join (RefusedError); None: not checked. credentials: a
+        model join (RefusedError); None: the learner's own, from GetStatus
+        (which needs the role status). credentials: a
         grpc.ChannelCredentials (None: plaintext), or channel: a ready
         grpc.Channel. gloo_address: the address this worker's Gloo
         transport binds to and the others reach it at (loopback by
@@ -369,6 +387,7 @@ class WeightGroupReceiver:
         self._current = None        # the WeightUpdate handed out last
         self._subscriber = None     # for the gRPC fallback
         self._backoff = min_backoff
+        self._replaced = 0   # Joins in a row that a newer one under worker_id replaced
         # Counters: generations joined, versions that came broken over the
         # group (a CRC or the collective), versions completed over gRPC.
         self.joins = self.failures = self.fallbacks = 0
@@ -442,13 +461,22 @@ class WeightGroupReceiver:
         other than refusals back off and return (the caller asks again)."""
         wait = self.join_wait_ms if left_ms is None else max(1, min(self.join_wait_ms, left_ms))
         try:
-            r = self._stub.Join(wg.JoinGroupRequest(worker_id=self.worker_id, model_signature=self.signature or "",
+            if not self.signature:
+                # The learner refuses an empty signature: take its own.
+                self.signature = learner_pb2_grpc.LearnerStub(self._channel).GetStatus(
+                    learner_pb2.GetStatusRequest(), timeout=_RPC_GRACE_S, wait_for_ready=True).model_signature
+            r = self._stub.Join(wg.JoinGroupRequest(worker_id=self.worker_id, model_signature=self.signature,
                                                     backend=self.backend, wait_ms=wait),
                                 timeout=wait / 1000.0 + _RPC_GRACE_S, wait_for_ready=True)
         except grpc.RpcError as e:
+            if _join_replaced(e) and self._replaced < _MAX_REPLACED:
+                self._replaced += 1
+                self._pause()
+                return
             self._refused("Join", e)
             self._pause()
             return
+        self._replaced = 0
         if not r.formed:
             return
         store = GroupStore(self._channel, r.member_token, datetime.timedelta(milliseconds=r.timeout_ms or 60000))
