@@ -167,14 +167,19 @@ def alertmanager_checks(src):
         alerts = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r]
     want = {"page": "asympo-page", "warn": "asympo-tickets", "warning": "asympo-tickets"}
     wrong = []
-    cases = [(r["alert"], r["labels"]["severity"], "r1", want.get(r["labels"]["severity"])) for r in alerts]
-    cases += [("X", severity, run, "asympo-dev") for severity in want for run in ("dev-3", "test-ci-9")]
+    # The routes match on severity and run only: one alert of each severity
+    # stands for the others (amtool takes a while to start).
+    one_each = {r["labels"]["severity"]: r["alert"] for r in alerts}
+    unknown = sorted(set(one_each) - set(want))
+    check(not unknown, "every severity of alerts.yml has a route (unrouted: %s)" % unknown)
+    cases = [(alert, severity, "r1", want.get(severity)) for severity, alert in sorted(one_each.items())]
+    cases += [("X", severity, run, "asympo-dev") for severity in ("page", "warn") for run in ("dev-3", "test-ci-9")]
     for alert, severity, run, receiver in cases:
         got = routed_to(config, {"alertname": alert, "severity": severity, "run": run, "job": "asympo-learner"})
         if got != receiver:
             wrong.append("%s %s run=%s: %s (want %s)" % (alert, severity, run, got, receiver))
-    check(not wrong, "amtool config routes test: each of the %d alerts to its severity's receiver, "
-          "a dev-*/test-* run's to asympo-dev (wrong: %s)" % (len(alerts), wrong))
+    check(not wrong, "amtool config routes test: an alert of each severity (%s) to its receiver, "
+          "a dev-*/test-* run's to asympo-dev (wrong: %s)" % (", ".join(sorted(one_each)), wrong))
     check(routed_to(config, {"run": "device-1", "severity": "page"}) == "asympo-page",
           "a run whose name only starts like dev- still pages")
     with open(config) as f:
