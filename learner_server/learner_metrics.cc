@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/daemon/metric_builders.h"
+#include "common/status_macros.h"
 #include "learner_server/admission/admission_result.h"
 
 namespace asympo::learner {
@@ -16,66 +17,18 @@ using metrics::AddHistogram;
 
 }  // namespace
 
-absl::Status ValidateCollapseOptions(const CollapseOptions& o) {
-  if (!(o.ema_alpha > 0 && o.ema_alpha <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collapse ema_alpha is ", o.ema_alpha, "; it must be in (0, 1]"));
-  }
-  if (o.warmup_steps < 0) {
-    return absl::InvalidArgumentError("collapse warmup_steps must be >= 0");
-  }
-  if (!(o.drop_fraction > 0 && o.drop_fraction < 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collapse drop_fraction is ", o.drop_fraction, "; it must be in (0, 1)"));
-  }
-  if (!(o.recover_fraction > 0 && o.recover_fraction <= o.drop_fraction)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collapse recover_fraction is ", o.recover_fraction,
-                     "; it must be in (0, drop_fraction ", o.drop_fraction, "]"));
-  }
-  if (!(o.min_drop >= 0) || !std::isfinite(o.min_drop)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collapse min_drop is ", o.min_drop, "; it must be >= 0"));
-  }
-  if (o.confirm_steps < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("collapse confirm_steps is ", o.confirm_steps, "; it must be >= 1"));
-  }
-  return absl::OkStatus();
-}
-
-bool CollapseDetector::Observe(double reward_mean) {
-  ema_ = steps_ == 0 ? reward_mean
-                     : (1 - options_.ema_alpha) * ema_ + options_.ema_alpha * reward_mean;
-  ++steps_;
-  if (steps_ <= options_.warmup_steps) {
-    peak_ = ema_;  // the peak counts only from the end of warm-up
-    suspected_ = false;
-    return false;
-  }
-  peak_ = std::max(peak_, ema_);
-  const double drop = peak_ - ema_;
-  if (suspected_) {
-    suspected_ = drop > options_.recover_fraction * std::abs(peak_);
-    if (!suspected_) below_ = 0;
-    return suspected_;
-  }
-  const bool past = drop > options_.drop_fraction * std::abs(peak_) && drop >= options_.min_drop;
-  below_ = past ? below_ + 1 : 0;
-  suspected_ = below_ >= options_.confirm_steps;
-  return suspected_;
-}
-
-LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse)
-    : collapse_(collapse),
+LearnerMetrics::LearnerMetrics(prometheus::Registry& r, RewardMonitorOptions rewards)
+    : rewards_(rewards),
       version_(AddGauge(r, "asympo_learner_version", "Policy version: optimizer steps applied.")),
       reward_mean_(
           AddGauge(r, "asympo_learner_reward_mean", "Mean reward of the last step's responses.")),
       reward_std_(AddGauge(r, "asympo_learner_reward_std", "Std of the last step's rewards.")),
       reward_ema_(AddGauge(r, "asympo_learner_reward_ema",
-                           "Exponential moving average of the step reward.")),
+                           "The fleet's reward EMA: the median over the active sources' "
+                           "EMAs of their step rewards.")),
       reward_peak_(AddGauge(r, "asympo_learner_reward_ema_peak",
-                            "Running peak of the reward EMA since warm-up.")),
+                            "Running peak of the fleet's reward EMA since warm-up (kept in "
+                            "checkpoints).")),
       loss_(AddGauge(r, "asympo_learner_loss", "Objective value of the last step.")),
       s_pos_(AddGauge(r, "asympo_learner_scale_positive",
                       "S_P: advantage-weighted mean NLL of positive responses.")),
@@ -98,7 +51,8 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
       queue_waiting_(AddGauge(r, "asympo_learner_queue_waiting_submissions",
                               "Submissions held while the queue is full.")),
       collapse_gauge_(AddGauge(r, "asympo_learner_collapse_suspected",
-                               "1 when the reward EMA fell the set fraction below its peak.")),
+                               "1 when the fleet's reward EMA fell the set fraction below its "
+                               "peak.")),
       length_(AddGauge(r, "asympo_learner_mean_response_length_tokens", "Mean response length.")),
       nll_(AddGauge(r, "asympo_learner_mean_nll", "Mean token NLL (an entropy proxy).")),
       degenerate_(AddGauge(r, "asympo_learner_degenerate_group_fraction",
@@ -123,7 +77,23 @@ LearnerMetrics::LearnerMetrics(prometheus::Registry& r, CollapseOptions collapse
                               {0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64})),
       step_seconds_(AddHistogram(r, "asympo_learner_step_duration_seconds",
                                  "Wall time of a training step.",
-                                 {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})) {
+                                 {0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})),
+      reward_sources_(AddGauge(r, "asympo_learner_reward_sources",
+                               "Sources whose reward EMA counts in the fleet's median.")),
+      source_ema_(prometheus::BuildGauge()
+                      .Name("asympo_learner_source_reward_ema")
+                      .Help("Reward EMA by source (the sources beyond "
+                            "--collapse_max_sources share \"(other)\").")
+                      .Register(r)),
+      source_peak_(prometheus::BuildGauge()
+                       .Name("asympo_learner_source_reward_ema_peak")
+                       .Help("Running peak of a source's reward EMA since its warm-up.")
+                       .Register(r)),
+      source_collapse_(prometheus::BuildGauge()
+                           .Name("asympo_learner_source_collapse_suspected")
+                           .Help("1 when a source's reward EMA fell the set fraction below "
+                                 "its peak.")
+                           .Register(r)) {
   RegisterBatchFamilies(r);
 }
 
@@ -182,7 +152,37 @@ void LearnerMetrics::ObserveQueue(const GroupQueueStats& q) {
   queue_waiting_.Set(static_cast<double>(q.waiting_pushes));
 }
 
-void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q) {
+// The monitor's state on the gauges: the fleet's, and each source's (a
+// label's gauges are added once, when its source first appears).
+void LearnerMetrics::ShowRewards() {
+  const CollapseDetector& fleet = rewards_.fleet();
+  collapse_gauge_.Set(fleet.suspected() ? 1 : 0);
+  reward_ema_.Set(fleet.ema());
+  reward_peak_.Set(fleet.peak());
+  reward_sources_.Set(rewards_.active_sources());
+  for (const auto& [label, source] : rewards_.sources()) {
+    auto it = source_gauges_.find(label);
+    if (it == source_gauges_.end()) {
+      const std::map<std::string, std::string> labels{{"source", label}};
+      it = source_gauges_
+               .emplace(label, SourceGauges{&source_ema_.Add(labels), &source_peak_.Add(labels),
+                                            &source_collapse_.Add(labels)})
+               .first;
+    }
+    it->second.ema->Set(source.detector.ema());
+    it->second.peak->Set(source.detector.peak());
+    it->second.collapse->Set(source.detector.suspected() ? 1 : 0);
+  }
+}
+
+absl::Status LearnerMetrics::RestoreRewards(std::string_view json) {
+  ASYMPO_RETURN_IF_ERROR(rewards_.Restore(json));
+  ShowRewards();
+  return absl::OkStatus();
+}
+
+void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q,
+                                 const std::vector<SourceReward>& rewards) {
   const LossDiagnostics& d = s.diagnostics;
   version_.Set(static_cast<double>(s.version));
   steps_.Increment();
@@ -190,9 +190,8 @@ void LearnerMetrics::ObserveStep(const StepResult& s, const GroupQueueStats& q) 
   trained_groups_.Increment(static_cast<double>(d.groups));
   reward_mean_.Set(d.reward_mean);
   reward_std_.Set(d.reward_std);
-  collapse_gauge_.Set(collapse_.Observe(d.reward_mean) ? 1 : 0);
-  reward_ema_.Set(collapse_.ema());
-  reward_peak_.Set(collapse_.peak());
+  rewards_.Observe(rewards);
+  ShowRewards();
   loss_.Set(d.loss);
   s_pos_.Set(d.s_pos);
   s_neg_.Set(d.s_neg);

@@ -1,6 +1,8 @@
 // The learner's Prometheus metrics (docs/metrics.md lists every name; they
-// are a contract for dashboards and alerts) and the reward-collapse
-// detector behind asympo_learner_collapse_suspected.
+// are a contract for dashboards and alerts), with the reward monitor
+// (reward_monitor.h) behind asympo_learner_reward_ema and
+// asympo_learner_collapse_suspected, the fleet's, and their per-source
+// asympo_learner_source_* twins.
 //
 // Every asympo_learner_* family of the learner is registered here, in
 // learner_metrics.cc: LearnerMetrics' own, and those of the parts that
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -31,59 +34,20 @@
 #include "learner_server/admission/learner_service.h"
 #include "learner_server/admission/policy_lag.h"
 #include "learner_server/admission/source_quarantine.h"
+#include "learner_server/reward_monitor.h"
 #include "learner_server/trainer/skipped_steps.h"
 #include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
 
-struct CollapseOptions {
-  // Weight of the newest step in the reward EMA.
-  double ema_alpha = 0.1;
-  // Steps before the detector may fire (the EMA and its peak settle).
-  int64_t warmup_steps = 20;
-  // Suspected when the EMA is this fraction below its running peak ...
-  double drop_fraction = 0.3;
-  // ... and at least this far below it in reward units (a 30% drop from a
-  // peak of 0.03 is noise, not a collapse) ...
-  double min_drop = 0.05;
-  // ... for this many steps in a row.
-  int64_t confirm_steps = 5;
-  // Once suspected, it stays so until the EMA is back within this fraction
-  // of the peak (hysteresis: a reward that settles 20% below its peak after
-  // a collapse stays flagged; one hovering at the threshold does not flap).
-  double recover_fraction = 0.15;
-};
-
-absl::Status ValidateCollapseOptions(const CollapseOptions& options);
-
-// Reward collapse = the reward EMA falls `drop_fraction` below its running
-// peak after warm-up, and at least `min_drop` below it, for `confirm_steps`
-// steps in a row; the suspicion then holds until the EMA recovers to within
-// `recover_fraction` of the peak. With rewards that can be negative, the
-// fractions are of the peak's magnitude.
-class CollapseDetector {
- public:
-  explicit CollapseDetector(CollapseOptions options) : options_(options) {}
-  // Feeds one step's mean reward; returns whether collapse is suspected.
-  bool Observe(double reward_mean);
-  double ema() const { return ema_; }
-  double peak() const { return peak_; }
-  bool suspected() const { return suspected_; }
-
- private:
-  CollapseOptions options_;
-  int64_t steps_ = 0;
-  int64_t below_ = 0;  // consecutive steps past the entry threshold
-  double ema_ = 0, peak_ = 0;
-  bool suspected_ = false;
-};
-
 class LearnerMetrics : public SubmitObserver {
  public:
-  LearnerMetrics(prometheus::Registry& registry, CollapseOptions collapse);
+  LearnerMetrics(prometheus::Registry& registry, RewardMonitorOptions rewards);
 
-  // After every training step.
-  void ObserveStep(const StepResult& step, const GroupQueueStats& queue);
+  // After every training step; `rewards`: its trained groups' rewards by
+  // source (GroupRewards, less the groups the step dropped).
+  void ObserveStep(const StepResult& step, const GroupQueueStats& queue,
+                   const std::vector<SourceReward>& rewards);
   // Queue gauges (also refreshed by ObserveStep).
   // The version at start (restored from a checkpoint), before any step.
   void SetVersion(uint64_t version) { version_.Set(static_cast<double>(version)); }
@@ -94,7 +58,12 @@ class LearnerMetrics : public SubmitObserver {
   // Groups each source holds in the queue (GroupQueue::HeldBySource).
   void ObserveSources(const std::vector<std::pair<std::string, int64_t>>& held);
 
-  const CollapseDetector& collapse() const { return collapse_; }
+  // The fleet's detector; the whole monitor (for checkpoints).
+  const CollapseDetector& collapse() const { return rewards_.fleet(); }
+  const RewardMonitor& rewards() const { return rewards_; }
+  // Restores the monitor from a checkpoint (RewardMonitor::Restore) and
+  // shows its state at once, before the first step.
+  absl::Status RestoreRewards(std::string_view json);
 
   // A checkpoint written (its version) or failed.
   void OnCheckpoint(uint64_t version) { checkpoint_version_.Set(static_cast<double>(version)); }
@@ -102,8 +71,9 @@ class LearnerMetrics : public SubmitObserver {
 
  private:
   void RegisterBatchFamilies(prometheus::Registry& r);
+  void ShowRewards();
 
-  CollapseDetector collapse_;
+  RewardMonitor rewards_;
   prometheus::Gauge &version_, &reward_mean_, &reward_std_, &reward_ema_, &reward_peak_, &loss_,
       &s_pos_, &s_neg_, &ratio_, &imbalance_, &clip_low_, &clip_high_, &grad_norm_, &lr_,
       &tokens_per_second_, &queue_depth_, &queue_capacity_, &queue_waiting_, &collapse_gauge_,
@@ -118,6 +88,14 @@ class LearnerMetrics : public SubmitObserver {
   absl::Mutex sources_mu_;
   std::map<std::string, prometheus::Gauge*> queued_by_source_ ABSL_GUARDED_BY(sources_mu_);
   prometheus::Histogram &staleness_, &step_seconds_;
+  // The reward monitor by source: the families, and the gauges by label
+  // (at most max_sources + 1 labels).
+  prometheus::Gauge& reward_sources_;
+  prometheus::Family<prometheus::Gauge>&source_ema_, &source_peak_, &source_collapse_;
+  struct SourceGauges {
+    prometheus::Gauge *ema, *peak, *collapse;
+  };
+  std::map<std::string, SourceGauges> source_gauges_;
 };
 
 // The families of the parts that count for themselves.

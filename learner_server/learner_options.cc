@@ -43,7 +43,7 @@ absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", o.broadcast_every, "; it must be >= 0"));
   }
-  ASYMPO_RETURN_IF_ERROR(ValidateCollapseOptions(o.collapse));
+  ASYMPO_RETURN_IF_ERROR(ValidateRewardMonitorOptions(RewardMonitorOptionsOf(o)));
   ASYMPO_RETURN_IF_ERROR(ValidateQuarantineOptions(o.quarantine));
   return ValidateTrainerOptions(o.trainer);
 }

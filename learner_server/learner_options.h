@@ -72,7 +72,12 @@ struct LearnerDaemonOptions {
   // When set, the policy is also written there as a Hugging Face directory
   // with every checkpoint and at shutdown.
   std::string export_dir;
+  // The reward monitor (reward_monitor.h): the detector's thresholds, the
+  // sources with a detector of their own, and the steps after which a
+  // silent source leaves the fleet's median.
   CollapseOptions collapse;
+  int collapse_max_sources = 16;
+  int64_t collapse_source_idle_steps = 200;
   // Weight broadcast (the WeightBroadcast service shares the gRPC port):
   // every `broadcast_every` versions the weights are published to the
   // rollout daemons; the current version is published at start.
@@ -122,5 +127,10 @@ struct LearnerDaemonOptions {
 // Checks the options both roles share, so that a bad one stops every rank
 // at start; INVALID_ARGUMENT naming it.
 absl::Status ValidateLearnerDaemonOptions(const LearnerDaemonOptions& options);
+
+// The reward monitor's part of `options`.
+inline RewardMonitorOptions RewardMonitorOptionsOf(const LearnerDaemonOptions& options) {
+  return {options.collapse, options.collapse_max_sources, options.collapse_source_idle_steps};
+}
 
 }  // namespace asympo::learner

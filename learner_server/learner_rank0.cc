@@ -80,7 +80,7 @@ LearnerRank0::~LearnerRank0() {
 absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   const LearnerDaemonOptions& o = options();
   const PolicyModel& model = core_->model();
-  metrics_ = std::make_unique<LearnerMetrics>(registry, o.collapse);
+  metrics_ = std::make_unique<LearnerMetrics>(registry, RewardMonitorOptionsOf(o));
   skipped_ = std::make_unique<SkippedSteps>(RegisterSkippedStepCounters(registry));
   quarantine_ =
       std::make_unique<SourceQuarantine>(o.quarantine, RegisterQuarantineCounters(registry));
@@ -128,6 +128,13 @@ absl::Status LearnerRank0::RestoreCheckpoint() {
   trainer.set_version(ckpt->version);
   metrics_->OnCheckpoint(ckpt->version);
   restored_batches_ = std::move(ckpt->batches);
+  // The reward peaks it had: a collapsed reward is not the new peak.
+  if (!ckpt->reward_monitor.empty()) {
+    if (absl::Status s = metrics_->RestoreRewards(ckpt->reward_monitor); !s.ok()) {
+      LOG(WARNING) << ckpt->path << "/meta.json: " << s.message()
+                   << "; the reward EMAs and their peaks start afresh";
+    }
+  }
   counters_.checkpoint_version.store(ckpt->version);
   resumed_from_ = ckpt->version;
   LOG(INFO) << "resumed from " << ckpt->path << " at version " << ckpt->version << " ("
@@ -217,9 +224,9 @@ absl::Status LearnerRank0::WriteGathered() {
     // resolved by the steps this checkpoint holds (only this thread
     // resolves groups).
     const uint64_t through = queue_->TrainedThrough(trainer.version());
-    absl::StatusOr<CheckpointInfo> info =
-        SaveCheckpoint(o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(),
-                       o.config_text, o.keep_checkpoints, queue_->RecordedBatches());
+    absl::StatusOr<CheckpointInfo> info = SaveCheckpoint(
+        o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(), o.config_text,
+        o.keep_checkpoints, queue_->RecordedBatches(), metrics_->rewards().ToJson());
     if (!info.ok()) return info.status();
     metrics_->OnCheckpoint(info->version);
     counters_.checkpoint_version.store(info->version);
@@ -254,6 +261,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   }
   const int64_t n = static_cast<int64_t>(taken.groups.size());
   if (taken.short_step) admission_watch_->OnShortStep(n);
+  std::vector<SourceReward> rewards = GroupRewards(taken.groups);
   StepOr<StepResult> step = core_->dp() != nullptr ? StepAcrossRanks(taken.groups)
                                                    : core_->trainer().Step(std::move(taken.groups));
   if (!step.ok()) {
@@ -276,16 +284,22 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   skipped_in_a_row_ = 0;
   if (!step->dropped_sources.empty()) DropPoisoned(step->dropped_sources);
   // As the staleness: a data-parallel step's `dropped` indexes rank 0's shard.
-  intake_->Trained(taken, core_->dp() == nullptr ? step->dropped : std::vector<size_t>{});
+  const std::vector<size_t> dropped =
+      core_->dp() == nullptr ? step->dropped : std::vector<size_t>{};
+  intake_->Trained(taken, dropped);
+  for (auto it = dropped.rbegin(); it != dropped.rend(); ++it) {
+    if (*it < rewards.size()) rewards.erase(rewards.begin() + static_cast<ptrdiff_t>(*it));
+  }
   ++*steps;
-  return AfterStep(*steps, *step);
+  return AfterStep(*steps, *step, rewards);
 }
 
-bool LearnerRank0::AfterStep(int64_t steps, const StepResult& step) {
+bool LearnerRank0::AfterStep(int64_t steps, const StepResult& step,
+                             const std::vector<SourceReward>& rewards) {
   counters_.steps.fetch_add(1);
   counters_.trained_groups.fetch_add(static_cast<uint64_t>(step.diagnostics.groups));
   const GroupQueueStats q = queue_->Stats();
-  metrics_->ObserveStep(step, q);
+  metrics_->ObserveStep(step, q, rewards);
   metrics_->ObserveSources(queue_->HeldBySource());
   step_log_->Write(steps, counters_.steps.load(), step, q, metrics_->collapse().suspected());
   const int64_t every = options().checkpoint_every;

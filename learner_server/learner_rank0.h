@@ -68,7 +68,7 @@ class LearnerRank0 final : public LearnerRole {
   bool TrainOneStep(int64_t* steps, int64_t* untrained);
   // After a trained step: metrics, step log, and a checkpoint when due
   // (false: a rank failed).
-  bool AfterStep(int64_t steps, const StepResult& step);
+  bool AfterStep(int64_t steps, const StepResult& step, const std::vector<SourceReward>& rewards);
   // The step across the ranks; a failed collective ends the job.
   StepOr<StepResult> StepAcrossRanks(const std::vector<QueuedGroup>& groups);
   // Ends the run after a rank failure (Run returns `status`).

@@ -130,7 +130,10 @@ ABSL_FLAG(int32_t, keep_checkpoints, 3, "Checkpoints kept (0: all).");
 ABSL_FLAG(std::string, export_dir, "",
           "Also write the policy here as a Hugging Face directory at each checkpoint and at exit.");
 // Collapse alert.
-ABSL_FLAG(double, collapse_ema_alpha, 0.1, "Weight of the newest step in the reward EMA.");
+ABSL_FLAG(double, collapse_ema_alpha, 0.1,
+          "Weight of the newest step in the reward EMA (each source's; the fleet's is their "
+          "median). At most 0.1: the alert rules (deploy/prometheus/alerts.yml) judge the EMA as "
+          "exported and take a larger weight's step-to-step noise for a collapse.");
 ABSL_FLAG(int64_t, collapse_warmup_steps, 20, "Steps before collapse detection starts.");
 ABSL_FLAG(double, collapse_drop_fraction, 0.3,
           "Collapse is suspected when the reward EMA is this fraction below its peak ...");
@@ -139,6 +142,11 @@ ABSL_FLAG(int64_t, collapse_confirm_steps, 5, "... for this many steps in a row.
 ABSL_FLAG(double, collapse_recover_fraction, 0.15,
           "A suspected collapse holds until the reward EMA is back within this fraction of its "
           "peak.");
+ABSL_FLAG(int32_t, collapse_max_sources, 16,
+          "Sources (principals) with a reward EMA, a detector and a metric label of their own; "
+          "later ones share the label \"(other)\".");
+ABSL_FLAG(int64_t, collapse_source_idle_steps, 200,
+          "A source that sent nothing for this many steps leaves the fleet's median reward EMA.");
 ABSL_FLAG(std::string, step_csv, "", "Append one CSV row per training step to this file.");
 ABSL_FLAG(std::string, heartbeat_file, "",
           "Every rank: rewrite this file (\"<unix seconds> <beats>\") at most once a second while "
@@ -179,12 +187,14 @@ ASYMPO_FLAG_RANGE(free_heap_limit_mib, 0, 1 << 20);
 ASYMPO_FLAG_RANGE(batch_id_window, 1, 1 << 26);
 ASYMPO_FLAG_RANGE(checkpoint_every, 0, 1e12);
 ASYMPO_FLAG_RANGE(keep_checkpoints, 0, 100000);
-ASYMPO_FLAG_RANGE(collapse_ema_alpha, 1e-6, 1);
+ASYMPO_FLAG_RANGE(collapse_ema_alpha, 1e-6, 0.1);
 ASYMPO_FLAG_RANGE(collapse_warmup_steps, 0, 1e9);
 ASYMPO_FLAG_RANGE(collapse_drop_fraction, 0, 1);
 ASYMPO_FLAG_RANGE(collapse_min_drop, 0, 1e6);
 ASYMPO_FLAG_RANGE(collapse_confirm_steps, 1, 1e9);
 ASYMPO_FLAG_RANGE(collapse_recover_fraction, 0, 1);
+ASYMPO_FLAG_RANGE(collapse_max_sources, 1, 1024);
+ASYMPO_FLAG_RANGE(collapse_source_idle_steps, 1, 1e9);
 ASYMPO_DURATION_FLAG_RANGE(full_queue_timeout, absl::ZeroDuration(), absl::Hours(1));
 ASYMPO_DURATION_FLAG_RANGE(partial_step_after, absl::ZeroDuration(), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(retry_after, absl::ZeroDuration(), absl::Hours(1));
@@ -252,6 +262,8 @@ void RunFlags(LearnerDaemonOptions* o) {
   o->collapse.min_drop = absl::GetFlag(FLAGS_collapse_min_drop);
   o->collapse.confirm_steps = absl::GetFlag(FLAGS_collapse_confirm_steps);
   o->collapse.recover_fraction = absl::GetFlag(FLAGS_collapse_recover_fraction);
+  o->collapse_max_sources = absl::GetFlag(FLAGS_collapse_max_sources);
+  o->collapse_source_idle_steps = absl::GetFlag(FLAGS_collapse_source_idle_steps);
 }
 
 // --heartbeat_file: the training loop beats through on_progress; the

@@ -54,6 +54,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   out.optimizer_steps = meta.optimizer_steps;
   out.config = std::move(meta.config);
   out.batches = std::move(meta.batches);
+  out.reward_monitor = std::move(meta.reward_monitor);
   return out;
 }
 

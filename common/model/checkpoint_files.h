@@ -8,7 +8,8 @@
 //    "batches" (optional: the accepted batches of which the checkpoint's
 //    steps trained at least one group, oldest first, with their digests and
 //    the groups trained, for exactly-once delivery; older checkpoints have
-//    "batch_ids", ids alone: common/model/checkpoint_meta.h)}.
+//    "batch_ids", ids alone: common/model/checkpoint_meta.h), "reward_monitor"
+//    (optional: the learner's reward EMAs, peaks and detectors)}.
 // Reading lives here, below the learner, so that tools that only need the
 // weights (asympo-eval) read checkpoints the same way the learner does.
 #pragma once
@@ -37,6 +38,7 @@ struct CheckpointContents {
   std::vector<std::pair<std::string, at::Tensor>> moments;  // names without the prefix
   at::Tensor rng;                                           // undefined when absent
   std::vector<CheckpointBatch> batches;                     // empty when absent
+  std::string reward_monitor;                               // JSON text; empty when absent
 };
 
 // Reads `dir` (a ckpt-* directory) after checking state.safetensors against

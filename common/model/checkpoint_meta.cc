@@ -133,6 +133,12 @@ absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const 
       out.batches.push_back(CheckpointBatch{id.get<std::string>(), "", 0, {}});
     }
   }
+  if (const auto monitor = meta.find("reward_monitor"); monitor != meta.end()) {
+    if (!monitor->is_object()) {
+      return absl::DataLossError(absl::StrCat(path, ": reward_monitor is not an object"));
+    }
+    out.reward_monitor = monitor->dump();
+  }
   return out;
 }
 

@@ -37,6 +37,9 @@ struct CheckpointMeta {
   uint32_t crc32c = 0;                   // of state.safetensors
   std::string config;                    // empty when absent or not a string
   std::vector<CheckpointBatch> batches;  // empty when absent
+  // The learner's reward monitor (learner_server/reward_monitor.h), as JSON
+  // text; empty when absent.
+  std::string reward_monitor;
 };
 
 // Parses meta.json's `text`. It must be a JSON object with "version" (an
@@ -45,7 +48,8 @@ struct CheckpointMeta {
 // and so are "batches" (a list of {"id": string, "digest": 64 hex digits,
 // "groups": count, "trained": [group indices below groups]}) and the older
 // "batch_ids" (a list of strings: ids without digests, every group
-// trained), read when "batches" is absent. DATA_LOSS naming `path`
+// trained), read when "batches" is absent; "reward_monitor" (an object,
+// kept as its JSON text) is optional too. DATA_LOSS naming `path`
 // otherwise: a checkpoint whose description is incomplete or corrupt is not
 // trusted.
 absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const std::string& path);

@@ -53,6 +53,7 @@ absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimize
   info->optimizer_steps = contents.optimizer_steps;
   info->config = std::move(contents.config);
   info->batches = std::move(contents.batches);
+  info->reward_monitor = std::move(contents.reward_monitor);
   return absl::OkStatus();
 }
 
@@ -95,7 +96,8 @@ class RemoveUnlessKept {
 absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
                                   const PolicyModel& model, const AdamW& optimizer,
                                   const std::string& config,
-                                  const std::vector<CheckpointBatch>& batches) {
+                                  const std::vector<CheckpointBatch>& batches,
+                                  const std::string& reward_monitor) {
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   {
     at::NoGradGuard no_grad;
@@ -116,6 +118,13 @@ absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
   meta["crc32c"] = crc;
   meta["config"] = config;
   meta["batches"] = CheckpointBatchesJson(batches);
+  if (!reward_monitor.empty()) {
+    nlohmann::json monitor = nlohmann::json::parse(reward_monitor, nullptr, false);
+    if (!monitor.is_object()) {
+      return absl::InvalidArgumentError("the reward monitor's state is not a JSON object");
+    }
+    meta["reward_monitor"] = std::move(monitor);
+  }
   // Ids arrive as protobuf strings, which are UTF-8; anything else is
   // replaced rather than failing the checkpoint.
   return WriteText(dir + "/" + kCheckpointMetaFile,
@@ -125,7 +134,8 @@ absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
 absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
                                              const PolicyModel& model, const AdamW& optimizer,
                                              const std::string& config, int keep_last,
-                                             const std::vector<CheckpointBatch>& batches) {
+                                             const std::vector<CheckpointBatch>& batches,
+                                             const std::string& reward_monitor) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
@@ -135,7 +145,8 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   RemoveUnlessKept cleanup(tmp_dir);
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ErrorText(ec)));
-  ASYMPO_RETURN_IF_ERROR(WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batches));
+  ASYMPO_RETURN_IF_ERROR(
+      WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batches, reward_monitor));
   (void)RemoveTree(final_dir);
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(
@@ -157,6 +168,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t v
   info.optimizer_steps = optimizer.step_count();
   info.config = config;
   info.batches = batches;
+  info.reward_monitor = reward_monitor;
   return info;
 }
 
@@ -192,9 +204,11 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::str
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last,
-                                              const std::vector<CheckpointBatch>& batches) {
+                                              const std::vector<CheckpointBatch>& batches,
+                                              const std::string& reward_monitor) {
   return GuardTorch(absl::StrCat("checkpoint of version ", version, " into ", root), [&] {
-    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batches);
+    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batches,
+                         reward_monitor);
   });
 }
 

@@ -31,15 +31,19 @@ struct CheckpointInfo {
   std::string config;
   // The batches its steps trained groups of (GroupQueue::RecordedBatches).
   std::vector<CheckpointBatch> batches;
+  // The reward monitor's state (RewardMonitor::ToJson); empty: none saved.
+  std::string reward_monitor;
 };
 
 // Saves into <root>/ckpt-<version>, creating `root`; keeps the newest
 // `keep_last` checkpoints (0 keeps all) and removes older ones. `batches`
-// go into meta.json.
+// and `reward_monitor` (a JSON object's text; empty: none) go into
+// meta.json.
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last = 3,
-                                              const std::vector<CheckpointBatch>& batches = {});
+                                              const std::vector<CheckpointBatch>& batches = {},
+                                              const std::string& reward_monitor = "");
 
 // Restores the newest valid checkpoint under `root` into `model` and
 // `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged

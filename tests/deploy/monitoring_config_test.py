@@ -5,10 +5,15 @@ targets into, and has no static target; every alert keeps the `run` label
 of its series; every dashboard panel selects its run (and the panels fed by
 Prometheus's own `up` and `ALERTS` also show what carries no run); the
 Kubernetes PodMonitors put a `run` on their targets (their relabelling run
-by `promtool check service-discovery` on made-up pods).
+by `promtool check service-discovery` on made-up pods); the example
+Alertmanager configuration (deploy/prometheus/alertmanager.yml) passes
+`amtool check-config` and routes every alert of alerts.yml by its severity,
+and a development run's alerts away from the pager (`amtool config routes
+test`).
 
     python3 monitoring_config_test.py SOURCE_DIR WORK_DIR
-Exit 0 on success, 1 on a failed check, 77 without promtool or PyYAML.
+Exit 0 on success, 1 on a failed check, 77 without promtool, amtool or
+PyYAML.
 """
 import json
 import os
@@ -79,8 +84,9 @@ def alert_checks(src):
             lost.append("%s: %s" % (rule.get("alert") or rule.get("record"), expr))
     names = [r["alert"] for g in groups for r in g["rules"] if "alert" in r]
     check(not lost, "every one of the %d alerts keeps its series' run label (lost: %s)" % (len(names), lost))
-    check({"AsympoRewardCollapse", "AsympoRunEndedCollapsed", "AsympoRewardCollapseFromSeries"} <= set(names),
-          "the collapse page, its warning and the ended-collapsed alert are there")
+    check({"AsympoRewardCollapse", "AsympoRunEndedCollapsed", "AsympoRewardCollapseFromSeries",
+           "AsympoSourceRewardCollapse"} <= set(names),
+          "the collapse page, its warnings (series, source) and the ended-collapsed alert are there")
 
 
 def dashboard_checks(src):
@@ -141,10 +147,50 @@ def podmonitor_checks(src, work):
                   "PodMonitor %s keeps the daemons' own run label (honorLabels)" % m["metadata"]["name"])
 
 
+def routed_to(config, labels):
+    """The receivers amtool resolves for an alert with LABELS (a dict)."""
+    out = subprocess.run(["amtool", "config", "routes", "test", "--config.file=" + config] +
+                         ["%s=%s" % kv for kv in sorted(labels.items())],
+                         capture_output=True, text=True, timeout=60)
+    return out.stdout.strip() or out.stderr.strip()[-300:]
+
+
+def alertmanager_checks(src):
+    """The shipped Alertmanager configuration: valid, and each alert of
+    alerts.yml routed by its severity (page to the pager, the rest to
+    tickets), except a development run's (dev-*, test-*), which pages
+    nobody; AsympoRewardCollapse's labels are one page per run."""
+    config = os.path.join(src, "deploy", "prometheus", "alertmanager.yml")
+    out = subprocess.run(["amtool", "check-config", config], capture_output=True, text=True, timeout=60)
+    check(out.returncode == 0, "amtool check-config alertmanager.yml (%s)" % out.stdout.strip()[-200:])
+    with open(os.path.join(src, "deploy", "prometheus", "alerts.yml")) as f:
+        alerts = [r for g in yaml.safe_load(f)["groups"] for r in g["rules"] if "alert" in r]
+    want = {"page": "asympo-page", "warn": "asympo-tickets", "warning": "asympo-tickets"}
+    wrong = []
+    # The routes match on severity and run only: one alert of each severity
+    # stands for the others (amtool takes a while to start).
+    one_each = {r["labels"]["severity"]: r["alert"] for r in alerts}
+    unknown = sorted(set(one_each) - set(want))
+    check(not unknown, "every severity of alerts.yml has a route (unrouted: %s)" % unknown)
+    cases = [(alert, severity, "r1", want.get(severity)) for severity, alert in sorted(one_each.items())]
+    cases += [("X", severity, run, "asympo-dev") for severity in ("page", "warn") for run in ("dev-3", "test-ci-9")]
+    for alert, severity, run, receiver in cases:
+        got = routed_to(config, {"alertname": alert, "severity": severity, "run": run, "job": "asympo-learner"})
+        if got != receiver:
+            wrong.append("%s %s run=%s: %s (want %s)" % (alert, severity, run, got, receiver))
+    check(not wrong, "amtool config routes test: an alert of each severity (%s) to its receiver, "
+          "a dev-*/test-* run's to asympo-dev (wrong: %s)" % (", ".join(sorted(one_each)), wrong))
+    check(routed_to(config, {"run": "device-1", "severity": "page"}) == "asympo-page",
+          "a run whose name only starts like dev- still pages")
+    with open(config) as f:
+        route = yaml.safe_load(f)["route"]
+    check("run" in route["group_by"], "notifications are grouped by run (%s)" % route["group_by"])
+
+
 def main():
     src, work = sys.argv[1], sys.argv[2]
-    if yaml is None or not shutil.which("promtool"):
-        print("SKIP: PyYAML and promtool are needed")
+    if yaml is None or not shutil.which("promtool") or not shutil.which("amtool"):
+        print("SKIP: PyYAML, promtool and amtool are needed")
         sys.exit(77)
     folders, globs, static = file_sd_folders(src)
     wanted = written_folders(src)
@@ -155,6 +201,7 @@ def main():
     alert_checks(src)
     dashboard_checks(src)
     podmonitor_checks(src, os.path.join(work, "podmonitors"))
+    alertmanager_checks(src)
     if failures:
         print("%d check(s) failed" % len(failures))
         sys.exit(1)

@@ -262,9 +262,10 @@ def page_checks(prom, fired):
              lambda: delivered("AsympoRewardCollapse", "firing"), 30)
     t, labels, notes = delivered("AsympoRewardCollapse", "firing")[0]
     print("delivered %.1f s after firing:" % (t - fired), json.dumps(labels), notes["description"])
-    check(labels["severity"] == "page" and labels.get("slurm_job_id") == "4242" and
-          "exported_run" not in labels,
-          "the delivered page carries run=%s (once), the Slurm target's labels and severity page" % COLLAPSE)
+    check(labels["severity"] == "page" and labels.get("job") == "asympo-learner" and
+          "exported_run" not in labels and "instance" not in labels,
+          "the delivered page carries run=%s (once), its job and severity page, and no address (one "
+          "page per run, whatever address its learner restarts on)" % COLLAPSE)
     ema = float(notes["description"].split("Reward EMA ")[1].split(" ")[0])
     peak = float(notes["description"].split("(peak ")[1].split(")")[0])
     # The EMA of the moment it fired: 0.1-0.4 after the fall, or up to 0.75

@@ -239,5 +239,28 @@ TEST(CheckpointTest, AMetaJsonWhoseNumbersDoNotFitTheirFieldsSkipsTheCheckpoint)
   EXPECT_EQ(LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value()->version, 2u);
 }
 
+// The reward monitor's state (learner_server/reward_monitor.h) rides in
+// meta.json, so that a resumed learner keeps the reward peak it had.
+TEST(CheckpointTest, TheRewardMonitorsStateRoundTrips) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto m = Tiny(1);
+  AdamW opt(m->parameters(), {});
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, opt, "", 0));
+  const std::string state = R"({"fleet":{"peak":0.9,"suspected":true},"step":7})";
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 2, *m, opt, "", 0, {}, state));
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(nlohmann::json::parse(loaded->reward_monitor), nlohmann::json::parse(state));
+  EXPECT_THAT(ParseCheckpointMeta(R"({"version": 1, "optimizer_steps": 1, "crc32c": 1,
+      "reward_monitor": [1]})",
+                                  "m")
+                  .status(),
+              StatusIs(absl::StatusCode::kDataLoss, "m: reward_monitor is not an object"));
+  EXPECT_EQ(ParseCheckpointMeta(R"({"version": 1, "optimizer_steps": 1, "crc32c": 1})", "m")
+                ->reward_monitor,
+            "");
+  EXPECT_FALSE(SaveCheckpoint(tmp.path(), 3, *m, opt, "", 0, {}, "[1]").ok());
+}
+
 }  // namespace
 }  // namespace asympo::learner
