@@ -36,6 +36,20 @@ SenderMetrics::SenderMetrics(prometheus::Registry& r)
           AddSecondsHistogram(r, "asympo_broadcast_transfer_seconds",
                               "Duration of each FetchSnapshot stream that sent every chunk.")) {}
 
+InfoGauge::InfoGauge(prometheus::Registry& r, const std::string& name, const std::string& help)
+    : family_(prometheus::BuildGauge().Name(name).Help(help).Register(r)) {}
+
+void InfoGauge::Set(const std::map<std::string, std::string>& labels) {
+  absl::MutexLock lock(&mu_);
+  if (current_ != nullptr) family_.Remove(current_);
+  current_ = &family_.Add(labels);
+  current_->Set(1);
+}
+
+std::map<std::string, std::string> WeightsLabels(uint64_t version, const std::string& digest) {
+  return {{"version", std::to_string(version)}, {"digest", digest}};
+}
+
 ReceiverMetrics::ReceiverMetrics(prometheus::Registry& r)
     : version(AddGauge(r, "asympo_rollout_weight_version",
                        "Weight version the rollout daemon samples with (as it reported last).")),
@@ -49,6 +63,9 @@ ReceiverMetrics::ReceiverMetrics(prometheus::Registry& r)
       fetch_seconds(AddSecondsHistogram(
           r, "asympo_rollout_weight_fetch_seconds",
           "Duration of each verified snapshot fetch, first chunk request to last "
-          "checksum.")) {}
+          "checksum.")),
+      weights(r, "asympo_rollout_weights_info",
+              "1, labelled with the version and the digest of the weights the rollout daemon "
+              "samples with (compare asympo_broadcast_published_weights).") {}
 
 }  // namespace asympo::broadcast

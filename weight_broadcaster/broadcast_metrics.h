@@ -11,16 +11,40 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
 namespace asympo::broadcast {
+
+// A gauge family with one series at a time, of value 1, whose labels say
+// what is current (Prometheus's info pattern): Set replaces the series.
+// Thread-safe.
+class InfoGauge {
+ public:
+  InfoGauge(prometheus::Registry& r, const std::string& name, const std::string& help);
+  void Set(const std::map<std::string, std::string>& labels) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  prometheus::Family<prometheus::Gauge>& family_;
+  absl::Mutex mu_;
+  prometheus::Gauge* current_ ABSL_GUARDED_BY(mu_) = nullptr;
+};
+
+// The weights a version holds: {version, digest} (WeightDigest).
+std::map<std::string, std::string> WeightsLabels(uint64_t version, const std::string& digest);
 
 // The sender's (the store's own, version, snapshot bytes and publish
 // seconds, are in snapshot_store.cc).
 struct SenderMetrics {
   explicit SenderMetrics(prometheus::Registry& r);
 
-  prometheus::Counter& bytes;         // bytes sent in chunks
-  prometheus::Counter& failures;      // failed fetches + errors reported by receivers
-  prometheus::Gauge& receivers;       // subscribed receivers
+  prometheus::Counter& bytes;     // bytes sent in chunks
+  prometheus::Counter& failures;  // failed fetches + errors reported by receivers
+  prometheus::Gauge& receivers;   // subscribed receivers
   prometheus::Gauge& versions_in_use;
   prometheus::Gauge& oldest_version;
   prometheus::Histogram& transfer_seconds;  // each completed FetchSnapshot stream
@@ -34,6 +58,9 @@ struct ReceiverMetrics {
   prometheus::Counter& fetch_bytes;      // bytes received in chunks
   prometheus::Counter& failures;         // failed transfers
   prometheus::Histogram& fetch_seconds;  // each verified fetch, manifest to last CRC
+  // asympo_rollout_weights_info{version, digest}: what the daemon samples
+  // with (ReportLoaded), to compare with the learner's published digest.
+  InfoGauge weights;
 };
 
 }  // namespace asympo::broadcast

@@ -167,12 +167,12 @@ struct ReceiverState {
   std::optional<v1::SnapshotManifest> announced ABSL_GUARDED_BY(mu);  // newest not yet handled
   uint64_t latest_announced ABSL_GUARDED_BY(mu) = 0;
   std::optional<uint64_t> held_version ABSL_GUARDED_BY(mu);  // newest verified snapshot
-  // Its incarnation and buckets (size, CRC-32C): a version names weights
-  // only within one incarnation of the learner.
-  std::string held_incarnation ABSL_GUARDED_BY(mu);
+  // Its incarnation, buckets (size, CRC-32C) and digest: a version names
+  // weights only within one incarnation of the learner.
+  std::string held_incarnation, held_digest ABSL_GUARDED_BY(mu);
   std::vector<std::pair<uint64_t, uint32_t>> held_buckets ABSL_GUARDED_BY(mu);
   uint64_t loaded_version ABSL_GUARDED_BY(mu) = 0;  // as ReportLoaded said
-  std::string loaded_incarnation ABSL_GUARDED_BY(mu);
+  std::string loaded_incarnation, loaded_digest ABSL_GUARDED_BY(mu);
   int64_t failures ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<const ReceivedSnapshot> pending ABSL_GUARDED_BY(mu);
   bool using_nccl ABSL_GUARDED_BY(mu) = false;
@@ -357,6 +357,7 @@ void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double se
   held_version = snapshot->version();
   held_incarnation = snapshot->manifest.incarnation();
   held_buckets = BucketsOf(snapshot->manifest);
+  held_digest = WeightDigest(snapshot->manifest);
   pending = std::move(snapshot);
   cv.SignalAll();
 }
@@ -476,14 +477,16 @@ bool WeightReceiver::WaitForPending(absl::Duration timeout) {
 }
 
 void WeightReceiver::ReportLoaded(uint64_t version) {
-  std::string incarnation;
+  std::string incarnation, digest;
   {
     absl::MutexLock lock(&state_->mu);
     state_->loaded_version = version;
     if (state_->held_version == version) state_->loaded_incarnation = state_->held_incarnation;
-    incarnation = state_->loaded_incarnation;
+    if (state_->held_version == version) state_->loaded_digest = state_->held_digest;
+    incarnation = state_->loaded_incarnation, digest = state_->loaded_digest;
   }
   state_->metrics.version.Set(static_cast<double>(version));
+  state_->metrics.weights.Set(WeightsLabels(version, digest));
   state_->reporter.Report(version, "", incarnation);
 }
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/security/x509.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -54,8 +55,8 @@ absl::StatusOr<v1::SnapshotManifest> PlanSnapshot(const std::vector<TensorSpec>&
                                                   uint64_t version, const PackingOptions& options) {
   if (options.alignment == 0 || (options.alignment & (options.alignment - 1)) != 0 ||
       options.alignment > kMaxAlignmentGap) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alignment must be a power of two up to ", kMaxAlignmentGap, ", got ", options.alignment));
+    return absl::InvalidArgumentError(absl::StrCat("alignment must be a power of two up to ",
+                                                   kMaxAlignmentGap, ", got ", options.alignment));
   }
   if (options.bucket_bytes == 0) {
     return absl::InvalidArgumentError("bucket_bytes must be positive");
@@ -151,8 +152,8 @@ absl::Status ValidateManifest(const v1::SnapshotManifest& m) {
   const uint64_t slack = static_cast<uint64_t>(m.tensors_size()) * kMaxAlignmentGap;
   if (total > tensor_bytes + slack) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "the buckets hold ", total, " bytes for ", tensor_bytes,
-        " bytes of tensors; at most ", kMaxAlignmentGap, " bytes of padding per tensor"));
+        "the buckets hold ", total, " bytes for ", tensor_bytes, " bytes of tensors; at most ",
+        kMaxAlignmentGap, " bytes of padding per tensor"));
   }
   for (size_t b = 0; b < spans.size(); ++b) {
     auto& s = spans[b];
@@ -176,6 +177,14 @@ std::string ModelSignature(const std::vector<TensorSpec>& tensors) {
     crc = Crc32c(line.data(), line.size(), crc);
   }
   return absl::StrFormat("%zu-%08x", tensors.size(), crc);
+}
+
+std::string WeightDigest(const v1::SnapshotManifest& manifest) {
+  std::string text = manifest.model_signature();
+  for (const v1::BucketInfo& b : manifest.buckets()) {
+    absl::StrAppend(&text, "\n", b.index(), ":", b.size_bytes(), ":", b.crc32c());
+  }
+  return security::Sha256Hex(text).substr(0, 16);
 }
 
 }  // namespace asympo::broadcast

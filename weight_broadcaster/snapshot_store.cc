@@ -47,6 +47,9 @@ SnapshotStore::SnapshotStore(SnapshotStoreOptions options, std::string model_sig
           registry, "asympo_broadcast_publish_seconds",
           "Time Publish takes to checksum a snapshot (and pack it, when given loose tensors).",
           {0.001, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})),
+      published_weights_(registry, "asympo_broadcast_published_weights",
+                         "1, labelled with the version and the digest of the newest published "
+                         "snapshot (compare a rollout's asympo_rollout_weights_info)."),
       incarnation_(options_.incarnation) {}
 
 SnapshotStore::~SnapshotStore() {
@@ -164,8 +167,11 @@ absl::Status SnapshotStore::Adopt(uint64_t version, HostBuckets host, const Devi
   publish_seconds_.Observe(Now() - started);
   version_gauge_.Set(static_cast<double>(version));
   bytes_gauge_.Set(static_cast<double>(manifest.total_bytes()));
-  VLOG(1) << "published version " << version << ": " << manifest.total_bytes() << " bytes in "
-          << manifest.buckets_size() << " buckets";
+  const std::string digest = WeightDigest(manifest);
+  published_weights_.Set(WeightsLabels(version, digest));
+  VLOG(1) << "published version " << version << " (digest " << digest
+          << "): " << manifest.total_bytes() << " bytes in " << manifest.buckets_size()
+          << " buckets";
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 #include "weight_broadcaster/snapshot_plan.h"
 
@@ -160,6 +161,7 @@ class SnapshotStore {
   prometheus::Gauge& version_gauge_;
   prometheus::Gauge& bytes_gauge_;
   prometheus::Histogram& publish_seconds_;
+  InfoGauge published_weights_;  // asympo_broadcast_published_weights{version, digest}
 
   absl::Mutex plan_mu_;
   std::shared_ptr<const SnapshotPlan> plan_ ABSL_GUARDED_BY(plan_mu_);

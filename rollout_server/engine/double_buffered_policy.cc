@@ -6,6 +6,7 @@
 #include <glog/logging.h>
 
 #include "weight_broadcaster/model_weights/model_snapshot.h"
+#include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::rollout {
 
@@ -32,7 +33,12 @@ bool DoubleBufferedPolicy::Refresh(absl::Duration wait) {
   ++loads_;
   receiver_->ReportLoaded(snapshot->version());
   if (flips_ != nullptr) flips_->Increment();
-  VLOG(1) << "sampling with version " << snapshot->version();
+  int64_t held_back = 0;
+  if (load_log_.Allow(&held_back)) {  // the first load, then at most one line a minute
+    LOG(INFO) << "sampling with version " << snapshot->version() << " (weights digest "
+              << broadcast::WeightDigest(snapshot->manifest) << ")"
+              << load_log_.HeldBack(held_back);
+  }
   return true;
 }
 

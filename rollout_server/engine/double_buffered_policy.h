@@ -16,6 +16,7 @@
 #include <prometheus/counter.h>
 
 #include "absl/time/time.h"
+#include "common/log_throttle.h"
 #include "common/model/policy_model.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 
@@ -49,6 +50,7 @@ class DoubleBufferedPolicy {
   bool has_weights_ = false;
   broadcast::WeightReceiver* const receiver_;
   prometheus::Counter* const flips_;
+  LogThrottle load_log_{absl::Minutes(1)};
   std::atomic<uint64_t> version_{0};
   uint64_t loads_ = 0;
 };

@@ -1,6 +1,7 @@
 // BroadcastSender and WeightReceiver end to end: a real gRPC server on a
 // loopback port, receivers with their own channels.
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -86,6 +87,40 @@ TEST(BroadcastTest, TwoReceiversGetEveryVersionByteExact) {
   EXPECT_EQ(a.Metric("asympo_rollout_weight_fetch_seconds"), 2);
   EXPECT_EQ(a.Metric("asympo_rollout_weight_fetch_bytes_total"), 2.0 * m.total_bytes());
   EXPECT_EQ(a.Metric("asympo_rollout_weight_failures_total"), 0);
+}
+
+// The labels of the one series of info gauge `name` (empty: none, or more
+// than one).
+std::map<std::string, std::string> InfoLabels(prometheus::Registry& r, const std::string& name) {
+  std::map<std::string, std::string> out;
+  for (const prometheus::MetricFamily& f : r.Collect()) {
+    if (f.name != name || f.metric.size() != 1) continue;
+    for (const prometheus::ClientLabel& l : f.metric[0].label) out[l.name] = l.value;
+  }
+  return out;
+}
+
+// Anyone can check from outside that a rollout holds the learner's bytes:
+// the digest it samples with is the one the learner published for that
+// version, and other bytes have another.
+TEST(BroadcastTest, ARolloutsWeightsDigestIsTheOneTheLearnerPublished) {
+  SenderServer server(SmallBuckets());
+  Rx a(ReceiverOptions(server.target(), "rollout-0"));
+  ASSERT_TRUE(WaitUntil([&] { return a->connected(); }));
+  ASSERT_OK(server.Publish(1));
+  a.ExpectAndLoad(1);
+  const auto published = InfoLabels(server.registry(), "asympo_broadcast_published_weights");
+  const auto loaded = InfoLabels(*a.registry, "asympo_rollout_weights_info");
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded, published);
+  EXPECT_EQ(loaded.at("version"), "1");
+  EXPECT_EQ(loaded.at("digest").size(), 16u);
+  ASSERT_OK(server.Publish(2));  // other bytes
+  a.ExpectAndLoad(2);
+  const auto next = InfoLabels(*a.registry, "asympo_rollout_weights_info");  // one series still
+  ASSERT_EQ(next.size(), 2u);
+  EXPECT_EQ(next, InfoLabels(server.registry(), "asympo_broadcast_published_weights"));
+  EXPECT_NE(next.at("digest"), loaded.at("digest"));
 }
 
 TEST(BroadcastTest, LateJoinerGetsOnlyTheLatestVersion) {
