@@ -36,8 +36,8 @@ refused "$learner" "--checkpoint_every=-3: expected 0 to 1000000000000" --checkp
 refused "$learner" "--max_abs_reward=0: expected 1e-06 to 3.4e+38" --max_abs_reward=0
 refused "$learner" "--retry_after=2h: expected 0 to 1h" --retry_after=2h
 refused "$learner" "--quarantine_window=0: expected 1s to 168h" --quarantine_window=0
-refused "$learner" '--listen "garbage" has no port' --listen=garbage --metrics_address=
-refused "$learner" '--metrics_address "notaport" has no port' --metrics_address=notaport
+refused "$learner" '--listen=garbage: has no port' --listen=garbage --metrics_address=
+refused "$learner" '--metrics_address=notaport: has no port' --metrics_address=notaport
 refused "$learner" "--max_steps=abc: Illegal value 'abc'" --max_steps=abc
 refused "$learner" "--seed=-1: Illegal value '-1'" --seed -1
 refused "$learner" "--lr=nan: expected 0 to 1" --lr=nan
