@@ -15,35 +15,11 @@
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
+#include "learner_server/start_checks.h"
 #include "learner_server/trainer/checkpoint.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
-
-namespace {
-
-// Creates `dir` if needed and writes and removes a file in it.
-absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) {
-  if (dir.empty()) return absl::OkStatus();
-  const auto fail = [&](const std::string& why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(option, " ", dir, " cannot be written: ", why));
-  };
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return fail(ec.message());
-  if (!std::filesystem::is_directory(dir)) return fail("not a directory");
-  const std::string probe = absl::StrCat(dir, "/.asympo-write-test-", ::getpid());
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  if (f == nullptr) return fail(std::strerror(errno));
-  const bool written = std::fputc('x', f) != EOF;
-  const bool closed = std::fclose(f) == 0;
-  std::remove(probe.c_str());
-  if (!written || !closed) return fail("a file in it cannot be written");
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemonOptions o,
                                                                    prometheus::Registry& registry) {

@@ -27,6 +27,7 @@
 #include "learner_server/learner_daemon.h"
 #include "learner_server/learner_flags.h"
 #include "learner_server/memory_plan_check.h"
+#include "learner_server/start_checks.h"
 
 // Service.
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -294,6 +295,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());
   for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
+  // Every flag is checked before anything binds or starts.
+  if (absl::Status s = asympo::learner::CheckBeforeStart(*options); !s.ok()) return m.Fail(s);
   if (absl::Status s =
           asympo::learner::CheckLearnerMemory(*options, absl::GetFlag(FLAGS_device_memory_gib));
       !s.ok()) {

@@ -138,9 +138,7 @@ void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
 absl::Status CheckMetricsAddress(const std::string& address, bool insecure) {
   if (address.empty()) return absl::OkStatus();
   // A malformed address is named as such, not refused as beyond loopback.
-  if (absl::StatusOr<HostPort> parsed = SplitHostPort(address, "--metrics_address"); !parsed.ok()) {
-    return parsed.status();
-  }
+  if (absl::Status s = CheckAddressFlag("metrics_address", address); !s.ok()) return s;
   if (insecure || IsLoopbackAddress(address)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "refusing to serve /metrics on ", address,
