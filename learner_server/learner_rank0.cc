@@ -44,6 +44,8 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
   ASYMPO_ASSIGN_OR_RETURN(d->step_log_,
                           StepLog::Open(c.options().step_csv_path, c.options().log_every));
+  d->watch_ = std::make_unique<ProgressWatch>(c.options().ready_stall_timeout,
+                                              c.options().prompts_per_step, absl::Now());
   ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
   return d;
 }
@@ -222,6 +224,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return failure_.ok();
   }
   const int64_t n = static_cast<int64_t>(taken.groups.size());
+  absl::SleepFor(options().fault_step_delay);  // testing only: a stuck step
   StepOr<StepResult> step = core_->dp() != nullptr ? StepAcrossRanks(taken.groups)
                                                    : core_->trainer().Step(std::move(taken.groups));
   if (!step.ok()) {
@@ -322,6 +325,7 @@ absl::StatusOr<int64_t> LearnerRank0::Run() {
   int64_t steps = 0, untrained = 0;
   while (TrainOneStep(&steps, &untrained)) {
     core_->Progress();
+    watch_->CameRound(queue_->Stats(), absl::Now());
     if (options().max_steps > 0 && steps >= options().max_steps) {
       Shutdown();
       break;
