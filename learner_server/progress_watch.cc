@@ -22,10 +22,11 @@ absl::Status ProgressWatch::Check(absl::Time now) const {
   if (stall_ <= absl::ZeroDuration()) return absl::OkStatus();
   absl::MutexLock lock(&mu_);
   if (now - round_ > stall_) {
-    return absl::UnavailableError(absl::StrCat(
-        "the training loop has not come round for ", absl::FormatDuration(now - round_),
-        " (over --ready_stall_timeout=", absl::FormatDuration(stall_),
-        "): a step, a checkpoint or a collective is stuck"));
+    return absl::UnavailableError(
+        absl::StrCat("the training loop has not come round for ",
+                     absl::FormatDuration(absl::Trunc(now - round_, absl::Seconds(1))),
+                     " (over --ready_stall_timeout=", absl::FormatDuration(stall_),
+                     "): a step, a checkpoint or a collective is stuck"));
   }
   if (now - moved_ > stall_) {
     return absl::UnavailableError(
