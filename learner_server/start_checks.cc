@@ -74,15 +74,16 @@ absl::Status CheckWritableDir(const std::string& dir, absl::string_view flag) {
 }
 
 absl::Status CheckBeforeStart(const LearnerDaemonOptions& o) {
-  const bool rank0 = o.data_parallel.rank == 0;
-  if (rank0) ASYMPO_RETURN_IF_ERROR(CheckListenFlags(o));
   ASYMPO_RETURN_IF_ERROR(ValidateLearnerDaemonOptions(o));
   ASYMPO_RETURN_IF_ERROR(CheckModelFlag(o.model));
+  // The other ranks serve nothing: their pods need not hold rank 0's
+  // certificates, principals or output folders.
+  if (o.data_parallel.rank != 0) return absl::OkStatus();
+  ASYMPO_RETURN_IF_ERROR(CheckListenFlags(o));
   ASYMPO_RETURN_IF_ERROR(CheckReadableFile(o.tls.cert_file, "tls_cert"));
   ASYMPO_RETURN_IF_ERROR(CheckReadableFile(o.tls.key_file, "tls_key"));
   ASYMPO_RETURN_IF_ERROR(CheckReadableFile(o.tls.client_ca_file, "tls_client_ca"));
   ASYMPO_RETURN_IF_ERROR(CheckReadableFile(o.auth.principals_file, "auth_file"));
-  if (!rank0) return absl::OkStatus();
   ASYMPO_RETURN_IF_ERROR(CheckWritableDir(o.checkpoint_dir, "checkpoint_dir"));
   return CheckWritableDir(o.export_dir, "export_dir");
 }

@@ -13,11 +13,12 @@
 
 namespace asympo::learner {
 
-// Rank 0's addresses (--listen: host:port, and beyond loopback TLS and
-// client authentication or --insecure), the relations between flags
-// (ValidateLearnerDaemonOptions), the files the flags name (readable; the
-// model directory's config.json) and rank 0's output directories
-// (writable). INVALID_ARGUMENT or FAILED_PRECONDITION naming the flag.
+// The relations between flags (ValidateLearnerDaemonOptions) and the
+// model directory (its config.json) on every rank; on rank 0, which alone
+// serves and writes, also --listen (host:port, and beyond loopback TLS and
+// client authentication or --insecure), the TLS and principals files
+// (readable) and the output directories (writable). INVALID_ARGUMENT or
+// FAILED_PRECONDITION naming the flag.
 absl::Status CheckBeforeStart(const LearnerDaemonOptions& o);
 
 // Creates `dir` if needed and writes and removes a file in it (empty: OK);
