@@ -39,11 +39,12 @@ class LearnerDaemon final {
 
   // LearnerRole's contract: Run trains until Shutdown (any thread),
   // max_steps or rank 0's stop and returns the steps it trained;
-  // received_bytes and version may be read from any thread.
+  // received_bytes, version and Readiness may be read from any thread.
   absl::StatusOr<int64_t> Run() { return role_->Run(); }
   void Shutdown() { role_->Shutdown(); }
   int64_t received_bytes() const { return role_->received_bytes(); }
   uint64_t version() const { return role_->version(); }
+  absl::Status Readiness() const { return role_->Readiness(); }
 
  private:
   explicit LearnerDaemon(std::unique_ptr<LearnerRole> role) : role_(std::move(role)) {}

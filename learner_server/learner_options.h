@@ -122,6 +122,12 @@ struct LearnerDaemonOptions {
   // wait for data (rank 0), and after each message from rank 0 (the other
   // ranks): the liveness heartbeat (learner_server/heartbeat.h).
   std::function<void()> on_progress;
+  // Rank 0's readiness (ProgressWatch): not ready once the training loop
+  // or, while work waits, the queue has not moved for this long (zero:
+  // always ready).
+  absl::Duration ready_stall_timeout = absl::Minutes(5);
+  // Testing only: each training step sleeps this long first (a stuck step).
+  absl::Duration fault_step_delay = absl::ZeroDuration();
 };
 
 // Checks the options both roles share, so that a bad one stops every rank

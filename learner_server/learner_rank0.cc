@@ -15,35 +15,11 @@
 #include "common/model/device.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
+#include "learner_server/start_checks.h"
 #include "learner_server/trainer/checkpoint.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::learner {
-
-namespace {
-
-// Creates `dir` if needed and writes and removes a file in it.
-absl::Status CheckWritableDir(const std::string& dir, absl::string_view option) {
-  if (dir.empty()) return absl::OkStatus();
-  const auto fail = [&](const std::string& why) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(option, " ", dir, " cannot be written: ", why));
-  };
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return fail(ec.message());
-  if (!std::filesystem::is_directory(dir)) return fail("not a directory");
-  const std::string probe = absl::StrCat(dir, "/.asympo-write-test-", ::getpid());
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  if (f == nullptr) return fail(std::strerror(errno));
-  const bool written = std::fputc('x', f) != EOF;
-  const bool closed = std::fclose(f) == 0;
-  std::remove(probe.c_str());
-  if (!written || !closed) return fail("a file in it cannot be written");
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemonOptions o,
                                                                    prometheus::Registry& registry) {
@@ -68,6 +44,8 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
   ASYMPO_ASSIGN_OR_RETURN(d->step_log_,
                           StepLog::Open(c.options().step_csv_path, c.options().log_every));
+  d->watch_ = std::make_unique<ProgressWatch>(c.options().ready_stall_timeout,
+                                              c.options().prompts_per_step, absl::Now());
   ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
   return d;
 }
@@ -262,6 +240,7 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
   const int64_t n = static_cast<int64_t>(taken.groups.size());
   if (taken.short_step) admission_watch_->OnShortStep(n);
   std::vector<SourceReward> rewards = GroupRewards(taken.groups);
+  absl::SleepFor(options().fault_step_delay);  // testing only: a stuck step
   StepOr<StepResult> step = core_->dp() != nullptr ? StepAcrossRanks(taken.groups)
                                                    : core_->trainer().Step(std::move(taken.groups));
   if (!step.ok()) {
@@ -368,6 +347,7 @@ absl::StatusOr<int64_t> LearnerRank0::Run() {
   int64_t steps = 0, untrained = 0;
   while (TrainOneStep(&steps, &untrained)) {
     core_->Progress();
+    watch_->CameRound(queue_->Stats(), absl::Now());
     if (options().max_steps > 0 && steps >= options().max_steps) {
       Shutdown();
       break;

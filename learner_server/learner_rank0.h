@@ -15,6 +15,7 @@
 #include <prometheus/registry.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
 #include "common/log_throttle.h"
 #include "learner_server/admission/group_queue.h"
 #include "learner_server/admission/learner_service.h"
@@ -27,6 +28,7 @@
 #include "learner_server/learner_metrics.h"
 #include "learner_server/learner_options.h"
 #include "learner_server/learner_role.h"
+#include "learner_server/progress_watch.h"
 #include "learner_server/snapshot_publisher.h"
 #include "learner_server/step_log.h"
 #include "learner_server/trainer/skipped_steps.h"
@@ -52,6 +54,7 @@ class LearnerRank0 final : public LearnerRole {
     return received_bytes_.load(std::memory_order_relaxed);
   }
   uint64_t version() const override { return core_->version(); }
+  absl::Status Readiness() const override { return watch_->Check(absl::Now()); }
 
   int port() const { return endpoint_->port(); }
   const PolicyLag& policy_lag() const { return *policy_lag_; }
@@ -108,6 +111,7 @@ class LearnerRank0 final : public LearnerRole {
   std::unique_ptr<AdmissionWatch> admission_watch_;
   LearnerCounters counters_;
   std::unique_ptr<StepLog> step_log_;
+  std::unique_ptr<ProgressWatch> watch_;  // the training loop reports, /ready checks
   // Serves the queue, the counters and the sender; destroyed first.
   std::unique_ptr<LearnerEndpoint> endpoint_;
   std::atomic<bool> stopping_{false};

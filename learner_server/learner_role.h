@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
 namespace asympo::learner {
@@ -26,6 +27,10 @@ class LearnerRole {
   virtual int64_t received_bytes() const = 0;
   // The policy version (the trainer's). Any thread.
   virtual uint64_t version() const = 0;
+  // OK while this rank makes progress (ProgressWatch, rank 0), else
+  // UNAVAILABLE saying why; a worker, which serves nothing, is ready. Any
+  // thread; never waits on the trainer.
+  virtual absl::Status Readiness() const { return absl::OkStatus(); }
 };
 
 }  // namespace asympo::learner

@@ -27,6 +27,7 @@
 #include "learner_server/learner_daemon.h"
 #include "learner_server/learner_flags.h"
 #include "learner_server/memory_plan_check.h"
+#include "learner_server/start_checks.h"
 
 // Service.
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
@@ -153,6 +154,14 @@ ABSL_FLAG(std::string, heartbeat_file, "",
           "the training loop makes progress (after each step, and while it waits idle for data), "
           "for a liveness probe (deploy/kubernetes/base/learner-probe.sh). Removed at start; "
           "empty: none.");
+ABSL_FLAG(absl::Duration, ready_stall_timeout, absl::Minutes(5),
+          "Readiness: GET /ready on --metrics_address answers 503 once the training loop has not "
+          "come round (after a step, or an idle wait for data) for this long, or work waits (a "
+          "step's groups queued, or submissions held for room) while the queue has not moved "
+          "for this long; an idle learner is ready (docs/operations.md, \"Readiness\"). 0: "
+          "always ready once started.");
+ABSL_FLAG(absl::Duration, fault_step_delay, absl::ZeroDuration(),
+          "Testing only: each training step sleeps this long before it trains (a stuck step).");
 ABSL_FLAG(absl::Duration, fault_submit_reply_delay, absl::ZeroDuration(),
           "Testing only: hold Submit's reply this long after the batch was queued, so that the "
           "client's deadline passes after the learner accepted (a retry must not train twice).");
@@ -200,6 +209,8 @@ ASYMPO_DURATION_FLAG_RANGE(partial_step_after, absl::ZeroDuration(), absl::Hours
 ASYMPO_DURATION_FLAG_RANGE(retry_after, absl::ZeroDuration(), absl::Hours(1));
 ASYMPO_DURATION_FLAG_RANGE(submit_stream_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
 ASYMPO_DURATION_FLAG_RANGE(fault_submit_reply_delay, absl::ZeroDuration(), absl::Hours(1));
+ASYMPO_DURATION_FLAG_RANGE(ready_stall_timeout, absl::ZeroDuration(), absl::Hours(24));
+ASYMPO_DURATION_FLAG_RANGE(fault_step_delay, absl::ZeroDuration(), absl::Hours(1));
 
 namespace {
 
@@ -251,6 +262,8 @@ void RunFlags(LearnerDaemonOptions* o) {
   o->quarantine.window = absl::GetFlag(FLAGS_quarantine_window);
   o->quarantine.duration = absl::GetFlag(FLAGS_quarantine_duration);
   o->log_every = absl::GetFlag(FLAGS_log_every);
+  o->ready_stall_timeout = absl::GetFlag(FLAGS_ready_stall_timeout);
+  o->fault_step_delay = absl::GetFlag(FLAGS_fault_step_delay);
   o->step_csv_path = absl::GetFlag(FLAGS_step_csv);
   o->checkpoint_dir = absl::GetFlag(FLAGS_checkpoint_dir);
   o->checkpoint_every = absl::GetFlag(FLAGS_checkpoint_every);
@@ -311,6 +324,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<LearnerDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());
   for (int i = 1; i < argc; ++i) absl::StrAppend(&options->config_text, argv[i], "\n");
+  // Every flag is checked before anything binds or starts.
+  if (absl::Status s = asympo::learner::CheckBeforeStart(*options); !s.ok()) return m.Fail(s);
   if (absl::Status s =
           asympo::learner::CheckLearnerMemory(*options, absl::GetFlag(FLAGS_device_memory_gib));
       !s.ok()) {
@@ -325,6 +340,7 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<asympo::learner::LearnerDaemon>> daemon =
       asympo::learner::LearnerDaemon::Create(*std::move(options), m.registry());
   if (!daemon.ok()) return m.Fail(daemon.status());
+  m.SetReadiness([&daemon] { return (*daemon)->Readiness(); });
   // Gives back what requests leave on the heap, not what steps keep for
   // reuse (common/daemon/heap_release.h).
   asympo::daemon::HeapReleaseOptions heap;

@@ -112,7 +112,7 @@ ASYMPO_FLAG_RANGE(scale_floor, 0, 100);
 ASYMPO_FLAG_RANGE(clip_eps_low, 0, 1);
 ASYMPO_FLAG_RANGE(clip_eps_high, 0, 100);
 ASYMPO_FLAG_RANGE(micro_batch_tokens, 1, 1 << 30);
-ASYMPO_FLAG_RANGE(logprob_chunk_rows, 0, 1 << 30);
+ASYMPO_FLAG_RANGE(logprob_chunk_rows, 1, 1 << 30);
 ASYMPO_FLAG_RANGE(lr, 0, 1);
 ASYMPO_FLAG_RANGE(warmup_steps, 0, 1e12);
 ASYMPO_FLAG_RANGE(total_steps, 0, 1e12);

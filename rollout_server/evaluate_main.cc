@@ -107,6 +107,8 @@ asympo::rollout::TaskOptions TaskOptionsFromFlags(int64_t vocab_size) {
 absl::Status Run() {
   ASYMPO_ASSIGN_OR_RETURN(const asympo::rollout::EvaluationOptions options,
                           EvaluationOptionsFromFlags());
+  // Before the model (or a checkpoint) is loaded.
+  ASYMPO_RETURN_IF_ERROR(asympo::rollout::CheckTaskFlag(absl::GetFlag(FLAGS_task)));
   asympo::ModelOptions model_options;
   ASYMPO_ASSIGN_OR_RETURN(model_options.dtype, asympo::ParseModelDType(absl::GetFlag(FLAGS_dtype)));
   ASYMPO_ASSIGN_OR_RETURN(model_options.device, asympo::ParseDevice(absl::GetFlag(FLAGS_device)));

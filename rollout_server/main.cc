@@ -20,7 +20,7 @@
 
 // Learner and identity.
 ABSL_FLAG(std::string, learner, "127.0.0.1:50051",
-          "The learner's gRPC address (Learner and WeightBroadcast services).");
+          "The learner's gRPC address, host:port (Learner and WeightBroadcast services).");
 ABSL_FLAG(std::string, id, "rollout-0", "This daemon's name (batch source, receiver id).");
 // Security (docs/security.md).
 ABSL_FLAG(std::string, tls_ca, "",
@@ -232,6 +232,10 @@ int main(int argc, char** argv) {
   asympo::SetCpuThreads(absl::GetFlag(FLAGS_threads));
   absl::StatusOr<RolloutDaemonOptions> options = OptionsFromFlags();
   if (!options.ok()) return m.Fail(options.status());
+  // Every flag is checked before anything binds or starts.
+  if (absl::Status s = asympo::rollout::ValidateRolloutDaemonOptions(*options); !s.ok()) {
+    return m.Fail(s);
+  }
   if (absl::Status s = m.ServeMetrics(absl::GetFlag(FLAGS_metrics_address)); !s.ok()) {
     return m.Fail(s);
   }

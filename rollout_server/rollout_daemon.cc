@@ -8,39 +8,13 @@
 #include <glog/logging.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/listener/host_port.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
 namespace asympo::rollout {
 namespace {
-
-absl::Status ValidateOptions(const RolloutDaemonOptions& o) {
-  if (o.group_size < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("group_size is ", o.group_size, "; a group needs at least 2 responses"));
-  }
-  if (o.prompts_per_generation <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prompts_per_generation is ", o.prompts_per_generation, "; it must be > 0"));
-  }
-  if (o.max_groups_per_batch <= 0) {
-    return absl::InvalidArgumentError("max_groups_per_batch must be positive");
-  }
-  if (o.continuous_batching) ASYMPO_RETURN_IF_ERROR(ValidateContinuousOptions(o.continuous));
-  if (!o.continuous_batching && o.max_buffered_groups < o.prompts_per_generation) {
-    return absl::InvalidArgumentError(absl::StrCat("max_buffered_groups ", o.max_buffered_groups,
-                                                   " is below prompts_per_generation ",
-                                                   o.prompts_per_generation));
-  }
-  if (o.min_backoff <= absl::ZeroDuration() || o.max_backoff < o.min_backoff) {
-    return absl::InvalidArgumentError("backoff: need 0 < min_backoff <= max_backoff");
-  }
-  if (o.rollout_id.empty() || o.rollout_id.size() > 128) {
-    return absl::InvalidArgumentError("rollout_id must have 1 to 128 bytes");
-  }
-  return absl::OkStatus();
-}
 
 // Whether this daemon's settings suit the learner's limits; an error names
 // the flag to change (the learner will never accept otherwise).
@@ -68,6 +42,39 @@ absl::Status CheckAgainstLimits(const v1::LearnerStatus& s, int64_t vocab_size, 
 
 }  // namespace
 
+absl::Status ValidateRolloutDaemonOptions(const RolloutDaemonOptions& o) {
+  ASYMPO_RETURN_IF_ERROR(CheckAddressFlag("learner", o.learner_address));
+  if (o.group_size < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--group_size=", o.group_size, ": a group needs at least 2 responses"));
+  }
+  if (o.prompts_per_generation <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--prompts_per_generation=", o.prompts_per_generation, ": it must be > 0"));
+  }
+  if (o.max_groups_per_batch <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_groups_per_batch=", o.max_groups_per_batch, ": it must be positive"));
+  }
+  if (o.continuous_batching) ASYMPO_RETURN_IF_ERROR(ValidateContinuousOptions(o.continuous));
+  if (!o.continuous_batching && o.max_buffered_groups < o.prompts_per_generation) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_buffered_groups=", o.max_buffered_groups, " is below --prompts_per_generation=",
+        o.prompts_per_generation, ": a static batch could never be buffered"));
+  }
+  if (o.min_backoff <= absl::ZeroDuration() || o.max_backoff < o.min_backoff) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--min_backoff=", absl::FormatDuration(o.min_backoff), " and --max_backoff=",
+        absl::FormatDuration(o.max_backoff), ": need 0 < --min_backoff <= --max_backoff"));
+  }
+  if (o.rollout_id.empty() || o.rollout_id.size() > 128) {
+    return absl::InvalidArgumentError(absl::StrCat("--id=", o.rollout_id.substr(0, 130),
+                                                   ": it must have 1 to 128 bytes (has ",
+                                                   o.rollout_id.size(), ")"));
+  }
+  return CheckTaskFlag(o.task.name);
+}
+
 RolloutDaemon::RolloutDaemon(RolloutDaemonOptions options) : options_(std::move(options)) {}
 
 // The members stop themselves: the submit client (declared last) drains and
@@ -93,7 +100,7 @@ absl::Status RolloutDaemon::SetUpTask(int64_t vocab_size) {
 
 absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
     RolloutDaemonOptions o, prometheus::Registry& registry) {
-  ASYMPO_RETURN_IF_ERROR(ValidateOptions(o));
+  ASYMPO_RETURN_IF_ERROR(ValidateRolloutDaemonOptions(o));
   std::unique_ptr<RolloutDaemon> d(new RolloutDaemon(o));
   // Two copies of the model: the active one and the spare (double buffering).
   std::unique_ptr<PolicyModel> models[2];

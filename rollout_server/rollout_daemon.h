@@ -95,6 +95,12 @@ struct RolloutDaemonOptions {
   int64_t max_groups = 0;
 };
 
+// What the options can tell before anything binds, loads or connects: the
+// learner's address (host:port), the id, the task's name and the relations
+// between settings. INVALID_ARGUMENT "--FLAG=VALUE: what is wrong" (the
+// options mirror asympo-rollout's flags). Create checks it too.
+absl::Status ValidateRolloutDaemonOptions(const RolloutDaemonOptions& o);
+
 class RolloutDaemon {
  public:
   // Loads the model and the task, starts the weight receiver and the submit

@@ -431,7 +431,10 @@ struct WeightReceiver::State : ReceiverState {
 
 absl::StatusOr<std::unique_ptr<WeightReceiver>> WeightReceiver::Start(
     WeightReceiverOptions options, prometheus::Registry& registry) {
-  if (options.target.empty()) return absl::InvalidArgumentError("receiver target is empty");
+  if (options.target.empty()) {
+    return absl::InvalidArgumentError(
+        "the learner's address (the rollout's --learner, WeightReceiverOptions.target) is empty");
+  }
   if (options.receiver_id.empty() || options.receiver_id.size() > kMaxReceiverIdBytes) {
     return absl::InvalidArgumentError(absl::StrCat("receiver_id must be 1 to ", kMaxReceiverIdBytes,
                                                    " bytes, got ", options.receiver_id.size()));

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,6 +62,12 @@ class DaemonMain {
   // series labelled with the run. Errors name the flag.
   absl::Status ServeMetrics(const std::string& metrics_address, bool serve = true);
 
+  // What GET /ready on the metrics endpoint answers while the daemon runs
+  // (DaemonRuntime::SetReadiness); without it, ready once Run begins. Run
+  // answers 503 "stopping" once the daemon's run has ended, so `ready` may
+  // capture the daemon.
+  void SetReadiness(std::function<absl::Status()> ready) { ready_ = std::move(ready); }
+
   // The registry the daemon's metrics live in; it outlives the daemon.
   prometheus::Registry& registry() { return runtime_->registry(); }
 
@@ -73,14 +80,17 @@ class DaemonMain {
   template <typename Daemon>
   int Run(Daemon& daemon) {
     using Result = decltype(daemon.Run());
+    runtime_->SetReadiness(ready_ ? std::move(ready_) : [] { return absl::OkStatus(); });
     const Result result = runtime_->RunUntilStopped<Result>([&daemon] { daemon.Shutdown(); },
                                                             [&daemon] { return daemon.Run(); });
+    runtime_->SetReadiness([] { return absl::UnavailableError("stopping"); });
     return result.ok() ? 0 : Fail(result.status());
   }
 
  private:
   const std::string program_, usage_, main_file_;
   std::vector<std::string> flag_files_;
+  std::function<absl::Status()> ready_;
   std::unique_ptr<DaemonRuntime> runtime_;
 };
 

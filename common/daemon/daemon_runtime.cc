@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<DaemonRuntime>> DaemonRuntime::Install() {
   absl::StatusOr<std::unique_ptr<StopSignals>> signals = StopSignals::Install();
   if (!signals.ok()) return signals.status();
   std::unique_ptr<DaemonRuntime> runtime(new DaemonRuntime());
+  runtime->readiness_ = std::make_shared<Readiness>();
   runtime->signals_ = *std::move(signals);
   runtime->stop_ = std::make_shared<Stop>();
   runtime->signals_->OnStop([stop = runtime->stop_] {
@@ -138,9 +139,7 @@ void DaemonRuntime::SetShutdown(std::function<void()> shutdown) {
 absl::Status CheckMetricsAddress(const std::string& address, bool insecure) {
   if (address.empty()) return absl::OkStatus();
   // A malformed address is named as such, not refused as beyond loopback.
-  if (absl::StatusOr<HostPort> parsed = SplitHostPort(address, "--metrics_address"); !parsed.ok()) {
-    return parsed.status();
-  }
+  if (absl::Status s = CheckAddressFlag("metrics_address", address); !s.ok()) return s;
   if (insecure || IsLoopbackAddress(address)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "refusing to serve /metrics on ", address,
@@ -173,11 +172,26 @@ absl::StatusOr<std::string> RunName(const std::string& flag) {
   return flag;
 }
 
+struct DaemonRuntime::Readiness {
+  absl::Mutex mu;
+  std::function<absl::Status()> ready ABSL_GUARDED_BY(mu);
+};
+
+void DaemonRuntime::SetReadiness(std::function<absl::Status()> ready) {
+  absl::MutexLock lock(&readiness_->mu);
+  readiness_->ready = std::move(ready);
+}
+
 absl::Status DaemonRuntime::ServeMetrics(const std::string& address, const std::string& run_name) {
   LogDescriptorLimitOnce();  // the first place after Install where logging has started
   if (address.empty()) return absl::OkStatus();
   MetricsEndpointOptions options;
   if (!run_name.empty()) options.labels = {{"run", run_name}};
+  options.ready = [readiness = readiness_] {
+    absl::MutexLock lock(&readiness->mu);
+    return readiness->ready ? readiness->ready()
+                            : absl::UnavailableError("starting (the daemon is being created)");
+  };
   absl::StatusOr<std::unique_ptr<MetricsEndpoint>> endpoint =
       MetricsEndpoint::Start(address, registry_, options);
   if (!endpoint.ok()) {

@@ -60,6 +60,11 @@ class DaemonRuntime {
   // nothing. Errors name the flag.
   absl::Status ServeMetrics(const std::string& address, const std::string& run_name = "");
 
+  // What GET /ready on the metrics endpoint answers from now on (any
+  // thread; `ready` must not wait, see MetricsEndpointOptions::ready). Until
+  // the first call it is 503 "starting".
+  void SetReadiness(std::function<absl::Status()> ready);
+
   prometheus::Registry& registry() { return *registry_; }
   // 0 without an endpoint.
   int metrics_port() const { return endpoint_ ? endpoint_->port() : 0; }
@@ -91,6 +96,8 @@ class DaemonRuntime {
   std::shared_ptr<Stop> stop_;
   std::unique_ptr<StopSignals> signals_;
   std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
+  struct Readiness;
+  std::shared_ptr<Readiness> readiness_;
   std::unique_ptr<MetricsEndpoint> endpoint_;
 };
 

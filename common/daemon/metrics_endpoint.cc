@@ -88,6 +88,8 @@ struct MetricsEndpoint::Server {
   void WorkerLoop();
   // The 200 answer to a scrape (a worker's part: it collects the registry).
   std::string Scrape(bool head_only) const;
+  // The answer to GET or HEAD /ready (options.ready).
+  std::string ReadyAnswer(bool head_only) const;
 
   // The loop thread's steps.
   void AcceptSome(absl::Time now);
@@ -304,6 +306,8 @@ void MetricsEndpoint::Server::ReadFrom(Connections::iterator it, absl::Time now)
   http::Verdict verdict = http::Judge(c.in, eof);
   if (verdict.kind == http::Verdict::Kind::kAnswer) {
     StartWriting(it, std::move(verdict.answer), now);
+  } else if (verdict.kind == http::Verdict::Kind::kReady) {
+    StartWriting(it, ReadyAnswer(verdict.head_only), now);
   } else if (verdict.kind == http::Verdict::Kind::kScrape) {
     if (answering >= options.threads + options.max_pending) {
       StartWriting(it, http::Busy(), now);
@@ -400,6 +404,16 @@ void MetricsEndpoint::Server::WorkerLoop() {
     const uint64_t one = 1;
     [[maybe_unused]] ssize_t n = ::write(wake_fd, &one, sizeof(one));
   }
+}
+
+std::string MetricsEndpoint::Server::ReadyAnswer(bool head_only) const {
+  if (!options.ready) {
+    return http::Response("404 Not Found", "text/plain", "no readiness check here\n", !head_only);
+  }
+  const absl::Status s = options.ready();
+  if (s.ok()) return http::Response("200 OK", "text/plain", "ready\n", !head_only);
+  return http::Response("503 Service Unavailable", "text/plain",
+                        absl::StrCat("not ready: ", s.message(), "\n"), !head_only);
 }
 
 std::string MetricsEndpoint::Server::Scrape(bool head_only) const {

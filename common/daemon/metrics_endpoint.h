@@ -12,7 +12,9 @@
 // shows it.
 //
 // Served, over IPv4 or IPv6: GET and HEAD of exactly /metrics, with or
-// without a "?query" (ignored). The request head must be strict HTTP/1.x:
+// without a "?query" (ignored), and of /ready, the daemon's readiness
+// (MetricsEndpointOptions::ready: 200 "ready", or 503 with the reason; 404
+// without it), answered on the polling thread. The request head must be strict HTTP/1.x:
 // a request line `method SP path SP HTTP/1.<digit> CRLF` (method a token,
 // path from '/' in visible ASCII), header lines ending in CRLF, a blank
 // line; 8 KiB (8,192 bytes) at most in all. Answers: 200; 404 for any
@@ -38,12 +40,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include <prometheus/labels.h>
 #include <prometheus/registry.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
@@ -65,6 +69,10 @@ struct MetricsEndpointOptions {
   // Labels added to every series served (for example {"run", "exp-7"}); a
   // series that has a label of that name already keeps its own value.
   prometheus::Labels labels;
+  // GET /ready: OK for 200, an error for 503 with its message. Called on the
+  // polling thread: it must not wait (read what others record). Empty:
+  // /ready is 404.
+  std::function<absl::Status()> ready;
 };
 
 class MetricsEndpoint {

@@ -80,16 +80,17 @@ Verdict Judge(absl::string_view received, bool eof) {
     return Verdict();
   }
   const bool head_only = method == "HEAD";
-  if (path.substr(0, path.find('?')) != "/metrics") {
-    return Answer(
-        Response("404 Not Found", "text/plain", "only /metrics is served here\n", !head_only));
+  const absl::string_view resource = path.substr(0, path.find('?'));
+  if (resource != "/metrics" && resource != "/ready") {
+    return Answer(Response("404 Not Found", "text/plain",
+                           "only /metrics and /ready are served here\n", !head_only));
   }
   if (method != "GET" && !head_only) {
     return Answer(Response("405 Method Not Allowed", "text/plain", "only GET and HEAD\n", true,
                            "Allow: GET, HEAD\r\n"));
   }
   Verdict v;
-  v.kind = Verdict::Kind::kScrape;
+  v.kind = resource == "/ready" ? Verdict::Kind::kReady : Verdict::Kind::kScrape;
   v.head_only = head_only;
   return v;
 }

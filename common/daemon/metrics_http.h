@@ -18,6 +18,7 @@ struct Verdict {
   enum class Kind {
     kIncomplete,  // wait for more
     kScrape,      // a well-formed GET or HEAD of /metrics
+    kReady,       // a well-formed GET or HEAD of /ready (the readiness check)
     kAnswer,      // send `answer` and close
   };
   Kind kind = Kind::kIncomplete;
@@ -36,7 +37,7 @@ struct Verdict {
 //   '/' and made of visible ASCII), when a CR or LF stands alone, or when
 //   the client ends before the head does (`eof`);
 // - 431 when the head goes past kMaxRequestHead bytes;
-// - 404 when the path without its "?query" is not exactly /metrics;
+// - 404 when the path without its "?query" is neither /metrics nor /ready;
 // - 405 (Allow: GET, HEAD) for another method.
 // A bad request line is answered as soon as it has ended. Bytes after the
 // head are ignored.

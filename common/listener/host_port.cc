@@ -13,34 +13,54 @@
 
 namespace asympo {
 
-absl::StatusOr<HostPort> SplitHostPort(const std::string& address, absl::string_view what) {
-  const auto bad = [&](absl::string_view why) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " \"", address, "\" ", why,
-                     "; expected host:port, e.g. 127.0.0.1:8000, [::1]:8000 or 0.0.0.0:8000"));
-  };
+namespace {
+
+constexpr absl::string_view kExpected =
+    "expected host:port, e.g. 127.0.0.1:8000, [::1]:8000 or 0.0.0.0:8000";
+
+// What is wrong with `address` as host:port ("has no port", ...), or empty
+// when nothing is; fills *out.
+std::string HostPortProblem(const std::string& address, HostPort* out) {
+  if (address.empty()) return "is empty";
   const size_t colon = address.rfind(':');
-  if (colon == std::string::npos) return bad("has no port");
-  HostPort out;
-  out.host = address.substr(0, colon);
+  if (colon == std::string::npos) return "has no port";
+  out->host = address.substr(0, colon);
   const std::string port_text = address.substr(colon + 1);
   const bool digits = !port_text.empty() && port_text.size() <= 5 &&
                       std::all_of(port_text.begin(), port_text.end(), [](char c) {
                         return absl::ascii_isdigit(static_cast<unsigned char>(c));
                       });
-  if (!digits || !absl::SimpleAtoi(port_text, &out.port) || out.port > 65535) {
-    return bad("has no valid port (0..65535)");
+  if (!digits || !absl::SimpleAtoi(port_text, &out->port) || out->port > 65535) {
+    return "has no valid port (0..65535)";
   }
-  std::string& host = out.host;
+  std::string& host = out->host;
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
     in6_addr ignored;
-    if (::inet_pton(AF_INET6, host.c_str(), &ignored) != 1) return bad("has a bad IPv6 address");
+    if (::inet_pton(AF_INET6, host.c_str(), &ignored) != 1) return "has a bad IPv6 address";
   } else if (host.find_first_of(":[]") != std::string::npos) {
-    return bad("has an IPv6 address without brackets");
+    return "has an IPv6 address without brackets";
   }
-  if (host.empty()) return bad("has no host (0.0.0.0 serves every interface)");
-  return out;
+  if (host.empty()) return "has no host (0.0.0.0 serves every interface)";
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<HostPort> SplitHostPort(const std::string& address, absl::string_view what) {
+  HostPort out;
+  const std::string problem = HostPortProblem(address, &out);
+  if (problem.empty()) return out;
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " \"", address, "\" ", problem, "; ", kExpected));
+}
+
+absl::Status CheckAddressFlag(absl::string_view flag, const std::string& address) {
+  HostPort ignored;
+  const std::string problem = HostPortProblem(address, &ignored);
+  if (problem.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, "=", address, ": ", problem, "; ", kExpected));
 }
 
 std::string BoundAddress(int fd, int* port) {

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -19,6 +20,12 @@ struct HostPort {
 // ([::1]) or a name; port is 0..65535. INVALID_ARGUMENT otherwise, naming
 // `what` (e.g. "metrics address"), the address and the rule.
 absl::StatusOr<HostPort> SplitHostPort(const std::string& address, absl::string_view what);
+
+// The same rules for a flag that takes host:port, before anything binds or
+// connects: INVALID_ARGUMENT "--FLAG=ADDRESS: has no port; expected
+// host:port, ..." (an empty address "is empty"). A gRPC client would take
+// "localhost" as port 443 and retry it forever.
+absl::Status CheckAddressFlag(absl::string_view flag, const std::string& address);
 
 // "ip:port" or "[ip6]:port" of the socket `fd` is bound to; its port goes
 // to *port. "" and 0 when fd is not a bound IP socket.

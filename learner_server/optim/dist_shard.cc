@@ -24,4 +24,13 @@ absl::StatusOr<DistShard> ParseDistShard(absl::string_view text) {
       absl::StrCat("\"", text, "\" is not a sharding mode; expected none, optimizer or full"));
 }
 
+absl::Status CheckShardWorld(DistShard shard, int64_t world_size) {
+  if (shard != DistShard::kFull || world_size > 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--dist_shard=full with a world of ", world_size,
+      " rank: there is nothing to shard over, and one rank would keep everything and recompute "
+      "nothing; drop --dist_shard (add --activation_checkpointing=layers to recompute every "
+      "layer) or run more ranks"));
+}
+
 }  // namespace asympo::learner

@@ -2,6 +2,8 @@
 // (data_parallel.h) and its memory plan (memory_plan.h). Free of LibTorch.
 #pragma once
 
+#include <cstdint>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -17,5 +19,12 @@ enum class DistShard { kNone = 0, kOptimizer = 1, kFull = 2 };
 absl::string_view DistShardName(DistShard shard);
 // INVALID_ARGUMENT names the value and the choices.
 absl::StatusOr<DistShard> ParseDistShard(absl::string_view text);
+
+// Full sharding needs more than one rank: with one there is nothing to
+// shard over, and the rank would run unsharded, without the recomputation
+// of every layer that full sharding brings (and the memory plan assumes).
+// INVALID_ARGUMENT naming --dist_shard=full and the flag that gives the
+// checkpointing alone; OK for any other mode or world.
+absl::Status CheckShardWorld(DistShard shard, int64_t world_size);
 
 }  // namespace asympo::learner

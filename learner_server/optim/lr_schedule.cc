@@ -18,12 +18,12 @@ absl::Status ValidateLrSchedule(const LrScheduleOptions& o) {
   }
   if (o.kind != "constant" && o.kind != "cosine") {
     return absl::InvalidArgumentError(
-        absl::StrCat("lr schedule \"", o.kind, "\" is unknown; expected constant or cosine"));
+        absl::StrCat("--lr_schedule=", o.kind, ": expected constant or cosine"));
   }
   if (o.kind == "cosine" && o.total_steps <= o.warmup_steps) {
-    return absl::InvalidArgumentError(absl::StrCat("the cosine schedule needs total_steps (",
-                                                   o.total_steps, ") > warmup_steps (",
-                                                   o.warmup_steps, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--lr_schedule=cosine needs --total_steps=", o.total_steps,
+                     " above --warmup_steps=", o.warmup_steps));
   }
   if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) {
     return absl::InvalidArgumentError(

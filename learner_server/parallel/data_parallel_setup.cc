@@ -139,6 +139,7 @@ absl::StatusOr<DataParallelOptions> ResolveDataParallel(
     }
     o.shard = *shard;
   }
+  ASYMPO_RETURN_IF_ERROR(CheckShardWorld(o.shard, o.world_size));
   ASYMPO_ASSIGN_OR_RETURN(o.backend, ResolveBackend(f, o.world_size));
   o.device = f.device;
   if (o.world_size > 1 && !o.insecure) {

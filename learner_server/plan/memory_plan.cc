@@ -407,6 +407,7 @@ absl::Status ValidatePlanOptions(const PlanOptions& o) {
   if (o.world_size < 1 || o.world_size > 65536) {
     return Invalid("world_size", o.world_size, "expected 1 to 65536 ranks");
   }
+  if (absl::Status s = CheckShardWorld(o.shard, o.world_size); !s.ok()) return s;
   if (o.micro_batch_tokens < 1 || o.micro_batch_tokens > kMaxMicroBatchTokens) {
     return Invalid("micro_batch_tokens", o.micro_batch_tokens, "expected 1 to 1073741824");
   }

@@ -65,6 +65,7 @@
 #include "common/flag_ranges.h"
 #include "common/flag_usage.h"
 #include "common/grpc_status.h"
+#include "common/listener/host_port.h"
 #include "common/security/tls.h"
 #include "common/status_macros.h"
 #include "common/submit_retry.h"
@@ -478,10 +479,11 @@ absl::StatusOr<int> Main() {
   Run run;
   run.input = absl::GetFlag(FLAGS_input);
   if (run.input.empty()) return absl::InvalidArgumentError("--input is required");
+  ASYMPO_RETURN_IF_ERROR(CheckAddressFlag("learner", absl::GetFlag(FLAGS_learner)));
   const std::string confirm = absl::GetFlag(FLAGS_confirm);
   if (confirm != "recorded" && confirm != "trained") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--confirm is \"", confirm, "\"; it must be \"recorded\" or \"trained\""));
+        absl::StrCat("--confirm=", confirm, ": expected recorded or trained"));
   }
   run.by_recorded = confirm == "recorded";
   std::unique_ptr<Tokenizer> tok;

@@ -480,10 +480,18 @@ absl::StatusOr<std::unique_ptr<Task>> CreateTask(const TaskOptions& options) {
   for (const SyntheticSpec& spec : kSyntheticTasks) {
     if (options.name == spec.name) return CreateSynthetic(spec, options);
   }
+  ASYMPO_RETURN_IF_ERROR(CheckTaskFlag(options.name));
+  return absl::InternalError(absl::StrCat("task ", options.name, " is listed but not built"));
+}
+
+absl::Status CheckTaskFlag(const std::string& name) {
   std::vector<std::string> known;
-  for (const auto& [name, description] : TaskNames()) known.push_back(name);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "task \"", options.name, "\" is unknown; the tasks are ", absl::StrJoin(known, ", ")));
+  for (const auto& [task, description] : TaskNames()) {
+    if (task == name) return absl::OkStatus();
+    known.push_back(task);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--task=", name, ": no such task; the tasks are ", absl::StrJoin(known, ", ")));
 }
 
 }  // namespace asympo::rollout

@@ -125,4 +125,9 @@ std::vector<std::pair<std::string, std::string>> TaskNames();
 // Builds a task. Errors name the bad option, file, line or field.
 absl::StatusOr<std::unique_ptr<Task>> CreateTask(const TaskOptions& options);
 
+// OK when `name` is one of TaskNames(), else INVALID_ARGUMENT
+// "--task=NAME: no such task; the tasks are ..." (the programs check it
+// before they load a model or bind anything).
+absl::Status CheckTaskFlag(const std::string& name);
+
 }  // namespace asympo::rollout

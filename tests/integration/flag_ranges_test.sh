@@ -38,8 +38,8 @@ refused "$learner" "--retry_after=2h: expected 0 to 1h" --retry_after=2h
 refused "$learner" "--quarantine_window=0: expected 1s to 168h" --quarantine_window=0
 # A reward EMA noisier than the alert rules can judge (docs/metrics.md).
 refused "$learner" "--collapse_ema_alpha=0.5: expected 1e-06 to 0.1" --collapse_ema_alpha=0.5
-refused "$learner" '--listen "garbage" has no port' --listen=garbage --metrics_address=
-refused "$learner" '--metrics_address "notaport" has no port' --metrics_address=notaport
+refused "$learner" '--listen=garbage: has no port' --listen=garbage --metrics_address=
+refused "$learner" '--metrics_address=notaport: has no port' --metrics_address=notaport
 refused "$learner" "--max_steps=abc: Illegal value 'abc'" --max_steps=abc
 refused "$learner" "--seed=-1: Illegal value '-1'" --seed -1
 refused "$learner" "--lr=nan: expected 0 to 1" --lr=nan

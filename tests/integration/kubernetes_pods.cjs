@@ -189,6 +189,7 @@ class Pod {
       .concat(extra);
   }
   start(extra) {
+    this.extra = extra;
     const argv = this.argv(extra);
     this.log = path.join(this.dir, "log");
     const out = fs.openSync(this.log, "w");
@@ -199,6 +200,7 @@ class Pod {
   }
   probe(kind, env) {
     const p = this.c[kind];
+    if (p && p.httpGet) return this.httpProbe(p.httpGet);
     if (!p || !p.exec) return null;
     const argv = p.exec.command.map((a) => this.local(a));
     const r = spawnSync(argv[0], argv.slice(1), {
@@ -206,6 +208,17 @@ class Pod {
       timeout: 10000,
     });
     return r.status === 0;
+  }
+  // An httpGet probe of the metrics port, on the address start() gave it.
+  httpProbe(h) {
+    const given = (this.extra || []).find((a) => a.startsWith("--metrics_address="));
+    if (h.port !== "metrics" || !given) return false;
+    const port = Number(given.split(":").pop());
+    const get =
+      `require("http").get({host: "127.0.0.1", port: ${port}, path: ${JSON.stringify(h.path)}, ` +
+      `timeout: 5000}, (r) => process.exit(r.statusCode >= 200 && r.statusCode < 400 ? 0 : 1))` +
+      `.on("error", () => process.exit(1));`;
+    return spawnSync(process.execPath, ["-e", get], { timeout: 10000 }).status === 0;
   }
   tail(n) {
     try {

@@ -444,10 +444,17 @@ function heartbeatProblems(c, spec, flags, objects) {
   const vol = mount && (spec.volumes || []).find((v) => v.name === mount.name);
   if (!vol || !vol.emptyDir) hp.push(`the heartbeat ${file} is not on a writable emptyDir`);
   if (!(maxAge >= 60)) hp.push(`ASYMPO_HEARTBEAT_MAX_AGE ${maxAge} is not 60 s or more`);
+  // Rank 0 serves /metrics: its readiness is GET /ready there, which fails
+  // while it makes no progress; the other ranks' is their heartbeat.
+  const ready = (c.readinessProbe || {}).httpGet;
+  const rank0 = (c.ports || []).some((p) => p.name === "metrics");
+  if (rank0 && !(ready && ready.path === "/ready" && ready.port === "metrics")) {
+    hp.push("rank 0's readinessProbe is not GET /ready on the metrics port");
+  }
   for (const [p, mode] of [
     ["startupProbe", "startup"],
     ["livenessProbe", "live"],
-    ["readinessProbe", "ready"],
+    ...(rank0 ? [] : [["readinessProbe", "ready"]]),
   ]) {
     const cmd = ((c[p] || {}).exec || {}).command || [];
     if (!/learner-probe\.sh$/.test(cmd[cmd.length - 2] || "") || cmd[cmd.length - 1] !== mode) {

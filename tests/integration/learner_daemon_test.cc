@@ -258,7 +258,7 @@ TEST(LearnerDaemonTest, RejectsIncoherentOptionsByName) {
   o.prompts_per_step = 10;  // above the queue capacity of 8
   EXPECT_THAT(LearnerDaemon::Create(o, registry).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       "queue capacity 8 is below prompts_per_step 10"));
+                       "--queue_capacity=8 is below --prompts_per_step=10"));
   o = Options("", 1);
   o.model = "/nonexistent/model";
   EXPECT_THAT(LearnerDaemon::Create(o, registry).status().message(),

@@ -12,6 +12,10 @@ retry_after_deadline: a Submit the learner accepts but answers after the
 poisoned: rewards beyond --max_abs_reward are refused; with the bound
   raised, a group whose rewards overflow is dropped from its step while the
   others train, and its source is quarantined after repeated poison.
+readiness: GET /ready on the metrics port is 200 while the learner is idle
+  (its queue empty, or short of a step), 503 naming the stuck training loop
+  while a step takes longer than --ready_stall_timeout (--fault_step_delay),
+  and 200 again once it is done.
 retry_after_restart: batch ids survive a restart from a checkpoint (SIGTERM,
   then kill -9): a trained batch sent again is a duplicate, a batch that was
   still queued at the stop is accepted again and trained once.
@@ -27,6 +31,7 @@ import struct
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 
 from learner_client import check, free_port, generate_stubs, grpc
@@ -358,12 +363,52 @@ def poisoned(learner):
     check(proc.wait(timeout=60) == 0, "clean exit")
 
 
+def readiness(learner):
+    port, metrics_port = free_port(), free_port()
+    proc = learner.start(port, ["--ready_stall_timeout=1s", "--fault_step_delay=5s"],
+                         "127.0.0.1:%d" % metrics_port)
+
+    def ready():
+        try:
+            r = urllib.request.urlopen("http://127.0.0.1:%d/ready" % metrics_port, timeout=10)
+            return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except urllib.error.URLError as e:
+            return None, str(e)
+
+    def wait_ready(code, what, timeout=60):
+        deadline = time.time() + timeout
+        got = ready()
+        while got[0] != code and time.time() < deadline:
+            time.sleep(0.05)
+            got = ready()
+        check(got[0] == code, "%s (/ready: %s %s)" % (what, got[0], got[1].strip()))
+        return got[1]
+
+    stub = learner.stub_for(port)
+    wait_ready(200, "ready once started")
+    time.sleep(2)
+    wait_ready(200, "idle with an empty queue for twice the stall timeout: still ready", 0)
+    stub.Submit(batch(learner, "ready/a", 1, "a"), timeout=10)
+    time.sleep(2)
+    wait_ready(200, "one group, short of a step, for twice the stall timeout: still ready", 0)
+    stub.Submit(batch(learner, "ready/b", 1, "b"), timeout=10)
+    body = wait_ready(503, "a step stuck past --ready_stall_timeout: not ready", 5)
+    check("training loop has not come round" in body, "the answer names the stuck loop: " + body)
+    wait_status(learner, stub, "the slow step ends", lambda s: s.version >= 1)
+    wait_ready(200, "ready again once the step is done", 10)
+    proc.send_signal(signal.SIGTERM)
+    check(proc.wait(timeout=60) == 0, "clean exit")
+
+
 def main():
     scenario, proto_dir, binary, work = sys.argv[1:5]
     scenarios = {"kill_restart": kill_restart, "skipped_steps": skipped_steps,
                  "retry_after_deadline": retry_after_deadline,
                  "retry_after_restart": retry_after_restart, "skipped_in_a_row": skipped_in_a_row,
-                 "stop_during_start": stop_during_start, "poisoned": poisoned}
+                 "stop_during_start": stop_during_start, "poisoned": poisoned,
+                 "readiness": readiness}
     check(scenario in scenarios, "scenario %s is one of %s" % (scenario, sorted(scenarios)))
     scenarios[scenario](Learner(proto_dir, binary, work))
 

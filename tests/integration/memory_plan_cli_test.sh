@@ -58,6 +58,7 @@ expect 2 "--compute_dtype: \"fp16\"" "$plan" --model=qwen3-8b --compute_dtype=fp
 expect 2 "--dtype: \"int8\"" "$plan" --model=qwen3-8b --dtype=int8
 expect 2 "--activation_checkpointing: " "$plan" --model=qwen3-8b --activation_checkpointing=some
 expect 2 "--world_size=0: expected 1 to 65536" "$plan" --model=qwen3-8b --world_size=0
+expect 2 "--dist_shard=full with a world of 1 rank" "$plan" --model=qwen3-8b --dist_shard=full
 expect 2 "--micro_batch_tokens=0: expected 1 to" "$plan" --model=qwen3-8b --micro_batch_tokens=0
 expect 2 "--device_memory_gib=0: expected 0.001 to" "$plan" --model=qwen3-8b --device_memory_gib=0
 expect 2 "--max_sequence_tokens=-1: expected 0 to" "$plan" --model=qwen3-8b \

@@ -4,11 +4,13 @@
 #   examples       docs/cluster.md's CPU examples exactly as written (the
 #                  block after its "slurm_test.sh: the CPU examples" marker):
 #                  one in plaintext (ASYMPO_INSECURE=1), one with TLS and a
-#                  bearer token, each from a submit folder of its own holding
-#                  deploy/slurm/asympo.sbatch, build/ and tls/, with nothing
-#                  but the ports added to the environment. Both COMPLETED with
-#                  exit code 0 after their 50 steps, checkpoint 50 written, no
-#                  error line in the job's output.
+#                  bearer token, one after the other from one submit folder
+#                  holding deploy/slurm/asympo.sbatch, build/ and tls/, with
+#                  nothing but the ports added to the environment. Each has
+#                  a checkpoint directory of its own; both COMPLETED with
+#                  exit code 0 after their 50 steps from version 0 (neither
+#                  resumed the other), checkpoint 50 written in its own
+#                  directory, no error line in the job's output.
 #   time_limit     --time=5: the script warns that the stop signal comes at
 #                  once, Slurm sends it (SIGUSR1, #SBATCH --signal=B:USR1@300),
 #                  the learner checkpoints, and the job ends FAILED with exit
@@ -59,12 +61,12 @@ make_example_tls() {
 # ASYMPO_* setting of the test's but the ports of scenario K.
 run_example() {
   local n=$1 k=$2 command=$3 submitted
-  local ex=$tmp/example-$n
+  local ex=$tmp/examples  # one folder for both, as a user runs them
   mkdir -p "$ex/deploy/slurm" "$ex/build/learner_server" "$ex/build/rollout_server" "$ex/tls"
   cp "$sbatch_script" "$ex/deploy/slurm/asympo.sbatch"
-  ln -s "$tmp/bin/asympo-learner" "$ex/build/learner_server/asympo-learner"
-  ln -s "$tmp/bin/asympo-rollout" "$ex/build/rollout_server/asympo-rollout"
-  make_example_tls "$ex/tls"
+  ln -sf "$tmp/bin/asympo-learner" "$ex/build/learner_server/asympo-learner"
+  ln -sf "$tmp/bin/asympo-rollout" "$ex/build/rollout_server/asympo-rollout"
+  [[ -f $ex/tls/rollout.token ]] || make_example_tls "$ex/tls"
   submitted=$(
     for v in $(compgen -e); do [[ $v != ASYMPO_* ]] || unset "$v"; done
     ASYMPO_PORT=$(scenario_port "$k" 0)
@@ -98,10 +100,20 @@ scenario_examples() {
   ((${#cmds[@]} == 2)) || fail "want 2 CPU examples in $docs, found ${#cmds[@]}"
   [[ ${cmds[0]} == *ASYMPO_INSECURE=1* && ${cmds[1]} == *ASYMPO_TLS_CERT=* ]] ||
     fail "the CPU examples of $docs are not one plaintext and one TLS run"
+  local dirs=() examples_dir=$tmp/examples checkpoints
+  for i in 0 1; do
+    dirs+=("$(grep -o 'ASYMPO_CHECKPOINT_DIR=[^ ]*' <<<"${cmds[i]}" | cut -d= -f2)")
+  done
+  [[ -n ${dirs[0]} && ${dirs[0]} != "${dirs[1]}" ]] ||
+    fail "the CPU examples of $docs share a checkpoint directory: the second resumes the first"
   for i in 0 1; do
     run_example $((i + 1)) $((5 + i)) "${cmds[i]}"
     wait_job 150
     check_job_ok
+    checkpoints=${dirs[i]/\$PWD/$examples_dir}
+    grep -q "starting from version 0" "$shared/logs/$job/learner-rank0.log" ||
+      fail "example $((i + 1)) did not start afresh: $(grep -o 'resumed from.*' \
+        "$shared/logs/$job/learner-rank0.log")"
     check_learner 50
     check_rollouts "$(job_field "$job" NodeList)"  # one node, of Slurm's choice
     no_errors_in_output

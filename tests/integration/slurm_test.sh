@@ -385,8 +385,9 @@ check_learner() {
     { dump "$logs/learner-rank0.log"; fail "rank 0 did not stop after $1 steps"; }
   grep -q "rank 1 stopped with rank 0 after $1 steps" "$logs/learner-rank1.log" ||
     { dump "$logs/learner-rank1.log"; fail "rank 1 did not stop with rank 0"; }
-  ckpt=$(printf '%s/checkpoints/ckpt-%012d' "$shared" "$1")
-  [[ -d $ckpt ]] || fail "no checkpoint $ckpt (have: $(ls "$shared/checkpoints"))"
+  local dir=${checkpoints:-$shared/checkpoints}
+  ckpt=$(printf '%s/ckpt-%012d' "$dir" "$1")
+  [[ -d $ckpt ]] || fail "no checkpoint $ckpt (have: $(ls "$dir"))"
   say "learner: $(grep -o 'step 1 version.*' "$logs/learner-rank0.log" | cut -c1-60) ..."
   say "learner: $(grep -o 'stopped after.*' "$logs/learner-rank0.log")"
   say "checkpoint: ${ckpt#"$tmp"/}"

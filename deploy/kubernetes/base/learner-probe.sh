@@ -9,6 +9,9 @@
 #                              ASYMPO_HEARTBEAT_MAX_AGE seconds old (600)
 #   learner-probe.sh ready     rank 0: the gRPC port (50051) is listening;
 #                              other ranks: the heartbeat file exists
+#                              (the manifests probe rank 0's readiness
+#                              with GET /ready on its metrics port
+#                              instead: 503 while it makes no progress)
 #   learner-probe.sh --help    this text
 #
 # The learner rewrites its --heartbeat_file (ASYMPO_HEARTBEAT_FILE, default

@@ -172,6 +172,25 @@ TEST(MetricsEndpointTest, OtherPathsGet404AndOnlyTheExactPathIsServed) {
   }
 }
 
+TEST(MetricsEndpointTest, ReadyAnswersTheReadinessCheckAnd404WithoutOne) {
+  auto none = Start("127.0.0.1:0");
+  ASSERT_NE(none, nullptr);
+  EXPECT_THAT(HttpGet("127.0.0.1", none->port(), "/ready"), StartsWith("HTTP/1.1 404"));
+  absl::Status state = absl::OkStatus();
+  MetricsEndpointOptions options;
+  options.ready = [&state] { return state; };
+  auto e = MetricsEndpoint::Start("127.0.0.1:0", Registry(), options);
+  ASSERT_OK(e);
+  const std::string ok = HttpGet("127.0.0.1", (*e)->port(), "/ready");
+  EXPECT_THAT(ok, StartsWith("HTTP/1.1 200"));
+  EXPECT_EQ(HttpBody(ok), "ready\n");
+  state = absl::UnavailableError("the loop is stuck");
+  const std::string stuck = HttpGet("127.0.0.1", (*e)->port(), "/ready?x=1");
+  EXPECT_THAT(stuck, StartsWith("HTTP/1.1 503"));
+  EXPECT_EQ(HttpBody(stuck), "not ready: the loop is stuck\n");
+  EXPECT_THAT(HttpGet("127.0.0.1", (*e)->port(), "/readyX"), StartsWith("HTTP/1.1 404"));
+}
+
 TEST(MetricsEndpointTest, MalformedRequestsGet400AndOtherMethods405) {
   auto e = Start("127.0.0.1:0");
   ASSERT_NE(e, nullptr);

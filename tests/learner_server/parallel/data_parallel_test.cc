@@ -105,7 +105,13 @@ TEST(ResolveDataParallelTest, TheShardingModeFromEitherFlag) {
   EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument,
                                        "--dist_shard_optimizer contradicts --dist_shard=full"));
   f.shard_optimizer = false;
-  EXPECT_EQ(Resolve(f, {}).value().shard, DistShard::kFull);
+  EXPECT_EQ(
+      Resolve(f, {{"WORLD_SIZE", "2"}, {"RANK", "0"}, {"MASTER_ADDR", "127.0.0.1"}}).value().shard,
+      DistShard::kFull);
+  // One rank has nothing to shard over; it is refused rather than run
+  // unsharded without the recomputation full sharding implies.
+  EXPECT_THAT(Resolve(f, {}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       "--dist_shard=full with a world of 1 rank"));
   f.shard = "zero3";
   EXPECT_THAT(Resolve(f, {}),
               StatusIs(absl::StatusCode::kInvalidArgument,

@@ -90,7 +90,8 @@ TEST(TrainerTest, RejectsBadOptionsByName) {
   o = Options(Objective::kAsympo);
   o.lr.kind = "linear";
   EXPECT_THAT(Trainer::Create(o, model.get(), nullptr),
-              StatusIs(absl::StatusCode::kInvalidArgument, "lr schedule \"linear\" is unknown"));
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "--lr_schedule=linear: expected constant or cosine"));
 }
 
 TEST(LrScheduleTest, WarmsUpThenDecaysAlongACosine) {
