@@ -20,6 +20,7 @@
 #include "weight_broadcaster/nccl_snapshot.h"
 #include "weight_broadcaster/receiver_channel.h"
 #include "weight_broadcaster/snapshot_fetch.h"
+#include "weight_broadcaster/snapshot_manifest.h"
 #include "weight_broadcaster/version_reporter.h"
 
 namespace asympo::broadcast {
