@@ -44,8 +44,9 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
   ASYMPO_ASSIGN_OR_RETURN(d->step_log_,
                           StepLog::Open(c.options().step_csv_path, c.options().log_every));
-  d->watch_ = std::make_unique<ProgressWatch>(c.options().ready_stall_timeout,
-                                              c.options().prompts_per_step, absl::Now());
+  d->watch_ =
+      std::make_unique<ProgressWatch>(c.options().ready_stall_timeout, c.options().prompts_per_step,
+                                      absl::Now(), c.options().partial_step_after);
   ASYMPO_RETURN_IF_ERROR(d->StartServer(registry));
   return d;
 }

@@ -4,12 +4,18 @@
 
 namespace asympo::learner {
 
-ProgressWatch::ProgressWatch(absl::Duration stall, int64_t step_groups, absl::Time start)
-    : stall_(stall), step_groups_(step_groups), round_(start), moved_(start) {}
+ProgressWatch::ProgressWatch(absl::Duration stall, int64_t step_groups, absl::Time start,
+                             absl::Duration partial_after)
+    : stall_(stall),
+      step_groups_(step_groups),
+      partial_after_(partial_after),
+      round_(start),
+      moved_(start) {}
 
 void ProgressWatch::CameRound(const GroupQueueStats& q, absl::Time now) {
   const int64_t motion = q.accepted_groups + q.popped_groups + q.removed_groups;
-  const bool waits = q.depth_groups >= step_groups_ || q.waiting_pushes > 0;
+  const bool waits = q.depth_groups >= step_groups_ || q.waiting_pushes > 0 ||
+                     (partial_after_ > absl::ZeroDuration() && q.depth_groups > 0);
   absl::MutexLock lock(&mu_);
   round_ = now;
   if (motion != motion_ || !waits) moved_ = now;
@@ -28,7 +34,9 @@ absl::Status ProgressWatch::Check(absl::Time now) const {
                      " (over --ready_stall_timeout=", absl::FormatDuration(stall_),
                      "): a step, a checkpoint or a collective is stuck"));
   }
-  if (now - moved_ > stall_) {
+  // Groups short of a step wait up to partial_after for their short step.
+  const bool short_only = depth_ < step_groups_ && waiting_ == 0;
+  if (now - moved_ > stall_ + (short_only ? partial_after_ : absl::ZeroDuration())) {
     return absl::UnavailableError(
         absl::StrCat(depth_, " groups are queued (a step takes ", step_groups_, ") and ", waiting_,
                      " submissions wait for room, but the queue has not moved for ",

@@ -9,7 +9,10 @@
 //    room) while the queue has not moved (no group admitted, taken or
 //    dropped) for `stall`.
 // An idle learner, its queue empty or short of a step, is ready: waiting
-// for data is not a hang. The training loop reports; any thread checks.
+// for data is not a hang; but with short steps (`partial_after`,
+// --partial_step_after), groups short of a step are work too, which the
+// trainer takes within partial_after: the queue not moving for stall +
+// partial_after with groups queued is not ready. The training loop reports; any thread checks.
 // Thread-safe; Check never waits on the queue or the trainer.
 #pragma once
 
@@ -27,7 +30,8 @@ class ProgressWatch {
  public:
   // `stall` <= 0: always ready. `step_groups`: the groups a step takes
   // (--prompts_per_step). The loop counts as having come round at `start`.
-  ProgressWatch(absl::Duration stall, int64_t step_groups, absl::Time start);
+  ProgressWatch(absl::Duration stall, int64_t step_groups, absl::Time start,
+                absl::Duration partial_after = absl::ZeroDuration());
 
   // The training loop came round at `now`, finding the queue as `q`.
   void CameRound(const GroupQueueStats& q, absl::Time now);
@@ -39,6 +43,7 @@ class ProgressWatch {
  private:
   const absl::Duration stall_;
   const int64_t step_groups_;
+  const absl::Duration partial_after_;
   mutable absl::Mutex mu_;
   absl::Time round_ ABSL_GUARDED_BY(mu_);     // the loop last came round
   absl::Time moved_ ABSL_GUARDED_BY(mu_);     // the queue last moved, or nothing waited

@@ -56,6 +56,19 @@ TEST(ProgressWatchTest, WorkThatWaitsWhileTheQueueDoesNotMoveIsNotReady) {
   EXPECT_OK(w.Check(kT0 + absl::Seconds(13)));
 }
 
+// With short steps, groups short of a step are taken within partial_after:
+// a queue of 3 (steps of 4) that has not moved for the stall plus that is
+// stuck.
+TEST(ProgressWatchTest, WithShortStepsGroupsShortOfAStepMustMoveWithinPartialAfter) {
+  ProgressWatch w(kStall, 4, kT0, absl::Seconds(30));
+  for (int s = 0; s <= 41; ++s) w.CameRound(Queue(3, 0, 3, 0), kT0 + absl::Seconds(s));
+  EXPECT_OK(w.Check(kT0 + absl::Seconds(40)));
+  EXPECT_THAT(w.Check(kT0 + absl::Seconds(41)),
+              StatusIs(absl::StatusCode::kUnavailable, "the queue has not moved for 41s"));
+  w.CameRound(Queue(0, 0, 3, 3), kT0 + absl::Seconds(42));  // the short step took them
+  EXPECT_OK(w.Check(kT0 + absl::Seconds(47)));
+}
+
 TEST(ProgressWatchTest, ZeroStallIsAlwaysReady) {
   ProgressWatch w(absl::ZeroDuration(), 4, kT0);
   EXPECT_OK(w.Check(kT0 + absl::Hours(1)));
