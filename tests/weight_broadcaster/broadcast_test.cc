@@ -95,7 +95,7 @@ std::map<std::string, std::string> InfoLabels(prometheus::Registry& r, const std
   std::map<std::string, std::string> out;
   for (const prometheus::MetricFamily& f : r.Collect()) {
     if (f.name != name || f.metric.size() != 1) continue;
-    for (const prometheus::ClientLabel& l : f.metric[0].label) out[l.name] = l.value;
+    for (const prometheus::ClientMetric::Label& l : f.metric[0].label) out[l.name] = l.value;
   }
   return out;
 }
