@@ -271,13 +271,15 @@ TEST(LearnerDaemonTest, AnUnwritableCheckpointDirStopsTheStart) {
   for (const std::string& dir : {tmp.Path("file"), tmp.Path("file/ckpt")}) {
     prometheus::Registry registry;
     EXPECT_THAT(LearnerDaemon::Create(Options(dir, 1), registry).status(),
-                StatusIs(absl::StatusCode::kFailedPrecondition, "checkpoint_dir " + dir));
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         "--checkpoint_dir=" + dir + " cannot be written"));
   }
   LearnerDaemonOptions o = Options("", 1);
   o.export_dir = tmp.Path("file/export");
   prometheus::Registry registry;
   EXPECT_THAT(LearnerDaemon::Create(o, registry).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "export_dir " + o.export_dir));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "--export_dir=" + o.export_dir + " cannot be written"));
 }
 
 TEST(LearnerDaemonTest, FailedCheckpointsAreCountedAndTrainingGoesOn) {

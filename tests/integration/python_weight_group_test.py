@@ -135,7 +135,7 @@ def raises(fn, kind, *words):
     return False
 
 
-def store_semantics(target):
+def store_semantics(target, signature):
     """A probe joins alone, rendezvouses with the learner's rank 0 over a
     GroupStore (a real ProcessGroupGloo), then checks the store's calls."""
     channel = grpc.insecure_channel(target)
@@ -143,7 +143,8 @@ def store_semantics(target):
     deadline = time.time() + 60
     r = None
     while time.time() < deadline and not (r and r.formed):
-        r = stub.Join(wg.JoinGroupRequest(worker_id="store-probe", backend="gloo", wait_ms=5000), timeout=30)
+        r = stub.Join(wg.JoinGroupRequest(worker_id="store-probe", backend="gloo", wait_ms=5000,
+                                          model_signature=signature), timeout=30)
     check(r.formed and r.rank == 1 and r.world_size == 2 and r.backend == "gloo" and r.timeout_ms == 10000,
           "a probe joins a generation alone: rank %d of %d, backend %s, timeout %d ms"
           % (r.rank, r.world_size, r.backend, r.timeout_ms))
@@ -205,7 +206,8 @@ def store_semantics(target):
               "%s is refused (RefusedError)" % what)
         rx.close()
     try:
-        stub.Join(wg.JoinGroupRequest(worker_id="n", backend="nccl", wait_ms=100), timeout=10)
+        stub.Join(wg.JoinGroupRequest(worker_id="n", backend="nccl", wait_ms=100, model_signature=signature),
+                  timeout=10)
         check(False, "another backend is refused")
     except grpc.RpcError as e:
         check(e.code() == grpc.StatusCode.FAILED_PRECONDITION and "gloo" in e.details(),
@@ -285,7 +287,7 @@ def main():
 def run(target, learner, metrics_port):
     status = asympo_rl.LearnerClient(target).status(timeout=60)
     check(status.model_signature != "", "the learner is up (signature %s)" % status.model_signature)
-    store_semantics(target)
+    store_semantics(target, status.model_signature)
 
     stop_file = os.path.join(WORK, "stop")
     out = {w: os.path.join(WORK, "%s.jsonl" % w) for w in ("w0", "w1", "w2", "w2-again")}

@@ -227,8 +227,9 @@ TEST_F(LearnerServiceTest, RefusesAGroupBeyondThePolicyLagBoundWholeAndCountsIt)
                        "group 1 (prompt_id \"old1\"): sampled by policy version 7 (its oldest "
                        "first_policy_version), 3 versions behind the learner's version 10, more "
                        "than its --max_policy_lag 2"));
+  // Another incarnation's version: stale, refused and counted as lag.
   EXPECT_THAT(Submit(VersionedBatch({11}, "future"), &r),
-              StatusIs(grpc::StatusCode::INVALID_ARGUMENT,
+              StatusIs(grpc::StatusCode::FAILED_PRECONDITION,
                        "response 0: first_policy_version 11 (last 11) is newer than the "
                        "learner's version 10"));
   grpc::ClientContext ctx;
@@ -244,11 +245,11 @@ TEST_F(LearnerServiceTest, RefusesAGroupBeyondThePolicyLagBoundWholeAndCountsIt)
   v1::LearnerStatus status;
   ASSERT_OK(stub_->GetStatus(&status_ctx, {}, &status));
   EXPECT_EQ(status.max_policy_lag(), 2u);
-  EXPECT_EQ(status.rejected_lag_batches(), 2u);
-  EXPECT_EQ(status.rejected_invalid_batches(), 1u);
+  EXPECT_EQ(status.rejected_lag_batches(), 3u);
+  EXPECT_EQ(status.rejected_invalid_batches(), 0u);
   EXPECT_EQ(status.accepted_batches(), 2u);
   ASSERT_EQ(status.source_policy_lags_size(), 1);
-  EXPECT_EQ(status.source_policy_lags(0).rejected_batches(), 2u);
+  EXPECT_EQ(status.source_policy_lags(0).rejected_batches(), 3u);
 }
 
 TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {

@@ -90,7 +90,7 @@ TEST(TaskCreateTest, UnknownNameListsTheTasks) {
   o.name = "copyy";
   o.vocab_size = 64;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
-  ASSERT_THAT(task, StatusIs(absl::StatusCode::kInvalidArgument, "\"copyy\""));
+  ASSERT_THAT(task, StatusIs(absl::StatusCode::kInvalidArgument, "--task=copyy: no such task"));
   EXPECT_THAT(task.status().message(), HasSubstr("copy, reverse, successor, sort, add, math"));
 }
 
