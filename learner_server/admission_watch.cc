@@ -40,7 +40,9 @@ void AdmissionWatch::OnNoStep(const GroupQueueStats& q) {
                  << " groups are queued and a step takes " << step_groups_
                  << (partial_after_ > absl::ZeroDuration()
                          ? absl::StrCat(" (fewer are trained as a short step after ",
-                                        absl::FormatDuration(partial_after_), ")")
+                                        absl::FormatDuration(partial_after_), ", or ",
+                                        absl::FormatDuration(kBlockedFor),
+                                        " once a submission waits for room)")
                          : std::string(" (--partial_step_after=0: steps are always whole)"))
                  << waiting_log_.HeldBack(held_back);
   }
@@ -53,7 +55,8 @@ void AdmissionWatch::OnShortStep(int64_t groups) {
   if (short_log_.Allow(&held_back)) {
     LOG(INFO) << "short step: " << groups << " of " << step_groups_ << " groups, queued for over "
               << absl::FormatDuration(partial_after_)
-              << " without a full step (--partial_step_after); each weighs as in a full step"
+              << " without a full step (--partial_step_after), or while a submission waited for "
+                 "room; each weighs as in a full step"
               << short_log_.HeldBack(held_back);
   }
 }

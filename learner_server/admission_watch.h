@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/log_throttle.h"
 #include "learner_server/admission/group_queue.h"
+#include "learner_server/admission/step_intake.h"
 
 namespace asympo::learner {
 

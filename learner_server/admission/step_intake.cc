@@ -30,16 +30,19 @@ TakenGroups StepIntake::Take(int64_t count, uint64_t version, absl::Time deadlin
   TakenGroups taken;
   taken.version = version;
   lag_->DropBehind(*queue_, version);
-  const bool partial =
-      partial_after_ > absl::ZeroDuration() && absl::Now() - short_since_ >= partial_after_;
+  const bool partial = partial_after_ > absl::ZeroDuration() &&
+                       (absl::Now() - short_since_ >= partial_after_ ||
+                        (short_since_ != absl::InfiniteFuture() && blocked_ >= kBlockedFor));
   taken.groups = queue_->Pop(count, deadline, partial ? 1 : count);
+  blocked_ = absl::ZeroDuration();
   if (!taken.groups.empty()) {
     short_since_ = absl::InfiniteFuture();
     taken.short_step = static_cast<int64_t>(taken.groups.size()) < count;
-  } else if (queue_->Stats().depth_groups == 0) {
+  } else if (const GroupQueueStats s = queue_->Stats(); s.depth_groups == 0) {
     short_since_ = absl::InfiniteFuture();
-  } else if (short_since_ == absl::InfiniteFuture()) {
-    short_since_ = absl::Now();
+  } else {
+    if (short_since_ == absl::InfiniteFuture()) short_since_ = absl::Now();
+    blocked_ = s.oldest_wait;
   }
   const std::vector<GroupRef> popped = RefsOf(taken.groups);
   lag_->DropPopped(&taken.groups, version);  // queued as the version moved on

@@ -14,7 +14,10 @@
 // Short steps: when fewer than a step's groups have been queued for
 // `partial_after` (nonzero), Take returns those it finds (at least one), so
 // that the last groups of a finished supply are trained rather than kept
-// waiting for a step that never fills.
+// waiting for a step that never fills. Sooner when a submission has waited
+// kBlockedFor for room: with fewer than a step's groups queued, one that
+// does not fit can only fit after a step (the queue's pass-over rule
+// admitted every one that fits), so waiting longer only stalls its sender.
 //
 // Not thread-safe: the trainer thread's (the queue and the policy lag it
 // wraps are thread-safe, and admission keeps using them).
@@ -41,6 +44,10 @@ struct TakenGroups {
   bool short_step = false;  // fewer groups popped than asked for (after partial_after)
 };
 
+// How long a submission waits for room, with fewer than a step's groups
+// queued, before they are taken as a short step (partial_after permitting).
+inline constexpr absl::Duration kBlockedFor = absl::Seconds(1);
+
 class StepIntake {
  public:
   // `queue` and `lag` outlive the intake.
@@ -61,8 +68,10 @@ class StepIntake {
   GroupQueue* queue_;
   PolicyLag* lag_;
   const absl::Duration partial_after_;
-  // Since when Take has found groups queued, but fewer than a step's.
+  // Since when Take has found groups queued, but fewer than a step's, and
+  // how long a submission had then waited for room.
   absl::Time short_since_ = absl::InfiniteFuture();
+  absl::Duration blocked_ = absl::ZeroDuration();
 };
 
 }  // namespace asympo::learner

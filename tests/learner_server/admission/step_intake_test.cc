@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "learner_server/learner_metrics.h"
 #include "tests/testing/rollout_batch_builder.h"
@@ -109,6 +110,25 @@ TEST_F(StepIntakeTest, TakesAShortStepOnceFewerGroupsWaitedPartialAfter) {
   EXPECT_EQ(full.groups.size(), 4u);
   EXPECT_FALSE(full.short_step);
   EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+}
+
+// Fewer than a step's groups queued and a submission that cannot fit
+// waiting for room: only a step frees it, so the short step comes after
+// kBlockedFor, not partial_after.
+TEST_F(StepIntakeTest, ASubmissionWaitingForRoomBringsTheShortStepSooner) {
+  StepIntake intake(&queue_, &lag_, absl::Hours(1));
+  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9, 9, 9, 9, 9}), absl::InfiniteFuture()));
+  EXPECT_EQ(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.size(), 4u);
+  absl::Notification admitted;  // 3 queued + 6 > 8: it waits for a step
+  queue_.PushAsync(Batch("big", "gen", {9, 9, 9, 9, 9, 9}), absl::InfiniteFuture(),
+                   [&](const AdmissionResult&) { admitted.Notify(); });
+  EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  absl::SleepFor(kBlockedFor + absl::Milliseconds(100));
+  EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
+  const TakenGroups taken = intake.Take(4, 10, absl::Now() + absl::Milliseconds(20));
+  EXPECT_EQ(taken.groups.size(), 3u);
+  EXPECT_TRUE(taken.short_step);
+  EXPECT_TRUE(admitted.WaitForNotificationWithTimeout(absl::Seconds(5)));
 }
 
 // partial_after zero: steps are always whole.
