@@ -2,7 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/daemon/metric_builders.h"
+#include "common/security/x509.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -44,6 +46,14 @@ void InfoGauge::Set(const std::map<std::string, std::string>& labels) {
   if (current_ != nullptr) family_.Remove(current_);
   current_ = &family_.Add(labels);
   current_->Set(1);
+}
+
+std::string WeightDigest(const v1::SnapshotManifest& manifest) {
+  std::string text = manifest.model_signature();
+  for (const v1::BucketInfo& b : manifest.buckets()) {
+    absl::StrAppend(&text, "\n", b.index(), ":", b.size_bytes(), ":", b.crc32c());
+  }
+  return security::Sha256Hex(text).substr(0, 16);
 }
 
 std::map<std::string, std::string> WeightsLabels(uint64_t version, const std::string& digest) {

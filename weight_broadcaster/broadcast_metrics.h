@@ -17,6 +17,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "asympo/v1/weight_broadcast.pb.h"
 
 namespace asympo::broadcast {
 
@@ -33,6 +34,13 @@ class InfoGauge {
   absl::Mutex mu_;
   prometheus::Gauge* current_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
+
+// The weights' digest: 16 hex digits of the SHA-256 of the model signature
+// and every bucket's index, size and CRC-32C, in order. Equal for equal
+// bytes (whatever the version number or incarnation), so the learner's
+// published digest and a rollout's loaded one can be compared from outside
+// (asympo_broadcast_published_weights / asympo_rollout_weights_info).
+std::string WeightDigest(const v1::SnapshotManifest& manifest);
 
 // The weights a version holds: {version, digest} (WeightDigest).
 std::map<std::string, std::string> WeightsLabels(uint64_t version, const std::string& digest);

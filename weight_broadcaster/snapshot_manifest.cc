@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
-#include "common/security/x509.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -177,14 +176,6 @@ std::string ModelSignature(const std::vector<TensorSpec>& tensors) {
     crc = Crc32c(line.data(), line.size(), crc);
   }
   return absl::StrFormat("%zu-%08x", tensors.size(), crc);
-}
-
-std::string WeightDigest(const v1::SnapshotManifest& manifest) {
-  std::string text = manifest.model_signature();
-  for (const v1::BucketInfo& b : manifest.buckets()) {
-    absl::StrAppend(&text, "\n", b.index(), ":", b.size_bytes(), ":", b.crc32c());
-  }
-  return security::Sha256Hex(text).substr(0, 16);
 }
 
 }  // namespace asympo::broadcast

@@ -57,11 +57,4 @@ absl::Status ValidateManifest(const v1::SnapshotManifest& manifest);
 // included), so that a receiver never loads weights of another architecture.
 std::string ModelSignature(const std::vector<TensorSpec>& tensors);
 
-// The weights' digest: 16 hex digits of the SHA-256 of the model signature
-// and every bucket's index, size and CRC-32C, in order. Equal for equal
-// bytes (whatever the version number or incarnation), so the learner's
-// published digest and a rollout's loaded one can be compared from outside
-// (asympo_broadcast_published_weights / asympo_rollout_weights_info).
-std::string WeightDigest(const v1::SnapshotManifest& manifest);
-
 }  // namespace asympo::broadcast

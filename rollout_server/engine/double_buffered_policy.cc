@@ -5,8 +5,8 @@
 
 #include <glog/logging.h>
 
+#include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
-#include "weight_broadcaster/snapshot_manifest.h"
 
 namespace asympo::rollout {
 
