@@ -229,9 +229,8 @@ bool LearnerRank0::TrainOneStep(int64_t* steps, int64_t* untrained) {
     return false;
   }
   if (taken.groups.empty()) {
-    const GroupQueueStats q = queue_->Stats();
-    metrics_->ObserveQueue(q);  // no step refreshes them while none is taken
-    admission_watch_->OnNoStep(q);
+    metrics_->ObserveQueue(taken.queue);  // no step refreshes them while none is taken
+    admission_watch_->OnNoStep(taken.queue);
     // The other ranks wait for every message within the timeout.
     if (core_->dp() != nullptr) {
       if (absl::Status s = core_->dp()->SendIdle(); !s.ok()) Fail(std::move(s));
@@ -355,7 +354,7 @@ absl::StatusOr<int64_t> LearnerRank0::Run() {
     }
   }
   endpoint_->Stop(absl::Seconds(5));
-  untrained += queue_->Stats().depth_groups;
+  untrained += queue_->depth_groups();
   // After a rank failure a sharded optimizer's state cannot be assembled,
   // and its weights may be half-updated: no checkpoint then.
   absl::Status s = failure_.ok() || !core_->sharded() ? Checkpoint() : absl::OkStatus();

@@ -379,18 +379,25 @@ uint64_t GroupQueue::TrainedThrough(uint64_t version) const {
 
 absl::Status GroupQueue::DeadlinePassedLocked(const Waiter& w) const {
   const int64_t n = static_cast<int64_t>(w.groups.size());
+  // A batch at most this large fits whenever a step is short.
+  const int64_t never_waits = options_.capacity_groups - options_.step_groups + 1;
   std::string why;
-  if (w.passed && n > options_.capacity_groups - options_.step_groups + 1) {
+  if (w.passed && n > never_waits) {
     // It needs the queue nearly empty, and smaller batches kept steps going.
     why = absl::StrCat(
         "; smaller batches were queued before it to keep the steps going: batches of "
         "at most ",
-        options_.capacity_groups - options_.step_groups + 1, " groups never wait for one");
+        never_waits, " groups never wait for one");
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       "the learner's queue stayed full (", queue_.size(), " of ", options_.capacity_groups,
       " groups) until the deadline; the batch needed room for ", n,
       " groups and nothing of it was queued", why));
+}
+
+int64_t GroupQueue::depth_groups() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(queue_.size());
 }
 
 GroupQueueStats GroupQueue::Stats() const {

@@ -195,6 +195,9 @@ class GroupQueue {
   void Close();
 
   GroupQueueStats Stats() const;
+  // Groups queued now (Stats().depth_groups, without the waiting pushes'
+  // figures: what each Submit's reply carries).
+  int64_t depth_groups() const;
   int64_t capacity() const { return options_.capacity_groups; }
   const GroupQueueOptions& options() const { return options_; }
 

@@ -173,7 +173,7 @@ class SubmitReactor final : public grpc::ServerUnaryReactor {
       reply.set_recorded_duplicates(r.recorded() ? 1 : 0);
       reply.set_learner_version(svc_->version());
       reply.set_learner_incarnation(svc_->options().incarnation);
-      reply.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      reply.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->depth_groups()));
       SerializeReply(reply, response_);
       const absl::Duration delay = svc_->options().fault_reply_delay;
       if (delay > absl::ZeroDuration() && !duplicate) {  // the reply of a queued batch is late
@@ -236,7 +236,7 @@ class StreamReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       }
       reply_.set_learner_version(svc_->version());
       reply_.set_learner_incarnation(svc_->options().incarnation);
-      reply_.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->Stats().depth_groups));
+      reply_.set_queue_depth_groups(static_cast<uint32_t>(svc_->queue()->depth_groups()));
       SerializeReply(reply_, response_);
       End(grpc::Status::OK);
       return;

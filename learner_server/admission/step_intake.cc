@@ -38,11 +38,14 @@ TakenGroups StepIntake::Take(int64_t count, uint64_t version, absl::Time deadlin
   if (!taken.groups.empty()) {
     short_since_ = absl::InfiniteFuture();
     taken.short_step = static_cast<int64_t>(taken.groups.size()) < count;
-  } else if (const GroupQueueStats s = queue_->Stats(); s.depth_groups == 0) {
-    short_since_ = absl::InfiniteFuture();
   } else {
-    if (short_since_ == absl::InfiniteFuture()) short_since_ = absl::Now();
-    blocked_ = s.oldest_wait;
+    taken.queue = queue_->Stats();
+    if (taken.queue.depth_groups == 0) {
+      short_since_ = absl::InfiniteFuture();
+    } else if (short_since_ == absl::InfiniteFuture()) {
+      short_since_ = absl::Now();
+    }
+    blocked_ = taken.queue.oldest_wait;
   }
   const std::vector<GroupRef> popped = RefsOf(taken.groups);
   lag_->DropPopped(&taken.groups, version);  // queued as the version moved on

@@ -42,6 +42,9 @@ struct TakenGroups {
   std::vector<std::string> sources;
   uint64_t version = 0;     // the step's training version
   bool short_step = false;  // fewer groups popped than asked for (after partial_after)
+  // The queue as Take found it when it took no groups (what the trainer's
+  // idle round reports), read once.
+  GroupQueueStats queue;
 };
 
 // How long a submission waits for room, with fewer than a step's groups
