@@ -6,8 +6,8 @@
 # activation checkpointing none or layers, or full sharding (which
 # recomputes every layer); training's peak (the largest of the step's
 # phases) apart from rank 0's on its device while it gathers between steps
-# (a checkpoint's rounds or units on their way to host memory; with full
-# sharding the weights for every snapshot).
+# (with full sharding the weights for every snapshot; a checkpoint gathers
+# nothing: every rank writes its own part).
 #
 #   bench/memory_plan_table.sh [BUILD_DIR]     (default: build)
 set -euo pipefail

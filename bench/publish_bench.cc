@@ -92,11 +92,14 @@ class InlinePublisher : public asympo::learner::WeightPublisher {
   InlinePublisher(asympo::broadcast::SnapshotStore* store,
                   std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
       : store_(store), staging_(std::move(staging)) {}
-  void Publish(uint64_t version, const asympo::PolicyModel& model) override {
-    if (!staging_->Stage(model).ok() || !staging_->CopyToHost().ok() ||
+  absl::Status Publish(uint64_t version, const asympo::PolicyModel& model,
+                       const asympo::learner::WeightParts& parts) override {
+    if (!parts([](const std::vector<size_t>&) { return absl::OkStatus(); }).ok() ||
+        !staging_->Stage(model).ok() || !staging_->CopyToHost().ok() ||
         !store_->Publish(version, staging_->HostBucketsOfCopy()).ok()) {
       std::abort();
     }
+    return absl::OkStatus();
   }
 
  private:
@@ -109,8 +112,13 @@ class StageOnlyPublisher : public asympo::learner::WeightPublisher {
  public:
   explicit StageOnlyPublisher(std::unique_ptr<asympo::broadcast::SnapshotStaging> staging)
       : staging_(std::move(staging)) {}
-  void Publish(uint64_t, const asympo::PolicyModel& model) override {
-    if (!staging_->Stage(model).ok()) std::abort();
+  absl::Status Publish(uint64_t, const asympo::PolicyModel& model,
+                       const asympo::learner::WeightParts& parts) override {
+    if (!parts([](const std::vector<size_t>&) { return absl::OkStatus(); }).ok() ||
+        !staging_->Stage(model).ok()) {
+      std::abort();
+    }
+    return absl::OkStatus();
   }
 
  private:

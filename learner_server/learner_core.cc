@@ -59,6 +59,55 @@ absl::Status LearnerCore::SyncRanks() {
   return absl::OkStatus();
 }
 
+CheckpointRanks LearnerCore::checkpoint_ranks() const {
+  CheckpointRanks r;
+  r.collectives = dp_.get();
+  r.dist_shard = std::string(DistShardName(dp_ ? options_.data_parallel.shard : DistShard::kNone));
+  return r;
+}
+
+absl::StatusOr<std::optional<CheckpointInfo>> LearnerCore::RestoreCheckpoint() {
+  const std::string& dir = options_.checkpoint_dir;
+  if (dir.empty()) return std::optional<CheckpointInfo>();
+  ASYMPO_RETURN_IF_ERROR(CheckSharedCheckpointDir(dir, checkpoint_ranks()));
+  ASYMPO_ASSIGN_OR_RETURN(
+      std::optional<CheckpointInfo> info,
+      LoadLatestCheckpoint(dir, *model_, &trainer_->stepper(), checkpoint_ranks()));
+  if (info.has_value()) {
+    trainer_->set_version(info->version);
+    LOG(INFO) << "rank " << (dp_ ? dp_->rank() : 0) << " read " << info->bytes_read / (1 << 20)
+              << " MiB of " << info->path << " (written by " << info->written_by << " rank(s), "
+              << info->written_shard << " sharding)";
+  }
+  return info;
+}
+
+absl::StatusOr<CheckpointInfo> LearnerCore::SaveCheckpoint(CheckpointSave save, bool alone) {
+  save.root = options_.checkpoint_dir;
+  save.version = trainer_->version();
+  CheckpointRanks ranks = checkpoint_ranks();
+  if (alone) ranks = CheckpointRanks{};
+  return ::asympo::learner::SaveCheckpoint(save, *model_, trainer_->stepper(), ranks);
+}
+
+WeightParts LearnerCore::weight_parts() {
+  return [trainer = trainer_.get()](const StagePart& stage) {
+    return trainer->VisitWeightParts(stage);
+  };
+}
+
+absl::Status LearnerCore::ExportWeights() {
+  const bool rank0 = dp_ == nullptr || dp_->rank() == 0;
+  if (trainer_->full_shard() == nullptr) {  // rank 0 holds the whole weights
+    if (!rank0) return absl::OkStatus();
+    return ExportPolicyModel(*model_, options_.export_dir, int64_t{5} << 30,
+                             options_.publish_dtype);
+  }
+  if (!rank0) return weight_parts()([](const std::vector<size_t>&) { return absl::OkStatus(); });
+  return ExportPolicyModelInParts(*model_, options_.export_dir, options_.publish_dtype,
+                                  weight_parts());
+}
+
 void LearnerCore::Progress() const {
   if (options_.on_progress) options_.on_progress();
 }

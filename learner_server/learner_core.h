@@ -3,18 +3,22 @@
 // group and the progress hook.
 //
 // A role builds it in steps, in the order its start needs: Create (the
-// options checked), JoinRanks, BuildModel, BuildTrainer, SyncRanks. Not
+// options checked), JoinRanks, BuildModel, BuildTrainer, SyncRanks,
+// RestoreCheckpoint. Not
 // thread-safe: the trainer thread's, except version().
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
 #include "learner_server/learner_options.h"
 #include "learner_server/parallel/data_parallel.h"
+#include "learner_server/trainer/checkpoint.h"
 #include "learner_server/trainer/trainer.h"
 
 namespace asympo::learner {
@@ -35,6 +39,26 @@ class LearnerCore {
   // Data parallelism: every rank starts from rank 0's weights, moments and
   // version, and with DistShard::kOptimizer keeps its shard of the moments.
   absl::Status SyncRanks();
+  // Collective, after SyncRanks: every rank restores its part of the newest
+  // valid checkpoint under --checkpoint_dir (nullopt: none, or no
+  // directory), and takes its version.
+  absl::StatusOr<std::optional<CheckpointInfo>> RestoreCheckpoint();
+  // Collective (every rank, on rank 0's kSave message): writes this rank's
+  // part of a checkpoint of the current version under --checkpoint_dir
+  // (`save`'s other fields are rank 0's to give) and joins the export's
+  // gathers when `export_weights`. `alone`: rank 0 only, after the other
+  // ranks failed (its state must be whole: not sharded).
+  absl::StatusOr<CheckpointInfo> SaveCheckpoint(CheckpointSave save, bool alone = false);
+  // The weights part by part (Trainer::VisitWeightParts): fully sharded, a
+  // collective every rank joins (rank 0's first version at start, the
+  // export); its stage callback runs on rank 0.
+  WeightParts weight_parts();
+  // Collective (on kSave with kSaveExport): rank 0 exports the policy to
+  // --export_dir; fully sharded, every rank joins the gathers, a unit at a
+  // time, and rank 0 writes each unit's shard as it comes.
+  absl::Status ExportWeights();
+  // The ranks a checkpoint is written and read by.
+  CheckpointRanks checkpoint_ranks() const;
   // The liveness hook (LearnerDaemonOptions::on_progress), if any.
   void Progress() const;
 

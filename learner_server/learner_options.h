@@ -82,6 +82,8 @@ struct LearnerDaemonOptions {
   // every `broadcast_every` versions the weights are published to the
   // rollout daemons; the current version is published at start.
   int64_t broadcast_every = 1;
+  // --snapshot_staging=host: no device staging buffer (SnapshotPublisher).
+  bool snapshot_staging_host = false;
   broadcast::BroadcastSenderOptions broadcast;
   // The snapshot store every transport reads (its bucket packing).
   broadcast::SnapshotStoreOptions snapshots;

@@ -36,12 +36,13 @@ absl::StatusOr<std::unique_ptr<LearnerRank0>> LearnerRank0::Create(LearnerDaemon
   ASYMPO_RETURN_IF_ERROR(c.BuildModel());
   ASYMPO_RETURN_IF_ERROR(d->BuildPublisher(registry));
   ASYMPO_RETURN_IF_ERROR(c.BuildTrainer(d->publisher_.get()));
-  ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());
+  ASYMPO_RETURN_IF_ERROR(c.SyncRanks());           // every rank starts from these weights
+  ASYMPO_RETURN_IF_ERROR(d->RestoreCheckpoint());  // each rank its part
   d->store_->SetIncarnation(d->incarnation_, d->resumed_from_);
   LOG(INFO) << "incarnation " << d->incarnation_;
-  ASYMPO_RETURN_IF_ERROR(c.SyncRanks());  // every rank starts from these weights
   // Late joiners and restarted rollouts get the current weights at once.
-  ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model()));
+  // Fully sharded, every rank joins the unit gathers.
+  ASYMPO_RETURN_IF_ERROR(d->publisher_->PublishNow(c.version(), c.model(), c.weight_parts()));
   ASYMPO_ASSIGN_OR_RETURN(d->step_log_,
                           StepLog::Open(c.options().step_csv_path, c.options().log_every));
   d->watch_ =
@@ -74,9 +75,15 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   // With the NCCL transport and the model on a GPU, NCCL broadcasts from
   // the staged device copy.
   const bool device_buckets = sender_->nccl_configured() && model.options().device.is_cuda();
+  if (device_buckets && o.snapshot_staging_host) {
+    return absl::InvalidArgumentError(
+        "--snapshot_staging=host cannot feed the NCCL transport (--broadcast_nccl_world_size), "
+        "which broadcasts from the device copy: use --snapshot_staging=device");
+  }
   ASYMPO_ASSIGN_OR_RETURN(
       publisher_, SnapshotPublisher::Create(store_.get(), model, o.publish_dtype, o.broadcast_every,
-                                            RegisterSnapshotCounters(registry), device_buckets));
+                                            RegisterSnapshotCounters(registry), device_buckets,
+                                            o.snapshot_staging_host));
   if (o.weight_group_enabled) {
     broadcast::WeightGroupOptions wo = o.weight_group;
     wo.authorizer = security_.authorizer.get();
@@ -93,18 +100,11 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
 absl::Status LearnerRank0::RestoreCheckpoint() {
   const std::string& dir = options().checkpoint_dir;
   if (dir.empty()) return absl::OkStatus();
-  Trainer& trainer = core_->trainer();
-  // A sharded world scatters the moments from host memory (SyncRanks).
-  const DataParallelOptions& dp = options().data_parallel;
-  const bool sharded = dp.world_size > 1 && dp.shard != DistShard::kNone;
-  ASYMPO_ASSIGN_OR_RETURN(
-      std::optional<CheckpointInfo> ckpt,
-      LoadLatestCheckpoint(dir, &core_->model(), &trainer.optimizer(), sharded));
+  ASYMPO_ASSIGN_OR_RETURN(std::optional<CheckpointInfo> ckpt, core_->RestoreCheckpoint());
   if (!ckpt.has_value()) {
     LOG(INFO) << "no checkpoint under " << dir << "; starting from version 0";
     return absl::OkStatus();
   }
-  trainer.set_version(ckpt->version);
   metrics_->OnCheckpoint(ckpt->version);
   restored_batches_ = std::move(ckpt->batches);
   // The reward peaks it had: a collapsed reward is not the new peak.
@@ -170,8 +170,8 @@ void LearnerRank0::Shutdown() {
   if (weight_group_) weight_group_->Shutdown();  // ends its waiting calls
 }
 
-absl::Status LearnerRank0::Checkpoint() {
-  absl::Status s = WriteCheckpoint();
+absl::Status LearnerRank0::Checkpoint(bool alone) {
+  absl::Status s = WriteCheckpoint(alone);
   if (!s.ok() && !IsRankFailure(s)) {
     metrics_->OnCheckpointFailure();
     LOG(ERROR) << "checkpoint failed: " << s.message();
@@ -179,42 +179,32 @@ absl::Status LearnerRank0::Checkpoint() {
   return s;
 }
 
-absl::Status LearnerRank0::WriteCheckpoint() {
+absl::Status LearnerRank0::WriteCheckpoint(bool alone) {
   const LearnerDaemonOptions& o = options();
-  Trainer& trainer = core_->trainer();
-  if (o.checkpoint_dir.empty() && o.export_dir.empty()) return absl::OkStatus();
-  // Sharded: the moments (and, fully sharded, the weights) from every rank,
-  // for the time of the writes.
-  if (core_->sharded()) {
-    ASYMPO_RETURN_IF_ERROR(core_->dp()->SendGather());
-    ASYMPO_RETURN_IF_ERROR(trainer.GatherOptimizerState());
-  }
-  const absl::Status written = WriteGathered();
-  trainer.ReleaseOptimizerState();
-  return written;
-}
-
-absl::Status LearnerRank0::WriteGathered() {
-  const LearnerDaemonOptions& o = options();
-  Trainer& trainer = core_->trainer();
-  if (!o.checkpoint_dir.empty()) {
+  const int64_t what = (o.checkpoint_dir.empty() ? 0 : StepMessage::kSaveCheckpoint) |
+                       (o.export_dir.empty() ? 0 : StepMessage::kSaveExport);
+  if (what == 0) return absl::OkStatus();
+  // Every rank writes its part of the checkpoint.
+  if (core_->dp() != nullptr && !alone) ASYMPO_RETURN_IF_ERROR(core_->dp()->SendSave(what));
+  if ((what & StepMessage::kSaveCheckpoint) != 0) {
     // Every batch answered below `through` (never above the checkpoint's
     // version: a batch answered at it after the save is not in it) is
     // resolved by the steps this checkpoint holds (only this thread
     // resolves groups).
-    const uint64_t through = queue_->TrainedThrough(trainer.version());
-    absl::StatusOr<CheckpointInfo> info = SaveCheckpoint(
-        o.checkpoint_dir, trainer.version(), core_->model(), trainer.optimizer(), o.config_text,
-        o.keep_checkpoints, queue_->RecordedBatches(), metrics_->rewards().ToJson());
-    if (!info.ok()) return info.status();
-    metrics_->OnCheckpoint(info->version);
-    counters_.checkpoint_version.store(info->version);
+    const uint64_t through = queue_->TrainedThrough(core_->version());
+    CheckpointSave save;
+    save.config = o.config_text;
+    save.keep_last = o.keep_checkpoints;
+    save.batches = queue_->RecordedBatches();
+    save.reward_monitor = metrics_->rewards().ToJson();
+    ASYMPO_ASSIGN_OR_RETURN(CheckpointInfo info, core_->SaveCheckpoint(std::move(save), alone));
+    metrics_->OnCheckpoint(info.version);
+    counters_.checkpoint_version.store(info.version);
     counters_.recorded_through_version.store(through);
-    LOG(INFO) << "checkpoint " << info->path;
+    LOG(INFO) << "checkpoint " << info.path;
   }
-  if (!o.export_dir.empty()) {
-    ASYMPO_RETURN_IF_ERROR(
-        ExportPolicyModel(core_->model(), o.export_dir, int64_t{5} << 30, o.publish_dtype));
+  if ((what & StepMessage::kSaveExport) != 0) {
+    ASYMPO_RETURN_IF_ERROR(core_->ExportWeights());
     LOG(INFO) << "exported the policy to " << o.export_dir;
   }
   return absl::OkStatus();
@@ -356,8 +346,10 @@ absl::StatusOr<int64_t> LearnerRank0::Run() {
   endpoint_->Stop(absl::Seconds(5));
   untrained += queue_->depth_groups();
   // After a rank failure a sharded optimizer's state cannot be assembled,
-  // and its weights may be half-updated: no checkpoint then.
-  absl::Status s = failure_.ok() || !core_->sharded() ? Checkpoint() : absl::OkStatus();
+  // and its weights may be half-updated: no checkpoint then. Unsharded,
+  // rank 0 holds everything and writes it alone.
+  const bool ranks_lost = !failure_.ok() && IsRankFailure(failure_) && core_->dp() != nullptr;
+  absl::Status s = !failure_.ok() && core_->sharded() ? absl::OkStatus() : Checkpoint(ranks_lost);
   if (core_->dp() != nullptr && (failure_.ok() || !IsRankFailure(failure_))) {  // ranks alive
     if (absl::Status stop = core_->dp()->SendStop(); !stop.ok()) LOG(ERROR) << stop.message();
   }

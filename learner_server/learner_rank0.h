@@ -83,11 +83,10 @@ class LearnerRank0 final : public LearnerRole {
   // `sources` (in skipped_groups unless `counted` already), and may
   // quarantine their sources. In data-parallel mode, rank 0's share only.
   void DropPoisoned(const std::vector<std::string>& sources, bool counted = false);
-  // Writes a checkpoint (and the export); a failure is counted and logged.
-  absl::Status Checkpoint();
-  absl::Status WriteCheckpoint();
-  // The checkpoint and the export, once the state is whole on this rank.
-  absl::Status WriteGathered();
+  // Writes a checkpoint (and the export) with every rank; a failure is
+  // counted and logged. `alone`: the other ranks are lost (unsharded only).
+  absl::Status Checkpoint(bool alone = false);
+  absl::Status WriteCheckpoint(bool alone);
 
   const LearnerDaemonOptions& options() const { return core_->options(); }
 

@@ -12,6 +12,10 @@ absl::StatusOr<std::unique_ptr<LearnerWorker>> LearnerWorker::Create(LearnerDaem
   ASYMPO_RETURN_IF_ERROR(core->BuildModel());
   ASYMPO_RETURN_IF_ERROR(core->BuildTrainer(/*publisher=*/nullptr));  // rank 0 publishes
   ASYMPO_RETURN_IF_ERROR(core->SyncRanks());
+  ASYMPO_RETURN_IF_ERROR(core->RestoreCheckpoint().status());  // with rank 0
+  // Rank 0's first version: fully sharded, the unit gathers.
+  ASYMPO_RETURN_IF_ERROR(
+      core->weight_parts()([](const std::vector<size_t>&) { return absl::OkStatus(); }));
   return std::unique_ptr<LearnerWorker>(new LearnerWorker(std::move(core)));
 }
 
@@ -24,8 +28,8 @@ absl::StatusOr<int64_t> LearnerWorker::Run() {
     core_->Progress();
     if (m.kind == StepMessage::Kind::kIdle) continue;
     if (m.kind == StepMessage::Kind::kStop) break;
-    if (m.kind == StepMessage::Kind::kGather) {
-      ASYMPO_RETURN_IF_ERROR(trainer.GatherOptimizerState());
+    if (m.kind == StepMessage::Kind::kSave) {
+      ASYMPO_RETURN_IF_ERROR(SaveWithRank0(m.save));
       continue;
     }
     StepOr<StepResult> step = trainer.StepShard(m.shard, m.totals, &dp);
@@ -45,6 +49,20 @@ absl::StatusOr<int64_t> LearnerWorker::Run() {
   LOG(INFO) << "rank " << dp.rank() << " stopped with rank 0 after " << steps
             << " steps at version " << trainer.version();
   return steps;
+}
+
+absl::Status LearnerWorker::SaveWithRank0(int64_t what) {
+  if ((what & StepMessage::kSaveCheckpoint) != 0) {
+    // Rank 0 counts and logs a failed checkpoint; only a lost rank stops this one.
+    absl::StatusOr<CheckpointInfo> saved = core_->SaveCheckpoint({});
+    if (!saved.ok() && IsRankFailure(saved.status())) return saved.status();
+    if (!saved.ok()) LOG(WARNING) << "checkpoint: " << saved.status().message();
+  }
+  if ((what & StepMessage::kSaveExport) != 0) {
+    const absl::Status exported = core_->ExportWeights();
+    if (IsRankFailure(exported)) return exported;
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace asympo::learner

@@ -32,6 +32,8 @@ class LearnerWorker final : public LearnerRole {
 
  private:
   explicit LearnerWorker(std::unique_ptr<LearnerCore> core) : core_(std::move(core)) {}
+  // Rank 0's kSave: this rank's part of the checkpoint and the export.
+  absl::Status SaveWithRank0(int64_t what);
 
   std::unique_ptr<LearnerCore> core_;
   LogThrottle poisoned_log_;

@@ -128,6 +128,7 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
   p.logprob_chunk_rows = o.trainer.logprob_chunk_rows;
   p.rank0 = o.data_parallel.rank == 0;
   p.checkpoints = !o.checkpoint_dir.empty();
+  p.snapshot_device = !o.snapshot_staging_host;
   return p;
 }
 

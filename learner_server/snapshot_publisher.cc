@@ -7,8 +7,8 @@
 namespace asympo::learner {
 
 absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
-    broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
-    int64_t every, prometheus::Counter& coalesced, bool device_buckets) {
+    broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype, int64_t every,
+    prometheus::Counter& coalesced, bool device_buckets, bool host_only) {
   if (every < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
   // staged device copy.
   ASYMPO_ASSIGN_OR_RETURN(
       std::unique_ptr<broadcast::SnapshotStaging> staging,
-      broadcast::SnapshotStaging::Create(model, dtype, *store, device_buckets));
+      broadcast::SnapshotStaging::Create(model, dtype, *store, device_buckets, host_only));
   return std::unique_ptr<SnapshotPublisher>(
       new SnapshotPublisher(store, every, std::move(staging), coalesced));
 }
@@ -41,16 +41,19 @@ SnapshotPublisher::~SnapshotPublisher() {
   thread_.join();
 }
 
-void SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model) {
-  if (every_ == 0 || version % every_ != 0) return;
+absl::Status SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model,
+                                        const WeightParts& parts) {
+  if (every_ == 0 || version % every_ != 0) return parts(SkipParts());
   absl::MutexLock lock(&mu_);
   // The staging buffer is free once the thread has copied it out.
   mu_.Await(absl::Condition(
       +[](bool* copying) { return !*copying; }, &copying_));
-  if (absl::Status s = staging_->Stage(model); !s.ok()) {
-    LOG(ERROR) << "staging version " << version << " for broadcast failed: " << s;
+  absl::Status staged;
+  ASYMPO_RETURN_IF_ERROR(StageLocked(model, parts, &staged));
+  if (!staged.ok()) {
+    LOG(ERROR) << "staging version " << version << " for broadcast failed: " << staged;
     staged_.reset();
-    return;
+    return absl::OkStatus();
   }
   if (staged_.has_value()) {
     ++coalesced_;
@@ -58,16 +61,40 @@ void SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model) {
     VLOG(1) << "version " << *staged_ << " replaced by " << version << " before broadcast";
   }
   staged_ = version;
+  return absl::OkStatus();
 }
 
-absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& model) {
+StagePart SnapshotPublisher::SkipParts() {
+  return [](const std::vector<size_t>&) { return absl::OkStatus(); };
+}
+
+absl::Status SnapshotPublisher::StageLocked(const PolicyModel& model, const WeightParts& parts,
+                                            absl::Status* staged) {
+  *staged = staging_->BeginStage();
+  // `parts` runs to its end whatever happens: fully sharded, it is a collective.
+  ASYMPO_RETURN_IF_ERROR(parts([&](const std::vector<size_t>& params) {
+    if (staged->ok()) *staged = staging_->StageParameters(model, params);
+    return absl::OkStatus();
+  }));
+  if (staged->ok()) *staged = staging_->FinishStage();
+  return absl::OkStatus();
+}
+
+absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& model,
+                                           const WeightParts& parts) {
   absl::MutexLock lock(&mu_);
   AwaitIdleLocked();
-  ASYMPO_RETURN_IF_ERROR(staging_->Stage(model));
+  absl::Status staged;
+  ASYMPO_RETURN_IF_ERROR(StageLocked(model, parts, &staged));
+  ASYMPO_RETURN_IF_ERROR(staged);
   ASYMPO_RETURN_IF_ERROR(staging_->CopyToHost().status());
   const broadcast::DeviceBuckets device = staging_->DeviceBucketsOfStage();
   return store_->Publish(version, staging_->HostBucketsOfCopy(),
-                          device.data == nullptr ? nullptr : &device);
+                         device.data == nullptr ? nullptr : &device);
+}
+
+absl::Status SnapshotPublisher::PublishNow(uint64_t version, const PolicyModel& model) {
+  return PublishNow(version, model, WholeWeights(model));
 }
 
 void SnapshotPublisher::AwaitIdleLocked() {
@@ -111,18 +138,20 @@ void SnapshotPublisher::Loop() {
 
 absl::Status SnapshotPublisher::CopyAndSend(uint64_t version) {
   const absl::Status copied = staging_->CopyToHost().status();
-  // Taken before the trainer may stage again: its keep_alive then makes the
-  // next Stage use another device buffer.
+  // Taken before the trainer may stage again: their keep_alive then makes
+  // the next stage use other buffers (staged in host memory only, the host
+  // buffer is the one the next stage would write).
   const broadcast::DeviceBuckets device =
       copied.ok() ? staging_->DeviceBucketsOfStage() : broadcast::DeviceBuckets();
+  const broadcast::HostBuckets host =
+      copied.ok() ? staging_->HostBucketsOfCopy() : broadcast::HostBuckets();
   {
     absl::MutexLock lock(&mu_);
     copying_ = false;  // the trainer may stage the next version now
   }
   ASYMPO_RETURN_IF_ERROR(copied);
   // The host copy is already laid out as the store's buckets: it adopts it.
-  return store_->Publish(version, staging_->HostBucketsOfCopy(),
-                          device.data == nullptr ? nullptr : &device);
+  return store_->Publish(version, host, device.data == nullptr ? nullptr : &device);
 }
 
 }  // namespace asympo::learner

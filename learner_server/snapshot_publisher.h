@@ -4,8 +4,11 @@
 // the trainer thread.
 //
 // Publish(), on the trainer thread after an optimizer step, only stages the
-// weights on the model's device (SnapshotStaging::Stage: one conversion copy,
-// enqueued kernels on a GPU) and returns. A publisher thread then copies the
+// weights on the model's device (SnapshotStaging: one conversion copy,
+// enqueued kernels on a GPU; fully sharded, a unit at a time as each is
+// gathered, so that no whole-model gather is needed) and returns. With
+// --snapshot_staging=host there is no device buffer: the weights are staged
+// straight into pinned host memory. A publisher thread then copies the
 // staged buffer to (pinned) host memory in one transfer, laid out as the
 // store's buckets (SnapshotStore::Plan), and the store adopts that
 // memory, checksums it and announces it. The trainer waits only if it
@@ -29,8 +32,8 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "learner_server/trainer/trainer.h"
-#include "weight_broadcaster/snapshot_store.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
+#include "weight_broadcaster/snapshot_store.h"
 
 namespace asympo::learner {
 
@@ -41,18 +44,26 @@ class SnapshotPublisher : public WeightPublisher {
   // registers it: RegisterSnapshotCounters). The staging
   // buffers (two snapshots' worth in `dtype`: one on the model's device, one
   // on the host) are allocated here.
+  // `host_only`: no device staging buffer; each version is staged straight
+  // into pinned host memory (--snapshot_staging=host).
   static absl::StatusOr<std::unique_ptr<SnapshotPublisher>> Create(
       broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
-      int64_t every, prometheus::Counter& coalesced, bool device_buckets = false);
+      int64_t every, prometheus::Counter& coalesced, bool device_buckets = false,
+      bool host_only = false);
   // Publishes what is staged, then stops the thread.
   ~SnapshotPublisher() override;
 
   // WeightPublisher: stages every `every`-th version (0: none) for the
-  // publisher thread.
-  void Publish(uint64_t version, const PolicyModel& model) override;
+  // publisher thread, part by part as `parts` makes them readable (the
+  // others it runs through with nothing to stage). A failed stage is
+  // logged and the version left out; only `parts`' failure is returned.
+  absl::Status Publish(uint64_t version, const PolicyModel& model,
+                       const WeightParts& parts) override;
+  using WeightPublisher::Publish;
 
   // Stages, copies and publishes `version` on the calling thread, after
   // whatever is in flight (the daemon's first version, at start).
+  absl::Status PublishNow(uint64_t version, const PolicyModel& model, const WeightParts& parts);
   absl::Status PublishNow(uint64_t version, const PolicyModel& model);
 
   // Waits until everything staged so far has been published (tests).
@@ -64,6 +75,11 @@ class SnapshotPublisher : public WeightPublisher {
   SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
                     prometheus::Counter& coalesced);
+  static StagePart SkipParts();
+  // With mu_ held: stages what `parts` makes readable; `parts`' own
+  // failure is returned, the staging's goes to `staged`.
+  absl::Status StageLocked(const PolicyModel& model, const WeightParts& parts, absl::Status* staged)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // With mu_ held: waits until nothing is staged, copied or being sent.
   void AwaitIdleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Loop();

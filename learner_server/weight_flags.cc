@@ -25,6 +25,11 @@ ABSL_FLAG(int32_t, max_registrations_per_principal, 0,
 ABSL_FLAG(int64_t, broadcast_every, 1,
           "Publish the weights to the rollout daemons every N versions (0: only at start).");
 ABSL_FLAG(int64_t, broadcast_bucket_mb, 256, "Snapshot bucket size in MiB.");
+ABSL_FLAG(std::string, snapshot_staging, "device",
+          "Where each published version is staged: \"device\" (a copy in --dtype on the "
+          "model's device, then one transfer to pinned host memory) or \"host\" (no device "
+          "buffer: each tensor is converted and copied straight into pinned host memory, for a "
+          "device with little memory to spare; not with the NCCL transport).");
 ABSL_FLAG(int64_t, broadcast_chunk_kb, 4032,
           "Chunk size of gRPC snapshot transfers when a receiver does not ask for one (the "
           "default leaves room for the message's header under gRPC's default 4 MiB receive "
@@ -81,6 +86,12 @@ using daemon::ParseIntListFlag;
 
 absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   o->broadcast_every = absl::GetFlag(FLAGS_broadcast_every);
+  const std::string staging = absl::GetFlag(FLAGS_snapshot_staging);
+  if (staging != "device" && staging != "host") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--snapshot_staging=", staging, ": expected device or host"));
+  }
+  o->snapshot_staging_host = staging == "host";
   broadcast::BroadcastSenderOptions& b = o->broadcast;
   const int64_t bucket_mb = absl::GetFlag(FLAGS_broadcast_bucket_mb);
   o->snapshots.packing.bucket_bytes = static_cast<uint64_t>(bucket_mb) << 20;

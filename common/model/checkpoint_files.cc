@@ -13,6 +13,7 @@
 #include "common/model/checkpoint_meta.h"
 #include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
+#include "common/model/sharded_checkpoint.h"
 #include "common/status_macros.h"
 
 namespace asympo {
@@ -32,13 +33,26 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   ASYMPO_ASSIGN_OR_RETURN(std::string meta_text, ReadWhole(dir + "/" + kCheckpointMetaFile));
   ASYMPO_ASSIGN_OR_RETURN(CheckpointMeta meta,
                           ParseCheckpointMeta(meta_text, dir + "/" + kCheckpointMetaFile));
+  CheckpointContents out;
+  out.version = meta.version;
+  out.optimizer_steps = meta.optimizer_steps;
+  out.config = meta.config;
+  out.batches = meta.batches;
+  out.reward_monitor = meta.reward_monitor;
+  if (fs::exists(dir + "/" + kCheckpointManifestFile)) {
+    // Written by every rank (sharded_checkpoint.h): the weights, whole.
+    ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStateReader> reader,
+                            CheckpointStateReader::Open(dir, meta.crc32c, {}));
+    ASYMPO_ASSIGN_OR_RETURN(out.weights, ReadCheckpointWeights(*reader));
+    ASYMPO_ASSIGN_OR_RETURN(out.rng, reader->Rng());
+    return out;
+  }
   ASYMPO_ASSIGN_OR_RETURN(const uint32_t crc, CheckpointFileCrc(state_path));
   if (crc != meta.crc32c) {
     return absl::DataLossError(
         absl::StrFormat("%s has CRC-32C %08x, meta.json says %08x", state_path, crc, meta.crc32c));
   }
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(state_path));
-  CheckpointContents out;
   const std::string prefix = kCheckpointOptimizerPrefix;
   for (const std::string& name : file->Names()) {
     ASYMPO_ASSIGN_OR_RETURN(at::Tensor t, file->Get(name));
@@ -50,11 +64,6 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
       out.weights.emplace_back(name, t);
     }
   }
-  out.version = meta.version;
-  out.optimizer_steps = meta.optimizer_steps;
-  out.config = std::move(meta.config);
-  out.batches = std::move(meta.batches);
-  out.reward_monitor = std::move(meta.reward_monitor);
   return out;
 }
 

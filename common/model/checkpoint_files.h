@@ -1,11 +1,13 @@
 // The files of one learner checkpoint directory, ckpt-<version, 12 digits>/
 // (learner_server/trainer/checkpoint.h writes them atomically):
-//  - state.safetensors: the policy's parameters under their own names, the
+//  - the state: manifest.json and one shard file per writing rank
+//    (common/model/sharded_checkpoint.h); before those, one
+//    state.safetensors: the policy's parameters under their own names, the
 //    optimizer's tensors under "__optimizer__.<name>", the CPU generator's
-//    state as "__rng_state__";
-//  - meta.json: {"version", "optimizer_steps", "crc32c" (of
-//    state.safetensors), "config" (the learner's flags, one per line),
-//    "batches" (optional: the accepted batches of which the checkpoint's
+//    state as "__rng_state__" (still read);
+//  - meta.json: {"version", "optimizer_steps", "crc32c" (of manifest.json,
+//    or of state.safetensors), "layout" ("sharded"; absent before),
+//    "config" (the learner's flags, one per line), "batches" (optional: the accepted batches of which the checkpoint's
 //    steps trained at least one group, oldest first, with their digests and
 //    the groups trained, for exactly-once delivery; older checkpoints have
 //    "batch_ids", ids alone: common/model/checkpoint_meta.h), "reward_monitor"
@@ -41,8 +43,9 @@ struct CheckpointContents {
   std::string reward_monitor;                               // JSON text; empty when absent
 };
 
-// Reads `dir` (a ckpt-* directory) after checking state.safetensors against
-// meta.json's CRC-32C. DATA_LOSS for an incomplete or corrupt checkpoint;
+// Reads `dir` (a ckpt-* directory, either layout: the weights whole, the
+// moments of the old layout only) after checking it against meta.json's
+// CRC-32C (the sharded layout: every block's). DATA_LOSS for an incomplete or corrupt checkpoint;
 // NOT_FOUND or another error for unreadable files.
 absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir);
 

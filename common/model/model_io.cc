@@ -2,13 +2,18 @@
 
 #include <sys/stat.h>
 
+#include <stdio.h>
+
 #include <cerrno>
 #include <cstring>
 #include <map>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/model/device.h"
 #include "common/model/safetensors_checkpoint.h"
 #include "common/model/safetensors_io.h"
@@ -61,16 +66,20 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadUnguarded(const std::string& di
   return model;
 }
 
-absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
-                             int64_t max_shard_bytes, at::ScalarType dtype) {
+absl::Status WriteConfig(const PolicyModel& model, const std::string& dir, at::ScalarType dtype) {
   ASYMPO_RETURN_IF_ERROR(MakeDirs(dir));
-  if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
   ModelConfig config = model.config();
   config.torch_dtype = DTypeName(dtype);
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out,
                           AtomicFileWriter::Create(dir + "/config.json"));
   ASYMPO_RETURN_IF_ERROR(out->Append(config.ToJson() + "\n"));
-  ASYMPO_RETURN_IF_ERROR(out->Commit());
+  return out->Commit();
+}
+
+absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
+                             int64_t max_shard_bytes, at::ScalarType dtype) {
+  if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
+  ASYMPO_RETURN_IF_ERROR(WriteConfig(model, dir, dtype));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& [name, t] : model.named_parameters()) {
     tensors.emplace_back(name, t.detach().to(at::kCPU, dtype).contiguous());
@@ -78,7 +87,57 @@ absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
   return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
 }
 
+// Writes each part as it comes (model-part-<i>.safetensors), then names
+// the files after their count and writes the index.
+absl::Status ExportPartsUnguarded(
+    const PolicyModel& model, const std::string& dir, at::ScalarType dtype,
+    const std::function<absl::Status(const ModelPartVisitor&)>& parts) {
+  if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
+  ASYMPO_RETURN_IF_ERROR(WriteConfig(model, dir, dtype));
+  std::vector<std::vector<std::string>> files;  // each part's tensor names
+  int64_t total = 0;
+  absl::Status written;
+  ASYMPO_RETURN_IF_ERROR(parts([&](const std::vector<size_t>& params) -> absl::Status {
+    if (!written.ok()) return absl::OkStatus();
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    std::vector<std::string> names;
+    for (const size_t i : params) {
+      const auto& [name, t] = model.named_parameters()[i];
+      tensors.emplace_back(name, t.detach().to(at::kCPU, dtype).contiguous());
+      names.push_back(name);
+      total += tensors.back().second.nbytes();
+    }
+    written =
+        WriteSafetensors(absl::StrCat(dir, "/model-part-", files.size(), ".safetensors"), tensors);
+    files.push_back(std::move(names));
+    return absl::OkStatus();
+  }));
+  ASYMPO_RETURN_IF_ERROR(written);
+  nlohmann::json index;
+  index["metadata"]["total_size"] = total;
+  for (size_t f = 0; f < files.size(); ++f) {
+    const std::string name = absl::StrFormat("model-%05d-of-%05d.safetensors", f + 1, files.size());
+    const std::string from = absl::StrCat(dir, "/model-part-", f, ".safetensors");
+    if (::rename(from.c_str(), (dir + "/" + name).c_str()) != 0) {
+      return absl::InternalError(absl::StrCat("cannot rename ", from, ": ", std::strerror(errno)));
+    }
+    for (const std::string& t : files[f]) index["weight_map"][t] = name;
+  }
+  ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> out,
+                          AtomicFileWriter::Create(dir + "/" + kSafetensorsIndexFileName));
+  ASYMPO_RETURN_IF_ERROR(out->Append(index.dump(2) + "\n"));
+  ASYMPO_RETURN_IF_ERROR(out->Commit());
+  return SyncDirectory(dir);
+}
+
 }  // namespace
+
+absl::Status ExportPolicyModelInParts(
+    const PolicyModel& model, const std::string& dir, at::ScalarType dtype,
+    const std::function<absl::Status(const ModelPartVisitor&)>& parts) {
+  return GuardTorch(absl::StrCat("exporting the model to ", dir),
+                    [&] { return ExportPartsUnguarded(model, dir, dtype, parts); });
+}
 
 absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& dir,
                                                              const ModelOptions& options) {

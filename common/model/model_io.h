@@ -3,6 +3,9 @@
 // model.safetensors.index.json. Functions are thread-compatible.
 #pragma once
 
+#include <functional>
+#include <vector>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -26,6 +29,18 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadPolicyModel(const std::string& 
 absl::StatusOr<std::unique_ptr<PolicyModel>> CreateOrLoadPolicyModel(const std::string& model,
                                                                      int64_t tiny_vocab_size,
                                                                      const ModelOptions& options);
+
+// The same, with the weights readable a part at a time (a fully sharded
+// learner gathers one unit at a time): `parts` calls its argument with the
+// positions (in model.named_parameters()) of each part's parameters while
+// they are readable in `model`. Each part is written as its own shard
+// (model-0000i-of-0000n.safetensors, with the index), converted on its own:
+// the process never holds the whole model. `parts` runs to its end (it may
+// be a collective); its failure or the first write's is returned.
+using ModelPartVisitor = std::function<absl::Status(const std::vector<size_t>&)>;
+absl::Status ExportPolicyModelInParts(
+    const PolicyModel& model, const std::string& dir, at::ScalarType dtype,
+    const std::function<absl::Status(const ModelPartVisitor&)>& parts);
 
 // Parses a --dtype flag value: "float32" or "bfloat16". INVALID_ARGUMENT
 // naming the value otherwise.

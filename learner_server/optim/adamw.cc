@@ -1,5 +1,6 @@
 #include "learner_server/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -89,12 +90,68 @@ void AdamW::ZeroGrad() {
   for (at::Tensor& p : params_) p.mutable_grad().reset();
 }
 
-absl::Status AdamW::GatherState(AdamW* whole) {
-  if (whole != this) {
-    return absl::InvalidArgumentError(
-        "AdamW::GatherState: an unsharded optimizer is its own state");
+std::vector<std::vector<int64_t>> ShapesOf(const std::vector<at::Tensor>& tensors) {
+  std::vector<std::vector<int64_t>> out;
+  for (const at::Tensor& t : tensors) out.push_back(t.sizes().vec());
+  return out;
+}
+
+std::vector<std::vector<int64_t>> AdamW::ParamShapes() const { return ShapesOf(params_); }
+
+StatePiece WriterShare(StateKind kind, size_t param, const at::Tensor& whole, int rank, int world) {
+  const int64_t n = whole.numel();
+  const int64_t chunk = (n + world - 1) / world;
+  const int64_t begin = std::min(n, chunk * rank);
+  const int64_t end = std::min(n, begin + chunk);
+  return {kind, param, begin, whole.detach().view({-1}).narrow(0, begin, end - begin)};
+}
+
+std::vector<StatePiece> RunPieces(StateKind kind, const at::Tensor& chunk, int64_t first,
+                                  const std::vector<int64_t>& offsets,
+                                  const std::vector<int64_t>& numels,
+                                  const std::vector<size_t>& index, const std::vector<bool>& keep) {
+  std::vector<StatePiece> out;
+  const int64_t last = first + chunk.numel();
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    if (!keep[index[i]]) continue;
+    const int64_t from = std::max(first, offsets[i]);
+    const int64_t to = std::min(last, offsets[i] + numels[i]);
+    if (from >= to) continue;
+    out.push_back({kind, index[i], from - offsets[i], chunk.narrow(0, from - first, to - from)});
   }
-  return absl::OkStatus();
+  return out;
+}
+
+std::vector<StatePiece> AdamW::PiecesToWrite(int rank, int world) const {
+  std::vector<StatePiece> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back(WriterShare(StateKind::kWeight, i, params_[i], rank, world));
+    if (!exp_avg_[i].defined()) continue;
+    out.push_back(WriterShare(StateKind::kExpAvg, i, exp_avg_[i], rank, world));
+    out.push_back(WriterShare(StateKind::kExpAvgSq, i, exp_avg_sq_[i], rank, world));
+  }
+  return out;
+}
+
+std::vector<bool> AdamW::MomentsDefined() const {
+  std::vector<bool> out;
+  for (const at::Tensor& m : exp_avg_) out.push_back(m.defined());
+  return out;
+}
+
+void AdamW::PrepareRestore(const std::vector<bool>& moments, int64_t steps) {
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const bool has = i < moments.size() && moments[i];
+    exp_avg_[i] = has ? at::zeros_like(params_[i]) : at::Tensor();
+    exp_avg_sq_[i] = has ? at::zeros_like(params_[i]) : at::Tensor();
+  }
+  step_ = steps;
+}
+
+std::vector<StatePiece> AdamW::PiecesToRead() {
+  // Every piece is the whole of its tensor: a writer share of one rank.
+  return PiecesToWrite(0, 1);
 }
 
 int64_t AdamW::state_bytes() const {

@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/sharded_checkpoint.h"
 
 namespace asympo::learner {
 
@@ -47,6 +48,23 @@ double GradientNorm(const std::vector<at::Tensor>& params);
 //   Apply(lr, scale, stepped)  or  DropGradients()  (a skipped step).
 // Each call leaves the parameters' gradients undefined, except
 // ReduceGradients on an optimizer that does not reduce them.
+// Each tensor's shape.
+std::vector<std::vector<int64_t>> ShapesOf(const std::vector<at::Tensor>& tensors);
+// Rank `rank` of `world`'s share of a tensor every rank holds whole, for a
+// checkpoint: its 1/world of the flattened elements (ceil(n / world) each;
+// the last ranks may have fewer or none).
+StatePiece WriterShare(StateKind kind, size_t param, const at::Tensor& whole, int rank, int world);
+// The pieces of a flat run of elements laid out as `offsets` (each
+// parameter's first element in it) and `numels`: `chunk` holds elements
+// [first, first + chunk.numel()) of the run; `index` maps a position in
+// the run's parameter list to the model's parameter index. Only the
+// elements below the run's end (its padding excluded), and only the
+// parameters `keep` selects.
+std::vector<StatePiece> RunPieces(StateKind kind, const at::Tensor& chunk, int64_t first,
+                                  const std::vector<int64_t>& offsets,
+                                  const std::vector<int64_t>& numels,
+                                  const std::vector<size_t>& index, const std::vector<bool>& keep);
+
 class AdamW;
 
 class Optimizer {
@@ -65,14 +83,25 @@ class Optimizer {
   // times `scale` (clipping), at learning rate `lr`.
   virtual absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) = 0;
 
-  // For checkpoints. Collective when sharded: every rank calls it, and rank
-  // 0's `whole` (an AdamW over the same parameters) then holds every moment
-  // and the step count; an optimizer that is whole already (`whole` is
-  // itself) has nothing to do.
-  virtual absl::Status GatherState(AdamW* whole) = 0;
-  // Frees what GatherState assembled in `whole`, once the checkpoint is
-  // written; nothing for an optimizer that is whole.
-  virtual void ReleaseState(AdamW* whole) = 0;
+  // Checkpoints (learner_server/trainer/checkpoint.h), written by every
+  // rank in parallel and read back by any world. The pieces this rank
+  // writes (`rank` of `world`), as views of its live tensors: what it alone
+  // holds, and its 1/world of what every rank holds whole; moments only of
+  // the parameters that have them (MomentsDefined).
+  virtual std::vector<StatePiece> PiecesToWrite(int rank, int world) const = 0;
+  // Per model parameter: whether it has moments (has been stepped).
+  virtual std::vector<bool> MomentsDefined() const = 0;
+  // The optimizer steps taken (AdamW's bias correction).
+  virtual int64_t steps() const = 0;
+  // Per model parameter, its shape (fully sharded, the parameters
+  // themselves are empty between steps).
+  virtual std::vector<std::vector<int64_t>> ParamShapes() const = 0;
+  // Restoring: sets which parameters have moments (zeros until read) and
+  // the step count; then PiecesToRead are views of everything this rank
+  // holds, for the checkpoint's data to be copied into. `moments` has one
+  // entry per model parameter.
+  virtual void PrepareRestore(const std::vector<bool>& moments, int64_t steps) = 0;
+  virtual std::vector<StatePiece> PiecesToRead() = 0;
   // The bytes of optimizer state this rank keeps between steps.
   virtual int64_t state_bytes() const = 0;
 
@@ -108,9 +137,12 @@ class AdamW : public Optimizer {
   absl::StatusOr<double> ReduceGradients() override { return GradientNorm(params_); }
   void DropGradients() override { ZeroGrad(); }
   absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
-  // `whole` must be this optimizer.
-  absl::Status GatherState(AdamW* whole) override;
-  void ReleaseState(AdamW* /*whole*/) override {}
+  std::vector<StatePiece> PiecesToWrite(int rank, int world) const override;
+  std::vector<bool> MomentsDefined() const override;
+  int64_t steps() const override { return step_; }
+  std::vector<std::vector<int64_t>> ParamShapes() const override;
+  void PrepareRestore(const std::vector<bool>& moments, int64_t steps) override;
+  std::vector<StatePiece> PiecesToRead() override;
   int64_t state_bytes() const override;
 
   // One update with learning rate `lr` from the current gradients.

@@ -234,34 +234,57 @@ absl::Status FullShard::GatherWeightsTo(bool to_host) {
   return absl::OkStatus();
 }
 
+absl::Status FullShard::VisitUnits(
+    const std::function<absl::Status(const std::vector<size_t>&)>& fn) {
+  at::NoGradGuard no_grad;
+  absl::Status first;
+  for (size_t i = 0; i < units_.size(); ++i) {
+    ReleaseUnit(i);
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight));
+    if (!whole.defined()) continue;  // not rank 0
+    Attach(units_[i], std::move(whole));
+    if (first.ok() && fn) first = fn(units_[i].index);
+    ReleaseUnit(i);
+  }
+  return first;
+}
+
 void FullShard::ReleaseWeights() {
   for (size_t i = 0; i < units_.size(); ++i) ReleaseUnit(i);
 }
 
-absl::Status FullShard::GatherState(AdamW* whole) {
-  at::NoGradGuard no_grad;
-  const bool root = collectives_->rank() == 0;
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  const char* names[] = {"exp_avg.", "exp_avg_sq."};
-  for (int which = 0; which < 2; ++which) {
-    for (Unit& u : units_) {
-      ASYMPO_ASSIGN_OR_RETURN(const at::Tensor flat,
-                              GatherOnRank0(u, which == 0 ? u.exp_avg : u.exp_avg_sq, true));
-      for (size_t i = 0; root && i < u.params.size(); ++i) {
-        if (!has_state_[u.index[i]]) continue;
-        state.emplace_back(absl::StrCat(names[which], u.index[i]),
-                           flat.narrow(0, u.offsets[i], u.numels[i]).view(u.shapes[i]));
+std::vector<StatePiece> FullShard::Pieces() const {
+  std::vector<StatePiece> out;
+  const std::vector<bool> all(has_state_.size(), true);
+  for (const Unit& u : units_) {
+    const int64_t first = collectives_->rank() * u.chunk;
+    const StateKind kinds[] = {StateKind::kWeight, StateKind::kExpAvg, StateKind::kExpAvgSq};
+    const at::Tensor* data[] = {&u.weight, &u.exp_avg, &u.exp_avg_sq};
+    for (int k = 0; k < 3; ++k) {
+      for (StatePiece& p : RunPieces(kinds[k], *data[k], first, u.offsets, u.numels, u.index,
+                                     k == 0 ? all : has_state_)) {
+        out.push_back(std::move(p));
       }
     }
   }
-  ASYMPO_RETURN_IF_ERROR(GatherWeightsTo(/*to_host=*/true));
-  return root ? whole->LoadState(state, step_, /*copy=*/false) : absl::OkStatus();
+  return out;
 }
 
-void FullShard::ReleaseState(AdamW* whole) {
-  // Cannot fail: an empty state matches any parameters.
-  whole->LoadState({}, step_).IgnoreError();
-  ReleaseWeights();
+std::vector<std::vector<int64_t>> FullShard::ParamShapes() const {
+  std::vector<std::vector<int64_t>> out(has_state_.size());
+  for (const Unit& u : units_) {
+    for (size_t i = 0; i < u.index.size(); ++i) out[u.index[i]] = u.shapes[i];
+  }
+  return out;
+}
+
+void FullShard::PrepareRestore(const std::vector<bool>& moments, int64_t steps) {
+  for (size_t i = 0; i < has_state_.size(); ++i) has_state_[i] = i < moments.size() && moments[i];
+  for (Unit& u : units_) {
+    u.exp_avg.zero_();
+    u.exp_avg_sq.zero_();
+  }
+  step_ = steps;
 }
 
 absl::Status FullShard::ScatterState(const AdamW& state) {

@@ -23,14 +23,12 @@
 // micro-batches (lockstep(), MostMicroBatches): the trainer pads a rank
 // with fewer with passes of one token and a zero loss.
 //
-// Reading the whole weights (publishing a snapshot, a checkpoint, an
-// export) gathers them on rank 0 for the time of the read: GatherWeights /
-// ReleaseWeights (a snapshot: on the device, where the publisher stages
-// it), and GatherState / ReleaseState (a checkpoint or an export: the
-// moments and the weights, unit by unit into host memory, so that rank 0's
-// device holds one unit of them at a time however large the model). A
-// checkpoint holds the whole state, so any world size (and any sharding
-// mode) resumes it.
+// Reading the whole weights (publishing a snapshot, an export) gathers them
+// on rank 0 for the time of the read: GatherWeights / ReleaseWeights (a
+// snapshot: on the device, where the publisher stages it), VisitUnits (an
+// export: unit by unit into host memory). A checkpoint needs no gather:
+// every rank writes its own chunks (PiecesToWrite), and any world size and
+// sharding mode resumes it, each rank reading its chunks (PiecesToRead).
 //
 // The update is element-wise (AdamWUpdate), so the weights equal those of
 // one process given the same summed gradients (to float rounding: the sums
@@ -38,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -68,9 +67,16 @@ class FullShard : public Optimizer, public LayerResidency {
   absl::StatusOr<double> ReduceGradients() override;
   void DropGradients() override;
   absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
-  // Moments and weights to rank 0 (the weights into the model's parameters).
-  absl::Status GatherState(AdamW* whole) override;
-  void ReleaseState(AdamW* whole) override;
+  // Checkpoints: this rank's chunk of every unit's weights and moments,
+  // written and read back as they are.
+  std::vector<StatePiece> PiecesToWrite(int /*rank*/, int /*world*/) const override {
+    return Pieces();
+  }
+  std::vector<bool> MomentsDefined() const override { return has_state_; }
+  int64_t steps() const override { return step_; }
+  std::vector<std::vector<int64_t>> ParamShapes() const override;
+  void PrepareRestore(const std::vector<bool>& moments, int64_t steps) override;
+  std::vector<StatePiece> PiecesToRead() override { return Pieces(); }
   // The moments this rank keeps (2 c floats per unit).
   int64_t state_bytes() const override;
   absl::Status BeginStep() override;
@@ -79,6 +85,12 @@ class FullShard : public Optimizer, public LayerResidency {
   std::vector<bool> LocalGradients(const std::vector<at::Tensor>& params) const override;
   absl::Status GatherWeights() override;
   void ReleaseWeights() override;
+  // Collective: gathers each unit on rank 0's device in turn and there
+  // calls `fn` with the model positions of its parameters (whole in the
+  // model for the call), then frees it: rank 0 holds one unit beyond its
+  // chunks. Every unit is gathered even after `fn` fails; its first
+  // failure is returned (a failed collective's first).
+  absl::Status VisitUnits(const std::function<absl::Status(const std::vector<size_t>&)>& fn);
 
   // LayerResidency: decoder layer `layer` is unit layer + 1. A failed
   // collective is kept (status()) and makes the rest of the step's
@@ -122,6 +134,8 @@ class FullShard : public Optimizer, public LayerResidency {
   absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk,
                                            bool to_host = false);
   absl::Status GatherWeightsTo(bool to_host);
+  // This rank's chunks, per parameter (moments of those that have them).
+  std::vector<StatePiece> Pieces() const;
   // Points the unit's parameters at `whole` (world * c).
   void Attach(Unit& unit, at::Tensor whole);
   void GatherUnit(size_t u);

@@ -143,38 +143,42 @@ absl::Status ShardedAdamW::Apply(double lr, double scale, const std::vector<bool
   return absl::OkStatus();
 }
 
-absl::Status ShardedAdamW::GatherState(AdamW* whole) {
-  at::NoGradGuard no_grad;
-  const int world = collectives_->world_size();
-  const bool root = collectives_->rank() == 0;
-  std::vector<std::pair<std::string, at::Tensor>> state;
-  const char* names[] = {"exp_avg.", "exp_avg_sq."};
-  at::Tensor* mine[] = {&exp_avg_, &exp_avg_sq_};
-  for (int which = 0; which < 2; ++which) {
-    // Into host memory: rank 0's device holds one round of them at a time.
-    at::Tensor flat =
-        root ? at::empty({world * chunk_}, exp_avg_.options().device(at::kCPU)) : at::Tensor();
-    for (int64_t k = 0; k < Rounds(); ++k) {
-      const int64_t n = RoundLength(k);
-      at::Tensor input = mine[which]->narrow(0, RoundBegin(k), n);
-      std::vector<at::Tensor> outputs;
-      for (int r = 0; root && r < world; ++r) {
-        outputs.push_back(flat.narrow(0, r * chunk_ + RoundBegin(k), n));
-      }
-      ASYMPO_RETURN_IF_ERROR(collectives_->GatherToRank0(input, outputs));
-    }
-    for (size_t i = 0; root && i < params_.size(); ++i) {
-      if (!has_state_[i]) continue;
-      state.emplace_back(absl::StrCat(names[which], i),
-                         flat.narrow(0, offsets_[i], params_[i].numel()).view(params_[i].sizes()));
-    }
+std::vector<StatePiece> ShardedAdamW::MomentPieces() const {
+  std::vector<int64_t> numels;
+  std::vector<size_t> index;
+  for (size_t i = 0; i < params_.size(); ++i)
+    numels.push_back(params_[i].numel()), index.push_back(i);
+  const int64_t first = collectives_->rank() * chunk_;
+  std::vector<StatePiece> out =
+      RunPieces(StateKind::kExpAvg, exp_avg_, first, offsets_, numels, index, has_state_);
+  for (StatePiece& p :
+       RunPieces(StateKind::kExpAvgSq, exp_avg_sq_, first, offsets_, numels, index, has_state_)) {
+    out.push_back(std::move(p));
   }
-  return root ? whole->LoadState(state, step_, /*copy=*/false) : absl::OkStatus();
+  return out;
 }
 
-void ShardedAdamW::ReleaseState(AdamW* whole) {
-  // Cannot fail: an empty state matches any parameters.
-  whole->LoadState({}, step_).IgnoreError();
+std::vector<StatePiece> ShardedAdamW::PiecesToWrite(int rank, int world) const {
+  std::vector<StatePiece> out = MomentPieces();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back(WriterShare(StateKind::kWeight, i, params_[i], rank, world));
+  }
+  return out;
+}
+
+void ShardedAdamW::PrepareRestore(const std::vector<bool>& moments, int64_t steps) {
+  for (size_t i = 0; i < has_state_.size(); ++i) has_state_[i] = i < moments.size() && moments[i];
+  exp_avg_.zero_();
+  exp_avg_sq_.zero_();
+  step_ = steps;
+}
+
+std::vector<StatePiece> ShardedAdamW::PiecesToRead() {
+  std::vector<StatePiece> out = MomentPieces();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back(WriterShare(StateKind::kWeight, i, params_[i], 0, 1));  // every weight
+  }
+  return out;
 }
 
 absl::Status ShardedAdamW::ScatterState(const AdamW& full) {

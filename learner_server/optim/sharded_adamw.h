@@ -16,10 +16,10 @@
 // an unsharded AdamW given the same summed gradients. A parameter that no
 // rank has a gradient for keeps its weights and moments, as AdamW does.
 //
-// Checkpoints hold the whole state: GatherState assembles it on rank 0 (for
-// the time of a save) into an AdamW whose moments are in host memory (the
-// device holds one round of them at a time), and ScatterState hands each rank its
-// chunk of one, so a world of N resumes from a checkpoint written by M.
+// Checkpoints are written by every rank: its chunk of the moments and its
+// share of the weights (PiecesToWrite); any world resumes them, each rank
+// reading its own chunk (PiecesToRead). ScatterState hands each rank its
+// chunk of rank 0's AdamW when the optimizer is sharded.
 #pragma once
 
 #include <cstdint>
@@ -79,12 +79,14 @@ class ShardedAdamW : public Optimizer {
   // parameters.
   absl::Status Apply(double lr, double scale, const std::vector<bool>& stepped) override;
 
-  // Collective. On rank 0, loads the whole state into `whole` (built over
-  // the same parameters) as views of two gathered buffers; elsewhere
-  // `whole` is untouched. ReleaseState clears it after the save.
-  absl::Status GatherState(AdamW* whole) override;
-  // `whole` keeps no moments, and this optimizer's step count.
-  void ReleaseState(AdamW* whole) override;
+  // Checkpoints: this rank's chunk of the moments, and its writer share
+  // of the weights (every rank holds them whole, and reads them whole).
+  std::vector<StatePiece> PiecesToWrite(int rank, int world) const override;
+  std::vector<bool> MomentsDefined() const override { return has_state_; }
+  int64_t steps() const override { return step_; }
+  std::vector<std::vector<int64_t>> ParamShapes() const override { return ShapesOf(params_); }
+  void PrepareRestore(const std::vector<bool>& moments, int64_t steps) override;
+  std::vector<StatePiece> PiecesToRead() override;
   // Collective. Each rank takes its chunk of rank 0's `full` (ignored
   // elsewhere) and its step count.
   absl::Status ScatterState(const AdamW& full);
@@ -102,6 +104,8 @@ class ShardedAdamW : public Optimizer {
   // The reverse, into the parameters; elements past the end are dropped.
   void WriteParams(int64_t begin, const at::Tensor& in);
   std::vector<at::Tensor> Gradients() const;
+  // This rank's chunk of both moments, per parameter that has them.
+  std::vector<StatePiece> MomentPieces() const;
   // Round k: its first element within a chunk and its length.
   int64_t RoundBegin(int64_t k) const { return k * piece_; }
   int64_t RoundLength(int64_t k) const;

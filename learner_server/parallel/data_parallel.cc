@@ -182,7 +182,11 @@ absl::Status DataParallel::SendHeader(StepMessage::Kind kind, const StepTotals& 
 
 absl::Status DataParallel::SendIdle() { return SendHeader(StepMessage::Kind::kIdle, {}, {}); }
 absl::Status DataParallel::SendStop() { return SendHeader(StepMessage::Kind::kStop, {}, {}); }
-absl::Status DataParallel::SendGather() { return SendHeader(StepMessage::Kind::kGather, {}, {}); }
+absl::Status DataParallel::SendSave(int64_t what) {
+  StepTotals flags;
+  flags.groups = what;  // the header's third word
+  return SendHeader(StepMessage::Kind::kSave, flags, {});
+}
 
 absl::StatusOr<StepMessage> DataParallel::SendStep(const std::vector<QueuedGroup>& groups) {
   StepMessage own;
@@ -223,6 +227,7 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
     return absl::DataLossError(absl::StrCat("data parallel: unknown message kind ", h[0]));
   }
   m.kind = static_cast<StepMessage::Kind>(h[0]);
+  if (m.kind == StepMessage::Kind::kSave) m.save = h[2];
   if (m.kind != StepMessage::Kind::kStep) return m;
   m.totals.groups = h[2], m.totals.responses = h[3], m.totals.tokens = h[4];
   m.totals.degenerate_responses = h[5];

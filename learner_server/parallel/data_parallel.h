@@ -11,8 +11,8 @@
 // rank applies the same clipping and AdamW update, so the replicas stay
 // identical (see Trainer::StepShard). With
 // DistShard::kOptimizer each rank keeps a chunk of the AdamW moments instead
-// (ShardedAdamW: reduce-scatter, AdamW on the chunk, all-gather), and a
-// checkpoint first gathers them on rank 0 ("gather" message).
+// (ShardedAdamW: reduce-scatter, AdamW on the chunk, all-gather). Every
+// rank writes its part of a checkpoint ("save" message).
 //
 // Between steps rank 0 sends "idle" while it waits for groups, and "stop"
 // when it shuts down. Every collective has a timeout: a rank that dies or
@@ -115,9 +115,12 @@ std::vector<std::vector<size_t>> SplitByTokens(const std::vector<QueuedGroup>& g
 
 // Rank 0's message to the other ranks.
 struct StepMessage {
-  // kGather: every rank joins Trainer::GatherOptimizerState (a checkpoint).
-  enum class Kind { kIdle = 0, kStep = 1, kStop = 2, kGather = 3 };
+  // kSave: every rank writes its part of a checkpoint (kSaveCheckpoint)
+  // and joins the export's gathers (kSaveExport).
+  enum class Kind { kIdle = 0, kStep = 1, kStop = 2, kSave = 3 };
+  static constexpr int64_t kSaveCheckpoint = 1, kSaveExport = 2;
   Kind kind = Kind::kIdle;
+  int64_t save = 0;                // kSave: kSaveCheckpoint | kSaveExport
   std::vector<QueuedGroup> shard;  // this rank's groups (kStep)
   StepTotals totals;               // the whole step's (kStep)
 };
@@ -144,7 +147,7 @@ class DataParallel : public StepReducer, public ShardCollectives {
   absl::StatusOr<StepMessage> SendStep(const std::vector<QueuedGroup>& groups);
   absl::Status SendIdle();
   absl::Status SendStop();
-  absl::Status SendGather();
+  absl::Status SendSave(int64_t what);  // StepMessage::kSave*
   // Other ranks: rank 0's next message.
   absl::StatusOr<StepMessage> Receive();
 

@@ -248,32 +248,22 @@ double Update(const PlanOptions& o, const Dims& d) {
   return 0;
 }
 
-// Rank 0 between steps, on its device. Full sharding gathers the whole
-// float32 weights there for every snapshot (and holds them whole at start,
-// before sharding). A sharded checkpoint (a save, or a resume before the
-// state is scattered) is whole in host memory (CheckpointHost): on a GPU
-// the device stages one ZeRO-1 round (kBucketElements floats) or one unit
-// of it at a time; on the CPU the host is the device: ZeRO-1 holds the
-// whole moments and one flat buffer of them, full sharding the weights and
-// both moments.
+// Rank 0 between steps, on its device: full sharding gathers each unit's
+// float32 weights there in turn for every snapshot (staged, then freed): the
+// largest unit. A checkpoint gathers nothing (every rank writes and reads
+// its own part: CheckpointHost).
 double Rank0Gather(const PlanOptions& o, const Dims& d) {
-  if (!o.rank0 || o.shard == DistShard::kNone) return 0;
-  const double params = static_cast<double>(d.params);
-  const bool cpu = o.device == PlanDevice::kCpu;
-  const double round = 4 * std::min(params, static_cast<double>(ShardedAdamW::kBucketElements));
-  if (o.shard == DistShard::kOptimizer) {
-    if (!o.checkpoints) return 0;
-    return cpu ? 3 * 4 * params : round;
-  }
-  return (cpu && o.checkpoints ? 3 : 1) * 4 * params;
+  if (!o.rank0 || o.shard != DistShard::kFull) return 0;
+  return 4 * static_cast<double>(std::max(d.root_params, d.layer_params));
 }
 
-// Rank 0 of a sharded world on a GPU: a checkpoint's weights and moments in
-// host memory, for the time of a save or of a resume.
+// Every rank, for the time of a save or a resume: one piece of its part
+// in host memory at a time (a unit's chunk fully sharded; at most the
+// largest unit otherwise).
 double CheckpointHost(const PlanOptions& o, const Dims& d) {
-  if (!o.rank0 || !o.checkpoints || o.shard == DistShard::kNone) return 0;
-  if (o.device == PlanDevice::kCpu) return 0;  // in Rank0Gather
-  return 3 * 4 * static_cast<double>(d.params);
+  if (!o.checkpoints) return 0;
+  const int64_t unit = std::max(d.root_params, d.layer_params);
+  return 4 * static_cast<double>(o.shard == DistShard::kFull ? CeilDiv(unit, o.world_size) : unit);
 }
 
 void SetPart(MemoryPlan& p, PlanPart part, double bytes) {
@@ -304,7 +294,7 @@ void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& 
   SetPart(p, PlanPart::kRank0Gather, Rank0Gather(o, d));
   SetPart(p, PlanPart::kCheckpointHost, CheckpointHost(o, d));
   const double snapshot = o.rank0 ? params * (o.snapshot_dtype == PlanDType::kFloat32 ? 4 : 2) : 0;
-  SetPart(p, PlanPart::kSnapshotDevice, snapshot);
+  SetPart(p, PlanPart::kSnapshotDevice, o.snapshot_device ? snapshot : 0);
   SetPart(p, PlanPart::kSnapshotHost, 2 * snapshot);
 }
 
@@ -376,7 +366,7 @@ bool MemoryPlan::AliveIn(PlanPart part, PlanPhase phase, PlanDevice device) {
     case PlanPart::kSnapshotHost:
       return device == PlanDevice::kCpu;  // pinned host memory on a GPU
     case PlanPart::kCheckpointHost:
-      return false;  // host memory (zero on the CPU, where Rank0Gather has it)
+      return false;  // host memory, one piece at a time: not in the device totals
     case PlanPart::kGradients:
       return in_step;
     case PlanPart::kGatheredWeights:  // the root unit stays whole to the update
@@ -473,10 +463,10 @@ absl::string_view PlanPartName(PlanPart part) {
       "last layer's backward",
       "embedding's backward (end)",
       "optimizer update buffers",
-      "rank 0's gathers (checkpoint, snapshot)",
+      "rank 0's snapshot gather (full sharding: one unit)",
       "snapshot staging on the device",
       "snapshot staging in host memory",
-      "rank 0's checkpoint state in host memory",
+      "a checkpoint piece in host memory (every rank)",
       "workspace outside LibTorch's tensors",
   };
   return kNames[static_cast<size_t>(part)];

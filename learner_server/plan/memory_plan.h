@@ -30,11 +30,11 @@
 //     backward at the end (with tied embeddings the lm_head gradient waits
 //     there for the embedding's, and the two are summed into a third
 //     buffer), the optimizer update, and rank 0's gathers between steps
-//     (full sharding: the weights for every snapshot, on the device; a
-//     sharded checkpoint's weights and moments go to host memory, the
-//     device staging one ZeRO-1 round or one unit at a time, and a resume
-//     scatters them from there: kCheckpointHost, reported but not device
-//     memory; on the CPU both are the same memory, counted here);
+//     (full sharding: each unit's weights in turn for every snapshot, on
+//     the device: the largest unit); a
+//     checkpoint gathers nothing: every rank writes and reads its own part,
+//     one piece at a time through host memory (kCheckpointHost, reported
+//     but not in the device totals);
 //   - rank 0's snapshot staging (snapshot_publisher.h): one copy of the
 //     weights in --dtype on the device, two in host memory (pinned on a
 //     GPU: reported, but not device memory);
@@ -74,8 +74,10 @@ struct PlanOptions {
   DistShard shard = DistShard::kNone;
   PlanDevice device = PlanDevice::kCuda;
   PlanDType compute_dtype = PlanDType::kBFloat16;
-  // Snapshots for the rollouts (--dtype).
+  // Snapshots for the rollouts (--dtype), staged on the device
+  // (--snapshot_staging=device) or straight into host memory.
   PlanDType snapshot_dtype = PlanDType::kFloat32;
+  bool snapshot_device = true;
   // Tokens per micro-batch (--micro_batch_tokens): real tokens when packed,
   // padded positions otherwise.
   int64_t micro_batch_tokens = 16384;
@@ -110,10 +112,10 @@ enum class PlanPart {
   kBackward,         // the last layer's backward (and its recomputation)
   kEmbeddingGrads,   // the end of the backward: the embedding's gradients
   kUpdate,           // the optimizer step's buffers
-  kRank0Gather,      // rank 0: the sharded state gathered whole (checkpoint, snapshot)
+  kRank0Gather,      // rank 0, fully sharded: one unit gathered for the snapshot
   kSnapshotDevice,   // rank 0: the staged snapshot on the device
   kSnapshotHost,     // rank 0: the snapshot in host memory (pinned on a GPU)
-  kCheckpointHost,   // rank 0, sharded, on a GPU: a checkpoint's state in host memory
+  kCheckpointHost,   // every rank: one piece of its checkpoint part in host memory
   kWorkspace,        // outside LibTorch's tensors
 };
 inline constexpr int kPlanParts = 16;

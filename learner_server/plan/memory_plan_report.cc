@@ -74,7 +74,7 @@ std::string AliveText(PlanPart part, PlanDevice device) {
     return "pinned host memory, not device memory: not in the totals";
   }
   if (part == PlanPart::kCheckpointHost) {
-    return "host memory during a save or a resume, not device memory: not in the totals";
+    return "host memory during a save or a resume (one piece at a time), not in the totals";
   }
   std::vector<std::string> phases;
   for (int ph = 0; ph < kPlanPhases; ++ph) {
@@ -144,7 +144,7 @@ bool FitsWith(const PlanOptions& options, int64_t budget, Change change) {
 }
 
 // One change of the flags that may make a plan fit: the flag as written
-// (empty: no checkpoints) and what it changes.
+// and what it changes.
 struct Change {
   std::string flag;
   std::function<void(PlanOptions&)> apply;
@@ -165,10 +165,10 @@ std::vector<Change> ChangesFor(const PlanOptions& o) {
     changes.push_back(
         {"--dtype=bfloat16", [](PlanOptions& p) { p.snapshot_dtype = PlanDType::kBFloat16; }});
   }
-  // Rank 0 holds the sharded state whole for a checkpoint (on the CPU; a
-  // GPU stages it to host memory a round or a unit at a time).
-  if (o.rank0 && o.checkpoints && (o.shard != DistShard::kNone || o.world_size > 1)) {
-    changes.push_back({"", [](PlanOptions& p) { p.checkpoints = false; }});
+  // Rank 0 stages each snapshot in host memory only, without a device copy.
+  if (o.rank0 && o.snapshot_device && o.device == PlanDevice::kCuda) {
+    changes.push_back(
+        {"--snapshot_staging=host", [](PlanOptions& p) { p.snapshot_device = false; }});
   }
   return changes;
 }
@@ -239,14 +239,8 @@ std::string FitAdvice(const PlanOptions& options, int64_t budget) {
   if (FitsWith(options, budget, [](PlanOptions&) {})) return "";
   std::vector<Change> changes = ChangesFor(options);
   std::vector<std::string> sets;  // the flags that make it fit alone
-  std::string no_checkpoints;
   for (const Change& c : changes) {
-    if (!FitsWith(options, budget, c.apply)) continue;
-    if (c.flag.empty()) {
-      no_checkpoints = "leave --checkpoint_dir empty";
-    } else {
-      sets.push_back(c.flag);
-    }
+    if (FitsWith(options, budget, c.apply)) sets.push_back(c.flag);
   }
   std::vector<std::string> alternatives;
   if (const absl::StatusOr<int64_t> tokens = LargestMicroBatch(options, budget);
@@ -254,7 +248,6 @@ std::string FitAdvice(const PlanOptions& options, int64_t budget) {
     alternatives.push_back(absl::StrCat("lower --micro_batch_tokens to ", *tokens));
   }
   if (!sets.empty()) alternatives.push_back(absl::StrCat("set ", absl::StrJoin(sets, " or ")));
-  if (!no_checkpoints.empty()) alternatives.push_back(no_checkpoints);
   if (!alternatives.empty()) return absl::StrJoin(alternatives, " or ");
   // Nothing fits alone: every change together, with the micro-batch that
   // then fits.
@@ -262,7 +255,7 @@ std::string FitAdvice(const PlanOptions& options, int64_t budget) {
   std::vector<std::string> together;
   for (const Change& c : changes) {
     c.apply(all);
-    together.push_back(c.flag.empty() ? "leave --checkpoint_dir empty" : "set " + c.flag);
+    together.push_back("set " + c.flag);
   }
   const absl::StatusOr<int64_t> tokens = LargestMicroBatch(all, budget);
   if (!changes.empty() && tokens.ok() && *tokens > 0) {
@@ -270,7 +263,7 @@ std::string FitAdvice(const PlanOptions& options, int64_t budget) {
                         *tokens);
   }
   return "no setting of --micro_batch_tokens, --activation_checkpointing, --dist_shard, --dtype "
-         "or --checkpoint_dir fits this device: use more ranks or a device with more memory";
+         "or --snapshot_staging fits this device: use more ranks or a device with more memory";
 }
 
 }  // namespace asympo::learner

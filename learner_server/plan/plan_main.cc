@@ -52,8 +52,11 @@ ABSL_FLAG(std::string, activation_checkpointing, "none",
           "2N, ...).");
 ABSL_FLAG(int64_t, logprob_chunk_rows, 1024, "Rows of logits computed at once for log-probs.");
 ABSL_FLAG(bool, checkpoints, true,
-          "Checkpoints are written (the learner's --checkpoint_dir): with sharding, rank 0 "
-          "gathers the whole state for them.");
+          "Checkpoints are written (the learner's --checkpoint_dir): every rank passes its part "
+          "through host memory, one piece at a time.");
+ABSL_FLAG(std::string, snapshot_staging, "device",
+          "Where rank 0 stages each published version (the learner's --snapshot_staging): "
+          "device or host (no device copy).");
 
 ASYMPO_FLAG_RANGE(world_size, 1, 65536);
 ASYMPO_FLAG_RANGE(device_memory_gib, 1e-3, 1 << 20);
@@ -106,6 +109,12 @@ absl::StatusOr<PlanOptions> OptionsFromFlags() {
   o.pack_sequences = absl::GetFlag(FLAGS_pack_sequences);
   o.logprob_chunk_rows = absl::GetFlag(FLAGS_logprob_chunk_rows);
   o.checkpoints = absl::GetFlag(FLAGS_checkpoints);
+  const std::string staging = absl::GetFlag(FLAGS_snapshot_staging);
+  if (staging != "device" && staging != "host") {
+    return Named("snapshot_staging", absl::InvalidArgumentError(absl::StrCat(
+                                         "\"", staging, "\": expected device or host")));
+  }
+  o.snapshot_device = staging == "device";
   if (absl::Status s = asympo::learner::ValidatePlanOptions(o); !s.ok()) return s;
   return o;
 }

@@ -1,13 +1,11 @@
 #include "learner_server/trainer/checkpoint.h"
 
 #include <stdio.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <filesystem>
-#include <map>
+#include <random>
 #include <system_error>
 
 #include <glog/logging.h>
@@ -19,16 +17,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/model/checkpoint_files.h"
-#include "common/model/safetensors.h"
 #include "common/model/safetensors_io.h"
+#include "common/model/sharded_checkpoint.h"
 #include "common/model/torch_errors.h"
 #include "common/remove_tree.h"
 #include "common/status_macros.h"
+#include "learner_server/trainer/checkpoint_ranks.h"
 
 namespace asympo::learner {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::string ErrorText(const std::error_code& ec) {
+  return absl::StrCat(ec.message(), " (errno ", ec.value(), ")");
+}
 
 absl::Status WriteText(const std::string& path, const std::string& text) {
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<AtomicFileWriter> w, AtomicFileWriter::Create(path));
@@ -36,90 +39,61 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
   return w->Commit();
 }
 
-absl::Status Restore(const std::string& dir, PolicyModel* model, AdamW* optimizer,
-                     CheckpointInfo* info, bool moments_on_host) {
-  ASYMPO_ASSIGN_OR_RETURN(CheckpointContents contents, ReadCheckpointDirectory(dir));
-  // Check everything before changing anything.
-  ASYMPO_RETURN_IF_ERROR(model->LoadParameters(contents.weights));
-  ASYMPO_RETURN_IF_ERROR(optimizer->LoadState(contents.moments, contents.optimizer_steps,
-                                              /*copy=*/true, moments_on_host));
-  if (contents.rng.defined()) {
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    gen.set_state(contents.rng);
+std::vector<CheckpointParam> ParamsOf(const PolicyModel& model, const Optimizer& optimizer) {
+  const std::vector<std::vector<int64_t>> shapes = optimizer.ParamShapes();
+  const std::vector<bool> moments = optimizer.MomentsDefined();
+  std::vector<CheckpointParam> out;
+  const auto& named = model.named_parameters();
+  for (size_t i = 0; i < named.size(); ++i) out.push_back({named[i].first, shapes[i], moments[i]});
+  return out;
+}
+
+at::Tensor RngState() {
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+// Removes an unfinished save's directory; out of descriptors (EMFILE:
+// RemoveTree lists the directory), by the names a save puts there.
+void RemoveUnfinished(const std::string& tmp, int world) {
+  const absl::Status removed = RemoveTree(tmp);
+  if (removed.ok()) return;
+  for (int r = 0; r < world; ++r) {
+    ::unlink((tmp + "/" + CheckpointShardFileName(r, world)).c_str());
+    ::unlink(absl::StrFormat("%s/shard-%05d.json", tmp, r).c_str());
   }
-  info->path = dir;
-  info->version = contents.version;
-  info->optimizer_steps = contents.optimizer_steps;
-  info->config = std::move(contents.config);
-  info->batches = std::move(contents.batches);
-  info->reward_monitor = std::move(contents.reward_monitor);
+  for (const char* name : {kCheckpointManifestFile, kCheckpointMetaFile}) {
+    ::unlink((tmp + "/" + name).c_str());
+  }
+  if (::rmdir(tmp.c_str()) != 0 && errno != ENOENT) {
+    LOG(WARNING) << "cannot remove the unfinished checkpoint " << tmp << ": " << removed.message()
+                 << "; the next start removes it";
+  }
+}
+
+// Rank 0: creates the save's temporary directory.
+absl::Status Prepare(const std::string& root, const std::string& tmp) {
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
+  (void)RemoveTree(tmp);
+  fs::create_directories(tmp, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", ErrorText(ec)));
   return absl::OkStatus();
 }
 
-}  // namespace
-
-namespace {
-
-// "what it says (errno N)" of a filesystem error.
-std::string ErrorText(const std::error_code& ec) {
-  return absl::StrCat(ec.message(), " (errno ", ec.value(), ")");
-}
-
-// Removes a save's temporary directory when the save fails at any point,
-// a LibTorch exception included (GuardTorch catches it further up).
-class RemoveUnlessKept {
- public:
-  explicit RemoveUnlessKept(std::string dir) : dir_(std::move(dir)) {}
-  ~RemoveUnlessKept() {
-    if (dir_.empty()) return;
-    const absl::Status removed = RemoveTree(dir_);
-    if (removed.ok()) return;
-    // RemoveTree lists the directory, which takes a descriptor: out of
-    // them (EMFILE), remove by name what a save puts there (a file writer
-    // that fails removes its own temporary file).
-    for (const char* name : {kCheckpointStateFile, kCheckpointMetaFile}) {
-      ::unlink((dir_ + "/" + name).c_str());
-    }
-    if (::rmdir(dir_.c_str()) != 0 && errno != ENOENT) {
-      LOG(WARNING) << "cannot remove the unfinished checkpoint " << dir_ << ": "
-                   << removed.message() << "; the next start removes it";
-    }
-  }
-  void Keep() { dir_.clear(); }
-
- private:
-  std::string dir_;
-};
-
-// Writes state.safetensors and meta.json into `dir`.
-absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
-                                  const PolicyModel& model, const AdamW& optimizer,
-                                  const std::string& config,
-                                  const std::vector<CheckpointBatch>& batches,
-                                  const std::string& reward_monitor) {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  {
-    at::NoGradGuard no_grad;
-    for (const auto& [name, t] : model.named_parameters()) tensors.emplace_back(name, t.detach());
-    for (const auto& [name, t] : optimizer.StateTensors()) {
-      tensors.emplace_back(kCheckpointOptimizerPrefix + name, t);
-    }
-    at::Generator gen = at::detail::getDefaultCPUGenerator();
-    std::lock_guard<std::mutex> lock(gen.mutex());
-    tensors.emplace_back(kCheckpointRngTensor, gen.get_state());
-  }
-  const std::string state_path = dir + "/" + kCheckpointStateFile;
-  ASYMPO_RETURN_IF_ERROR(WriteSafetensors(state_path, tensors));
-  ASYMPO_ASSIGN_OR_RETURN(uint32_t crc, CheckpointFileCrc(state_path));
+absl::Status WriteMeta(const CheckpointSave& save, const std::string& dir, uint32_t manifest_crc,
+                       int64_t steps) {
   nlohmann::json meta;
-  meta["version"] = version;
-  meta["optimizer_steps"] = optimizer.step_count();
-  meta["crc32c"] = crc;
-  meta["config"] = config;
-  meta["batches"] = CheckpointBatchesJson(batches);
-  if (!reward_monitor.empty()) {
-    nlohmann::json monitor = nlohmann::json::parse(reward_monitor, nullptr, false);
+  meta["version"] = save.version;
+  meta["optimizer_steps"] = steps;
+  meta["crc32c"] = manifest_crc;
+  meta["layout"] = "sharded";
+  meta["config"] = save.config;
+  meta["batches"] = CheckpointBatchesJson(save.batches);
+  if (!save.reward_monitor.empty()) {
+    nlohmann::json monitor = nlohmann::json::parse(save.reward_monitor, nullptr, false);
     if (!monitor.is_object()) {
       return absl::InvalidArgumentError("the reward monitor's state is not a JSON object");
     }
@@ -131,93 +105,100 @@ absl::Status WriteCheckpointFiles(const std::string& dir, uint64_t version,
                    meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
-absl::StatusOr<CheckpointInfo> SaveUnguarded(const std::string& root, uint64_t version,
-                                             const PolicyModel& model, const AdamW& optimizer,
-                                             const std::string& config, int keep_last,
-                                             const std::vector<CheckpointBatch>& batches,
-                                             const std::string& reward_monitor) {
-  std::error_code ec;
-  fs::create_directories(root, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ErrorText(ec)));
-  const std::string final_dir = absl::StrFormat("%s/ckpt-%012d", root, version);
-  const std::string tmp_dir = absl::StrFormat("%s/.tmp-ckpt-%012d-%d", root, version, ::getpid());
-  (void)RemoveTree(tmp_dir);  // left by an earlier try of this process id
-  RemoveUnlessKept cleanup(tmp_dir);
-  fs::create_directories(tmp_dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ErrorText(ec)));
-  ASYMPO_RETURN_IF_ERROR(
-      WriteCheckpointFiles(tmp_dir, version, model, optimizer, config, batches, reward_monitor));
+// Rank 0, once every rank's part is written: manifest, meta, rename, prune.
+absl::Status Commit(const CheckpointSave& save, const std::string& tmp, int world,
+                    const std::string& dist_shard, const std::vector<CheckpointParam>& params,
+                    int64_t steps) {
+  ASYMPO_ASSIGN_OR_RETURN(const uint32_t crc,
+                          WriteCheckpointManifest(tmp, world, dist_shard, params));
+  ASYMPO_RETURN_IF_ERROR(WriteMeta(save, tmp, crc, steps));
+  ASYMPO_RETURN_IF_ERROR(SyncDirectory(tmp));
+  const std::string final_dir = CheckpointDir(save.root, save.version);
   (void)RemoveTree(final_dir);
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp_dir, " to ", final_dir, ": ",
+        absl::StrCat("cannot rename ", tmp, " to ", final_dir, ": ",
                      ErrorText(std::error_code(errno, std::generic_category()))));
   }
-  cleanup.Keep();
-  ASYMPO_RETURN_IF_ERROR(SyncDirectory(root));
-  if (keep_last > 0) {
-    const std::vector<std::string> all = ListCheckpoints(root);
-    for (size_t i = static_cast<size_t>(keep_last); i < all.size(); ++i) {
+  ASYMPO_RETURN_IF_ERROR(SyncDirectory(save.root));
+  if (save.keep_last > 0) {
+    const std::vector<std::string> all = ListCheckpoints(save.root);
+    for (size_t i = static_cast<size_t>(save.keep_last); i < all.size(); ++i) {
       const absl::Status removed = RemoveTree(all[i]);
       if (!removed.ok()) LOG(WARNING) << "cannot prune an old checkpoint: " << removed.message();
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointInfo> SaveUnguarded(const CheckpointSave& save, const PolicyModel& model,
+                                             const Optimizer& optimizer,
+                                             const CheckpointRanks& ranks) {
+  const int rank = RankOf(ranks), world = WorldOf(ranks);
+  // Rank 0 names the temporary directory (its nonce, to every rank).
+  std::vector<double> header{0.0, 0.0};
+  absl::Status own;
+  if (rank == 0) {
+    header[0] = static_cast<double>(std::random_device()() & 0xffffff) + 1;
+    own = Prepare(save.root, absl::StrFormat("%s/.tmp-ckpt-%012d-%06x", save.root, save.version,
+                                             static_cast<int>(header[0])));
+    header[1] = own.ok() ? 0.0 : 1.0;
+  }
+  ASYMPO_RETURN_IF_ERROR(SumOverRanks(ranks, &header));
+  if (header[1] != 0) return Agreed(own, {0}, "preparing the checkpoint");
+  const std::string tmp = absl::StrFormat("%s/.tmp-ckpt-%012d-%06x", save.root, save.version,
+                                          static_cast<int>(header[0]));
+  const std::vector<CheckpointParam> params = ParamsOf(model, optimizer);
+  {
+    at::NoGradGuard no_grad;
+    own = WriteCheckpointShard(tmp, rank, world, params, optimizer.PiecesToWrite(rank, world),
+                               rank == 0 ? RngState() : at::Tensor());
+  }
+  ASYMPO_ASSIGN_OR_RETURN(const std::vector<int> failed, FailedRanks(ranks, own));
+  if (!failed.empty()) {
+    if (rank == 0) RemoveUnfinished(tmp, world);
+    return Agreed(own, failed, "writing the checkpoint's shards");
+  }
+  if (rank == 0) {
+    const absl::Status committed =
+        Commit(save, tmp, world, ranks.dist_shard, params, optimizer.steps());
+    if (!committed.ok()) {
+      RemoveUnfinished(tmp, world);
+      return committed;
+    }
+  }
   CheckpointInfo info;
-  info.path = final_dir;
-  info.version = version;
-  info.optimizer_steps = optimizer.step_count();
-  info.config = config;
-  info.batches = batches;
-  info.reward_monitor = reward_monitor;
+  info.path = CheckpointDir(save.root, save.version);
+  info.version = save.version;
+  info.optimizer_steps = optimizer.steps();
+  info.config = save.config;
+  info.batches = save.batches;
+  info.reward_monitor = save.reward_monitor;
   return info;
 }
 
-absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestUnguarded(const std::string& root,
-                                                                  PolicyModel* model,
-                                                                  AdamW* optimizer,
-                                                                  bool moments_on_host) {
-  std::error_code ec;
-  if (!fs::exists(root, ec)) return std::optional<CheckpointInfo>();
-  if (!fs::is_directory(root, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("checkpoint root ", root, " is not a directory"));
-  }
-  // Temporary directories of saves that a crash interrupted.
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    if (e.path().filename().string().rfind(".tmp-ckpt-", 0) == 0) {
-      LOG(WARNING) << "removing the unfinished checkpoint " << e.path().string();
-      const absl::Status removed = RemoveTree(e.path().string());
-      if (!removed.ok()) LOG(WARNING) << removed.message();
-    }
-  }
-  for (const std::string& dir : ListCheckpoints(root)) {
-    CheckpointInfo info;
-    const absl::Status s = Restore(dir, model, optimizer, &info, moments_on_host);
-    if (s.ok()) return std::optional<CheckpointInfo>(info);
-    LOG(WARNING) << "skipping checkpoint " << dir << ": " << s;
-  }
-  return std::optional<CheckpointInfo>();
-}
-
 }  // namespace
+
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const CheckpointSave& save, const PolicyModel& model,
+                                              const Optimizer& optimizer,
+                                              const CheckpointRanks& ranks) {
+  return GuardTorch(absl::StrCat("checkpoint of version ", save.version, " into ", save.root),
+                    [&] { return SaveUnguarded(save, model, optimizer, ranks); });
+}
 
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last,
                                               const std::vector<CheckpointBatch>& batches,
                                               const std::string& reward_monitor) {
-  return GuardTorch(absl::StrCat("checkpoint of version ", version, " into ", root), [&] {
-    return SaveUnguarded(root, version, model, optimizer, config, keep_last, batches,
-                         reward_monitor);
-  });
-}
-
-absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
-                                                                   PolicyModel* model,
-                                                                   AdamW* optimizer,
-                                                                   bool moments_on_host) {
-  return GuardTorch(absl::StrCat("restoring a checkpoint from ", root),
-                    [&] { return LoadLatestUnguarded(root, model, optimizer, moments_on_host); });
+  CheckpointSave save;
+  save.root = root;
+  save.version = version;
+  save.config = config;
+  save.keep_last = keep_last;
+  save.batches = batches;
+  save.reward_monitor = reward_monitor;
+  return SaveCheckpoint(save, model, optimizer);
 }
 
 }  // namespace asympo::learner

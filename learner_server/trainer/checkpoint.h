@@ -1,14 +1,23 @@
 // Learner checkpoints: the policy weights, the optimizer's moments and step
 // count, the version, the CPU random-generator state and the learner's
-// configuration, written atomically and found again at start-up.
+// configuration, written by every data-parallel rank in parallel and found
+// again at start-up by any world.
 //
-// Layout: <root>/ckpt-<version, 12 digits>/{state.safetensors, meta.json}.
-// A checkpoint is written into a temporary directory, every file fsynced,
-// then renamed into place (and the root fsynced), so a crash leaves either
-// the whole checkpoint or none. meta.json carries the CRC-32C of
-// state.safetensors, so a truncated or corrupted checkpoint is detected;
-// LoadLatestCheckpoint logs and skips it and falls back to an older one.
-// Functions are thread-compatible; the trainer thread calls them.
+// Layout: <root>/ckpt-<version, 12 digits>/: meta.json, manifest.json and
+// one shard file per writing rank (common/model/sharded_checkpoint.h). Each
+// rank writes its own part (what it alone holds, and its 1/world of what
+// every rank holds whole), with no gather. Rank 0 then merges the ranks'
+// indexes into manifest.json, writes meta.json and renames the temporary
+// directory into place (fsyncing the root): a crash at any point leaves
+// either the whole checkpoint or none, and the older ones untouched.
+// Restoring, every rank reads only the elements it holds, from any writers'
+// world size and sharding mode; the blocks it reads are checked against
+// their CRC-32C first, on every rank, and a checkpoint that any rank finds
+// incomplete or corrupt is skipped by all for an older one. Checkpoints of
+// the older layout (one state.safetensors) are read the same way.
+//
+// Both calls are collectives when `ranks` has collectives: every rank calls
+// them, in the same order. Thread-compatible; the trainer thread calls them.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +29,7 @@
 #include "common/model/checkpoint_files.h"
 #include "common/model/policy_model.h"
 #include "learner_server/optim/adamw.h"
+#include "learner_server/optim/sharded_adamw.h"
 
 namespace asympo::learner {
 
@@ -33,29 +43,66 @@ struct CheckpointInfo {
   std::vector<CheckpointBatch> batches;
   // The reward monitor's state (RewardMonitor::ToJson); empty: none saved.
   std::string reward_monitor;
+  // Restored: the writers' world size and sharding mode; bytes this rank read.
+  int written_by = 1;
+  std::string written_shard;
+  int64_t bytes_read = 0;
 };
 
-// Saves into <root>/ckpt-<version>, creating `root`; keeps the newest
-// `keep_last` checkpoints (0 keeps all) and removes older ones. `batches`
-// and `reward_monitor` (a JSON object's text; empty: none) go into
-// meta.json.
+// Who takes part: the ranks' collectives (nullptr: one process) and the
+// sharding mode the manifest records.
+struct CheckpointRanks {
+  ShardCollectives* collectives = nullptr;
+  std::string dist_shard = "none";
+};
+
+// What rank 0 saves beside the state (the other ranks' values are unused).
+struct CheckpointSave {
+  std::string root;
+  uint64_t version = 0;
+  std::string config;
+  int keep_last = 3;  // newest checkpoints kept (0: all); rank 0 prunes
+  std::vector<CheckpointBatch> batches;
+  std::string reward_monitor;  // a JSON object's text; empty: none
+};
+
+// Saves into <root>/ckpt-<version>, creating `root`. Every rank returns the
+// same outcome of the writes; only rank 0 learns whether the commit
+// succeeded (the others return its would-be path).
+absl::StatusOr<CheckpointInfo> SaveCheckpoint(const CheckpointSave& save, const PolicyModel& model,
+                                              const Optimizer& optimizer,
+                                              const CheckpointRanks& ranks = {});
+
+// One process: the form the tests and tools use.
 absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t version,
                                               const PolicyModel& model, const AdamW& optimizer,
                                               const std::string& config, int keep_last = 3,
                                               const std::vector<CheckpointBatch>& batches = {},
                                               const std::string& reward_monitor = "");
 
-// Restores the newest valid checkpoint under `root` into `model` and
-// `optimizer` (and the CPU generator). Corrupt or incomplete ones are logged
-// and skipped; temporary directories of interrupted saves are removed. Returns nullopt when there
-// is none (or `root` is absent). Only an unreadable root is an error.
-// `moments_on_host`: the AdamW moments stay in host memory (rank 0 of a
-// sharded world scatters them from there, a round or a unit at a time to
-// the device, instead of holding them whole on it).
-absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
-                                                                   PolicyModel* model,
-                                                                   AdamW* optimizer,
-                                                                   bool moments_on_host = false);
+// Restores the newest valid checkpoint under `root` into `model` (its
+// weights, through `optimizer`, which holds them or this rank's chunks of
+// them) and `optimizer`, and rank 0's CPU generator. Corrupt or incomplete
+// ones, and ones of another model (names or shapes), are logged and
+// skipped; temporary directories of interrupted saves are removed. Returns
+// nullopt when there is none (or `root` is absent), with the optimizer's
+// moments and step count reset. Only an unreadable root or a read failing
+// after its check is an error.
+absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(
+    const std::string& root, const PolicyModel& model, Optimizer* optimizer,
+    const CheckpointRanks& ranks = {});
+
+// Collective, before anything is saved or restored: checks that every rank
+// sees the directory rank 0 writes (`root`; created). FAILED_PRECONDITION
+// naming the flag and the ranks that do not.
+absl::Status CheckSharedCheckpointDir(const std::string& root, const CheckpointRanks& ranks);
+
+// One process, the model by pointer (the tests' form).
+inline absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const std::string& root,
+                                                                          PolicyModel* model,
+                                                                          Optimizer* optimizer) {
+  return LoadLatestCheckpoint(root, *model, optimizer, CheckpointRanks{});
+}
 
 // Checkpoint directories under `root`, newest first (by version):
 // common/model/checkpoint_files.h.

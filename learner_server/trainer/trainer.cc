@@ -340,11 +340,25 @@ StepOr<StepResult> Trainer::Update(StepResult result, const std::vector<bool>& s
 
 absl::StatusOr<uint64_t> Trainer::Publish() {
   const uint64_t version = version_.fetch_add(1) + 1;
-  // Sharded weights are gathered on rank 0 to be read.
-  ASYMPO_RETURN_IF_ERROR(stepper_->GatherWeights());
-  if (publisher_ != nullptr) publisher_->Publish(version, *model_);
-  stepper_->ReleaseWeights();
+  // Fully sharded weights are gathered on rank 0 a unit at a time.
+  const WeightParts parts = [this](const StagePart& stage) { return VisitWeightParts(stage); };
+  if (publisher_ != nullptr) {
+    ASYMPO_RETURN_IF_ERROR(publisher_->Publish(version, *model_, parts));
+  } else {
+    ASYMPO_RETURN_IF_ERROR(parts([](const std::vector<size_t>&) { return absl::OkStatus(); }));
+  }
   return version;
+}
+
+absl::Status Trainer::VisitWeightParts(const StagePart& stage) {
+  if (full_ != nullptr) return full_->VisitUnits(stage);
+  return WholeWeights(*model_)(stage);
+}
+
+WeightParts WholeWeights(const PolicyModel& model) {
+  std::vector<size_t> all(model.named_parameters().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  return [all](const StagePart& stage) { return stage(all); };
 }
 
 StepResult Trainer::ResultOf(const Accumulated& local) {
@@ -371,13 +385,14 @@ absl::Status Trainer::ShardOptimizer(ShardCollectives* collectives) {
   ASYMPO_RETURN_IF_ERROR(sharded->ScatterState(optimizer_));
   sharded_ = std::move(sharded);
   stepper_ = sharded_.get();
-  ReleaseOptimizerState();
+  DropWholeMoments();
   return absl::OkStatus();
 }
 
-absl::Status Trainer::GatherOptimizerState() { return stepper_->GatherState(&optimizer_); }
-
-void Trainer::ReleaseOptimizerState() { stepper_->ReleaseState(&optimizer_); }
+void Trainer::DropWholeMoments() {
+  // Cannot fail: an empty state matches any parameters.
+  optimizer_.LoadState({}, optimizer_.step_count()).IgnoreError();
+}
 
 absl::Status Trainer::ShardFully(ShardCollectives* collectives) {
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<FullShard> shard,
@@ -385,7 +400,7 @@ absl::Status Trainer::ShardFully(ShardCollectives* collectives) {
   full_ = shard.get();
   sharded_ = std::move(shard);
   stepper_ = sharded_.get();
-  ReleaseOptimizerState();
+  DropWholeMoments();
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -46,10 +47,29 @@ namespace asympo::learner {
 // Where each new version of the weights goes (the weight broadcaster in the
 // daemon). Publish is called on the trainer thread after every step; it
 // must not keep references to the model's tensors beyond the call.
+// A part of the weights (positions in model.named_parameters()), readable
+// in the model while the call lasts.
+using StagePart = std::function<absl::Status(const std::vector<size_t>& params)>;
+// Calls its argument for each part of the weights as it becomes readable:
+// all at once, or a unit at a time on a fully sharded learner (a
+// collective there: it runs to its end on every rank). Its failure is a
+// failed collective.
+using WeightParts = std::function<absl::Status(const StagePart& stage)>;
+
+// The parts of a model whose weights are all readable: one, all of them.
+WeightParts WholeWeights(const PolicyModel& model);
+
 class WeightPublisher {
  public:
   virtual ~WeightPublisher() = default;
-  virtual void Publish(uint64_t version, const PolicyModel& model) = 0;
+  // Publishes `version`, reading the weights through `parts`, which it must
+  // call exactly once (whether it publishes this version or not).
+  virtual absl::Status Publish(uint64_t version, const PolicyModel& model,
+                               const WeightParts& parts) = 0;
+  // With every weight readable.
+  absl::Status Publish(uint64_t version, const PolicyModel& model) {
+    return Publish(version, model, WholeWeights(model));
+  }
 };
 
 struct TrainerOptions {
@@ -160,13 +180,8 @@ class Trainer {
   // groups alone: a step that is not finite is skipped on every rank).
   // Collective: every rank's model must hold rank 0's weights, and rank 0's
   // optimizer state is split across the ranks. The model's parameters are
-  // empty between steps; GatherOptimizerState makes them whole on rank 0.
+  // empty between steps.
   absl::Status ShardFully(ShardCollectives* collectives);
-  // Collective, with a sharded optimizer: assembles the whole state in rank
-  // 0's optimizer() for a checkpoint (and, fully sharded, the weights in
-  // its model); ReleaseOptimizerState frees it again.
-  absl::Status GatherOptimizerState();
-  void ReleaseOptimizerState();
   // Whether ShardOptimizer or ShardFully was called.
   bool optimizer_sharded() const { return sharded_ != nullptr; }
   // The FullShard after ShardFully; null otherwise.
@@ -178,13 +193,22 @@ class Trainer {
   uint64_t version() const { return version_.load(); }
   // For restoring from a checkpoint.
   void set_version(uint64_t version) { version_ = version; }
-  // The whole AdamW state, for checkpoints (see ShardOptimizer).
+  // The whole AdamW state before the optimizer is sharded (see
+  // ShardOptimizer); rank 0's is scattered from it.
   AdamW& optimizer() { return optimizer_; }
+  // The weights, part by part (WeightParts): a unit at a time gathered on
+  // rank 0 when fully sharded (a collective), else all at once.
+  absl::Status VisitWeightParts(const StagePart& stage);
+  // What updates the weights, and what checkpoints write and restore:
+  // optimizer(), or its sharded form.
+  Optimizer& stepper() { return *stepper_; }
   const TrainerOptions& options() const { return options_; }
   const PolicyLoss& loss() const { return loss_; }
   PolicyModel& model() { return *model_; }
 
  private:
+  // Once sharded: optimizer() keeps no moments (its step count stays).
+  void DropWholeMoments();
   // What one rank's backward passes over some groups produced, before any
   // exchange; the gradients are in the model's parameters.
   struct Accumulated {

@@ -367,8 +367,19 @@ def scenario_kill(build, work):
                      "fully sharded")
     with open(os.path.join(w, "rank0.log")) as f:
         check("full sharding: this rank keeps" in f.read(), "rank 0 logs what it keeps, fully sharded")
-    check(os.path.exists(os.path.join(work, "full-export", "model.safetensors")),
-          "the fully sharded ranks exported the whole policy")
+    # Streamed a unit at a time: one shard file per unit, and the index.
+    index_path = os.path.join(work, "full-export", "model.safetensors.index.json")
+    check(os.path.exists(index_path), "the fully sharded ranks exported the policy with an index")
+    with open(index_path) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = sorted(set(weight_map.values()))
+    check(len(files) > 1 and all(os.path.exists(os.path.join(work, "full-export", n)) for n in files),
+          "the export holds %d tensors in %d unit files (%s ...)" % (len(weight_map), len(files), files[0]))
+    r = subprocess.run([os.path.join(build, "rollout_server", "asympo-eval"),
+                        "--model=" + os.path.join(work, "full-export"), "--task=copy", "--k=0",
+                        "--output=" + os.path.join(work, "export-eval.json")],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    check(r.returncode == 0, "the unit-by-unit export loads and evaluates (%s)" % r.stdout[-300:])
     with open(os.path.join(w, "metrics.json")) as f:
         m = json.load(f)
     check(m.get("asympo_broadcast_receivers", 0) >= 1 and
@@ -382,12 +393,13 @@ def sharded_kill(build, work, flags, label):
     ckpts = sorted(d for d in os.listdir(os.path.join(w, "ckpt")) if d.startswith("ckpt-"))
     check(ckpts and int(ckpts[-1][5:]) % 5 == 0,
           "only the periodic checkpoints of the %s ranks are there (%s)" % (label, ckpts))
-    with open(os.path.join(w, "ckpt", ckpts[-1], "state.safetensors"), "rb") as f:
-        keys = [k for k in json.loads(f.read(int.from_bytes(f.read(8), "little"))) if k != "__metadata__"]
-    moments = [k for k in keys if k.startswith("__optimizer__.exp_avg")]
-    params = [k for k in keys if not k.startswith("__")]
-    check(len(moments) == 2 * len(params),
-          "the checkpoint holds both moments of all %d parameters, gathered from the ranks"
+    with open(os.path.join(w, "ckpt", ckpts[-1], "manifest.json")) as f:
+        manifest = json.load(f)
+    params = manifest["params"]
+    kinds = {(p["kind"], p["param"]) for f in manifest["files"] for p in f["pieces"]}
+    check(len(manifest["files"]) == 2 and all(p["moments"] for p in params) and
+          all(("exp_avg_sq", p["name"]) in kinds for p in params),
+          "the checkpoint holds both moments of all %d parameters, written by both ranks"
           % len(params))
     log_path = os.path.join(w, "resume.log")
     one = subprocess.Popen(

@@ -87,10 +87,15 @@ class Pod {
     fs.mkdirSync(dir, { recursive: true });
     const spec = workload.spec.template.spec;
     for (const m of container.volumeMounts || []) {
-      const local = path.join(dir, "volumes", m.name);
+      const v = (spec.volumes || []).find((x) => x.name === m.name);
+      // A claim is one folder for every pod that mounts it (a shared,
+      // ReadWriteMany volume); anything else is the pod's own.
+      const local =
+        v && v.persistentVolumeClaim
+          ? path.join(path.dirname(dir), "claims", v.persistentVolumeClaim.claimName)
+          : path.join(dir, "volumes", m.name);
       fs.mkdirSync(local, { recursive: true });
       this.mounts.push([m.mountPath, local]);
-      const v = (spec.volumes || []).find((x) => x.name === m.name);
       if (v && v.configMap) {
         const cm = this.objects.find(
           (o) => o.kind === "ConfigMap" && o.metadata.name === v.configMap.name,
@@ -133,7 +138,11 @@ class Pod {
     // One pass, longest mount path first, so that a replaced path (which
     // may itself start with /tmp) is not replaced again.
     const esc = (x) => x.replace(/[.*+?^${}()|[\]\\/]/g, "\\$&");
-    const re = new RegExp(`(${this.mounts.map(([mp]) => esc(mp)).join("|")})(?=/)`, "g");
+    // A mount path ends at a "/" or where the path does (a flag's value).
+    const re = new RegExp(
+      `(${this.mounts.map(([mp]) => esc(mp)).join("|")})(?=[/\\s"',;]|$)`,
+      "gm",
+    );
     const t = this.mounts.length
       ? text.replace(re, (mp) => this.mounts.find(([x]) => x === mp)[1])
       : text;

@@ -196,11 +196,12 @@ def kill_restart(learner):
     check(status.version == version, "restart resumed version %d" % version)
     proc.send_signal(signal.SIGTERM)
     check(proc.wait(timeout=60) == 0, "clean exit")
-    saved = tensors(os.path.join(ckpt, newest, "state.safetensors"))
+    # One process writes each parameter whole, as the piece "weight/<name>/0".
+    saved = tensors(os.path.join(ckpt, newest, "shard-00000-of-00001.safetensors"))
     exported = tensors(os.path.join(export, "model.safetensors"))
-    check(len(exported) > 0 and all(saved[k] == v for k, v in exported.items()),
+    check(len(exported) > 0 and all(saved["weight/%s/0" % k] == v for k, v in exported.items()),
           "restored weights equal the checkpoint's bit for bit (%d tensors)" % len(exported))
-    check(any(k.startswith("__optimizer__.") for k in saved), "the checkpoint carries optimizer state")
+    check(any(k.startswith("exp_avg/") for k in saved), "the checkpoint carries optimizer state")
 
 
 def batch(learner, batch_id, groups, tag):

@@ -1,5 +1,6 @@
 // A WeightPublisher for tests: keeps a copy of the latest published weights
-// and counts the publishes.
+// (part by part, as the trainer makes them readable) and counts the
+// publishes.
 #pragma once
 
 #include <cstdint>
@@ -16,13 +17,22 @@ namespace asympo::testing {
 
 class InProcessPublisher : public learner::WeightPublisher {
  public:
-  void Publish(uint64_t version, const PolicyModel& model) override {
+  absl::Status Publish(uint64_t version, const PolicyModel& model,
+                       const learner::WeightParts& parts) override {
     at::NoGradGuard no_grad;
+    const auto& named = model.named_parameters();
+    std::vector<at::Tensor> copies(named.size());
+    const absl::Status s = parts([&](const std::vector<size_t>& params) {
+      for (const size_t i : params) copies[i] = named[i].second.clone();
+      return absl::OkStatus();
+    });
     weights_.clear();
-    for (const auto& [name, t] : model.named_parameters()) weights_.emplace_back(name, t.clone());
+    for (size_t i = 0; i < named.size(); ++i) weights_.emplace_back(named[i].first, copies[i]);
     version_ = version;
     ++publishes_;
+    return s;
   }
+  using learner::WeightPublisher::Publish;
   uint64_t version() const { return version_; }
   int64_t publishes() const { return publishes_; }
   const std::vector<std::pair<std::string, at::Tensor>>& weights() const { return weights_; }

@@ -65,11 +65,17 @@ std::string ModelSignatureOf(const PolicyModel& model, at::ScalarType dtype) {
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(const PolicyModel& model,
                                                                          at::ScalarType dtype,
                                                                          SnapshotStore& store,
-                                                                         bool device_buckets) {
+                                                                         bool device_buckets,
+                                                                         bool host_only) {
   ASYMPO_RETURN_IF_ERROR(ToDType(dtype).status());
+  if (host_only && device_buckets) {
+    return absl::InvalidArgumentError(
+        "staging snapshots in host memory only cannot feed NCCL from the device: the NCCL "
+        "transport broadcasts from the device copy");
+  }
   ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan,
                           store.Plan(ModelTensorSpecs(model, dtype)));
-  return Allocate(model, dtype, std::move(plan), device_buckets);
+  return Allocate(model, dtype, std::move(plan), device_buckets, host_only);
 }
 
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(
@@ -78,14 +84,15 @@ absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Create(
   ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<const SnapshotPlan> plan,
                           SnapshotPlan::Make(ModelTensorSpecs(model, dtype),
                                              buckets == nullptr ? PackingOptions() : *buckets));
-  return Allocate(model, dtype, std::move(plan), buckets != nullptr);
+  return Allocate(model, dtype, std::move(plan), buckets != nullptr, /*host_only=*/false);
 }
 
 // The element offsets of the plan's tensors, then both buffers.
 absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Allocate(
     const PolicyModel& model, at::ScalarType dtype, std::shared_ptr<const SnapshotPlan> plan,
-    bool device_buckets) {
+    bool device_buckets, bool host_only) {
   std::unique_ptr<SnapshotStaging> s(new SnapshotStaging());
+  s->host_only_ = host_only;
   const int64_t esize = static_cast<int64_t>(c10::elementSize(dtype));
   for (int t = 0; t < plan->manifest().tensors_size(); ++t) {
     const int64_t start = static_cast<int64_t>(plan->tensor_start(t));
@@ -103,13 +110,17 @@ absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Allocate(
   return GuardTorch("allocating the snapshot staging buffers",
                     [&]() -> absl::StatusOr<std::unique_ptr<SnapshotStaging>> {
                       const at::Device device = model.options().device;
-                      s->device_ = std::make_shared<at::Tensor>(
-                          at::zeros({std::max<int64_t>(s->bytes_ / esize, 1)},
-                                    at::TensorOptions().dtype(dtype).device(device)));
-                      s->device_pool_.push_back(s->device_);
+                      s->elements_ = std::max<int64_t>(s->bytes_ / esize, 1);
+                      s->dtype_ = dtype;
+                      s->pinned_ = !device.is_cpu();
+                      if (!host_only) {
+                        s->device_ = std::make_shared<at::Tensor>(at::zeros(
+                            {s->elements_}, at::TensorOptions().dtype(dtype).device(device)));
+                        s->device_pool_.push_back(s->device_);
+                      }
                       s->host_ = std::make_shared<at::Tensor>(s->NewHostBuffer());
                       s->host_pool_.push_back(s->host_);
-                      if (!device.is_cpu()) {
+                      if (!device.is_cpu() && !host_only) {
                         const c10::impl::VirtualGuardImpl impl(device.type());
                         s->copy_stream_ = impl.getStreamFromGlobalPool(device);
                         s->staged_ = std::make_unique<c10::Event>(device.type());
@@ -118,29 +129,54 @@ absl::StatusOr<std::unique_ptr<SnapshotStaging>> SnapshotStaging::Allocate(
                     });
 }
 
-// The size of the device buffer, pinned when that is on a GPU.
+// The size of the staged snapshot, pinned when the model is on a GPU.
 at::Tensor SnapshotStaging::NewHostBuffer() const {
-  return device_->is_cpu()
-             ? at::empty_like(*device_)
-             : at::empty({device_->numel()},
-                         at::TensorOptions().dtype(device_->dtype()).pinned_memory(true));
+  return at::empty({elements_}, at::TensorOptions().dtype(dtype_).pinned_memory(pinned_));
 }
 
 absl::Status SnapshotStaging::Stage(const PolicyModel& model) {
+  ASYMPO_RETURN_IF_ERROR(BeginStage());
+  std::vector<size_t> all(model.named_parameters().size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+  ASYMPO_RETURN_IF_ERROR(StageParameters(model, all));
+  return FinishStage();
+}
+
+absl::Status SnapshotStaging::BeginStage() {
   return GuardTorch("staging the weights", [&]() -> absl::Status {
-    at::NoGradGuard no_grad;
+    if (host_only_) {  // straight into a host buffer no published snapshot holds
+      host_.reset();
+      host_ =
+          ReuseOrMake(host_pool_, [this] { return std::make_shared<at::Tensor>(NewHostBuffer()); });
+      return absl::OkStatus();
+    }
     if (device_.use_count() > 2) {  // this object's two references, plus a snapshot's
       device_.reset();
       device_ = ReuseOrMake(device_pool_, [this] {
         return std::make_shared<at::Tensor>(at::zeros_like(*device_pool_.front()));
       });
     }
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SnapshotStaging::StageParameters(const PolicyModel& model,
+                                              const std::vector<size_t>& indices) {
+  return GuardTorch("staging the weights", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    at::Tensor& target = host_only_ ? *host_ : *device_;
     const auto& params = model.named_parameters();
-    for (size_t i = 0; i < params.size(); ++i) {
+    for (const size_t i : indices) {
       const at::Tensor& p = params[i].second;
-      device_->narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
+      target.narrow(0, offsets_[i], p.numel()).view(p.sizes()).copy_(p.detach());
     }
-    if (staged_ != nullptr) {
+    return absl::OkStatus();
+  });
+}
+
+absl::Status SnapshotStaging::FinishStage() {
+  return GuardTorch("staging the weights", [&]() -> absl::Status {
+    if (staged_ != nullptr && !host_only_) {
       staged_->record(
           c10::impl::VirtualGuardImpl(device_->device().type()).getStream(device_->device()));
     }
@@ -158,7 +194,7 @@ HostBuckets SnapshotStaging::HostBucketsOfCopy() const {
 
 DeviceBuckets SnapshotStaging::DeviceBucketsOfStage() const {
   DeviceBuckets out;
-  if (!device_buckets_) return out;
+  if (!device_buckets_ || host_only_) return out;
   out.data = device_->data_ptr();
   out.keep_alive = device_;
   return out;
@@ -167,11 +203,16 @@ DeviceBuckets SnapshotStaging::DeviceBucketsOfStage() const {
 absl::StatusOr<std::vector<TensorView>> SnapshotStaging::CopyToHost() {
   return GuardTorch(
       "copying the weights to the host", [&]() -> absl::StatusOr<std::vector<TensorView>> {
-        // Into a buffer no published snapshot holds.
-        host_.reset();
-        host_ = ReuseOrMake(host_pool_,
-                            [this] { return std::make_shared<at::Tensor>(NewHostBuffer()); });
-        if (copy_stream_.has_value()) {
+        // Into a buffer no published snapshot holds (staged there already
+        // when the stage is the host's).
+        if (!host_only_) {
+          host_.reset();
+          host_ = ReuseOrMake(host_pool_,
+                              [this] { return std::make_shared<at::Tensor>(NewHostBuffer()); });
+        }
+        if (host_only_) {
+          // Nothing to copy.
+        } else if (copy_stream_.has_value()) {
           // On the copy stream, after Stage's kernels; wait for it to finish.
           staged_->block(*copy_stream_);
           {

@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "common/model/policy_model.h"
 #include "weight_broadcaster/broadcast_receiver.h"
-#include "weight_broadcaster/snapshot_store.h"
 #include "weight_broadcaster/snapshot_manifest.h"
+#include "weight_broadcaster/snapshot_store.h"
 
 namespace asympo::broadcast {
 
@@ -57,17 +57,30 @@ class SnapshotStaging {
   // DeviceBucketsOfStage hands the device copy to the NCCL transport.
   // Allocates the buffers; a LibTorch error (out of memory, no pinned
   // memory) is a status, as is a dtype that cannot be broadcast.
+  // `host_only`: no device buffer; the weights are staged straight into
+  // (pinned) host memory, a tensor at a time (for a device with little
+  // memory to spare; not with `device_buckets`).
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(const PolicyModel& model,
                                                                  at::ScalarType dtype,
                                                                  SnapshotStore& store,
-                                                                 bool device_buckets);
+                                                                 bool device_buckets,
+                                                                 bool host_only = false);
   // With a plan of its own (SnapshotPlan::Make with `buckets`, else the
   // default packing), for copies no store adopts as they are; with
   // `buckets` there are device buckets too.
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Create(
       const PolicyModel& model, at::ScalarType dtype, const PackingOptions* buckets = nullptr);
 
+  // Copies every parameter into the staging buffer (converted to the
+  // dtype): BeginStage, StageParameters of all, FinishStage.
   absl::Status Stage(const PolicyModel& model);
+  // The same in parts, for weights readable a unit at a time (a fully
+  // sharded learner gathers one unit, stages it, frees it): the
+  // parameters `indices` (positions in model.named_parameters()) must be
+  // readable in `model` for the call.
+  absl::Status BeginStage();
+  absl::Status StageParameters(const PolicyModel& model, const std::vector<size_t>& indices);
+  absl::Status FinishStage();
   // The returned views point into the host copy until the next CopyToHost.
   absl::StatusOr<std::vector<TensorView>> CopyToHost();
 
@@ -82,20 +95,25 @@ class SnapshotStaging {
   const SnapshotPlan& plan() const { return *plan_; }
   int64_t bytes() const { return bytes_; }
   bool pinned() const { return host_->is_pinned(); }
+  bool host_only() const { return host_only_; }
 
  private:
   SnapshotStaging() = default;
   static absl::StatusOr<std::unique_ptr<SnapshotStaging>> Allocate(
       const PolicyModel& model, at::ScalarType dtype, std::shared_ptr<const SnapshotPlan> plan,
-      bool device_buckets);
+      bool device_buckets, bool host_only);
   at::Tensor NewHostBuffer() const;
 
   std::shared_ptr<const SnapshotPlan> plan_;
   std::vector<TensorSpec> specs_;
   std::vector<int64_t> offsets_;  // elements into the flat buffers
   bool device_buckets_ = false;
-  // Flat, on the model's device (host memory on a CPU), and on the host;
-  // each the current one of its pool.
+  bool host_only_ = false;  // no device buffer: staged into host_
+  int64_t elements_ = 1;    // of the flat buffers
+  at::ScalarType dtype_ = at::kFloat;
+  bool pinned_ = false;
+  // Flat, on the model's device (host memory on a CPU; none when
+  // host_only_), and on the host; each the current one of its pool.
   std::shared_ptr<at::Tensor> device_;
   std::vector<std::shared_ptr<at::Tensor>> device_pool_;
   std::shared_ptr<at::Tensor> host_;

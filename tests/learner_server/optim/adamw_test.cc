@@ -65,7 +65,7 @@ TEST(AdamWTest, StateRoundTripsBitExactly) {
   EXPECT_TRUE(torch::equal(a, b));
 }
 
-TEST(AdamWTest, IsItsOwnWholeStateForCheckpoints) {
+TEST(AdamWTest, SplitsItsWholeStateBetweenCheckpointWriters) {
   torch::Tensor a = torch::ones({3, 4}).requires_grad_(true);
   torch::Tensor unused = torch::ones({5}).requires_grad_(true);
   AdamW o({a, unused}, {});
@@ -73,13 +73,16 @@ TEST(AdamWTest, IsItsOwnWholeStateForCheckpoints) {
   (a * a).sum().backward();
   o.Step(1e-2);
   EXPECT_EQ(o.state_bytes(), 2 * 12 * 4);  // `unused` never had a gradient
-  Optimizer& as_optimizer = o;
-  ASSERT_OK(as_optimizer.GatherState(&o));
-  as_optimizer.ReleaseState(&o);
-  EXPECT_EQ(o.StateTensors().size(), 2u);  // releasing frees nothing of its own
-  AdamW other({a.detach().clone()}, {});
-  EXPECT_THAT(as_optimizer.GatherState(&other),
-              StatusIs(absl::StatusCode::kInvalidArgument, "its own state"));
+  const Optimizer& as_optimizer = o;
+  EXPECT_EQ(as_optimizer.MomentsDefined(), (std::vector<bool>{true, false}));
+  EXPECT_EQ(as_optimizer.steps(), 1);
+  // Two writers split every tensor; the never-stepped one has no moments.
+  const std::vector<StatePiece> first = as_optimizer.PiecesToWrite(0, 2);
+  const std::vector<StatePiece> second = as_optimizer.PiecesToWrite(1, 2);
+  ASSERT_EQ(first.size(), 4u);  // a's weight and moments, unused's weight
+  EXPECT_EQ(first[0].data.numel() + second[0].data.numel(), 12);
+  EXPECT_EQ(second[0].begin, 6);
+  EXPECT_TRUE(torch::equal(second[1].data, o.exp_avg()[0].view({-1}).narrow(0, 6, 6)));
 }
 
 TEST(AdamWTest, RejectsBadOptionsAndState) {

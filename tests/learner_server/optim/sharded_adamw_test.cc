@@ -1,9 +1,12 @@
 #include "learner_server/optim/sharded_adamw.h"
+#include "tests/testing/one_rank_collectives.h"
 #include "tests/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <torch/torch.h>
+#include <map>
 
 namespace asympo::learner {
 namespace {
@@ -12,30 +15,7 @@ namespace {
 // layout (chunks, rounds, parameters straddling rounds, padding) and the
 // update against AdamW; tests/integration/data_parallel_test.py runs 2 and
 // 3 Gloo ranks.
-class OneRank : public ShardCollectives {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  absl::Status ReduceScatter(std::vector<at::Tensor>& inputs, at::Tensor& output) override {
-    ++calls;
-    output.copy_(inputs[0]);
-    return absl::OkStatus();
-  }
-  absl::Status AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) override {
-    outputs[0].copy_(input);
-    return absl::OkStatus();
-  }
-  absl::Status GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) override {
-    outputs[0].copy_(input);
-    return absl::OkStatus();
-  }
-  absl::Status ScatterFromRank0(std::vector<at::Tensor>& inputs, at::Tensor& output) override {
-    output.copy_(inputs[0]);
-    return absl::OkStatus();
-  }
-  absl::Status SumValues(std::vector<double>*) override { return absl::OkStatus(); }
-  int calls = 0;
-};
+using OneRank = ::asympo::testing::OneRankCollectives;
 
 std::vector<torch::Tensor> Params(int seed) {
   torch::manual_seed(seed);
@@ -77,7 +57,7 @@ TEST(ShardedAdamWTest, OneRankInSmallRoundsEqualsAdamWBitForBit) {
   EXPECT_EQ(sharded.state_bytes(), 2 * 34 * 4);
 }
 
-TEST(ShardedAdamWTest, GatheredStateIsAdamWsAndScattersBack) {
+TEST(ShardedAdamWTest, ItsCheckpointPiecesAreAdamWsStateAndItScattersBack) {
   AdamWOptions o;
   std::vector<torch::Tensor> a = Params(2), b = Params(2);
   AdamW plain(a, o);
@@ -90,18 +70,19 @@ TEST(ShardedAdamWTest, GatheredStateIsAdamWsAndScattersBack) {
     ASSERT_OK(sharded.ReduceGradients());
     ASSERT_OK(sharded.Apply(1e-2, 1.0, {true, true, true, false}));
   }
-  AdamW full(b, o);
-  ASSERT_OK(sharded.GatherState(&full));
-  EXPECT_EQ(full.step_count(), 2);
-  const auto want = plain.StateTensors(), got = full.StateTensors();
-  ASSERT_EQ(got.size(), want.size());  // parameter 3, never stepped, has none
-  for (size_t i = 0; i < want.size(); ++i) {
-    EXPECT_EQ(got[i].first, want[i].first);
-    EXPECT_TRUE(torch::equal(got[i].second, want[i].second)) << want[i].first;
+  // Its checkpoint pieces are AdamW's moments (one rank: the whole chunk),
+  // parameter 3, never stepped, has none.
+  EXPECT_EQ(sharded.MomentsDefined(), (std::vector<bool>{true, true, true, false}));
+  std::map<std::pair<int, size_t>, at::Tensor> got;
+  for (const StatePiece& p : sharded.PiecesToWrite(0, 1)) {
+    ASSERT_EQ(p.begin, 0);
+    got[{static_cast<int>(p.kind), p.param}] = p.data;
   }
-  sharded.ReleaseState(&full);
-  EXPECT_TRUE(full.StateTensors().empty());
-  EXPECT_EQ(full.step_count(), 2);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(torch::equal(got.at({1, i}), plain.exp_avg()[i].view({-1}))) << i;
+    EXPECT_TRUE(torch::equal(got.at({2, i}), plain.exp_avg_sq()[i].view({-1}))) << i;
+  }
+  EXPECT_EQ(got.count({1, 3}), 0u);
   // A fresh sharded optimizer takes the state back and steps on alike.
   ShardedAdamW again(b, o, &one, 5);
   ASSERT_OK(again.ScatterState(plain));

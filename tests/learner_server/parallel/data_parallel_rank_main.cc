@@ -12,10 +12,12 @@
 //                                              2: full sharding, weights and gradients too:
 //                                              only rank 0 writes weights, gathered)
 //                      [--first_step K]       (train steps K..S; default 1)
-//                      [--resume CKPT_ROOT]   (rank 0 starts from the newest checkpoint;
-//                                              sharded, its moments in host memory, as
-//                                              asympo-learner's rank 0 loads them)
-//                      [--save CKPT_ROOT]     (a checkpoint after the last step)
+//                      [--resume CKPT_ROOT]   (every rank reads its part of the newest
+//                                              checkpoint, as asympo-learner's ranks do)
+//                      [--save CKPT_ROOT]     (every rank writes its part of a checkpoint
+//                                              after the last step)
+//                      [--save_every K]       (and after every Kth step, keeping the
+//                                              newest 3)
 //                      [--backend gloo|nccl]  (the collectives; given, even a world of one
 //                                              rank goes through DataParallel)
 //                      [--device cpu|cuda]    (the model's; NCCL needs cuda; LOCAL_RANK picks
@@ -72,8 +74,18 @@ int Die(const std::string& message) {
   return 1;
 }
 
+// Every rank writes its part of a checkpoint of the current version.
+absl::Status Save(const std::string& root, const PolicyModel& model, Trainer& trainer,
+                  const CheckpointRanks& ranks) {
+  CheckpointSave cs;
+  cs.root = root;
+  cs.version = trainer.version();
+  return SaveCheckpoint(cs, model, trainer.stepper(), ranks).status();
+}
+
 int Run(int argc, char** argv) {
   int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0, shard = 0, first_step = 1;
+  int save_every = 0;
   std::string objective = "asympo_stable", out = ".", resume, save, backend, device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -99,6 +111,8 @@ int Run(int argc, char** argv) {
       resume = v;
     else if (k == "--save")
       save = v;
+    else if (k == "--save_every")
+      save_every = std::atoi(v.c_str());
     else if (k == "--backend")
       backend = v;
     else if (k == "--device")
@@ -124,14 +138,6 @@ int Run(int argc, char** argv) {
   to.micro_batch_tokens = 48;  // several micro-batches per rank
   if (nan_step > 0) to.fault_nonfinite_loss_steps = {nan_step};
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
-  if (!resume.empty() && rank == 0) {
-    const std::optional<CheckpointInfo> info =
-        LoadLatestCheckpoint(resume, model.get(), &trainer->optimizer(),
-                             /*moments_on_host=*/(world > 1 || !backend.empty()) && shard != 0)
-            .value();
-    if (!info.has_value()) return Die("no checkpoint under " + resume);
-    trainer->set_version(info->version);
-  }
   std::unique_ptr<DataParallel> dp;
   if (world > 1 || !backend.empty()) {
     DataParallelFlags f;
@@ -158,6 +164,16 @@ int Run(int argc, char** argv) {
       if (!s.ok()) return Die(std::string(s.message()));
     }
   }
+  CheckpointRanks ranks;
+  ranks.collectives = dp.get();
+  ranks.dist_shard = shard == 2 ? "full" : shard == 1 ? "optimizer" : "none";
+  if (!resume.empty()) {  // every rank reads its part
+    const absl::StatusOr<std::optional<CheckpointInfo>> info =
+        LoadLatestCheckpoint(resume, *model, &trainer->stepper(), ranks);
+    if (!info.ok()) return Die(std::string(info.status().message()));
+    if (!info->has_value()) return Die("no checkpoint under " + resume);
+    trainer->set_version((*info)->version);
+  }
   std::FILE* csv = std::fopen((out + "/r" + std::to_string(rank) + ".csv").c_str(), "w");
   for (int step = first_step; step <= steps; ++step) {
     StepOr<StepResult> r;
@@ -183,7 +199,7 @@ int Run(int argc, char** argv) {
     }
     // Fully sharded, the weights are whole on rank 0 only, when gathered.
     if (shard == 2) {
-      if (absl::Status s = trainer->GatherOptimizerState(); !s.ok()) {
+      if (absl::Status s = trainer->stepper().GatherWeights(); !s.ok()) {
         return Die(std::string(s.message()));
       }
     }
@@ -195,17 +211,18 @@ int Run(int argc, char** argv) {
         w.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
       }
     }
-    if (shard == 2) trainer->ReleaseOptimizerState();
+    if (shard == 2) trainer->stepper().ReleaseWeights();
+    if (save_every > 0 && step % save_every == 0 && step < steps) {
+      if (absl::Status s = Save(save, *model, *trainer, ranks); !s.ok()) {
+        return Die(std::string(s.message()));
+      }
+    }
   }
   std::fclose(csv);
   if (!save.empty()) {
-    if (absl::Status s = trainer->GatherOptimizerState(); !s.ok()) {
+    if (absl::Status s = Save(save, *model, *trainer, ranks); !s.ok()) {
       return Die(std::string(s.message()));
     }
-    if (rank == 0) {
-      SaveCheckpoint(save, trainer->version(), *model, trainer->optimizer(), "").value();
-    }
-    trainer->ReleaseOptimizerState();
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "learner_server/trainer/checkpoint.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 
 #include <gmock/gmock.h>
@@ -8,6 +9,7 @@
 #include <torch/types.h>
 #include <nlohmann/json.hpp>
 
+#include "common/model/safetensors.h"
 #include "learner_server/trainer/trainer.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
@@ -80,30 +82,43 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
 }
 
-TEST(CheckpointTest, MomentsCanStayInHostMemoryForASharedWorldToScatter) {
+// A checkpoint of the layout before every rank wrote its part: one
+// state.safetensors (weights by name, moments by parameter index) whose
+// CRC-32C meta.json records. It still loads, moments and all.
+TEST(CheckpointTest, ACheckpointOfTheOldLayoutStillLoads) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto a = Tiny(1);
   auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
   ASSERT_OK(ta->Step(Groups()));
-  ASSERT_OK(SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), ""));
+  const std::string dir = tmp.Path("ckpt-000000000001");
+  std::filesystem::create_directories(dir);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& [name, t] : a->named_parameters()) tensors.emplace_back(name, t.detach());
+  for (const auto& [name, t] : ta->optimizer().StateTensors()) {
+    tensors.emplace_back("__optimizer__." + name, t);
+  }
+  ASSERT_OK(WriteSafetensors(dir + "/state.safetensors", tensors));
+  const uint32_t crc = CheckpointFileCrc(dir + "/state.safetensors").value();
+  std::ofstream(dir + "/meta.json")
+      << "{\"version\": 1, \"optimizer_steps\": 1, \"crc32c\": " << crc
+      << ", \"config\": \"--old\"}";
   auto b = Tiny(99);
   auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
-  ASSERT_OK(LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer(), /*moments_on_host=*/true));
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer()).value();
+  ASSERT_TRUE(loaded.has_value());
+  EXPECT_EQ(loaded->config, "--old");
   ExpectSameWeights(*a, *b);
-  ASSERT_EQ(tb->optimizer().exp_avg().size(), ta->optimizer().exp_avg().size());
-  int64_t moments = 0;
+  ASSERT_EQ(tb->optimizer().StateTensors().size(), ta->optimizer().StateTensors().size());
   for (size_t i = 0; i < ta->optimizer().exp_avg().size(); ++i) {
+    ASSERT_EQ(tb->optimizer().exp_avg()[i].defined(), ta->optimizer().exp_avg()[i].defined());
     if (!ta->optimizer().exp_avg()[i].defined()) continue;
-    for (const auto* m : {&tb->optimizer().exp_avg()[i], &tb->optimizer().exp_avg_sq()[i]}) {
-      EXPECT_TRUE(m->is_cpu());
-      EXPECT_EQ(m->scalar_type(), at::kFloat);
-    }
-    EXPECT_TRUE(torch::equal(tb->optimizer().exp_avg()[i], ta->optimizer().exp_avg()[i].cpu()));
-    EXPECT_TRUE(
-        torch::equal(tb->optimizer().exp_avg_sq()[i], ta->optimizer().exp_avg_sq()[i].cpu()));
-    ++moments;
+    EXPECT_TRUE(torch::equal(tb->optimizer().exp_avg()[i], ta->optimizer().exp_avg()[i]));
+    EXPECT_TRUE(torch::equal(tb->optimizer().exp_avg_sq()[i], ta->optimizer().exp_avg_sq()[i]));
   }
-  EXPECT_GT(moments, 0);
+  EXPECT_EQ(tb->optimizer().step_count(), 1);
+  // asympo-eval's reader too.
+  const auto contents = ReadCheckpointDirectory(dir).value();
+  EXPECT_EQ(contents.weights.size(), a->named_parameters().size());
 }
 
 TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
@@ -116,11 +131,11 @@ TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
   ASSERT_OK(snapshot->LoadParameters(m->named_parameters()));
   ASSERT_OK(t->Step(Groups()));
   const auto newest = SaveCheckpoint(tmp.path(), 2, *m, t->optimizer(), "").value();
-  // Flip one byte in the middle of the newest state file.
+  // Flip one byte near the end of the newest shard's data.
   {
-    std::fstream f(newest.path + "/state.safetensors",
-                   std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(2000);
+    const std::string shard = newest.path + "/shard-00000-of-00001.safetensors";
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(std::filesystem::file_size(shard)) - 3000);
     f.put('\x7f');
   }
   auto restored = Tiny(5);
@@ -138,7 +153,7 @@ TEST(CheckpointTest, ATruncatedCheckpointIsSkippedAndOldOnesArePruned) {
   for (uint64_t v = 1; v <= 4; ++v) ASSERT_OK(SaveCheckpoint(tmp.path(), v, *m, opt, "", 2));
   const auto all = ListCheckpoints(tmp.path());
   ASSERT_EQ(all.size(), 2u);  // keep_last = 2
-  std::filesystem::resize_file(all[0] + "/state.safetensors", 100);
+  std::filesystem::resize_file(all[0] + "/shard-00000-of-00001.safetensors", 100);
   std::filesystem::create_directories(tmp.Path(".tmp-ckpt-000000000005-1"));  // a crashed save
   const auto loaded = LoadLatestCheckpoint(tmp.path(), m.get(), &opt).value();
   ASSERT_TRUE(loaded.has_value());
