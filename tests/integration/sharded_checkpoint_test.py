@@ -2,9 +2,10 @@
 processes and Gloo on loopback (tests/data_parallel_rank). Scenarios (one per
 run, chosen by the first argument):
 
-  reshard    a world writes a checkpoint after 3 steps (1 process; 2 fully
-             sharded ranks; 3 ZeRO-1 ranks); every world of 1, 2 and 3 ranks
-             in every sharding mode resumes it and saves again at once; the
+  reshard    a world writes a checkpoint after 3 steps (2 fully sharded
+             ranks; 3 ZeRO-1 ranks; 1 process); every world of 1, 2 and 3
+             ranks in every sharding mode resumes the first (a few the
+             others') and saves again at once; the
              weights and both moments of every parameter are bit-equal to the
              writers' (read by an independent reader:
              tests/integration/checkpoint_state.py), and a resumed world
@@ -54,38 +55,47 @@ def temporaries(root):
     return [d for d in os.listdir(root) if d.startswith(".tmp-ckpt-")] if os.path.isdir(root) else []
 
 
+def resume_and_save(binary, work, src, source, written, world, shard):
+    """`world` ranks in mode `shard` resume `src`'s checkpoint and save at
+    once: the same weights and moments, in one file per rank."""
+    label = "%s -> %d %s rank(s)" % (source, world, MODES[shard])
+    out = os.path.join(work, "to-%s-%d-%d" % (os.path.basename(src), world, shard))
+    run_world(binary, world, out, "asympo_stable", 3,
+              extra=["--shard", str(shard), "--resume", os.path.join(src, "ckpt"), "--first_step",
+                     "4", "--save", os.path.join(out, "ckpt"), "--backend", "gloo"])
+    again = checkpoint_state.read_state(newest(os.path.join(out, "ckpt")))
+    diff = checkpoint_state.equal_states(written, again)
+    check(diff is None, "%s: weights and moments bit-equal after the resume (%s)"
+          % (label, diff or "all %d parameters" % len(again["weight"])))
+    with open(os.path.join(newest(os.path.join(out, "ckpt")), "manifest.json")) as f:
+        m = json.load(f)
+    check(m["world_size"] == world and len(m["files"]) == world,
+          "%s: %d file(s), one per rank" % (label, world))
+
+
 def scenario_reshard(build, work):
     binary = os.path.join(build, "tests", "data_parallel_rank")
     ref = os.path.join(work, "ref")
     run_world(binary, 1, ref, "asympo_stable", 5)
-    for src_world, src_shard in ((1, 0), (2, 2), (3, 1)):
+    every = [(w, m) for w in (1, 2, 3) for m in (0, 1, 2)]
+    # Every world and mode resumes the fully sharded pair's checkpoint; the
+    # others' reach a few (every mode writes and reads the same pieces).
+    targets = {(2, 2): every, (3, 1): [(1, 0), (2, 2), (3, 0)], (1, 0): [(2, 1), (3, 2)]}
+    for (src_world, src_shard), to in targets.items():
+        source = "%d %s rank(s)" % (src_world, MODES[src_shard])
         src = os.path.join(work, "src-%d-%d" % (src_world, src_shard))
         run_world(binary, src_world, src, "asympo_stable", 3,
                   extra=["--shard", str(src_shard), "--save", os.path.join(src, "ckpt")])
         written = checkpoint_state.read_state(newest(os.path.join(src, "ckpt")))
-        check(len(written["exp_avg"]) > 0, "%d %s rank(s) wrote moments" % (src_world, MODES[src_shard]))
-        for world in (1, 2, 3):
-            for shard in (0, 1, 2):
-                label = "%d %s rank(s) -> %d %s rank(s)" % (src_world, MODES[src_shard], world,
-                                                           MODES[shard])
-                out = os.path.join(work, "to-%d-%d-%d-%d" % (src_world, src_shard, world, shard))
-                extra = ["--shard", str(shard), "--resume", os.path.join(src, "ckpt"),
-                         "--first_step", "4", "--save", os.path.join(out, "ckpt"), "--backend", "gloo"]
-                run_world(binary, world, out, "asympo_stable", 3, extra=extra)
-                again = checkpoint_state.read_state(newest(os.path.join(out, "ckpt")))
-                diff = checkpoint_state.equal_states(written, again)
-                check(diff is None, "%s: weights and moments bit-equal after the resume (%s)"
-                      % (label, diff or "all %d parameters" % len(again["weight"])))
-                with open(os.path.join(newest(os.path.join(out, "ckpt")), "manifest.json")) as f:
-                    m = json.load(f)
-                check(m["world_size"] == world and len(m["files"]) == world,
-                      "%s: %d file(s), one per rank" % (label, world))
+        check(len(written["exp_avg"]) > 0, "%s wrote moments" % source)
+        for world, shard in to:
+            resume_and_save(binary, work, src, source, written, world, shard)
         # A resumed world steps on as one process does.
         out = os.path.join(work, "on-%d-%d" % (src_world, src_shard))
         run_world(binary, 2, out, "asympo_stable", 5,
                   extra=["--shard", "2", "--resume", os.path.join(src, "ckpt"), "--first_step", "4"])
-        compare(ref, out, 2, 5, "2 fully sharded ranks resumed from %d %s rank(s)"
-                % (src_world, MODES[src_shard]), first=4, weight_ranks=[0])
+        compare(ref, out, 2, 5, "2 fully sharded ranks resumed from " + source, first=4,
+                weight_ranks=[0])
 
 
 def start_world(binary, world, out, steps, extra):
