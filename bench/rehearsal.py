@@ -1,0 +1,242 @@
+"""The whole system at a size users train, on one machine: a Qwen3-0.6B-shaped
+model (random weights written by asympo-init-model) through the daemons.
+
+  - the learner on 2 Gloo ranks, fully sharded (--dist_shard=full, which
+    recomputes every layer), packed sequences, a small batch, checkpoints
+    every --checkpoint_every steps, snapshots staged in host memory;
+  - one rollout daemon on the continuous engine (the copy task);
+  - one weight-group worker and one gRPC weight subscriber (the Python
+    package: bench/rehearsal_receivers.py), and an outside generator whose
+    groups carry a reward signal (a random model earns none on the tasks);
+  - after the checkpoint of step --kill_after (checkpoints every
+    --checkpoint_every steps), kill -9 of both learner ranks while they
+    write the next one; then one rank (unsharded) resumes, and
+    must continue from the checkpoint's version with its exact weights (the
+    subscriber's first snapshot of the resumed learner against the
+    checkpoint's, converted to the snapshot dtype), to --steps in all.
+
+Every second it samples both learners', the rollout's and the receivers'
+resident memory and rank 0's and the rollout's /metrics; per learner
+version it reports the time by phase (the learner's step, its publishing,
+the rollout's generation and weight fetch, each receiver's arrival) and
+the bytes moved. The report (JSON, and Markdown for docs/benchmarks.md)
+goes to WORK/report.json and WORK/report.md.
+
+    python3 bench/rehearsal.py [--build build] [--work /tmp/asympo-rehearsal]
+        [--shape qwen3-0.6b] [--steps 10] [--checkpoint_every 2] [--kill_after 4]
+
+Needs about 24 GB of memory (with swap: the learner's ranks alone plan 9.9
+and 7.7 GiB) and 30 GB of disk; /usr/bin/python3 with torch,
+numpy and grpc (the Python package is installed into WORK/python_pkg)."""
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "deploy"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "integration"))
+import local_run  # noqa: E402
+import rehearsal_checks  # noqa: E402
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--work", default="/tmp/asympo-rehearsal")
+    p.add_argument("--shape", default="qwen3-0.6b")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--checkpoint_every", type=int, default=2)
+    p.add_argument("--kill_after", type=int, default=4,
+                   help="kill during the first save after the checkpoint of this step")
+    p.add_argument("--prompts_per_step", type=int, default=2)
+    p.add_argument("--group_size", type=int, default=2)
+    p.add_argument("--max_new_tokens", type=int, default=12)
+    p.add_argument("--timeout_min", type=float, default=150)
+    return p.parse_args()
+
+
+class Run:
+    """The processes of the rehearsal, their logs and what is sampled."""
+
+    def __init__(self, args):
+        self.args, self.work = args, args.work
+        self.bin = lambda *p: os.path.join(args.build, *p)
+        self.port, self.metrics = local_run.free_port(), local_run.free_port()
+        self.rollout_metrics = local_run.free_port()
+        self.procs = {}
+        self.peaks = {}          # name -> largest VmHWM seen (bytes)
+        self.versions = []       # one row per learner version seen
+        self.failures = []       # what went wrong at this size
+
+    def log(self, name):
+        return os.path.join(self.work, name + ".log")
+
+    def start(self, name, cmd, env=None):
+        out = open(self.log(name), "w")
+        self.procs[name] = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env)
+        return self.procs[name]
+
+    def learner(self, rank, world, shard, extra=()):
+        port = self.dist_port
+        cmd = [self.bin("learner_server", "asympo-learner"), "--model=" + self.model,
+               "--dtype=bfloat16", "--snapshot_staging=host", "--activation_checkpointing=layers",
+               "--prompts_per_step=%d" % self.args.prompts_per_step, "--micro_batch_tokens=128",
+               "--max_prompt_tokens=64", "--max_response_tokens=64", "--lr=1e-5",
+               "--queue_capacity=8", "--max_groups_per_batch=4",
+               "--checkpoint_dir=" + os.path.join(self.work, "ckpt"), "--keep_checkpoints=2",
+               "--checkpoint_every=%d" % self.args.checkpoint_every, "--weight_group=gloo",
+               "--weight_group_timeout=120s", "--weight_group_ready_timeout=1800s",
+               "--listen=127.0.0.1:%d" % self.port, "--metrics_address=127.0.0.1:%d" % self.metrics,
+               "--step_csv=" + os.path.join(self.work, "steps.csv"), "--log_every=0",
+               "--ready_stall_timeout=3600s", "--partial_step_after=0"]
+        if world > 1:
+            cmd += ["--dist_world_size=%d" % world, "--dist_rank=%d" % rank, "--dist_insecure",
+                    "--dist_master_addr=127.0.0.1", "--dist_master_port=%d" % port,
+                    "--dist_shard=" + shard, "--dist_timeout=1800s"]
+        return self.start("learner%d" % rank if world > 1 else "learner-resumed", cmd + list(extra))
+
+    def rollout(self):
+        return self.start("rollout", [
+            self.bin("rollout_server", "asympo-rollout"), "--learner=127.0.0.1:%d" % self.port,
+            "--model=" + self.model, "--dtype=bfloat16", "--task=copy",
+            "--group_size=%d" % self.args.group_size, "--max_new_tokens=%d" % self.args.max_new_tokens,
+            "--max_running_sequences=4", "--metrics_address=127.0.0.1:%d" % self.rollout_metrics,
+            # No spare model for in-flight updates: 1.2 GB less for this machine.
+            "--weight_update=between_batches",
+            "--id=rehearsal-rollout", "--insecure"])
+
+    def receivers(self):
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.work, "python_pkg"))
+        for role in ("group", "subscriber", "feeder"):
+            self.start(role, ["/usr/bin/python3", os.path.join(HERE, "rehearsal_receivers.py"), role,
+                              "127.0.0.1:%d" % self.port, os.path.join(self.work, role + ".jsonl")],
+                       env=env)
+
+    def sample(self):
+        for name, p in self.procs.items():
+            if p.poll() is None:
+                self.peaks[name] = max(self.peaks.get(name, 0), rehearsal_checks.hwm(p.pid))
+
+    def stop(self, names, sig=signal.SIGKILL):
+        for n in names:
+            p = self.procs.get(n)
+            if p is not None and p.poll() is None:
+                p.send_signal(sig)
+        for n in names:
+            p = self.procs.get(n)
+            if p is not None:
+                try:
+                    p.wait(timeout=600)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def prepare(run):
+    a = run.args
+    os.makedirs(a.work, exist_ok=True)
+    for d in ("ckpt",):
+        shutil.rmtree(os.path.join(a.work, d), ignore_errors=True)
+    for f in ("steps.csv", "group.jsonl", "subscriber.jsonl"):
+        if os.path.exists(os.path.join(a.work, f)):
+            os.remove(os.path.join(a.work, f))
+    name = os.path.basename(a.shape)
+    run.model = os.path.join(a.work, "model-" + (name[:-5] if name.endswith(".json") else name))
+    if not os.path.exists(os.path.join(run.model, "config.json")):
+        subprocess.run([run.bin("learner_server", "asympo-init-model"), "--model=" + a.shape,
+                        "--out=" + run.model, "--dtype=bfloat16"], check=True)
+    pkg = os.path.join(a.work, "python_pkg")
+    if not os.path.isdir(os.path.join(pkg, "asympo_rl")):
+        subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--quiet", "--no-build-isolation",
+                        "--no-deps", "--target", pkg, os.path.join(ROOT, "proto", "python")],
+                       check=True)
+    run.dist_port = local_run.free_port()
+
+
+def first_leg(run):
+    """2 fully sharded ranks, the rollout and the receivers, until the
+    checkpoint of step --kill_after is written and the next save is under
+    way: then every learner rank is killed."""
+    a = run.args
+    run.learner(0, 2, "full")
+    run.learner(1, 2, "full")
+    run.rollout()
+    run.receivers()
+    ckpt = os.path.join(a.work, "ckpt")
+    deadline = time.time() + a.timeout_min * 60
+    killed_during_save = False
+    while time.time() < deadline:
+        rehearsal_checks.poll(run)
+        if any(run.procs[n].poll() is not None for n in ("learner0", "learner1")):
+            run.failures.append("a learner rank exited before the kill (see learner0.log, learner1.log)")
+            break
+        done = rehearsal_checks.checkpoints(ckpt)
+        if done and done[-1] >= a.kill_after and rehearsal_checks.saving(ckpt):
+            time.sleep(1.0)  # into the save
+            killed_during_save = rehearsal_checks.saving(ckpt)
+            break
+        time.sleep(1.0)
+    run.sample()
+    run.killed_at = rehearsal_checks.checkpoints(ckpt)
+    run.stop(["learner0", "learner1"])
+    run.killed_during_save = killed_during_save
+    run.left_after_kill = rehearsal_checks.listing(ckpt)
+
+
+def second_leg(run):
+    """One unsharded rank resumes; the rollout and the receivers go on with
+    it, to --steps in all."""
+    a = run.args
+    # The rollout waits until the subscriber holds the resumed learner's
+    # first version: the one the checkpoint's weights must equal.
+    run.procs["rollout"].send_signal(signal.SIGSTOP)
+    run.learner(0, 1, "none")
+    rehearsal_checks.fetch_resumed_snapshot(run, a.timeout_min * 60)
+    rehearsal_checks.check_resumed(run)
+    run.procs["rollout"].send_signal(signal.SIGCONT)
+    first = len(run.versions)  # the rows of the resumed learner follow
+    run.resumed_rows = first
+    deadline = time.time() + a.timeout_min * 60
+    while time.time() < deadline:
+        rehearsal_checks.poll(run)
+        if run.procs["learner-resumed"].poll() is not None:
+            run.failures.append("the resumed learner exited (see learner-resumed.log)")
+            break
+        if any(v["version"] >= a.steps for v in run.versions[first:]):
+            break
+        time.sleep(1.0)
+    run.sample()
+    run.stop(["learner-resumed"], signal.SIGTERM)
+    run.stop(["rollout", "group", "subscriber", "feeder"])
+
+
+def main():
+    args = parse_args()
+    run = Run(args)
+    prepare(run)
+    started = time.time()
+    try:
+        first_leg(run)
+        second_leg(run)
+    finally:
+        for p in run.procs.values():
+            if p.poll() is None:
+                p.kill()
+    report = rehearsal_checks.report(run, time.time() - started)
+    with open(os.path.join(args.work, "report.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    with open(os.path.join(args.work, "report.md"), "w") as f:
+        f.write(rehearsal_checks.markdown(report))
+    print(rehearsal_checks.markdown(report))
+    return 0 if not report["failures"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

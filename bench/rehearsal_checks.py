@@ -1,0 +1,235 @@
+"""What bench/rehearsal.py measures and checks: memory, /metrics, the
+checkpoint directory, the resumed learner's weights, and the report."""
+import json
+import os
+import re
+import subprocess
+import time
+import urllib.request
+
+import numpy as np
+
+import checkpoint_state  # tests/integration/checkpoint_state.py
+
+# /metrics series summed per scrape (histograms by _sum and _count).
+LEARNER = ["asympo_learner_version", "asympo_learner_step_duration_seconds_sum",
+           "asympo_broadcast_publish_seconds_sum", "asympo_broadcast_transfer_seconds_sum",
+           "asympo_broadcast_bytes_total", "asympo_learner_checkpoint_version"]
+ROLLOUT = ["asympo_rollout_weight_version", "asympo_rollout_generation_seconds_sum",
+           "asympo_rollout_weight_fetch_seconds_sum", "asympo_rollout_weight_fetch_bytes_total",
+           "asympo_rollout_tokens_generated_total"]
+
+
+def hwm(pid):
+    """The process's memory, in bytes: the larger of its peak resident
+    memory (VmHWM) and what it holds now in memory and swap (VmRSS +
+    VmSwap: with swap on, pages out of memory count too); 0 when gone."""
+    fields = {}
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in ("VmHWM", "VmRSS", "VmSwap"):
+                    fields[key] = int(line.split()[1]) * 1024
+    except OSError:
+        return 0
+    return max(fields.get("VmHWM", 0), fields.get("VmRSS", 0) + fields.get("VmSwap", 0))
+
+
+def scrape(port, names):
+    try:
+        text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()
+    except OSError:
+        return None
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+)(\{[^}]*\})? ([-+0-9.eE]+|NaN)$", line)
+        if m and m.group(1) in out:
+            out[m.group(1)] += float(m.group(3))
+    return out
+
+
+def poll(run):
+    """Samples memory; on a new learner version, records the deltas of the
+    learner's and the rollout's metrics since the last one."""
+    run.sample()
+    learner = scrape(run.metrics, LEARNER)
+    rollout = scrape(run.rollout_metrics, ROLLOUT) or dict.fromkeys(ROLLOUT, 0.0)
+    if learner is None:
+        return
+    version = int(learner["asympo_learner_version"])
+    last = run.versions[-1] if run.versions else None
+    if last is not None and last["version"] == version:
+        return
+    row = {"version": version, "time": time.time(), "learner": learner, "rollout": rollout}
+    run.versions.append(row)
+
+
+def checkpoints(root):
+    """The versions of the whole checkpoints under `root`, ascending."""
+    if not os.path.isdir(root):
+        return []
+    return sorted(int(d[5:]) for d in os.listdir(root) if d.startswith("ckpt-"))
+
+
+def saving(root):
+    return os.path.isdir(root) and any(d.startswith(".tmp-ckpt-") for d in os.listdir(root))
+
+
+def listing(root):
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def du(path):
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(dirpath, f)) for f in files)
+    return total
+
+
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def bf16_bytes(a):
+    """float32 -> bfloat16 (round to nearest even), as little-endian bytes."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return rounded.astype("<u2").tobytes()
+
+
+def resumed_weights_match(run, ckpt_dir, snapshot):
+    """Whether the resumed learner's first snapshot holds the checkpoint's
+    weights (bfloat16 of its float32 masters), tensor by tensor."""
+    import hashlib
+    state = checkpoint_state.read_state(ckpt_dir)["weight"]
+    shapes = {}
+    with open(os.path.join(ckpt_dir, "manifest.json")) as f:
+        for p in json.load(f)["params"]:
+            shapes[p["name"]] = p["shape"]
+    bad = [n for n, w in state.items()
+           if hashlib.sha256(bf16_bytes(w)).hexdigest() != snapshot["sha256"].get(n)]
+    return not bad and len(state) == len(snapshot["sha256"]), bad[:3]
+
+
+def fetch_resumed_snapshot(run, timeout):
+    """A new subscriber's first snapshot of the resumed learner (while the
+    rollout is paused, the learner's start version), into resumed.jsonl."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(run.work, "python_pkg"))
+    out = os.path.join(run.work, "resumed.jsonl")
+    if os.path.exists(out):
+        os.remove(out)
+    try:
+        subprocess.run(["/usr/bin/python3", os.path.join(os.path.dirname(__file__),
+                                                         "rehearsal_receivers.py"), "once",
+                        "127.0.0.1:%d" % run.port, out], env=env, timeout=timeout,
+                       stdout=open(run.log("once"), "w"), stderr=subprocess.STDOUT)
+    except subprocess.TimeoutExpired:
+        run.failures.append("no snapshot of the resumed learner within %d s" % timeout)
+
+
+def phase_rows(versions):
+    """Per learner version: the deltas of the learner's and rollout's sums."""
+    rows = []
+    for prev, cur in zip(versions, versions[1:]):
+        d = lambda side, k: cur[side][k] - prev[side][k]  # noqa: E731
+        rows.append({
+            "version": cur["version"], "wall_s": cur["time"] - prev["time"],
+            "train_s": d("learner", "asympo_learner_step_duration_seconds_sum"),
+            "publish_s": d("learner", "asympo_broadcast_publish_seconds_sum"),
+            "grpc_send_s": d("learner", "asympo_broadcast_transfer_seconds_sum"),
+            "grpc_bytes": d("learner", "asympo_broadcast_bytes_total"),
+            "generate_s": d("rollout", "asympo_rollout_generation_seconds_sum"),
+            "rollout_fetch_s": d("rollout", "asympo_rollout_weight_fetch_seconds_sum"),
+            "rollout_fetch_bytes": d("rollout", "asympo_rollout_weight_fetch_bytes_total"),
+            "tokens_generated": d("rollout", "asympo_rollout_tokens_generated_total"),
+        })
+    return rows
+
+
+def plan_peaks(run):
+    """Each learner's own plan (logged at start): its peak, GiB."""
+    out = {}
+    for name in ("learner0", "learner1", "learner-resumed"):
+        path = run.log(name)
+        if os.path.exists(path):
+            m = re.findall(r"peak per rank: ([0-9.]+) GiB", open(path, errors="replace").read())
+            if m:
+                out[name] = float(m[-1])
+    return out
+
+
+def check_resumed(run):
+    """While the resumed learner waits at its start version (the rollout
+    paused) and its checkpoint is still there: the version it resumed and
+    whether a new subscriber's first snapshot holds the checkpoint's weights.
+    Sets run.resumed = (version, exact, failures)."""
+    text = open(run.log("learner-resumed"), errors="replace").read()
+    m = re.search(r"resumed from (\S+) at version (\d+)", text)
+    incarnation = re.search(r"incarnation (\S+)", text)
+    failures, version, exact = [], int(m.group(2)) if m else None, None
+    newest = (run.killed_at or [None])[-1]
+    if version is None or version != newest:
+        failures.append("the resumed learner's version %s is not the newest checkpoint's %s"
+                        % (version, newest))
+    if m and incarnation:
+        first = next((s for s in read_jsonl(os.path.join(run.work, "resumed.jsonl"))
+                      if s["version"] == version and s["incarnation"] == incarnation.group(1)),
+                     None)
+        if first is None:
+            failures.append("no snapshot of the resumed learner's version %s" % version)
+        else:
+            exact, bad = resumed_weights_match(run, m.group(1), first)
+            if not exact:
+                failures.append("the resumed learner's weights differ from the checkpoint's: %s"
+                                % bad)
+    run.resumed = (version, exact, failures)
+
+
+def report(run, seconds):
+    ckpt = os.path.join(run.work, "ckpt")
+    subs = read_jsonl(os.path.join(run.work, "subscriber.jsonl"))
+    group = read_jsonl(os.path.join(run.work, "group.jsonl"))
+    resumed_version, weights_exact, resumed_failures = getattr(run, "resumed", (None, None, []))
+    failures = list(run.failures) + list(resumed_failures)
+    split = getattr(run, "resumed_rows", len(run.versions))
+    steps = max([v["version"] for v in run.versions] or [0])
+    if steps < run.args.steps:
+        failures.append("only %d steps of %d" % (steps, run.args.steps))
+    ckpt_dirs = [d for d in listing(ckpt) if d.startswith("ckpt-")]
+    return {
+        "shape": run.args.shape, "seconds": seconds, "steps": steps,
+        "killed_during_save": run.killed_during_save, "left_after_kill": run.left_after_kill,
+        "checkpoints_before_kill": run.killed_at, "resumed_version": resumed_version,
+        "resumed_weights_exact": weights_exact,
+        "checkpoint_bytes": du(os.path.join(ckpt, ckpt_dirs[-1])) if ckpt_dirs else 0,
+        "peak_rss_gib": {k: v / 2**30 for k, v in run.peaks.items()},
+        "plan_peak_gib": plan_peaks(run),
+        "phases": [dict(r, leg=1) for r in phase_rows(run.versions[:split])] +
+                  [dict(r, leg=2) for r in phase_rows(run.versions[split:])],
+        "subscriber": [{k: s[k] for k in ("version", "bytes", "time")} for s in subs],
+        "group_worker": group, "failures": failures,
+    }
+
+
+def markdown(r):
+    out = ["Rehearsal of a %s-shaped model: %d steps in %.0f s; killed during a save: %s; "
+           "resumed at version %s with the checkpoint's exact weights: %s."
+           % (r["shape"], r["steps"], r["seconds"], r["killed_during_save"], r["resumed_version"],
+              r["resumed_weights_exact"]), "",
+           "| leg | version | wall s | train s | publish s | generate s | rollout fetch s | fetch MB |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for p in r["phases"]:
+        out.append("| %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.0f |" % (
+            p["leg"], p["version"], p["wall_s"], p["train_s"], p["publish_s"], p["generate_s"],
+            p["rollout_fetch_s"], p["rollout_fetch_bytes"] / 1e6))
+    out += ["", "| process | peak RSS GiB | its plan's peak GiB |", "| --- | --- | --- |"]
+    for name, gib in sorted(r["peak_rss_gib"].items()):
+        plan = r["plan_peak_gib"].get(name)
+        out.append("| %s | %.2f | %s |" % (name, gib, "%.2f" % plan if plan else "-"))
+    out += ["", "checkpoint: %.2f GB; failures: %s" % (r["checkpoint_bytes"] / 1e9,
+                                                      r["failures"] or "none"), ""]
+    return "\n".join(out)
