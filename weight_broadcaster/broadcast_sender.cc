@@ -269,6 +269,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
                        absl::StrCat("version ", request->version(), " is not held; the latest is ",
                                     snapshot == nullptr ? 0 : snapshot->version())));
     }
+    // Another learner process's version of that number is gone too.
+    if (!request->incarnation().empty() &&
+        request->incarnation() != snapshot->manifest().incarnation()) {
+      return internal::RefuseFetch(
+          &st, grpc::Status(grpc::StatusCode::NOT_FOUND,
+                            absl::StrCat("version ", request->version(), " of incarnation ",
+                                         QuoteForMessage(request->incarnation(), 64),
+                                         " is not held: this learner is incarnation ",
+                                         snapshot->manifest().incarnation(), " (it restarted)")));
+    }
     st.sessions.FetchStarted(request->session_id(), *session, share_key);
   }
   uint64_t chunk =

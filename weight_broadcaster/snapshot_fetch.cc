@@ -64,6 +64,7 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> SnapshotFetcher::Fetch(
   v1::FetchSnapshotRequest request;
   request.set_session_id(session_id);
   request.set_version(version);
+  request.set_incarnation(manifest.incarnation());  // not another learner process's
   request.set_max_chunk_bytes(max_chunk_bytes_);
   std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
       grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel_.get(), method_, ctx,

@@ -622,7 +622,8 @@ class WeightGroupReceiver:
         try:
             sub.register()
             chunks = self._broadcast_stub.FetchSnapshot(
-                wb.FetchSnapshotRequest(session_id=sub.session, version=m.version), timeout=self.fetch_timeout)
+                wb.FetchSnapshotRequest(session_id=sub.session, version=m.version,
+                                        incarnation=m.incarnation), timeout=self.fetch_timeout)
             yield from _assemble(m, first, chunks, self.device)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:

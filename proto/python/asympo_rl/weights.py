@@ -189,12 +189,14 @@ class WeightSubscriber:
 
     def fetch(self, manifest):
         """Fetches and verifies one announced snapshot. WeightsError for a
-        bad transfer; grpc.RpcError NOT_FOUND when a newer one replaced it."""
+        bad transfer; grpc.RpcError NOT_FOUND when a newer one replaced it
+        (or the learner restarted: its incarnation's is gone)."""
         check_manifest(manifest)
         buckets = [bytearray(b.size_bytes) for b in manifest.buckets]
         filled = [0] * len(buckets)
         chunks = self._stub.FetchSnapshot(wb.FetchSnapshotRequest(
-            session_id=self.session, version=manifest.version, max_chunk_bytes=self.max_chunk_bytes),
+            session_id=self.session, version=manifest.version, incarnation=manifest.incarnation,
+            max_chunk_bytes=self.max_chunk_bytes),
             timeout=self.fetch_timeout)
         for c in chunks:
             if c.version != manifest.version or c.bucket >= len(buckets):
