@@ -142,6 +142,11 @@ class Run:
 def prepare(run):
     a = run.args
     os.makedirs(a.work, exist_ok=True)
+    # An earlier run's learner still stopping writes a final checkpoint.
+    busy = rehearsal_checks.processes_using(a.work)
+    if busy:
+        raise SystemExit("processes of an earlier run still use %s; stop them first:\n  %s"
+                         % (a.work, "\n  ".join(busy)))
     for d in ("ckpt",):
         shutil.rmtree(os.path.join(a.work, d), ignore_errors=True)
     for f in ("steps.csv", "group.jsonl", "subscriber.jsonl"):

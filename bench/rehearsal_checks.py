@@ -36,6 +36,21 @@ def hwm(pid):
     return max(fields.get("VmHWM", 0), fields.get("VmRSS", 0) + fields.get("VmSwap", 0))
 
 
+def processes_using(path):
+    """Other processes whose command line names `path` (an earlier
+    rehearsal's daemons, which may still write into it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open("/proc/%s/cmdline" % pid, "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if path in cmd and int(pid) != os.getpid() and "rehearsal.py" not in cmd:
+            found.append("%s: %s" % (pid, cmd[:120]))
+    return found
+
+
 def scrape(port, names):
     try:
         text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % port, timeout=5).read().decode()

@@ -17,6 +17,7 @@ import time
 
 
 def run_group(target, out):
+    from asympo_rl.errors import WeightsError
     from asympo_rl.weight_group import WeightGroupReceiver
     receiver = WeightGroupReceiver(target, "rehearsal-group-worker", backend="gloo",
                                    fetch_timeout=1800.0, join_wait_ms=30000)
@@ -25,12 +26,16 @@ def run_group(target, out):
         update = receiver.next_update()
         if update is None:
             continue
-        nbytes = 0
-        with update:
-            for _, tensor in update:
-                nbytes += tensor.numel() * tensor.element_size()
+        nbytes, error = 0, ""
+        try:
+            with update:
+                for _, tensor in update:
+                    nbytes += tensor.numel() * tensor.element_size()
+        except WeightsError as e:  # the version cannot be completed: the next one will
+            error = str(e)
         write(out, {"version": update.version, "incarnation": update.incarnation, "bytes": nbytes,
-                    "seconds": time.monotonic() - start, "time": time.time()})
+                    "seconds": time.monotonic() - start, "time": time.time(), "error": error,
+                    "fetched_buckets": update.fetched})
 
 
 def run_subscriber(target, out, once=False):
