@@ -103,7 +103,7 @@ absl::Status LearnerCore::ExportWeights() {
     return ExportPolicyModel(*model_, options_.export_dir, int64_t{5} << 30,
                              options_.publish_dtype);
   }
-  if (!rank0) return weight_parts()([](const std::vector<size_t>&) { return absl::OkStatus(); });
+  if (!rank0) return weight_parts()(StageNothing);
   return ExportPolicyModelInParts(*model_, options_.export_dir, options_.publish_dtype,
                                   weight_parts());
 }

@@ -14,8 +14,7 @@ absl::StatusOr<std::unique_ptr<LearnerWorker>> LearnerWorker::Create(LearnerDaem
   ASYMPO_RETURN_IF_ERROR(core->SyncRanks());
   ASYMPO_RETURN_IF_ERROR(core->RestoreCheckpoint().status());  // with rank 0
   // Rank 0's first version: fully sharded, the unit gathers.
-  ASYMPO_RETURN_IF_ERROR(
-      core->weight_parts()([](const std::vector<size_t>&) { return absl::OkStatus(); }));
+  ASYMPO_RETURN_IF_ERROR(core->weight_parts()(StageNothing));
   return std::unique_ptr<LearnerWorker>(new LearnerWorker(std::move(core)));
 }
 

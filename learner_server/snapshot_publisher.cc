@@ -43,7 +43,7 @@ SnapshotPublisher::~SnapshotPublisher() {
 
 absl::Status SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model,
                                         const WeightParts& parts) {
-  if (every_ == 0 || version % every_ != 0) return parts(SkipParts());
+  if (every_ == 0 || version % every_ != 0) return parts(StageNothing);
   absl::MutexLock lock(&mu_);
   // The staging buffer is free once the thread has copied it out.
   mu_.Await(absl::Condition(
@@ -62,10 +62,6 @@ absl::Status SnapshotPublisher::Publish(uint64_t version, const PolicyModel& mod
   }
   staged_ = version;
   return absl::OkStatus();
-}
-
-StagePart SnapshotPublisher::SkipParts() {
-  return [](const std::vector<size_t>&) { return absl::OkStatus(); };
 }
 
 absl::Status SnapshotPublisher::StageLocked(const PolicyModel& model, const WeightParts& parts,

@@ -75,7 +75,6 @@ class SnapshotPublisher : public WeightPublisher {
   SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
                     prometheus::Counter& coalesced);
-  static StagePart SkipParts();
   // With mu_ held: stages what `parts` makes readable; `parts`' own
   // failure is returned, the staging's goes to `staged`.
   absl::Status StageLocked(const PolicyModel& model, const WeightParts& parts, absl::Status* staged)

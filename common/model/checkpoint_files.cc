@@ -28,11 +28,15 @@ absl::StatusOr<std::string> ReadWhole(const std::string& path) {
 
 }  // namespace
 
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir) {
+  const std::string path = dir + "/" + kCheckpointMetaFile;
+  ASYMPO_ASSIGN_OR_RETURN(const std::string text, ReadWhole(path));
+  return ParseCheckpointMeta(text, path);
+}
+
 absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir) {
   const std::string state_path = dir + "/" + kCheckpointStateFile;
-  ASYMPO_ASSIGN_OR_RETURN(std::string meta_text, ReadWhole(dir + "/" + kCheckpointMetaFile));
-  ASYMPO_ASSIGN_OR_RETURN(CheckpointMeta meta,
-                          ParseCheckpointMeta(meta_text, dir + "/" + kCheckpointMetaFile));
+  ASYMPO_ASSIGN_OR_RETURN(CheckpointMeta meta, ReadCheckpointMeta(dir));
   CheckpointContents out;
   out.version = meta.version;
   out.optimizer_steps = meta.optimizer_steps;

@@ -7,8 +7,8 @@
 //    state as "__rng_state__" (still read);
 //  - meta.json: {"version", "optimizer_steps", "crc32c" (of manifest.json,
 //    or of state.safetensors), "layout" ("sharded"; absent before),
-//    "config" (the learner's flags, one per line), "batches" (optional: the accepted batches of which the checkpoint's
-//    steps trained at least one group, oldest first, with their digests and
+//    "config" (the learner's flags, one per line), "batches" (optional: the accepted batches of
+//    which the checkpoint's steps trained at least one group, oldest first, with their digests and
 //    the groups trained, for exactly-once delivery; older checkpoints have
 //    "batch_ids", ids alone: common/model/checkpoint_meta.h), "reward_monitor"
 //    (optional: the learner's reward EMAs, peaks and detectors)}.
@@ -48,6 +48,9 @@ struct CheckpointContents {
 // CRC-32C (the sharded layout: every block's). DATA_LOSS for an incomplete or corrupt checkpoint;
 // NOT_FOUND or another error for unreadable files.
 absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& dir);
+
+// `dir`/meta.json, parsed (ParseCheckpointMeta; DATA_LOSS when malformed).
+absl::StatusOr<CheckpointMeta> ReadCheckpointMeta(const std::string& dir);
 
 // The CRC-32C of a whole file, as meta.json records it for
 // state.safetensors (the learner when writing, ReadCheckpointDirectory when

@@ -27,8 +27,6 @@ namespace {
 constexpr int64_t kBlockBytes = int64_t{4} << 20;
 constexpr int kFormat = 1;
 
-std::string IndexFileName(int rank) { return absl::StrFormat("shard-%05d.json", rank); }
-
 std::string PieceKey(StateKind kind, const std::string& param, int64_t begin) {
   return absl::StrCat(StateKindName(kind), "/", param, "/", begin);
 }
@@ -92,6 +90,8 @@ int64_t CheckpointParam::numel() const {
   return n;
 }
 
+std::string CheckpointShardIndexName(int rank) { return absl::StrFormat("shard-%05d.json", rank); }
+
 std::string CheckpointShardFileName(int rank, int world) {
   return absl::StrFormat("shard-%05d-of-%05d.safetensors", rank, world);
 }
@@ -146,7 +146,7 @@ absl::Status WriteCheckpointShard(const std::string& dir, int rank, int world,
     index["rng"] = kCheckpointRngTensor;
     index["rng_crc32c"] = Crc32c(bytes.data_ptr(), static_cast<size_t>(bytes.nbytes()));
   }
-  return WriteText(dir + "/" + IndexFileName(rank), index.dump() + "\n");
+  return WriteText(dir + "/" + CheckpointShardIndexName(rank), index.dump() + "\n");
 }
 
 absl::StatusOr<uint32_t> WriteCheckpointManifest(const std::string& dir, int world,
@@ -163,12 +163,13 @@ absl::StatusOr<uint32_t> WriteCheckpointManifest(const std::string& dir, int wor
   }
   manifest["files"] = nlohmann::json::array();
   for (int r = 0; r < world; ++r) {
-    absl::StatusOr<std::string> text = ReadText(dir + "/" + IndexFileName(r));
+    absl::StatusOr<std::string> text = ReadText(dir + "/" + CheckpointShardIndexName(r));
     nlohmann::json index =
         text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
     if (!index.is_object() || !index.contains("pieces")) {
       return absl::DataLossError(absl::StrCat("rank ", r, "'s part of the checkpoint in ", dir,
-                                              " has no readable index (", IndexFileName(r), ")"));
+                                              " has no readable index (",
+                                              CheckpointShardIndexName(r), ")"));
     }
     manifest["files"].push_back(std::move(index));
   }

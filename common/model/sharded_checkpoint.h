@@ -65,8 +65,10 @@ struct StatePiece {
   at::Tensor data;  // 1-D; any device and dtype
 };
 
-// A shard file's name: shard-00001-of-00003.safetensors.
+// A shard file's name: shard-00001-of-00003.safetensors; and its index's,
+// which rank 0 merges into the manifest: shard-00001.json.
 std::string CheckpointShardFileName(int rank, int world);
+std::string CheckpointShardIndexName(int rank);
 
 // Writes rank `rank`'s part into `dir`: its shard file (the pieces, and
 // `rng` when defined), then shard-RRRRR.json with the pieces' block CRCs,

@@ -175,7 +175,7 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::StateTensors() const {
 }
 
 absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                              int64_t step_count, bool copy, bool on_host) {
+                              int64_t step_count) {
   std::vector<at::Tensor> avg(params_.size()), sq(params_.size());
   for (const auto& [name, t] : state) {
     const bool is_avg = name.rfind("exp_avg.", 0) == 0;
@@ -192,9 +192,7 @@ absl::Status AdamW::LoadState(const std::vector<std::pair<std::string, at::Tenso
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state entry \"", name, "\" has the wrong shape"));
     }
-    at::TensorOptions where = params_[i].options();
-    if (on_host) where = where.device(at::kCPU);
-    (is_avg ? avg : sq)[i] = copy ? t.to(where).clone() : t;
+    (is_avg ? avg : sq)[i] = t.to(params_[i].options()).clone();
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     if (avg[i].defined() != sq[i].defined()) {

@@ -163,13 +163,10 @@ class AdamW : public Optimizer {
   // "exp_avg_sq.<i>" (undefined entries are omitted).
   std::vector<std::pair<std::string, at::Tensor>> StateTensors() const;
   // Restores what StateTensors() returned (and the step count). Shapes must
-  // match; errors name the entry. On error nothing changes. With `copy`
-  // false the tensors are kept as given (already in the parameters' dtype)
-  // instead of cloned: the sharded optimizers' gathered views. `on_host`
-  // (with `copy`): the copies go to host memory, not the parameters'
-  // device: a checkpoint that a sharded world will scatter from rank 0.
+  // match; errors name the entry. On error nothing changes. The tensors
+  // are copied to the parameters' device and dtype.
   absl::Status LoadState(const std::vector<std::pair<std::string, at::Tensor>>& state,
-                         int64_t step_count, bool copy = true, bool on_host = false);
+                         int64_t step_count);
 
  private:
   std::vector<at::Tensor> params_;

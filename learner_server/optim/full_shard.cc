@@ -91,14 +91,11 @@ std::vector<at::Tensor> FullShard::Pieces(const Unit& unit, const at::Tensor& fl
   return pieces;
 }
 
-absl::StatusOr<at::Tensor> FullShard::GatherOnRank0(const Unit& unit, const at::Tensor& chunk,
-                                                    bool to_host) {
+absl::StatusOr<at::Tensor> FullShard::GatherOnRank0(const Unit& unit, const at::Tensor& chunk) {
   at::Tensor whole;
   std::vector<at::Tensor> outputs;
   if (collectives_->rank() == 0) {
-    at::TensorOptions options = unit.weight.options();
-    if (to_host) options = options.device(at::kCPU);
-    whole = at::empty({collectives_->world_size() * unit.chunk}, options);
+    whole = at::empty({collectives_->world_size() * unit.chunk}, unit.weight.options());
     outputs = Pieces(unit, whole);
   }
   at::Tensor input = chunk;
@@ -222,13 +219,11 @@ absl::Status FullShard::Apply(double lr, double scale, const std::vector<bool>& 
   return absl::OkStatus();
 }
 
-absl::Status FullShard::GatherWeights() { return GatherWeightsTo(/*to_host=*/false); }
-
-absl::Status FullShard::GatherWeightsTo(bool to_host) {
+absl::Status FullShard::GatherWeights() {
   at::NoGradGuard no_grad;
   for (size_t i = 0; i < units_.size(); ++i) {
     ReleaseUnit(i);
-    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight, to_host));
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor whole, GatherOnRank0(units_[i], units_[i].weight));
     if (whole.defined()) Attach(units_[i], std::move(whole));
   }
   return absl::OkStatus();

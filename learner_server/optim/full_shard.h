@@ -128,12 +128,8 @@ class FullShard : public Optimizer, public LayerResidency {
   // The world's pieces of a (world * c) buffer: piece r is rank r's chunk.
   std::vector<at::Tensor> Pieces(const Unit& unit, const at::Tensor& flat) const;
   // Collective: every rank's `chunk` (c elements of `unit`), laid end to end
-  // on rank 0 (world * c); undefined on the other ranks.
-  // to_host: rank 0 receives into host memory (the collective stages one
-  // unit on the device where its backend needs it).
-  absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk,
-                                           bool to_host = false);
-  absl::Status GatherWeightsTo(bool to_host);
+  // on rank 0's device (world * c); undefined on the other ranks.
+  absl::StatusOr<at::Tensor> GatherOnRank0(const Unit& unit, const at::Tensor& chunk);
   // This rank's chunks, per parameter (moments of those that have them).
   std::vector<StatePiece> Pieces() const;
   // Points the unit's parameters at `whole` (world * c).

@@ -61,7 +61,7 @@ void RemoveUnfinished(const std::string& tmp, int world) {
   if (removed.ok()) return;
   for (int r = 0; r < world; ++r) {
     ::unlink((tmp + "/" + CheckpointShardFileName(r, world)).c_str());
-    ::unlink(absl::StrFormat("%s/shard-%05d.json", tmp, r).c_str());
+    ::unlink((tmp + "/" + CheckpointShardIndexName(r)).c_str());
   }
   for (const char* name : {kCheckpointManifestFile, kCheckpointMetaFile}) {
     ::unlink((tmp + "/" + name).c_str());
@@ -138,16 +138,18 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const CheckpointSave& save, const P
   // Rank 0 names the temporary directory (its nonce, to every rank).
   std::vector<double> header{0.0, 0.0};
   absl::Status own;
+  const auto tmp_of = [&save](double nonce) {
+    return absl::StrFormat("%s/.tmp-ckpt-%012d-%06x", save.root, save.version,
+                           static_cast<int>(nonce));
+  };
   if (rank == 0) {
     header[0] = static_cast<double>(std::random_device()() & 0xffffff) + 1;
-    own = Prepare(save.root, absl::StrFormat("%s/.tmp-ckpt-%012d-%06x", save.root, save.version,
-                                             static_cast<int>(header[0])));
+    own = Prepare(save.root, tmp_of(header[0]));
     header[1] = own.ok() ? 0.0 : 1.0;
   }
   ASYMPO_RETURN_IF_ERROR(SumOverRanks(ranks, &header));
   if (header[1] != 0) return Agreed(own, {0}, "preparing the checkpoint");
-  const std::string tmp = absl::StrFormat("%s/.tmp-ckpt-%012d-%06x", save.root, save.version,
-                                          static_cast<int>(header[0]));
+  const std::string tmp = tmp_of(header[0]);
   const std::vector<CheckpointParam> params = ParamsOf(model, optimizer);
   {
     at::NoGradGuard no_grad;

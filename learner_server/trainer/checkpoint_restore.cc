@@ -13,8 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/model/checkpoint_meta.h"
-#include "common/model/safetensors_io.h"
+#include "common/model/checkpoint_files.h"
 #include "common/model/sharded_checkpoint.h"
 #include "common/model/torch_errors.h"
 #include "common/remove_tree.h"
@@ -61,20 +60,13 @@ struct Opened {
   std::vector<StatePiece> pieces;  // what this rank reads, into its live state
 };
 
-absl::StatusOr<std::string> ReadWhole(const std::string& path) {
-  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path));
-  return std::string(reinterpret_cast<const char*>(m->data()), m->size());
-}
-
 // Opens `dir`, checks that it holds `model`'s parameters, prepares the
 // optimizer for it and verifies every block this rank will read. The
 // weights are not touched; the optimizer's moments and step count are.
 absl::StatusOr<Opened> OpenAndVerify(const std::string& dir, const PolicyModel& model,
                                      Optimizer* optimizer) {
   Opened o;
-  const std::string meta_path = dir + "/" + kCheckpointMetaFile;
-  ASYMPO_ASSIGN_OR_RETURN(const std::string meta_text, ReadWhole(meta_path));
-  ASYMPO_ASSIGN_OR_RETURN(o.meta, ParseCheckpointMeta(meta_text, meta_path));
+  ASYMPO_ASSIGN_OR_RETURN(o.meta, ReadCheckpointMeta(dir));
   std::vector<std::string> names;
   for (const auto& [name, t] : model.named_parameters()) names.push_back(name);
   ASYMPO_ASSIGN_OR_RETURN(o.reader, CheckpointStateReader::Open(dir, o.meta.crc32c, names));

@@ -345,7 +345,7 @@ absl::StatusOr<uint64_t> Trainer::Publish() {
   if (publisher_ != nullptr) {
     ASYMPO_RETURN_IF_ERROR(publisher_->Publish(version, *model_, parts));
   } else {
-    ASYMPO_RETURN_IF_ERROR(parts([](const std::vector<size_t>&) { return absl::OkStatus(); }));
+    ASYMPO_RETURN_IF_ERROR(parts(StageNothing));
   }
   return version;
 }

@@ -59,6 +59,12 @@ using WeightParts = std::function<absl::Status(const StagePart& stage)>;
 // The parts of a model whose weights are all readable: one, all of them.
 WeightParts WholeWeights(const PolicyModel& model);
 
+// A StagePart that reads nothing: for a rank (or a version) that only takes
+// part in the collective.
+inline absl::Status StageNothing(const std::vector<size_t>& /*params*/) {
+  return absl::OkStatus();
+}
+
 class WeightPublisher {
  public:
   virtual ~WeightPublisher() = default;
