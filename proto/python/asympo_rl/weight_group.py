@@ -27,9 +27,16 @@ version comes over gRPC (WeightBroadcast.FetchSnapshot, each bucket
 checked), the broadcasts still being received while the group stands;
 the next Next reports a CRC mismatch (received_ok false), and a failed
 group is left and joined again. A version the learner no longer holds
-when that fetch starts (NOT_FOUND: a newer one replaced it) is skipped:
-iterating its update raises WeightsError, and the engine, holding part
-of it, gets the next version whole.
+when that fetch starts (NOT_FOUND: a newer one replaced it, or the
+learner restarted) is skipped: iterating its update raises WeightsError,
+and the engine, holding part of it, gets the next version whole.
+
+Gloo does not see a learner that dies in the middle of a bucket (its
+receivers wait for the whole collective timeout): a Gloo member waits in
+slices of probe_s and asks the learner between them whether its
+generation stands, and gives the collective up when the learner ended it
+(a restart) or has not answered for unreachable_s (no fallback fetch
+then: there is no one to fetch from). asympo_rl.group_collective.
 
 With NCCL, a collective that times out is in the hands of PyTorch's NCCL
 watchdog (TORCH_NCCL_ASYNC_ERROR_HANDLING), which may end the process
@@ -54,14 +61,13 @@ try:
 except ImportError as e:  # pragma: no cover
     raise ImportError("asympo_rl's WeightGroup stubs are missing (%s): install the package again "
                       "from the repository's proto/python" % e) from e
+from .group_collective import LearnerGone, Watch, drop_ended, give_up  # noqa: E402
+from .group_store import _RPC_GRACE_S, GroupStore, GroupStoreError  # noqa: E402
+from .weight_update import WeightUpdate, _GroupFailed  # noqa: E402
 
-_TORCH_DTYPES = {wb.DTYPE_F32: torch.float32, wb.DTYPE_BF16: torch.bfloat16, wb.DTYPE_F16: torch.float16}
-_ITEM_BYTES = {wb.DTYPE_F32: 4, wb.DTYPE_BF16: 2, wb.DTYPE_F16: 2}
-# What c10d's own stores raise on a timeout (torch 2.x); RuntimeError before.
-_StoreTimeout = getattr(dist, "DistStoreError", RuntimeError)
-_MAX_STORE_WAIT_MS = 30000   # GroupStoreRequest.wait_ms's limit
+__all__ = ["WeightGroupReceiver", "WeightUpdate", "GroupStore", "GroupStoreError", "bucket_crc32c"]
+
 _MAX_POLL_MS = 60000         # Join and Next's
-_RPC_GRACE_S = 30.0          # beyond a long poll's wait, before the call gives up
 # Join's codes that no retry can pass: another model or backend, credentials
 # the learner refuses, a learner without --weight_group, a bad worker_id or
 # one bound to another principal, another process joining under the same
@@ -85,256 +91,13 @@ def _join_replaced(e):
     return any(k == _ABORT_REASON_KEY and v == _JOIN_REPLACED for k, v in (metadata or ()))
 
 
-def _as_bytes(v):
-    """A store value as bytes: c10d passes bytes (or, torch 1.13's
-    compare_set, a list of ints), Python callers often str."""
-    if isinstance(v, str):
-        return v.encode()
-    return bytes(v)
-
-
-def _ms(delta):
-    """A timedelta (or seconds) in whole ms; None for no limit (0)."""
-    s = delta.total_seconds() if isinstance(delta, datetime.timedelta) else float(delta)
-    return None if s <= 0 else max(1, int(s * 1000))
-
-
-class GroupStoreError(RuntimeError):
-    """A Store RPC failed: the message names the operation, the keys, the
-    gRPC code and the learner's reply."""
-
-
-class GroupStore(dist.Store):
-    """The c10d store of one generation of the learner's weight group, a
-    torch.distributed.Store whose every operation is a WeightGroup.Store
-    RPC naming `member_token`; c10d's process groups (ProcessGroupGloo,
-    ProcessGroupNCCL) rendezvous over it. The learner keeps the keys, with
-    c10d HashStore's semantics: get and wait wait until the keys are set,
-    up to this store's timeout (then _StoreTimeout: torch's DistStoreError,
-    RuntimeError on torch 1.x); add stores the sum as decimal text and
-    returns it; compare_set sets when the key holds `expected` (or is unset
-    and expected is empty) and returns what the key holds after.
-
-    The methods are those c10d calls on a Python store: set, get, add,
-    compare_set, check, wait, getNumKeys and deleteKey (also under the
-    names Python callers use, num_keys and delete_key), clone. A failed RPC
-    raises GroupStoreError. Thread-safe (the stub is)."""
-
-    def __init__(self, channel, member_token, timeout=datetime.timedelta(minutes=5), poll_ms=10000):
-        """channel: a grpc.Channel to the learner. timeout: how long get
-        and wait wait (timedelta; zero: no limit). poll_ms: the longest
-        single wait asked of the learner (at most 30000)."""
-        super().__init__()
-        self._channel, self.member_token = channel, member_token
-        self._stub = weight_group_pb2_grpc.WeightGroupStub(channel)
-        self.poll_ms = max(1, min(int(poll_ms), _MAX_STORE_WAIT_MS))
-        self.set_timeout(timeout)
-
-    def _call(self, op, keys, wait_ms=0, **fields):
-        req = wg.GroupStoreRequest(member_token=self.member_token, op=op, keys=keys, wait_ms=wait_ms, **fields)
-        try:
-            return self._stub.Store(req, timeout=wait_ms / 1000.0 + _RPC_GRACE_S)
-        except grpc.RpcError as e:
-            raise GroupStoreError("GroupStore %s %s (member %s): %s: %s" % (
-                wg.GroupStoreRequest.Op.Name(op), list(keys), self.member_token, e.code().name,
-                e.details())) from None
-
-    def _waiting(self, op, keys, timeout=None):
-        """Asks op (GET or WAIT) in polls of at most poll_ms until the keys
-        are set; _StoreTimeout after `timeout` (default: the store's)."""
-        limit = _ms(self.timeout if timeout is None else timeout)
-        deadline = None if limit is None else time.monotonic() + limit / 1000.0
-        while True:
-            wait = self.poll_ms
-            if deadline is not None:
-                wait = min(wait, max(1, int((deadline - time.monotonic()) * 1000)))
-            r = self._call(op, keys, wait_ms=wait)
-            if r.ready:
-                return r
-            if deadline is not None and time.monotonic() >= deadline:
-                raise _StoreTimeout("GroupStore (member %s): %s not set within %d ms (timeout)"
-                                    % (self.member_token, list(keys), limit))
-
-    def set(self, key, value):
-        self._call(wg.GroupStoreRequest.OP_SET, [key], value=_as_bytes(value))
-
-    def get(self, key):
-        return self._waiting(wg.GroupStoreRequest.OP_GET, [key]).value
-
-    def add(self, key, amount):
-        return self._call(wg.GroupStoreRequest.OP_ADD, [key], amount=int(amount)).number
-
-    def compare_set(self, key, expected, desired):
-        return self._call(wg.GroupStoreRequest.OP_COMPARE_SET, [key], expected=_as_bytes(expected),
-                          value=_as_bytes(desired)).value
-
-    def check(self, keys):
-        return self._call(wg.GroupStoreRequest.OP_CHECK, list(keys)).ready
-
-    def wait(self, keys, timeout=None):
-        self._waiting(wg.GroupStoreRequest.OP_WAIT, list(keys), timeout)
-
-    def num_keys(self):
-        return self._call(wg.GroupStoreRequest.OP_NUM_KEYS, []).number
-
-    def delete_key(self, key):
-        r = self._call(wg.GroupStoreRequest.OP_DELETE, [key])
-        return r.ready or r.number > 0
-
-    # The names c10d's Python-store trampoline calls (torch 1.13 and 2.x).
-    getNumKeys = num_keys
-    deleteKey = delete_key
-
-    def clone(self):
-        return GroupStore(self._channel, self.member_token, self.timeout, self.poll_ms)
-
-
-class _GroupFailed(Exception):
-    """A collective of the group failed; the receiver has left the group."""
-
-
-class WeightUpdate:
-    """One version arriving over the group: version, incarnation, manifest.
-    Iterate it once, promptly: (Hugging Face name, tensor) pairs on the
-    receiver's device as each bucket arrives (buckets() gives them a
-    bucket at a time). The tensors are views of the bucket's own buffer,
-    safe to keep. Iteration raises WeightsError when the version cannot be
-    completed (its fallback fetch failed, or a newer version replaced it).
-
-    After it: complete (every tensor yielded), ok (every bucket came over
-    the group with its CRC-32C), crc_failed (a bucket that came over the
-    group did not match its CRC-32C), group_failed (a collective failed),
-    fetched (buckets that came over gRPC instead), error (why iterating it
-    raised)."""
-
-    def __init__(self, receiver, manifest):
-        self.manifest = manifest
-        self._receiver = receiver
-        self._layout = [[] for _ in manifest.buckets]
-        for t in manifest.tensors:
-            if t.bucket < len(self._layout):  # else check_manifest refuses it
-                self._layout[t.bucket].append(t)
-        self._next = 0          # buckets taken so far
-        self._fetch = None      # the gRPC fallback's bucket iterator, once in use
-        self._started = self._over = False
-        self.crc_failed = self.group_failed = False
-        self.complete, self.ok, self.fetched, self.error = False, True, 0, ""
-
-    @property
-    def version(self):
-        return self.manifest.version
-
-    @property
-    def incarnation(self):
-        return self.manifest.incarnation
-
-    def close(self):
-        """Ends the update now: receives (and drops) the broadcasts not
-        iterated to, so the group goes on without waiting for this member.
-        Also done by the receiver's next call, and on leaving a `with`."""
-        self._finish()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self._finish()
-
-    def __iter__(self):
-        for pairs in self.buckets():
-            yield from pairs
-
-    def buckets(self):
-        """Yields, per bucket in index order, the list of its (name, tensor)
-        pairs (a bucket without tensors gives an empty list)."""
-        if self._started or self._over:
-            raise RuntimeError("the update of version %d is iterated once, before the next update"
-                               % self.version)
-        self._started = True
-        try:
-            while self._next < len(self.manifest.buckets):
-                pairs = self._take()
-                self._next += 1
-                yield pairs
-                del pairs
-        except WeightsError as e:
-            self.error = str(e)
-            self._finish()
-            raise
-        self.complete = True
-        self._finish()
-
-    def _take(self):
-        """The next bucket's (name, tensor) pairs, from the group or, once
-        it failed or a CRC did not match, from the gRPC fallback."""
-        rx, i = self._receiver, self._next
-        info = self.manifest.buckets[i]
-        if self._fetch is None:
-            try:
-                buf = rx._broadcast(info.size_bytes)
-            except _GroupFailed:
-                self.ok, self.group_failed = False, True
-            else:
-                if rx._crc_matches(buf, info):
-                    return _views(buf, self._layout[i])
-                del buf
-                self.ok, self.crc_failed = False, True
-                # Keep the group in step: receive the rest of the version's
-                # broadcasts now, then fetch what is missing.
-                self._drain(i + 1)
-            self._fetch = rx._fetch(self.manifest, i)
-        index, buf = next(self._fetch)
-        self.fetched += 1
-        return _views(buf, self._layout[index])
-
-    def _drain(self, start):
-        """Receives (and drops) the broadcasts of buckets start.., while
-        the group stands."""
-        rx = self._receiver
-        for info in self.manifest.buckets[start:]:
-            try:
-                buf = rx._broadcast(info.size_bytes)
-            except _GroupFailed:
-                self.ok, self.group_failed = False, True
-                return
-            if not rx._crc_matches(buf, info):
-                self.ok, self.crc_failed = False, True
-            del buf
-
-    def _finish(self):
-        """Ends the update (idempotent): receives the broadcasts the caller
-        did not iterate to, closes a fallback fetch, and tells the receiver
-        the outcome."""
-        if self._over:
-            return
-        self._over = True
-        if self._fetch is not None:
-            self._fetch.close()  # its broadcasts were received before it began
-            self._fetch = None
-        elif not self.complete and self._receiver._pg is not None:
-            self._drain(self._next)
-        self._receiver._settle(self)
-
-
-def _views(buf, entries):
-    """[(name, tensor)] of one bucket's tensors: views of `buf` (1-D uint8),
-    or copies where an offset does not suit the dtype's alignment."""
-    out = []
-    for t in entries:
-        piece = buf[t.offset:t.offset + t.size_bytes]
-        if t.offset % _ITEM_BYTES[t.dtype]:
-            piece = piece.clone()
-        out.append((t.name, piece.view(_TORCH_DTYPES[t.dtype]).reshape(tuple(t.shape))))
-    return out
-
-
 class WeightGroupReceiver:
     """A member of the learner's weight group (see the module's docstring)."""
 
     def __init__(self, target, worker_id, backend="gloo", device="cpu", model_signature=None,
                  credentials=None, channel=None, gloo_address="127.0.0.1", held_version=0,
                  held_incarnation="", verify=True, join_wait_ms=10000, next_wait_ms=10000,
-                 fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0):
+                 fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0, probe_s=1.0, unreachable_s=10.0):
         """target: the learner's "host:port". worker_id: a stable name (at
         most 128 bytes), bound to this worker's principal from its first
         Join (another principal's is refused: RefusedError); joining again
@@ -351,7 +114,11 @@ class WeightGroupReceiver:
         held_incarnation: what the engine holds already (0 and "": nothing).
         verify: check the CRC-32C of buckets received on a GPU too (a copy
         to the host per bucket); buckets on the CPU are always checked.
-        join_wait_ms, next_wait_ms: the long polls' length."""
+        join_wait_ms, next_wait_ms: the long polls' length. probe_s,
+        unreachable_s (Gloo): a collective that lasts over probe_s asks the
+        learner every probe_s whether the generation stands, and is given
+        up when the learner ended it or has not answered for unreachable_s
+        (asympo_rl.group_collective says why)."""
         if backend not in ("gloo", "nccl"):
             raise ValueError("backend %r: gloo or nccl" % (backend,))
         if len(worker_id.encode()) > 128:
@@ -378,6 +145,8 @@ class WeightGroupReceiver:
         self.join_wait_ms = max(1, min(int(join_wait_ms), _MAX_POLL_MS))
         self.next_wait_ms = max(1, min(int(next_wait_ms), _MAX_POLL_MS))
         self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
+        self.probe_s, self.unreachable_s = probe_s, unreachable_s
+        self._watch = None          # Gloo: waits for the collectives, asking the learner
         self.version, self.incarnation = held_version, held_incarnation
         self._holds = bool(held_version or held_incarnation)
         self._held_buckets = None   # (size, crc) of each bucket of the held version, when known
@@ -391,6 +160,8 @@ class WeightGroupReceiver:
         # Counters: generations joined, versions that came broken over the
         # group (a CRC or the collective), versions completed over gRPC.
         self.joins = self.failures = self.fallbacks = 0
+        # Collectives given up on because the learner had gone (probe_s).
+        self.gave_up = 0
 
     def close(self):
         """Ends the current update (draining it), leaves the group and
@@ -488,6 +259,8 @@ class WeightGroupReceiver:
             self._pause()
             return
         self._store, self._token = store, r.member_token
+        if self.backend == "gloo":
+            self._watch = Watch(self._stub, r.member_token, self.probe_s, self.unreachable_s)
         self.generation, self.rank, self.world_size = r.generation, r.rank, r.world_size
         self.joins += 1
         self._backoff = self.min_backoff
@@ -506,7 +279,8 @@ class WeightGroupReceiver:
 
     def _leave(self):
         """Drops the process group (its connections close) and the token."""
-        self._pg = self._store = self._token = None
+        self._pg = self._store = self._token = self._watch = None
+        drop_ended()
 
     def _ask(self, left_ms):
         """One Next long poll: the manifest to receive, or None (WAIT, or
@@ -594,11 +368,21 @@ class WeightGroupReceiver:
             return buf
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = 0, 0
+        work = self._pg.broadcast([buf], opts)
         try:
-            self._pg.broadcast([buf], opts).wait()
+            if self._watch is None:
+                work.wait()
+            else:
+                self._watch.wait(work)
         except RuntimeError as e:
             self._leave()
             raise _GroupFailed(str(e)) from None
+        except LearnerGone as e:
+            # Destroying the group would wait for the collective's timeout.
+            give_up(self._pg, work)
+            self.gave_up += 1
+            self._leave()
+            raise _GroupFailed(str(e), e.unreachable) from None
         return buf
 
     def _crc_matches(self, buf, info):
@@ -627,8 +411,8 @@ class WeightGroupReceiver:
             yield from _assemble(m, first, chunks, self.device)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.NOT_FOUND:
-                raise WeightsError("version %d: the learner holds it no more (a newer one replaced it); "
-                                   "skipped" % m.version) from None
+                raise WeightsError("version %d: the learner holds it no more (%s); skipped"
+                                   % (m.version, e.details())) from None
             raise WeightsError("version %d: the gRPC fetch failed: %s: %s" % (m.version, e.code().name,
                                                                               e.details())) from None
         except RefusedError as e:

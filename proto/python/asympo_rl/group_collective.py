@@ -1,0 +1,123 @@
+"""Waiting for a weight group's collective without being held up by a dead
+learner.
+
+Gloo does not always see a peer die. A receiver whose peer is killed in
+the middle of a message waits for the collective's whole timeout: with
+torch 1.13's Gloo, a broadcast of 2 GiB whose root is killed (SIGKILL)
+50 ms in ends only with "Timed out waiting 60000ms for recv operation to
+complete" (a root killed before it sends is seen at once). A worker would
+sit out the learner's restart for the weight group's collective timeout.
+
+So a member waits for each collective in slices of `probe_s` seconds and,
+between slices, asks the learner whether its generation still stands (a
+WeightGroup.Store CHECK of no key under its member token):
+
+- the learner answers: the member waits on;
+- the learner says the token names no member (FAILED_PRECONDITION: the
+  generation ended, or the learner restarted): the member gives up at once;
+- no answer (the learner is down, shutting down or unreachable) for
+  `unreachable_s` seconds: the member gives up.
+
+A process group given up on is kept, not destroyed: destroying one whose
+collective is pending waits for that collective's timeout. It is dropped
+once the collective ends (at its timeout at the latest); one still
+pending when the process exits is left to the exit."""
+import ctypes
+import datetime
+import time
+
+import grpc
+
+from .v1 import weight_group_pb2 as wg
+
+# Process groups given up on while a collective was pending, each with the
+# pending work: (process group, work). Each group holds one reference of
+# its own (Py_IncRef), so that neither this list's teardown at exit nor
+# the caller dropping it runs its destructor, which would wait for the
+# collective's timeout.
+_GIVEN_UP = []
+
+
+class LearnerGone(Exception):
+    """The learner ended this member's generation, or (unreachable) stopped
+    answering."""
+
+    def __init__(self, message, unreachable=False):
+        super().__init__(message)
+        self.unreachable = unreachable
+
+
+def give_up(pg, work):
+    """Keeps `pg`, whose collective `work` is pending, until that ends."""
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(pg))
+    _GIVEN_UP.append((pg, work))
+    drop_ended()
+
+
+def drop_ended():
+    """Drops the groups given up on whose collective has ended."""
+    for entry in list(_GIVEN_UP):
+        if entry[1].is_completed():
+            _GIVEN_UP.remove(entry)
+            ctypes.pythonapi.Py_DecRef(ctypes.py_object(entry[0]))
+
+
+def given_up():
+    """How many groups given up on still have a collective pending."""
+    drop_ended()
+    return len(_GIVEN_UP)
+
+
+class Watch:
+    """Waits for one member's collectives, asking the learner between
+    slices (see the module's docstring)."""
+
+    def __init__(self, stub, member_token, probe_s=1.0, unreachable_s=10.0):
+        """stub: a WeightGroupStub on the learner's channel. probe_s: the
+        slice of waiting between two questions. unreachable_s: how long the
+        learner may go without answering before the member gives up."""
+        self._stub, self._token = stub, member_token
+        self.probe_s, self.unreachable_s = probe_s, unreachable_s
+        self.probes = 0
+
+    def wait(self, work):
+        """Returns once `work` has completed. Raises its own error
+        (RuntimeError) when it failed, LearnerGone when the learner ended
+        the generation or did not answer for unreachable_s."""
+        slice_ = datetime.timedelta(seconds=self.probe_s)
+        silent_since = None
+        while True:
+            try:
+                work.wait(slice_)
+                return
+            except RuntimeError:
+                if work.is_completed():
+                    work.wait()  # its own outcome: returns, or raises its error
+                    return
+            answer = self._ask()
+            now = time.monotonic()
+            if answer is not None:
+                raise LearnerGone("the learner no longer counts this member in a generation: %s" % answer)
+            if self._answered:
+                silent_since = None
+            elif silent_since is None:
+                silent_since = now
+            elif now - silent_since >= self.unreachable_s:
+                raise LearnerGone("the learner has not answered for %.0f s (%s)"
+                                  % (now - silent_since, self._last_error), unreachable=True)
+
+    def _ask(self):
+        """One question: sets _answered; returns the reason to give up now
+        (the learner's FAILED_PRECONDITION), else None."""
+        self.probes += 1
+        self._answered, self._last_error = False, ""
+        try:
+            self._stub.Store(wg.GroupStoreRequest(member_token=self._token, op=wg.GroupStoreRequest.OP_CHECK),
+                             timeout=max(0.5, min(5.0, self.unreachable_s / 2)))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                return e.details()
+            self._last_error = "%s: %s" % (e.code().name, e.details())
+            return None
+        self._answered = True
+        return None
