@@ -78,6 +78,8 @@ def parse_args(argv=None):
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--eval_prompts_k", type=int, default=8, help="mean@k and pass@k of the final evaluation")
+    ap.add_argument("--eval_prompts", type=int, default=0,
+                    help="held-out prompts of each run's final evaluation (0: the task's 1000)")
     ap.add_argument("--sft_target", type=float, default=0.4)
     ap.add_argument("--sft_steps", type=int, default=3000)
     ap.add_argument("--daemon_objectives", default="naive,gpg,grpo,spo,asympo",
@@ -230,8 +232,8 @@ def run_one(args, folder, objective, lr, lag, seed):
     cmd = [task_learning(args), "--task", "add", "--init_model", os.path.join(args.out, "base", "model"),
            "--objective", objective, "--lr", repr(lr), "--lag", str(lag), "--seed", str(seed),
            "--steps", str(args.steps), "--group", str(args.group), "--prompts", str(args.prompts),
-           "--eval_k", str(args.eval_prompts_k), "--log_every", "50", "--csv", csv_path,
-           "--threads", "1", "--base_stats", "0"]
+           "--eval_k", str(args.eval_prompts_k), "--eval_prompts", str(args.eval_prompts), "--log_every", "50",
+           "--csv", csv_path, "--threads", "1", "--base_stats", "0"]
     seconds, final, rows = train(cmd, name, csv_path, log_path)
     half = len(rows) // 2
     value = {"objective": objective, "lr": lr, "lag": lag, "seed": seed, "steps": args.steps,

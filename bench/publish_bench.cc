@@ -143,10 +143,10 @@ double RunMode(const Setup& s, const std::string& mode, double* released_mib) {
                                          publisher_metrics);
   std::unique_ptr<asympo::learner::WeightPublisher> publisher;
   if (mode == "async") {
-    publisher = asympo::learner::SnapshotPublisher::Create(
-                    &store, *model, s.dtype, 1,
-                    asympo::learner::RegisterSnapshotCounters(publisher_metrics))
-                    .value();
+    publisher =
+        asympo::learner::SnapshotPublisher::Create(
+            &store, *model, s.dtype, asympo::learner::RegisterSnapshotCounters(publisher_metrics))
+            .value();
   } else if (mode == "stage") {
     publisher = std::make_unique<StageOnlyPublisher>(
         asympo::broadcast::SnapshotStaging::Create(*model, s.dtype).value());

@@ -25,8 +25,9 @@ goes to WORK/report.json and WORK/report.md.
     python3 bench/rehearsal.py [--build build] [--work /tmp/asympo-rehearsal]
         [--shape qwen3-0.6b] [--steps 10] [--checkpoint_every 2] [--kill_after 4]
 
-Needs about 24 GB of memory (with swap: the learner's ranks alone plan 9.9
-and 7.7 GiB) and 30 GB of disk; /usr/bin/python3 with torch,
+Needs about 30 GiB of memory and swap together (the six processes' peaks
+summed to 28.6 GiB at qwen3-0.6b, the learner's ranks alone plan 9.9 and
+7.7 GiB; it refuses to start with less, --min_memory_gib) and 30 GB of disk; /usr/bin/python3 with torch,
 numpy and grpc (the Python package is installed into WORK/python_pkg)."""
 import argparse
 import json
@@ -58,6 +59,8 @@ def parse_args():
     p.add_argument("--group_size", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=12)
     p.add_argument("--timeout_min", type=float, default=150)
+    p.add_argument("--min_memory_gib", type=float, default=30,
+                   help="refuse to start with less memory and swap together (0: no check)")
     return p.parse_args()
 
 
@@ -139,8 +142,22 @@ class Run:
                     p.wait()
 
 
+def check_memory(need_gib):
+    """Refuses to start on a machine whose memory and swap together are
+    below `need_gib`: the kernel would kill a learner rank mid-run."""
+    with open("/proc/meminfo") as f:
+        info = {line.split(":")[0]: int(line.split()[1]) for line in f if line.split()[1:]}
+    have = (info.get("MemTotal", 0) + info.get("SwapTotal", 0)) / 2**20
+    if need_gib > 0 and have < need_gib:
+        raise SystemExit(
+            "this machine has %.1f GiB of memory and swap together; the rehearsal needs about %.0f "
+            "(--min_memory_gib). Add swap, for example:\n  fallocate -l %dG /swapfile && chmod 600 "
+            "/swapfile && mkswap /swapfile && swapon /swapfile" % (have, need_gib, int(need_gib - have) + 2))
+
+
 def prepare(run):
     a = run.args
+    check_memory(a.min_memory_gib)
     os.makedirs(a.work, exist_ok=True)
     # An earlier run's learner still stopping writes a final checkpoint.
     busy = rehearsal_checks.processes_using(a.work)

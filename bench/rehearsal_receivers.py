@@ -56,6 +56,9 @@ def run_subscriber(target, out, once=False):
                     "sha256": digests})
         if once:
             return
+        # An engine holds one version, not two, while the next arrives (a
+        # memoryview holds its bytes too).
+        snapshot = raw = None
         start = time.monotonic()
 
 

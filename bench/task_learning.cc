@@ -10,6 +10,7 @@
 //                 [--max_new_tokens 0] [--vocab 64] [--seed 0] [--threads 1]
 //                 [--alphabet 0] [--min_length 0] [--max_length 0]
 //                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
+//                 [--eval_prompts 0]
 //                 [--p_low] [--p_high] [--scale_floor] [--advantage mean] [--eval_json FILE]
 //                 [--weight_decay 0] [--layers 0] [--hidden 0]
 //                 [--init_model DIR] [--sft_steps 0] [--sft_target 0.4] [--sft_lr 1e-3]
@@ -114,6 +115,7 @@ struct Args {
   std::string csv;                    // per-step rows; empty: none
   int64_t eval_every;                 // 0: only at the end
   int32_t eval_k;
+  int64_t eval_prompts;    // held-out prompts evaluated; 0: the task's default set
   std::string eval_json;   // the last evaluation, per prompt; empty: none
   std::string init_model;  // a model directory to start from; empty: random
   std::string save_model;  // where to write the model after --sft_steps
@@ -150,6 +152,7 @@ Args ParseArgs(int argc, char** argv) {
   args.csv = FlagS(argc, argv, "--csv", "");
   args.eval_every = Flag(argc, argv, "--eval_every", 0);
   args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
+  args.eval_prompts = std::max<int64_t>(0, Flag(argc, argv, "--eval_prompts", 0));
   args.eval_json = FlagS(argc, argv, "--eval_json", "");
   args.init_model = FlagS(argc, argv, "--init_model", "");
   args.save_model = FlagS(argc, argv, "--save_model", "");
@@ -479,7 +482,7 @@ absl::Status PrintEvaluation(const Args& args, const rollout::GenerationEngine& 
   options.temperature = args.temperature;
   options.seed = args.seed + 1000003 * static_cast<uint64_t>(step);
   absl::StatusOr<rollout::EvaluationReport> report =
-      rollout::Evaluate(engine, task, task.EvaluationPrompts(0), options);
+      rollout::Evaluate(engine, task, task.EvaluationPrompts(args.eval_prompts), options);
   if (!report.ok()) return report.status();
   std::printf("eval step=%lld %s\n", static_cast<long long>(step),
               rollout::EvaluationSummary(*report).c_str());

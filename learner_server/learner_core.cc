@@ -31,7 +31,8 @@ absl::Status LearnerCore::BuildModel() {
 
 absl::Status LearnerCore::BuildTrainer(WeightPublisher* publisher) {
   TrainerOptions t = options_.trainer;
-  t.step_groups = options_.prompts_per_step;  // a short step weighs its groups as a full one
+  t.step_groups = options_.prompts_per_step;   // a short step weighs its groups as a full one
+  t.publish_every = options_.broadcast_every;  // SyncRanks: rank 0's on every rank
   ASYMPO_ASSIGN_OR_RETURN(trainer_, Trainer::Create(std::move(t), model_.get(), publisher));
   return absl::OkStatus();
 }
@@ -43,6 +44,15 @@ absl::Status LearnerCore::SyncRanks() {
   ASYMPO_RETURN_IF_ERROR(dp_->BroadcastState(model_.get(), &trainer_->optimizer(), &version,
                                              /*moments=*/shard == DistShard::kNone));
   trainer_->set_version(version);
+  // Every rank reads the weights of the same versions (fully sharded, the
+  // unit gathers are collectives): rank 0's --broadcast_every holds.
+  std::vector<int64_t> agreed{options_.broadcast_every};
+  ASYMPO_RETURN_IF_ERROR(dp_->BroadcastValues(&agreed));
+  if (agreed[0] != options_.broadcast_every) {
+    LOG(WARNING) << "--broadcast_every=" << options_.broadcast_every << " on this rank; rank 0's, "
+                 << agreed[0] << ", holds";
+  }
+  trainer_->set_publish_every(agreed[0]);
   if (shard == DistShard::kOptimizer) {
     ASYMPO_RETURN_IF_ERROR(trainer_->ShardOptimizer(dp_.get()));
     LOG(INFO) << "ZeRO-1: this rank keeps " << trainer_->optimizer_state_bytes() / (1 << 20)

@@ -81,7 +81,7 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
         "which broadcasts from the device copy: use --snapshot_staging=device");
   }
   ASYMPO_ASSIGN_OR_RETURN(
-      publisher_, SnapshotPublisher::Create(store_.get(), model, o.publish_dtype, o.broadcast_every,
+      publisher_, SnapshotPublisher::Create(store_.get(), model, o.publish_dtype,
                                             RegisterSnapshotCounters(registry), device_buckets,
                                             o.snapshot_staging_host));
   if (o.weight_group_enabled) {

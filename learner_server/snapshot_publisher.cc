@@ -7,12 +7,8 @@
 namespace asympo::learner {
 
 absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
-    broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype, int64_t every,
+    broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
     prometheus::Counter& coalesced, bool device_buckets, bool host_only) {
-  if (every < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("broadcast_every is ", every, "; it must be >= 0"));
-  }
   // Laid out as the store's buckets. With device_buckets (the NCCL
   // transport and the model on a GPU), NCCL broadcasts straight from the
   // staged device copy.
@@ -20,16 +16,13 @@ absl::StatusOr<std::unique_ptr<SnapshotPublisher>> SnapshotPublisher::Create(
       std::unique_ptr<broadcast::SnapshotStaging> staging,
       broadcast::SnapshotStaging::Create(model, dtype, *store, device_buckets, host_only));
   return std::unique_ptr<SnapshotPublisher>(
-      new SnapshotPublisher(store, every, std::move(staging), coalesced));
+      new SnapshotPublisher(store, std::move(staging), coalesced));
 }
 
-SnapshotPublisher::SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
+SnapshotPublisher::SnapshotPublisher(broadcast::SnapshotStore* store,
                                      std::unique_ptr<broadcast::SnapshotStaging> staging,
                                      prometheus::Counter& coalesced)
-    : store_(store),
-      every_(static_cast<uint64_t>(every)),
-      staging_(std::move(staging)),
-      coalesced_counter_(coalesced) {
+    : store_(store), staging_(std::move(staging)), coalesced_counter_(coalesced) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -43,7 +36,6 @@ SnapshotPublisher::~SnapshotPublisher() {
 
 absl::Status SnapshotPublisher::Publish(uint64_t version, const PolicyModel& model,
                                         const WeightParts& parts) {
-  if (every_ == 0 || version % every_ != 0) return parts(StageNothing);
   absl::MutexLock lock(&mu_);
   // The staging buffer is free once the thread has copied it out.
   mu_.Await(absl::Condition(

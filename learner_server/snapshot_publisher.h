@@ -1,5 +1,6 @@
-// The learner's side of the weight broadcast: every `every`-th version goes
-// to the snapshot store (weight_broadcaster/snapshot_store.h), which every
+// The learner's side of the weight broadcast: each version the trainer
+// publishes (TrainerOptions::publish_every, --broadcast_every) goes to the
+// snapshot store (weight_broadcaster/snapshot_store.h), which every
 // transport reads, in the dtype rollouts sample with (--dtype), off
 // the trainer thread.
 //
@@ -48,14 +49,13 @@ class SnapshotPublisher : public WeightPublisher {
   // into pinned host memory (--snapshot_staging=host).
   static absl::StatusOr<std::unique_ptr<SnapshotPublisher>> Create(
       broadcast::SnapshotStore* store, const PolicyModel& model, at::ScalarType dtype,
-      int64_t every, prometheus::Counter& coalesced, bool device_buckets = false,
-      bool host_only = false);
+      prometheus::Counter& coalesced, bool device_buckets = false, bool host_only = false);
   // Publishes what is staged, then stops the thread.
   ~SnapshotPublisher() override;
 
-  // WeightPublisher: stages every `every`-th version (0: none) for the
-  // publisher thread, part by part as `parts` makes them readable (the
-  // others it runs through with nothing to stage). A failed stage is
+  // WeightPublisher: stages the version for the publisher thread, part by
+  // part as `parts` makes them readable (the parts of other ranks it runs
+  // through with nothing to stage). A failed stage is
   // logged and the version left out; only `parts`' failure is returned.
   absl::Status Publish(uint64_t version, const PolicyModel& model,
                        const WeightParts& parts) override;
@@ -72,7 +72,7 @@ class SnapshotPublisher : public WeightPublisher {
   int64_t coalesced() const;
 
  private:
-  SnapshotPublisher(broadcast::SnapshotStore* store, int64_t every,
+  SnapshotPublisher(broadcast::SnapshotStore* store,
                     std::unique_ptr<broadcast::SnapshotStaging> staging,
                     prometheus::Counter& coalesced);
   // With mu_ held: stages what `parts` makes readable; `parts`' own
@@ -86,7 +86,6 @@ class SnapshotPublisher : public WeightPublisher {
   absl::Status CopyAndSend(uint64_t version);
 
   broadcast::SnapshotStore* const store_;
-  const uint64_t every_;
   const std::unique_ptr<broadcast::SnapshotStaging> staging_;
   prometheus::Counter& coalesced_counter_;
 

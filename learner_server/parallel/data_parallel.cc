@@ -243,6 +243,17 @@ absl::StatusOr<StepMessage> DataParallel::Receive() {
   return m;
 }
 
+absl::Status DataParallel::BroadcastValues(std::vector<int64_t>* values) {
+  at::Tensor t = at::zeros({static_cast<int64_t>(values->size())}, at::kLong);
+  std::copy(values->begin(), values->end(), t.data_ptr<int64_t>());
+  std::vector<at::Tensor> ts{group_->Staged(t, false)};
+  ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's settings", options_.timeout,
+                                    [&] { return group_->pg->broadcast(ts); }));
+  const at::Tensor got = Host(ts[0]);
+  std::copy(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + got.numel(), values->begin());
+  return absl::OkStatus();
+}
+
 absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, uint64_t* version,
                                           bool moments) {
   at::NoGradGuard no_grad;

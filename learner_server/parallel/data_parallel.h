@@ -155,6 +155,8 @@ class DataParallel : public StepReducer, public ShardCollectives {
   // every rank.
   absl::Status BroadcastState(PolicyModel* model, AdamW* optimizer, uint64_t* version,
                               bool moments = true);
+  // Rank 0's `values` on every rank (each rank passes as many).
+  absl::Status BroadcastValues(std::vector<int64_t>* values);
 
   // StepReducer: sums across ranks, in place.
   absl::Status SumValues(std::vector<double>* values) override;

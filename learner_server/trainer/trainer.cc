@@ -76,6 +76,10 @@ absl::Status ValidateTrainerOptions(const TrainerOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("logprob_chunk_rows is ", o.logprob_chunk_rows, "; it must be positive"));
   }
+  if (o.publish_every < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("publish_every is ", o.publish_every, "; it must be >= 0 (0: none)"));
+  }
   return absl::OkStatus();
 }
 
@@ -340,6 +344,8 @@ StepOr<StepResult> Trainer::Update(StepResult result, const std::vector<bool>& s
 
 absl::StatusOr<uint64_t> Trainer::Publish() {
   const uint64_t version = version_.fetch_add(1) + 1;
+  const auto every = static_cast<uint64_t>(options_.publish_every);
+  if (every == 0 || version % every != 0) return version;  // not read, on any rank
   // Fully sharded weights are gathered on rank 0 a unit at a time.
   const WeightParts parts = [this](const StagePart& stage) { return VisitWeightParts(stage); };
   if (publisher_ != nullptr) {

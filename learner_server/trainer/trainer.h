@@ -61,9 +61,7 @@ WeightParts WholeWeights(const PolicyModel& model);
 
 // A StagePart that reads nothing: for a rank (or a version) that only takes
 // part in the collective.
-inline absl::Status StageNothing(const std::vector<size_t>& /*params*/) {
-  return absl::OkStatus();
-}
+inline absl::Status StageNothing(const std::vector<size_t>& /*params*/) { return absl::OkStatus(); }
 
 class WeightPublisher {
  public:
@@ -99,6 +97,10 @@ struct TrainerOptions {
   // groups as a full step does (StepTotals::step_groups). 0: every step
   // weighs as a whole.
   int64_t step_groups = 0;
+  // Publish every Nth version (--broadcast_every; 0: none). A version not
+  // published is not read at all: fully sharded, no rank gathers its units.
+  // Every rank must hold the same value (LearnerCore::SyncRanks: rank 0's).
+  int64_t publish_every = 1;
   // Fault injection, for tests and drills only: the Nth step attempt
   // (a call of Step() or StepShard(), 1-based, counted by this trainer) gets a NaN loss
   // (nonfinite_loss_steps) or a c10::Error thrown after its first
@@ -199,6 +201,7 @@ class Trainer {
   uint64_t version() const { return version_.load(); }
   // For restoring from a checkpoint.
   void set_version(uint64_t version) { version_ = version; }
+  void set_publish_every(int64_t every) { options_.publish_every = every; }
   // The whole AdamW state before the optimizer is sharded (see
   // ShardOptimizer); rank 0's is scattered from it.
   AdamW& optimizer() { return optimizer_; }

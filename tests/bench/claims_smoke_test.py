@@ -18,7 +18,7 @@ def run(source, build, out, phases=()):
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
            "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo,asympo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
            "--copy_steps", "3", "--sft_steps", "25",
-           "--sft_target", "0", "--eval_prompts_k", "1", "--jobs", "2"]
+           "--sft_target", "0", "--eval_prompts_k", "1", "--eval_prompts", "100", "--jobs", "2"]
     if phases:
         cmd += ["--phase", ",".join(phases)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)

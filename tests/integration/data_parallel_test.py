@@ -300,11 +300,12 @@ def start_learner(build, work, rank, port, api, metrics, extra=()):
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
 
-def kill_one(build, work, victim, sig, extra=()):
+def kill_one(build, work, victim, sig, extra=(), rank_extra=None):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     port, api, metrics = local_run.free_port(), local_run.free_port(), local_run.free_port()
-    ranks = [start_learner(build, work, r, port, api, metrics, extra) for r in (0, 1)]
+    ranks = [start_learner(build, work, r, port, api, metrics, list(extra) + (rank_extra or {}).get(r, []))
+             for r in (0, 1)]
     rollout = subprocess.Popen(
         [os.path.join(build, "rollout_server", "asympo-rollout"), "--learner=127.0.0.1:%d" % api,
          "--model=tiny", "--tiny_vocab_size=16", "--task=copy", "--group_size=8",
@@ -361,12 +362,18 @@ def scenario_kill(build, work):
     # single-process learner resumes from the newest with all the moments.
     sharded_kill(build, os.path.join(work, "sharded"), ["--dist_shard_optimizer"], "sharded")
     # Fully sharded: the same, and the weights the rollout samples with,
-    # the checkpoints and the export are gathered from both ranks.
+    # the checkpoints and the export are gathered from both ranks. Only
+    # published versions are gathered, so the ranks follow rank 0's
+    # --broadcast_every (rank 1's own would have them gather different
+    # versions, and wait for each other until the collective timeout).
     w = sharded_kill(build, os.path.join(work, "full"),
                      ["--dist_shard=full", "--export_dir=" + os.path.join(work, "full-export")],
-                     "fully sharded")
+                     "fully sharded", rank_extra={0: ["--broadcast_every=2"], 1: ["--broadcast_every=3"]})
     with open(os.path.join(w, "rank0.log")) as f:
         check("full sharding: this rank keeps" in f.read(), "rank 0 logs what it keeps, fully sharded")
+    with open(os.path.join(w, "rank1.log")) as f:
+        check("--broadcast_every=3 on this rank; rank 0's, 2, holds" in f.read(),
+              "rank 1, started with another --broadcast_every, follows rank 0's and says so")
     # Streamed a unit at a time: one shard file per unit, and the index.
     index_path = os.path.join(work, "full-export", "model.safetensors.index.json")
     check(os.path.exists(index_path), "the fully sharded ranks exported the policy with an index")
@@ -388,8 +395,8 @@ def scenario_kill(build, work):
           % m.get("asympo_broadcast_oldest_receiver_version"))
 
 
-def sharded_kill(build, work, flags, label):
-    w = kill_one(build, work, 1, signal.SIGKILL, flags)
+def sharded_kill(build, work, flags, label, rank_extra=None):
+    w = kill_one(build, work, 1, signal.SIGKILL, flags, rank_extra)
     ckpts = sorted(d for d in os.listdir(os.path.join(w, "ckpt")) if d.startswith("ckpt-"))
     check(ckpts and int(ckpts[-1][5:]) % 5 == 0,
           "only the periodic checkpoints of the %s ranks are there (%s)" % (label, ckpts))

@@ -86,8 +86,7 @@ TEST(SnapshotStagingTest, InTheBucketLayoutTheDeviceCopyIsTheSnapshotsBuckets) {
 TEST(SnapshotStagingTest, TheHostCopyIsLaidOutAsTheStoresBucketsAndAdopted) {
   auto model = Tiny();
   prometheus::Registry registry;
-  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
-                                 registry);
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16), registry);
   ASSERT_OK_AND_ASSIGN(auto staging,
                        broadcast::SnapshotStaging::Create(*model, at::kBFloat16, store, false));
   ASSERT_OK_AND_ASSIGN(auto plan, store.Plan(broadcast::ModelTensorSpecs(*model, at::kBFloat16)));
@@ -119,14 +118,15 @@ TEST(SnapshotStagingTest, TheHostCopyIsLaidOutAsTheStoresBucketsAndAdopted) {
 TEST(SnapshotPublisherTest, PublishesOffTheTrainerThreadEveryNthVersion) {
   auto model = Tiny();
   prometheus::Registry registry;
-  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16),
-                                 registry);
-  auto publisher = SnapshotPublisher::Create(&store, *model, at::kBFloat16, /*every=*/2,
-                                             RegisterSnapshotCounters(registry))
-                       .value();
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16), registry);
+  auto publisher =
+      SnapshotPublisher::Create(&store, *model, at::kBFloat16, RegisterSnapshotCounters(registry))
+          .value();
   ASSERT_OK(publisher->PublishNow(0, *model));
   EXPECT_EQ(store.latest_version(), 0u);  // synchronous
-  auto trainer = Trainer::Create(Options(Objective::kAsympo), model.get(), publisher.get()).value();
+  TrainerOptions every_other = Options(Objective::kAsympo);
+  every_other.publish_every = 2;
+  auto trainer = Trainer::Create(every_other, model.get(), publisher.get()).value();
   for (int i = 0; i < 5; ++i) ASSERT_OK(trainer->Step(FixedGroups(3)));
   publisher->Flush();
   EXPECT_EQ(store.latest_version(), 4u);  // 2 and 4 are published, 5 is not
@@ -137,8 +137,8 @@ TEST(SnapshotPublisherTest, ADtypeThatCannotBeBroadcastIsRefusedAtCreation) {
   auto model = Tiny();
   prometheus::Registry registry;
   broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model), registry);
-  auto p = SnapshotPublisher::Create(&store, *model, at::kDouble, 1,
-                                     RegisterSnapshotCounters(registry));
+  auto p =
+      SnapshotPublisher::Create(&store, *model, at::kDouble, RegisterSnapshotCounters(registry));
   EXPECT_THAT(p.status(), StatusIs(absl::StatusCode::kInvalidArgument, "cannot be broadcast"));
 }
 

@@ -25,6 +25,7 @@ class OneRankCollectives : public learner::ShardCollectives {
     return absl::OkStatus();
   }
   absl::Status GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) override {
+    ++gathers;
     outputs[0].copy_(input);
     return absl::OkStatus();
   }
@@ -33,7 +34,8 @@ class OneRankCollectives : public learner::ShardCollectives {
     return absl::OkStatus();
   }
   absl::Status SumValues(std::vector<double>*) override { return absl::OkStatus(); }
-  int calls = 0;  // reduce-scatters
+  int calls = 0;    // reduce-scatters
+  int gathers = 0;  // gathers to rank 0 (a fully sharded rank 0 reading whole units)
 };
 
 }  // namespace asympo::testing

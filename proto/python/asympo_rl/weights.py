@@ -252,6 +252,9 @@ class WeightSubscriber:
                         if snap is not None:
                             self._held = (m.version, m.incarnation, _buckets_of(m))
                             yield snap
+                            # Not held here while the next one is fetched: the
+                            # caller decides how long the old one lives.
+                            del snap
                     if stop and stop():
                         return
             except grpc.RpcError as e:

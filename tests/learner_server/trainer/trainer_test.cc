@@ -5,6 +5,7 @@
 #include <torch/types.h>
 
 #include "tests/testing/in_process_publisher.h"
+#include "tests/testing/one_rank_collectives.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/trainer_test_util.h"
 
@@ -73,6 +74,31 @@ TEST(TrainerTest, PublishesEveryVersionAndMeasuresStaleness) {
   EXPECT_TRUE(torch::equal(publisher.weights()[0].second, model->named_parameters()[0].second));
 }
 
+TEST(TrainerTest, AVersionNotPublishedIsNotReadOnAnyRank) {
+  auto model = Tiny();
+  InProcessPublisher publisher;
+  TrainerOptions o = Options(Objective::kSpo);
+  o.publish_every = 3;
+  auto trainer = Trainer::Create(o, model.get(), &publisher).value();
+  ::asympo::testing::OneRankCollectives world;
+  ASSERT_OK(trainer->ShardFully(&world));
+  // Fully sharded, reading a version gathers its units: versions 1 and 2
+  // are not published, so no rank gathers anything for them.
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  EXPECT_EQ(world.gathers, 0);
+  EXPECT_EQ(publisher.publishes(), 0);
+  ASSERT_OK(trainer->Step(FixedGroups(2)));
+  EXPECT_GT(world.gathers, 0);
+  EXPECT_EQ(publisher.publishes(), 1);
+  EXPECT_EQ(publisher.version(), 3u);
+  trainer->set_publish_every(0);  // none
+  const int before = world.gathers;
+  for (int i = 0; i < 3; ++i) ASSERT_OK(trainer->Step(FixedGroups(2)));
+  EXPECT_EQ(world.gathers, before);
+  EXPECT_EQ(publisher.publishes(), 1);
+}
+
 TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
   auto model = Tiny();
   auto trainer = Trainer::Create(Options(Objective::kGrpo), model.get(), nullptr).value();
@@ -92,6 +118,10 @@ TEST(TrainerTest, RejectsBadOptionsByName) {
   EXPECT_THAT(Trainer::Create(o, model.get(), nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "--lr_schedule=linear: expected constant or cosine"));
+  o = Options(Objective::kAsympo);
+  o.publish_every = -1;
+  EXPECT_THAT(Trainer::Create(o, model.get(), nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, "publish_every is -1"));
 }
 
 TEST(LrScheduleTest, WarmsUpThenDecaysAlongACosine) {
