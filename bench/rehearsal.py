@@ -27,8 +27,9 @@ goes to WORK/report.json and WORK/report.md.
 
 Needs about 30 GiB of memory and swap together (the six processes' peaks
 summed to 28.6 GiB at qwen3-0.6b, the learner's ranks alone plan 9.9 and
-7.7 GiB; it refuses to start with less, --min_memory_gib) and 30 GB of disk; /usr/bin/python3 with torch,
-numpy and grpc (the Python package is installed into WORK/python_pkg)."""
+7.7 GiB; it refuses to start with less, --min_memory_gib) and 30 GB of disk;
+/usr/bin/python3 with torch, numpy and grpc (the checkout's Python package is
+installed into WORK/python_pkg at each run)."""
 import argparse
 import json
 import os
@@ -174,11 +175,12 @@ def prepare(run):
     if not os.path.exists(os.path.join(run.model, "config.json")):
         subprocess.run([run.bin("learner_server", "asympo-init-model"), "--model=" + a.shape,
                         "--out=" + run.model, "--dtype=bfloat16"], check=True)
+    # Installed again each run: the checkout's package, not an earlier run's.
     pkg = os.path.join(a.work, "python_pkg")
-    if not os.path.isdir(os.path.join(pkg, "asympo_rl")):
-        subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--quiet", "--no-build-isolation",
-                        "--no-deps", "--target", pkg, os.path.join(ROOT, "proto", "python")],
-                       check=True)
+    shutil.rmtree(pkg, ignore_errors=True)
+    subprocess.run(["/usr/bin/python3", "-m", "pip", "install", "--quiet", "--no-build-isolation",
+                    "--no-deps", "--target", pkg, os.path.join(ROOT, "proto", "python")],
+                   check=True)
     run.dist_port = local_run.free_port()
 
 
