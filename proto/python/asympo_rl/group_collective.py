@@ -62,12 +62,6 @@ def drop_ended():
             ctypes.pythonapi.Py_DecRef(ctypes.py_object(entry[0]))
 
 
-def given_up():
-    """How many groups given up on still have a collective pending."""
-    drop_ended()
-    return len(_GIVEN_UP)
-
-
 class Watch:
     """Waits for one member's collectives, asking the learner between
     slices (see the module's docstring)."""
