@@ -8,8 +8,8 @@ torch 1.13's Gloo, a broadcast of 2 GiB whose root is killed (SIGKILL)
 complete" (a root killed before it sends is seen at once). A worker would
 sit out the learner's restart for the weight group's collective timeout.
 
-So a member waits for each collective in slices of `probe_s` seconds and,
-between slices, asks the learner whether its generation still stands (a
+So a member waits for each collective in slices of `probe_s` seconds (a
+thread of its own waits on it) and, between slices, asks the learner whether its generation still stands (a
 WeightGroup.Store CHECK of no key under its member token):
 
 - the learner answers: the member waits on;
@@ -23,7 +23,7 @@ collective is pending waits for that collective's timeout. It is dropped
 once the collective ends (at its timeout at the latest); one still
 pending when the process exits is left to the exit."""
 import ctypes
-import datetime
+import threading
 import time
 
 import grpc
@@ -77,17 +77,20 @@ class Watch:
     def wait(self, work):
         """Returns once `work` has completed. Raises its own error
         (RuntimeError) when it failed, LearnerGone when the learner ended
-        the generation or did not answer for unreachable_s."""
-        slice_ = datetime.timedelta(seconds=self.probe_s)
-        silent_since = None
-        while True:
+        the generation or did not answer for unreachable_s. A thread of its
+        own waits on the work (Work.wait without a timeout, the same in
+        every torch version); this one wakes as it ends, or every probe_s."""
+        done, failed = threading.Event(), []
+
+        def waiter():
             try:
-                work.wait(slice_)
-                return
-            except RuntimeError:
-                if work.is_completed():
-                    work.wait()  # its own outcome: returns, or raises its error
-                    return
+                work.wait()
+            except Exception as e:  # noqa: BLE001 - handed to the caller as it came
+                failed.append(e)
+            done.set()
+        threading.Thread(target=waiter, name="asympo-collective", daemon=True).start()
+        silent_since = None
+        while not done.wait(self.probe_s):
             answer = self._ask()
             now = time.monotonic()
             if answer is not None:
@@ -99,6 +102,8 @@ class Watch:
             elif now - silent_since >= self.unreachable_s:
                 raise LearnerGone("the learner has not answered for %.0f s (%s)"
                                   % (now - silent_since, self._last_error), unreachable=True)
+        if failed:
+            raise failed[0]
 
     def _ask(self):
         """One question: sets _answered; returns the reason to give up now
