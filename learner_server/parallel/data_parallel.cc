@@ -260,21 +260,16 @@ absl::Status DataParallel::BroadcastState(PolicyModel* model, AdamW* optimizer, 
   const std::vector<at::Tensor> params = model->parameters();
   const int64_t n = static_cast<int64_t>(params.size());
   // [version, AdamW steps, then per parameter: has exp_avg, has exp_avg_sq]
-  at::Tensor header = at::zeros({2 + 2 * n}, at::kLong);
+  std::vector<int64_t> h(static_cast<size_t>(2 + 2 * n), 0);
   const std::vector<at::Tensor>* state[] = {&optimizer->exp_avg(), &optimizer->exp_avg_sq()};
   if (rank() == 0) {
-    int64_t* h = header.data_ptr<int64_t>();
     h[0] = static_cast<int64_t>(*version);
     h[1] = optimizer->step_count();
     for (int64_t i = 0; moments && i < n; ++i) {
       for (int k = 0; k < 2; ++k) h[2 + 2 * i + k] = (*state[k])[static_cast<size_t>(i)].defined();
     }
   }
-  std::vector<at::Tensor> ht{group_->Staged(header, false)};
-  ASYMPO_RETURN_IF_ERROR(Collective("sending rank 0's state", options_.timeout,
-                                    [&] { return group_->pg->broadcast(ht); }));
-  header = Host(ht[0]);
-  const int64_t* h = header.data_ptr<int64_t>();
+  ASYMPO_RETURN_IF_ERROR(BroadcastValues(&h));
   std::vector<at::Tensor> tensors;
   std::vector<std::pair<std::string, at::Tensor>> received;
   for (int64_t i = 0; i < n; ++i) tensors.push_back(params[static_cast<size_t>(i)]);

@@ -72,7 +72,6 @@ class Watch:
         learner may go without answering before the member gives up."""
         self._stub, self._token = stub, member_token
         self.probe_s, self.unreachable_s = probe_s, unreachable_s
-        self.probes = 0
 
     def wait(self, work):
         """Returns once `work` has completed. Raises its own error
@@ -91,32 +90,29 @@ class Watch:
         threading.Thread(target=waiter, name="asympo-collective", daemon=True).start()
         silent_since = None
         while not done.wait(self.probe_s):
-            answer = self._ask()
+            gone, silence = self._ask()
             now = time.monotonic()
-            if answer is not None:
-                raise LearnerGone("the learner no longer counts this member in a generation: %s" % answer)
-            if self._answered:
+            if gone is not None:
+                raise LearnerGone("the learner no longer counts this member in a generation: %s" % gone)
+            if silence is None:
                 silent_since = None
             elif silent_since is None:
                 silent_since = now
             elif now - silent_since >= self.unreachable_s:
                 raise LearnerGone("the learner has not answered for %.0f s (%s)"
-                                  % (now - silent_since, self._last_error), unreachable=True)
+                                  % (now - silent_since, silence), unreachable=True)
         if failed:
             raise failed[0]
 
     def _ask(self):
-        """One question: sets _answered; returns the reason to give up now
-        (the learner's FAILED_PRECONDITION), else None."""
-        self.probes += 1
-        self._answered, self._last_error = False, ""
+        """One question. Returns (gone, silence): gone, the learner's
+        FAILED_PRECONDITION text (give up now); silence, why no answer came
+        (None when the learner answered)."""
         try:
             self._stub.Store(wg.GroupStoreRequest(member_token=self._token, op=wg.GroupStoreRequest.OP_CHECK),
                              timeout=max(0.5, min(5.0, self.unreachable_s / 2)))
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
-                return e.details()
-            self._last_error = "%s: %s" % (e.code().name, e.details())
-            return None
-        self._answered = True
-        return None
+                return e.details(), None
+            return None, "%s: %s" % (e.code().name, e.details())
+        return None, None
