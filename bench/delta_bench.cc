@@ -7,15 +7,18 @@
 // version (weight_broadcaster/delta_codec.h: gaps or bitmap, whichever is
 // smaller, plus the changed values), its encode and apply speed (the applied
 // bucket checked bit-exact), and, for comparison, XOR with the previous
-// version compressed by zlib at level 1. Medians over the steps.
+// version compressed by zlib at level 1. Medians over the steps. A step is
+// --step_tokens tokens of random groups in sequences of --sequence
+// (bench/step_groups.h), the same for every lr.
 //
 //   delta_bench [--config 100m] [--lrs 1e-6,1e-5,1e-4] [--steps 4] [--dtype bfloat16]
-//               [--groups 4] [--responses 4] [--tokens 64]
+//               [--step_tokens 1152] [--sequence 72]
 #include <zlib.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,6 +27,7 @@
 
 #include "bench/bench_flags.h"
 #include "bench/bench_models.h"
+#include "bench/step_groups.h"
 #include "learner_server/trainer/trainer.h"
 #include "weight_broadcaster/delta_codec.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
@@ -34,26 +38,6 @@ using asympo::bench::Flag;
 using asympo::bench::FlagS;
 using asympo::bench::Median;
 using asympo::bench::SecondsOf;
-
-std::vector<asympo::learner::QueuedGroup> Groups(int64_t n, int64_t responses, int64_t tokens,
-                                                 int64_t vocab, int64_t step) {
-  std::vector<asympo::learner::QueuedGroup> out;
-  for (int64_t g = 0; g < n; ++g) {
-    asympo::learner::QueuedGroup q;
-    for (int t = 0; t < 8; ++t) {
-      q.group.add_prompt_tokens(static_cast<int32_t>((step * 7 + g * 31 + t) % vocab));
-    }
-    for (int64_t r = 0; r < responses; ++r) {
-      asympo::v1::Response* resp = q.group.add_responses();
-      for (int64_t t = 0; t < tokens; ++t) {
-        resp->add_tokens(static_cast<int32_t>((step * 13 + g * 131 + r * 17 + t * 7) % vocab));
-      }
-      resp->set_reward(r == 0 ? 1.0f : 0.0f);
-    }
-    out.push_back(q);
-  }
-  return out;
-}
 
 struct Rates {
   std::vector<double> changed, delta_ratio, encode_gbs, apply_gbs, zlib_ratio, zlib_gbs;
@@ -110,26 +94,25 @@ int main(int argc, char** argv) {
   const std::string lrs = FlagS(argc, argv, "--lrs", "1e-6,1e-5,1e-4");
   const int64_t steps = Flag(argc, argv, "--steps", 4);
   const std::string dtype_name = FlagS(argc, argv, "--dtype", "bfloat16");
-  const int64_t groups = Flag(argc, argv, "--groups", 4);
-  const int64_t responses = Flag(argc, argv, "--responses", 4);
-  const int64_t tokens = Flag(argc, argv, "--tokens", 64);
+  const int64_t step_tokens = Flag(argc, argv, "--step_tokens", 1152);
+  const int64_t sequence = Flag(argc, argv, "--sequence", 72);
   asympo::bench::RejectUnknownFlags(argc, argv);
   if (dtype_name != "bfloat16" && dtype_name != "float32") {
     std::fprintf(stderr, "--dtype bfloat16 or float32, not %s\n", dtype_name.c_str());
     return 2;
   }
-  if (steps < 1) {
-    std::fprintf(stderr, "--steps must be positive\n");
+  if (steps < 1 || sequence < 4 || step_tokens < 2 * sequence) {
+    std::fprintf(stderr,
+                 "--steps must be positive, --sequence at least 4 and --step_tokens at least two "
+                 "sequences\n");
     return 2;
   }
   const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const int word = dtype == at::kBFloat16 ? 2 : 4;
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(config);
-  std::printf(
-      "%s, %s snapshots, %lld steps per lr of %lld groups x %lld responses x %lld tokens\n\n",
-      config.c_str(), dtype_name.c_str(), static_cast<long long>(steps),
-      static_cast<long long>(groups), static_cast<long long>(responses),
-      static_cast<long long>(tokens));
+  std::printf("%s, %s snapshots, %lld steps per lr of %lld tokens in sequences of %lld\n\n",
+              config.c_str(), dtype_name.c_str(), static_cast<long long>(steps),
+              static_cast<long long>(step_tokens), static_cast<long long>(sequence));
   std::printf(
       "| lr | words changed | delta / full | encode GB/s | apply GB/s | XOR+zlib-1 / full | "
       "XOR+zlib-1 GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -149,8 +132,11 @@ int main(int argc, char** argv) {
     auto staging = asympo::broadcast::SnapshotStaging::Create(*model, dtype).value();
     std::vector<uint8_t> prev = Snapshot(staging.get(), *model);
     Rates r;
+    std::mt19937 rng(7);  // the same batches for every lr
     for (int64_t s = 0; s < steps; ++s) {
-      if (!trainer->Step(Groups(groups, responses, tokens, cfg.vocab_size, s)).ok()) std::abort();
+      const auto step =
+          asympo::bench::UniformStepGroups(1, step_tokens, sequence, cfg.vocab_size, rng);
+      if (!trainer->Step(step).ok()) std::abort();
       std::vector<uint8_t> cur = Snapshot(staging.get(), *model);
       Compare(prev, cur, word, &r);
       prev.swap(cur);
