@@ -208,6 +208,10 @@ def scenario_kill(c):
     c.start_rollout(0)
     c.start_rollout(1)
     wait_for("both rollouts load a snapshot", lambda: c.rollout_version(0) >= 0 and c.rollout_version(1) >= 0)
+    # Both have groups accepted: a rollout that started before the learner
+    # listened may still be backing off when the learner trains its steps.
+    wait_for("both rollouts send groups",
+             lambda: all(c.rollout(i).get("asympo_rollout_groups_sent_total", 0) > 0 for i in (0, 1)))
     wait_for("the learner trains 3 steps", lambda: c.version() >= 3, timeout=90)
     failures_before = c.learner().get("asympo_broadcast_failures_total", 0)
     # Kill it while bytes are arriving: in the middle of a transfer.
@@ -220,8 +224,11 @@ def scenario_kill(c):
              lambda: c.learner().get("asympo_broadcast_failures_total", 0) > failures_before, timeout=10)
     v, r0 = c.version(), c.rollout_version(0)
     sent0 = c.rollout(0).get("asympo_rollout_groups_sent_total", 0)
-    wait_for("the learner keeps training with rollout-0 alone", lambda: c.version() >= v + 3, timeout=90)
-    check(c.rollout(0).get("asympo_rollout_groups_sent_total", 0) > sent0, "rollout-0 kept sending groups")
+    # The queue holds up to 8 groups (4 steps of 2 prompts): 6 steps take
+    # groups rollout-0 sent after the kill.
+    wait_for("the learner keeps training with rollout-0 alone", lambda: c.version() >= v + 6, timeout=90)
+    wait_for("rollout-0 keeps sending groups",
+             lambda: c.rollout(0).get("asympo_rollout_groups_sent_total", 0) > sent0, timeout=30)
     wait_for("rollout-0 keeps receiving versions", lambda: c.rollout_version(0) > r0, timeout=30)
     c.start_rollout(1)
     target = c.version()
