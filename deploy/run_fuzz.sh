@@ -39,10 +39,10 @@ done
 declare -A max_len=(
   [batch_validation]=4096 [snapshot_manifest]=4096 [wire_format]=1024
   [safetensors_header]=4096 [checkpoint_meta]=2048 [tokenizer_json]=16384
-  [math_verifier]=512 [wire_check]=4096
+  [math_verifier]=512 [wire_check]=4096 [delta_codec]=2048
 )
 ((${#targets[@]})) || targets=(batch_validation snapshot_manifest wire_format safetensors_header
-  checkpoint_meta tokenizer_json math_verifier wire_check)
+  checkpoint_meta tokenizer_json math_verifier wire_check delta_codec)
 for t in "${targets[@]}"; do
   [[ -n ${max_len[$t]:-} ]] || { echo "run_fuzz: no target \"$t\" (${!max_len[*]})" >&2; exit 2; }
 done

@@ -5,21 +5,26 @@
 // change at all (docs/benchmarks.md, "Delta versions"), so a version can
 // travel as a small fraction of its bytes.
 //
-// Layout (little-endian): a 24-byte header
+// A record (little-endian) covers `words` consecutive words: a 32-byte
+// header
 //   "ASD1" | word_bytes (1) | index kind (1) | 2 zero bytes |
-//   words (uint64) | changed (uint64)
-// then the index of the changed words, then their new values (changed x
-// word_bytes), in word order. The index is whichever is smaller for this
-// delta: a bitmap (one bit per word, LSB first; kBitmap) or the gaps between
-// changed words as LEB128 varints (the first from word 0; kGaps). A bucket
-// is rebuilt from the base and the delta, and then checked against the
-// manifest's CRC-32C like any other bucket: a wrong base or a corrupt delta
-// never passes as weights.
+//   words (uint64) | changed (uint64) | index_bytes (uint64)
+// then the index of the changed words (index_bytes), then their new values
+// (changed x word_bytes), in word order. The index is whichever is smaller
+// for this record: a bitmap (one bit per word, LSB first; kBitmap) or the
+// gaps between changed words as LEB128 varints (the first from the
+// record's word 0; kGaps). A record's length follows from its header, so
+// records concatenate: a bucket's delta is its records in order, each
+// covering the next piece of the bucket (EncodeDeltaPieces), which threads
+// encode and apply side by side. A bucket is rebuilt from the base and the
+// delta, and then checked against the manifest's CRC-32C like any other
+// bucket: a wrong base or a corrupt delta never passes as weights.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -28,7 +33,7 @@ namespace asympo::broadcast {
 
 enum class DeltaIndex : uint8_t { kBitmap = 1, kGaps = 2 };
 
-inline constexpr size_t kDeltaHeaderBytes = 24;
+inline constexpr size_t kDeltaHeaderBytes = 32;
 
 // The delta turning `base` into `next` (both `bytes` long; `bytes` a
 // multiple of `word_bytes`, which is 1, 2, 4 or 8). InvalidArgument
@@ -43,13 +48,40 @@ absl::Status EncodeDelta(const uint8_t* base, const uint8_t* next, size_t bytes,
 // untouched.
 absl::Status ApplyDelta(const uint8_t* base, absl::string_view delta, uint8_t* out, size_t bytes);
 
-// The fields of a delta's header (after ApplyDelta's checks of it).
+// The fields of a record's header (after ApplyDelta's checks of it), and
+// the record's length.
 struct DeltaHeader {
   int word_bytes = 0;
   DeltaIndex index = DeltaIndex::kBitmap;
   uint64_t words = 0;
   uint64_t changed = 0;
+  uint64_t index_bytes = 0;
+
+  uint64_t record_bytes() const {
+    return kDeltaHeaderBytes + index_bytes + changed * static_cast<uint64_t>(word_bytes);
+  }
 };
 absl::Status ReadDeltaHeader(absl::string_view delta, DeltaHeader* header);
+
+// How many of the `bytes / word_bytes` words of `a` and `b` differ (one
+// compare pass, no output).
+uint64_t CountChangedWords(const uint8_t* a, const uint8_t* b, size_t bytes, int word_bytes);
+
+// A bucket's delta as one record per `piece_bytes` of it (a multiple of
+// `word_bytes`; the last piece may be shorter), encoded on up to `threads`
+// threads. With `next_crc`, also the CRC-32C of `next`, each piece
+// checksummed while it is in cache. Errors as EncodeDelta.
+absl::Status EncodeDeltaPieces(const uint8_t* base, const uint8_t* next, size_t bytes,
+                               int word_bytes, size_t piece_bytes, int threads, std::string* delta,
+                               uint32_t* next_crc = nullptr);
+
+// Rebuilds a bucket from `base` and a delta of records (EncodeDeltaPieces's
+// or EncodeDelta's) into `out` (not `base`), on up to `threads` threads,
+// and sets `*crc` to the CRC-32C of the result, each piece checksummed
+// while it is in cache. Every record is checked before `out` is written:
+// InvalidArgument naming the record (records that do not cover `bytes`
+// exactly, or one that ApplyDelta refuses), with `out` untouched.
+absl::Status ApplyDeltaPieces(const uint8_t* base, absl::string_view delta, uint8_t* out,
+                              size_t bytes, int threads, uint32_t* crc);
 
 }  // namespace asympo::broadcast

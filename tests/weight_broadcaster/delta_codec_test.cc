@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include "common/crc32c.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::broadcast {
@@ -86,8 +87,16 @@ TEST(DeltaCodecTest, ABadDeltaIsRefusedByNameAndLeavesTheOutputUntouched) {
   };
   refused(gaps.substr(0, 10), base.size(), "header");
   refused(gaps, base.size() - 2, "for a bucket of");
-  refused(gaps.substr(0, gaps.size() - 1), base.size(), "bytes of values");
-  refused(gaps + "x", base.size(), "bytes of values");
+  refused(gaps.substr(0, gaps.size() - 1), base.size(), "where its header makes");
+  refused(gaps + "x", base.size(), "where its header makes");
+  // An index a byte longer than its gaps (and the record as long as that
+  // says): the values would start inside the index.
+  DeltaHeader h;
+  ASSERT_OK(ReadDeltaHeader(gaps, &h));
+  std::string long_index = gaps + "x";
+  const uint64_t more = h.index_bytes + 1;
+  std::memcpy(long_index.data() + 24, &more, 8);
+  refused(long_index, base.size(), "bytes of gaps where the header says");
   std::string bad_kind = gaps;
   bad_kind[5] = 9;
   refused(bad_kind, base.size(), "unknown index kind");
@@ -111,6 +120,69 @@ TEST(DeltaCodecTest, RefusesABucketThatIsNotWholeWords) {
               StatusIs(absl::StatusCode::kInvalidArgument, "words of 2"));
   EXPECT_THAT(EncodeDelta(a.data(), b.data(), 6, 3, &delta),
               StatusIs(absl::StatusCode::kInvalidArgument, "words of 3"));
+}
+
+TEST(DeltaCodecTest, PiecesRebuildTheBucketAndItsChecksumOnAnyThreads) {
+  const std::vector<uint8_t> base = Random(300000, 9);
+  for (double density : {0.0, 0.003, 0.05, 0.6}) {
+    const std::vector<uint8_t> next = Changed(base, 2, density, 10);
+    for (size_t piece : {size_t{2}, size_t{4096}, size_t{65536}, size_t{1} << 20}) {
+      for (int threads : {1, 3}) {
+        std::string delta;
+        ASSERT_OK(
+            EncodeDeltaPieces(base.data(), next.data(), base.size(), 2, piece, threads, &delta));
+        std::string one_thread;
+        ASSERT_OK(
+            EncodeDeltaPieces(base.data(), next.data(), base.size(), 2, piece, 1, &one_thread));
+        EXPECT_EQ(delta, one_thread) << "the encoding does not depend on the threads";
+        std::vector<uint8_t> out(base.size(), 0xEE);
+        uint32_t crc = 0;
+        ASSERT_OK(ApplyDeltaPieces(base.data(), delta, out.data(), out.size(), threads, &crc));
+        EXPECT_EQ(out, next) << density << " " << piece << " " << threads;
+        EXPECT_EQ(crc, Crc32c(next.data(), next.size()));
+      }
+    }
+  }
+  // One record (EncodeDelta's) is a delta of pieces too.
+  const std::vector<uint8_t> next = Changed(base, 4, 0.01, 11);
+  std::string delta;
+  ASSERT_OK(EncodeDelta(base.data(), next.data(), base.size(), 4, &delta));
+  std::vector<uint8_t> out(base.size());
+  uint32_t crc = 0;
+  ASSERT_OK(ApplyDeltaPieces(base.data(), delta, out.data(), out.size(), 2, &crc));
+  EXPECT_EQ(out, next);
+  // An empty bucket: one empty record.
+  ASSERT_OK(EncodeDeltaPieces(base.data(), next.data(), 0, 2, 4096, 2, &delta));
+  ASSERT_OK(ApplyDeltaPieces(base.data(), delta, out.data(), 0, 2, &crc));
+  EXPECT_EQ(crc, 0u);
+}
+
+TEST(DeltaCodecTest, APieceDeltaThatIsWrongAnywhereLeavesTheOutputUntouched) {
+  const std::vector<uint8_t> base = Random(40000, 12);
+  const std::vector<uint8_t> next = Changed(base, 2, 0.01, 13);
+  std::string delta;
+  ASSERT_OK(EncodeDeltaPieces(base.data(), next.data(), base.size(), 2, 8192, 2, &delta));
+  std::vector<uint8_t> out(base.size(), 0xEE);
+  const std::vector<uint8_t> untouched = out;
+  uint32_t crc = 7;
+  auto refused = [&](const std::string& d, size_t bytes, const char* what) {
+    EXPECT_THAT(ApplyDeltaPieces(base.data(), d, out.data(), bytes, 2, &crc),
+                StatusIs(absl::StatusCode::kInvalidArgument, what));
+    EXPECT_EQ(out, untouched) << what;
+    EXPECT_EQ(crc, 7u) << what;
+  };
+  DeltaHeader first;
+  ASSERT_OK(ReadDeltaHeader(delta, &first));
+  const std::string second_onwards = delta.substr(first.record_bytes());
+  refused(second_onwards, base.size(), "records cover 31808 bytes of a bucket of 40000");
+  refused(delta + delta.substr(0, first.record_bytes()), base.size(), "past the end");
+  refused(delta.substr(0, delta.size() - 1), base.size(), "past the end of the delta");
+  refused(delta, base.size() + 2, "records cover 40000 bytes of a bucket of 40002");
+  std::string bad_magic = delta;
+  bad_magic[first.record_bytes()] = 'X';
+  refused(bad_magic, base.size(), "record 1");
+  EXPECT_THAT(EncodeDeltaPieces(base.data(), next.data(), base.size(), 2, 3, 1, &delta),
+              StatusIs(absl::StatusCode::kInvalidArgument, "pieces of 3"));
 }
 
 }  // namespace
