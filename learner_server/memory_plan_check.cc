@@ -129,6 +129,7 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
   p.rank0 = o.data_parallel.rank == 0;
   p.checkpoints = !o.checkpoint_dir.empty();
   p.snapshot_device = !o.snapshot_staging_host;
+  p.snapshot_deltas = o.snapshots.delta_keyframe_every > 0;
   return p;
 }
 

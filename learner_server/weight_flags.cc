@@ -30,6 +30,15 @@ ABSL_FLAG(std::string, snapshot_staging, "device",
           "model's device, then one transfer to pinned host memory) or \"host\" (no device "
           "buffer: each tensor is converted and copied straight into pinned host memory, for a "
           "device with little memory to spare; not with the NCCL transport).");
+ABSL_FLAG(bool, weight_deltas, true,
+          "Delta versions (docs/protocol.md, \"Delta versions\"): each published version also "
+          "holds what changed since the one published before, and a receiver holding that one "
+          "fetches only the change (rebuilt and checked against the same CRCs). Costs the "
+          "learner an encoding pass per version and up to half a snapshot of host memory, and a "
+          "receiver one more snapshot of host memory.");
+ABSL_FLAG(int64_t, delta_keyframe_every, 32,
+          "With --weight_deltas: every Nth published version has no delta and goes whole to "
+          "everyone.");
 ABSL_FLAG(int64_t, broadcast_chunk_kb, 4032,
           "Chunk size of gRPC snapshot transfers when a receiver does not ask for one (the "
           "default leaves room for the message's header under gRPC's default 4 MiB receive "
@@ -63,6 +72,9 @@ ABSL_FLAG(absl::Duration, weight_group_join_window, absl::Seconds(2),
 ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
           "Testing only: corrupt one byte of these versions' snapshots in transit "
           "(receivers must detect it and keep their weights).");
+ABSL_FLAG(std::vector<std::string>, fault_corrupt_delta_versions, {},
+          "Testing only: corrupt one byte of these versions' deltas in transit (receivers must "
+          "detect it and fetch the version whole).");
 ABSL_FLAG(absl::Duration, fault_broadcast_chunk_delay, absl::ZeroDuration(),
           "Testing only: sleep this long before sending each snapshot chunk.");
 
@@ -72,6 +84,7 @@ ASYMPO_FLAG_RANGE(max_registrations_per_principal, 0, 4096);
 ASYMPO_FLAG_RANGE(broadcast_every, 1, 1e9);
 ASYMPO_FLAG_RANGE(broadcast_bucket_mb, 1, 4096);
 ASYMPO_FLAG_RANGE(broadcast_chunk_kb, 1, 1 << 20);
+ASYMPO_FLAG_RANGE(delta_keyframe_every, 1, 1e6);
 ASYMPO_FLAG_RANGE(broadcast_nccl_world_size, 0, 4096);
 ASYMPO_DURATION_FLAG_RANGE(broadcast_nccl_timeout, absl::Milliseconds(1), absl::Hours(1));
 ASYMPO_DURATION_FLAG_RANGE(broadcast_fetch_idle_timeout, absl::Milliseconds(1), absl::Hours(24));
@@ -104,7 +117,14 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   ASYMPO_RETURN_IF_ERROR(ParseIntListFlag(absl::GetFlag(FLAGS_fault_corrupt_broadcast_versions),
                                           "fault_corrupt_broadcast_versions", &b.corrupt_versions,
                                           uint64_t{0}));
+  ASYMPO_RETURN_IF_ERROR(ParseIntListFlag(absl::GetFlag(FLAGS_fault_corrupt_delta_versions),
+                                          "fault_corrupt_delta_versions", &b.corrupt_delta_versions,
+                                          uint64_t{0}));
   b.chunk_delay = absl::GetFlag(FLAGS_fault_broadcast_chunk_delay);
+  o->snapshots.delta_keyframe_every =
+      absl::GetFlag(FLAGS_weight_deltas)
+          ? static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_delta_keyframe_every), 1, 1e6))
+          : 0;
   const int64_t nccl_world = absl::GetFlag(FLAGS_broadcast_nccl_world_size);
   if (nccl_world != 0 && (nccl_world < 2 || nccl_world > 4096)) {
     return absl::InvalidArgumentError(

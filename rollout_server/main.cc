@@ -89,6 +89,10 @@ ABSL_FLAG(int64_t, weight_chunk_kb, 0, "Weight transfer chunk size (0: the learn
 ABSL_FLAG(std::string, weight_transport, "grpc",
           "How weights arrive: grpc, or nccl (ask the learner for a rank of its NCCL "
           "communicator, --broadcast_nccl_world_size; gRPC when none is free or NCCL fails).");
+ABSL_FLAG(bool, weight_deltas, true,
+          "Keep the weights in use as the base of delta versions: a new version then arrives as "
+          "what changed when the learner has it so (--weight_deltas there), at the cost of one "
+          "more copy of the weights in host memory.");
 ABSL_FLAG(int32_t, cuda_device, -1,
           "CUDA device of the NCCL weight transport (-1: the --device GPU, or 0 on the CPU).");
 ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
@@ -192,6 +196,7 @@ absl::Status WeightFlags(RolloutDaemonOptions* o) {
         absl::StrCat("--weight_transport=", transport, ": expected grpc or nccl"));
   }
   o->weight_transport_nccl = transport == "nccl";
+  o->weight_deltas = absl::GetFlag(FLAGS_weight_deltas);
   o->cuda_device = absl::GetFlag(FLAGS_cuda_device);
   const c10::Device device = o->model_options.device;
   if (o->cuda_device == -1)

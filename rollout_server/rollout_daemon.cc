@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
   ro.model_signature = broadcast::ModelSignatureOf(*models[0]);
   ro.max_chunk_bytes = o.weight_chunk_bytes;
   ro.prefer_nccl = o.weight_transport_nccl;
+  ro.deltas = o.weight_deltas;
   ro.nccl_device = o.cuda_device;
   ro.min_backoff = o.min_backoff;
   ro.max_backoff = o.max_backoff;

@@ -90,6 +90,7 @@ struct RolloutDaemonOptions {
   // Ask the learner for the NCCL weight transport (on CUDA device
   // cuda_device) before gRPC; see WeightReceiverOptions::prefer_nccl.
   bool weight_transport_nccl = false;
+  bool weight_deltas = true;  // WeightReceiverOptions::deltas
   int cuda_device = 0;
   // Stop after generating this many groups (0: until Shutdown).
   int64_t max_groups = 0;

@@ -70,6 +70,13 @@ ReceiverMetrics::ReceiverMetrics(prometheus::Registry& r)
       failures(
           AddCounter(r, "asympo_rollout_weight_failures_total",
                      "Snapshot transfers that failed (network, timeout, checksum, bad manifest).")),
+      delta_versions(AddCounter(r, "asympo_rollout_weight_delta_versions_total",
+                                "Versions fetched as a delta against the version held, rebuilt "
+                                "and verified.")),
+      delta_fallbacks(AddCounter(
+          r, "asympo_rollout_weight_delta_fallbacks_total",
+          "Deltas that did not rebuild the version (a bucket's checksum failed, or the delta was "
+          "malformed), after which the version was fetched whole.")),
       fetch_seconds(AddSecondsHistogram(
           r, "asympo_rollout_weight_fetch_seconds",
           "Duration of each verified snapshot fetch, first chunk request to last "

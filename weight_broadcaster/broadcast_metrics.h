@@ -65,6 +65,8 @@ struct ReceiverMetrics {
   prometheus::Gauge& connected;          // 1 while registered and subscribed
   prometheus::Counter& fetch_bytes;      // bytes received in chunks
   prometheus::Counter& failures;         // failed transfers
+  prometheus::Counter& delta_versions;   // versions rebuilt from a delta
+  prometheus::Counter& delta_fallbacks;  // deltas that failed, fetched whole instead
   prometheus::Histogram& fetch_seconds;  // each verified fetch, manifest to last CRC
   // asympo_rollout_weights_info{version, digest}: what the daemon samples
   // with (ReportLoaded), to compare with the learner's published digest.

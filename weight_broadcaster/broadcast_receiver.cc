@@ -38,7 +38,7 @@ struct ReceiverState {
         metrics(registry),
         channel(ReceiverChannel(options, tls_registry)),
         stub(v1::WeightBroadcast::NewStub(channel)),
-        fetcher(channel, options.max_chunk_bytes, metrics.fetch_bytes),
+        fetcher(channel, options.max_chunk_bytes, metrics),
         reporter(stub.get()) {}
 
   void Run();
@@ -146,6 +146,7 @@ struct ReceiverState {
   std::string loaded_incarnation, loaded_digest ABSL_GUARDED_BY(mu);
   int64_t failures ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<const ReceivedSnapshot> pending ABSL_GUARDED_BY(mu);
+  std::shared_ptr<const ReceivedSnapshot> base ABSL_GUARDED_BY(mu);  // for deltas
   bool using_nccl ABSL_GUARDED_BY(mu) = false;
   int64_t nccl_versions ABSL_GUARDED_BY(mu) = 0;
 };
@@ -218,8 +219,8 @@ absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
 
 bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
   const std::string& id = registration.session_id();
-  grpc_transport = std::make_unique<GrpcSnapshotTransport>(&fetcher, id, options.model_signature,
-                                                           options.fetch_timeout);
+  grpc_transport = std::make_unique<GrpcSnapshotTransport>(
+      &fetcher, id, options.model_signature, options.fetch_timeout, metrics.delta_fallbacks);
   // The stream hands every announcement to this thread, which keeps only
   // the newest one it has not handled yet.
   AnnouncementStream stream(
@@ -329,6 +330,7 @@ void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double se
   held_incarnation = snapshot->manifest.incarnation();
   held_buckets = BucketsOf(snapshot->manifest);
   held_digest = WeightDigest(snapshot->manifest);
+  if (options.deltas) base = snapshot;
   pending = std::move(snapshot);
   cv.SignalAll();
 }
@@ -337,11 +339,16 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
   const uint64_t version = manifest.version();
   const bool wanted = Wanted(manifest);
   const auto t0 = std::chrono::steady_clock::now();
+  std::shared_ptr<const ReceivedSnapshot> held;
+  {
+    absl::MutexLock lock(&mu);
+    held = base;
+  }
   if (nccl_transport != nullptr) {
     // Every announced version is broadcast to every rank: it takes part even
     // when the version is not wanted.
     absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
-        nccl_transport->Receive(manifest, wanted);
+        nccl_transport->Receive(manifest, wanted, held);
     if (received.ok() || nccl_transport->usable()) {
       absl::MutexLock lock(&mu);
       ++nccl_versions;  // every broadcast took place
@@ -359,7 +366,7 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
     DropNccl();
   }
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> fetched =
-      grpc_transport->Receive(manifest, wanted);
+      grpc_transport->Receive(manifest, wanted, held);
   if (fetched.ok()) {
     if (*fetched != nullptr) Accept(*std::move(fetched), SecondsSince(t0));
     return;

@@ -16,9 +16,16 @@
 // one held (a learner restarted from an older checkpoint is followed back);
 // later ones only when newer.
 //
+// Delta versions (docs/protocol.md, "Delta versions"): with `deltas` on,
+// the receiver keeps the newest verified snapshot as the base of the next
+// fetch, which then carries only what changed when the learner holds a
+// delta from it; the version is rebuilt and checked against the same CRCs,
+// and fetched whole when that fails (counted).
+//
 // Memory: when the daemon drops a snapshot it took, its buffers are reused
 // by the next fetch (one snapshot's worth is kept), so a steady stream of
-// versions costs no new memory; drop each snapshot once it is loaded. gRPC's
+// versions costs no new memory; drop each snapshot once it is loaded. With
+// deltas the base is one more snapshot's worth of host memory. gRPC's
 // own receive buffers are malloc'ed per message: with glibc's default
 // settings freed memory goes back to the kernel at once and every transfer
 // faults it in again, which costs about a third of the throughput
@@ -58,6 +65,8 @@ struct WeightReceiverOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   // A fetch that takes longer than this fails (and is reported).
   absl::Duration fetch_timeout = absl::Minutes(10);
+  // Keep the newest verified snapshot as the base of delta versions.
+  bool deltas = true;
   // NCCL (off by default; see "NCCL" in docs/protocol.md): offer
   // TRANSPORT_NCCL before gRPC. When the learner hands out a rank, the
   // receiver joins its communicator on CUDA device nccl_device after

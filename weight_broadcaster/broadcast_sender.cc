@@ -285,7 +285,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* BroadcastSender::FetchSnapshot(
       request->max_chunk_bytes() == 0 ? st.options.default_chunk_bytes : request->max_chunk_bytes();
   chunk = std::min<uint64_t>(std::max<uint64_t>(chunk, st.options.min_chunk_bytes),
                              st.options.max_chunk_bytes_cap);
-  return internal::StartFetch(&st, ctx, request->session_id(), std::move(snapshot), chunk);
+  // A delta when the receiver holds the version this one's delta is from.
+  const bool delta = request->has_base() && !request->incarnation().empty() &&
+                     snapshot->delta != nullptr && snapshot->manifest().has_delta_base() &&
+                     request->base_version() == snapshot->manifest().delta_base_version();
+  return internal::StartFetch(&st, ctx, request->session_id(), std::move(snapshot), chunk, delta);
 }
 
 grpc::ServerUnaryReactor* BroadcastSender::ReportVersion(grpc::CallbackServerContext* ctx,

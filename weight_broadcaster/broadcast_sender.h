@@ -115,9 +115,11 @@ struct BroadcastSenderOptions {
   // "anonymous".
   security::Authorizer* authorizer = nullptr;
   // Fault injection, for tests and drills only: flip one byte of the first
-  // chunk sent for each of these versions (after the checksum was taken), and
-  // sleep this long before each chunk.
+  // chunk sent for each of these versions (after the checksum was taken), or
+  // the last byte of the first bucket sent as a delta of each of the second
+  // list, and sleep this long before each chunk.
   std::vector<uint64_t> corrupt_versions;
+  std::vector<uint64_t> corrupt_delta_versions;
   absl::Duration chunk_delay = absl::ZeroDuration();
 
   // When set, the bytes of every request (CountReceived), before any check.

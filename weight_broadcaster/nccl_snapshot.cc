@@ -61,7 +61,8 @@ NcclSnapshotTransport::NcclSnapshotTransport(std::unique_ptr<NcclBroadcaster> co
 NcclSnapshotTransport::~NcclSnapshotTransport() = default;
 
 absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> NcclSnapshotTransport::Receive(
-    const v1::SnapshotManifest& manifest, bool wanted) {
+    const v1::SnapshotManifest& manifest, bool wanted,
+    const std::shared_ptr<const ReceivedSnapshot>& /*base*/) {
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
       ReceiveSnapshotOverNccl(*comm_, manifest, model_signature_);
   if (!received.ok()) {

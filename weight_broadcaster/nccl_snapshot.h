@@ -45,8 +45,10 @@ class NcclSnapshotTransport final : public SnapshotTransport {
   ~NcclSnapshotTransport() override;
 
   const char* name() const override { return "nccl"; }
-  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(const v1::SnapshotManifest& manifest,
-                                                            bool wanted) override;
+  // Every version arrives whole (`base` is not used).
+  absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(
+      const v1::SnapshotManifest& manifest, bool wanted,
+      const std::shared_ptr<const ReceivedSnapshot>& base) override;
   bool usable() const override;
   void Cancel() override;
 

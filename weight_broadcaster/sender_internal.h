@@ -58,6 +58,7 @@ struct SenderState {
 
   const BroadcastSenderOptions options;
   const absl::flat_hash_set<uint64_t> corrupt_versions;
+  const absl::flat_hash_set<uint64_t> corrupt_delta_versions;
   SenderMetrics metrics;
   // Cancels fetches that stall or last too long.
   CallReaper reaper;
@@ -147,13 +148,14 @@ int AssignNcclRankLocked(SenderState& st, SenderState::Session& session)
 void CancelNcclLocked(SenderState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 
 // FetchSnapshot reactors (sender_streams.cc): one that finishes at once with
-// `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`.
+// `refusal`, and one that streams `snapshot` in chunks of `chunk_bytes`
+// (with `delta`, the buckets that have a delta as their delta).
 grpc::ServerWriteReactor<grpc::ByteBuffer>* RefuseFetch(SenderState* state,
                                                         const grpc::Status& refusal);
 grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
                                                        grpc::CallbackServerContext* ctx,
                                                        std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
-                                                       uint64_t chunk_bytes);
+                                                       uint64_t chunk_bytes, bool delta);
 
 }  // namespace asympo::broadcast::internal

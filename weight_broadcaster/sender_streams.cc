@@ -34,12 +34,15 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   FetchReactor(SenderState* state, grpc::CallbackServerContext* ctx, std::string session_id,
-               std::shared_ptr<const Snapshot> snapshot, uint64_t chunk_bytes)
+               std::shared_ptr<const Snapshot> snapshot, uint64_t chunk_bytes, bool delta)
       : state_(state),
         session_id_(std::move(session_id)),
         snapshot_(std::move(snapshot)),
+        delta_(delta ? snapshot_->delta.get() : nullptr),
         chunk_bytes_(chunk_bytes),
         corrupt_(state->corrupt_versions.contains(snapshot_->version())),
+        corrupt_delta_(delta_ != nullptr &&
+                       state->corrupt_delta_versions.contains(snapshot_->version())),
         start_(std::chrono::steady_clock::now()),
         reaped_(state->reaper.Add(ctx, state->options.fetch_idle_timeout,
                                   state->options.max_fetch_duration)) {
@@ -88,7 +91,7 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     const v1::SnapshotManifest& m = snapshot_->manifest();
-    while (bucket_ < m.buckets_size() && offset_ >= m.buckets(bucket_).size_bytes()) {
+    while (bucket_ < m.buckets_size() && offset_ >= SizeOf(bucket_)) {
       ++bucket_;
       offset_ = 0;
     }
@@ -98,16 +101,22 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       FinishLocked(grpc::Status::OK);
       return;
     }
-    const uint64_t n = std::min(chunk_bytes_, m.buckets(bucket_).size_bytes() - offset_);
-    char* data = snapshot_->bucket(bucket_) + offset_;
-    grpc::Slice slices[2] = {grpc::Slice(EncodeChunkHeader(
-                                 snapshot_->version(), static_cast<uint32_t>(bucket_), offset_, n)),
-                             grpc::Slice()};
-    if (corrupt_ && !corrupted_) {
+    const std::string* delta = DeltaOf(bucket_);
+    const uint64_t size = SizeOf(bucket_);
+    const uint64_t n = std::min(chunk_bytes_, size - offset_);
+    // const: gRPC only reads a slice it did not allocate.
+    char* data = delta != nullptr ? const_cast<char*>(delta->data()) + offset_
+                                  : snapshot_->bucket(bucket_) + offset_;
+    grpc::Slice slices[2] = {
+        grpc::Slice(EncodeChunkHeader(snapshot_->version(), static_cast<uint32_t>(bucket_), offset_,
+                                      n, delta != nullptr ? size : 0)),
+        grpc::Slice()};
+    const bool corrupt_delta = corrupt_delta_ && delta != nullptr && offset_ + n == size;
+    if ((corrupt_ && !corrupted_) || (corrupt_delta && !corrupted_)) {
       // Fault injection: a private copy with one byte flipped, after the
-      // checksum was taken.
+      // checksum was taken (a delta's last byte: a value, or its header).
       std::string bad(data, n);
-      bad[0] ^= 0x5a;
+      bad[corrupt_ ? 0 : n - 1] ^= 0x5a;
       slices[1] = grpc::Slice(bad);
       corrupted_ = true;
     } else {
@@ -124,6 +133,17 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       return;
     }
     StartWrite(&chunk_);
+  }
+
+  // Bucket b's delta when this fetch sends it as one, else null.
+  const std::string* DeltaOf(int b) const {
+    if (delta_ == nullptr || delta_->buckets[static_cast<size_t>(b)].empty()) return nullptr;
+    return &delta_->buckets[static_cast<size_t>(b)];
+  }
+  // The bytes this fetch sends of bucket b.
+  uint64_t SizeOf(int b) const {
+    const std::string* d = DeltaOf(b);
+    return d != nullptr ? d->size() : snapshot_->manifest().buckets(b).size_bytes();
   }
 
   void AfterDelay(bool fired) {
@@ -155,8 +175,10 @@ class FetchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   SenderState* const state_;
   const std::string session_id_;
   const std::shared_ptr<const Snapshot> snapshot_;  // null for a refused fetch
+  const SnapshotDelta* const delta_ = nullptr;      // snapshot_'s, when sent as a delta
   const uint64_t chunk_bytes_ = 0;
   const bool corrupt_ = false;
+  const bool corrupt_delta_ = false;
   const std::chrono::steady_clock::time_point start_;
   const uint64_t reaped_ = 0;  // the reaper's handle (0: a refused fetch)
   absl::Mutex mu_;
@@ -179,6 +201,8 @@ SenderState::SenderState(BroadcastSenderOptions o, SnapshotStore& snapshots,
                          prometheus::Registry& registry)
     : options(std::move(o)),
       corrupt_versions(options.corrupt_versions.begin(), options.corrupt_versions.end()),
+      corrupt_delta_versions(options.corrupt_delta_versions.begin(),
+                             options.corrupt_delta_versions.end()),
       metrics(registry),
       store(snapshots),
       sessions(options) {}
@@ -288,8 +312,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* StartFetch(SenderState* state,
                                                        grpc::CallbackServerContext* ctx,
                                                        std::string session_id,
                                                        std::shared_ptr<const Snapshot> snapshot,
-                                                       uint64_t chunk_bytes) {
-  return new FetchReactor(state, ctx, std::move(session_id), std::move(snapshot), chunk_bytes);
+                                                       uint64_t chunk_bytes, bool delta) {
+  return new FetchReactor(state, ctx, std::move(session_id), std::move(snapshot), chunk_bytes,
+                          delta);
 }
 
 }  // namespace asympo::broadcast::internal

@@ -9,6 +9,7 @@
 
 #include <glog/logging.h>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/daemon/metric_builders.h"
@@ -19,6 +20,11 @@ namespace {
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The hardware's threads, at most `most`.
+int Threads(int most) {
+  return std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, std::max(1, most));
 }
 
 // INVALID_ARGUMENT unless every view has the bytes its entry in `m` needs.
@@ -49,6 +55,10 @@ SnapshotStore::SnapshotStore(SnapshotStoreOptions options, std::string model_sig
           registry, "asympo_broadcast_publish_seconds",
           "Time Publish takes to checksum a snapshot (and pack it, when given loose tensors).",
           {0.001, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300})),
+      delta_bytes_gauge_(metrics::AddGauge(
+          registry, "asympo_broadcast_delta_bytes",
+          "What a receiver holding the version before fetches of the newest snapshot: its "
+          "delta and the buckets that travel whole (0 for a keyframe: the whole snapshot).")),
       published_weights_(registry, "asympo_broadcast_published_weights",
                          "1, labelled with the version and the digest of the newest published "
                          "snapshot (compare a rollout's asympo_rollout_weights_info)."),
@@ -144,8 +154,10 @@ absl::Status SnapshotStore::Adopt(uint64_t version, HostBuckets host, const Devi
   if (device != nullptr) snapshot->device = *device;
   v1::SnapshotManifest m = snapshot->host.plan->manifest();
   m.set_version(version);
+  std::shared_ptr<const Snapshot> base;
   {
     absl::MutexLock lock(&mu_);
+    base = latest_;
     if (latest_ != nullptr && version <= latest_->version()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "version ", version, " is not greater than the latest published, ", latest_->version()));
@@ -153,14 +165,20 @@ absl::Status SnapshotStore::Adopt(uint64_t version, HostBuckets host, const Devi
     m.set_incarnation(incarnation_);
     m.set_resumed_from_version(resumed_from_version_);
   }
-  // The buckets' CRCs over several threads (a bucket in 32 MiB pieces).
-  std::vector<Crc32cSpan> spans;
-  for (int b = 0; b < m.buckets_size(); ++b) {
-    spans.push_back({snapshot->bucket(b), static_cast<size_t>(m.buckets(b).size_bytes())});
+  // The buckets' CRCs over several threads (a bucket in 32 MiB pieces), or
+  // taken with the delta, in the same pass.
+  std::vector<uint32_t> crcs;
+  snapshot->delta = DeltaOf(base, *snapshot, &m, &crcs);
+  base.reset();
+  if (crcs.empty()) {
+    std::vector<Crc32cSpan> spans;
+    for (int b = 0; b < m.buckets_size(); ++b) {
+      spans.push_back({snapshot->bucket(b), static_cast<size_t>(m.buckets(b).size_bytes())});
+    }
+    crcs = Crc32cOfMany(spans, Threads(8));
   }
-  const int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u));
-  const std::vector<uint32_t> crcs = Crc32cOfMany(spans, threads);
   for (int b = 0; b < m.buckets_size(); ++b) m.mutable_buckets(b)->set_crc32c(crcs[b]);
+  ++publishes_;
   auto announcement = std::make_shared<v1::SnapshotAnnouncement>();
   *announcement->mutable_manifest() = std::move(m);
   snapshot->announcement = std::move(announcement);
@@ -174,12 +192,43 @@ absl::Status SnapshotStore::Adopt(uint64_t version, HostBuckets host, const Devi
   publish_seconds_.Observe(Now() - started);
   version_gauge_.Set(static_cast<double>(version));
   bytes_gauge_.Set(static_cast<double>(manifest.total_bytes()));
+  delta_bytes_gauge_.Set(adopted->delta == nullptr ? 0.0
+                                                   : static_cast<double>(adopted->delta->bytes));
   const std::string digest = WeightDigest(manifest);
   published_weights_.Set(WeightsLabels(version, digest));
   VLOG(1) << "published version " << version << " (digest " << digest
           << "): " << manifest.total_bytes() << " bytes in " << manifest.buckets_size()
           << " buckets";
   return absl::OkStatus();
+}
+
+std::shared_ptr<const SnapshotDelta> SnapshotStore::DeltaOf(
+    const std::shared_ptr<const Snapshot>& base, const Snapshot& next, v1::SnapshotManifest* m,
+    std::vector<uint32_t>* crcs) {
+  const int every = options_.delta_keyframe_every;
+  if (every <= 0 || publishes_ % static_cast<uint64_t>(every) == 0 || base == nullptr ||
+      base->host.plan != next.host.plan || base->manifest().incarnation() != m->incarnation()) {
+    return nullptr;
+  }
+  std::vector<const char*> from, to;
+  for (int b = 0; b < m->buckets_size(); ++b) {
+    from.push_back(base->bucket(b));
+    to.push_back(next.bucket(b));
+  }
+  absl::StatusOr<std::shared_ptr<const SnapshotDelta>> delta =
+      EncodeSnapshotDelta(*m, from, to, base->version(), Threads(options_.delta_threads), crcs);
+  if (!delta.ok()) {
+    // The layout is the store's own: not expected; the version goes whole.
+    LOG(WARNING) << "no delta for version " << m->version() << ": " << delta.status();
+    crcs->clear();
+    return nullptr;
+  }
+  if (absl::c_all_of((*delta)->buckets, [](const std::string& d) { return d.empty(); })) {
+    return nullptr;  // every bucket travels whole (its CRCs are taken)
+  }
+  m->set_has_delta_base(true);
+  m->set_delta_base_version(base->version());
+  return *std::move(delta);
 }
 
 int SnapshotStore::AddReader(Reader reader) {

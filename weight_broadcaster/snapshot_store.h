@@ -19,7 +19,8 @@
 // into the store's Publish; it may read latest().
 //
 // Memory: the latest snapshot's buckets (host memory the publisher handed
-// over), plus any older snapshot a reader still holds; the publisher reuses
+// over) and its delta (at most half of them), plus any older snapshot a
+// reader still holds; the publisher reuses
 // a buffer once the store and every reader have let it go. Publish(version,
 // tensors) keeps its own buffers the same way.
 //
@@ -41,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "asympo/v1/weight_broadcast.pb.h"
 #include "weight_broadcaster/broadcast_metrics.h"
+#include "weight_broadcaster/snapshot_delta.h"
 #include "weight_broadcaster/snapshot_manifest.h"
 #include "weight_broadcaster/snapshot_plan.h"
 
@@ -82,6 +84,9 @@ struct Snapshot {
   std::shared_ptr<const v1::SnapshotAnnouncement> announcement;
   HostBuckets host;      // the bytes, laid out by host.plan
   DeviceBuckets device;  // the same bytes on the NCCL device, if given
+  // The same version as a delta against manifest().delta_base_version()
+  // (null for a keyframe: manifest().has_delta_base() is false).
+  std::shared_ptr<const SnapshotDelta> delta;
 
   const v1::SnapshotManifest& manifest() const { return announcement->manifest(); }
   uint64_t version() const { return manifest().version(); }
@@ -101,6 +106,12 @@ struct SnapshotStoreOptions {
   // every manifest carries; SetIncarnation may replace it before the first
   // Publish.
   std::string incarnation;
+  // Delta versions: every version but every delta_keyframe_every-th (and
+  // the first) also holds its delta against the version published before
+  // (Snapshot::delta), encoded when it is published on `delta_threads`
+  // threads. 0: no deltas.
+  int delta_keyframe_every = 0;
+  int delta_threads = 8;
 };
 
 class SnapshotStore {
@@ -155,12 +166,22 @@ class SnapshotStore {
  private:
   absl::Status Adopt(uint64_t version, HostBuckets host, const DeviceBuckets* device,
                      double started) ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
+  // The delta of `next` (manifest `m`) against `base` when this publish
+  // is not a keyframe, `base` is of the same layout and incarnation and
+  // some bucket has a delta; null otherwise. `crcs`: `next`'s bucket CRCs
+  // when the delta was encoded (taken in the same pass), else empty. Sets
+  // m's delta base.
+  std::shared_ptr<const SnapshotDelta> DeltaOf(const std::shared_ptr<const Snapshot>& base,
+                                               const Snapshot& next, v1::SnapshotManifest* m,
+                                               std::vector<uint32_t>* crcs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(publish_mu_);
 
   const SnapshotStoreOptions options_;
   const std::string model_signature_;
   prometheus::Gauge& version_gauge_;
   prometheus::Gauge& bytes_gauge_;
   prometheus::Histogram& publish_seconds_;
+  prometheus::Gauge& delta_bytes_gauge_;
   InfoGauge published_weights_;  // asympo_broadcast_published_weights{version, digest}
 
   absl::Mutex plan_mu_;
@@ -172,6 +193,7 @@ class SnapshotStore {
   // reused once no snapshot holds it (it is then already faulted in).
   std::vector<std::shared_ptr<char>> tensor_buffers_ ABSL_GUARDED_BY(publish_mu_);
   absl::flat_hash_map<int, Reader> readers_ ABSL_GUARDED_BY(publish_mu_);
+  uint64_t publishes_ ABSL_GUARDED_BY(publish_mu_) = 0;  // for delta_keyframe_every
   int next_reader_ ABSL_GUARDED_BY(publish_mu_) = 0;
 
   mutable absl::Mutex mu_;

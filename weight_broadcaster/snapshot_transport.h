@@ -41,9 +41,13 @@ class SnapshotTransport {
   // version: a transport that must take part anyway (every NCCL rank joins
   // every broadcast) does so and returns null, the others return null at
   // once. Errors name the version or the bucket; after one, usable() says
-  // whether the next version may come this way.
+  // whether the next version may come this way. `base` (may be null) is the
+  // newest verified snapshot the receiver holds: a transport that takes
+  // delta versions (the gRPC fetch) rebuilds `manifest`'s version from it
+  // when the manifest's delta is from it.
   virtual absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(
-      const v1::SnapshotManifest& manifest, bool wanted) = 0;
+      const v1::SnapshotManifest& manifest, bool wanted,
+      const std::shared_ptr<const ReceivedSnapshot>& base) = 0;
 
   // False once this transport cannot receive again (an aborted NCCL
   // communicator); the receiver then drops it for the gRPC fetch.

@@ -10,7 +10,7 @@ namespace asympo::broadcast {
 namespace {
 
 // WeightChunk's field numbers and protobuf wire types.
-constexpr uint32_t kVersion = 1, kBucket = 2, kOffset = 3, kData = 4;
+constexpr uint32_t kVersion = 1, kBucket = 2, kOffset = 3, kData = 4, kDeltaBytes = 5;
 constexpr uint32_t kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
 
 void PutVarint(uint64_t v, std::string* out) {
@@ -79,9 +79,9 @@ class Cursor {
 }  // namespace
 
 std::string EncodeChunkHeader(uint64_t version, uint32_t bucket, uint64_t offset,
-                              uint64_t data_size) {
+                              uint64_t data_size, uint64_t delta_bytes) {
   std::string h;
-  h.reserve(44);
+  h.reserve(56);
   if (version != 0) {
     PutVarint(kVersion << 3 | kVarint, &h);
     PutVarint(version, &h);
@@ -93,6 +93,10 @@ std::string EncodeChunkHeader(uint64_t version, uint32_t bucket, uint64_t offset
   if (offset != 0) {
     PutVarint(kOffset << 3 | kVarint, &h);
     PutVarint(offset, &h);
+  }
+  if (delta_bytes != 0) {
+    PutVarint(kDeltaBytes << 3 | kVarint, &h);
+    PutVarint(delta_bytes, &h);
   }
   if (data_size != 0) {
     PutVarint(kData << 3 | kLengthDelimited, &h);
@@ -120,6 +124,7 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
         if (field == kVersion) c.version = value;
         if (field == kBucket) c.bucket = static_cast<uint32_t>(value);
         if (field == kOffset) c.offset = value;
+        if (field == kDeltaBytes) c.delta_bytes = value;
         break;
       case kLengthDelimited:
         if (!in.Varint(&value, 5) || value > 0x7fffffff) {
@@ -144,7 +149,8 @@ absl::StatusOr<ChunkView> ParseChunk(const std::vector<grpc::Slice>& slices) {
       default:
         return absl::DataLossError(absl::StrCat("wire type ", type, " in a chunk"));
     }
-    if ((field == kVersion || field == kBucket || field == kOffset) && type != kVarint) {
+    if ((field == kVersion || field == kBucket || field == kOffset || field == kDeltaBytes) &&
+        type != kVarint) {
       return absl::DataLossError(absl::StrCat("chunk field ", field, " has wire type ", type));
     }
     if (field == kData && type != kLengthDelimited) {

@@ -26,18 +26,20 @@ namespace asympo::broadcast {
 // this key to know that it is subscribed before any announcement arrives.
 inline constexpr char kSubscribedMetadataKey[] = "asympo-subscribed";
 
-// Fields 1-3 (version, bucket, offset; zeros omitted as proto3 does) and the
-// key and length of field 4 (data), whose `data_size` bytes must follow.
+// Fields 1-3 (version, bucket, offset) and 5 (delta_bytes; zeros omitted as
+// proto3 does), then the key and length of field 4 (data), whose
+// `data_size` bytes must follow.
 std::string EncodeChunkHeader(uint64_t version, uint32_t bucket, uint64_t offset,
-                              uint64_t data_size);
+                              uint64_t data_size, uint64_t delta_bytes = 0);
 
 // A chunk parsed in place: its fields, and where its data lies.
 struct ChunkView {
   uint64_t version = 0;
   uint64_t bucket = 0;  // uint32 on the wire; wider values fail bounds checks
   uint64_t offset = 0;
-  uint64_t size = 0;  // bytes of data
-  size_t slice = 0;   // the data starts in slices[slice] at byte `pos`
+  uint64_t size = 0;         // bytes of data
+  uint64_t delta_bytes = 0;  // non-zero: a slice of the bucket's delta
+  size_t slice = 0;          // the data starts in slices[slice] at byte `pos`
   size_t pos = 0;
 };
 

@@ -296,6 +296,7 @@ void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& 
   const double snapshot = o.rank0 ? params * (o.snapshot_dtype == PlanDType::kFloat32 ? 4 : 2) : 0;
   SetPart(p, PlanPart::kSnapshotDevice, o.snapshot_device ? snapshot : 0);
   SetPart(p, PlanPart::kSnapshotHost, 2 * snapshot);
+  SetPart(p, PlanPart::kSnapshotDelta, o.snapshot_deltas ? snapshot / 2 : 0);
 }
 
 // Each phase's sum, the workspace added to it (a fraction of it on a GPU).
@@ -364,7 +365,8 @@ bool MemoryPlan::AliveIn(PlanPart part, PlanPhase phase, PlanDevice device) {
     case PlanPart::kWorkspace:
       return true;
     case PlanPart::kSnapshotHost:
-      return device == PlanDevice::kCpu;  // pinned host memory on a GPU
+    case PlanPart::kSnapshotDelta:
+      return device == PlanDevice::kCpu;  // (pinned) host memory on a GPU
     case PlanPart::kCheckpointHost:
       return false;  // host memory, one piece at a time: not in the device totals
     case PlanPart::kGradients:
@@ -466,6 +468,7 @@ absl::string_view PlanPartName(PlanPart part) {
       "rank 0's snapshot gather (full sharding: one unit)",
       "snapshot staging on the device",
       "snapshot staging in host memory",
+      "the newest version's delta in host memory",
       "a checkpoint piece in host memory (every rank)",
       "workspace outside LibTorch's tensors",
   };

@@ -37,7 +37,8 @@
 //     but not in the device totals);
 //   - rank 0's snapshot staging (snapshot_publisher.h): one copy of the
 //     weights in --dtype on the device, two in host memory (pinned on a
-//     GPU: reported, but not device memory);
+//     GPU: reported, but not device memory), and with delta versions the
+//     newest one's delta (at most half a copy, in host memory);
 //   - a workspace outside LibTorch's tensors (kCudaWorkspaceBytes plus
 //     kCudaFragmentation of the rest on a GPU, kCpuWorkspaceBytes on the
 //     CPU).
@@ -78,6 +79,9 @@ struct PlanOptions {
   // (--snapshot_staging=device) or straight into host memory.
   PlanDType snapshot_dtype = PlanDType::kFloat32;
   bool snapshot_device = true;
+  // Delta versions (--weight_deltas): the newest version's delta beside
+  // its snapshot in host memory, at most half of it.
+  bool snapshot_deltas = true;
   // Tokens per micro-batch (--micro_batch_tokens): real tokens when packed,
   // padded positions otherwise.
   int64_t micro_batch_tokens = 16384;
@@ -115,10 +119,11 @@ enum class PlanPart {
   kRank0Gather,      // rank 0, fully sharded: one unit gathered for the snapshot
   kSnapshotDevice,   // rank 0: the staged snapshot on the device
   kSnapshotHost,     // rank 0: the snapshot in host memory (pinned on a GPU)
+  kSnapshotDelta,    // rank 0: the newest version's delta in host memory (at most half)
   kCheckpointHost,   // every rank: one piece of its checkpoint part in host memory
   kWorkspace,        // outside LibTorch's tensors
 };
-inline constexpr int kPlanParts = 16;
+inline constexpr int kPlanParts = 17;
 
 // When a part is alive; the peak is the largest of these phases' sums.
 enum class PlanPhase { kForward, kLogProbs, kBackward, kBackwardEnd, kUpdate, kGather };

@@ -73,6 +73,9 @@ std::string AliveText(PlanPart part, PlanDevice device) {
   if (part == PlanPart::kSnapshotHost && device == PlanDevice::kCuda) {
     return "pinned host memory, not device memory: not in the totals";
   }
+  if (part == PlanPart::kSnapshotDelta && device == PlanDevice::kCuda) {
+    return "host memory (at most half a snapshot), not device memory: not in the totals";
+  }
   if (part == PlanPart::kCheckpointHost) {
     return "host memory during a save or a resume (one piece at a time), not in the totals";
   }

@@ -54,6 +54,9 @@ ABSL_FLAG(int64_t, logprob_chunk_rows, 1024, "Rows of logits computed at once fo
 ABSL_FLAG(bool, checkpoints, true,
           "Checkpoints are written (the learner's --checkpoint_dir): every rank passes its part "
           "through host memory, one piece at a time.");
+ABSL_FLAG(bool, weight_deltas, true,
+          "Delta versions (the learner's --weight_deltas): the newest version's delta in host "
+          "memory beside its snapshot.");
 ABSL_FLAG(std::string, snapshot_staging, "device",
           "Where rank 0 stages each published version (the learner's --snapshot_staging): "
           "device or host (no device copy).");
@@ -115,6 +118,7 @@ absl::StatusOr<PlanOptions> OptionsFromFlags() {
                                          "\"", staging, "\": expected device or host")));
   }
   o.snapshot_device = staging == "device";
+  o.snapshot_deltas = absl::GetFlag(FLAGS_weight_deltas);
   if (absl::Status s = asympo::learner::ValidatePlanOptions(o); !s.ok()) return s;
   return o;
 }

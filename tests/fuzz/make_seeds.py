@@ -107,6 +107,49 @@ def chunks(wb):
     write("wire_format", "three_slices", b"\x02\x05\x0c" + chunk)
     write("wire_format", "data_only", b"\x00" + wb.WeightChunk(data=b"xyz").SerializeToString())
     write("wire_format", "unknown_fields", b"\x01\x03" + chunk + b"\x2a\x02hi\x31" + b"\x00" * 8)
+    write("wire_format", "delta", b"\x01\x07" + wb.WeightChunk(
+        version=4, bucket=2, offset=96, data=b"ASD1" + bytes(28), delta_bytes=1 << 20).SerializeToString())
+
+
+def delta_record(word, kind, words, changed_at, values, index=None):
+    """One "ASD1" record of a bucket's delta (docs/protocol.md, "Delta
+    versions"): kind 1 a bitmap index, 2 gaps; `index` replaces the one
+    `changed_at` makes."""
+    if index is None:
+        if kind == 1:
+            bits = bytearray((words + 7) // 8)
+            for i in changed_at:
+                bits[i // 8] |= 1 << (i % 8)
+            index = bytes(bits)
+        else:
+            out, last = bytearray(), 0
+            for i in changed_at:
+                gap = i - last
+                while gap >= 0x80:
+                    out.append((gap & 0x7F) | 0x80)
+                    gap >>= 7
+                out.append(gap)
+                last = i + 1
+            index = bytes(out)
+    return (b"ASD1" + struct.pack("<BBHQQQ", word, kind, 0, words, len(changed_at), len(index))
+            + index + values)
+
+
+def deltas():
+    """Bucket deltas (weight_broadcaster/delta_codec.h) of the fuzz target's
+    base: two bytes of bucket size, then the records."""
+    record = delta_record
+
+    def seed(name, size, *records):
+        write("delta_codec", name, struct.pack("<H", size) + b"".join(records))
+
+    seed("gaps", 64, record(2, 2, 32, [0, 5, 31], b"\x01\x02" * 3))
+    seed("bitmap", 64, record(2, 1, 32, [1, 2, 3, 30], b"\xff\x00" * 4))
+    seed("two_records", 128, record(4, 2, 16, [3], b"abcd"), record(4, 1, 16, [0, 15], b"wxyz" * 2))
+    seed("unchanged", 48, record(8, 2, 6, [], b""))
+    seed("far_gap", 4096, record(2, 2, 2048, [2047, ], b"zz"))
+    seed("short_index", 64, record(2, 2, 32, [4, 9], b"qqrr", index=b"\x04"))
+    seed("empty", 0)
 
 
 def safetensors():
@@ -161,6 +204,7 @@ def main():
     batches(rollout_pb2)
     manifests(wb)
     chunks(wb)
+    deltas()
     safetensors()
     metas()
     math_answers()

@@ -71,6 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ASYMPO_FUZZ_CHECK(reference.version() == chunk->version);
   ASYMPO_FUZZ_CHECK(reference.bucket() == chunk->bucket);
   ASYMPO_FUZZ_CHECK(reference.offset() == chunk->offset);
+  ASYMPO_FUZZ_CHECK(reference.delta_bytes() == chunk->delta_bytes);
   ASYMPO_FUZZ_CHECK(reference.data() == copied);
   return 0;
 }

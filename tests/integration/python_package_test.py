@@ -241,6 +241,78 @@ def scenario_weights():
     stop(proc)
 
 
+def raw_tensors(snap):
+    return {t.name: bytes(snap.buckets[t.bucket][t.offset:t.offset + t.size_bytes])
+            for t in snap.manifest.tensors}
+
+
+def check_delta_apply():
+    """asympo_rl's delta reader on records written by hand (tests/fuzz/make_seeds.py)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz"))
+    from make_seeds import delta_record
+    from asympo_rl import delta
+    base = bytes(range(256)) * 2
+    want = bytearray(base)
+    for i, v in ((0, b"\x01\x02"), (200, b"\x03\x04"), (255, b"\x05\x06")):
+        want[2 * i:2 * i + 2] = v
+    gaps = delta_record(2, 2, 256, [0, 200, 255], b"\x01\x02\x03\x04\x05\x06")
+    bitmap = delta_record(2, 1, 256, [0, 200, 255], b"\x01\x02\x03\x04\x05\x06")
+    check(delta.apply(base, gaps, "t") == want and delta.apply(base, bitmap, "t") == want,
+          "a gaps record and a bitmap record rebuild the same bucket")
+    halves = delta_record(2, 2, 128, [0], b"\x01\x02") + delta_record(2, 1, 128, [72, 127],
+                                                                       b"\x03\x04\x05\x06")
+    check(delta.apply(base, halves, "t") == want, "two records, each covering its half")
+    for bad, why in ((gaps[:-1], "a truncated record"), (gaps + b"x", "a byte past the records"),
+                     (delta_record(2, 2, 300, [299], b"zz"), "a record past the bucket"),
+                     (delta_record(2, 2, 256, [4, 9], b"qqrr", index=b"\x04\x04\x04"),
+                      "more gaps than changed words"),
+                     (delta_record(2, 1, 256, [4, 9], b"qqrr")[:-4] + b"qq", "too few values"),
+                     (b"ASD2" + gaps[4:], "another magic")):
+        try:
+            delta.apply(base, bad, "bucket 0")
+            check(False, "%s was refused" % why)
+        except asympo_rl.WeightsError as e:
+            check("bucket 0" in str(e), "%s is refused, naming the bucket (%s)" % (why, e))
+
+
+def scenario_deltas():
+    """Delta versions through the Python subscriber: bfloat16 weights at lr
+    1e-6 change in a few words per version; one subscriber rebuilds each
+    version from the one before, byte-equal to one that fetches every version
+    whole and, at the end, to the learner's export; a corrupt delta is
+    fetched whole; keyframes come whole to everyone."""
+    check_delta_apply()
+    port = free_port()
+    export = os.path.join(WORK, "export")
+    proc = start_learner(port, ["--prompts_per_step=2", "--dtype=bfloat16", "--lr=1e-6",
+                                "--delta_keyframe_every=4", "--fault_corrupt_delta_versions=3",
+                                "--export_dir=" + export])
+    whole = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="whole", deltas=False)
+    fast = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="deltas")
+    streams = {whole: whole.snapshots(), fast: fast.snapshots()}
+    for v in range(0, 9):
+        if v > 0:
+            train_to(port, v, "d")
+        got = {sub: next_within(stream, 60) for sub, stream in streams.items()}
+        check(all(g is not None and g.version == v for g in got.values()),
+              "both subscribers hold version %d" % v)
+        check(got[fast].buckets == got[whole].buckets,
+              "version %d: rebuilt%s, byte-equal to the whole fetch" % (
+                  v, " from a delta" if got[fast].from_delta else " (whole)"))
+        for sub in streams:
+            sub.report(v)
+    # Keyframes 0, 4 and 8; 3's delta was corrupt: 1, 2, 5, 6 and 7 came as deltas.
+    check(fast.delta_versions == 5 and fast.delta_fallbacks == 1 and fast.failures == 0,
+          "5 versions came as deltas, the corrupt one whole (%d, %d, %d)" % (
+              fast.delta_versions, fast.delta_fallbacks, fast.failures))
+    check(whole.delta_versions == 0, "the subscriber without deltas fetched every version whole")
+    last = raw_tensors(got[fast])
+    stop(proc)
+    exported = tensors_of(os.path.join(export, "model.safetensors"))
+    check(sorted(exported) == sorted(last) and all(exported[k][2] == last[k] for k in exported),
+          "version 8 rebuilt from deltas holds the export's bytes")
+
+
 def status_of(port):
     return asympo_rl.LearnerClient("127.0.0.1:%d" % port, source="probe").status(timeout=30)
 
@@ -625,7 +697,7 @@ def main():
     {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
      "tls": scenario_tls, "retry_policy": scenario_retry_policy,
      "policy_lag": scenario_policy_lag, "restart": scenario_restart,
-     "default_channel": scenario_default_channel}[SCENARIO]()
+     "default_channel": scenario_default_channel, "deltas": scenario_deltas}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -113,6 +113,7 @@ using ::asympo::testing::MetricValue;
 struct ServerOptions : BroadcastSenderOptions {
   PackingOptions packing;
   std::string incarnation;
+  int delta_keyframe_every = 0;  // SnapshotStoreOptions's: 0, no deltas
 };
 
 // A BroadcastSender over a snapshot store of its own, served on a loopback
@@ -122,7 +123,8 @@ class SenderServer {
   explicit SenderServer(ServerOptions options = {}, int port = 0)
       : registry_(std::make_shared<prometheus::Registry>()),
         store_(std::make_unique<SnapshotStore>(
-            SnapshotStoreOptions{options.packing, options.incarnation},
+            SnapshotStoreOptions{options.packing, options.incarnation,
+                                 options.delta_keyframe_every},
             ModelSignature(TestSpecs()), *registry_)),
         sender_(std::make_unique<BroadcastSender>(static_cast<BroadcastSenderOptions>(options),
                                                   *store_, *registry_)) {

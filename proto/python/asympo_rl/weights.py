@@ -18,11 +18,16 @@ trained a different version of the same number), unless it is the same
 bytes (every bucket's size and CRC-32C) under the same number; within one
 incarnation only newer versions are. A corrupt or incomplete transfer is
 reported to the learner and skipped: the caller keeps its weights and gets
-the next version.
+the next version. With deltas (the default, when numpy is importable) the
+newest snapshot yielded is kept as the base of the next fetch, which then
+carries only what changed when the learner holds a delta from it; the
+version is rebuilt, checked against the same CRCs, and fetched whole when
+that fails (counted in delta_fallbacks).
 
 Tensors come as torch tensors when torch is importable, numpy arrays
 otherwise (bfloat16 becomes float32 with numpy, which has no bfloat16)."""
 import json
+import logging
 import os
 import random
 import shutil
@@ -31,8 +36,16 @@ import time
 import grpc
 
 from ._stubs import learner_pb2, learner_pb2_grpc, weight_broadcast_pb2 as wb, weight_broadcast_pb2_grpc
+from . import delta
 from .crc32c import crc32c
 from .errors import RefusedError, WeightsError
+
+log = logging.getLogger("asympo_rl.weights")
+
+
+class DeltaError(WeightsError):
+    """A delta that did not rebuild its version (a bucket's CRC-32C, or a
+    malformed delta): the version can still be fetched whole."""
 
 # asympo.v1.DType -> (safetensors name, bytes per element)
 DTYPES = {wb.DTYPE_F32: ("F32", 4), wb.DTYPE_BF16: ("BF16", 2), wb.DTYPE_F16: ("F16", 2)}
@@ -68,8 +81,9 @@ def _backend(name):
 class Snapshot:
     """One verified version: its manifest and its buckets' bytes."""
 
-    def __init__(self, manifest, buckets):
+    def __init__(self, manifest, buckets, from_delta=False):
         self.manifest, self.buckets = manifest, buckets
+        self.from_delta = from_delta  # rebuilt from a delta against the version held
 
     @property
     def version(self):
@@ -141,12 +155,15 @@ class WeightSubscriber:
 
     def __init__(self, target, receiver_id, model_signature=None, credentials=None, current_version=None,
                  max_chunk_bytes=0, fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0,
-                 channel=None):
+                 channel=None, deltas=True):
         """receiver_id: a stable name (at most 128 bytes), for the learner's
         metrics. model_signature: the engine model's signature
         (model_signature()); None takes the learner's own from GetStatus.
         current_version: the version the engine holds already (None: none,
-        so the learner's current one is fetched first)."""
+        so the learner's current one is fetched first). deltas: keep the
+        newest snapshot yielded as the base of the next fetch, which then
+        carries only what changed (docs/protocol.md, "Delta versions"; needs
+        numpy; one more snapshot of memory)."""
         if len(receiver_id.encode()) > 128:
             raise ValueError("receiver_id is %d bytes, more than 128" % len(receiver_id.encode()))
         options = [("grpc.max_receive_message_length", 64 << 20)]
@@ -163,6 +180,10 @@ class WeightSubscriber:
         self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
         self.session = None
         self.failures = 0  # transfers that failed verification or broke off
+        self.deltas = deltas and delta.available()
+        self._base = None          # the newest Snapshot yielded, for deltas
+        self.delta_versions = 0    # versions rebuilt from a delta
+        self.delta_fallbacks = 0   # deltas that failed, fetched whole instead
 
     def close(self):
         self._channel.close()
@@ -187,35 +208,52 @@ class WeightSubscriber:
         self.session = r.session_id
         return r
 
-    def fetch(self, manifest):
-        """Fetches and verifies one announced snapshot. WeightsError for a
-        bad transfer; grpc.RpcError NOT_FOUND when a newer one replaced it
-        (or the learner restarted: its incarnation's is gone)."""
+    def fetch(self, manifest, base=None):
+        """Fetches and verifies one announced snapshot, as a delta against
+        `base` (a Snapshot held) when the manifest's delta is from it.
+        WeightsError for a bad transfer (DeltaError when a delta did not
+        rebuild the version: fetch it whole); grpc.RpcError NOT_FOUND when a
+        newer one replaced it (or the learner restarted: its incarnation's
+        is gone)."""
         check_manifest(manifest)
+        base = _delta_base(manifest, base) if self.deltas else None
         buckets = [bytearray(b.size_bytes) for b in manifest.buckets]
-        filled = [0] * len(buckets)
+        deltas, filled = {}, [0] * len(buckets)
         chunks = self._stub.FetchSnapshot(wb.FetchSnapshotRequest(
             session_id=self.session, version=manifest.version, incarnation=manifest.incarnation,
-            max_chunk_bytes=self.max_chunk_bytes),
+            max_chunk_bytes=self.max_chunk_bytes, has_base=base is not None,
+            base_version=base.version if base is not None else 0),
             timeout=self.fetch_timeout)
         for c in chunks:
             if c.version != manifest.version or c.bucket >= len(buckets):
                 raise WeightsError("version %d: a chunk of version %d, bucket %d does not belong"
                                    % (manifest.version, c.version, c.bucket))
-            if c.offset != filled[c.bucket] or c.offset + len(c.data) > len(buckets[c.bucket]):
+            target = _chunk_target(manifest, base, buckets, deltas, filled, c)
+            if c.offset != filled[c.bucket] or c.offset + len(c.data) > len(target):
                 raise WeightsError("version %d: bucket %d chunk at %d is out of order or too long"
                                    % (manifest.version, c.bucket, c.offset))
-            buckets[c.bucket][c.offset:c.offset + len(c.data)] = c.data
+            target[c.offset:c.offset + len(c.data)] = c.data
             filled[c.bucket] += len(c.data)
+        rebuilt = bool(deltas)
         for b, info in zip(range(len(buckets)), manifest.buckets):
-            if filled[b] != info.size_bytes:
+            is_delta = b in deltas
+            if filled[b] != len(deltas.get(b, buckets[b])):
                 raise WeightsError("version %d: bucket %d ended at %d of %d bytes"
-                                   % (manifest.version, b, filled[b], info.size_bytes))
+                                   % (manifest.version, b, filled[b], len(deltas.get(b, buckets[b]))))
+            if is_delta:
+                where = "version %d: bucket %d's delta against version %d" % (
+                    manifest.version, b, base.version)
+                try:
+                    buckets[b] = delta.apply(base.buckets[b], deltas.pop(b), where)
+                except WeightsError as e:
+                    raise DeltaError(str(e)) from None
             crc = crc32c(buckets[b])
             if crc != info.crc32c:
-                raise WeightsError("version %d: bucket %d has CRC-32C %08x, the manifest says %08x"
-                                   % (manifest.version, b, crc, info.crc32c))
-        return Snapshot(manifest, buckets)
+                raise (DeltaError if is_delta else WeightsError)(
+                    "version %d: bucket %d%s has CRC-32C %08x, the manifest says %08x"
+                    % (manifest.version, b, " rebuilt from its delta" if is_delta else "", crc,
+                       info.crc32c))
+        return Snapshot(manifest, buckets, from_delta=rebuilt)
 
     def report(self, version, error=""):
         """Tells the learner which version the engine samples with now (the
@@ -251,6 +289,8 @@ class WeightSubscriber:
                         snap = self._try_fetch(m)
                         if snap is not None:
                             self._held = (m.version, m.incarnation, _buckets_of(m))
+                            if self.deltas:
+                                self._base = snap
                             yield snap
                             # Not held here while the next one is fetched: the
                             # caller decides how long the old one lives.
@@ -288,9 +328,21 @@ class WeightSubscriber:
         # only, but the first announcement of a registration even backwards.
         return m.version != version if first else m.version > version
 
+    def _fetch_or_whole(self, manifest):
+        """A delta when it rebuilds the version, else the whole version."""
+        try:
+            snap = self.fetch(manifest, self._base)
+        except DeltaError as e:
+            self.delta_fallbacks += 1
+            log.warning("%s; fetching it whole", e)
+            return self.fetch(manifest)
+        if snap.from_delta:
+            self.delta_versions += 1
+        return snap
+
     def _try_fetch(self, manifest):
         try:
-            return self.fetch(manifest)
+            return self._fetch_or_whole(manifest)
         except WeightsError as e:
             self.failures += 1
             self.report(self.version or 0, str(e))
@@ -303,6 +355,36 @@ class WeightSubscriber:
 
 def _buckets_of(manifest):
     return [(b.size_bytes, b.crc32c) for b in manifest.buckets]
+
+
+def _delta_base(manifest, base):
+    """`base` when `manifest`'s delta is from it (its version, incarnation and
+    bucket sizes), else None."""
+    if (base is None or not manifest.has_delta_base or not manifest.incarnation
+            or base.version != manifest.delta_base_version
+            or base.incarnation != manifest.incarnation
+            or [len(b) for b in base.buckets] != [b.size_bytes for b in manifest.buckets]):
+        return None
+    return base
+
+
+def _chunk_target(manifest, base, buckets, deltas, filled, c):
+    """Where chunk `c`'s data goes: its bucket, or the bucket's delta."""
+    b = c.bucket
+    if not c.delta_bytes:
+        if b in deltas:
+            raise WeightsError("version %d: bucket %d mixes delta and whole chunks"
+                               % (manifest.version, b))
+        return buckets[b]
+    if b not in deltas:
+        size = len(buckets[b])
+        if base is None or filled[b] or c.delta_bytes > size + (size // (1 << 20) + 1) * 32:
+            raise WeightsError("version %d: bucket %d came as a delta of %d bytes it cannot be"
+                               % (manifest.version, b, c.delta_bytes))
+        deltas[b] = bytearray(c.delta_bytes)
+    elif len(deltas[b]) != c.delta_bytes:
+        raise WeightsError("version %d: bucket %d's delta changed its length" % (manifest.version, b))
+    return deltas[b]
 
 
 def _safetensors_bytes(snapshot):

@@ -1,0 +1,92 @@
+"""Delta versions (docs/protocol.md, "Delta versions"): a bucket sent as the
+words that changed since the version the receiver holds. A delta is a run
+of records, each covering the next words of the bucket:
+
+    "ASD1" | word_bytes u8 | index kind u8 (1 bitmap, 2 gaps) | 2 zero bytes |
+    words u64 | changed u64 | index_bytes u64 | index | values
+
+(little-endian; the bitmap has one bit per word, LSB first; gaps are LEB128
+varints, the first from the record's word 0). Needs numpy; without it a
+subscriber never asks for deltas."""
+import struct
+
+from .errors import WeightsError
+
+try:
+    import numpy
+except ImportError:  # pragma: no cover - depends on the machine
+    numpy = None
+
+HEADER = struct.Struct("<4sBBHQQQ")
+_WORD = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+
+
+def available():
+    return numpy is not None
+
+
+def _gaps(index, changed, words, where):
+    """The changed words' positions from `changed` LEB128 gaps in `index`."""
+    b = numpy.frombuffer(index, dtype=numpy.uint8)
+    ends = numpy.flatnonzero(b < 0x80)
+    if len(ends) != changed or (changed and ends[-1] != len(b) - 1) or (not changed and len(b)):
+        raise WeightsError("%s: its index does not hold %d gaps" % (where, changed))
+    if changed == 0:
+        return numpy.zeros(0, dtype=numpy.int64)
+    starts = numpy.concatenate(([0], ends[:-1] + 1))
+    if (ends - starts).max() > 9:
+        raise WeightsError("%s: a gap longer than 64 bits" % where)
+    group = numpy.repeat(numpy.arange(changed), ends - starts + 1)
+    shift = (numpy.arange(len(b)) - starts[group]) * 7
+    gaps = numpy.add.reduceat((b & 0x7F).astype(numpy.uint64) << shift.astype(numpy.uint64), starts)
+    if gaps.max() >= words:
+        raise WeightsError("%s: a gap names a word past the end" % where)
+    positions = numpy.cumsum(gaps.astype(numpy.int64) + 1) - 1
+    if positions[-1] >= words:
+        raise WeightsError("%s: a gap names a word past the end" % where)
+    return positions
+
+
+def _record(delta, at, where):
+    """One record's (word_bytes, words, positions, values, end) at `at`."""
+    if len(delta) - at < HEADER.size:
+        raise WeightsError("%s: %d bytes without a record header" % (where, len(delta) - at))
+    magic, word, kind, zero, words, changed, index_bytes = HEADER.unpack_from(delta, at)
+    if magic != b"ASD1" or word not in _WORD or kind not in (1, 2) or zero:
+        raise WeightsError("%s: not an \"ASD1\" record header" % where)
+    end = at + HEADER.size + index_bytes + changed * word
+    if changed > words or end > len(delta):
+        raise WeightsError("%s: a record of %d bytes past the delta's end" % (where, end - at))
+    index = memoryview(delta)[at + HEADER.size:at + HEADER.size + index_bytes]
+    if kind == 1:
+        if index_bytes != (words + 7) // 8:
+            raise WeightsError("%s: a bitmap of %d bytes for %d words" % (where, index_bytes, words))
+        bits = numpy.unpackbits(numpy.frombuffer(index, dtype=numpy.uint8), bitorder="little")
+        if bits[words:].any() or int(bits.sum()) != changed:
+            raise WeightsError("%s: the bitmap does not mark %d words" % (where, changed))
+        positions = numpy.flatnonzero(bits[:words])
+    else:
+        positions = _gaps(index, changed, words, where)
+    values = numpy.frombuffer(delta, dtype=_WORD[word], count=changed,
+                              offset=at + HEADER.size + index_bytes)
+    return word, words, positions, values, end
+
+
+def apply(base, delta, where):
+    """The bucket that `delta` makes of `base` (bytes-like), as a new
+    bytearray. WeightsError naming `where` for a delta that does not fit."""
+    out = bytearray(base)
+    covered, at, patches = 0, 0, []
+    while at < len(delta):
+        word, words, positions, values, at = _record(delta, at, where)
+        if covered % word or covered + words * word > len(out):
+            raise WeightsError("%s: a record past the bucket's %d bytes" % (where, len(out)))
+        patches.append((covered, word, positions, values))
+        covered += words * word
+    if covered != len(out):
+        raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(out)))
+    for start, word, positions, values in patches:
+        view = numpy.frombuffer(out, dtype=_WORD[word], count=(len(out) - start) // word,
+                                offset=start)
+        view[positions] = values
+    return out
