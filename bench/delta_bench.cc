@@ -1,7 +1,8 @@
 // How much of a bfloat16 snapshot changes between two versions of real
 // training, and what a delta of it costs: per learning rate, a model of
-// --config trains --steps steps (AdamW, constant lr, the same random
-// start and batches for every lr); after each step its snapshot is staged
+// --config trains --warmup_steps steps, then --steps steps (AdamW, constant
+// lr, the same random start and batches for every lr); after each of the
+// latter its snapshot is staged
 // in --dtype as the learner stages it, and compared with the previous one:
 // the fraction of words that changed, the delta's size against the full
 // version (weight_broadcaster/delta_codec.h: gaps or bitmap, whichever is
@@ -11,8 +12,8 @@
 // --step_tokens tokens of random groups in sequences of --sequence
 // (bench/step_groups.h), the same for every lr.
 //
-//   delta_bench [--config 100m] [--lrs 1e-6,1e-5,1e-4] [--steps 4] [--dtype bfloat16]
-//               [--step_tokens 1152] [--sequence 72]
+//   delta_bench [--config 100m] [--lrs 1e-6,1e-5,1e-4] [--warmup_steps 0] [--steps 4]
+//               [--dtype bfloat16] [--step_tokens 1152] [--sequence 72]
 #include <zlib.h>
 
 #include <cstdio>
@@ -92,6 +93,7 @@ void Compare(const std::vector<uint8_t>& prev, const std::vector<uint8_t>& cur, 
 int main(int argc, char** argv) {
   const std::string config = FlagS(argc, argv, "--config", "100m");
   const std::string lrs = FlagS(argc, argv, "--lrs", "1e-6,1e-5,1e-4");
+  const int64_t warmup = Flag(argc, argv, "--warmup_steps", 0);
   const int64_t steps = Flag(argc, argv, "--steps", 4);
   const std::string dtype_name = FlagS(argc, argv, "--dtype", "bfloat16");
   const int64_t step_tokens = Flag(argc, argv, "--step_tokens", 1152);
@@ -101,7 +103,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--dtype bfloat16 or float32, not %s\n", dtype_name.c_str());
     return 2;
   }
-  if (steps < 1 || sequence < 4 || step_tokens < 2 * sequence) {
+  if (steps < 1 || warmup < 0 || sequence < 4 || step_tokens < 2 * sequence) {
     std::fprintf(stderr,
                  "--steps must be positive, --sequence at least 4 and --step_tokens at least two "
                  "sequences\n");
@@ -110,9 +112,12 @@ int main(int argc, char** argv) {
   const at::ScalarType dtype = dtype_name == "bfloat16" ? at::kBFloat16 : at::kFloat;
   const int word = dtype == at::kBFloat16 ? 2 : 4;
   const asympo::ModelConfig cfg = asympo::bench::BenchConfig(config);
-  std::printf("%s, %s snapshots, %lld steps per lr of %lld tokens in sequences of %lld\n\n",
-              config.c_str(), dtype_name.c_str(), static_cast<long long>(steps),
-              static_cast<long long>(step_tokens), static_cast<long long>(sequence));
+  std::printf(
+      "%s, %s snapshots, %lld warm-up steps, then %lld steps per lr of %lld tokens in "
+      "sequences of %lld\n\n",
+      config.c_str(), dtype_name.c_str(), static_cast<long long>(warmup),
+      static_cast<long long>(steps), static_cast<long long>(step_tokens),
+      static_cast<long long>(sequence));
   std::printf(
       "| lr | words changed | delta / full | encode GB/s | apply GB/s | XOR+zlib-1 / full | "
       "XOR+zlib-1 GB/s |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -130,9 +135,14 @@ int main(int argc, char** argv) {
     to.lr.peak_lr = lr;
     auto trainer = asympo::learner::Trainer::Create(to, model.get(), nullptr).value();
     auto staging = asympo::broadcast::SnapshotStaging::Create(*model, dtype).value();
-    std::vector<uint8_t> prev = Snapshot(staging.get(), *model);
     Rates r;
     std::mt19937 rng(7);  // the same batches for every lr
+    for (int64_t s = 0; s < warmup; ++s) {
+      const auto step =
+          asympo::bench::UniformStepGroups(1, step_tokens, sequence, cfg.vocab_size, rng);
+      if (!trainer->Step(step).ok()) std::abort();
+    }
+    std::vector<uint8_t> prev = Snapshot(staging.get(), *model);
     for (int64_t s = 0; s < steps; ++s) {
       const auto step =
           asympo::bench::UniformStepGroups(1, step_tokens, sequence, cfg.vocab_size, rng);
