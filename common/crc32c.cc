@@ -3,12 +3,13 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <nmmintrin.h>
 #endif
+
+#include "common/parallel_runs.h"
 
 namespace asympo {
 namespace {
@@ -208,18 +209,11 @@ std::vector<uint32_t> Crc32cOfMany(const std::vector<Crc32cSpan>& spans, int thr
     for (size_t off = 0; off < n; off += kPiece)
       pieces.push_back({s, off, std::min(kPiece, n - off)});
   }
-  const int workers = std::max(1, std::min<int>(threads, static_cast<int>(pieces.size())));
-  auto run = [&](int w) {
-    for (size_t i = static_cast<size_t>(w); i < pieces.size(); i += static_cast<size_t>(workers)) {
-      Piece& piece = pieces[i];
-      piece.crc =
-          Crc32c(static_cast<const uint8_t*>(spans[piece.span].data) + piece.offset, piece.size);
-    }
-  };
-  std::vector<std::thread> pool;
-  for (int w = 1; w < workers; ++w) pool.emplace_back(run, w);
-  run(0);
-  for (std::thread& t : pool) t.join();
+  ParallelRuns(pieces.size(), threads, [&](size_t i) {
+    Piece& piece = pieces[i];
+    piece.crc =
+        Crc32c(static_cast<const uint8_t*>(spans[piece.span].data) + piece.offset, piece.size);
+  });
   for (const Piece& piece : pieces) {
     out[piece.span] =
         piece.offset == 0 ? piece.crc : Crc32cCombine(out[piece.span], piece.crc, piece.size);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 #include <vector>
 
 #if defined(__SSE2__)
@@ -11,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
+#include "common/parallel_runs.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -18,15 +18,6 @@ namespace {
 constexpr char kMagic[4] = {'A', 'S', 'D', '1'};
 
 bool ValidWordBytes(int w) { return w == 1 || w == 2 || w == 4 || w == 8; }
-
-size_t VarintBytes(uint64_t v) {
-  size_t n = 1;
-  while (v >= 0x80) {
-    v >>= 7;
-    ++n;
-  }
-  return n;
-}
 
 // Writes `v` at `out`; returns the byte after it.
 uint8_t* PutVarint(uint64_t v, uint8_t* out) {
@@ -87,13 +78,18 @@ struct Scan {
     gap = gaps.data() + g;
     value = values.data() + v;
   }
-  void Add(uint64_t i, const uint8_t* word, int w) {
+  // Changed word i of `next`: its gap and its value (room reserved).
+  void Push(uint64_t i, const uint8_t* next, int w) {
     gap = reinterpret_cast<char*>(PutVarint(i - last, reinterpret_cast<uint8_t*>(gap)));
-    std::memcpy(value, word, static_cast<size_t>(w));
+    std::memcpy(value, next + i * static_cast<uint64_t>(w), static_cast<size_t>(w));
     value += w;
-    bitmap[i / 8] = static_cast<char>(bitmap[i / 8] | (1u << (i % 8)));
     last = i + 1;
     ++changed;
+  }
+  void Add(uint64_t i, const uint8_t* next, int w) {
+    Reserve(1, w);
+    Push(i, next, w);
+    bitmap[i / 8] = static_cast<char>(bitmap[i / 8] | (1u << (i % 8)));
   }
   // Words first .. first + 16 (or 8) of `mask` (bit k: word first + k
   // changed), whose bitmap byte(s) are written whole.
@@ -101,52 +97,56 @@ struct Scan {
     Reserve(static_cast<uint64_t>(mask_bits), w);
     std::memcpy(bitmap.data() + first / 8, &mask, static_cast<size_t>(mask_bits / 8));
     for (uint32_t m = mask; m != 0; m &= m - 1) {
-      const uint64_t i = first + static_cast<uint64_t>(__builtin_ctz(m));
-      gap = reinterpret_cast<char*>(PutVarint(i - last, reinterpret_cast<uint8_t*>(gap)));
-      std::memcpy(value, next + i * static_cast<uint64_t>(w), static_cast<size_t>(w));
-      value += w;
-      last = i + 1;
-      ++changed;
+      Push(first + static_cast<uint64_t>(__builtin_ctz(m)), next, w);
     }
   }
   size_t gap_bytes() const { return static_cast<size_t>(gap - gaps.data()); }
 };
 
-// Scans `words` words of a and b into `s`: 32 bytes at a time with SSE2
-// for 2- and 4-byte words (a mask of the words that differ, from compares
-// packed to one byte a word), word by word otherwise.
+#if defined(__SSE2__)
+// The words of one 32-byte block of 2- or 4-byte words (16 or 8) that
+// differ between a and b, bit k for word k: compares packed to one byte a
+// word.
+uint32_t ChangedMask(const uint8_t* a, const uint8_t* b, int w) {
+  const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a));
+  const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16));
+  const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b));
+  const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 16));
+  if (w == 2) {
+    const __m128i eq = _mm_packs_epi16(_mm_cmpeq_epi16(a0, b0), _mm_cmpeq_epi16(a1, b1));
+    return ~static_cast<uint32_t>(_mm_movemask_epi8(eq)) & 0xFFFFu;
+  }
+  const __m128i eq16 = _mm_packs_epi32(_mm_cmpeq_epi32(a0, b0), _mm_cmpeq_epi32(a1, b1));
+  const __m128i eq = _mm_packs_epi16(eq16, _mm_setzero_si128());
+  return ~static_cast<uint32_t>(_mm_movemask_epi8(eq)) & 0xFFu;
+}
+
+// The words that whole 32-byte blocks hold, which ChangedMask compares: all
+// of them but a last partial block for 2- and 4-byte words, none for others.
+uint64_t BlockWords(uint64_t words, int w) {
+  if (w != 2 && w != 4) return 0;
+  const uint64_t per_block = 32 / static_cast<uint64_t>(w);
+  return words / per_block * per_block;
+}
+#endif
+
+// Scans `words` words of a and b into `s`: 32 bytes at a time
+// (ChangedMask), word by word after the last whole block.
 void ScanChanged(const uint8_t* a, const uint8_t* b, uint64_t words, int w, Scan* s) {
   s->Reset(words);
   uint64_t i = 0;
 #if defined(__SSE2__)
-  if (w == 2 || w == 4) {
-    const uint64_t per_block = 32 / static_cast<uint64_t>(w);
-    for (; i + per_block <= words; i += per_block) {
-      const uint8_t* pa = a + i * static_cast<uint64_t>(w);
-      const uint8_t* pb = b + i * static_cast<uint64_t>(w);
-      const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pa));
-      const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pa + 16));
-      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb));
-      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pb + 16));
-      uint32_t mask;
-      if (w == 2) {
-        const __m128i eq = _mm_packs_epi16(_mm_cmpeq_epi16(a0, b0), _mm_cmpeq_epi16(a1, b1));
-        mask = ~static_cast<uint32_t>(_mm_movemask_epi8(eq)) & 0xFFFFu;
-      } else {
-        const __m128i eq16 = _mm_packs_epi32(_mm_cmpeq_epi32(a0, b0), _mm_cmpeq_epi32(a1, b1));
-        const __m128i eq = _mm_packs_epi16(eq16, _mm_setzero_si128());
-        mask = ~static_cast<uint32_t>(_mm_movemask_epi8(eq)) & 0xFFu;
-      }
-      if (mask != 0) s->AddMask(i, mask, static_cast<int>(per_block), b, w);
-    }
+  const uint64_t blocked = BlockWords(words, w);
+  const uint64_t per_block = 32 / static_cast<uint64_t>(w);
+  for (; i < blocked; i += per_block) {
+    const uint64_t at = i * static_cast<uint64_t>(w);
+    const uint32_t mask = ChangedMask(a + at, b + at, w);
+    if (mask != 0) s->AddMask(i, mask, static_cast<int>(per_block), b, w);
   }
 #endif
   for (; i < words; ++i) {
     const uint64_t at = i * static_cast<uint64_t>(w);
-    if (std::memcmp(a + at, b + at, static_cast<size_t>(w)) != 0) {
-      s->Reserve(1, w);
-      s->Add(i, b + at, w);
-    }
+    if (std::memcmp(a + at, b + at, static_cast<size_t>(w)) != 0) s->Add(i, b, w);
   }
 }
 
@@ -258,22 +258,10 @@ uint64_t CountChangedWords(const uint8_t* a, const uint8_t* b, size_t bytes, int
   const uint64_t words = bytes / w;
   uint64_t changed = 0, i = 0;
 #if defined(__SSE2__)
-  if (word_bytes == 2 || word_bytes == 4) {
-    const uint64_t per_block = 32 / w;
-    for (; i + per_block <= words; i += per_block) {
-      const __m128i a0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i * w));
-      const __m128i a1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + i * w + 16));
-      const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i * w));
-      const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + i * w + 16));
-      const __m128i eq =
-          word_bytes == 2
-              ? _mm_packs_epi16(_mm_cmpeq_epi16(a0, b0), _mm_cmpeq_epi16(a1, b1))
-              : _mm_packs_epi16(_mm_packs_epi32(_mm_cmpeq_epi32(a0, b0), _mm_cmpeq_epi32(a1, b1)),
-                                _mm_setzero_si128());
-      // One bit per equal word (the packed zeros of a 4-byte block add none).
-      const uint32_t equal = static_cast<uint32_t>(_mm_movemask_epi8(eq));
-      changed += per_block - static_cast<uint64_t>(__builtin_popcount(equal));
-    }
+  const uint64_t blocked = BlockWords(words, word_bytes);
+  for (; i < blocked; i += 32 / w) {
+    changed +=
+        static_cast<uint64_t>(__builtin_popcount(ChangedMask(a + i * w, b + i * w, word_bytes)));
   }
 #endif
   for (; i < words; ++i) changed += std::memcmp(a + i * w, b + i * w, w) != 0 ? 1 : 0;
@@ -318,24 +306,6 @@ absl::Status ApplyDelta(const uint8_t* base, absl::string_view delta, uint8_t* o
   ApplyRecord(h, delta, values, base, out);
   return absl::OkStatus();
 }
-
-namespace {
-
-// Runs fn(i) for i in [0, n) on up to `threads` threads, each taking a
-// contiguous run of indices.
-template <typename Fn>
-void ParallelRuns(size_t n, int threads, Fn fn) {
-  const size_t workers = std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(threads), n));
-  auto run = [&](size_t w) {
-    for (size_t i = n * w / workers; i < n * (w + 1) / workers; ++i) fn(i);
-  };
-  std::vector<std::thread> pool;
-  for (size_t w = 1; w < workers; ++w) pool.emplace_back(run, w);
-  run(0);
-  for (std::thread& t : pool) t.join();
-}
-
-}  // namespace
 
 absl::Status EncodeDeltaPieces(const uint8_t* base, const uint8_t* next, size_t bytes,
                                int word_bytes, size_t piece_bytes, int threads, std::string* delta,

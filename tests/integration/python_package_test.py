@@ -257,22 +257,26 @@ def check_delta_apply():
         want[2 * i:2 * i + 2] = v
     gaps = delta_record(2, 2, 256, [0, 200, 255], b"\x01\x02\x03\x04\x05\x06")
     bitmap = delta_record(2, 1, 256, [0, 200, 255], b"\x01\x02\x03\x04\x05\x06")
-    check(delta.apply(base, gaps, "t") == want and delta.apply(base, bitmap, "t") == want,
+    out = bytearray(len(base))
+    check(delta.apply(base, gaps, out, "t") == want and delta.apply(base, bitmap, out, "t") == want,
           "a gaps record and a bitmap record rebuild the same bucket")
     halves = delta_record(2, 2, 128, [0], b"\x01\x02") + delta_record(2, 1, 128, [72, 127],
                                                                        b"\x03\x04\x05\x06")
-    check(delta.apply(base, halves, "t") == want, "two records, each covering its half")
+    check(delta.apply(base, halves, bytearray(len(base)), "t") == want,
+          "two records, each covering its half")
     for bad, why in ((gaps[:-1], "a truncated record"), (gaps + b"x", "a byte past the records"),
                      (delta_record(2, 2, 300, [299], b"zz"), "a record past the bucket"),
                      (delta_record(2, 2, 256, [4, 9], b"qqrr", index=b"\x04\x04\x04"),
                       "more gaps than changed words"),
                      (delta_record(2, 1, 256, [4, 9], b"qqrr")[:-4] + b"qq", "too few values"),
                      (b"ASD2" + gaps[4:], "another magic")):
+        untouched = bytearray(b"\xee" * len(base))
         try:
-            delta.apply(base, bad, "bucket 0")
+            delta.apply(base, bad, untouched, "bucket 0")
             check(False, "%s was refused" % why)
         except asympo_rl.WeightsError as e:
             check("bucket 0" in str(e), "%s is refused, naming the bucket (%s)" % (why, e))
+        check(untouched == b"\xee" * len(base), "%s left the output untouched" % why)
 
 
 def scenario_deltas():

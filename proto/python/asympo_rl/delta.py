@@ -72,19 +72,20 @@ def _record(delta, at, where):
     return word, words, positions, values, end
 
 
-def apply(base, delta, where):
-    """The bucket that `delta` makes of `base` (bytes-like), as a new
-    bytearray. WeightsError naming `where` for a delta that does not fit."""
-    out = bytearray(base)
+def apply(base, delta, out, where):
+    """Writes into `out` (a bytearray as long as `base`) the bucket that
+    `delta` makes of `base`, and returns it. WeightsError naming `where`
+    for a delta that does not fit, with `out` untouched."""
     covered, at, patches = 0, 0, []
     while at < len(delta):
         word, words, positions, values, at = _record(delta, at, where)
-        if covered % word or covered + words * word > len(out):
-            raise WeightsError("%s: a record past the bucket's %d bytes" % (where, len(out)))
+        if covered % word or covered + words * word > len(base):
+            raise WeightsError("%s: a record past the bucket's %d bytes" % (where, len(base)))
         patches.append((covered, word, positions, values))
         covered += words * word
-    if covered != len(out):
-        raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(out)))
+    if covered != len(base) or len(out) != len(base):
+        raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(base)))
+    out[:] = base
     for start, word, positions, values in patches:
         view = numpy.frombuffer(out, dtype=_WORD[word], count=(len(out) - start) // word,
                                 offset=start)

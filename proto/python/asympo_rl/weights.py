@@ -237,14 +237,15 @@ class WeightSubscriber:
         rebuilt = bool(deltas)
         for b, info in zip(range(len(buckets)), manifest.buckets):
             is_delta = b in deltas
-            if filled[b] != len(deltas.get(b, buckets[b])):
+            want = len(deltas.get(b, buckets[b]))
+            if filled[b] != want:
                 raise WeightsError("version %d: bucket %d ended at %d of %d bytes"
-                                   % (manifest.version, b, filled[b], len(deltas.get(b, buckets[b]))))
+                                   % (manifest.version, b, filled[b], want))
             if is_delta:
                 where = "version %d: bucket %d's delta against version %d" % (
                     manifest.version, b, base.version)
                 try:
-                    buckets[b] = delta.apply(base.buckets[b], deltas.pop(b), where)
+                    delta.apply(base.buckets[b], deltas.pop(b), buckets[b], where)
                 except WeightsError as e:
                     raise DeltaError(str(e)) from None
             crc = crc32c(buckets[b])
