@@ -135,6 +135,7 @@ absl::Status LearnerRank0::StartServer(prometheus::Registry& registry) {
   so.authorizer = security_.authorizer.get();
   so.objective = std::string(ObjectiveName(o.trainer.loss.objective));
   so.version = [core = core_.get()] { return core->version(); };
+  counters_.counted_version.store(core_->version());
   so.model_signature = store_->model_signature();
   so.received_bytes = &received_bytes_;
   so.quarantine = quarantine_.get();
@@ -267,6 +268,7 @@ bool LearnerRank0::AfterStep(int64_t steps, const StepResult& step,
                              const std::vector<SourceReward>& rewards) {
   counters_.steps.fetch_add(1);
   counters_.trained_groups.fetch_add(static_cast<uint64_t>(step.diagnostics.groups));
+  counters_.counted_version.store(step.version);  // after the counts: GetStatus pairs them
   const GroupQueueStats q = queue_->Stats();
   metrics_->ObserveStep(step, q, rewards);
   metrics_->ObserveSources(queue_->HeldBySource());

@@ -477,7 +477,7 @@ v1::LearnerStatus LearnerService::Status() const {
   v1::LearnerStatus* response = &status;
   const GroupQueueStats q = queue_->Stats();
   const LearnerCounters& k = *counters_;
-  response->set_version(version());
+  response->set_version(k.counted_version.load());
   response->set_steps(k.steps.load());
   response->set_queue_depth_groups(static_cast<uint32_t>(q.depth_groups));
   response->set_queue_capacity_groups(static_cast<uint32_t>(q.capacity_groups));

@@ -44,7 +44,9 @@ class PolicyLag;  // learner_server/admission/policy_lag.h
 
 // Counters shared by the service and the trainer loop, all monotonic. The
 // policy version is not among them: the trainer owns it
-// (LearnerServiceOptions::version reads it).
+// (LearnerServiceOptions::version reads it), and moves it inside a step,
+// before the step's groups are counted here; `counted_version` follows it
+// once they are.
 struct LearnerCounters {
   std::atomic<uint64_t> steps{0};
   std::atomic<uint64_t> accepted_batches{0};
@@ -63,6 +65,9 @@ struct LearnerCounters {
   // which every batch this process accepted is in it (LearnerStatus).
   std::atomic<uint64_t> checkpoint_version{0};
   std::atomic<uint64_t> recorded_through_version{0};
+  // The newest version whose step is counted above: GetStatus reports it, so
+  // that a client that reads version v also reads v's trained groups.
+  std::atomic<uint64_t> counted_version{0};
 };
 
 // Hooks for metrics; every method may be called from many threads.

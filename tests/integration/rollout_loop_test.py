@@ -203,8 +203,10 @@ def scenario_corrupt(c):
 
 def scenario_kill(c):
     # Small, slow chunks: every transfer takes about a second, so a rollout is
-    # almost always in the middle of one.
-    c.start_learner(["--broadcast_chunk_kb=16", "--fault_broadcast_chunk_delay=40ms"])
+    # almost always in the middle of one. Whole versions only: a delta is a
+    # chunk or two, over before the kill lands.
+    c.start_learner(["--broadcast_chunk_kb=16", "--fault_broadcast_chunk_delay=40ms",
+                     "--weight_deltas=false"])
     c.start_rollout(0)
     c.start_rollout(1)
     wait_for("both rollouts load a snapshot", lambda: c.rollout_version(0) >= 0 and c.rollout_version(1) >= 0)

@@ -317,6 +317,7 @@ TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   v1::SubmitResponse r;
   ASSERT_OK(Submit(Batch(3), &r));
   version_ = 7;
+  counters_.counted_version = 7;
   grpc::ClientContext ctx;
   v1::LearnerStatus st;
   ASSERT_OK(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st));
@@ -328,6 +329,25 @@ TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   EXPECT_FALSE(st.wants_behavior_logprobs());
   EXPECT_EQ(st.limits().vocab_size(), 100);
   EXPECT_EQ(st.limits().min_group_size(), 2);
+}
+
+// The trainer moves its version inside a step and counts the step's groups
+// after it: a status read between the two must not pair version v with the
+// counters of v - 1 (a client waiting for v would read v's groups as
+// untrained). GetStatus reports the version whose step is counted.
+TEST_F(LearnerServiceTest, GetStatusReportsTheVersionWhoseStepIsCounted) {
+  Start(8);
+  counters_.trained_groups = 4;
+  counters_.counted_version = 2;
+  version_ = 3;  // step 3 trained, its groups not yet counted
+  grpc::ClientContext ctx;
+  v1::LearnerStatus st;
+  ASSERT_OK(stub_->GetStatus(&ctx, v1::GetStatusRequest(), &st));
+  EXPECT_EQ(st.version(), 2u);
+  EXPECT_EQ(st.trained_groups(), 4u);
+  v1::SubmitResponse r;  // a submission is answered with the trainer's own version
+  ASSERT_OK(Submit(Batch(1), &r));
+  EXPECT_EQ(r.learner_version(), 3u);
 }
 
 v1::RolloutBatch WithId(v1::RolloutBatch b, const std::string& id) {
