@@ -72,10 +72,13 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   broadcast::BroadcastSenderOptions bo = o.broadcast;
   bo.received_bytes = &received_bytes_;
   sender_ = std::make_unique<broadcast::BroadcastSender>(std::move(bo), *store_, registry);
-  // With the NCCL transport and the model on a GPU, NCCL broadcasts from
-  // the staged device copy.
-  const bool device_buckets = sender_->nccl_configured() && model.options().device.is_cuda();
-  if (device_buckets && o.snapshot_staging_host) {
+  // With the NCCL transport or an NCCL weight group, and the model on a
+  // GPU, NCCL broadcasts from the staged device copy.
+  const bool on_gpu = model.options().device.is_cuda();
+  const bool nccl_group =
+      o.weight_group_enabled && o.weight_group.backend == "nccl" && !o.snapshot_staging_host;
+  const bool device_buckets = (sender_->nccl_configured() || nccl_group) && on_gpu;
+  if (sender_->nccl_configured() && on_gpu && o.snapshot_staging_host) {
     return absl::InvalidArgumentError(
         "--snapshot_staging=host cannot feed the NCCL transport (--broadcast_nccl_world_size), "
         "which broadcasts from the device copy: use --snapshot_staging=device");

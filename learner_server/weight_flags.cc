@@ -73,8 +73,8 @@ ABSL_FLAG(std::vector<std::string>, fault_corrupt_broadcast_versions, {},
           "Testing only: corrupt one byte of these versions' snapshots in transit "
           "(receivers must detect it and keep their weights).");
 ABSL_FLAG(std::vector<std::string>, fault_corrupt_delta_versions, {},
-          "Testing only: corrupt one byte of these versions' deltas in transit (receivers must "
-          "detect it and fetch the version whole).");
+          "Testing only: corrupt one byte of these versions' deltas in transit, over gRPC and "
+          "the weight group (receivers must detect it and fetch the version whole).");
 ABSL_FLAG(absl::Duration, fault_broadcast_chunk_delay, absl::ZeroDuration(),
           "Testing only: sleep this long before sending each snapshot chunk.");
 
@@ -165,6 +165,7 @@ absl::Status BroadcastFlags(LearnerDaemonOptions* o) {
   g.timeout = absl::GetFlag(FLAGS_weight_group_timeout);
   g.ready_timeout = absl::GetFlag(FLAGS_weight_group_ready_timeout);
   g.join_window = absl::GetFlag(FLAGS_weight_group_join_window);
+  g.corrupt_delta_versions = o->broadcast.corrupt_delta_versions;
   return absl::OkStatus();
 }
 

@@ -25,7 +25,7 @@ asympo-learner that trains on fed batches and publishes versions:
   CRC failure reported.
 
     python3 python_weight_group_test.py PKG_DIR LEARNER_BINARY WORK_DIR
-    python3 python_weight_group_test.py worker PKG_DIR TARGET WORKER_ID OUT STOP [CRC_FAULT]
+    python3 python_weight_group_test.py worker PKG_DIR TARGET WORKER_ID OUT STOP [CRC_FAULT [DELTAS]]
 (the second form is one worker). Exit 0 on success, 1 on a failed check,
 77 when grpc or torch is missing."""
 import datetime
@@ -70,13 +70,15 @@ def tensor_bytes(t):
     return t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def worker(target, worker_id, out, stop_file, crc_fault):
+def worker(target, worker_id, out, stop_file, crc_fault, deltas=None):
     """Receives versions until `stop_file` exists; a JSON line per update.
+    deltas: the receiver's (None: its default).
     crc_fault > 0: the first bucket of the crc_fault-th update is taken as
     corrupt (its CRC check answers a mismatch). While <out>.hold exists, the
     worker stops before the first bucket of an update (writing its version
     to <out>.held) and waits there, holding the group's broadcast up."""
-    rx = asympo_rl.WeightGroupReceiver(target, worker_id, gloo_address="127.0.0.1", next_wait_ms=1000)
+    rx = asympo_rl.WeightGroupReceiver(target, worker_id, gloo_address="127.0.0.1", next_wait_ms=1000,
+                                       deltas=deltas)
     armed = [False]
     real = rx._crc_matches
 
@@ -107,14 +109,16 @@ def worker(target, worker_id, out, stop_file, crc_fault):
                    "ok": update.ok, "crc_failed": update.crc_failed, "group_failed": update.group_failed,
                    "faulted": n == crc_fault, "fetched": update.fetched, "error": error,
                    "in_order": names == [t.name for t in update.manifest.tensors],
-                   "generation": rx.generation, "t": time.time()}
+                   "generation": rx.generation, "from_delta": update.from_delta,
+                   "delta_versions": rx.delta_versions, "t": time.time()}
             f.write(json.dumps(rec) + "\n")
             f.flush()
     rx.close()
 
 
 if sys.argv[1] == "worker":
-    worker(*sys.argv[3:7], int(sys.argv[7]) if len(sys.argv) > 7 else 0)
+    worker(*sys.argv[3:7], int(sys.argv[7]) if len(sys.argv) > 7 else 0,
+           {"1": True, "0": False}.get(sys.argv[8]) if len(sys.argv) > 8 else None)
     sys.exit(0)
 
 
@@ -423,4 +427,5 @@ def check_learner(target, learner, metrics_port, procs):
           % (members, sent, crc, failed))
 
 
-main()
+if __name__ == "__main__":
+    main()

@@ -62,6 +62,13 @@ absl::StatusOr<std::unique_ptr<WeightGroup>> WeightGroup::Create(WeightGroupOpti
                                             "The weight group's current generation (0: none).");
   st->versions_total = &metrics::AddCounter(registry, "asympo_weight_group_versions_total",
                                             "Versions the weight group broadcast.");
+  st->delta_versions_total =
+      &metrics::AddCounter(registry, "asympo_weight_group_delta_versions_total",
+                           "Versions the weight group broadcast as their delta against the "
+                           "version every member held.");
+  st->bytes_total = &metrics::AddCounter(registry, "asympo_weight_group_bytes_total",
+                                         "Bytes the weight group broadcast (each once, whatever "
+                                         "the number of members).");
   st->failures = &prometheus::BuildCounter()
                       .Name("asympo_weight_group_failures_total")
                       .Help(
@@ -342,6 +349,7 @@ grpc::ServerUnaryReactor* WeightGroup::Next(grpc::CallbackServerContext* ctx,
   }
   m->held_version = request.held_version();
   m->held_incarnation = request.held_incarnation();
+  m->accepts_delta = request.accepts_delta();
   m->asking = true;
   m->told = false;
   m->action = v1::GroupNextResponse::ACTION_WAIT;

@@ -10,8 +10,17 @@
 // group over it while the members build theirs. Then, whenever every member
 // has asked for a version (Next) and at least one of them lacks the latest
 // published snapshot, all of them get its manifest and the thread
-// broadcasts its buckets from the snapshot's host memory (NCCL: through one
-// device buffer of the largest bucket's size), one broadcast per bucket.
+// broadcasts its buckets from the snapshot's host memory, one broadcast per
+// bucket. NCCL: from the learner's staged copy on its GPU when the snapshot
+// has one (Snapshot::device_bucket: a learner on a GPU with
+// --snapshot_staging=device), with no copy to the host and back; else
+// through one device buffer of the largest bucket's size.
+// When the latest snapshot has a delta (SnapshotStoreOptions::
+// delta_keyframe_every) and every member holds its base version, of the
+// same incarnation, and asked with accepts_delta, the broadcasts carry the
+// delta's buckets instead (the whole bucket where the delta has none), and
+// the members rebuild each bucket and check its CRC-32C; a member that
+// cannot reports received_ok false and completes the version over gRPC.
 //
 // Membership: the first generation takes every worker that joined within
 // the join window. Beside a generation with members, newcomers (and a
@@ -57,6 +66,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <prometheus/registry.h>
 
@@ -114,6 +124,9 @@ struct WeightGroupOptions {
   security::Authorizer* authorizer = nullptr;
   // When set, the bytes of every request (CountReceived), before any check.
   std::atomic<int64_t>* received_bytes = nullptr;
+  // Testing only: the last byte of each of these versions' delta buckets
+  // is broadcast flipped (the members must fail the rebuilt bucket's CRC).
+  std::vector<uint64_t> corrupt_delta_versions;
 };
 
 // The callback service with every method served raw (grpc::ByteBuffer).

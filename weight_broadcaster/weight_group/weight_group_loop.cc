@@ -202,44 +202,90 @@ void WeightGroup::State::Form() {
   cv.SignalAll();
 }
 
+namespace {
+
+// What every member's Next answers with for the broadcast of `s`.
+std::shared_ptr<const v1::GroupNextResponse> ReceiveOf(const Snapshot& s, bool delta) {
+  auto r = std::make_shared<v1::GroupNextResponse>();
+  r->set_action(v1::GroupNextResponse::ACTION_RECEIVE);
+  *r->mutable_manifest() = s.manifest();
+  if (delta) {
+    r->set_delta(true);
+    for (const std::string& d : s.delta->buckets) r->add_delta_bucket_bytes(d.size());
+  }
+  return r;
+}
+
+}  // namespace
+
+void WeightGroup::State::BroadcastBytes(collective::CollectiveGroup& group, const char* data,
+                                        const void* on_device, int64_t size) {
+  // The root's tensor is only read.
+  at::Tensor t =
+      at::from_blob(const_cast<char*>(data), {size}, at::TensorOptions().dtype(at::kByte));
+  if (options.backend == "nccl") {
+    const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(options.nccl_device));
+    if (on_device != nullptr) {
+      // The learner's staged copy on this GPU: no copy to the host and back.
+      t = at::from_blob(const_cast<void*>(on_device), {size},
+                        at::TensorOptions().dtype(at::kByte).device(dev));
+    } else {
+      if (!device_buffer.defined() || device_buffer.numel() < size) {
+        device_buffer = at::empty({size}, at::TensorOptions().dtype(at::kByte).device(dev));
+      }
+      at::Tensor d = device_buffer.narrow(0, 0, size);
+      d.copy_(t);
+      t = d;
+    }
+  }
+  std::vector<at::Tensor> tensors{t};
+  c10d::BroadcastOptions bo;
+  bo.rootRank = 0;
+  bo.timeout = Millis(options.timeout);
+  group.broadcast(tensors, bo)->wait(Millis(options.timeout));
+}
+
 void WeightGroup::State::Broadcast() {
   std::shared_ptr<const Snapshot> snapshot;
   c10::intrusive_ptr<collective::CollectiveGroup> group;
   uint64_t gen = 0;
+  bool delta = false;
   {
     absl::MutexLock lock(&mu);
     snapshot = snapshots->latest();
     group = pg;
     gen = generation;
     phase = Phase::kBroadcasting;
+    delta = DeltaFitsLocked(*snapshot);
     // Each member's Next takes the manifest from here: a small bucket's
     // broadcast may end on rank 0 before a member's call has returned.
-    TellAllLocked(v1::GroupNextResponse::ACTION_RECEIVE,
-                  std::shared_ptr<const v1::SnapshotManifest>(snapshot, &snapshot->manifest()));
+    TellAllLocked(v1::GroupNextResponse::ACTION_RECEIVE, ReceiveOf(*snapshot, delta));
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::string error;
+  int64_t bytes = 0;
+  const std::vector<uint64_t>& faults = options.corrupt_delta_versions;
+  const bool corrupt = std::find(faults.begin(), faults.end(), snapshot->version()) != faults.end();
   try {
-    const bool nccl = options.backend == "nccl";
     for (const v1::BucketInfo& b : snapshot->manifest().buckets()) {
-      const int64_t size = static_cast<int64_t>(b.size_bytes());
-      if (size == 0) continue;  // every rank skips an empty bucket
-      char* data = snapshot->bucket(static_cast<int>(b.index()));
-      at::Tensor t = at::from_blob(data, {size}, at::TensorOptions().dtype(at::kByte));
-      if (nccl) {
-        const at::Device dev(at::kCUDA, static_cast<c10::DeviceIndex>(options.nccl_device));
-        if (!device_buffer.defined() || device_buffer.numel() < size) {
-          device_buffer = at::empty({size}, at::TensorOptions().dtype(at::kByte).device(dev));
+      const int index = static_cast<int>(b.index());
+      const std::string* d =
+          delta ? &snapshot->delta->buckets[static_cast<size_t>(index)] : nullptr;
+      // A delta bucket, or the whole one; every rank skips an empty bucket.
+      const int64_t size = d != nullptr && !d->empty() ? static_cast<int64_t>(d->size())
+                                                       : static_cast<int64_t>(b.size_bytes());
+      if (size == 0) continue;
+      if (d != nullptr && !d->empty()) {
+        std::string flipped;
+        if (corrupt) {  // testing only
+          flipped = *d;
+          flipped.back() = static_cast<char>(flipped.back() ^ 0x5a);
         }
-        at::Tensor d = device_buffer.narrow(0, 0, size);
-        d.copy_(t);
-        t = d;
+        BroadcastBytes(*group, corrupt ? flipped.data() : d->data(), nullptr, size);
+      } else {
+        BroadcastBytes(*group, snapshot->bucket(index), snapshot->device_bucket(index), size);
       }
-      std::vector<at::Tensor> tensors{t};
-      c10d::BroadcastOptions bo;
-      bo.rootRank = 0;
-      bo.timeout = Millis(options.timeout);
-      group->broadcast(tensors, bo)->wait(Millis(options.timeout));
+      bytes += size;
     }
   } catch (const std::exception& e) {
     error = e.what();
@@ -259,8 +305,10 @@ void WeightGroup::State::Broadcast() {
   for (Member& m : members) m.last_seen = now;
   ++versions_sent;
   versions_total->Increment();
-  VLOG(1) << "weight group: version " << snapshot->version() << " to " << members.size()
-          << " members in "
+  if (delta) delta_versions_total->Increment();
+  bytes_total->Increment(static_cast<double>(bytes));
+  VLOG(1) << "weight group: version " << snapshot->version() << (delta ? " (delta, " : " (")
+          << bytes << " bytes) to " << members.size() << " members in "
           << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() << " s";
   cv.SignalAll();
 }

@@ -48,6 +48,8 @@ struct WeightGroup::State {
   prometheus::Gauge* members_gauge = nullptr;
   prometheus::Gauge* generation_gauge = nullptr;
   prometheus::Counter* versions_total = nullptr;
+  prometheus::Counter* delta_versions_total = nullptr;
+  prometheus::Counter* bytes_total = nullptr;
   prometheus::Family<prometheus::Counter>* failures = nullptr;
 
   // A worker waiting in Join, and what the formation assigns it.
@@ -69,10 +71,11 @@ struct WeightGroup::State {
     int rank = 0;
     uint64_t held_version = 0;
     std::string held_incarnation;
-    bool asking = false;  // a Next call is waiting for an answer
-    bool told = false;    // its waiting Next has been answered
+    bool accepts_delta = false;  // GroupNextRequest.accepts_delta, of its last Next
+    bool asking = false;         // a Next call is waiting for an answer
+    bool told = false;           // its waiting Next has been answered
     v1::GroupNextResponse::Action action = v1::GroupNextResponse::ACTION_WAIT;
-    std::shared_ptr<const v1::SnapshotManifest> manifest;  // with ACTION_RECEIVE
+    std::shared_ptr<const v1::GroupNextResponse> receive;  // with ACTION_RECEIVE
     absl::Time asked_since = absl::InfinitePast();
     absl::Time last_seen;
     int calls = 0;      // calls in flight naming this member
@@ -246,14 +249,34 @@ struct WeightGroup::State {
   void AssignLocked(const std::vector<std::shared_ptr<Joiner>>& joined)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void Form();
+  // Broadcasts the latest snapshot (its delta when DeltaFitsLocked).
   void Broadcast();
-  // Answers every member's waiting Next with `action` (and `manifest`).
+  // One collective broadcast of `size` bytes at `data` from rank 0. NCCL:
+  // from `on_device` (the same bytes on the group's GPU) when given, else
+  // through device_buffer.
+  void BroadcastBytes(collective::CollectiveGroup& group, const char* data, const void* on_device,
+                      int64_t size);
+  // Whether the broadcast of `latest` can be its delta: it has one, and
+  // every member holds its base, of the same incarnation, and accepts deltas.
+  bool DeltaFitsLocked(const Snapshot& latest) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const v1::SnapshotManifest& m = latest.manifest();
+    if (latest.delta == nullptr || !m.has_delta_base() || members.empty()) return false;
+    for (const Member& x : members) {
+      if (!x.accepts_delta || x.held_version != m.delta_base_version() ||
+          x.held_incarnation != m.incarnation()) {
+        return false;
+      }
+    }
+    return true;
+  }
+  // Answers every member's waiting Next with `action` (and, with
+  // ACTION_RECEIVE, `receive`: the manifest and whether it comes as a delta).
   void TellAllLocked(v1::GroupNextResponse::Action action,
-                     std::shared_ptr<const v1::SnapshotManifest> manifest = nullptr)
+                     std::shared_ptr<const v1::GroupNextResponse> receive = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     for (Member& m : members) {
       m.action = action;
-      m.manifest = manifest;
+      m.receive = receive;
       m.told = true;
     }
     cv.SignalAll();

@@ -128,11 +128,11 @@ grpc::Status WeightGroup::State::AnswerNextLocked(Waiting& w, v1::GroupNextRespo
     return grpc::Status::OK;
   }
   m->told = false;
-  response->set_action(m->action);
-  if (m->action == v1::GroupNextResponse::ACTION_RECEIVE && m->manifest != nullptr) {
-    *response->mutable_manifest() = *m->manifest;
+  if (m->action == v1::GroupNextResponse::ACTION_RECEIVE && m->receive != nullptr) {
+    *response = *m->receive;
   }
-  m->manifest.reset();
+  response->set_action(m->action);
+  m->receive.reset();
   return grpc::Status::OK;
 }
 

@@ -85,7 +85,7 @@ def apply(base, delta, out, where):
         covered += words * word
     if covered != len(base) or len(out) != len(base):
         raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(base)))
-    out[:] = base
+    out[:] = memoryview(base)  # bytes, a bytearray or a numpy array alike
     for start, word, positions, values in patches:
         view = numpy.frombuffer(out, dtype=_WORD[word], count=(len(out) - start) // word,
                                 offset=start)

@@ -31,6 +31,17 @@ when that fetch starts (NOT_FOUND: a newer one replaced it, or the
 learner restarted) is skipped: iterating its update raises WeightsError,
 and the engine, holding part of it, gets the next version whole.
 
+With deltas (the default with Gloo, where numpy is importable) the
+receiver keeps the version the engine holds, bucket by bucket in host
+memory, and asks for deltas (GroupNextRequest.accepts_delta): when every
+member holds the version the learner's latest is a delta from, the group
+broadcasts only what changed, and each bucket is rebuilt from the copy
+and checked against its CRC-32C before its tensors are yielded; one that
+does not rebuild comes over gRPC whole (fallbacks), like a bucket whose
+CRC does not match. That costs a copy of the model in host memory per
+worker, and with NCCL a copy to the host of each bucket received (off by
+default there).
+
 Gloo does not see a learner that dies in the middle of a bucket (its
 receivers wait for the whole collective timeout): a Gloo member waits in
 slices of probe_s and asks the learner between them whether its
@@ -52,6 +63,7 @@ import torch
 import torch.distributed as dist
 
 from ._stubs import learner_pb2, learner_pb2_grpc, weight_broadcast_pb2 as wb, weight_broadcast_pb2_grpc
+from . import delta
 from .crc32c import crc32c
 from .errors import RefusedError, WeightsError
 from .weights import WeightSubscriber, check_manifest
@@ -97,7 +109,8 @@ class WeightGroupReceiver:
     def __init__(self, target, worker_id, backend="gloo", device="cpu", model_signature=None,
                  credentials=None, channel=None, gloo_address="127.0.0.1", held_version=0,
                  held_incarnation="", verify=True, join_wait_ms=10000, next_wait_ms=10000,
-                 fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0, probe_s=1.0, unreachable_s=10.0):
+                 fetch_timeout=600.0, min_backoff=0.1, max_backoff=5.0, probe_s=1.0, unreachable_s=10.0,
+                 deltas=None):
         """target: the learner's "host:port". worker_id: a stable name (at
         most 128 bytes), bound to this worker's principal from its first
         Join (another principal's is refused: RefusedError); joining again
@@ -118,7 +131,10 @@ class WeightGroupReceiver:
         unreachable_s (Gloo): a collective that lasts over probe_s asks the
         learner every probe_s whether the generation stands, and is given
         up when the learner ended it or has not answered for unreachable_s
-        (asympo_rl.group_collective says why)."""
+        (asympo_rl.group_collective says why). deltas: keep the held
+        version's buckets in host memory and receive versions as their
+        deltas when the group can (None: with Gloo, when numpy is
+        importable)."""
         if backend not in ("gloo", "nccl"):
             raise ValueError("backend %r: gloo or nccl" % (backend,))
         if len(worker_id.encode()) > 128:
@@ -146,6 +162,8 @@ class WeightGroupReceiver:
         self.next_wait_ms = max(1, min(int(next_wait_ms), _MAX_POLL_MS))
         self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
         self.probe_s, self.unreachable_s = probe_s, unreachable_s
+        self.deltas = (backend == "gloo" if deltas is None else bool(deltas)) and delta.available()
+        self._base = None           # with deltas: the held version's buckets, on the host
         self._watch = None          # Gloo: waits for the collectives, asking the learner
         self.version, self.incarnation = held_version, held_incarnation
         self._holds = bool(held_version or held_incarnation)
@@ -160,6 +178,7 @@ class WeightGroupReceiver:
         # Counters: generations joined, versions that came broken over the
         # group (a CRC or the collective), versions completed over gRPC.
         self.joins = self.failures = self.fallbacks = 0
+        self.delta_versions = 0     # versions rebuilt from their deltas
         # Collectives given up on because the learner had gone (probe_s).
         self.gave_up = 0
 
@@ -178,10 +197,16 @@ class WeightGroupReceiver:
     def __exit__(self, *exc):
         self.close()
 
+    @property
+    def holds(self):
+        """Whether the engine holds a version (then `version`, `incarnation`)."""
+        return self._holds
+
     def forget(self):
         """Forgets the version the engine holds: the next update is the
         group's latest, whatever its number."""
         self.version, self.incarnation, self._holds, self._held_buckets = 0, "", False, None
+        self._base = None
 
     def updates(self, stop=None):
         """Yields a WeightUpdate per version to load, until stop() (optional)
@@ -291,7 +316,7 @@ class WeightGroupReceiver:
             r = self._stub.Next(wg.GroupNextRequest(
                 member_token=self._token, held_version=self.version, held_incarnation=self.incarnation,
                 received=self._report is not None, received_version=version, received_ok=ok,
-                wait_ms=wait), timeout=wait / 1000.0 + _RPC_GRACE_S)
+                wait_ms=wait, accepts_delta=self._base is not None), timeout=wait / 1000.0 + _RPC_GRACE_S)
         except grpc.RpcError as e:
             if e.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
                 self._refused("Next", e)
@@ -305,15 +330,20 @@ class WeightGroupReceiver:
             self._leave()
             return None
         if r.action == wg.GroupNextResponse.ACTION_RECEIVE:
-            return r.manifest
+            return r
         return None
 
     # --- versions ----------------------------------------------------------
 
-    def _accept(self, m):
-        """A WeightUpdate for manifest `m` when the engine wants it; else
-        receives its broadcasts, drops them and returns None."""
-        update = WeightUpdate(self, m)
+    def _accept(self, r):
+        """A WeightUpdate for RECEIVE answer `r` when the engine wants its
+        version; else receives its broadcasts, drops them and returns None."""
+        m = r.manifest
+        if r.delta and len(r.delta_bucket_bytes) != len(m.buckets):
+            # No size for every broadcast: this member cannot take part.
+            self._leave()
+            return None
+        update = WeightUpdate(self, m, r.delta_bucket_bytes if r.delta else None)
         try:
             check_manifest(m)
             if self.signature and m.model_signature != self.signature:
@@ -354,8 +384,12 @@ class WeightGroupReceiver:
         if update.complete:
             if update.fetched:
                 self.fallbacks += 1
+            elif update.from_delta:
+                self.delta_versions += 1
             self.version, self.incarnation, self._holds = m.version, m.incarnation, True
             self._held_buckets = _buckets_of(m)
+            kept = update.kept
+            self._base = kept if kept is not None and all(b is not None for b in kept) else None
 
     def _broadcast(self, size):
         """Receives one bucket's broadcast into a new buffer on the device;
@@ -384,6 +418,14 @@ class WeightGroupReceiver:
             self._leave()
             raise _GroupFailed(str(e), e.unreachable) from None
         return buf
+
+    def _base_for(self, m):
+        """The held version's buckets when `m` is a delta from them."""
+        if (self._base is None or m.delta_base_version != self.version or m.incarnation != self.incarnation
+                or len(self._base) != len(m.buckets)
+                or any(len(b) != info.size_bytes for b, info in zip(self._base, m.buckets))):
+            return None
+        return self._base
 
     def _crc_matches(self, buf, info):
         if buf.device.type != "cpu":

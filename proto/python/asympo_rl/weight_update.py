@@ -3,7 +3,9 @@ bucket by bucket, for WeightGroupReceiver (asympo_rl.weight_group), which
 drives the collectives and the gRPC fallback."""
 import torch
 
+from . import delta
 from ._stubs import weight_broadcast_pb2 as wb
+from .crc32c import crc32c
 from .errors import WeightsError
 
 _TORCH_DTYPES = {wb.DTYPE_F32: torch.float32, wb.DTYPE_BF16: torch.bfloat16, wb.DTYPE_F16: torch.float16}
@@ -27,15 +29,24 @@ class WeightUpdate:
     safe to keep. Iteration raises WeightsError when the version cannot be
     completed (its fallback fetch failed, or a newer version replaced it).
 
+    A delta update (from_delta; GroupNextResponse.delta) broadcasts each
+    bucket's delta against the version the receiver holds; each is rebuilt
+    from the receiver's copy of that version and checked like a whole one.
+
     After it: complete (every tensor yielded), ok (every bucket came over
     the group with its CRC-32C), crc_failed (a bucket that came over the
-    group did not match its CRC-32C), group_failed (a collective failed),
-    fetched (buckets that came over gRPC instead), error (why iterating it
-    raised)."""
+    group did not match its CRC-32C, or its delta did not rebuild it),
+    group_failed (a collective failed), fetched (buckets that came over
+    gRPC instead), error (why iterating it raised)."""
 
-    def __init__(self, receiver, manifest):
+    def __init__(self, receiver, manifest, delta_sizes=None):
         self.manifest = manifest
         self._receiver = receiver
+        # Bytes broadcast per bucket for a delta (0: the whole bucket).
+        self._delta_sizes = list(delta_sizes) if delta_sizes is not None else None
+        self.from_delta = delta_sizes is not None
+        # The buckets' bytes on the host, kept as the base of the next delta.
+        self.kept = [None] * len(manifest.buckets) if receiver.deltas else None
         self._layout = [[] for _ in manifest.buckets]
         for t in manifest.tensors:
             if t.bucket < len(self._layout):  # else check_manifest refuses it
@@ -97,14 +108,16 @@ class WeightUpdate:
         info = self.manifest.buckets[i]
         if self._fetch is None:
             try:
-                buf = rx._broadcast(info.size_bytes)
+                buf = rx._broadcast(self._size(i))
             except _GroupFailed as e:
                 self.ok, self.group_failed = False, True
                 if e.unreachable:
                     raise WeightsError("version %d: %s; nothing to fetch it from" % (self.version, e)) from None
             else:
-                if rx._crc_matches(buf, info):
-                    return _views(buf, self._layout[i])
+                if self._is_delta(i):
+                    buf = self._rebuild(i, buf)
+                if buf is not None and (self._is_delta(i) or rx._crc_matches(buf, info)):
+                    return self._keep(i, buf)
                 del buf
                 self.ok, self.crc_failed = False, True
                 # Keep the group in step: receive the rest of the version's
@@ -113,19 +126,51 @@ class WeightUpdate:
             self._fetch = rx._fetch(self.manifest, i)
         index, buf = next(self._fetch)
         self.fetched += 1
-        return _views(buf, self._layout[index])
+        return self._keep(index, buf)
 
+    def _is_delta(self, i):
+        return self._delta_sizes is not None and self._delta_sizes[i] > 0
+
+    def _size(self, i):
+        """The bytes of bucket i's broadcast."""
+        return self._delta_sizes[i] if self._is_delta(i) else self.manifest.buckets[i].size_bytes
+
+    def _keep(self, i, buf):
+        """Bucket i's (name, tensor) pairs; with deltas, its bytes kept."""
+        if self.kept is not None:
+            self.kept[i] = buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
+        return _views(buf, self._layout[i])
+
+    def _rebuild(self, i, buf):
+        """Bucket i rebuilt from its delta `buf` and the receiver's copy of
+        the base version, on the receiver's device, once its CRC-32C
+        matches; None (the bucket then comes over gRPC) when it cannot be."""
+        m, base = self.manifest, self._receiver._base_for(self.manifest)
+        if base is None:
+            return None
+        info = m.buckets[i]
+        where = "version %d: bucket %d's delta against version %d" % (m.version, i, m.delta_base_version)
+        host = buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
+        out = bytearray(info.size_bytes)
+        try:
+            delta.apply(base[i], host, out, where)
+        except WeightsError:
+            return None
+        if crc32c(out) != info.crc32c:
+            return None
+        return torch.frombuffer(out, dtype=torch.uint8).to(self._receiver.device)
     def _drain(self, start):
         """Receives (and drops) the broadcasts of buckets start.., while
         the group stands."""
         rx = self._receiver
-        for info in self.manifest.buckets[start:]:
+        for i in range(start, len(self.manifest.buckets)):
             try:
-                buf = rx._broadcast(info.size_bytes)
+                buf = rx._broadcast(self._size(i))
             except _GroupFailed:
                 self.ok, self.group_failed = False, True
                 return
-            if not rx._crc_matches(buf, info):
+            # A delta is checked once rebuilt: a drained one is not.
+            if not self._is_delta(i) and not rx._crc_matches(buf, self.manifest.buckets[i]):
                 self.ok, self.crc_failed = False, True
             del buf
 
