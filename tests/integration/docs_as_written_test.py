@@ -27,7 +27,7 @@ DOC = os.path.join(SRC, "docs", "external_generators.md")
 
 # Flags of programs that are not this project's, which the page names for
 # the reader's own commands: pip's and venv's, and the engines'.
-FOREIGN = {"--system-site-packages", "--no-build-isolation", "--target", "--model-path"}
+FOREIGN = {"--system-site-packages", "--no-build-isolation", "--target", "--model-path", "--weight-transfer-config"}
 
 
 def check(cond, what):

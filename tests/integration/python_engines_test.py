@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 
-from learner_client import check, free_port
+from learner_client import RunningLearner, check, free_port, on_threads
 
 PKG, LEARNER, WORK = sys.argv[1:4]
 sys.path.insert(0, PKG)
@@ -197,21 +197,8 @@ class LLM:
         if method == "reload_weights":
             return [self.reload(w) for w in self.workers]
         # Each worker runs the call at once, as vLLM's worker processes do.
-        replies, errors = [None] * len(self.workers), []
-
-        def call(i, w):
-            try:
-                replies[i] = getattr(w, method)(*wire(args), **(kwargs or {}))
-            except Exception as e:  # noqa: BLE001 - re-raised below, as vLLM does
-                errors.append(e)
-        threads = [threading.Thread(target=call, args=(i, w)) for i, w in enumerate(self.workers)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        if errors:
-            raise errors[0]
-        return replies
+        # Every worker at once; a worker's error raised again, as vLLM does.
+        return on_threads(lambda w: getattr(w, method)(*wire(args), **(kwargs or {})), self.workers)
 
     def reset_prefix_cache(self):
         self.calls.append(("reset_prefix_cache",))
@@ -499,29 +486,10 @@ GROUP_FLAGS = ["--model=tiny", "--tiny_vocab_size=8000", "--threads=1", "--broad
 
 def group_engines():
     """VLLMFromGroup and SGLangFromGroup against a learner's weight group."""
-    port = free_port()
-    target = "127.0.0.1:%d" % port
-    log = open(os.path.join(WORK, "group-learner.log"), "w")
-    proc = subprocess.Popen([LEARNER, "--listen=" + target, "--metrics_address="] + GROUP_FLAGS,
-                            stdout=log, stderr=subprocess.STDOUT)
-    try:
-        client = asympo_rl.LearnerClient(target, source="engines-group-test")
-        client.status(timeout=60)
-        feed = iter(range(1000))
-
-        def new_version():
-            """Has the learner train one more version; returns once it has."""
-            n, before = next(feed), client.status().version
-            client.submit([asympo_rl.group([1, 4, 8 + n + g, 3], [([8 + n + g, 2], 1.0), ([9, 2], 0.0)],
-                                           prompt_id="g%d-%d" % (n, g)) for g in range(2)])
-            deadline = time.time() + 60
-            while client.status().version == before and time.time() < deadline:
-                time.sleep(0.05)
+    with RunningLearner(LEARNER, GROUP_FLAGS, os.path.join(WORK, "group-learner.log"), asympo_rl) as (
+            target, new_version):
         vllm_group(target, new_version)
         sglang_group(target, new_version)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
 
 
 def latest_over_grpc(target):

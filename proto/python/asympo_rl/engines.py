@@ -508,13 +508,10 @@ class SGLangFromGroup(SGLangInProcess):
     first waits up to timeout_s for the group's next version (generation
     goes on meanwhile) and returns it, or None.
 
-    SGLang's own update_weights_from_distributed does not fit this group:
-    it expects one broadcast per tensor, over a group that SGLang forms
-    itself through its own TCPStore rendezvous (init_weights_update_group),
-    while the learner's group broadcasts whole buckets over the store it
-    serves through WeightGroup.Store. Hence the receiver here and the
-    tensors handed over in process (for a GPU receiver, on the engine's
-    GPU: backend "nccl", device "cuda:N")."""
+    For SGLang's own update_weights_from_distributed (an SGLang server
+    included), see asympo_rl.sglang_distributed.SGLangDistributed; here
+    the tensors are handed over in process (for a GPU receiver, on the
+    engine's GPU: backend "nccl", device "cuda:N")."""
 
     def __init__(self, engine, receiver, pause_mode="abort"):
         _SGLang.__init__(self, pause_mode if hasattr(engine, "pause_generation") else None)
