@@ -176,6 +176,35 @@ def kill_mid_bucket(run, name, at_once):
     check_after(run, old, run.incarnation, held)
 
 
+def exit_after_give_up(run):
+    """The learner killed in the middle of a bucket and not started again:
+    once the worker has given that collective up (still pending in Gloo,
+    until its 60 s timeout), it is asked to stop, and exits cleanly before
+    that timeout (no thread of it is left inside the collective). It looks
+    at the stop file between long polls: a Join to a dead learner takes
+    its join_wait_ms (10 s) and a back-off."""
+    held = len(run.records())
+    stop_mid_bucket(run)
+    run.learner.send_signal(signal.SIGKILL)
+    run.learner.wait()
+    killed_at = time.time()
+    os.kill(run.worker.pid, signal.SIGCONT)
+    while len(run.records()) <= held and time.time() < killed_at + NOTICE_S + 10:
+        time.sleep(0.1)
+    check(len(run.records()) > held and run.records()[held]["group_failed"],
+          "the worker gave the collective up as the learner died")
+    open(run.stop_file, "w").close()
+    asked = time.time()
+    try:
+        run.worker.wait(timeout=45)
+    except subprocess.TimeoutExpired:
+        run.worker.kill()
+    check(run.worker.returncode == 0 and time.time() - killed_at < COLLECTIVE_TIMEOUT_S,
+          "asked to stop %.1f s after the kill, with the collective given up still pending, the worker "
+          "exited cleanly in %.1f s (exit status %s)" % (asked - killed_at, time.time() - asked,
+                                                         run.worker.returncode))
+
+
 def main():
     t_start = time.time()
     shutil.rmtree(WORK, ignore_errors=True)
@@ -188,9 +217,10 @@ def main():
                        "the worker received two versions of the first learner")
         kill_mid_bucket(run, "learner2", at_once=False)
         kill_mid_bucket(run, "learner3", at_once=True)
+        exit_after_give_up(run)
     finally:
         open(run.stop_file, "w").close()
-        if run.worker is not None:
+        if run.worker is not None and run.worker.poll() is None:
             os.kill(run.worker.pid, signal.SIGCONT)
             try:
                 run.worker.wait(timeout=30)

@@ -8,8 +8,8 @@ torch 1.13's Gloo, a broadcast of 2 GiB whose root is killed (SIGKILL)
 complete" (a root killed before it sends is seen at once). A worker would
 sit out the learner's restart for the weight group's collective timeout.
 
-So a member waits for each collective in slices of `probe_s` seconds (a
-thread of its own waits on it) and, between slices, asks the learner whether its generation still stands (a
+So a member waits for each collective in slices of `probe_s` seconds
+(polling it) and, between slices, asks the learner whether its generation still stands (a
 WeightGroup.Store CHECK of no key under its member token):
 
 - the learner answers: the member waits on;
@@ -23,7 +23,6 @@ collective is pending waits for that collective's timeout. It is dropped
 once the collective ends (at its timeout at the latest); one still
 pending when the process exits is left to the exit."""
 import ctypes
-import threading
 import time
 
 import grpc
@@ -76,22 +75,23 @@ class Watch:
     def wait(self, work):
         """Returns once `work` has completed. Raises its own error
         (RuntimeError) when it failed, LearnerGone when the learner ended
-        the generation or did not answer for unreachable_s. A thread of its
-        own waits on the work (Work.wait without a timeout, the same in
-        every torch version); this one wakes as it ends, or every probe_s."""
-        done, failed = threading.Event(), []
-
-        def waiter():
-            try:
-                work.wait()
-            except Exception as e:  # noqa: BLE001 - handed to the caller as it came
-                failed.append(e)
-            done.set()
-        threading.Thread(target=waiter, name="asympo-collective", daemon=True).start()
-        silent_since = None
-        while not done.wait(self.probe_s):
+        the generation or did not answer for unreachable_s. It polls
+        Work.is_completed (every 0.2 ms at first, at most every 5 ms) and
+        asks the learner every probe_s; no thread waits inside the
+        collective, so a process that gives one up and exits leaves no
+        thread blocked in it (one would abort the exit: "terminate called
+        without an active exception")."""
+        silent_since, pause = None, 0.0002
+        next_ask = time.monotonic() + self.probe_s
+        while not work.is_completed():
+            time.sleep(pause)
+            pause = min(pause * 2, 0.005)
+            now = time.monotonic()
+            if now < next_ask:
+                continue
             gone, silence = self._ask()
             now = time.monotonic()
+            next_ask = now + self.probe_s
             if gone is not None:
                 raise LearnerGone("the learner no longer counts this member in a generation: %s" % gone)
             if silence is None:
@@ -101,8 +101,7 @@ class Watch:
             elif now - silent_since >= self.unreachable_s:
                 raise LearnerGone("the learner has not answered for %.0f s (%s)"
                                   % (now - silent_since, silence), unreachable=True)
-        if failed:
-            raise failed[0]
+        work.wait()  # completed: returns at once, or raises its error
 
     def _ask(self):
         """One question. Returns (gone, silence): gone, the learner's

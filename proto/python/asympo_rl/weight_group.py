@@ -188,6 +188,9 @@ class WeightGroupReceiver:
         if self._current is not None:
             self._current._finish()
         self._leave()
+        # The held copy's buffers go now, while torch is whole: freed only
+        # at the interpreter's exit, they may outlive what they need.
+        self._base = None
         if self._own_channel:
             self._channel.close()
 
