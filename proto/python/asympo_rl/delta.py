@@ -73,7 +73,8 @@ def _record(delta, at, where):
 
 
 def apply(base, delta, out, where):
-    """Writes into `out` (a bytearray as long as `base`) the bucket that
+    """Writes into `out` (a writable buffer as long as `base`: a bytearray,
+    or numpy.empty(n, uint8), which spares the zeroing) the bucket that
     `delta` makes of `base`, and returns it. WeightsError naming `where`
     for a delta that does not fit, with `out` untouched."""
     covered, at, patches = 0, 0, []
@@ -85,9 +86,8 @@ def apply(base, delta, out, where):
         covered += words * word
     if covered != len(base) or len(out) != len(base):
         raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(base)))
-    out[:] = memoryview(base)  # bytes, a bytearray or a numpy array alike
+    dst = numpy.frombuffer(out, dtype=numpy.uint8)
+    dst[:] = numpy.frombuffer(base, dtype=numpy.uint8)  # bytes, a bytearray or a numpy array alike
     for start, word, positions, values in patches:
-        view = numpy.frombuffer(out, dtype=_WORD[word], count=(len(out) - start) // word,
-                                offset=start)
-        view[positions] = values
+        dst[start:start + (len(dst) - start) // word * word].view(_WORD[word])[positions] = values
     return out

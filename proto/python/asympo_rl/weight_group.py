@@ -31,7 +31,7 @@ when that fetch starts (NOT_FOUND: a newer one replaced it, or the
 learner restarted) is skipped: iterating its update raises WeightsError,
 and the engine, holding part of it, gets the next version whole.
 
-With deltas (the default with Gloo, where numpy is importable) the
+With deltas=True (and numpy importable) the
 receiver keeps the version the engine holds, bucket by bucket in host
 memory, and asks for deltas (GroupNextRequest.accepts_delta): when every
 member holds the version the learner's latest is a delta from, the group
@@ -39,8 +39,10 @@ broadcasts only what changed, and each bucket is rebuilt from the copy
 and checked against its CRC-32C before its tensors are yielded; one that
 does not rebuild comes over gRPC whole (fallbacks), like a bucket whose
 CRC does not match. That costs a copy of the model in host memory per
-worker, and with NCCL a copy to the host of each bucket received (off by
-default there).
+worker (and with NCCL a copy to the host of each bucket received), and
+the rebuild runs in numpy: off by default, as on loopback it costs more
+time than the bytes it saves (docs/benchmarks.md, "Delta versions over the
+weight group").
 
 Gloo does not see a learner that dies in the middle of a bucket (its
 receivers wait for the whole collective timeout): a Gloo member waits in
@@ -133,8 +135,7 @@ class WeightGroupReceiver:
         up when the learner ended it or has not answered for unreachable_s
         (asympo_rl.group_collective says why). deltas: keep the held
         version's buckets in host memory and receive versions as their
-        deltas when the group can (None: with Gloo, when numpy is
-        importable)."""
+        deltas when the group can (None: off; see the module's docstring)."""
         if backend not in ("gloo", "nccl"):
             raise ValueError("backend %r: gloo or nccl" % (backend,))
         if len(worker_id.encode()) > 128:
@@ -162,7 +163,7 @@ class WeightGroupReceiver:
         self.next_wait_ms = max(1, min(int(next_wait_ms), _MAX_POLL_MS))
         self.fetch_timeout, self.min_backoff, self.max_backoff = fetch_timeout, min_backoff, max_backoff
         self.probe_s, self.unreachable_s = probe_s, unreachable_s
-        self.deltas = (backend == "gloo" if deltas is None else bool(deltas)) and delta.available()
+        self.deltas = bool(deltas) and delta.available()
         self._base = None           # with deltas: the held version's buckets, on the host
         self._watch = None          # Gloo: waits for the collectives, asking the learner
         self.version, self.incarnation = held_version, held_incarnation

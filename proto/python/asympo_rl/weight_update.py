@@ -1,6 +1,7 @@
 """WeightUpdate: one version arriving over the learner's weight group,
 bucket by bucket, for WeightGroupReceiver (asympo_rl.weight_group), which
 drives the collectives and the gRPC fallback."""
+import numpy
 import torch
 
 from . import delta
@@ -151,14 +152,14 @@ class WeightUpdate:
         info = m.buckets[i]
         where = "version %d: bucket %d's delta against version %d" % (m.version, i, m.delta_base_version)
         host = buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
-        out = bytearray(info.size_bytes)
+        out = numpy.empty(info.size_bytes, dtype=numpy.uint8)  # not zeroed: apply writes it whole
         try:
             delta.apply(base[i], host, out, where)
         except WeightsError:
             return None
         if crc32c(out) != info.crc32c:
             return None
-        return torch.frombuffer(out, dtype=torch.uint8).to(self._receiver.device)
+        return torch.from_numpy(out).to(self._receiver.device)
     def _drain(self, start):
         """Receives (and drops) the broadcasts of buckets start.., while
         the group stands."""
