@@ -269,13 +269,13 @@ void WeightGroup::State::Broadcast() {
   try {
     for (const v1::BucketInfo& b : snapshot->manifest().buckets()) {
       const int index = static_cast<int>(b.index());
+      // The bucket's delta, or null where it goes whole (an empty delta).
       const std::string* d =
           delta ? &snapshot->delta->buckets[static_cast<size_t>(index)] : nullptr;
-      // A delta bucket, or the whole one; every rank skips an empty bucket.
-      const int64_t size = d != nullptr && !d->empty() ? static_cast<int64_t>(d->size())
-                                                       : static_cast<int64_t>(b.size_bytes());
-      if (size == 0) continue;
-      if (d != nullptr && !d->empty()) {
+      if (d != nullptr && d->empty()) d = nullptr;
+      const int64_t size = static_cast<int64_t>(d != nullptr ? d->size() : b.size_bytes());
+      if (size == 0) continue;  // every rank skips an empty bucket
+      if (d != nullptr) {
         std::string flipped;
         if (corrupt) {  // testing only
           flipped = *d;

@@ -176,13 +176,13 @@ class SGLangDistributed(_SGLang):
     async def _load(self, update):
         if self.pg is None:
             await self._open()
-        order = [(t.name, t) for b in range(len(update.manifest.buckets))
-                 for t in update.manifest.tensors if t.bucket == b]
+        order = update.tensor_order()  # the order _broadcast sends them in
         from .weight_update import _TORCH_DTYPES
-        dtypes = [str(_TORCH_DTYPES[t.dtype]).replace("torch.", "") for _, t in order]
-        reply, relay = self._in_thread("update_weights_from_distributed", names=[n for n, _ in order], dtypes=dtypes,
-                                       shapes=[list(t.shape) for _, t in order], group_name=self.group_name,
-                                       flush_cache=False, weight_version=str(update.version))
+        dtypes = [str(_TORCH_DTYPES[t.dtype]).replace("torch.", "") for t in order]
+        reply, relay = self._in_thread("update_weights_from_distributed", names=[t.name for t in order],
+                                       dtypes=dtypes, shapes=[list(t.shape) for t in order],
+                                       group_name=self.group_name, flush_cache=False,
+                                       weight_version=str(update.version))
         try:
             self._broadcast(update)
         except Exception as e:  # noqa: BLE001 - SGLang's side may have failed first: say both
@@ -247,15 +247,13 @@ class SGLangDistributed(_SGLang):
         await self._do("init_weights_update_group", lambda: reply.get("value"))
 
     def _drop(self):
-        """After a relay that broke off: both ends of the update group go,
+        """After a relay that broke off: both ends of the update group go
+        (close(), SGLang's errors ignored: it may be in trouble already),
         and the next load opens it again."""
-        if self.pg is not None:
-            try:
-                self.sgl.call("destroy_weights_update_group", group_name=self.group_name)
-            except Exception:  # noqa: BLE001 - best effort: SGLang may be in trouble already
-                pass
-            close_update_group(self.pg)
-            self.pg = None
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
 
 __all__ = ["SGLangDistributed", "open_update_group", "GROUP_NAME"]

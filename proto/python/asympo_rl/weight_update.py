@@ -48,6 +48,8 @@ class WeightUpdate:
         self.from_delta = delta_sizes is not None
         # The buckets' bytes on the host, kept as the base of the next delta.
         self.kept = [None] * len(manifest.buckets) if receiver.deltas else None
+        # The receiver's copy of the version a delta is from (None: none fits).
+        self._base = receiver._base_for(manifest) if self.from_delta else None
         self._layout = [[] for _ in manifest.buckets]
         for t in manifest.tensors:
             if t.bucket < len(self._layout):  # else check_manifest refuses it
@@ -65,6 +67,11 @@ class WeightUpdate:
     @property
     def incarnation(self):
         return self.manifest.incarnation
+
+    def tensor_order(self):
+        """The manifest's TensorInfo entries in the order iterating the
+        update yields their tensors (bucket by bucket)."""
+        return [t for entries in self._layout for t in entries]
 
     def close(self):
         """Ends the update now: receives (and drops) the broadcasts not
@@ -139,27 +146,27 @@ class WeightUpdate:
     def _keep(self, i, buf):
         """Bucket i's (name, tensor) pairs; with deltas, its bytes kept."""
         if self.kept is not None:
-            self.kept[i] = buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
+            self.kept[i] = buf.cpu().numpy()  # the buffer itself when it is on the CPU
         return _views(buf, self._layout[i])
 
     def _rebuild(self, i, buf):
         """Bucket i rebuilt from its delta `buf` and the receiver's copy of
         the base version, on the receiver's device, once its CRC-32C
         matches; None (the bucket then comes over gRPC) when it cannot be."""
-        m, base = self.manifest, self._receiver._base_for(self.manifest)
-        if base is None:
+        m = self.manifest
+        if self._base is None:
             return None
         info = m.buckets[i]
         where = "version %d: bucket %d's delta against version %d" % (m.version, i, m.delta_base_version)
-        host = buf.numpy() if buf.device.type == "cpu" else buf.cpu().numpy()
         out = numpy.empty(info.size_bytes, dtype=numpy.uint8)  # not zeroed: apply writes it whole
         try:
-            delta.apply(base[i], host, out, where)
+            delta.apply(self._base[i], buf.cpu().numpy(), out, where)
         except WeightsError:
             return None
         if crc32c(out) != info.crc32c:
             return None
         return torch.from_numpy(out).to(self._receiver.device)
+
     def _drain(self, start):
         """Receives (and drops) the broadcasts of buckets start.., while
         the group stands."""
