@@ -21,7 +21,8 @@ stand-in SGLang server (HTTP) with two tensor-parallel worker processes
 that join the update group at rank_offset + tp_rank over the TCPStore
 rendezvous, receive one broadcast per tensor in the order of `names` and
 hand them to load_weights; SGLangDistributed relays the group's versions
-into it: the calls in order, every tensor byte for byte, weight_version;
+into it: the update group forms while the relay's other threads run (the
+store's host holds no GIL while it waits), the calls in order, every tensor byte for byte, weight_version;
 an answer of success false fails the load (generation continued) and the
 next load goes through.
 
@@ -382,6 +383,37 @@ class SGLangStandIn:
             w.wait(timeout=30)
 
 
+def update_group_beside_threads():
+    """open_update_group waits for SGLang's ranks without holding the GIL:
+    the relay's other threads (the weight group's receiver, the HTTP call
+    that asks SGLang to join) run meanwhile. Here the other rank joins from
+    a thread of this process a second after rank 0 starts waiting."""
+    from torch.distributed import distributed_c10d as c10d
+    import torch.distributed as dist
+    port, got = free_port(), {}
+
+    def join():
+        time.sleep(1.0)
+        timeout = datetime.timedelta(seconds=30)
+        store, rank, size = next(c10d.rendezvous("tcp://127.0.0.1:%d" % port, 1, 2, timeout=timeout))
+        made = c10d._new_process_group_helper(size, rank, [], c10d.Backend("gloo"),
+                                              c10d.PrefixStore("g", store), group_name="g", timeout=timeout)
+        pg, t = made[0] if isinstance(made, tuple) else made, torch.zeros(4)
+        pg.broadcast([t], dist.BroadcastOptions()).wait()
+        got["t"] = t
+    joiner = threading.Thread(target=join, daemon=True)
+    t0 = time.time()
+    joiner.start()
+    pg = sglang_distributed.open_update_group("gloo", "127.0.0.1", port, 2, "g", 30)
+    formed = time.time() - t0
+    pg.broadcast([torch.arange(4.0)], dist.BroadcastOptions()).wait()
+    joiner.join(30)
+    sglang_distributed.close_update_group(pg)
+    check(formed < 10 and got.get("t") is not None and got["t"].tolist() == [0, 1, 2, 3],
+          "the update group formed in %.1f s with its other rank joining from a thread of this process "
+          "(rank 0 holds no lock while it waits), and a broadcast went through" % formed)
+
+
 def sglang_api(target, new_version):
     sgl = SGLangStandIn()
     receiver = asympo_rl.WeightGroupReceiver(target, "sglang-r", backend="gloo", next_wait_ms=500)
@@ -390,10 +422,11 @@ def sglang_api(target, new_version):
         new_version()
         v = adapter.load(timeout_s=60)
         snap = latest_over_grpc(target)
-        check(v == snap.version and sgl.calls == ["pause_generation", "init_weights_update_group",
+        check(v == snap.version and sgl.calls == ["init_weights_update_group", "pause_generation",
                                                   "update_weights_from_distributed", "flush_cache",
                                                   "continue_generation"] and sgl.versions == [str(v)],
-              "SGLang, first load: pause, init_weights_update_group (world 3), update_weights_from_distributed "
+              "SGLang, first load: init_weights_update_group (world 3) before the version is taken, pause, "
+              "update_weights_from_distributed "
               "(weight_version %s), flush_cache, continue: %s" % (sgl.versions, sgl.calls))
         check(all(sorted(map(tuple, loaded)) == tensors_of(snap) for loaded in sgl.loaded),
               "both SGLang workers received every tensor of version %d by broadcast, byte for byte" % v)
@@ -422,6 +455,7 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     with RunningLearner(LEARNER, FLAGS, os.path.join(WORK, "learner.log"), asympo_rl) as (target, new_version):
         vllm_api(target, new_version)
+        update_group_beside_threads()
         sglang_api(target, new_version)
     print("all engine API checks passed in %.1f s" % (time.time() - t0))
 

@@ -20,7 +20,8 @@ each bucket's CRC-32C checked, deltas where the group sends them) and rank
         version = adapter.load(timeout_s=60)   # pause, receive + relay, flush, continue
 
 The first load opens SGLang's group (init_weights_update_group, world size
-1 + the server's tensor-parallel size); each load then takes the group's
+1 + the server's tensor-parallel size) before it takes a version, so that
+the learner's broadcasts never wait on it; each load then takes the group's
 next version and calls update_weights_from_distributed(names, dtypes,
 shapes, group_name, flush_cache=False, weight_version) on a thread while
 this process broadcasts the version's tensors, bucket by bucket, then
@@ -48,11 +49,16 @@ def open_update_group(backend, master_address, master_port, world_size, group_na
     update group: a TCPStore rendezvous at tcp://master_address:master_port
     (rank 0 hosts the store), the keys under group_name, a process group of
     its own beside any default one."""
+    import torch.distributed as dist
     from torch.distributed import distributed_c10d as c10d
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, size = next(c10d.rendezvous("tcp://%s:%d" % (master_address, master_port), 0, world_size,
-                                             timeout=timeout))
-    store.set_timeout(timeout)
+    # The store c10d.rendezvous("tcp://...") would host, without its wait
+    # for the other ranks: torch 1.x holds the GIL through that wait, which
+    # stops every other thread of this process (the weight group's
+    # receiver, the call that asks SGLang to join) until it times out. The
+    # process group's own rendezvous below releases the GIL.
+    size, rank = world_size, 0
+    store = dist.TCPStore(master_address, master_port, world_size, True, timeout, wait_for_workers=False)
     store = c10d.PrefixStore(group_name, store)
     options = "backend_options" if "backend_options" in inspect.signature(c10d._new_process_group_helper).parameters \
         else "pg_options"
@@ -133,6 +139,9 @@ class SGLangDistributed(_SGLang):
         number, or None when none came within timeout_s. EngineError (after
         continuing generation) when SGLang refused it or the relay failed:
         the update group is then closed and opened again on the next load."""
+        if self.pg is None:  # before the version is taken: the learner's broadcasts never wait on it
+            self._awaiting, self._what = False, "the update group"
+            self._sync(self._open())
         update = self.receiver.next_update(timeout=timeout_s)
         if update is None:
             return None
@@ -174,8 +183,6 @@ class SGLangDistributed(_SGLang):
         return self.tp_size
 
     async def _load(self, update):
-        if self.pg is None:
-            await self._open()
         order = update.tensor_order()  # the order _broadcast sends them in
         from .weight_update import _TORCH_DTYPES
         dtypes = [str(_TORCH_DTYPES[t.dtype]).replace("torch.", "") for t in order]
