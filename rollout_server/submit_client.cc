@@ -168,7 +168,18 @@ void SubmitClient::Loop() {
       if (o == Outcome::kRetry) continue;
     }
     std::optional<v1::RolloutBatch> batch = TakeBatch();
-    if (batch.has_value()) Send(*std::move(batch));
+    if (batch.has_value()) {
+      Send(*std::move(batch));
+    } else if (channel_->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+      // Nothing to send (no snapshot loaded yet, or generation paused) and
+      // the connection is gone: read the learner's status again rather than
+      // wait for a batch to fail, so that a dead learner is noticed (and
+      // counted) while idle too.
+      VLOG(1) << "the connection to the learner at " << options_.learner_address
+              << " went away while there was nothing to send; reconnecting";
+      connected_ = false;
+      metrics_->connected.Set(0);
+    }
   }
   absl::MutexLock lock(&mu_);
   const int64_t left = static_cast<int64_t>(buffer_.size()) + in_flight_;  // in_flight_: retry_

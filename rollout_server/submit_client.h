@@ -2,7 +2,7 @@
 // a thread that sends them to the learner (Learner.Submit) in batches.
 //
 // - Connection: it reads GetStatus first (and again after a failed
-//   batch). check_status may refuse the learner's status for good (a
+//   batch, or when the connection drops while it has nothing to send). check_status may refuse the learner's status for good (a
 //   configuration the learner can never accept, such as another group size
 //   bound); the client then stops and Finish() returns that error.
 // - Answers: what each refusal means is decided by the one Submit retry

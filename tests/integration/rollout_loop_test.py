@@ -9,6 +9,8 @@ argument):
              rollout unaffected; restarted, it catches up to the latest version
   restart    the learner restarted from its checkpoint is rejoined by the
              rollouts, which follow its restored version and train on
+  idle       a rollout with nothing to send yet (its first snapshot still
+             arriving) notices that the learner died and counts its retries
 
     python3 rollout_loop_test.py SCENARIO LEARNER_BINARY ROLLOUT_BINARY WORK_DIR
 Exit 0 on success, 1 on a failed check.
@@ -96,6 +98,14 @@ class Cluster:
             return True
         except OSError:
             return False
+
+    def loaded(self, i):
+        """Whether rollout i samples with a snapshot it loaded (its weight
+        version reads 0 before any)."""
+        return any(k.startswith("asympo_rollout_weights_info") for k in self.rollout(i))
+
+    def submit_errors(self, i):
+        return sum(v for k, v in self.rollout(i).items() if k.startswith("asympo_rollout_submit_errors_total"))
 
     def version(self):
         return int(self.learner().get("asympo_learner_version", -1))
@@ -209,7 +219,7 @@ def scenario_kill(c):
                      "--weight_deltas=false"])
     c.start_rollout(0)
     c.start_rollout(1)
-    wait_for("both rollouts load a snapshot", lambda: c.rollout_version(0) >= 0 and c.rollout_version(1) >= 0)
+    wait_for("both rollouts load a snapshot", lambda: c.loaded(0) and c.loaded(1))
     # Both have groups accepted: a rollout that started before the learner
     # listened may still be backing off when the learner trains its steps.
     wait_for("both rollouts send groups",
@@ -243,18 +253,19 @@ def scenario_restart(c):
     c.start_learner()
     c.start_rollout(0)
     c.start_rollout(1)
+    # Both send groups before the kill (the rest of the scenario is about
+    # rollouts that were training the learner).
+    wait_for("both rollouts send groups",
+             lambda: all(c.rollout(i).get("asympo_rollout_groups_sent_total", 0) > 0 for i in (0, 1)))
     wait_for("the learner trains 5 steps", lambda: c.version() >= 5)
     check(c.stop("learner", signal.SIGKILL) == -signal.SIGKILL, "learner killed with SIGKILL")
     wait_for("the rollouts notice the learner is gone",
              lambda: all(c.rollout(i).get("asympo_rollout_learner_connected", 1) == 0 or
                          c.rollout(i).get("asympo_rollout_weight_connected", 1) == 0 for i in (0, 1)), timeout=30)
     # The rollouts go on retrying against the dead learner before it returns.
-    def submit_errors(i):
-        return sum(v for k, v in c.rollout(i).items()
-                   if k.startswith("asympo_rollout_submit_errors_total"))
-    errors = [submit_errors(i) for i in (0, 1)]
+    errors = [c.submit_errors(i) for i in (0, 1)]
     wait_for("both rollouts retry while the learner is away",
-             lambda: all(submit_errors(i) > errors[i] for i in (0, 1)), timeout=30)
+             lambda: all(c.submit_errors(i) > errors[i] for i in (0, 1)), timeout=30)
     c.start_learner(c.learner_args)
     restored = wait_for("the restarted learner serves metrics", lambda: c.learner().get("asympo_learner_version"))
     restored = int(restored)
@@ -269,6 +280,26 @@ def scenario_restart(c):
     c.stop_all()
 
 
+def scenario_idle(c):
+    # Small, slow chunks: the first snapshot takes many seconds to arrive, and
+    # until it does the rollout generates nothing and has nothing to send.
+    c.start_learner(["--broadcast_chunk_kb=16", "--fault_broadcast_chunk_delay=100ms"])
+    c.start_rollout(0)
+    wait_for("the rollout's submit client reads the learner's status",
+             lambda: c.rollout(0).get("asympo_rollout_learner_connected", 0) == 1)
+    wait_for("its first snapshot is arriving",
+             lambda: c.rollout(0).get("asympo_rollout_weight_fetch_bytes_total", 0) > 0, poll=0.02)
+    check(not c.loaded(0) and c.rollout(0).get("asympo_rollout_groups_sent_total", 0) == 0,
+          "it has loaded no snapshot and sent no group")
+    check(c.stop("learner", signal.SIGKILL) == -signal.SIGKILL, "learner killed with SIGKILL")
+    wait_for("the idle rollout notices the learner is gone (asympo_rollout_learner_connected 0)",
+             lambda: c.rollout(0).get("asympo_rollout_learner_connected", 1) == 0, timeout=15)
+    errors = c.submit_errors(0)
+    wait_for("and counts its attempts to reach it (asympo_rollout_submit_errors_total)",
+             lambda: c.submit_errors(0) > errors, timeout=15)
+    c.stop_all()
+
+
 def main():
     scenario, learner_bin, rollout_bin, work = sys.argv[1:5]
     work = os.path.join(work, scenario)
@@ -277,7 +308,7 @@ def main():
     c = Cluster(learner_bin, rollout_bin, work)
     try:
         {"train": scenario_train, "corrupt": scenario_corrupt, "kill": scenario_kill,
-         "restart": scenario_restart}[scenario](c)
+         "restart": scenario_restart, "idle": scenario_idle}[scenario](c)
     except SystemExit as e:
         for name in sorted(os.listdir(work)):
             if name.endswith(".log"):
