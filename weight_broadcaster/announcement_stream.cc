@@ -25,7 +25,7 @@ void AnnouncementStream::OnReadInitialMetadataDone(bool ok) {
 
 void AnnouncementStream::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
-  callbacks_.announced(std::move(*message_.mutable_manifest()));
+  callbacks_.announced(std::move(message_));
   message_.Clear();
   StartRead(&message_);
 }

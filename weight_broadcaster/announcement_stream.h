@@ -1,5 +1,5 @@
 // The receiver's end of Subscribe: a gRPC client read reactor that hands
-// each announced manifest to a callback. The callbacks run on gRPC's
+// each announcement to a callback. The callbacks run on gRPC's
 // threads and must not block.
 //
 // Lifetime: the owner keeps the stream alive until `done` has been called;
@@ -23,7 +23,7 @@ class AnnouncementStream final : public grpc::ClientReadReactor<v1::SnapshotAnno
     // kSubscribedMetadataKey).
     std::function<void()> subscribed;
     // A new version was announced.
-    std::function<void(v1::SnapshotManifest)> announced;
+    std::function<void(v1::SnapshotAnnouncement)> announced;
     // The stream ended (last call).
     std::function<void(const grpc::Status&)> done;
   };

@@ -36,7 +36,13 @@ SenderMetrics::SenderMetrics(prometheus::Registry& r)
                               "Oldest version a subscribed receiver samples with (0 when none).")),
       transfer_seconds(
           AddSecondsHistogram(r, "asympo_broadcast_transfer_seconds",
-                              "Duration of each FetchSnapshot stream that sent every chunk.")) {}
+                              "Duration of each FetchSnapshot stream that sent every chunk.")),
+      nccl_bytes(AddCounter(r, "asympo_broadcast_nccl_bytes_total",
+                            "Bytes rank 0 broadcast over the NCCL transport (buckets and "
+                            "deltas).")),
+      nccl_delta_versions(AddCounter(r, "asympo_broadcast_nccl_delta_versions_total",
+                                     "Versions broadcast over NCCL as deltas against the "
+                                     "version broadcast before.")) {}
 
 InfoGauge::InfoGauge(prometheus::Registry& r, const std::string& name, const std::string& help)
     : family_(prometheus::BuildGauge().Name(name).Help(help).Register(r)) {}

@@ -55,7 +55,9 @@ struct SenderMetrics {
   prometheus::Gauge& receivers;   // subscribed receivers
   prometheus::Gauge& versions_in_use;
   prometheus::Gauge& oldest_version;
-  prometheus::Histogram& transfer_seconds;  // each completed FetchSnapshot stream
+  prometheus::Histogram& transfer_seconds;   // each completed FetchSnapshot stream
+  prometheus::Counter& nccl_bytes;           // broadcast by rank 0, buckets and deltas
+  prometheus::Counter& nccl_delta_versions;  // versions broadcast as deltas
 };
 
 struct ReceiverMetrics {

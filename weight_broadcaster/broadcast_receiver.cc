@@ -49,10 +49,10 @@ struct ReceiverState {
     SetConnected(true);
     cv.SignalAll();
   }
-  void Announced(v1::SnapshotManifest manifest) {
+  void Announced(v1::SnapshotAnnouncement a) {
     absl::MutexLock lock(&mu);
-    latest_announced = manifest.version();
-    announced = std::move(manifest);
+    latest_announced = a.manifest().version();
+    announced = std::move(a);
     cv.SignalAll();
   }
   void StreamDone(const grpc::Status& s) {
@@ -68,7 +68,7 @@ struct ReceiverState {
   // Subscribes and handles announcements until the stream ends or Stop.
   // Returns whether the stream was ever accepted.
   bool RunSession(const v1::RegisterResponse& registration);
-  void HandleAnnouncement(const v1::SnapshotManifest& manifest);
+  void HandleAnnouncement(const v1::SnapshotAnnouncement& a);
   // Whether the snapshot `m` announces is worth having, given what is held.
   bool Wanted(const v1::SnapshotManifest& m);
   // A verified snapshot becomes the pending one.
@@ -135,7 +135,7 @@ struct ReceiverState {
   bool session_connected ABSL_GUARDED_BY(mu) = false;
   bool stream_done ABSL_GUARDED_BY(mu) = false;
   bool first_in_session ABSL_GUARDED_BY(mu) = true;
-  std::optional<v1::SnapshotManifest> announced ABSL_GUARDED_BY(mu);  // newest not yet handled
+  std::optional<v1::SnapshotAnnouncement> announced ABSL_GUARDED_BY(mu);  // newest not yet handled
   uint64_t latest_announced ABSL_GUARDED_BY(mu) = 0;
   std::optional<uint64_t> held_version ABSL_GUARDED_BY(mu);  // newest verified snapshot
   // Its incarnation, buckets (size, CRC-32C) and digest: a version names
@@ -188,7 +188,10 @@ void ReceiverState::Run() {
 absl::StatusOr<v1::RegisterResponse> ReceiverState::Register() {
   v1::RegisterRequest request;
   request.set_receiver_id(options.receiver_id);
-  if (options.prefer_nccl) request.add_transports(v1::TRANSPORT_NCCL);
+  if (options.prefer_nccl) {
+    request.add_transports(v1::TRANSPORT_NCCL);
+    request.set_nccl_deltas(options.deltas);
+  }
   request.add_transports(v1::TRANSPORT_GRPC);
   request.set_model_signature(options.model_signature);
   {
@@ -225,7 +228,7 @@ bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
   // the newest one it has not handled yet.
   AnnouncementStream stream(
       stub.get(),
-      {[this] { Subscribed(); }, [this](v1::SnapshotManifest m) { Announced(std::move(m)); },
+      {[this] { Subscribed(); }, [this](v1::SnapshotAnnouncement a) { Announced(std::move(a)); },
        [this](const grpc::Status& s) { StreamDone(s); }});
   {
     absl::MutexLock lock(&mu);
@@ -241,15 +244,15 @@ bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
   stream.Start(id);
   if (registration.transport() == v1::TRANSPORT_NCCL) JoinNccl(registration);
   while (true) {
-    v1::SnapshotManifest manifest;
+    v1::SnapshotAnnouncement a;
     {
       absl::MutexLock lock(&mu);
       while (!stop && !stream_done && !announced.has_value()) cv.Wait(&mu);
       if (stop || stream_done) break;
-      manifest = std::move(*announced);
+      a = std::move(*announced);
       announced.reset();
     }
-    HandleAnnouncement(manifest);
+    HandleAnnouncement(a);
   }
   DropNccl();
   reporter.SetSession("");
@@ -262,8 +265,9 @@ bool ReceiverState::RunSession(const v1::RegisterResponse& registration) {
 }
 
 void ReceiverState::JoinNccl(const v1::RegisterResponse& registration) {
-  absl::StatusOr<std::unique_ptr<NcclSnapshotTransport>> joined = NcclSnapshotTransport::Join(
-      registration, options.nccl_device, options.nccl, options.model_signature);
+  absl::StatusOr<std::unique_ptr<NcclSnapshotTransport>> joined =
+      NcclSnapshotTransport::Join(registration, options.nccl_device, options.nccl,
+                                  options.model_signature, metrics.delta_versions);
   if (!joined.ok()) {
     if (!Stopping()) {
       TransferFailed(absl::StrCat("joining the NCCL communicator failed (weights come over gRPC): ",
@@ -335,7 +339,8 @@ void ReceiverState::Accept(std::shared_ptr<ReceivedSnapshot> snapshot, double se
   cv.SignalAll();
 }
 
-void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
+void ReceiverState::HandleAnnouncement(const v1::SnapshotAnnouncement& a) {
+  const v1::SnapshotManifest& manifest = a.manifest();
   const uint64_t version = manifest.version();
   const bool wanted = Wanted(manifest);
   const auto t0 = std::chrono::steady_clock::now();
@@ -348,7 +353,7 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
     // Every announced version is broadcast to every rank: it takes part even
     // when the version is not wanted.
     absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> received =
-        nccl_transport->Receive(manifest, wanted, held);
+        nccl_transport->Receive(a, wanted, held);
     if (received.ok() || nccl_transport->usable()) {
       absl::MutexLock lock(&mu);
       ++nccl_versions;  // every broadcast took place
@@ -359,14 +364,24 @@ void ReceiverState::HandleAnnouncement(const v1::SnapshotManifest& manifest) {
     }
     if (Stopping()) return;
     const bool dead = !nccl_transport->usable();
-    TransferFailed(absl::StrCat("NCCL broadcast of version ", version, " failed",
-                                dead ? " (weights now come over gRPC)" : "", ": ",
-                                received.status().message()));
-    if (!dead) return;
-    DropNccl();
+    if (!dead && nccl_transport->delta_failed()) {
+      // The broadcast carried deltas this receiver could not rebuild the
+      // version from (no base, or a corrupt delta): the whole version over
+      // gRPC, at once.
+      metrics.delta_fallbacks.Increment();
+      LOG(WARNING) << "NCCL broadcast of version " << version << ": " << received.status().message()
+                   << "; fetching it whole over gRPC";
+      held = nullptr;
+    } else {
+      TransferFailed(absl::StrCat("NCCL broadcast of version ", version, " failed",
+                                  dead ? " (weights now come over gRPC)" : "", ": ",
+                                  received.status().message()));
+      if (!dead) return;
+      DropNccl();
+    }
   }
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> fetched =
-      grpc_transport->Receive(manifest, wanted, held);
+      grpc_transport->Receive(a, wanted, held);
   if (fetched.ok()) {
     if (*fetched != nullptr) Accept(*std::move(fetched), SecondsSince(t0));
     return;

@@ -125,6 +125,11 @@ int64_t BroadcastSender::nccl_versions_sent() const {
   return state_->nccl_versions;
 }
 
+int64_t BroadcastSender::nccl_delta_versions_sent() const {
+  absl::MutexLock lock(&state_->mu);
+  return state_->nccl_delta_versions;
+}
+
 std::vector<std::pair<std::string, uint64_t>> BroadcastSender::receiver_versions() const {
   absl::MutexLock lock(&state_->mu);
   std::vector<std::pair<std::string, uint64_t>> out;
@@ -190,7 +195,7 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal, const std
     if (status.ok()) {
       SenderState::Session& session =
           CreateSessionLocked(st, request, principal, share_key, response);
-      if (wants_nccl && internal::AssignNcclRankLocked(st, session) > 0) {
+      if (wants_nccl && internal::AssignNcclRankLocked(st, session, request.nccl_deltas()) > 0) {
         transport = v1::TRANSPORT_NCCL;
         response->set_nccl_unique_id(st.nccl_unique_id);
         response->set_nccl_rank(session.nccl_rank);

@@ -117,7 +117,8 @@ struct BroadcastSenderOptions {
   // Fault injection, for tests and drills only: flip one byte of the first
   // chunk sent for each of these versions (after the checksum was taken), or
   // the last byte of the first bucket sent as a delta of each of the second
-  // list, and sleep this long before each chunk.
+  // list (in a fetch, or in the NCCL broadcast), and sleep this long before
+  // each chunk.
   std::vector<uint64_t> corrupt_versions;
   std::vector<uint64_t> corrupt_delta_versions;
   absl::Duration chunk_delay = absl::ZeroDuration();
@@ -174,10 +175,11 @@ class BroadcastSender final : public WeightBroadcastServiceBase {
   // Version each registered receiver last reported (at Register or with
   // ReportVersion), sorted by receiver id.
   std::vector<std::pair<std::string, uint64_t>> receiver_versions() const;
-  // NCCL: whether the communicator is up and in use, and how many versions
-  // it has broadcast.
+  // NCCL: whether the communicator is up and in use, how many versions it
+  // has broadcast, and how many of those as deltas.
   bool nccl_active() const;
   int64_t nccl_versions_sent() const;
+  int64_t nccl_delta_versions_sent() const;
 
   // WeightBroadcast, raw: requests and replies are the serialized messages
   // of proto/asympo/v1/weight_broadcast.proto. Register: INVALID_ARGUMENT

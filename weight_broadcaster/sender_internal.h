@@ -87,8 +87,11 @@ struct SenderState {
   std::string nccl_unique_id;  // set before nccl_thread starts
   NcclPhase nccl_phase ABSL_GUARDED_BY(mu) = NcclPhase::kOff;
   std::vector<std::string> nccl_receivers ABSL_GUARDED_BY(mu);  // [r - 1]: rank r's receiver
-  NcclBroadcaster* nccl_comm ABSL_GUARDED_BY(mu) = nullptr;     // while running, for Cancel
+  // [r - 1]: whether rank r's receiver registered (last) with nccl_deltas.
+  std::vector<bool> nccl_rank_deltas ABSL_GUARDED_BY(mu);
+  NcclBroadcaster* nccl_comm ABSL_GUARDED_BY(mu) = nullptr;  // while running, for Cancel
   int64_t nccl_versions ABSL_GUARDED_BY(mu) = 0;
+  int64_t nccl_delta_versions ABSL_GUARDED_BY(mu) = 0;
   absl::CondVar nccl_cv;  // with mu: registrations, publishes, shutdown
   std::thread nccl_thread;
 
@@ -140,10 +143,11 @@ class SubscribeReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer>
 // makes the unique id and starts st.nccl_thread (or logs why not and leaves
 // the phase kOff). AssignNcclRankLocked: gives `session` an NCCL rank while
 // ranks are being handed out (its receiver's earlier rank if it registers
-// again, else the next free one); returns the rank, or 0 (gRPC).
+// again, else the next free one), noting whether that receiver takes
+// deltas; returns the rank, or 0 (gRPC).
 // CancelNcclLocked: aborts a broadcast in progress (Shutdown).
 void StartNccl(SenderState& st);
-int AssignNcclRankLocked(SenderState& st, SenderState::Session& session)
+int AssignNcclRankLocked(SenderState& st, SenderState::Session& session, bool deltas)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 void CancelNcclLocked(SenderState& st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu);
 

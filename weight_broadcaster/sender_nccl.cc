@@ -63,6 +63,88 @@ absl::Status WaitForNcclRanksLocked(SenderState& st, absl::Time deadline)
   return absl::CancelledError("shutting down");
 }
 
+// What the NCCL ranks are announced for `snapshot`: its own announcement,
+// or a copy with the sizes of its bucket deltas when it goes as deltas. It
+// does when its delta is from `sent`, the version broadcast just before
+// over this communicator (every rank took part in it), and every rank's
+// receiver takes deltas. A rank that holds no verified base anyway (its
+// checksum failed) fetches the version whole over gRPC.
+std::shared_ptr<const v1::SnapshotAnnouncement> NcclAnnouncementLocked(
+    const SenderState& st, const Snapshot& snapshot, const std::optional<uint64_t>& sent)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(st.mu) {
+  const v1::SnapshotManifest& m = snapshot.manifest();
+  const bool all_take_deltas =
+      std::all_of(st.nccl_rank_deltas.begin(), st.nccl_rank_deltas.end(), [](bool d) { return d; });
+  if (snapshot.delta == nullptr || !m.has_delta_base() || !sent.has_value() ||
+      *sent != m.delta_base_version() || !all_take_deltas) {
+    return snapshot.announcement;
+  }
+  auto a = std::make_shared<v1::SnapshotAnnouncement>(*snapshot.announcement);
+  for (const std::string& d : snapshot.delta->buckets) a->add_nccl_delta_bytes(d.size());
+  return a;
+}
+
+// Waits for a snapshot other than `sent` and for every rank's session to
+// be subscribed, then announces it to the ranks. Null at shutdown; an
+// error when a rank is missing.
+absl::StatusOr<std::shared_ptr<const Snapshot>> AnnounceNext(
+    SenderState& st, const std::optional<uint64_t>& sent,
+    std::shared_ptr<const v1::SnapshotAnnouncement>* announced) {
+  absl::MutexLock lock(&st.mu);
+  std::shared_ptr<const Snapshot> snapshot;
+  // The store's reader signals nccl_cv on every publish.
+  while (!st.shut_down && ((snapshot = st.store.latest()) == nullptr ||
+                           (sent.has_value() && snapshot->version() == *sent))) {
+    st.nccl_cv.Wait(&st.mu);
+  }
+  if (st.shut_down) return nullptr;
+  const absl::Status ready = WaitForNcclRanksLocked(st, absl::Now() + st.options.nccl.timeout);
+  if (st.shut_down) return nullptr;
+  if (!ready.ok()) return ready;
+  *announced = NcclAnnouncementLocked(st, *snapshot, sent);
+  for (auto& [id, s] : st.sessions) {
+    if (s.nccl_rank > 0 && s.stream != nullptr) s.stream->Offer(*announced);
+  }
+  return snapshot;
+}
+
+// Broadcasts `snapshot`'s buckets in manifest order: each bucket's delta
+// where `announced` gives its size, else the bucket, from GPU memory when
+// the learner gave the buckets there (no host round trip), else from the
+// host buckets through NCCL's staging. Returns the bytes broadcast.
+absl::StatusOr<uint64_t> BroadcastVersion(const SenderState& st, NcclBroadcaster& comm,
+                                          const Snapshot& snapshot,
+                                          const v1::SnapshotAnnouncement& announced) {
+  const v1::SnapshotManifest& m = snapshot.manifest();
+  const bool delta = announced.nccl_delta_bytes_size() > 0;
+  bool corrupt = delta && st.corrupt_delta_versions.contains(snapshot.version());
+  uint64_t bytes = 0;
+  for (int b = 0; b < m.buckets_size(); ++b) {
+    const uint64_t size = m.buckets(b).size_bytes();
+    if (size == 0) continue;  // every rank skips empty buckets
+    absl::Status status;
+    if (delta && announced.nccl_delta_bytes(b) > 0) {
+      std::string d = snapshot.delta->buckets[static_cast<size_t>(b)];
+      if (corrupt) {  // fault injection: the first delta bucket's last byte
+        d.back() = static_cast<char>(d.back() ^ 0x5A);
+        corrupt = false;
+      }
+      status = comm.Broadcast(d.data(), d.size());
+      bytes += d.size();
+    } else {
+      const void* on_device = snapshot.device_bucket(b);
+      status = on_device == nullptr ? comm.Broadcast(snapshot.bucket(b), size)
+                                    : comm.BroadcastFromDevice(on_device, size);
+      bytes += size;
+    }
+    if (!status.ok()) {
+      return absl::Status(status.code(), absl::StrCat("broadcast of version ", snapshot.version(),
+                                                      ": ", status.message()));
+    }
+  }
+  return bytes;
+}
+
 // Rank 0: waits for the ranks, joins the communicator, then announces and
 // broadcasts the latest snapshot whenever it changes, one at a time.
 void NcclLoop(SenderState& st) {
@@ -92,49 +174,24 @@ void NcclLoop(SenderState& st) {
             << " bytes per collective";
   std::optional<uint64_t> sent;
   while (true) {
-    std::shared_ptr<const Snapshot> snapshot;
-    absl::Status ready;
-    {
-      absl::MutexLock lock(&st.mu);
-      // The store's reader signals nccl_cv on every publish.
-      while (!st.shut_down && ((snapshot = st.store.latest()) == nullptr ||
-                               (sent.has_value() && snapshot->version() == *sent))) {
-        st.nccl_cv.Wait(&st.mu);
-      }
-      if (st.shut_down) break;
-      ready = WaitForNcclRanksLocked(st, absl::Now() + st.options.nccl.timeout);
-      if (st.shut_down) break;
-      if (ready.ok()) {
-        for (auto& [id, s] : st.sessions) {
-          if (s.nccl_rank > 0 && s.stream != nullptr) s.stream->Offer(snapshot->announcement);
-        }
-      }
-    }
-    if (!ready.ok()) {
-      NcclFail(st, ready);
+    std::shared_ptr<const v1::SnapshotAnnouncement> announced;
+    absl::StatusOr<std::shared_ptr<const Snapshot>> snapshot = AnnounceNext(st, sent, &announced);
+    if (snapshot.ok() && *snapshot == nullptr) break;  // shutting down
+    absl::StatusOr<uint64_t> bytes =
+        snapshot.ok() ? BroadcastVersion(st, *comm, **snapshot, *announced) : snapshot.status();
+    if (!bytes.ok()) {
+      NcclFail(st, bytes.status());
       return;
     }
-    const v1::SnapshotManifest& m = snapshot->manifest();
-    absl::Status status;
-    for (int b = 0; b < m.buckets_size() && status.ok(); ++b) {
-      const uint64_t size = m.buckets(b).size_bytes();
-      if (size == 0) continue;  // every rank skips empty buckets
-      // From GPU memory when the learner gave the buckets there (no host
-      // round trip); else from the host buckets through NCCL's staging.
-      const void* on_device = snapshot->device_bucket(b);
-      status = on_device == nullptr ? comm->Broadcast(snapshot->bucket(b), size)
-                                    : comm->BroadcastFromDevice(on_device, size);
-    }
-    if (!status.ok()) {
-      NcclFail(
-          st, absl::Status(status.code(), absl::StrCat("broadcast of version ", snapshot->version(),
-                                                       ": ", status.message())));
-      return;
-    }
-    sent = snapshot->version();
+    sent = (*snapshot)->version();
+    const bool delta = announced->nccl_delta_bytes_size() > 0;
+    st.metrics.nccl_bytes.Increment(static_cast<double>(*bytes));
+    if (delta) st.metrics.nccl_delta_versions.Increment();
     absl::MutexLock lock(&st.mu);
     ++st.nccl_versions;
-    VLOG(1) << "broadcast version " << *sent << " over NCCL";
+    if (delta) ++st.nccl_delta_versions;
+    VLOG(1) << "broadcast version " << *sent << " over NCCL (" << *bytes << " bytes"
+            << (delta ? ", as deltas)" : ")");
   }
   absl::MutexLock lock(&st.mu);
   st.nccl_comm = nullptr;
@@ -142,16 +199,18 @@ void NcclLoop(SenderState& st) {
 
 }  // namespace
 
-int AssignNcclRankLocked(SenderState& st, SenderState::Session& session) {
+int AssignNcclRankLocked(SenderState& st, SenderState::Session& session, bool deltas) {
   if (st.nccl_phase != SenderState::NcclPhase::kCollecting) return 0;
   auto it = std::find(st.nccl_receivers.begin(), st.nccl_receivers.end(), session.receiver_id);
   if (it == st.nccl_receivers.end()) {
     if (static_cast<int>(st.nccl_receivers.size()) + 1 >= st.options.nccl_world_size) return 0;
     st.nccl_receivers.push_back(session.receiver_id);
+    st.nccl_rank_deltas.push_back(deltas);
     it = st.nccl_receivers.end() - 1;
     st.nccl_cv.SignalAll();
   }
   session.nccl_rank = static_cast<int>(it - st.nccl_receivers.begin()) + 1;
+  st.nccl_rank_deltas[static_cast<size_t>(session.nccl_rank - 1)] = deltas;
   return session.nccl_rank;
 }
 

@@ -6,14 +6,17 @@
 // the receiver rebuilds each bucket and checks the manifest's CRC-32C.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "asympo/v1/weight_broadcast.pb.h"
+#include "weight_broadcaster/delta_codec.h"
 
 namespace asympo::broadcast {
 
@@ -27,6 +30,18 @@ inline constexpr size_t kDeltaPieceBytes = size_t{1} << 20;
 // (docs/benchmarks.md, "Delta versions through the weight broadcaster").
 inline constexpr double kMaxDeltaDensity = 0.25;
 inline constexpr size_t kDeltaSampleEvery = 8;
+
+// The longest delta a receiver accepts for a bucket of `bucket_bytes`: a
+// longer one than the bucket plus a record header per piece saves nothing.
+inline uint64_t MostDeltaBytes(uint64_t bucket_bytes) {
+  return bucket_bytes + (bucket_bytes / kDeltaPieceBytes + 1) * kDeltaHeaderBytes;
+}
+
+// Threads that rebuild a received bucket from its delta (records side by
+// side).
+inline int DeltaApplyThreads() {
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
+}
 
 struct SnapshotDelta {
   uint64_t base_version = 0;

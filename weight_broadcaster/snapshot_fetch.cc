@@ -1,7 +1,5 @@
 #include "weight_broadcaster/snapshot_fetch.h"
 
-#include <algorithm>
-#include <thread>
 #include <utility>
 
 #include <glog/logging.h>
@@ -19,11 +17,6 @@
 namespace asympo::broadcast {
 
 namespace {
-
-// Threads that rebuild a bucket from its delta (records side by side).
-int ApplyThreads() {
-  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 4u));
-}
 
 // What one fetch has received, bucket by bucket: each bucket whole (into
 // the snapshot, checksummed on the way) or as a delta (into a buffer of its
@@ -77,7 +70,7 @@ class Reception {
         absl::Status s =
             ApplyDeltaPieces(reinterpret_cast<const uint8_t*>(base_->buckets[b].data()), delta_[b],
                              reinterpret_cast<uint8_t*>(out_->buckets[b].data()),
-                             out_->buckets[b].size(), ApplyThreads(), &crc_[b]);
+                             out_->buckets[b].size(), DeltaApplyThreads(), &crc_[b]);
         std::string().swap(delta_[b]);
         if (!s.ok()) {
           *delta_failed = true;
@@ -108,8 +101,7 @@ class Reception {
     if (kind_[b] == Kind::kUnknown) {
       if (kind == Kind::kDelta) {
         const uint64_t size = out_->buckets[b].size();
-        // A delta longer than the bucket plus a header per record saves nothing.
-        const uint64_t most = size + (size / kDeltaPieceBytes + 1) * kDeltaHeaderBytes;
+        const uint64_t most = MostDeltaBytes(size);
         if (base_ == nullptr || delta_bytes > most) {
           return absl::DataLossError(absl::StrCat(
               "bucket ", b, " came as a delta of ", delta_bytes, " bytes",
@@ -248,9 +240,10 @@ GrpcSnapshotTransport::GrpcSnapshotTransport(SnapshotFetcher* fetcher, std::stri
       delta_fallbacks_(delta_fallbacks) {}
 
 absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> GrpcSnapshotTransport::Receive(
-    const v1::SnapshotManifest& manifest, bool wanted,
+    const v1::SnapshotAnnouncement& announcement, bool wanted,
     const std::shared_ptr<const ReceivedSnapshot>& base) {
   if (!wanted) return nullptr;
+  const v1::SnapshotManifest& manifest = announcement.manifest();
   bool delta_failed = false;
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> snapshot =
       FetchOnce(manifest, base.get(), &delta_failed);

@@ -95,7 +95,7 @@ class GrpcSnapshotTransport final : public SnapshotTransport {
   // followed at once by a fetch of the whole version (counted in
   // delta_fallbacks).
   absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(
-      const v1::SnapshotManifest& manifest, bool wanted,
+      const v1::SnapshotAnnouncement& announcement, bool wanted,
       const std::shared_ptr<const ReceivedSnapshot>& base) override;
   // A failed fetch does not hurt the next one.
   bool usable() const override { return true; }

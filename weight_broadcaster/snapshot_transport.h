@@ -36,17 +36,18 @@ class SnapshotTransport {
   // "grpc" or "nccl", for logs.
   virtual const char* name() const = 0;
 
-  // Receives `manifest`'s version and checks it (the model signature, every
-  // bucket's CRC-32C). With wanted false the receiver does not need this
-  // version: a transport that must take part anyway (every NCCL rank joins
-  // every broadcast) does so and returns null, the others return null at
-  // once. Errors name the version or the bucket; after one, usable() says
-  // whether the next version may come this way. `base` (may be null) is the
-  // newest verified snapshot the receiver holds: a transport that takes
-  // delta versions (the gRPC fetch) rebuilds `manifest`'s version from it
-  // when the manifest's delta is from it.
+  // Receives the version `announcement`'s manifest describes and checks it
+  // (the model signature, every bucket's CRC-32C). With wanted false the
+  // receiver does not need this version: a transport that must take part
+  // anyway (every NCCL rank joins every broadcast) does so and returns
+  // null, the others return null at once. Errors name the version or the
+  // bucket; after one, usable() says whether the next version may come
+  // this way. `base` (may be null) is the newest verified snapshot the
+  // receiver holds: the version is rebuilt from it where it comes as a
+  // delta from it (a gRPC fetch that names it; an NCCL broadcast of
+  // nccl_delta_bytes).
   virtual absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> Receive(
-      const v1::SnapshotManifest& manifest, bool wanted,
+      const v1::SnapshotAnnouncement& announcement, bool wanted,
       const std::shared_ptr<const ReceivedSnapshot>& base) = 0;
 
   // False once this transport cannot receive again (an aborted NCCL

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -16,10 +17,13 @@
 #include "tests/weight_broadcaster/nccl/fake_nccl.h"
 #include "weight_broadcaster/broadcast_receiver.h"
 #include "weight_broadcaster/broadcast_sender.h"
+#include "weight_broadcaster/nccl_snapshot.h"
 
 namespace asympo::broadcast {
 namespace {
 
+using ::asympo::testing::StatusIs;
+using testing::ChainWeights;
 using testing::ExpectWeightsOf;
 using testing::LaidOut;
 using testing::MetricValue;
@@ -73,27 +77,46 @@ testing::ServerOptions NcclSenderOptions(int world_size, absl::Duration timeout)
 // A receiver with its own registry.
 struct Receiver {
   Receiver(const std::string& target, const std::string& id, bool prefer_nccl,
-           absl::Duration timeout) {
+           absl::Duration timeout, bool deltas = true) {
     WeightReceiverOptions o = ReceiverOptions(target, id);
     o.prefer_nccl = prefer_nccl;
+    o.deltas = deltas;
     o.nccl = FakeNccl(timeout);
     receiver = WeightReceiver::Start(std::move(o), registry).value();
   }
 
-  // Waits for version `version` and checks its bytes.
-  void ExpectVersion(uint64_t version) {
+  // Waits for version `version` and takes it.
+  std::shared_ptr<const ReceivedSnapshot> Await(uint64_t version) {
     std::shared_ptr<const ReceivedSnapshot> got;
-    ASSERT_TRUE(WaitUntil(
+    EXPECT_TRUE(WaitUntil(
         [&] {
           if (auto s = receiver->TakePending()) got = s;
           return got != nullptr && got->version() == version;
         },
         absl::Seconds(20)))
         << "version " << version << " did not arrive";
+    return got != nullptr && got->version() == version ? got : nullptr;
+  }
+  // Waits for version `version` and checks its bytes.
+  void ExpectVersion(uint64_t version) {
+    std::shared_ptr<const ReceivedSnapshot> got = Await(version);
+    ASSERT_NE(got, nullptr);
     ExpectWeightsOf(*got, version);
     receiver->ReportLoaded(version);
   }
+  // Likewise for version `version` of the chain (ChainWeights).
+  void ExpectChain(uint64_t version) {
+    std::shared_ptr<const ReceivedSnapshot> got = Await(version);
+    ASSERT_NE(got, nullptr);
+    const std::vector<std::string> want = ChainWeights(version, 0);
+    for (int t = 0; t < got->manifest.tensors_size(); ++t) {
+      EXPECT_TRUE(got->TensorBytes(got->manifest.tensors(t)) == want[static_cast<size_t>(t)])
+          << "tensor " << t << " of version " << version;
+    }
+    receiver->ReportLoaded(version);
+  }
   double FetchedBytes() { return MetricValue(registry, "asympo_rollout_weight_fetch_bytes_total"); }
+  double Metric(const std::string& name) { return MetricValue(registry, name); }
 
   prometheus::Registry registry;
   std::unique_ptr<WeightReceiver> receiver;
@@ -210,6 +233,129 @@ TEST_F(NcclBroadcastTest, AHungBroadcastFallsBackToGrpcForEveryone) {
   EXPECT_EQ(server.sender().nccl_versions_sent(), 1);
   EXPECT_GE(Stats().aborts, 3);
   EXPECT_EQ(Stats().use_after_abort, 0);
+}
+
+// An NCCL sender whose store keeps deltas (a keyframe every
+// `keyframe_every` versions).
+testing::ServerOptions NcclDeltaOptions(int world_size, int keyframe_every) {
+  testing::ServerOptions o = NcclSenderOptions(world_size, absl::Seconds(20));
+  o.delta_keyframe_every = keyframe_every;
+  o.incarnation = "learner-1";  // deltas stay within one incarnation
+  return o;
+}
+
+absl::Status PublishChain(SenderServer& server, uint64_t version) {
+  const std::vector<std::string> w = ChainWeights(version, 0);
+  return server.store().Publish(version, testing::Views(w));
+}
+
+TEST_F(NcclBroadcastTest, RanksRebuildAChainOfDeltaVersionsBitExact) {
+  SenderServer server(NcclDeltaOptions(3, 4));
+  Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
+  Receiver b(server.target(), "nccl-b", true, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
+  double whole_bytes = 0;
+  for (uint64_t v = 1; v <= 8; ++v) {
+    ASSERT_OK(PublishChain(server, v));
+    whole_bytes += static_cast<double>(server.store().latest()->manifest().total_bytes());
+    a.ExpectChain(v);
+    b.ExpectChain(v);
+  }
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 8; }));
+  // 1 and 5 are keyframes; every other version's delta is from the one
+  // broadcast before it.
+  EXPECT_EQ(server.sender().nccl_delta_versions_sent(), 6);
+  EXPECT_EQ(server.Metric("asympo_broadcast_nccl_delta_versions_total"), 6);
+  EXPECT_LT(server.Metric("asympo_broadcast_nccl_bytes_total"), 0.5 * whole_bytes);
+  for (Receiver* r : {&a, &b}) {
+    EXPECT_TRUE(r->receiver->using_nccl());
+    EXPECT_EQ(r->Metric("asympo_rollout_weight_delta_versions_total"), 6);
+    EXPECT_EQ(r->Metric("asympo_rollout_weight_delta_fallbacks_total"), 0);
+    EXPECT_EQ(r->receiver->failures(), 0);
+    EXPECT_EQ(r->FetchedBytes(), 0) << "an NCCL receiver fetched over gRPC";
+  }
+  EXPECT_EQ(Stats().count_mismatches, 0) << "the ranks disagreed on a broadcast's size";
+}
+
+TEST_F(NcclBroadcastTest, ACorruptNcclDeltaIsFetchedWholeOverGrpcAndTheCommunicatorStays) {
+  testing::ServerOptions o = NcclDeltaOptions(2, 100);
+  o.corrupt_delta_versions = {3};
+  SenderServer server(o);
+  Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
+  for (uint64_t v = 1; v <= 4; ++v) {
+    ASSERT_OK(PublishChain(server, v));
+    a.ExpectChain(v);
+  }
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_fallbacks_total"), 1);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_versions_total"), 2);  // 2 and 4
+  EXPECT_EQ(a.receiver->failures(), 0);                                  // version 3 arrived, whole
+  EXPECT_GT(a.FetchedBytes(), 0);                                        // over gRPC
+  EXPECT_TRUE(a.receiver->using_nccl());
+  EXPECT_EQ(a.receiver->nccl_versions(), 4);
+  EXPECT_EQ(Stats().count_mismatches, 0);
+}
+
+TEST_F(NcclBroadcastTest, OneRankWithoutDeltasMakesEveryBroadcastWhole) {
+  SenderServer server(NcclDeltaOptions(3, 100));
+  Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
+  Receiver whole(server.target(), "nccl-whole", true, absl::Seconds(20), /*deltas=*/false);
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ASSERT_OK(PublishChain(server, v));
+    a.ExpectChain(v);
+    whole.ExpectChain(v);
+  }
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 3; }));
+  EXPECT_EQ(server.sender().nccl_delta_versions_sent(), 0);
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_versions_total"), 0);
+  EXPECT_EQ(Stats().count_mismatches, 0);
+}
+
+TEST_F(NcclBroadcastTest, ADeltaWithoutItsBaseOrWithBadSizesIsRefused) {
+  // Two versions of the chain, the second with its delta from the first.
+  SenderServer server(NcclDeltaOptions(2, 100));
+  ASSERT_OK(PublishChain(server, 1));
+  ASSERT_OK(PublishChain(server, 2));
+  const std::shared_ptr<const Snapshot> s = server.store().latest();
+  ASSERT_NE(s->delta, nullptr);
+  v1::SnapshotAnnouncement a = *s->announcement;
+  for (const std::string& d : s->delta->buckets) a.add_nccl_delta_bytes(d.size());
+
+  // Sizes that do not fit the manifest: refused before any collective.
+  const NcclBroadcasterOptions options = FakeNccl(absl::Seconds(10));
+  const std::string id = NewNcclUniqueId(options.load).value();
+  std::unique_ptr<NcclBroadcaster> root;
+  std::thread root_thread([&] {
+    root = NcclBroadcaster::Create(id, 0, 2, 0, options).value();
+    for (int b = 0; b < s->manifest().buckets_size(); ++b) {
+      const std::string& d = s->delta->buckets[static_cast<size_t>(b)];
+      if (s->manifest().buckets(b).size_bytes() == 0) continue;
+      std::string bytes =
+          d.empty() ? std::string(s->bucket(b), s->manifest().buckets(b).size_bytes()) : d;
+      ASSERT_OK(root->Broadcast(bytes.data(), bytes.size()));
+    }
+  });
+  std::unique_ptr<NcclBroadcaster> rank1 = NcclBroadcaster::Create(id, 1, 2, 0, options).value();
+  const std::string signature = s->manifest().model_signature();
+  bool delta_failed = false;
+  v1::SnapshotAnnouncement short_sizes = a;
+  short_sizes.mutable_nccl_delta_bytes()->RemoveLast();
+  EXPECT_THAT(ReceiveSnapshotOverNccl(*rank1, short_sizes, signature, nullptr, &delta_failed),
+              StatusIs(absl::StatusCode::kInvalidArgument, "entries for"));
+  v1::SnapshotAnnouncement too_long = a;
+  too_long.set_nccl_delta_bytes(0, 1 << 20);
+  EXPECT_THAT(ReceiveSnapshotOverNccl(*rank1, too_long, signature, nullptr, &delta_failed),
+              StatusIs(absl::StatusCode::kInvalidArgument, "exceeds"));
+  EXPECT_FALSE(delta_failed);
+
+  // Without the base: every broadcast taken part in, then refused.
+  EXPECT_THAT(ReceiveSnapshotOverNccl(*rank1, a, signature, nullptr, &delta_failed),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "does not hold"));
+  EXPECT_TRUE(delta_failed);
+  root_thread.join();
+  EXPECT_EQ(Stats().count_mismatches, 0);
+  EXPECT_TRUE(rank1->healthy());
 }
 
 TEST_F(NcclBroadcastTest, WithoutNcclLibrariesTheSenderStaysOnGrpc) {

@@ -19,27 +19,11 @@
 namespace asympo::broadcast {
 namespace {
 
+using testing::ChainWeights;
 using testing::MetricValue;
 using testing::ReceiverOptions;
 using testing::SenderServer;
 using testing::WaitUntil;
-
-// Weights along a training run: version 0 is Weights(seed), and each version
-// after changes about `per_mille` of the 2-byte words of the one before.
-std::vector<std::string> ChainWeights(uint64_t version, uint64_t seed, int per_mille = 20) {
-  std::vector<std::string> w = testing::Weights(seed);
-  for (uint64_t u = 1; u <= version; ++u) {
-    for (size_t t = 0; t < w.size(); ++t) {
-      for (size_t i = 0; i + 2 <= w[t].size(); i += 2) {
-        const char h = testing::WeightByte(u * 7919 + seed, t, i);
-        if (static_cast<uint8_t>(h) % 1000 < static_cast<unsigned>(per_mille) * 256 / 1000) {
-          w[t][i] = static_cast<char>(w[t][i] ^ (1 | h));
-        }
-      }
-    }
-  }
-  return w;
-}
 
 testing::ServerOptions DeltaServer(int keyframe_every) {
   testing::ServerOptions o;
