@@ -25,6 +25,12 @@ def available():
     return numpy is not None
 
 
+def most_bytes(bucket_bytes):
+    """The longest delta a receiver accepts for a bucket of bucket_bytes: a
+    longer one than the bucket plus a record header per MiB saves nothing."""
+    return bucket_bytes + (bucket_bytes // (1 << 20) + 1) * HEADER.size
+
+
 def _gaps(index, changed, words, where):
     """The changed words' positions from `changed` LEB128 gaps in `index`."""
     b = numpy.frombuffer(index, dtype=numpy.uint8)

@@ -343,8 +343,9 @@ class WeightGroupReceiver:
         """A WeightUpdate for RECEIVE answer `r` when the engine wants its
         version; else receives its broadcasts, drops them and returns None."""
         m = r.manifest
-        if r.delta and len(r.delta_bucket_bytes) != len(m.buckets):
-            # No size for every broadcast: this member cannot take part.
+        if r.delta and (len(r.delta_bucket_bytes) != len(m.buckets) or any(
+                d > delta.most_bytes(b.size_bytes) for d, b in zip(r.delta_bucket_bytes, m.buckets))):
+            # No believable size for every broadcast: this member cannot take part.
             self._leave()
             return None
         update = WeightUpdate(self, m, r.delta_bucket_bytes if r.delta else None)

@@ -379,7 +379,7 @@ def _chunk_target(manifest, base, buckets, deltas, filled, c):
         return buckets[b]
     if b not in deltas:
         size = len(buckets[b])
-        if base is None or filled[b] or c.delta_bytes > size + (size // (1 << 20) + 1) * 32:
+        if base is None or filled[b] or c.delta_bytes > delta.most_bytes(size):
             raise WeightsError("version %d: bucket %d came as a delta of %d bytes it cannot be"
                                % (manifest.version, b, c.delta_bytes))
         deltas[b] = bytearray(c.delta_bytes)
