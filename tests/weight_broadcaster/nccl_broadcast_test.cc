@@ -296,6 +296,33 @@ TEST_F(NcclBroadcastTest, ACorruptNcclDeltaIsFetchedWholeOverGrpcAndTheCommunica
   EXPECT_EQ(Stats().count_mismatches, 0);
 }
 
+TEST_F(NcclBroadcastTest, AVersionTheBroadcastSkippedMakesTheNextOneWhole) {
+  SenderServer server(NcclDeltaOptions(2, 100));
+  Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
+  ASSERT_OK(PublishChain(server, 1));
+  a.ExpectChain(1);
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 1; }));
+  // Published faster than the loop broadcasts: 2 may be skipped, and then
+  // 3 (whose delta is from 2) goes whole; either way 3 arrives bit-exact.
+  ASSERT_OK(PublishChain(server, 2));
+  ASSERT_OK(PublishChain(server, 3));
+  a.ExpectChain(3);
+  // The next one is a delta again, from 3.
+  ASSERT_OK(PublishChain(server, 4));
+  a.ExpectChain(4);
+  // Broadcast: 1, 3 and 4 (3 whole, 4 a delta), or all four (2 to 4 deltas).
+  EXPECT_TRUE(WaitUntil([&] {
+    const int64_t sent = server.sender().nccl_versions_sent();
+    const int64_t deltas = server.sender().nccl_delta_versions_sent();
+    return (sent == 3 && deltas == 1) || (sent == 4 && deltas == 3);
+  })) << server.sender().nccl_versions_sent()
+      << " versions sent, " << server.sender().nccl_delta_versions_sent() << " as deltas";
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_fallbacks_total"), 0);
+  EXPECT_EQ(a.FetchedBytes(), 0);
+  EXPECT_EQ(Stats().count_mismatches, 0);
+}
+
 TEST_F(NcclBroadcastTest, OneRankWithoutDeltasMakesEveryBroadcastWhole) {
   SenderServer server(NcclDeltaOptions(3, 100));
   Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
