@@ -46,6 +46,23 @@ absl::Status CheckResponseVersions(const v1::Response& r, const std::string& whe
   return absl::OkStatus();
 }
 
+// A loss mask, when there is one: one entry per token, at least one
+// generated token.
+absl::Status CheckLossMask(const v1::Response& r, const std::string& where) {
+  if (r.loss_mask_size() == 0) return absl::OkStatus();
+  if (r.loss_mask_size() != r.tokens_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": loss_mask has ", r.loss_mask_size(), " entries for ", r.tokens_size(),
+        " tokens; it needs one per token (or none: every token generated)"));
+  }
+  if (GeneratedTokens(r) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": loss_mask marks none of its ", r.tokens_size(),
+        " tokens as generated; a response needs at least one generated token to train on"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckResponse(const v1::Response& r, const BatchLimits& limits,
                            const std::string& where) {
   if (r.tokens().empty()) {
@@ -68,20 +85,24 @@ absl::Status CheckResponse(const v1::Response& r, const BatchLimits& limits,
                      limits.max_abs_reward, "; rewards must lie within +-max_abs_reward"));
   }
   ASYMPO_RETURN_IF_ERROR(CheckResponseVersions(r, where));
+  ASYMPO_RETURN_IF_ERROR(CheckLossMask(r, where));
   const int n_lp = r.behavior_logprobs_size();
   if (n_lp == 0) {
     if (limits.require_behavior_logprobs) {
       return absl::InvalidArgumentError(
           absl::StrCat(where,
                        ": behavior_logprobs missing; the learner's objective (grpo) needs one "
-                       "behavior log-prob per response token"));
+                       "behavior log-prob per generated response token"));
     }
     return absl::OkStatus();
   }
-  if (n_lp != r.tokens_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": behavior_logprobs has ", n_lp,
-                                                   " values for ", r.tokens_size(),
-                                                   " tokens; they must match one to one"));
+  if (const int generated = GeneratedTokens(r); n_lp != generated) {
+    return absl::InvalidArgumentError(
+        r.loss_mask_size() == 0
+            ? absl::StrCat(where, ": behavior_logprobs has ", n_lp, " values for ", r.tokens_size(),
+                           " tokens; they must match one to one")
+            : absl::StrCat(where, ": behavior_logprobs has ", n_lp, " values for ", generated,
+                           " generated tokens (loss_mask true); one per generated token"));
   }
   for (int i = 0; i < n_lp; ++i) {
     const float lp = r.behavior_logprobs(i);

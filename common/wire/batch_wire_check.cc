@@ -31,6 +31,7 @@ const char kBatchType[] = "asympo.v1.RolloutBatch";
 struct ResponseCounts {
   int64_t tokens = 0;
   int64_t logprobs = 0;
+  int64_t mask = 0;  // loss_mask entries
 };
 
 // What the check of one group found on the wire.
@@ -66,6 +67,9 @@ bool WalkResponse(FieldReader& r, const WireLimits& limits, ResponseCounts* c) {
     } else if (number == v1::Response::kBehaviorLogprobsFieldNumber &&
                (wire_type == kLen || wire_type == kFixed32)) {
       ok = CountScalars(r, wire_type, kFixed32, &c->logprobs);
+    } else if (number == v1::Response::kLossMaskFieldNumber &&
+               (wire_type == kLen || wire_type == kVarint)) {
+      ok = CountScalars(r, wire_type, kVarint, &c->mask);
     } else {
       const bool known =
           (number == v1::Response::kRewardFieldNumber && wire_type == kFixed32) ||
@@ -155,6 +159,11 @@ absl::Status CheckGroupCounts(int index, const GroupWire& g, const BatchLimits& 
       return absl::InvalidArgumentError(absl::StrCat(at, "behavior_logprobs has ", c.logprobs,
                                                      " values for ", c.tokens,
                                                      " tokens; they must match one to one"));
+    }
+    if (c.mask > l.max_response_tokens) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, "loss_mask has ", c.mask, " entries for ", c.tokens,
+                       " tokens; it needs one per token (or none: every token generated)"));
     }
   }
   return absl::OkStatus();

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 #include "absl/strings/str_cat.h"
+#include "common/batch_validation.h"
+#include "common/status_macros.h"
 
 namespace asympo::learner {
 namespace {
@@ -29,6 +31,23 @@ int64_t SequenceTokens(const v1::PromptGroup& g) {
 struct Placement {
   int64_t row = 0, column = 0;
 };
+
+// What Lay relies on in response i beyond admission's checks (a group may
+// come back from a checkpoint): a loss mask of one entry per token, and
+// with `grpo` one behavior log-prob per generated token.
+absl::Status CheckLaidOut(const v1::Response& r, int64_t i, bool grpo) {
+  if (r.loss_mask_size() != 0 && r.loss_mask_size() != r.tokens_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("response ", i, " has a loss_mask of ",
+                                                   r.loss_mask_size(), " entries for ",
+                                                   r.tokens_size(), " tokens"));
+  }
+  if (grpo && r.behavior_logprobs_size() != GeneratedTokens(r)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "response ", i, " has ", r.behavior_logprobs_size(), " behavior log-probs for ",
+        GeneratedTokens(r), " generated tokens; the objective needs one per generated token"));
+  }
+  return absl::OkStatus();
+}
 
 // The micro-batch of `groups` with response i (in group order) at
 // placements[i], in `rows` rows of `t` positions; with segments when
@@ -73,14 +92,11 @@ absl::StatusOr<MicroBatch> Lay(const std::vector<const QueuedGroup*>& groups, in
     const v1::PromptGroup& pg = groups[g]->group;
     const int64_t p = pg.prompt_tokens_size();
     for (const v1::Response& r : pg.responses()) {
-      if (grpo && r.behavior_logprobs_size() != r.tokens_size()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "response ", i, " has ", r.behavior_logprobs_size(), " behavior log-probs for ",
-            r.tokens_size(), " tokens; the objective needs one per token"));
-      }
+      ASYMPO_RETURN_IF_ERROR(CheckLaidOut(r, i, grpo));
       const int64_t row = placements[static_cast<size_t>(i)].row;
       const int64_t c = placements[static_cast<size_t>(i)].column;
       const int64_t length = p + r.tokens_size();
+      int generated = 0;  // the generated tokens before token j
       for (int64_t k = 0; k < p; ++k) ids[row][c + k] = pg.prompt_tokens(static_cast<int>(k));
       for (int j = 0; j < r.tokens_size(); ++j) {
         const int32_t tok = r.tokens(j);
@@ -89,10 +105,13 @@ absl::StatusOr<MicroBatch> Lay(const std::vector<const QueuedGroup*>& groups, in
               absl::StrCat("token ", tok, " is outside the model's vocabulary of ", vocab));
         }
         ids[row][c + p + j] = tok;
+        // A token the environment inserted is context only: no log-prob,
+        // no loss (Response.loss_mask).
+        if (!IsGenerated(r, j)) continue;
         resp[i][j] = true;
         mb.hidden_rows.push_back(row * t + c + p - 1 + j);
         mb.targets.push_back(tok);
-        if (grpo) behavior[i * rl + j] = r.behavior_logprobs(j);
+        if (grpo) behavior[i * rl + j] = r.behavior_logprobs(generated++);
       }
       for (int64_t k = 0; k < length; ++k) {
         keys[row][c + k] = true;

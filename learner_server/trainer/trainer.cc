@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include "absl/strings/str_cat.h"
+#include "common/batch_validation.h"
 #include "common/status_macros.h"
 #include "learner_server/loss/token_logprobs.h"
 
@@ -89,7 +90,7 @@ StepTotals StepTotalsOf(const std::vector<QueuedGroup>& groups) {
     const int64_t n = q.group.responses_size();
     totals.groups += 1;
     totals.responses += n;
-    for (const v1::Response& r : q.group.responses()) totals.tokens += r.tokens_size();
+    for (const v1::Response& r : q.group.responses()) totals.tokens += GeneratedTokens(r);
     if (AllRewardsEqual(q.group)) totals.degenerate_responses += n;
   }
   return totals;

@@ -101,32 +101,29 @@ def scenario_client():
     check(re.fullmatch(r"[0-9]+-[0-9a-f]{8}", status.model_signature) is not None,
           "the status carries the model signature %r" % status.model_signature)
 
+    raw = asympo_rl.LearnerClient("127.0.0.1:%d" % port, validate=False)
+
+    def refused_alike(batch, what, words):
+        """`batch` refused before sending, and by the learner, with the same message."""
+        messages = []
+        for sender, who in ((client, "before sending"), (raw, "by the learner")):
+            try:
+                sender.submit(batch)
+                check(False, "%s is refused %s" % (what, who))
+            except asympo_rl.InvalidBatchError as e:
+                messages.append(str(e))
+        check(messages[0] in messages[1] and words in messages[0],
+              "%s: the local message is the learner's: %s" % (what, messages[0]))
+
     bad = groups(1, "bad")
     bad[0].responses[1].tokens[0] = 99
-    try:
-        client.submit(bad)
-        check(False, "a token outside the vocabulary is refused before sending")
-    except asympo_rl.InvalidBatchError as e:
-        local = str(e)
-    raw = asympo_rl.LearnerClient("127.0.0.1:%d" % port, validate=False)
-    try:
-        raw.submit(bad)
-        check(False, "the learner refuses it too")
-    except asympo_rl.InvalidBatchError as e:
-        check(local in str(e), "the local message is the learner's: %s" % local)
+    refused_alike(bad, "a token outside the vocabulary", "outside the vocabulary")
     huge = groups(1, "huge")
     huge[0].responses[0].reward = 3e38
-    try:
-        client.submit(huge)
-        check(False, "a reward beyond max_abs_reward is refused before sending")
-    except asympo_rl.InvalidBatchError as e:
-        local = str(e)
-    try:
-        raw.submit(huge)
-        check(False, "the learner refuses the huge reward too")
-    except asympo_rl.InvalidBatchError as e:
-        check(local in str(e) and "max_abs_reward 1e+06" in local,
-              "the local message is the learner's: %s" % local)
+    refused_alike(huge, "a reward beyond max_abs_reward", "max_abs_reward 1e+06")
+    masked = groups(1, "masked")
+    masked[0].responses[2].loss_mask.extend([False] * len(masked[0].responses[2].tokens))
+    refused_alike(masked, "a loss mask with no generated token", "response 2: loss_mask marks none of its")
     check(client.status().accepted_batches == 0, "nothing of the invalid batches was queued")
 
     r = client.submit(groups(3, "a"))
@@ -628,6 +625,21 @@ def scenario_policy_lag():
                                               "last_policy_version": 6}], policy_version=5)
     check([(x.first_policy_version, x.last_policy_version) for x in g.responses] == [(5, 5), (4, 6)],
           "group(policy_version=) stamps only the responses without versions")
+    gen, ins = asympo_rl.generated, asympo_rl.inserted
+    turns = asympo_rl.multi_turn_response([gen([9, 10], [-1.0, -2.0]), ins([11, 4]), gen([2], [-0.5])], 0.0)
+    check(list(turns.tokens) == [9, 10, 11, 4, 2] and list(turns.loss_mask) == [True, True, False, False, True]
+          and list(turns.behavior_logprobs) == [-1.0, -2.0, -0.5],
+          "multi_turn_response: the segments' tokens, a loss mask of the inserted ones, log-probs of the "
+          "generated ones")
+    check(not asympo_rl.multi_turn_response([gen([9]), gen([10])], 1.0).loss_mask,
+          "no loss mask when every segment was generated")
+    for segments, words in (([ins([3])], "at least one generated"), ([gen([])], "no tokens"),
+                            ([gen([3], [-1.0]), gen([4])], "some generated segments only")):
+        try:
+            asympo_rl.multi_turn_response(segments, 1.0)
+            check(False, "refused: %s" % words)
+        except asympo_rl.InvalidBatchError as e:
+            check(words in str(e), "multi_turn_response refuses it: %s" % e)
 
     port = free_port()
     proc = start_learner(port, ["--prompts_per_step=2", "--max_policy_lag=1"])
@@ -661,7 +673,10 @@ def scenario_policy_lag():
     check(messages[0] in messages[1] and "last_policy_version 1 is below first_policy_version 2"
           in messages[0], "the local message is the learner's: %s" % messages[0])
 
-    check(client.submit(groups(2, "a"), policy_version=0).accepted_groups == 2, "version 0 accepted")
+    first = groups(2, "a")
+    first[0].responses[1].CopyFrom(asympo_rl.multi_turn_response([gen([9, 10]), ins([11, 4]), gen([2])], 0.0))
+    check(client.submit(first, policy_version=0).accepted_groups == 2,
+          "version 0 accepted, a multi-turn response among its groups")
     wait_version(1)
     sub.version = 1
     sent = client.make_batch(groups(2, "b"))

@@ -2,7 +2,9 @@
 
 - LearnerClient: submit rollout batches (exactly once, with batch ids;
   each kept until the learner's checkpoint records it, and sent again
-  after a learner restart), read the learner's status and limits.
+  after a learner restart), read the learner's status and limits;
+  multi_turn_response builds a response from generated() and inserted()
+  segments (the learner trains on the generated tokens only).
 - WeightSubscriber: receive the learner's policy weights, verified, as
   (Hugging Face name, tensor) pairs; write_hf_directory for engines that
   reload from disk.
@@ -19,6 +21,7 @@ from .client import (LearnerClient, StreamResult, SubmitResult, group, response,
 from .engines import EngineError  # noqa: F401
 from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
                      LearnerUnavailableError, RefusedError, WeightsError)
+from .turns import generated, inserted, multi_turn_response  # noqa: F401
 from .validation import validate_batch  # noqa: F401
 from .weights import Snapshot, WeightSubscriber, model_signature, write_hf_directory  # noqa: F401
 

@@ -55,6 +55,22 @@ def _tokens(tokens, vocab, where, what):
                                     % (where, what, i, t, vocab))
 
 
+def _loss_mask(r, where, g, j):
+    """The response's generated tokens (Response.loss_mask; none: all of
+    them), its mask checked."""
+    if not r.loss_mask:
+        return len(r.tokens)
+    if len(r.loss_mask) != len(r.tokens):
+        raise InvalidBatchError("%s: loss_mask has %d entries for %d tokens; it needs one per token (or "
+                                "none: every token generated)" % (where, len(r.loss_mask), len(r.tokens)),
+                                g, j)
+    generated = sum(r.loss_mask)
+    if generated == 0:
+        raise InvalidBatchError("%s: loss_mask marks none of its %d tokens as generated; a response needs "
+                                "at least one generated token to train on" % (where, len(r.tokens)), g, j)
+    return generated
+
+
 def _response(r, limits, require_logprobs, where, g, j, elements):
     if len(r.tokens) == 0:
         raise InvalidBatchError(where + ": response has no tokens; every response needs at least one",
@@ -82,15 +98,20 @@ def _response(r, limits, require_logprobs, where, g, j, elements):
             raise InvalidBatchError("%s: last_policy_version %d is below first_policy_version %d; the "
                                     "last token cannot be sampled by an older policy"
                                     % (where, r.last_policy_version, r.first_policy_version), g, j)
+    generated = _loss_mask(r, where, g, j)
     n = len(r.behavior_logprobs)
     if n == 0:
         if require_logprobs:
             raise InvalidBatchError(where + ": behavior_logprobs missing; the learner's objective "
-                                    "(grpo) needs one behavior log-prob per response token", g, j)
+                                    "(grpo) needs one behavior log-prob per generated response token",
+                                    g, j)
         return
-    if n != len(r.tokens):
+    if n != generated and not r.loss_mask:
         raise InvalidBatchError("%s: behavior_logprobs has %d values for %d tokens; they must match "
                                 "one to one" % (where, n, len(r.tokens)), g, j)
+    if n != generated:
+        raise InvalidBatchError("%s: behavior_logprobs has %d values for %d generated tokens (loss_mask "
+                                "true); one per generated token" % (where, n, generated), g, j)
     if not elements or max(r.behavior_logprobs) <= 0 and math.isfinite(sum(r.behavior_logprobs)):
         return
     for i, lp in enumerate(r.behavior_logprobs):
@@ -180,8 +201,8 @@ class _PlainRules:
         for r in group.responses:
             n, lps, reward = len(r.tokens), len(r.behavior_logprobs), r.reward
             if not (0 < n <= max_response and -bound <= reward <= bound and isfinite(reward)
-                    and (lps == n or (lps == 0 and not self.require_logprobs))):
-                return False
+                    and (lps == n or (lps == 0 and not self.require_logprobs))) or r.loss_mask:
+                return False  # a loss mask: _group checks it
             if r.HasField("last_policy_version") and not (
                     r.HasField("first_policy_version") and r.last_policy_version >= r.first_policy_version):
                 return False

@@ -78,6 +78,38 @@ TEST(PaddedLayoutTest, LaysOutPaddedRowsWhosePredictorsPointAtTheResponseTokens)
   EXPECT_THAT(mb.targets, ElementsAre(10, 10, 11, 10, 10, 10));
 }
 
+TEST(PaddedLayoutTest, TokensTheEnvironmentInsertedAreContextButNeverTargets) {
+  // Response 0: 4 tokens, the middle two inserted (a tool's answer); its
+  // behavior log-probs are for the two generated ones.
+  std::vector<QueuedGroup> groups = {Group(2, {4, 1})};
+  v1::Response* r = groups[0].group.mutable_responses(0);
+  r->set_tokens(1, 20);
+  r->set_tokens(2, 21);
+  for (const bool g : {true, false, false, true}) r->add_loss_mask(g);
+  r->clear_behavior_logprobs();
+  r->add_behavior_logprobs(-0.25f);
+  r->add_behavior_logprobs(-0.75f);
+  PaddedLayoutOptions o = Options(100);
+  o.behavior_logprobs = true;
+  for (const bool packed : {false, true}) {
+    const MicroBatch mb = packed ? PackedLayout(o).Build({&groups[0]}).value()
+                                 : PaddedLayout(o).Build({&groups[0]}).value();
+    SCOPED_TRACE(packed ? "packed" : "padded");
+    // The inserted tokens are in the sequence, attended to like any other.
+    EXPECT_EQ((mb.ids == 20).logical_and(mb.key_mask).sum().item<int64_t>(), 1);
+    EXPECT_EQ((mb.ids == 21).logical_and(mb.key_mask).sum().item<int64_t>(), 1);
+    // But they are neither targets nor in the response mask.
+    EXPECT_TRUE(torch::equal(
+        mb.response_mask,
+        torch::tensor({1, 0, 0, 1, 1, 0, 0, 0}, torch::kLong).view({2, 4}).to(torch::kBool)));
+    EXPECT_THAT(mb.targets, ElementsAre(10, 10, 11));
+    EXPECT_EQ(mb.hidden_rows.size(), 3u);
+    EXPECT_TRUE(torch::equal(
+        mb.behavior,
+        torch::tensor({-0.25f, 0.0f, 0.0f, -0.75f, -1.0f, 0.0f, 0.0f, 0.0f}).view({2, 4})));
+  }
+}
+
 TEST(PaddedLayoutTest, ATokenOutsideTheVocabularyIsAnInvalidBatch) {
   std::vector<QueuedGroup> groups = {Group(2, {2, 2})};
   groups[0].group.mutable_responses(1)->set_tokens(0, 32);
@@ -150,10 +182,24 @@ TEST(PackedLayoutTest, RefusesMissingBehaviorLogProbsWhenTheObjectiveNeedsThem) 
     const auto mb =
         packed ? PackedLayout(o).Build({&groups[0]}) : PaddedLayout(o).Build({&groups[0]});
     EXPECT_THAT(mb, StatusIs(absl::StatusCode::kInvalidArgument,
-                             "response 0 has 1 behavior log-probs for 2 tokens"));
+                             "response 0 has 1 behavior log-probs for 2 generated tokens"));
   }
   o.behavior_logprobs = false;  // not read
   EXPECT_TRUE(PackedLayout(o).Build({&groups[0]}).ok());
+}
+
+TEST(PackedLayoutTest, RefusesALossMaskThatIsNotOnePerToken) {
+  // Admission refuses it; a group read back from a checkpoint is laid out
+  // unchecked by admission, so the layout checks what it indexes.
+  std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
+  groups[0].group.mutable_responses(1)->add_loss_mask(true);
+  groups[0].group.mutable_responses(1)->add_loss_mask(false);
+  for (const bool packed : {false, true}) {
+    const auto mb = packed ? PackedLayout(Options(100)).Build({&groups[0]})
+                           : PaddedLayout(Options(100)).Build({&groups[0]});
+    EXPECT_THAT(mb, StatusIs(absl::StatusCode::kInvalidArgument,
+                             "response 1 has a loss_mask of 2 entries for 1 tokens"));
+  }
 }
 
 TEST(PackedLayoutTest, RefusesATokenOutsideTheVocabulary) {

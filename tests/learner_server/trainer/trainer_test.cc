@@ -15,6 +15,18 @@ namespace {
 using ::asympo::testing::InProcessPublisher;
 using ::asympo::testing::StatusIs;
 
+// The gradients of every parameter of `a` and `b` match: exactly, or to
+// float32 rounding.
+void ExpectSameGradients(PolicyModel& a, PolicyModel& b, bool exact) {
+  for (size_t i = 0; i < a.named_parameters().size(); ++i) {
+    const torch::Tensor ga = a.named_parameters()[i].second.grad();
+    const torch::Tensor gb = b.named_parameters()[i].second.grad();
+    ASSERT_TRUE(ga.defined() && gb.defined());
+    EXPECT_TRUE(exact ? torch::equal(ga, gb) : torch::allclose(ga, gb, 1e-4, 1e-7))
+        << a.named_parameters()[i].first;
+  }
+}
+
 TEST(TrainerTest, ATrainingStepLowersTheLossOnAFixedBatch) {
   auto model = Tiny();
   auto trainer = Trainer::Create(Options(Objective::kNaive), model.get(), nullptr).value();
@@ -53,12 +65,7 @@ TEST(TrainerTest, MicroBatchingGivesTheSameGradientsAsOneBatch) {
   EXPECT_NEAR(ra.diagnostics.s_pos, rb.diagnostics.s_pos, 1e-5);
   EXPECT_NEAR(ra.diagnostics.imbalance, rb.diagnostics.imbalance, 1e-5);
   EXPECT_EQ(ra.diagnostics.tokens, rb.diagnostics.tokens);
-  for (size_t i = 0; i < a->named_parameters().size(); ++i) {
-    const torch::Tensor ga = a->named_parameters()[i].second.grad();
-    const torch::Tensor gb = b->named_parameters()[i].second.grad();
-    ASSERT_TRUE(ga.defined() && gb.defined());
-    EXPECT_TRUE(torch::allclose(ga, gb, 1e-4, 1e-7)) << a->named_parameters()[i].first;
-  }
+  ExpectSameGradients(*a, *b, /*exact=*/false);
 }
 
 TEST(TrainerTest, PublishesEveryVersionAndMeasuresStaleness) {
@@ -105,6 +112,51 @@ TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
   const auto r = trainer->Step(FixedGroups(3));
   ASSERT_OK(r);
   EXPECT_GT(r->diagnostics.clip_high_fraction + r->diagnostics.clip_low_fraction, 0.0);
+}
+
+const Objective kEveryObjective[] = {Objective::kNaive,        Objective::kSpo,  Objective::kAsympo,
+                                     Objective::kAsympoStable, Objective::kGrpo, Objective::kGpg};
+
+// For every objective: the gradients of FixedGroups(5) and of `same`, which
+// must be the same step, match (exactly, or to float32 rounding).
+void ExpectTheSameStep(const std::vector<QueuedGroup>& same, bool exact) {
+  for (const Objective objective : kEveryObjective) {
+    SCOPED_TRACE(std::string(ObjectiveName(objective)));
+    auto a = Tiny(), b = Tiny();
+    auto ta = Trainer::Create(Options(objective), a.get(), nullptr).value();
+    auto tb = Trainer::Create(Options(objective), b.get(), nullptr).value();
+    const auto ra = ta->ComputeGradients(FixedGroups(5)).value();
+    const auto rb = tb->ComputeGradients(same).value();
+    EXPECT_NEAR(ra.diagnostics.loss, rb.diagnostics.loss, exact ? 0.0 : 1e-6);
+    EXPECT_NEAR(ra.diagnostics.s_pos, rb.diagnostics.s_pos, exact ? 0.0 : 1e-6);
+    EXPECT_NEAR(ra.diagnostics.s_neg, rb.diagnostics.s_neg, exact ? 0.0 : 1e-6);
+    ExpectSameGradients(*a, *b, exact);
+  }
+}
+
+TEST(TrainerTest, ALossMaskOfGeneratedTokensOnlyChangesNothing) {
+  std::vector<QueuedGroup> marked = FixedGroups(5);
+  for (QueuedGroup& q : marked) {
+    for (v1::Response& r : *q.group.mutable_responses()) {
+      for (int t = 0; t < r.tokens_size(); ++t) r.add_loss_mask(true);
+    }
+  }
+  ExpectTheSameStep(marked, /*exact=*/true);
+}
+
+TEST(TrainerTest, AnInsertedTokenAddsNothingToTheLossOrItsGradients) {
+  // Every response ends with a token the environment inserted: nothing
+  // comes after it, so the step must be the step without it, whatever the
+  // model predicts for it.
+  std::vector<QueuedGroup> inserted = FixedGroups(5);
+  for (QueuedGroup& q : inserted) {
+    for (v1::Response& r : *q.group.mutable_responses()) {
+      for (int t = 0; t < r.tokens_size(); ++t) r.add_loss_mask(true);
+      r.add_tokens(7);
+      r.add_loss_mask(false);  // its behavior log-probs stay one per generated token
+    }
+  }
+  ExpectTheSameStep(inserted, /*exact=*/false);
 }
 
 TEST(TrainerTest, RejectsBadOptionsByName) {
