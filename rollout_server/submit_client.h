@@ -2,9 +2,10 @@
 // a thread that sends them to the learner (Learner.Submit) in batches.
 //
 // - Connection: it reads GetStatus first (and again after a failed
-//   batch, or when the connection drops while it has nothing to send). check_status may refuse the learner's status for good (a
-//   configuration the learner can never accept, such as another group size
-//   bound); the client then stops and Finish() returns that error.
+//   batch, or when the connection drops while it has nothing to send).
+//   check_status may refuse the learner's status for good (a configuration
+//   the learner can never accept, such as another group size bound); the
+//   client then stops and Finish() returns that error.
 // - Answers: what each refusal means is decided by the one Submit retry
 //   policy (common/submit_retry.h, docs/protocol.md "Retries"). retry: while the
 //   learner is away it reconnects with exponential backoff (min_backoff

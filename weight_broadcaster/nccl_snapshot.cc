@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
-#include "weight_broadcaster/delta_codec.h"
 #include "weight_broadcaster/snapshot_delta.h"
 #include "weight_broadcaster/snapshot_fetch.h"
 #include "weight_broadcaster/snapshot_manifest.h"
@@ -45,32 +44,6 @@ uint64_t DeltaBytesOf(const v1::SnapshotAnnouncement& a, int b) {
   return a.nccl_delta_bytes_size() == 0 ? 0 : a.nccl_delta_bytes(b);
 }
 
-// Bucket b of `out` from its delta `delta` and the same bucket of `base`,
-// checked against the manifest's CRC-32C.
-absl::Status Rebuild(const v1::SnapshotManifest& m, int b, const ReceivedSnapshot* base,
-                     const std::string& delta, ReceivedSnapshot* out) {
-  if (base == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("bucket ", b, " came as a delta against version ", m.delta_base_version(),
-                     ", which this receiver does not hold"));
-  }
-  std::string& bucket = out->buckets[static_cast<size_t>(b)];
-  uint32_t crc = 0;
-  const absl::Status s = ApplyDeltaPieces(
-      reinterpret_cast<const uint8_t*>(base->buckets[static_cast<size_t>(b)].data()), delta,
-      reinterpret_cast<uint8_t*>(bucket.data()), bucket.size(), DeltaApplyThreads(), &crc);
-  if (!s.ok()) {
-    return absl::DataLossError(absl::StrCat("bucket ", b, "'s delta against version ",
-                                            base->version(), ": ", s.message()));
-  }
-  if (crc != m.buckets(b).crc32c()) {
-    return absl::DataLossError(absl::StrCat("bucket ", b,
-                                            " rebuilt from its delta against version ",
-                                            base->version(), " fails its checksum"));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> ReceiveSnapshotOverNccl(
@@ -104,7 +77,13 @@ absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> ReceiveSnapshotOverNccl(
   for (int b = 0; b < manifest.buckets_size(); ++b) {
     const std::string& delta = deltas[static_cast<size_t>(b)];
     if (!delta.empty()) {
-      absl::Status s = Rebuild(manifest, b, base, delta, snapshot.get());
+      absl::Status s =
+          base == nullptr
+              ? absl::FailedPreconditionError(absl::StrCat(
+                    "bucket ", b, " came as a delta against version ",
+                    manifest.delta_base_version(), ", which this receiver does not hold"))
+              : SnapshotFetcher::RebuildBucket(*base, b, delta, manifest.buckets(b).crc32c(),
+                                               &snapshot->buckets[static_cast<size_t>(b)]);
       if (!s.ok()) {
         *delta_failed = true;
         return s;

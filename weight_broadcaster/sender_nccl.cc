@@ -124,13 +124,17 @@ absl::StatusOr<uint64_t> BroadcastVersion(const SenderState& st, NcclBroadcaster
     if (size == 0) continue;  // every rank skips empty buckets
     absl::Status status;
     if (delta && announced.nccl_delta_bytes(b) > 0) {
-      std::string d = snapshot.delta->buckets[static_cast<size_t>(b)];
-      if (corrupt) {  // fault injection: the first delta bucket's last byte
-        d.back() = static_cast<char>(d.back() ^ 0x5A);
+      const std::string* d = &snapshot.delta->buckets[static_cast<size_t>(b)];
+      std::string corrupted;  // fault injection: a copy, its last byte flipped
+      if (corrupt) {
+        corrupted = *d;
+        corrupted.back() = static_cast<char>(corrupted.back() ^ 0x5A);
+        d = &corrupted;
         corrupt = false;
       }
-      status = comm.Broadcast(d.data(), d.size());
-      bytes += d.size();
+      // Rank 0 only reads the bytes it broadcasts.
+      status = comm.Broadcast(const_cast<char*>(d->data()), d->size());
+      bytes += d->size();
     } else {
       const void* on_device = snapshot.device_bucket(b);
       status = on_device == nullptr ? comm.Broadcast(snapshot.bucket(b), size)

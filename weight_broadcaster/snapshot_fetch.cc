@@ -67,23 +67,16 @@ class Reception {
       }
       if (delta) {
         ++deltas_;
-        absl::Status s =
-            ApplyDeltaPieces(reinterpret_cast<const uint8_t*>(base_->buckets[b].data()), delta_[b],
-                             reinterpret_cast<uint8_t*>(out_->buckets[b].data()),
-                             out_->buckets[b].size(), DeltaApplyThreads(), &crc_[b]);
+        absl::Status s = SnapshotFetcher::RebuildBucket(*base_, static_cast<int>(b), delta_[b],
+                                                        info.crc32c(), &out_->buckets[b]);
         std::string().swap(delta_[b]);
         if (!s.ok()) {
           *delta_failed = true;
-          return absl::DataLossError(absl::StrCat("bucket ", b, "'s delta against version ",
-                                                  base_->version(), ": ", s.message()));
+          return s;
         }
-      }
-      if (crc_[b] != info.crc32c()) {
-        *delta_failed = *delta_failed || delta;
-        return absl::DataLossError(absl::StrCat(
-            "bucket ", b,
-            delta ? absl::StrCat(" rebuilt from its delta against version ", base_->version()) : "",
-            " fails its checksum (CRC-32C ", crc_[b], ", manifest says ", info.crc32c(), ")"));
+      } else if (crc_[b] != info.crc32c()) {
+        return absl::DataLossError(absl::StrCat("bucket ", b, " fails its checksum (CRC-32C ",
+                                                crc_[b], ", manifest says ", info.crc32c(), ")"));
       }
     }
     return absl::OkStatus();
@@ -177,6 +170,25 @@ const ReceivedSnapshot* SnapshotFetcher::DeltaBaseFor(const v1::SnapshotManifest
     }
   }
   return base;
+}
+
+absl::Status SnapshotFetcher::RebuildBucket(const ReceivedSnapshot& base, int b,
+                                            absl::string_view delta, uint32_t want_crc,
+                                            std::string* out) {
+  uint32_t crc = 0;
+  const absl::Status s = ApplyDeltaPieces(
+      reinterpret_cast<const uint8_t*>(base.buckets[static_cast<size_t>(b)].data()), delta,
+      reinterpret_cast<uint8_t*>(out->data()), out->size(), DeltaApplyThreads(), &crc);
+  if (!s.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("bucket ", b, "'s delta against version ", base.version(), ": ", s.message()));
+  }
+  if (crc != want_crc) {
+    return absl::DataLossError(
+        absl::StrCat("bucket ", b, " rebuilt from its delta against version ", base.version(),
+                     " fails its checksum (CRC-32C ", crc, ", manifest says ", want_crc, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<ReceivedSnapshot>> SnapshotFetcher::Fetch(

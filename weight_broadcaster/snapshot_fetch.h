@@ -28,6 +28,7 @@
 #include <prometheus/counter.h>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "asympo/v1/weight_broadcast.pb.h"
@@ -60,6 +61,13 @@ class SnapshotFetcher {
   // (not empty) and its buckets' sizes; else null.
   static const ReceivedSnapshot* DeltaBaseFor(const v1::SnapshotManifest& manifest,
                                               const ReceivedSnapshot* base);
+
+  // Bucket b rebuilt into `*out` (already its size) from `delta` and bucket
+  // b of `base`, and checked against `want_crc`: the one rebuild of a gRPC
+  // fetch and an NCCL broadcast. DATA_LOSS naming the bucket and the base
+  // when the delta does not apply or the result fails its CRC-32C.
+  static absl::Status RebuildBucket(const ReceivedSnapshot& base, int b, absl::string_view delta,
+                                    uint32_t want_crc, std::string* out);
 
  private:
   struct Pool {
