@@ -238,23 +238,35 @@ def check_after(run, first, second, held):
     check(len({r["pid"] for r in recs}) == 1, "the worker was one process throughout")
     check(not any(r["complete"] and r["incarnation"] == first for r in recs[held:]),
           "no version of the dead learner was completed after the kill")
+    # The learner may still train on batches fed before the check (a step
+    # published after `latest` was read): fetch until the fetched version
+    # is one the worker has completed, then compare that version.
     client = asympo_rl.LearnerClient(run.target)
-    latest = client.status(timeout=10).version
-    deadline = time.time() + 60
-    while time.time() < deadline and not any(r["complete"] and r["incarnation"] == second and
-                                              r["version"] == latest for r in run.records()):
-        time.sleep(0.2)
-    last = [r for r in run.records() if r["complete"] and r["incarnation"] == second][-1]
-    sub = asympo_rl.WeightSubscriber(run.target, receiver_id="dies-fetch")
-    snap = next(sub.snapshots())
-    sub.close()
+    deadline = time.time() + 90
+    while True:
+        latest = client.status(timeout=10).version
+        while time.time() < deadline and received(run, second, latest) is None:
+            time.sleep(0.2)
+        sub = asympo_rl.WeightSubscriber(run.target, receiver_id="dies-fetch")
+        snap = next(sub.snapshots())
+        sub.close()
+        if received(run, second, snap.version) is not None or time.time() > deadline:
+            break
+    rec = received(run, second, snap.version)
     digest = hashlib.sha256()
     for _, t in snap.tensors("torch"):
         digest.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    check(last["version"] == latest == snap.version and snap.incarnation == second and
-          digest.hexdigest() == last["sha256"],
+    check(rec is not None and snap.incarnation == second and digest.hexdigest() == rec["sha256"],
           "the restarted learner's latest version, %d, as the worker received it is byte for byte a gRPC "
-          "fetch of it" % latest)
+          "fetch of it (worker received it: %s; incarnation %s; digests %s)"
+          % (snap.version, rec is not None, snap.incarnation == second,
+             rec is not None and digest.hexdigest() == rec["sha256"]))
 
+
+def received(run, incarnation, version):
+    """The worker's completed record of `version` of `incarnation`, or None."""
+    recs = [r for r in run.records() if r["complete"] and r["incarnation"] == incarnation and
+            r["version"] == version]
+    return recs[-1] if recs else None
 
 main()
