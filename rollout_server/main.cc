@@ -96,6 +96,27 @@ ABSL_FLAG(bool, weight_deltas, true,
 ABSL_FLAG(int32_t, cuda_device, -1,
           "CUDA device of the NCCL weight transport (-1: the --device GPU, or 0 on the CPU).");
 ABSL_FLAG(int64_t, max_groups, 0, "Stop after generating this many groups (0: until a signal).");
+// Multi-turn episodes (docs/protocol.md, "Environments").
+ABSL_FLAG(std::string, environment, "",
+          "Run multi-turn episodes against the asympo.v1.Environment service at host:port (empty: "
+          "the task's built-in environment, if it has one).");
+ABSL_FLAG(std::string, environment_tls_ca, "",
+          "PEM CA bundle the environment's certificate must chain to; enables TLS to it.");
+ABSL_FLAG(std::string, environment_tls_cert, "",
+          "This daemon's PEM certificate for the environment, for mTLS.");
+ABSL_FLAG(std::string, environment_tls_key, "", "PEM private key of --environment_tls_cert.");
+ABSL_FLAG(std::string, environment_tls_server_name, "",
+          "The name the environment's certificate must carry, when not --environment's host.");
+ABSL_FLAG(std::string, environment_token_file, "",
+          "File whose first line is the bearer token sent to the environment (never logged).");
+ABSL_FLAG(absl::Duration, environment_timeout, absl::Seconds(30),
+          "Deadline of each environment call; a late answer fails the episode.");
+ABSL_FLAG(int32_t, max_turns, 8, "Multi-turn: most turns of the model in an episode.");
+ABSL_FLAG(int32_t, max_turn_tokens, 0,
+          "Multi-turn: most tokens of one turn (0: the response budget, --max_new_tokens).");
+ABSL_FLAG(bool, reuse_kv, true,
+          "Multi-turn: a resumed sequence pre-fills only the environment's tokens (false: its "
+          "whole response again, for comparison).");
 
 // The documented ranges (--help shows them; a value outside is refused at
 // start, before the options are read: they need no check of their own).
@@ -117,6 +138,9 @@ ASYMPO_DURATION_FLAG_RANGE(drain_timeout, absl::ZeroDuration(), absl::Hours(1));
 ASYMPO_FLAG_RANGE(weight_chunk_kb, 0, 1 << 20);
 ASYMPO_FLAG_RANGE(cuda_device, -1, 1023);
 ASYMPO_FLAG_RANGE(max_groups, 0, 1e15);
+ASYMPO_DURATION_FLAG_RANGE(environment_timeout, absl::Milliseconds(1), absl::Hours(1));
+ASYMPO_FLAG_RANGE(max_turns, 1, 4096);
+ASYMPO_FLAG_RANGE(max_turn_tokens, 0, 1 << 20);
 
 namespace {
 
@@ -131,6 +155,20 @@ asympo::security::ClientTlsOptions TlsFlags() {
   tls.token_file = absl::GetFlag(FLAGS_tls_token_file);
   tls.insecure = absl::GetFlag(FLAGS_insecure);
   return tls;
+}
+
+void EnvironmentFlags(RolloutDaemonOptions* o) {
+  o->environment = absl::GetFlag(FLAGS_environment);
+  o->environment_tls.ca_file = absl::GetFlag(FLAGS_environment_tls_ca);
+  o->environment_tls.cert_file = absl::GetFlag(FLAGS_environment_tls_cert);
+  o->environment_tls.key_file = absl::GetFlag(FLAGS_environment_tls_key);
+  o->environment_tls.server_name = absl::GetFlag(FLAGS_environment_tls_server_name);
+  o->environment_tls.token_file = absl::GetFlag(FLAGS_environment_token_file);
+  o->environment_tls.insecure = absl::GetFlag(FLAGS_insecure);
+  o->environment_timeout = absl::GetFlag(FLAGS_environment_timeout);
+  o->max_turns = absl::GetFlag(FLAGS_max_turns);
+  o->max_turn_tokens = absl::GetFlag(FLAGS_max_turn_tokens);
+  o->continuous.reuse_kv = absl::GetFlag(FLAGS_reuse_kv);
 }
 
 absl::Status ModelFlags(RolloutDaemonOptions* o) {
@@ -215,6 +253,7 @@ absl::StatusOr<RolloutDaemonOptions> OptionsFromFlags() {
   SubmitFlags(&o);
   ASYMPO_RETURN_IF_ERROR(WeightFlags(&o));
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
+  EnvironmentFlags(&o);
   return o;
 }
 

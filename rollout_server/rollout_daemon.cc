@@ -67,6 +67,19 @@ absl::Status ValidateRolloutDaemonOptions(const RolloutDaemonOptions& o) {
         "--min_backoff=", absl::FormatDuration(o.min_backoff), " and --max_backoff=",
         absl::FormatDuration(o.max_backoff), ": need 0 < --min_backoff <= --max_backoff"));
   }
+  if (!o.environment.empty()) {
+    ASYMPO_RETURN_IF_ERROR(CheckAddressFlag("environment", o.environment));
+    if (!o.continuous_batching) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--environment=", o.environment, ": multi-turn episodes need --batching=continuous"));
+    }
+  }
+  if (o.max_turns < 1 || o.max_turn_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_turns=", o.max_turns,
+                                                   " and --max_turn_tokens=", o.max_turn_tokens,
+                                                   ": need --max_turns >= 1 and "
+                                                   "--max_turn_tokens >= 0"));
+  }
   if (o.rollout_id.empty() || o.rollout_id.size() > 128) {
     return absl::InvalidArgumentError(absl::StrCat("--id=", o.rollout_id.substr(0, 130),
                                                    ": it must have 1 to 128 bytes (has ",
@@ -142,6 +155,7 @@ absl::StatusOr<std::unique_ptr<RolloutDaemon>> RolloutDaemon::Create(
                      tokens = d->sampling_.max_new_tokens](const v1::LearnerStatus& s) {
     return CheckAgainstLimits(s, vocab, g, tokens);
   };
+  ASYMPO_RETURN_IF_ERROR(d->SetUpEnvironment(registry));
   ASYMPO_ASSIGN_OR_RETURN(d->submit_, SubmitClient::Start(so, d->submit_metrics_.get()));
   LOG(INFO) << o.rollout_id << ": task " << d->task_->name() << ", model " << o.model << " ("
             << config.NumParameters() << " parameters), G=" << o.group_size << ", max_new_tokens "
@@ -256,10 +270,7 @@ absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
   while (!policy_->Refresh(absl::Milliseconds(200))) {  // no snapshot yet
     if (stopping_.load() || submit_->stopping()) return absl::OkStatus();
   }
-  ContinuousOptions co = options_.continuous;
-  co.pad_token_id = options_.generation.pad_token_id;
-  co.cuda_graphs = options_.generation.cuda_graphs;
-  if (co.response_capacity == 0) co.response_capacity = sampling_.max_new_tokens;
+  const ContinuousOptions co = EngineOptions();
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine, NewEngine(co));
   // The groups in the engine, by the id of their first request.
   struct Open {
@@ -333,8 +344,9 @@ absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
 
 absl::StatusOr<int64_t> RolloutDaemon::Run() {
   int64_t generated = 0;
-  const absl::Status result =
-      options_.continuous_batching ? RunContinuous(&generated) : RunStatic(&generated);
+  const absl::Status result = environment_ != nullptr        ? RunEpisodes(&generated)
+                              : options_.continuous_batching ? RunContinuous(&generated)
+                                                             : RunStatic(&generated);
   // The submit thread drains the buffer for drain_timeout.
   const absl::Status refused = submit_->Finish();
   receiver_->Stop();

@@ -36,6 +36,8 @@
 #include "rollout_server/engine/continuous_engine.h"
 #include "rollout_server/engine/double_buffered_policy.h"
 #include "rollout_server/engine/generation.h"
+#include "rollout_server/episodes/environment.h"
+#include "rollout_server/episodes/episode_metrics.h"
 #include "rollout_server/rollout_metrics.h"
 #include "rollout_server/submit_client.h"
 #include "rollout_server/tasks/tasks.h"
@@ -94,6 +96,17 @@ struct RolloutDaemonOptions {
   int cuda_device = 0;
   // Stop after generating this many groups (0: until Shutdown).
   int64_t max_groups = 0;
+  // Multi-turn episodes (rollout_server/episodes/): against the
+  // asympo.v1.Environment service at `environment` (host:port), or, when
+  // empty, the task's built-in environment if it has one. The response
+  // budget is sampling.max_new_tokens (turns and inserted tokens
+  // together); a turn has at most max_turn_tokens (0: the budget).
+  // Continuous batching only.
+  std::string environment;
+  security::ClientTlsOptions environment_tls;
+  absl::Duration environment_timeout = absl::Seconds(30);
+  int32_t max_turns = 8;
+  int32_t max_turn_tokens = 0;
 };
 
 // What the options can tell before anything binds, loads or connects: the
@@ -129,6 +142,14 @@ class RolloutDaemon {
   absl::StatusOr<std::vector<v1::PromptGroup>> GenerateGroups(bool with_logprobs);
   // Continuous batching: Run's loop.
   absl::Status RunContinuous(int64_t* generated);
+  // Multi-turn episodes on continuous batching: Run's loop
+  // (rollout_episodes.cc).
+  absl::Status RunEpisodes(int64_t* generated);
+  // The engine's options for the continuous loops.
+  ContinuousOptions EngineOptions() const;
+  // The environment of the options (remote, or the task's built-in one);
+  // null for single-turn sampling.
+  absl::Status SetUpEnvironment(prometheus::Registry& registry);
   // Loads a pending snapshot when the update policy allows, and says what
   // the engine must do: nothing, let its sequences drain first (new groups
   // wait; between-batches updates), take the newer weights, or drop what it
@@ -157,6 +178,8 @@ class RolloutDaemon {
   uint64_t engine_loads_ = 0;
   std::unique_ptr<broadcast::WeightReceiver> receiver_;
   std::unique_ptr<DoubleBufferedPolicy> policy_;
+  std::unique_ptr<Environment> environment_;  // moved into the episode loop
+  std::unique_ptr<EpisodeMetrics> episode_metrics_;
   std::unique_ptr<SubmitClient> submit_;
   std::atomic<bool> stopping_{false};
 };

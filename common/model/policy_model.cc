@@ -320,6 +320,40 @@ at::Tensor PolicyModel::DecodeShared(const at::Tensor& ids, const at::Tensor& po
                 });
 }
 
+at::Tensor PolicyModel::ExtendShared(const at::Tensor& ids, const at::Tensor& positions,
+                                     int64_t prompt, int64_t prompt_length, int64_t sequence,
+                                     int64_t start, SharedPrefixCache* cache) const {
+  TORCH_CHECK(cache != nullptr && !cache->prompts.keys.empty() && !cache->responses.keys.empty(),
+              "ExtendShared needs a cache with prompts and responses");
+  const int64_t t = ids.size(1);
+  TORCH_CHECK(ids.size(0) == 1 && start >= 0 && start + t <= cache->responses.capacity() &&
+                  prompt_length <= cache->prompts.capacity(),
+              "ExtendShared: ", t, " tokens at response slot ", start, " beyond the capacity ",
+              cache->responses.capacity());
+  const auto bools = at::TensorOptions().dtype(at::kBool).device(ids.device());
+  // (1, T, prompt + start + T): every prompt token, the response so far and
+  // the new tokens causally.
+  const at::Tensor allowed = at::cat(
+      {at::ones({1, t, prompt_length + start}, bools), at::ones({t, t}, bools).tril().unsqueeze(0)},
+      2);
+  const at::Tensor bias = AttentionBias(allowed);
+  return Layers(
+      ids, positions,
+      [&](int64_t i, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+        const size_t l = static_cast<size_t>(i);
+        at::Tensor rk = cache->responses.keys[l].narrow(0, sequence, 1);
+        at::Tensor rv = cache->responses.values[l].narrow(0, sequence, 1);
+        rk.narrow(2, start, t).copy_(k);
+        rv.narrow(2, start, t).copy_(v);
+        const auto prompt_part = [&](const at::Tensor& c) {
+          return c.narrow(0, prompt, 1).narrow(2, 0, prompt_length);
+        };
+        return MaskedAttention(
+            q, at::cat({prompt_part(cache->prompts.keys[l]), rk.narrow(2, 0, start + t)}, 2),
+            at::cat({prompt_part(cache->prompts.values[l]), rv.narrow(2, 0, start + t)}, 2), bias);
+      });
+}
+
 SharedPrefixCache PolicyModel::NewSharedCache(int64_t prompts, int64_t prompt_capacity,
                                               int64_t sequences, int64_t response_capacity) const {
   return {NewCache(prompts, prompt_capacity), NewCache(sequences, response_capacity)};

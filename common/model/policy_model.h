@@ -194,6 +194,20 @@ class PolicyModel {
                           const at::Tensor& response_slot, SharedPrefixCache* cache,
                           int64_t prompt_visible = -1, int64_t response_visible = -1) const;
 
+  // Appends T tokens to one sequence of a SharedPrefixCache (a multi-turn
+  // sequence taking an environment's tokens), returning their hidden states
+  // (1, T, H):
+  //   ids, positions: (1, T) int64 on the model's device.
+  //   prompt, prompt_length: the row of cache->prompts the sequence
+  //                   continues and its tokens.
+  //   sequence, start: the sequence's row of cache->responses; the new keys
+  //                   and values go to its slots [start, start + T), and
+  //                   each new token attends to the prompt, the slots
+  //                   before `start` and the new tokens up to itself.
+  at::Tensor ExtendShared(const at::Tensor& ids, const at::Tensor& positions, int64_t prompt,
+                          int64_t prompt_length, int64_t sequence, int64_t start,
+                          SharedPrefixCache* cache) const;
+
   // (B, T, V) logits, in the compute dtype, from hidden states (B, T, H).
   at::Tensor Logits(const at::Tensor& hidden) const;
 

@@ -12,7 +12,7 @@ from setuptools.command.build_py import build_py
 HERE = os.path.dirname(os.path.abspath(__file__))
 PROTO_ROOT = os.path.dirname(HERE)  # proto/, which holds asympo/v1/*.proto
 PROTOS = ["asympo/v1/rollout.proto", "asympo/v1/learner.proto", "asympo/v1/weight_broadcast.proto",
-          "asympo/v1/weight_group.proto"]
+          "asympo/v1/weight_group.proto", "asympo/v1/environment.proto"]
 
 
 def generate(out_dir):

@@ -82,11 +82,23 @@ absl::StatusOr<uint64_t> ContinuousEngine::Add(GenerationRequest request) {
                                                    " tokens) exceeds the engine's prompt_capacity ",
                                                    options_.prompt_capacity));
   }
-  if (options_.response_capacity > 0 &&
-      request.params.max_new_tokens > options_.response_capacity) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens ", request.params.max_new_tokens,
-                                                   " exceeds the engine's response_capacity ",
-                                                   options_.response_capacity));
+  if (request.multi_turn) {
+    if (request.response_budget < 0 ||
+        (request.response_budget > 0 && request.response_budget < request.params.max_new_tokens)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("response_budget ", request.response_budget, " is below max_new_tokens ",
+                       request.params.max_new_tokens, " (0: max_new_tokens)"));
+    }
+    if (len + request.response_budget > model_->config().max_position_embeddings) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt (", len, " tokens) plus response_budget (", request.response_budget,
+          ") exceeds max_position_embeddings ", model_->config().max_position_embeddings));
+    }
+  }
+  if (options_.response_capacity > 0 && ResponseNeed(request) > options_.response_capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        request.multi_turn ? "response_budget " : "max_new_tokens ", ResponseNeed(request),
+        " exceeds the engine's response_capacity ", options_.response_capacity));
   }
   const uint64_t id = next_id_++;
   waiting_.push_back({id, std::move(request)});
@@ -180,14 +192,14 @@ void ContinuousEngine::Admit() {
   while (!waiting_.empty() && running_ < slots_) {
     const GenerationRequest& r = waiting_.front().request;
     const int64_t len = static_cast<int64_t>(r.prompt.size());
-    const int64_t new_tokens = r.params.max_new_tokens;
+    const int64_t new_tokens = ResponseNeed(r);
     if (len > prompt_capacity_ || new_tokens > response_capacity_) {
       if (running_ > 0) return;  // reallocated once the running ones finish
       int64_t pc = std::max<int64_t>(prompt_capacity_, len);
       int64_t rc = std::max<int64_t>(response_capacity_, new_tokens);
       for (const Waiting& w : waiting_) {  // every waiting request, at once
         pc = std::max<int64_t>(pc, static_cast<int64_t>(w.request.prompt.size()));
-        rc = std::max<int64_t>(rc, w.request.params.max_new_tokens);
+        rc = std::max<int64_t>(rc, ResponseNeed(w.request));
       }
       // Grown to a power of two: a few reallocations (each waits for the
       // running sequences to finish) however the lengths arrive.
@@ -210,6 +222,7 @@ void ContinuousEngine::Admit() {
     slot.request = std::move(waiting_.front().request);
     slot.prompt_row = row;
     slot.first_version = version_;
+    slot.budget = ResponseNeed(slot.request);
     waiting_.pop_front();
     ++running_;
     const SamplingParams& p = slot.request.params;
@@ -293,7 +306,8 @@ std::vector<ContinuousEngine::Finished> ContinuousEngine::Collect() {
   const auto live = live_host.accessor<bool, 1>();
   std::vector<int64_t> done;
   for (int64_t s = 0; s < slots_; ++s) {
-    if (slot_[static_cast<size_t>(s)].used && !live[s]) done.push_back(s);
+    const Slot& slot = slot_[static_cast<size_t>(s)];
+    if (slot.used && !slot.paused && !live[s]) done.push_back(s);
   }
   if (done.empty()) return out;
   const auto device = model_->options().device;
@@ -309,6 +323,11 @@ std::vector<ContinuousEngine::Finished> ContinuousEngine::Collect() {
     const int64_t s = done[i], k = static_cast<int64_t>(i);
     Slot& slot = slot_[static_cast<size_t>(s)];
     const int64_t n = len[k];
+    if (slot.request.multi_turn) {
+      out.push_back(Pause(s, tokens[k], logprobs.defined() ? logprobs[k] : at::Tensor(), n,
+                          static_cast<uint64_t>(ver[k])));
+      continue;
+    }
     Finished f{slot.id, ResultOfRow(tokens[k], logprobs.defined() ? logprobs[k] : at::Tensor(), n,
                                     slot.request.params)};
     f.result.first_version = slot.first_version;
@@ -331,6 +350,7 @@ void ContinuousEngine::Reset() {
   for (HeldPrompt& p : prompt_row_) p = HeldPrompt();
   row_of_prompt_.clear();
   running_ = 0;
+  paused_ = 0;
   c10::InferenceMode inference_mode;
   if (live_.defined()) live_.zero_();
   if (prompt_length_.defined()) prompt_length_.zero_();
@@ -343,7 +363,7 @@ absl::StatusOr<std::vector<ContinuousEngine::Finished>> ContinuousEngine::Step()
         // by per-operator overhead.
         c10::InferenceMode inference_mode;
         Admit();
-        if (running_ == 0) return std::vector<Finished>();
+        if (running_ == paused_) return std::vector<Finished>();  // none decoding
         DecodeStep();
         ++stats_.decode_steps;
         stats_.slot_steps_used += running_;

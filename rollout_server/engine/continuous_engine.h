@@ -23,6 +23,12 @@
 // old ones (in-flight weight updates). Each result says which versions
 // sampled its first and its last token.
 //
+// Multi-turn requests (GenerationRequest::multi_turn) pause at the end of
+// each turn, keeping their slot and their keys and values, and come back
+// from Step as paused. Resume appends an environment's tokens and decodes
+// the next turn: only the appended tokens are pre-filled (reuse_kv; false
+// recomputes the whole response, for comparison). End frees the slot.
+//
 // Not thread-safe: one thread drives an engine.
 #pragma once
 
@@ -65,6 +71,10 @@ struct ContinuousOptions {
   // synchronisation); 0: 1 on the CPU, 4 on a GPU. A finished sequence's
   // slot stays idle until the next look.
   int32_t stop_check_every = 0;
+  // Multi-turn: Resume pre-fills only the appended tokens (true), or the
+  // whole response so far with them (false: what an engine without the
+  // sequence's cache would do; the prompt's row is kept either way).
+  bool reuse_kv = true;
 };
 
 absl::Status ValidateContinuousOptions(const ContinuousOptions& options);
@@ -81,6 +91,9 @@ struct ContinuousStats {
   int64_t prompt_rows_peak = 0;  // most prompt rows in use at once
   int64_t prompt_row_bytes = 0;  // KV bytes of one prompt row
   int64_t slot_steps_used = 0;   // sum over steps of sequences running
+  int64_t resumes = 0;           // multi-turn sequences resumed
+  int64_t resume_tokens = 0;     // tokens they pre-filled
+  double resume_seconds = 0;     // wall time of those pre-fills (synchronised)
 };
 
 class ContinuousEngine {
@@ -98,7 +111,12 @@ class ContinuousEngine {
 
   struct Finished {
     uint64_t id = 0;
+    // The whole response so far (a paused request's: every turn and every
+    // inserted token).
     GenerationResult result;
+    // A multi-turn request at the end of a turn: it holds its slot until
+    // Resume or End.
+    bool paused = false;
   };
   // Admits waiting requests into free slots (pre-filling prompts not yet
   // held), runs one decode step, and returns the requests found finished.
@@ -111,7 +129,18 @@ class ContinuousEngine {
   // their keys and values.
   void SetModel(const PolicyModel* model, uint64_t version);
 
+  // A paused request goes on: `append` (inserted tokens, possibly none) is
+  // added to its response and up to `max_new_tokens` more are decoded
+  // (within its response_budget). INVALID_ARGUMENT for an id that is not
+  // paused, a token outside the vocabulary, or a response that would leave
+  // no room for one generated token; the request stays paused then.
+  absl::Status Resume(uint64_t id, const std::vector<int32_t>& append, int32_t max_new_tokens);
+  // A paused request ends: its slot is freed. NOT_FOUND when not paused.
+  absl::Status End(uint64_t id);
+
+  // Requests holding a slot (decoding or paused), and those paused.
   int64_t running() const { return running_; }
+  int64_t paused() const { return paused_; }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   bool idle() const { return running_ == 0 && waiting_.empty(); }
   uint64_t version() const { return version_; }
@@ -135,6 +164,13 @@ class ContinuousEngine {
     int64_t prompt_row = -1;
     uint64_t first_version = 0;
     int64_t steps = 0;  // decode steps since admission: >= its response tokens
+    // Multi-turn: paused, and the response so far (host copies at the
+    // pause) with its mask; the most response tokens.
+    bool paused = false;
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;  // every position, 0 where inserted
+    std::vector<bool> mask;
+    int64_t budget = 0;
   };
   struct HeldPrompt {
     int64_t users = 0;
@@ -156,6 +192,16 @@ class ContinuousEngine {
   void DecodeStep();
   // The finished sequences, their slots freed (a host synchronisation).
   std::vector<Finished> Collect();
+  // Collect's result for a multi-turn slot: paused, the slot kept.
+  Finished Pause(int64_t s, const at::Tensor& tokens, const at::Tensor& logprobs, int64_t n,
+                 uint64_t last_version);
+  // The slot of paused request `id`, or -1.
+  int64_t PausedSlot(uint64_t id) const;
+  // Resume's pre-fill: `ids` at the slot's response positions from `start`,
+  // leaving the logits after the last.
+  void Prefill(int64_t s, const std::vector<int32_t>& ids, int64_t start);
+  // The response capacity a request needs.
+  static int64_t ResponseNeed(const GenerationRequest& r);
   void Reset();
   int32_t StopCheckEvery() const;
 
@@ -169,6 +215,7 @@ class ContinuousEngine {
   std::vector<HeldPrompt> prompt_row_;
   std::map<std::vector<int32_t>, int64_t> row_of_prompt_;
   int64_t running_ = 0;
+  int64_t paused_ = 0;
   uint64_t next_id_ = 0;
   int64_t steps_since_check_ = 0;
   ContinuousStats stats_;

@@ -50,6 +50,14 @@ absl::Status ValidateSamplingParams(const SamplingParams& params);
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams params;
+  // Multi-turn (ContinuousEngine only): at a stop token, or after
+  // params.max_new_tokens tokens of a turn, the sequence pauses instead of
+  // finishing, keeping its slot and its keys and values until Resume
+  // (an environment's tokens, then the next turn) or End.
+  // `response_budget` bounds its whole response, turns and inserted tokens
+  // together (0: params.max_new_tokens).
+  bool multi_turn = false;
+  int32_t response_budget = 0;
 };
 
 // INVALID_ARGUMENT for an empty prompt, a token outside the vocabulary, bad
@@ -66,6 +74,9 @@ struct GenerationResult {
   // whole batch, and its caller knows its version).
   uint64_t first_version = 0;
   uint64_t last_version = 0;
+  // Multi-turn: one entry per token, false where Resume inserted it (empty:
+  // every token generated). `logprobs` then holds the generated tokens' only.
+  std::vector<bool> loss_mask;
 };
 
 // The result of one row of a decode loop's host copies: the first `n` of

@@ -60,16 +60,20 @@ int32_t ReadNumber(const std::vector<int32_t>& t, size_t begin, size_t end) {
   return n;
 }
 
+// "add", or "add_tool" (`tool`): the same problems, with another marker,
+// CALL as a second stop id (the end of a turn that calls the calculator)
+// and room for the calculator's answers.
 class AdditionTask : public Task {
  public:
-  AdditionTask(int32_t min_k, int32_t max_k) : min_k_(min_k), max_k_(max_k) {}
+  AdditionTask(int32_t min_k, int32_t max_k, bool tool)
+      : min_k_(min_k), max_k_(max_k), tool_(tool) {}
 
-  std::string_view name() const override { return "add"; }
+  std::string_view name() const override { return tool_ ? "add_tool" : "add"; }
 
   TaskPrompt NextPrompt(std::mt19937_64& rng) override {
     std::vector<int32_t> operands = DrawOperands(rng);
     for (int tries = 0; HeldOut(operands) && tries < 1000; ++tries) operands = DrawOperands(rng);
-    return MakePrompt(operands, absl::StrCat("add-", next_id_++));
+    return MakePrompt(operands, absl::StrCat(tool_ ? "add_tool" : "add", "-", next_id_++));
   }
 
   std::vector<TaskPrompt> EvaluationPrompts(int64_t max) const override {
@@ -82,7 +86,8 @@ class AdditionTask : public Task {
       std::vector<int32_t> key = operands;
       std::sort(key.begin(), key.end());
       if (HeldOut(operands) && seen.insert(key).second) {
-        out.push_back(MakePrompt(operands, absl::StrCat("add-eval-", out.size())));
+        out.push_back(
+            MakePrompt(operands, absl::StrCat(tool_ ? "add_tool" : "add", "-eval-", out.size())));
       }
     }
     return out;
@@ -105,13 +110,21 @@ class AdditionTask : public Task {
     return score;
   }
 
-  std::vector<int32_t> stop_token_ids() const override { return {kEosId}; }
+  std::vector<int32_t> stop_token_ids() const override {
+    if (tool_) return {kEosId, addition::kCallId};
+    return {kEosId};
+  }
 
   // The longest correct response (k = max_k, three-digit partial sums:
-  // 2 + 7 (k - 1) + (k - 2) commas + EOS) and two tokens of slack.
-  int32_t max_new_tokens() const override { return 2 + 7 * (max_k_ - 1) + (max_k_ - 2) + 1 + 2; }
+  // 2 + 7 (k - 1) + (k - 2) commas + EOS) and two tokens of slack; with
+  // the calculator, twice that (its calls and answers: "a + b CALL = s",
+  // then "+ c CALL = s" for each further operand).
+  int32_t max_new_tokens() const override {
+    const int32_t plain = 2 + 7 * (max_k_ - 1) + (max_k_ - 2) + 1 + 2;
+    return tool_ ? 2 * plain : plain;
+  }
 
-  int64_t min_vocab_size() const override { return kMarkerId + 1; }
+  int64_t min_vocab_size() const override { return (tool_ ? addition::kCallId : kMarkerId) + 1; }
 
  private:
   std::vector<int32_t> DrawOperands(std::mt19937_64& rng) const {
@@ -123,10 +136,10 @@ class AdditionTask : public Task {
     return operands;
   }
 
-  static TaskPrompt MakePrompt(const std::vector<int32_t>& operands, std::string id) {
+  TaskPrompt MakePrompt(const std::vector<int32_t>& operands, std::string id) const {
     TaskPrompt p;
     p.prompt_id = std::move(id);
-    p.prompt_tokens = {kBosId, kMarkerId};
+    p.prompt_tokens = {kBosId, tool_ ? addition::kToolMarkerId : kMarkerId};
     for (size_t i = 0; i < operands.size(); ++i) {
       if (i > 0) p.prompt_tokens.push_back(kPlusId);
       AppendNumber(operands[i], &p.prompt_tokens);
@@ -138,21 +151,24 @@ class AdditionTask : public Task {
 
   const int32_t min_k_;
   const int32_t max_k_;
+  const bool tool_;
   int64_t next_id_ = 0;
 };
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Task>> CreateAdditionTask(const TaskOptions& o) {
+  const bool tool = o.name == "add_tool";
+  const std::string name = tool ? "add_tool" : "add";
   if (!o.data_path.empty() || !o.tokenizer_path.empty()) {
     return absl::InvalidArgumentError(
-        "data_path or tokenizer_path is set but task \"add\" is synthetic; only the math task "
-        "reads them");
+        absl::StrCat("data_path or tokenizer_path is set but task \"", name,
+                     "\" is synthetic; only the math task reads them"));
   }
   if (o.synthetic_alphabet_size != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("synthetic_alphabet_size is ", o.synthetic_alphabet_size,
-                     "; task \"add\" has a fixed alphabet (digits, +, =, \",\"): leave it 0"));
+        absl::StrCat("synthetic_alphabet_size is ", o.synthetic_alphabet_size, "; task \"", name,
+                     "\" has a fixed alphabet (digits, +, =, \",\"): leave it 0"));
   }
   const int32_t min_k =
       o.synthetic_min_length > 0 ? o.synthetic_min_length : addition::kDefaultMinOperands;
@@ -161,17 +177,18 @@ absl::StatusOr<std::unique_ptr<Task>> CreateAdditionTask(const TaskOptions& o) {
   if (o.synthetic_min_length < 0 || o.synthetic_max_length < 0 || min_k < 2 || min_k > max_k ||
       max_k > addition::kMaxOperands) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "task \"add\": synthetic_min_length and synthetic_max_length (the number of "
+        "task \"", name,
+        "\": synthetic_min_length and synthetic_max_length (the number of "
         "operands) are ",
         min_k, " and ", max_k, "; they must satisfy 2 <= min <= max <= ", addition::kMaxOperands,
         " (0 keeps 3 and 5)"));
   }
-  auto task = std::make_unique<AdditionTask>(min_k, max_k);
+  auto task = std::make_unique<AdditionTask>(min_k, max_k, tool);
   if (o.vocab_size < task->min_vocab_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "vocab_size is ", o.vocab_size, "; task \"add\" needs at least ", task->min_vocab_size(),
-        " (the reserved ids, 10 digits, +, =, \",\" and its "
-        "marker)"));
+        "vocab_size is ", o.vocab_size, "; task \"", name, "\" needs at least ",
+        task->min_vocab_size(), " (the reserved ids, 10 digits, +, =, \",\", its marker",
+        tool ? " and CALL)" : ")"));
   }
   return task;
 }

@@ -32,6 +32,10 @@ inline constexpr int32_t kPlusId = synthetic::kFirstSymbolId + 10;
 inline constexpr int32_t kEqualsId = synthetic::kFirstSymbolId + 11;
 inline constexpr int32_t kCommaId = synthetic::kFirstSymbolId + 12;
 inline constexpr int32_t kMarkerId = synthetic::kFirstSymbolId + 13;
+// "add_tool": its marker, and CALL, which ends a turn that asks the
+// calculator (calculator.h) for the sum the turn wrote.
+inline constexpr int32_t kToolMarkerId = synthetic::kFirstSymbolId + 14;
+inline constexpr int32_t kCallId = synthetic::kFirstSymbolId + 15;
 inline constexpr int32_t kMinOperand = 10;
 inline constexpr int32_t kMaxOperand = 99;
 inline constexpr int32_t kDefaultMinOperands = 3;
@@ -39,8 +43,10 @@ inline constexpr int32_t kDefaultMaxOperands = 5;
 inline constexpr int32_t kMaxOperands = 10;
 }  // namespace addition
 
-// The task; o.synthetic_min_length and o.synthetic_max_length are the range
-// of k (0: 3 and 5; at most 10), o.synthetic_alphabet_size must be 0.
+// The task ("add", or "add_tool" when o.name says so: the same problems and
+// verifier, on a transcript that may call a calculator, calculator.h);
+// o.synthetic_min_length and o.synthetic_max_length are the range of k (0:
+// 3 and 5; at most 10), o.synthetic_alphabet_size must be 0.
 absl::StatusOr<std::unique_ptr<Task>> CreateAdditionTask(const TaskOptions& o);
 
 // The operands of an "add" prompt (from its reference); INVALID_ARGUMENT

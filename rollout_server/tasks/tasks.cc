@@ -464,6 +464,9 @@ std::vector<std::pair<std::string, std::string>> TaskNames() {
   names.emplace_back("add",
                      "synthetic: add 3 to 5 two-digit numbers, a scratchpad of running sums in any "
                      "order of the operands, reward 1 when the final answer is the sum");
+  names.emplace_back("add_tool",
+                     "synthetic, multi-turn: add, with a calculator the model may call for its "
+                     "sums (\"a + b CALL\" is answered \"= s\"); reward on the final answer");
   names.emplace_back("math",
                      "JSONL {\"prompt\", \"answer\"} rows through a chat template and a "
                      "tokenizer.json; reward 1 when the final answer matches");
@@ -476,7 +479,7 @@ absl::StatusOr<std::unique_ptr<Task>> CreateTask(const TaskOptions& options) {
         absl::StrCat("vocab_size is ", options.vocab_size, "; it must be positive"));
   }
   if (options.name == "math") return CreateMath(options);
-  if (options.name == "add") return CreateAdditionTask(options);
+  if (options.name == "add" || options.name == "add_tool") return CreateAdditionTask(options);
   for (const SyntheticSpec& spec : kSyntheticTasks) {
     if (options.name == spec.name) return CreateSynthetic(spec, options);
   }

@@ -300,28 +300,34 @@ def scenario_idle(c):
     c.stop_all()
 
 
-def main():
-    scenario, learner_bin, rollout_bin, work = sys.argv[1:5]
-    work = os.path.join(work, scenario)
-    shutil.rmtree(work, ignore_errors=True)
-    os.makedirs(work)
-    c = Cluster(learner_bin, rollout_bin, work)
+def run_scenario(c, name, body):
+    """Runs body(); on a failed check prints the last lines of every log
+    under c.work and stops the processes. Ends with "PASS name"."""
     try:
-        {"train": scenario_train, "corrupt": scenario_corrupt, "kill": scenario_kill,
-         "restart": scenario_restart, "idle": scenario_idle}[scenario](c)
-    except SystemExit as e:
-        for name in sorted(os.listdir(work)):
-            if name.endswith(".log"):
-                print("---- %s (last 25 lines)" % name)
-                print("".join(open(os.path.join(work, name)).readlines()[-25:]))
+        body()
+    except SystemExit:
+        for log in sorted(os.listdir(c.work)):
+            if log.endswith(".log"):
+                print("---- %s (last 25 lines)" % log)
+                print("".join(open(os.path.join(c.work, log)).readlines()[-25:]))
         c.stop_all()
         raise
     finally:
         for p in c.procs.values():
             if p.poll() is None:
                 p.kill()
-    print("PASS", scenario)
+    print("PASS", name)
 
+
+def main():
+    scenario, learner_bin, rollout_bin, work = sys.argv[1:5]
+    work = os.path.join(work, scenario)
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    c = Cluster(learner_bin, rollout_bin, work)
+    body = {"train": scenario_train, "corrupt": scenario_corrupt, "kill": scenario_kill,
+            "restart": scenario_restart, "idle": scenario_idle}[scenario]
+    run_scenario(c, scenario, lambda: body(c))
 
 if __name__ == "__main__":
     main()

@@ -52,7 +52,8 @@ ROOMS = [
     ("rollout_server/submit", "asympo_submit", 5),
     ("learner_server/trainer", "asympo_trainer", 6),
     ("learner_server/plan", "asympo_plan", 6),
-    ("rollout_server", "asympo_rollout", 6),
+    ("rollout_server/episodes", "asympo_episodes", 6),
+    ("rollout_server", "asympo_rollout", 7),
     ("learner_server/parallel", "asympo_parallel", 7),
     ("learner_server", "asympo_learner", 8),
 ]

@@ -12,6 +12,9 @@
   weight group (torch.distributed, Gloo or NCCL), bucket by bucket, as
   WeightUpdates; GroupStore, the c10d store the group meets over. Needs
   torch, which is imported on first use of these names.
+- Environment: subclass it with reset and step and serve() it as the
+  asympo.v1.Environment service, which rollout daemons started with
+  --environment run multi-turn episodes against; Answer, what step returns.
 - asympo_rl.engines: load a snapshot into vLLM or SGLang (pause, load,
   flush, resume), or have them receive from the weight group; EngineError
   when an engine call fails.
@@ -19,6 +22,7 @@ See docs/external_generators.md in the repository."""
 from .client import (LearnerClient, StreamResult, SubmitResult, group, response,  # noqa: F401
                      stamp_policy_version)
 from .engines import EngineError  # noqa: F401
+from .environment import Answer, Environment  # noqa: F401
 from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
                      LearnerUnavailableError, RefusedError, WeightsError)
 from .turns import generated, inserted, multi_turn_response  # noqa: F401

@@ -82,7 +82,7 @@ TEST(TaskNamesTest, ListsEveryTaskWithADescription) {
     names.push_back(name);
     EXPECT_FALSE(description.empty()) << name;
   }
-  EXPECT_THAT(names, ElementsAre("copy", "reverse", "successor", "sort", "add", "math"));
+  EXPECT_THAT(names, ElementsAre("copy", "reverse", "successor", "sort", "add", "add_tool", "math"));
 }
 
 TEST(TaskCreateTest, UnknownNameListsTheTasks) {
@@ -91,7 +91,7 @@ TEST(TaskCreateTest, UnknownNameListsTheTasks) {
   o.vocab_size = 64;
   absl::StatusOr<std::unique_ptr<Task>> task = CreateTask(o);
   ASSERT_THAT(task, StatusIs(absl::StatusCode::kInvalidArgument, "--task=copyy: no such task"));
-  EXPECT_THAT(task.status().message(), HasSubstr("copy, reverse, successor, sort, add, math"));
+  EXPECT_THAT(task.status().message(), HasSubstr("copy, reverse, successor, sort, add, add_tool, math"));
 }
 
 TEST(TaskCreateTest, RejectsNonPositiveVocabulary) {

@@ -1,0 +1,216 @@
+// EpisodeRunner on a continuous engine: groups of episodes against the
+// built-in calculator (what the learner receives: the transcript, its loss
+// mask, the generated tokens' log-probs and versions) and against scripted
+// environments that break the protocol (each failure ends the episode and
+// drops its group, counted by reason).
+#include "rollout_server/episodes/episode_runner.h"
+
+#include <functional>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <prometheus/registry.h>
+
+#include "rollout_server/tasks/addition_task.h"
+#include "rollout_server/tasks/calculator.h"
+#include "tests/testing/tiny_policy.h"
+
+namespace asympo::rollout {
+namespace {
+
+double FailedCount(prometheus::Registry& r, const std::string& reason) {
+  for (const auto& family : r.Collect()) {
+    if (family.name != "asympo_rollout_episodes_failed_total") continue;
+    for (const auto& m : family.metric) {
+      for (const auto& l : m.label) {
+        if (l.name == "reason" && l.value == reason) return m.counter.value;
+      }
+    }
+  }
+  return 0;
+}
+
+struct Fixture {
+  prometheus::Registry registry;
+  prometheus::Counter* counter(const std::string& name) {
+    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
+  }
+  prometheus::Family<prometheus::Counter>& dropped =
+      prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
+  std::unique_ptr<EpisodeMetrics> metrics;
+  std::unique_ptr<PolicyModel> model = ::asympo::testing::TinyPolicy(64, 5, 0.3);
+  std::unique_ptr<ContinuousEngine> engine;
+  std::unique_ptr<Task> task;
+
+  Fixture() {
+    GenerationCounters c{counter("t"), counter("r"), counter("s"),
+                         counter("c"), counter("g"), &dropped};
+    metrics = std::make_unique<EpisodeMetrics>(registry, c);
+    ContinuousOptions o;
+    o.max_running_sequences = 8;
+    engine = ContinuousEngine::Create(model.get(), 3, o).value();
+    TaskOptions to;
+    to.name = "add_tool";
+    to.vocab_size = 64;
+    task = CreateTask(to).value();
+  }
+
+  EpisodeOptions Options(int32_t budget, int32_t turns) {
+    EpisodeOptions eo;
+    eo.group_size = 4;
+    eo.sampling.stop_token_ids = task->stop_token_ids();
+    eo.sampling.max_new_tokens = 12;  // per turn
+    eo.response_budget = budget;
+    eo.max_turns = turns;
+    return eo;
+  }
+
+  // Runs `runner` until it has no open group; the groups it completed.
+  std::vector<v1::PromptGroup> Drain(EpisodeRunner& runner) {
+    std::vector<v1::PromptGroup> out;
+    for (int i = 0; i < 100000 && runner.open_groups() > 0; ++i) {
+      for (auto& g : runner.Poll(*engine, absl::Milliseconds(1))) out.push_back(std::move(g));
+      if (runner.open_groups() == 0) break;
+      if (engine->running() > engine->paused() || engine->waiting() > 0) {
+        auto finished = engine->Step();
+        EXPECT_TRUE(finished.ok()) << finished.status();
+        runner.OnTurns(*engine, *finished);
+      }
+    }
+    return out;
+  }
+};
+
+TEST(EpisodeRunnerTest, CalculatorEpisodesGiveTranscriptsWithTheirLossMasks) {
+  Fixture f;
+  EpisodeRunner runner(CreateBuiltinEnvironment(f.task.get()), f.Options(48, 6), f.metrics.get());
+  std::mt19937_64 rng(1);
+  std::vector<TaskPrompt> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(f.task->NextPrompt(rng));
+    runner.StartGroup(prompts.back(), /*logprobs=*/true, rng);
+  }
+  const std::vector<v1::PromptGroup> groups = f.Drain(runner);
+  ASSERT_EQ(groups.size(), 6u);
+  EXPECT_TRUE(f.engine->idle()) << "every sequence ended";
+  int64_t calls = 0;
+  for (const v1::PromptGroup& g : groups) {
+    ASSERT_EQ(g.responses_size(), 4);
+    for (const v1::Response& r : g.responses()) {
+      ASSERT_LE(r.tokens_size(), 48);
+      int64_t generated = r.tokens_size();
+      if (r.loss_mask_size() > 0) {
+        ASSERT_EQ(r.loss_mask_size(), r.tokens_size());
+        generated = std::count(r.loss_mask().begin(), r.loss_mask().end(), true);
+      }
+      EXPECT_EQ(r.behavior_logprobs_size(), generated) << "one log-prob per generated token";
+      EXPECT_EQ(r.first_policy_version(), 3u);
+      EXPECT_EQ(r.last_policy_version(), 3u);
+      // Replays the transcript: after each generated CALL the calculator's
+      // answer follows as inserted tokens, and nothing else is inserted.
+      std::vector<int32_t> turn;
+      std::optional<int32_t> previous;
+      for (int j = 0; j < r.tokens_size(); ++j) {
+        const bool inserted = r.loss_mask_size() > 0 && !r.loss_mask(j);
+        ASSERT_FALSE(inserted) << "an inserted token where no CALL asked for one, at " << j;
+        turn.push_back(r.tokens(j));
+        if (r.tokens(j) != addition::kCallId || j + 1 == r.tokens_size()) continue;
+        const std::vector<int32_t> answer = CalculatorAnswer(turn, &previous);
+        ++calls;
+        for (size_t a = 0; a < answer.size(); ++a) {
+          ASSERT_LT(j + 1 + static_cast<int>(a), r.tokens_size());
+          EXPECT_EQ(r.tokens(j + 1 + static_cast<int>(a)), answer[a]);
+          EXPECT_FALSE(r.loss_mask(j + 1 + static_cast<int>(a)));
+        }
+        j += static_cast<int>(answer.size());
+        turn.clear();
+      }
+      const TaskPrompt& p = *std::find_if(prompts.begin(), prompts.end(), [&](const TaskPrompt& q) {
+        return q.prompt_id == g.prompt_id();
+      });
+      const std::vector<int32_t> transcript(r.tokens().begin(), r.tokens().end());
+      EXPECT_EQ(r.reward(), f.task->Score(p, transcript).reward) << "the verifier's reward";
+    }
+  }
+  EXPECT_GT(calls, 0) << "a random policy calls the calculator now and then";
+  EXPECT_EQ(f.metrics->episodes.Value(), 24);
+  EXPECT_GT(f.metrics->inserted_tokens.Value(), 0);
+}
+
+// An environment whose every call answers at once with what `step` says.
+class Scripted : public Environment {
+ public:
+  using StepFn = std::function<absl::StatusOr<TurnAnswer>(const Turn&)>;
+  explicit Scripted(StepFn step) : step_(std::move(step)) {}
+  void Reset(const TaskPrompt&, uint32_t index, uint64_t, ResetDone done) override {
+    done(absl::StrCat("e", next_++, "-", index));
+  }
+  void Step(const std::string&, const Turn& turn, StepDone done) override { done(step_(turn)); }
+  void Close(const std::string&) override { ++closed; }
+  std::string name() const override { return "scripted"; }
+  int closed = 0;
+
+ private:
+  StepFn step_;
+  int next_ = 0;
+};
+
+TEST(EpisodeRunnerTest, EachProtocolBreachFailsTheEpisodeAndDropsItsGroup) {
+  struct Case {
+    std::string reason;
+    Scripted::StepFn step;
+  };
+  const std::vector<Case> cases = {
+      {"deadline", [](const Turn&) { return absl::DeadlineExceededError("late"); }},
+      {"unavailable", [](const Turn&) { return absl::UnavailableError("gone"); }},
+      {"not_done",
+       [](const Turn&) {
+         return TurnAnswer{{7}, false, 0, false};
+       }},
+      {"overlong",
+       [](const Turn& t) {
+         return TurnAnswer{std::vector<int32_t>(t.tokens_left, 7), false, 0, false};
+       }},
+      {"invalid_answer",
+       [](const Turn&) {
+         return TurnAnswer{{64}, false, 0, false};
+       }},
+  };
+  for (const Case& c : cases) {
+    Fixture f;
+    auto env = std::make_unique<Scripted>(c.step);
+    Scripted* scripted = env.get();
+    EpisodeRunner runner(std::move(env), f.Options(40, 2), f.metrics.get());
+    std::mt19937_64 rng(2);
+    runner.StartGroup(f.task->NextPrompt(rng), false, rng);
+    EXPECT_TRUE(f.Drain(runner).empty()) << c.reason << ": the group is dropped";
+    EXPECT_GE(FailedCount(f.registry, c.reason), 1) << c.reason;
+    EXPECT_EQ(f.metrics->dropped.Value(), 1) << c.reason;
+    EXPECT_EQ(scripted->closed, 4) << c.reason << ": every episode is closed";
+    EXPECT_TRUE(f.engine->idle()) << c.reason << ": no sequence is left paused";
+  }
+}
+
+TEST(EpisodeRunnerTest, TheLastTurnIsFinalAndADoneAnswerEndsTheEpisode) {
+  Fixture f;
+  std::vector<Turn> turns;
+  auto env = std::make_unique<Scripted>([&](const Turn& t) -> absl::StatusOr<TurnAnswer> {
+    turns.push_back(t);
+    if (t.final) return TurnAnswer{{}, true, 0.5, false};
+    return TurnAnswer{{9, 10}, false, 0, false};
+  });
+  EpisodeRunner runner(std::move(env), f.Options(60, 3), f.metrics.get());
+  std::mt19937_64 rng(3);
+  runner.StartGroup(f.task->NextPrompt(rng), false, rng);
+  const auto groups = f.Drain(runner);
+  ASSERT_EQ(groups.size(), 1u);
+  for (const v1::Response& r : groups[0].responses()) EXPECT_FLOAT_EQ(r.reward(), 0.5f);
+  ASSERT_EQ(turns.size(), 12u) << "3 turns of 4 episodes";
+  for (const Turn& t : turns) {
+    EXPECT_EQ(t.final, t.index == 2) << "turn " << t.index;
+    EXPECT_GT(t.tokens_left, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace asympo::rollout

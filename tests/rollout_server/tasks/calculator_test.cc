@@ -1,0 +1,92 @@
+// The add_tool task and its calculator: what a turn ending with CALL is
+// answered, and the verifier on transcripts with the calculator's answers.
+#include "rollout_server/tasks/calculator.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "rollout_server/tasks/addition_task.h"
+#include "tests/testing/status_matchers.h"
+
+namespace asympo::rollout {
+namespace {
+
+using addition::kCallId;
+using addition::kCommaId;
+using addition::kEqualsId;
+using addition::kPlusId;
+using synthetic::kEosId;
+using ::asympo::testing::StatusIs;
+using ::testing::ElementsAre;
+
+constexpr int32_t D(int d) { return synthetic::kFirstSymbolId + d; }
+
+TEST(CalculatorTest, AnswersTheSumATurnWritesAndGoesOnFromIt) {
+  std::optional<int32_t> previous;
+  EXPECT_THAT(CalculatorAnswer({D(2), D(3), kPlusId, D(4), D(5), kCallId}, &previous),
+              ElementsAre(kEqualsId, D(6), D(8)));
+  EXPECT_EQ(previous, 68);
+  EXPECT_THAT(CalculatorAnswer({kPlusId, D(1), D(7), kCallId}, &previous),
+              ElementsAre(kEqualsId, D(8), D(5)));
+  EXPECT_THAT(CalculatorAnswer({D(9), D(9), D(9), D(9), kPlusId, D(1), kCallId}, &previous),
+              ElementsAre(kEqualsId, D(1), D(0), D(0), D(0), D(0)));
+}
+
+TEST(CalculatorTest, AnExpressionItCannotReadIsAnsweredWithAComma) {
+  std::optional<int32_t> none;
+  EXPECT_THAT(CalculatorAnswer({kPlusId, D(1), kCallId}, &none), ElementsAre(kCommaId))
+      << "a leading + before any answer";
+  EXPECT_FALSE(none.has_value());
+  for (const std::vector<int32_t>& bad :
+       std::vector<std::vector<int32_t>>{{kCallId},
+                                         {D(1), kPlusId, kCallId},
+                                         {D(1), D(2), D(3), D(4), D(5), kCallId},
+                                         {D(1), kEqualsId, D(2), kCallId}}) {
+    std::optional<int32_t> previous = 5;
+    EXPECT_THAT(CalculatorAnswer(bad, &previous), ElementsAre(kCommaId));
+    EXPECT_EQ(previous, 5) << "an unread expression keeps the last answer";
+  }
+  std::optional<int32_t> previous;
+  EXPECT_TRUE(CalculatorAnswer({D(1), kEosId}, &previous).empty()) << "no CALL: no answer";
+}
+
+TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
+  TaskOptions o;
+  o.name = "add_tool";
+  o.vocab_size = 23;
+  EXPECT_THAT(CreateTask(o), StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 24"));
+  o.vocab_size = 64;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Task> task, CreateTask(o));
+  EXPECT_EQ(task->name(), "add_tool");
+  EXPECT_THAT(task->stop_token_ids(), ElementsAre(kEosId, kCallId));
+  EXPECT_EQ(task->max_new_tokens(), 72);
+  std::mt19937_64 rng(4);
+  const TaskPrompt p = task->NextPrompt(rng);
+  EXPECT_EQ(p.prompt_tokens[1], addition::kToolMarkerId);
+  ASSERT_OK_AND_ASSIGN(const std::vector<int32_t> operands, AdditionOperands(p));
+  // The transcript of calls for every operand, answers inserted, then EOS.
+  std::vector<int32_t> transcript;
+  std::optional<int32_t> previous;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    std::vector<int32_t> turn;
+    if (i > 0) turn.push_back(kPlusId);
+    for (char c : std::to_string(operands[i])) turn.push_back(D(c - '0'));
+    turn.push_back(kCallId);
+    const std::vector<int32_t> answer = CalculatorAnswer(turn, &previous);
+    transcript.insert(transcript.end(), turn.begin(), turn.end());
+    transcript.insert(transcript.end(), answer.begin(), answer.end());
+  }
+  transcript.push_back(kEosId);
+  EXPECT_EQ(task->Score(p, transcript).reward, 1.0);
+  transcript.insert(transcript.end() - 1, D(1));  // a digit more: another number
+  EXPECT_EQ(task->Score(p, transcript).reward, 0.0);
+  // The held-out split is add's: the same problems, another marker.
+  o.name = "add";
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Task> add, CreateTask(o));
+  const auto a = add->EvaluationPrompts(5), b = task->EvaluationPrompts(5);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i].reference, b[i].reference);
+}
+
+}  // namespace
+}  // namespace asympo::rollout
