@@ -14,6 +14,7 @@
 #include "common/model/checkpoint_files.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
+#include "rollout_server/episodes/episode_runner.h"
 
 namespace asympo::rollout {
 namespace {
@@ -125,9 +126,11 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadModelForEvaluation(
                                      : absl::StrCat("model ", model);
   if (contents.has_value()) {
     if (absl::Status s = policy->LoadParameters(contents->weights); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "checkpoint ", chosen, " does not fit the ", what, " (pass --model and, for the tiny "
-          "model, --tiny_vocab_size as the learner had them): ", s.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint ", chosen, " does not fit the ", what,
+                       " (pass --model and, for the tiny "
+                       "model, --tiny_vocab_size as the learner had them): ",
+                       s.message()));
     }
     what = absl::StrCat(what, ", checkpoint ", chosen, " (version ", contents->version, ")");
   }
@@ -138,8 +141,8 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadModelForEvaluation(
 absl::Status ValidateEvaluationOptions(const EvaluationOptions& o) {
   if (o.k < 0) return absl::InvalidArgumentError(absl::StrCat("k is ", o.k, "; it must be >= 0"));
   if (o.samples != 0 && o.samples < o.k) {
-    return absl::InvalidArgumentError(absl::StrCat("samples is ", o.samples,
-                                                   "; it must be 0 (= k) or at least k = ", o.k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("samples is ", o.samples, "; it must be 0 (= k) or at least k = ", o.k));
   }
   if (o.prompts_per_batch <= 0) {
     return absl::InvalidArgumentError(
@@ -166,6 +169,24 @@ double PassAtK(int64_t n, int64_t c, int64_t k) {
   return 1.0 - none;
 }
 
+namespace {
+
+// Turns of an evaluation episode (a task with a built-in environment).
+constexpr int32_t kEvaluationMaxTurns = 8;
+
+// The responses to `requests`: one sampling each, or, for a task with a
+// built-in environment (add_tool), one episode each against it (the
+// response is the transcript, which the task's verifier scores).
+absl::StatusOr<std::vector<GenerationResult>> GenerateFor(
+    const GenerationEngine& engine, const Task& task,
+    const std::vector<GenerationRequest>& requests) {
+  std::unique_ptr<Environment> environment = CreateBuiltinEnvironment(&task);
+  if (environment == nullptr) return engine.Generate(requests);
+  return RunRequestEpisodes(*engine.model(), std::move(environment), requests, kEvaluationMaxTurns);
+}
+
+}  // namespace
+
 absl::StatusOr<EvaluationReport> Evaluate(const GenerationEngine& engine, const Task& task,
                                           const std::vector<TaskPrompt>& prompts,
                                           const EvaluationOptions& options) {
@@ -176,8 +197,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const GenerationEngine& engine, const 
   SamplingParams base;
   base.temperature = options.temperature;
   base.top_p = options.top_p;
-  base.max_new_tokens =
-      options.max_new_tokens > 0 ? options.max_new_tokens : task.max_new_tokens();
+  base.max_new_tokens = options.max_new_tokens > 0 ? options.max_new_tokens : task.max_new_tokens();
   base.stop_token_ids = task.stop_token_ids();
 
   EvaluationReport report;
@@ -192,7 +212,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const GenerationEngine& engine, const 
     const size_t end =
         std::min(prompts.size(), begin + static_cast<size_t>(options.prompts_per_batch));
     absl::StatusOr<std::vector<GenerationResult>> results =
-        engine.Generate(Requests(prompts, begin, end, base, n, options));
+        GenerateFor(engine, task, Requests(prompts, begin, end, base, n, options));
     if (!results.ok()) return results.status();
     for (size_t p = begin; p < end; ++p) {
       ScorePrompt(task, prompts[p], &(*results)[(p - begin) * (1 + n)], n, options.k,
@@ -207,8 +227,7 @@ absl::StatusOr<EvaluationReport> Evaluate(const GenerationEngine& engine, const 
   report.greedy_reward = totals.greedy_reward / count;
   report.greedy_mean_length = totals.greedy_tokens / count;
   report.mean_length = n > 0 ? totals.sample_tokens / (count * n) : 0;
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }
 
@@ -246,8 +265,8 @@ std::string EvaluationSummary(const EvaluationReport& r) {
   std::string line = absl::StrFormat("prompts=%d greedy_acc=%.3f greedy_reward=%.3f", r.prompts,
                                      r.greedy_accuracy, r.greedy_reward);
   if (r.samples > 0) {
-    absl::StrAppendFormat(&line, " mean@%d=%.3f pass@%d=%.3f sample_reward=%.3f", r.k,
-                          r.mean_at_k, r.k, r.pass_at_k, r.sample_reward);
+    absl::StrAppendFormat(&line, " mean@%d=%.3f pass@%d=%.3f sample_reward=%.3f", r.k, r.mean_at_k,
+                          r.k, r.pass_at_k, r.sample_reward);
   }
   absl::StrAppendFormat(&line, " greedy_length=%.2f", r.greedy_mean_length);
   if (r.samples > 0) absl::StrAppendFormat(&line, " mean_length=%.2f", r.mean_length);

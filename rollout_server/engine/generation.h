@@ -113,6 +113,8 @@ class GenerationEngine {
   absl::StatusOr<std::vector<GenerationResult>> Generate(
       const std::vector<GenerationRequest>& requests) const;
 
+  const PolicyModel* model() const { return model_; }
+
  private:
   // The prefill and the decode loop for validated requests (may throw).
   std::vector<GenerationResult> Decode(const std::vector<GenerationRequest>& requests,

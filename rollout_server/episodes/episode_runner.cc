@@ -38,11 +38,13 @@ void EpisodeRunner::Push(Event e) {
   arrived_.notify_one();
 }
 
-void EpisodeRunner::StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng) {
+void EpisodeRunner::StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng,
+                               const SamplingParams* sampling) {
   const uint64_t key = next_group_++;
   Group& g = groups_[key];
   g.prompt = prompt;
   g.logprobs = logprobs;
+  if (sampling != nullptr) g.sampling = *sampling;
   g.episodes.resize(static_cast<size_t>(options_.group_size));
   for (int i = 0; i < options_.group_size; ++i) {
     Episode& ep = g.episodes[static_cast<size_t>(i)];
@@ -101,8 +103,8 @@ void EpisodeRunner::OnReset(ContinuousEngine& engine, Event& e) {
     EndEpisode(engine, e.group, e.index, "");
     return;
   }
-  GenerationRequest r{g.prompt.prompt_tokens, options_.sampling};
-  r.params.seed = ep.seed;
+  GenerationRequest r{g.prompt.prompt_tokens, g.sampling.value_or(options_.sampling)};
+  if (!g.sampling.has_value()) r.params.seed = ep.seed;
   r.params.return_logprobs = g.logprobs;
   r.multi_turn = true;
   r.response_budget = options_.response_budget;

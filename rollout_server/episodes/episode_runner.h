@@ -30,6 +30,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -59,8 +60,10 @@ class EpisodeRunner {
                 EpisodeMetrics* metrics);
   ~EpisodeRunner();
 
-  // Starts a group's G episodes (their Resets go out now).
-  void StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng);
+  // Starts a group's G episodes (their Resets go out now). `sampling`, when
+  // given, replaces the options' for this group, its seed included.
+  void StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng,
+                  const SamplingParams* sampling = nullptr);
   // Takes the environment's answers (waiting up to `wait` for one when none
   // has come): adds requests to the engine, resumes or ends sequences.
   // Returns the groups every episode of which is done.
@@ -92,6 +95,7 @@ class EpisodeRunner {
   struct Group {
     TaskPrompt prompt;
     bool logprobs = false;
+    std::optional<SamplingParams> sampling;  // StartGroup's, when given
     std::vector<Episode> episodes;
     int ended = 0;
     std::string failure;  // the first failure's reason ("" while none)
@@ -130,5 +134,14 @@ class EpisodeRunner {
   // Last: destroyed first, waiting for its callbacks (which use the queue).
   std::unique_ptr<Environment> environment_;
 };
+
+// Each request as one episode against `environment` on `model` (its own
+// sampling parameters and seed; multi_turn and response_budget are set
+// here: the budget is params.max_new_tokens, the turn limit `max_turns`):
+// the transcripts, in request order, with their loss masks. For
+// evaluations (asympo-eval, rollout_server/evaluation.h).
+absl::StatusOr<std::vector<GenerationResult>> RunRequestEpisodes(
+    const PolicyModel& model, std::unique_ptr<Environment> environment,
+    const std::vector<GenerationRequest>& requests, int32_t max_turns);
 
 }  // namespace asympo::rollout

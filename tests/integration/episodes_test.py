@@ -4,13 +4,16 @@ an asympo-rollout daemon on the "add_tool" task. Scenarios (one per run):
   builtin   the daemon's built-in calculator: episodes end done, the
             calculator's answers are inserted, the groups train the learner
   python    the same task served by the Python example through the
-            asympo.v1.Environment service; the service killed: episodes fail
+            asympo.v1.Environment service, with a bearer token (serve
+            refuses non-loopback addresses without TLS, and calls without
+            the token); the service killed: episodes fail
             as "unavailable", their groups are dropped, the daemon goes on;
             started again: episodes run again
 
     python3 episodes_test.py SCENARIO LEARNER ROLLOUT PKG_DIR WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 without grpc for Python."""
 import importlib.util
+import json
 import os
 import shutil
 import signal
@@ -35,11 +38,12 @@ def metric(m, name, **labels):
     return 0
 
 
-def started_environment(pkg, port, log):
+def started_environment(pkg, port, log, token_file):
     env = dict(os.environ, PYTHONPATH=pkg)
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "..", "proto", "python", "examples",
                                                        "calculator_environment.py"),
-                          "--listen=127.0.0.1:%d" % port], stdout=log, stderr=subprocess.STDOUT, env=env)
+                          "--listen=127.0.0.1:%d" % port, "--token_file=" + token_file],
+                         stdout=log, stderr=subprocess.STDOUT, env=env)
     wait_for("the Python environment listens", lambda: "listening on" in open(log.name).read(), timeout=60)
     return p
 
@@ -63,14 +67,53 @@ def scenario_builtin(c):
     failed = sum(v for k, v in m.items() if k.startswith("asympo_rollout_episodes_failed_total"))
     check(failed == 0, "no episode failed")
     check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")
+    check(c.stop("learner", signal.SIGINT) == 0, "the learner exits 0 on SIGINT")
+    # asympo-eval runs add_tool's held-out prompts as episodes too.
+    out = os.path.join(c.work, "eval.json")
+    r = subprocess.run([os.path.join(os.path.dirname(c.rollout_bin), "asympo-eval"),
+                        "--checkpoint=" + os.path.join(c.work, "ckpt"), "--task=add_tool", "--k=2",
+                        "--max_prompts=20", "--output=" + out],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    check(r.returncode == 0, "asympo-eval --task=add_tool exits 0 (%s)" % r.stdout[-300:])
+    report = json.load(open(out))
+    check(report["prompts"] == 20 and 0 <= report["greedy_accuracy"] <= 1,
+          "asympo-eval evaluated 20 held-out add_tool prompts (%s)" % r.stdout.strip().splitlines()[-1])
+
+
+def serve_checks(pkg):
+    """asympo_rl.Environment.serve listens beyond loopback only with TLS,
+    and with a token refuses a call without it."""
+    sys.path.insert(0, pkg)
+    import grpc
+    import asympo_rl
+    from asympo_rl._stubs import environment_pb2, environment_pb2_grpc
+    try:
+        asympo_rl.Environment().serve("0.0.0.0:0")
+        check(False, "serve refuses to listen beyond loopback without TLS")
+    except asympo_rl.AsympoError as e:
+        check("needs tls" in str(e), "serve refuses to listen beyond loopback without TLS (%s)" % e)
+    server = asympo_rl.Environment().serve("127.0.0.1:0", token="s3cret")
+    stub = environment_pb2_grpc.EnvironmentStub(grpc.insecure_channel("127.0.0.1:%d" % server.port))
+    try:
+        stub.Reset(environment_pb2.ResetRequest(prompt_id="p"), timeout=10)
+        code = None
+    except grpc.RpcError as e:
+        code = e.code()
+    check(code == grpc.StatusCode.UNAUTHENTICATED, "a call without the token is refused (%s)" % code)
+    server.stop(0)
 
 
 def scenario_python(c, pkg):
+    serve_checks(pkg)
     port = free_port()
     log = open(os.path.join(c.work, "environment.log"), "a")
-    env = started_environment(pkg, port, log)
+    token = os.path.join(c.work, "environment.token")
+    with open(token, "w") as f:
+        f.write("episode-token-%d\n" % port)
+    env = started_environment(pkg, port, log, token)
     c.start_learner()
-    c.start_rollout(0, ROLLOUT_FLAGS + ["--environment=127.0.0.1:%d" % port, "--environment_timeout=5s"])
+    c.start_rollout(0, ROLLOUT_FLAGS + ["--environment=127.0.0.1:%d" % port, "--environment_timeout=5s",
+                                        "--environment_token_file=" + token])
     trains(c, "Python environment")
     env.send_signal(signal.SIGKILL)
     env.wait()
@@ -81,7 +124,7 @@ def scenario_python(c, pkg):
              lambda: metric(c.rollout(0), "asympo_rollout_groups_dropped_total", reason="environment") > 0,
              timeout=30)
     before = metric(c.rollout(0), "asympo_rollout_episodes_total")
-    env = started_environment(pkg, port, log)
+    env = started_environment(pkg, port, log, token)
     wait_for("the daemon runs episodes again once the environment is back",
              lambda: metric(c.rollout(0), "asympo_rollout_episodes_total") >= before + 8, timeout=90)
     check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")

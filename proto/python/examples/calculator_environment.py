@@ -10,8 +10,9 @@ cannot be read is answered ",". A turn that ends otherwise (EOS) ends the
 episode: reward 1 when the digits after the transcript's last "=" are the
 sum of the prompt's numbers.
 
-    python3 calculator_environment.py --listen 127.0.0.1:50070
-    asympo-rollout --task=add_tool --environment=127.0.0.1:50070 ...
+    python3 calculator_environment.py --listen 127.0.0.1:50070 [--token_file F]
+    asympo-rollout --task=add_tool --environment=127.0.0.1:50070 \
+        [--environment_token_file F] ...
 
 Prints "listening on HOST:PORT" once it serves."""
 import argparse
@@ -90,8 +91,12 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--listen", default="127.0.0.1:50070")
     p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--token_file", default="",
+                   help="a file whose first line is the bearer token callers must send "
+                        "(the daemon's --environment_token_file)")
     args = p.parse_args()
-    server = Calculator().serve(args.listen, max_workers=args.workers)
+    token = open(args.token_file).readline().strip() if args.token_file else None
+    server = Calculator().serve(args.listen, max_workers=args.workers, token=token)
     print("listening on %s:%d" % (args.listen.rsplit(":", 1)[0], server.port), flush=True)
     try:
         while True:

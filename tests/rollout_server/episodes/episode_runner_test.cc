@@ -13,6 +13,7 @@
 
 #include "rollout_server/tasks/addition_task.h"
 #include "rollout_server/tasks/calculator.h"
+#include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_policy.h"
 
 namespace asympo::rollout {
@@ -210,6 +211,34 @@ TEST(EpisodeRunnerTest, TheLastTurnIsFinalAndADoneAnswerEndsTheEpisode) {
     EXPECT_EQ(t.final, t.index == 2) << "turn " << t.index;
     EXPECT_GT(t.tokens_left, 0u);
   }
+}
+
+TEST(EpisodeRunnerTest, RequestEpisodesComeBackInOrderEachAsItRunsAlone) {
+  Fixture f;
+  std::vector<GenerationRequest> requests;
+  std::mt19937_64 rng(9);
+  for (int i = 0; i < 16; ++i) {
+    GenerationRequest r{f.task->NextPrompt(rng).prompt_tokens, {}};
+    r.params.temperature = i % 4 == 0 ? 0.0 : 1.0;
+    r.params.seed = 100 + static_cast<uint64_t>(i);
+    r.params.max_new_tokens = f.task->max_new_tokens();
+    r.params.stop_token_ids = f.task->stop_token_ids();
+    requests.push_back(r);
+  }
+  ASSERT_OK_AND_ASSIGN(
+      const std::vector<GenerationResult> together,
+      RunRequestEpisodes(*f.model, CreateBuiltinEnvironment(f.task.get()), requests, 6));
+  ASSERT_EQ(together.size(), requests.size());
+  bool inserted = false;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_OK_AND_ASSIGN(
+        const std::vector<GenerationResult> alone,
+        RunRequestEpisodes(*f.model, CreateBuiltinEnvironment(f.task.get()), {requests[i]}, 6));
+    EXPECT_EQ(together[i].tokens, alone[0].tokens) << "request " << i;
+    EXPECT_EQ(together[i].loss_mask, alone[0].loss_mask) << "request " << i;
+    for (bool b : together[i].loss_mask) inserted = inserted || !b;
+  }
+  EXPECT_TRUE(inserted) << "some episode called the calculator";
 }
 
 }  // namespace

@@ -1,0 +1,278 @@
+// Learning with a tool: "add_tool" episodes against the built-in
+// calculator, trained by the learner's Trainer, in one process (the
+// synchronous loop of bench/task_learning, with multi-turn episodes).
+//
+//   episode_learning [--steps 150] [--prompts 8] [--group 8] [--lr 1e-3]
+//                    [--objective asympo] [--min_k 2] [--max_k 3]
+//                    [--sft_steps 60] [--sft_lr 1e-3] [--sft_batch 32]
+//                    [--eval_every 25] [--eval_prompts 200] [--unmasked 0]
+//                    [--seed 0] [--threads 1] [--csv FILE]
+//
+// The tiny model (random weights, vocabulary 64) first learns the format
+// from --sft_steps supervised steps on calculator transcripts (the
+// operands in a random order, each sum asked of the calculator; the loss
+// on generated tokens only), stopped well short of solving the task. Then
+// each RL step runs --prompts groups of --group episodes with the current
+// weights (temperature 1) and trains one step on them. --unmasked 1 drops
+// the responses' loss masks before training: the model is then also
+// trained on the calculator's answers as if it had written them, which is
+// what a protocol without masks does to a multi-turn response. Every
+// --eval_every steps: greedy episodes on --eval_prompts held-out prompts
+// (accuracy = reward 1). --csv writes one row per step (reward, accuracy of
+// the samples, calls per episode, held-out accuracy where measured).
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <ATen/Parallel.h>
+#include <prometheus/registry.h>
+#include <torch/torch.h>
+
+#include "bench/bench_flags.h"
+#include "learner_server/optim/adamw.h"
+#include "learner_server/trainer/trainer.h"
+#include "rollout_server/episodes/episode_runner.h"
+#include "rollout_server/tasks/addition_task.h"
+#include "rollout_server/tasks/calculator.h"
+
+namespace {
+
+namespace rollout = asympo::rollout;
+namespace learner = asympo::learner;
+using asympo::bench::Flag;
+using asympo::bench::FlagD;
+using asympo::bench::FlagS;
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  int64_t steps, prompts, group, min_k, max_k, sft_steps, sft_batch, eval_every, eval_prompts;
+  double lr, sft_lr;
+  bool unmasked;
+  uint64_t seed;
+  std::string objective, csv;
+};
+
+// A calculator transcript for `prompt`: operands in a random order, "a + b
+// CALL [= s]", then "+ c CALL [= s]" for each next one, then EOS; the mask
+// false on the calculator's answers.
+void ToolTranscript(const rollout::TaskPrompt& prompt, std::mt19937_64& rng,
+                    std::vector<int32_t>* tokens, std::vector<bool>* mask) {
+  std::vector<int32_t> operands = rollout::AdditionOperands(prompt).value();
+  std::shuffle(operands.begin(), operands.end(), rng);
+  std::optional<int32_t> previous;
+  const auto digits = [](int32_t n, std::vector<int32_t>* out) {
+    for (char c : std::to_string(n)) out->push_back(rollout::synthetic::kFirstSymbolId + (c - '0'));
+  };
+  for (size_t i = 1; i < operands.size(); ++i) {
+    std::vector<int32_t> turn;
+    if (i == 1) {
+      digits(operands[0], &turn);
+    }
+    turn.push_back(rollout::addition::kPlusId);
+    digits(operands[i], &turn);
+    turn.push_back(rollout::addition::kCallId);
+    const std::vector<int32_t> answer = rollout::CalculatorAnswer(turn, &previous);
+    for (int32_t t : turn) tokens->push_back(t), mask->push_back(true);
+    for (int32_t t : answer) tokens->push_back(t), mask->push_back(false);
+  }
+  tokens->push_back(rollout::synthetic::kEosId);
+  mask->push_back(true);
+}
+
+// Supervised steps on calculator transcripts: the mean NLL of their
+// generated tokens given the prompt and everything before.
+void Sft(asympo::PolicyModel* model, rollout::Task* task, const Args& a, std::mt19937_64& rng) {
+  learner::AdamW optimizer(model->parameters(), learner::AdamWOptions{});
+  for (int64_t step = 0; step < a.sft_steps; ++step) {
+    std::vector<std::vector<int32_t>> seqs;
+    std::vector<std::vector<bool>> trained;
+    int64_t longest = 0;
+    for (int64_t i = 0; i < a.sft_batch; ++i) {
+      const rollout::TaskPrompt p = task->NextPrompt(rng);
+      std::vector<int32_t> tokens = p.prompt_tokens;
+      std::vector<bool> mask(p.prompt_tokens.size(), false);
+      ToolTranscript(p, rng, &tokens, &mask);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(tokens.size()));
+      seqs.push_back(std::move(tokens));
+      trained.push_back(std::move(mask));
+    }
+    at::Tensor ids = at::zeros({a.sft_batch, longest}, at::kLong);
+    at::Tensor real = at::zeros({a.sft_batch, longest}, at::kBool);
+    at::Tensor target = at::zeros({a.sft_batch, longest}, at::kFloat);
+    for (int64_t b = 0; b < a.sft_batch; ++b) {
+      for (size_t t = 0; t < seqs[b].size(); ++t) {
+        ids[b][static_cast<int64_t>(t)] = seqs[b][t];
+        real[b][static_cast<int64_t>(t)] = true;
+        target[b][static_cast<int64_t>(t)] = trained[b][t] ? 1.0f : 0.0f;
+      }
+    }
+    const at::Tensor positions =
+        at::arange(longest, at::kLong).unsqueeze(0).expand({a.sft_batch, longest});
+    const at::Tensor logits = model->Logits(model->Forward(ids, positions, real)).to(at::kFloat);
+    // Token t is predicted from position t - 1.
+    const at::Tensor logp = at::log_softmax(logits.narrow(1, 0, longest - 1), -1)
+                                .gather(2, ids.narrow(1, 1, longest - 1).unsqueeze(2))
+                                .squeeze(2);
+    const at::Tensor weight = target.narrow(1, 1, longest - 1);
+    const at::Tensor loss = -(logp * weight).sum() / weight.sum();
+    optimizer.ZeroGrad();
+    loss.backward();
+    optimizer.Step(a.sft_lr);
+    if ((step + 1) % 20 == 0)
+      std::printf("sft step=%ld loss=%.4f\n", step + 1, loss.item<double>());
+  }
+}
+
+struct Episodes {
+  std::vector<rollout::TaskPrompt> prompts;
+  std::vector<asympo::v1::PromptGroup> groups;
+};
+
+// Runs every prompt's group of `group` episodes with `model` to the end.
+std::vector<asympo::v1::PromptGroup> RunEpisodes(const asympo::PolicyModel& model,
+                                                 const rollout::Task& task,
+                                                 const std::vector<rollout::TaskPrompt>& prompts,
+                                                 int64_t group, double temperature,
+                                                 std::mt19937_64& rng) {
+  prometheus::Registry registry;
+  auto counter = [&](const std::string& name) {
+    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
+  };
+  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
+  rollout::EpisodeMetrics metrics(
+      registry, {counter("t"), counter("r"), counter("s"), counter("c"), counter("g"), &dropped});
+  rollout::EpisodeOptions eo;
+  eo.group_size = static_cast<int32_t>(group);
+  eo.sampling.temperature = temperature;
+  eo.sampling.stop_token_ids = task.stop_token_ids();
+  eo.sampling.max_new_tokens = task.max_new_tokens();
+  eo.response_budget = task.max_new_tokens();
+  rollout::EpisodeRunner runner(rollout::CreateBuiltinEnvironment(&task), eo, &metrics);
+  rollout::ContinuousOptions o;
+  o.max_running_sequences = 64;
+  auto engine = rollout::ContinuousEngine::Create(&model, 0, o).value();
+  for (const rollout::TaskPrompt& p : prompts) runner.StartGroup(p, false, rng);
+  std::vector<asympo::v1::PromptGroup> out;
+  while (runner.open_groups() > 0) {
+    for (auto& g : runner.Poll(*engine, absl::ZeroDuration())) out.push_back(std::move(g));
+    if (engine->running() > engine->paused() || engine->waiting() > 0) {
+      auto finished = engine->Step().value();
+      runner.OnTurns(*engine, finished);
+    }
+  }
+  return out;
+}
+
+double MeanReward(const std::vector<asympo::v1::PromptGroup>& groups, double* calls) {
+  double sum = 0, n = 0, inserted = 0;
+  for (const auto& g : groups) {
+    for (const auto& r : g.responses()) {
+      sum += r.reward();
+      ++n;
+      for (int j = 0; j < r.loss_mask_size(); ++j) {
+        // One call per inserted run.
+        if (!r.loss_mask(j) && (j == 0 || r.loss_mask(j - 1))) ++inserted;
+      }
+    }
+  }
+  if (calls != nullptr) *calls = n > 0 ? inserted / n : 0;
+  return n > 0 ? sum / n : 0;
+}
+
+Args Parse(int argc, char** argv) {
+  Args a{Flag(argc, argv, "--steps", 150),
+         Flag(argc, argv, "--prompts", 8),
+         Flag(argc, argv, "--group", 8),
+         Flag(argc, argv, "--min_k", 2),
+         Flag(argc, argv, "--max_k", 3),
+         Flag(argc, argv, "--sft_steps", 60),
+         Flag(argc, argv, "--sft_batch", 32),
+         Flag(argc, argv, "--eval_every", 25),
+         Flag(argc, argv, "--eval_prompts", 200),
+         FlagD(argc, argv, "--lr", 1e-3),
+         FlagD(argc, argv, "--sft_lr", 1e-3),
+         Flag(argc, argv, "--unmasked", 0) != 0,
+         static_cast<uint64_t>(Flag(argc, argv, "--seed", 0)),
+         FlagS(argc, argv, "--objective", "asympo"),
+         FlagS(argc, argv, "--csv", "")};
+  at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 1)));
+  asympo::bench::RejectUnknownFlags(argc, argv);
+  return a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Args a = Parse(argc, argv);
+  rollout::TaskOptions to;
+  to.name = "add_tool";
+  to.vocab_size = 64;
+  to.synthetic_min_length = static_cast<int32_t>(a.min_k);
+  to.synthetic_max_length = static_cast<int32_t>(a.max_k);
+  auto task = rollout::CreateTask(to).value();
+  asympo::ModelOptions mo;
+  mo.seed = a.seed;
+  auto model = asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(64), mo).value();
+  std::mt19937_64 rng(a.seed);
+  Sft(model.get(), task.get(), a, rng);
+  learner::TrainerOptions topt;
+  topt.loss.objective = learner::ParseObjective(a.objective).value();
+  topt.lr.peak_lr = a.lr;
+  auto trainer = learner::Trainer::Create(topt, model.get(), nullptr).value();
+  const std::vector<rollout::TaskPrompt> held_out = task->EvaluationPrompts(a.eval_prompts);
+  std::ofstream csv;
+  if (!a.csv.empty()) {
+    csv.open(a.csv);
+    csv << "step,reward,calls_per_episode,heldout_greedy_acc,seconds\n";
+  }
+  const auto start = Clock::now();
+  for (int64_t step = 0; step <= a.steps; ++step) {
+    double heldout = -1;
+    if (step % a.eval_every == 0 || step == a.steps) {
+      heldout = MeanReward(RunEpisodes(*model, *task, held_out, 1, 0.0, rng), nullptr);
+    }
+    if (step == a.steps) {
+      std::printf("step=%ld heldout_greedy_acc=%.3f\n", step, heldout);
+      if (csv.is_open()) csv << step << ",,," << heldout << ",\n";
+      break;
+    }
+    std::vector<rollout::TaskPrompt> prompts;
+    for (int64_t p = 0; p < a.prompts; ++p) prompts.push_back(task->NextPrompt(rng));
+    std::vector<asympo::v1::PromptGroup> groups =
+        RunEpisodes(*model, *task, prompts, a.group, 1.0, rng);
+    double calls = 0;
+    const double reward = MeanReward(groups, &calls);
+    std::vector<learner::QueuedGroup> queued;
+    for (auto& g : groups) {
+      learner::QueuedGroup q;
+      q.tokens = 0;
+      for (auto& r : *g.mutable_responses()) {
+        if (a.unmasked) r.clear_loss_mask();
+        q.tokens += g.prompt_tokens_size() + r.tokens_size();
+      }
+      q.group = std::move(g);
+      q.arrival_version = trainer->version();
+      queued.push_back(std::move(q));
+    }
+    auto result = trainer->Step(std::move(queued));
+    if (!result.ok()) {
+      std::fprintf(stderr, "step %ld: %s\n", step, std::string(result.status().message()).c_str());
+      return 1;
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    if (heldout >= 0 || step % 10 == 0) {
+      std::printf("step=%ld reward=%.3f calls=%.2f heldout_greedy_acc=%s t=%.0fs\n", step, reward,
+                  calls, heldout >= 0 ? std::to_string(heldout).c_str() : "-", seconds);
+      std::fflush(stdout);
+    }
+    if (csv.is_open()) {
+      csv << step << "," << reward << "," << calls << ",";
+      if (heldout >= 0) csv << heldout;
+      csv << "," << seconds << "\n";
+    }
+  }
+  return 0;
+}
