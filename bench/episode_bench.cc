@@ -140,13 +140,7 @@ void ResumeMode(int argc, char** argv) {
 double EpisodesPerSecond(const asympo::PolicyModel& model,
                          std::unique_ptr<rollout::Environment> env, int64_t groups, int64_t group,
                          uint64_t seed, int64_t* done) {
-  prometheus::Registry registry;
-  auto counter = [&](const std::string& name) {
-    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
-  };
-  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
-  rollout::EpisodeMetrics metrics(
-      registry, {counter("t"), counter("r"), counter("s"), counter("c"), counter("g"), &dropped});
+  rollout::LocalEpisodeMetrics metrics;
   rollout::TaskOptions to;
   to.name = "add_tool";
   to.vocab_size = model.config().vocab_size;
@@ -157,7 +151,7 @@ double EpisodesPerSecond(const asympo::PolicyModel& model,
   eo.sampling.max_new_tokens = task->max_new_tokens();
   eo.response_budget = task->max_new_tokens();
   if (env == nullptr) env = rollout::CreateBuiltinEnvironment(task.get());
-  rollout::EpisodeRunner runner(std::move(env), eo, &metrics);
+  rollout::EpisodeRunner runner(std::move(env), eo, metrics.get());
   rollout::ContinuousOptions o;
   o.max_running_sequences = static_cast<int32_t>(4 * group);
   auto engine = rollout::ContinuousEngine::Create(&model, 0, o).value();

@@ -28,7 +28,6 @@
 #include <vector>
 
 #include <ATen/Parallel.h>
-#include <prometheus/registry.h>
 #include <torch/torch.h>
 
 #include "bench/bench_flags.h"
@@ -137,20 +136,14 @@ std::vector<asympo::v1::PromptGroup> RunEpisodes(const asympo::PolicyModel& mode
                                                  const std::vector<rollout::TaskPrompt>& prompts,
                                                  int64_t group, double temperature,
                                                  std::mt19937_64& rng) {
-  prometheus::Registry registry;
-  auto counter = [&](const std::string& name) {
-    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
-  };
-  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
-  rollout::EpisodeMetrics metrics(
-      registry, {counter("t"), counter("r"), counter("s"), counter("c"), counter("g"), &dropped});
+  rollout::LocalEpisodeMetrics metrics;
   rollout::EpisodeOptions eo;
   eo.group_size = static_cast<int32_t>(group);
   eo.sampling.temperature = temperature;
   eo.sampling.stop_token_ids = task.stop_token_ids();
   eo.sampling.max_new_tokens = task.max_new_tokens();
   eo.response_budget = task.max_new_tokens();
-  rollout::EpisodeRunner runner(rollout::CreateBuiltinEnvironment(&task), eo, &metrics);
+  rollout::EpisodeRunner runner(rollout::CreateBuiltinEnvironment(&task), eo, metrics.get());
   rollout::ContinuousOptions o;
   o.max_running_sequences = 64;
   auto engine = rollout::ContinuousEngine::Create(&model, 0, o).value();

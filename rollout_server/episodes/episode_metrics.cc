@@ -34,6 +34,22 @@ EpisodeMetrics::EpisodeMetrics(prometheus::Registry& r, GenerationCounters count
                                  "Tokens the environment inserted into responses (not counted "
                                  "in asympo_rollout_tokens_generated_total).")) {}
 
+LocalEpisodeMetrics::LocalEpisodeMetrics() {
+  const auto counter = [this](const std::string& name) {
+    return &AddCounter(registry_, "asympo_local_" + name, name);
+  };
+  GenerationCounters c{counter("tokens"),
+                       counter("responses"),
+                       counter("reward_sum"),
+                       counter("correct"),
+                       counter("groups"),
+                       &prometheus::BuildCounter()
+                            .Name("asympo_local_groups_dropped")
+                            .Help("groups dropped")
+                            .Register(registry_)};
+  metrics_ = std::make_unique<EpisodeMetrics>(registry_, c);
+}
+
 void EpisodeMetrics::Failed(const std::string& reason) {
   failed.Add({{"reason", reason}}).Increment();
 }

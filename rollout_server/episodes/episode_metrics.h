@@ -1,6 +1,7 @@
 // The rollout daemon's metrics of multi-turn episodes (docs/metrics.md).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include <prometheus/counter.h>
@@ -36,6 +37,19 @@ struct EpisodeMetrics {
   prometheus::Histogram& reset_seconds;
   prometheus::Histogram& step_seconds;
   prometheus::Counter& inserted_tokens;
+};
+
+// Episode metrics on a registry of their own that nobody exports, with
+// counters of their own for GenerationCounters: for episodes run in
+// process (evaluations, benchmarks).
+class LocalEpisodeMetrics {
+ public:
+  LocalEpisodeMetrics();
+  EpisodeMetrics* get() { return metrics_.get(); }
+
+ private:
+  prometheus::Registry registry_;
+  std::unique_ptr<EpisodeMetrics> metrics_;
 };
 
 }  // namespace asympo::rollout

@@ -5,8 +5,6 @@
 #include <string>
 #include <utility>
 
-#include <prometheus/registry.h>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -17,20 +15,14 @@ namespace asympo::rollout {
 absl::StatusOr<std::vector<GenerationResult>> RunRequestEpisodes(
     const PolicyModel& model, std::unique_ptr<Environment> environment,
     const std::vector<GenerationRequest>& requests, int32_t max_turns) {
-  prometheus::Registry registry;  // counts nobody reads
-  const auto counter = [&](const std::string& name) {
-    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
-  };
-  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("dropped").Register(registry);
-  EpisodeMetrics metrics(registry, {counter("tokens"), counter("responses"), counter("reward"),
-                                    counter("correct"), counter("groups"), &dropped});
+  LocalEpisodeMetrics metrics;
   EpisodeOptions eo;
   eo.group_size = 1;
   eo.max_turns = max_turns;
   int32_t budget = 1;
   for (const GenerationRequest& r : requests) budget = std::max(budget, r.params.max_new_tokens);
   eo.response_budget = budget;
-  EpisodeRunner runner(std::move(environment), eo, &metrics);
+  EpisodeRunner runner(std::move(environment), eo, metrics.get());
   ContinuousOptions o;
   o.max_running_sequences = 64;
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine,
