@@ -2,11 +2,11 @@
 // calculator, trained by the learner's Trainer, in one process (the
 // synchronous loop of bench/task_learning, with multi-turn episodes).
 //
-//   episode_learning [--steps 150] [--prompts 8] [--group 8] [--lr 1e-3]
+//   episode_learning [--steps 150] [--prompts 16] [--group 8] [--lr 1e-4]
 //                    [--objective asympo] [--min_k 2] [--max_k 3]
-//                    [--sft_steps 60] [--sft_lr 1e-3] [--sft_batch 32]
+//                    [--sft_steps 200] [--sft_lr 1e-3] [--sft_batch 32]
 //                    [--eval_every 25] [--eval_prompts 200] [--unmasked 0]
-//                    [--seed 0] [--threads 1] [--csv FILE]
+//                    [--seed 0] [--threads 1] [--csv FILE] [--save_model DIR]
 //
 // The tiny model (random weights, vocabulary 64) first learns the format
 // from --sft_steps supervised steps on calculator transcripts (the
@@ -20,6 +20,9 @@
 // --eval_every steps: greedy episodes on --eval_prompts held-out prompts
 // (accuracy = reward 1). --csv writes one row per step (reward, accuracy of
 // the samples, calls per episode, held-out accuracy where measured).
+// --save_model writes the model after the supervised steps (a Hugging Face
+// directory: the base model that the daemons' --model read; docs/
+// benchmarks.md runs add_tool through the daemons from it).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -31,6 +34,7 @@
 #include <torch/torch.h>
 
 #include "bench/bench_flags.h"
+#include "common/model/model_io.h"
 #include "learner_server/optim/adamw.h"
 #include "learner_server/trainer/trainer.h"
 #include "rollout_server/episodes/episode_runner.h"
@@ -51,7 +55,7 @@ struct Args {
   double lr, sft_lr;
   bool unmasked;
   uint64_t seed;
-  std::string objective, csv;
+  std::string objective, csv, save_model;
 };
 
 // A calculator transcript for `prompt`: operands in a random order, "a + b
@@ -177,20 +181,21 @@ double MeanReward(const std::vector<asympo::v1::PromptGroup>& groups, double* ca
 
 Args Parse(int argc, char** argv) {
   Args a{Flag(argc, argv, "--steps", 150),
-         Flag(argc, argv, "--prompts", 8),
+         Flag(argc, argv, "--prompts", 16),
          Flag(argc, argv, "--group", 8),
          Flag(argc, argv, "--min_k", 2),
          Flag(argc, argv, "--max_k", 3),
-         Flag(argc, argv, "--sft_steps", 60),
+         Flag(argc, argv, "--sft_steps", 200),
          Flag(argc, argv, "--sft_batch", 32),
          Flag(argc, argv, "--eval_every", 25),
          Flag(argc, argv, "--eval_prompts", 200),
-         FlagD(argc, argv, "--lr", 1e-3),
+         FlagD(argc, argv, "--lr", 1e-4),
          FlagD(argc, argv, "--sft_lr", 1e-3),
          Flag(argc, argv, "--unmasked", 0) != 0,
          static_cast<uint64_t>(Flag(argc, argv, "--seed", 0)),
          FlagS(argc, argv, "--objective", "asympo"),
-         FlagS(argc, argv, "--csv", "")};
+         FlagS(argc, argv, "--csv", ""),
+         FlagS(argc, argv, "--save_model", "")};
   at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 1)));
   asympo::bench::RejectUnknownFlags(argc, argv);
   return a;
@@ -211,6 +216,14 @@ int main(int argc, char** argv) {
   auto model = asympo::PolicyModel::CreateRandom(asympo::ModelConfig::Tiny(64), mo).value();
   std::mt19937_64 rng(a.seed);
   Sft(model.get(), task.get(), a, rng);
+  if (!a.save_model.empty()) {
+    const absl::Status saved = asympo::ExportPolicyModel(*model, a.save_model);
+    if (!saved.ok()) {
+      std::fprintf(stderr, "--save_model: %s\n", std::string(saved.message()).c_str());
+      return 1;
+    }
+    std::printf("model written to %s\n", a.save_model.c_str());
+  }
   learner::TrainerOptions topt;
   topt.loss.objective = learner::ParseObjective(a.objective).value();
   topt.lr.peak_lr = a.lr;

@@ -35,6 +35,12 @@ ABSL_FLAG(std::string, dtype, "float32", "float32 or bfloat16.");
 ABSL_FLAG(int32_t, threads, 1, "CPU threads for tensor work (LibTorch's and OpenBLAS's).");
 ABSL_FLAG(std::string, task, "copy", "Task whose held-out prompts are evaluated.");
 ABSL_FLAG(std::string, task_data, "", "math: JSONL file of the evaluation split.");
+ABSL_FLAG(int32_t, task_min_length, 0,
+          "Synthetic tasks: the shortest prompt, in symbols (add, add_tool: operands; 0: the "
+          "task's default).");
+ABSL_FLAG(int32_t, task_max_length, 0,
+          "Synthetic tasks: the longest prompt, in symbols (add, add_tool: operands; 0: the "
+          "task's default).");
 ABSL_FLAG(std::string, tokenizer, "", "math: the model's tokenizer.json.");
 ABSL_FLAG(std::string, prompt_template, "", "math: template with {prompt} (empty: chat turn).");
 ABSL_FLAG(std::string, stop_token, "", "math: token that ends a response (empty: the EOS).");
@@ -58,6 +64,8 @@ ASYMPO_FLAG_RANGE(k, 0, 65536);
 ASYMPO_FLAG_RANGE(samples, 0, 65536);
 ASYMPO_FLAG_RANGE(temperature, 0, 100);
 ASYMPO_FLAG_RANGE(top_p, 0, 1);
+ASYMPO_FLAG_RANGE(task_min_length, 0, 4096);
+ASYMPO_FLAG_RANGE(task_max_length, 0, 4096);
 ASYMPO_FLAG_RANGE(max_new_tokens, 0, 1 << 20);
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
 ASYMPO_FLAG_RANGE(prompts_per_batch, 1, 65536);
@@ -94,6 +102,8 @@ asympo::rollout::TaskOptions TaskOptionsFromFlags(int64_t vocab_size) {
   o.name = absl::GetFlag(FLAGS_task);
   o.vocab_size = vocab_size;
   o.data_path = absl::GetFlag(FLAGS_task_data);
+  o.synthetic_min_length = absl::GetFlag(FLAGS_task_min_length);
+  o.synthetic_max_length = absl::GetFlag(FLAGS_task_max_length);
   o.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
   o.prompt_template = absl::GetFlag(FLAGS_prompt_template);
   o.stop_token = absl::GetFlag(FLAGS_stop_token);

@@ -51,6 +51,12 @@ ABSL_FLAG(uint64_t, seed, 0, "Seed of prompt order and sampling.");
 ABSL_FLAG(std::string, task, "copy", "Task to sample prompts from; --list_tasks lists them.");
 ABSL_FLAG(bool, list_tasks, false, "Print the built-in tasks and exit.");
 ABSL_FLAG(std::string, task_data, "", "math: JSONL file of {\"prompt\", \"answer\"} rows.");
+ABSL_FLAG(int32_t, task_min_length, 0,
+          "Synthetic tasks: the shortest prompt, in symbols (add, add_tool: operands; 0: the "
+          "task's default).");
+ABSL_FLAG(int32_t, task_max_length, 0,
+          "Synthetic tasks: the longest prompt, in symbols (add, add_tool: operands; 0: the "
+          "task's default).");
 ABSL_FLAG(std::string, tokenizer, "", "math: the model's tokenizer.json.");
 ABSL_FLAG(std::string, prompt_template, "",
           "math: template with {prompt} where the question goes (empty: the default chat "
@@ -128,6 +134,8 @@ ASYMPO_FLAG_RANGE(max_prompt_rows, 0, 65536);
 ASYMPO_FLAG_RANGE(temperature, 0, 100);
 ASYMPO_FLAG_RANGE(top_k, 0, 1 << 24);
 ASYMPO_FLAG_RANGE(top_p, 0, 1);
+ASYMPO_FLAG_RANGE(task_min_length, 0, 4096);
+ASYMPO_FLAG_RANGE(task_max_length, 0, 4096);
 ASYMPO_FLAG_RANGE(max_new_tokens, 0, 1 << 20);
 ASYMPO_FLAG_RANGE(max_buffered_groups, 1, 1 << 24);
 ASYMPO_FLAG_RANGE(max_groups_per_batch, 1, 65536);
@@ -204,6 +212,8 @@ absl::Status BatchingFlags(RolloutDaemonOptions* o) {
 void TaskAndSamplingFlags(RolloutDaemonOptions* o) {
   o->task.name = absl::GetFlag(FLAGS_task);
   o->task.data_path = absl::GetFlag(FLAGS_task_data);
+  o->task.synthetic_min_length = absl::GetFlag(FLAGS_task_min_length);
+  o->task.synthetic_max_length = absl::GetFlag(FLAGS_task_max_length);
   o->task.tokenizer_path = absl::GetFlag(FLAGS_tokenizer);
   o->task.prompt_template = absl::GetFlag(FLAGS_prompt_template);
   o->task.stop_token = absl::GetFlag(FLAGS_stop_token);
