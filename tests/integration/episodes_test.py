@@ -38,12 +38,14 @@ def metric(m, name, **labels):
     return 0
 
 
-def started_environment(pkg, port, log, token_file):
+def started_environment(c, pkg, port, log, token_file):
+    """The Python example on `port`, among c's processes (stopped with them)."""
     env = dict(os.environ, PYTHONPATH=pkg)
     p = subprocess.Popen([sys.executable, os.path.join(HERE, "..", "..", "proto", "python", "examples",
                                                        "calculator_environment.py"),
                           "--listen=127.0.0.1:%d" % port, "--token_file=" + token_file],
                          stdout=log, stderr=subprocess.STDOUT, env=env)
+    c.procs["environment"] = p
     wait_for("the Python environment listens", lambda: "listening on" in open(log.name).read(), timeout=60)
     return p
 
@@ -110,11 +112,12 @@ def scenario_python(c, pkg):
     token = os.path.join(c.work, "environment.token")
     with open(token, "w") as f:
         f.write("episode-token-%d\n" % port)
-    env = started_environment(pkg, port, log, token)
+    env = started_environment(c, pkg, port, log, token)
     c.start_learner()
     c.start_rollout(0, ROLLOUT_FLAGS + ["--environment=127.0.0.1:%d" % port, "--environment_timeout=5s",
                                         "--environment_token_file=" + token])
     trains(c, "Python environment")
+    c.procs.pop("environment")
     env.send_signal(signal.SIGKILL)
     env.wait()
     wait_for("episodes fail as unavailable once the environment is gone",
@@ -124,12 +127,11 @@ def scenario_python(c, pkg):
              lambda: metric(c.rollout(0), "asympo_rollout_groups_dropped_total", reason="environment") > 0,
              timeout=30)
     before = metric(c.rollout(0), "asympo_rollout_episodes_total")
-    env = started_environment(pkg, port, log, token)
+    env = started_environment(c, pkg, port, log, token)
     wait_for("the daemon runs episodes again once the environment is back",
              lambda: metric(c.rollout(0), "asympo_rollout_episodes_total") >= before + 8, timeout=90)
     check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")
-    env.send_signal(signal.SIGTERM)
-    env.wait(10)
+    c.stop("environment")
 
 
 def main():
