@@ -6,7 +6,8 @@
 #              common/ (batch validation, tokenizer, model files and
 #              safetensors, daemon runtime and metrics endpoint), of the
 #              weight broadcaster and NCCL transport, and the learner's
-#              queue, service and checkpoint tests and the rollout daemon's.
+#              queue, service and checkpoint tests and the rollout daemon's
+#              (with its multi-turn engine, episodes and environment client).
 #   asan-full  the same over every unit test (the trainer and generation
 #              numerics too; about twice as long).
 #              Both leave out the tests that run the process out of file
