@@ -9,7 +9,9 @@
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/daemon/daemon_main.h"
 #include "common/flag_ranges.h"
@@ -120,6 +122,9 @@ ABSL_FLAG(absl::Duration, environment_timeout, absl::Seconds(30),
 ABSL_FLAG(int32_t, max_turns, 8, "Multi-turn: most turns of the model in an episode.");
 ABSL_FLAG(int32_t, max_turn_tokens, 0,
           "Multi-turn: most tokens of one turn (0: the response budget, --max_new_tokens).");
+ABSL_FLAG(std::string, turn_stop_ids, "",
+          "Multi-turn: token ids, comma-separated, that also end a turn (a tool call's closing "
+          "token, say), beside the task's stop ids (without an environment: a response).");
 ABSL_FLAG(bool, reuse_kv, true,
           "Multi-turn: a resumed sequence pre-fills only the environment's tokens (false: its "
           "whole response again, for comparison).");
@@ -165,7 +170,17 @@ asympo::security::ClientTlsOptions TlsFlags() {
   return tls;
 }
 
-void EnvironmentFlags(RolloutDaemonOptions* o) {
+absl::Status EnvironmentFlags(RolloutDaemonOptions* o) {
+  for (absl::string_view id :
+       absl::StrSplit(absl::GetFlag(FLAGS_turn_stop_ids), ',', absl::SkipWhitespace())) {
+    int32_t v = 0;
+    if (!absl::SimpleAtoi(id, &v) || v < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--turn_stop_ids=", absl::GetFlag(FLAGS_turn_stop_ids), ": \"", id,
+                       "\" is not a token id"));
+    }
+    o->turn_stop_token_ids.push_back(v);
+  }
   o->environment = absl::GetFlag(FLAGS_environment);
   o->environment_tls.ca_file = absl::GetFlag(FLAGS_environment_tls_ca);
   o->environment_tls.cert_file = absl::GetFlag(FLAGS_environment_tls_cert);
@@ -177,6 +192,7 @@ void EnvironmentFlags(RolloutDaemonOptions* o) {
   o->max_turns = absl::GetFlag(FLAGS_max_turns);
   o->max_turn_tokens = absl::GetFlag(FLAGS_max_turn_tokens);
   o->continuous.reuse_kv = absl::GetFlag(FLAGS_reuse_kv);
+  return absl::OkStatus();
 }
 
 absl::Status ModelFlags(RolloutDaemonOptions* o) {
@@ -263,7 +279,7 @@ absl::StatusOr<RolloutDaemonOptions> OptionsFromFlags() {
   SubmitFlags(&o);
   ASYMPO_RETURN_IF_ERROR(WeightFlags(&o));
   o.max_groups = absl::GetFlag(FLAGS_max_groups);
-  EnvironmentFlags(&o);
+  ASYMPO_RETURN_IF_ERROR(EnvironmentFlags(&o));
   return o;
 }
 

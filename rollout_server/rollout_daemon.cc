@@ -105,6 +105,13 @@ absl::Status RolloutDaemon::SetUpTask(int64_t vocab_size) {
   ASYMPO_ASSIGN_OR_RETURN(task_, CreateTask(to));
   sampling_ = options_.sampling;
   sampling_.stop_token_ids = task_->stop_token_ids();
+  for (int32_t id : options_.turn_stop_token_ids) {
+    if (id >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--turn_stop_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+    sampling_.stop_token_ids.push_back(id);
+  }
   if (sampling_.max_new_tokens <= 0) sampling_.max_new_tokens = task_->max_new_tokens();
   ASYMPO_RETURN_IF_ERROR(ValidateSamplingParams(sampling_));
   rng_.seed(options_.seed);

@@ -107,6 +107,9 @@ struct RolloutDaemonOptions {
   absl::Duration environment_timeout = absl::Seconds(30);
   int32_t max_turns = 8;
   int32_t max_turn_tokens = 0;
+  // Ids that also end a turn, beside the task's stop ids (each in the
+  // vocabulary).
+  std::vector<int32_t> turn_stop_token_ids;
 };
 
 // What the options can tell before anything binds, loads or connects: the
