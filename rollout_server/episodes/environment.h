@@ -71,8 +71,9 @@ struct RemoteEnvironmentOptions {
 
 // A client of the asympo.v1.Environment service. INVALID_ARGUMENT naming
 // the flag for a bad address or TLS file. Answers are checked: an episode
-// id of 1 to 256 bytes, a finite reward. Destroying it cancels the calls in
-// flight and waits for their callbacks.
+// id of 1 to 256 bytes, a finite reward. Destroying it lets the calls in
+// flight (the last Closes) end for up to a second, then cancels the rest
+// and waits for their callbacks.
 absl::StatusOr<std::unique_ptr<Environment>> CreateRemoteEnvironment(
     const RemoteEnvironmentOptions& options, prometheus::Registry& registry);
 

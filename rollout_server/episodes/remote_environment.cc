@@ -1,5 +1,6 @@
 // A client of the asympo.v1.Environment service (environment.h): gRPC's
 // callback API, every call with a deadline, answers checked.
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <mutex>
@@ -19,6 +20,9 @@ namespace asympo::rollout {
 namespace {
 
 constexpr size_t kMaxEpisodeIdBytes = 256;
+// How long a client being destroyed lets its calls in flight end on their
+// own before it cancels them.
+constexpr std::chrono::seconds kCloseGrace(1);
 
 class RemoteEnvironment : public Environment {
  public:
@@ -27,10 +31,13 @@ class RemoteEnvironment : public Environment {
         channel_(std::move(channel)),
         stub_(v1::Environment::NewStub(channel_)) {}
 
-  // Cancels the calls in flight and waits for their callbacks.
+  // Gives the calls in flight (the last Closes, say) kCloseGrace to end,
+  // then cancels the rest and waits for their callbacks.
   ~RemoteEnvironment() override {
     std::unique_lock<std::mutex> lock(mu_);
-    for (grpc::ClientContext* c : live_) c->TryCancel();
+    if (!idle_.wait_for(lock, kCloseGrace, [this] { return live_.empty(); })) {
+      for (grpc::ClientContext* c : live_) c->TryCancel();
+    }
     idle_.wait(lock, [this] { return live_.empty(); });
   }
 

@@ -1,7 +1,8 @@
 // The remote environment client against a real asympo.v1.Environment
 // server on loopback: what travels each way, deadlines, a server that is
 // not there, answers that break the protocol, and calls in flight when the
-// client is destroyed (cancelled; every callback runs once).
+// client is destroyed (a Close still arrives; a call that hangs is
+// cancelled; every callback runs once).
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -125,7 +126,7 @@ TEST(RemoteEnvironmentTest, CarriesEveryFieldBothWays) {
   EXPECT_DOUBLE_EQ(a.reward, 0.75);
   EXPECT_TRUE(a.correct);
   env->Close("ep-1");
-  env.reset();  // waits for the Close
+  env.reset();  // lets the Close reach the server
   EXPECT_EQ(s.service.closed.load(), 1);
 }
 
