@@ -1,5 +1,7 @@
 // A client of the asympo.v1.Environment service (environment.h): gRPC's
-// callback API, every call with a deadline, answers checked.
+// callback API, every call with a deadline, answers checked. A call ends
+// (End) only after its callback has run, so that destroying the client
+// waits for the callbacks, which use their caller's state.
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -55,8 +57,8 @@ class RemoteEnvironment : public Environment {
                             absl::StatusOr<std::string> id =
                                 s.ok() ? CheckedId(call->response.episode_id())
                                        : absl::StatusOr<std::string>(FromGrpcStatus(s, "Reset"));
-                            End(call);
                             done(std::move(id));
+                            End(call);  // last: the destructor waits for it
                           });
   }
 
@@ -73,8 +75,8 @@ class RemoteEnvironment : public Environment {
                            absl::StatusOr<TurnAnswer> answer =
                                s.ok() ? Checked(call->response)
                                       : absl::StatusOr<TurnAnswer>(FromGrpcStatus(s, "Step"));
-                           End(call);
                            done(std::move(answer));
+                           End(call);
                          });
   }
 
