@@ -165,8 +165,7 @@ double EpisodesPerSecond(const asympo::PolicyModel& model,
       runner.StartGroup(task->NextPrompt(rng), false, rng);
       ++started;
     }
-    const bool decoding = engine->running() > engine->paused() ||
-                          (engine->waiting() > 0 && engine->running() < o.max_running_sequences);
+    const bool decoding = engine->can_decode();
     *done += static_cast<int64_t>(
         runner.Poll(*engine, decoding ? absl::ZeroDuration() : absl::Milliseconds(50)).size());
     if (runner.open_groups() == 0 && started >= groups) break;

@@ -129,11 +129,6 @@ void Sft(asympo::PolicyModel* model, rollout::Task* task, const Args& a, std::mt
   }
 }
 
-struct Episodes {
-  std::vector<rollout::TaskPrompt> prompts;
-  std::vector<asympo::v1::PromptGroup> groups;
-};
-
 // Runs every prompt's group of `group` episodes with `model` to the end.
 std::vector<asympo::v1::PromptGroup> RunEpisodes(const asympo::PolicyModel& model,
                                                  const rollout::Task& task,
@@ -152,15 +147,7 @@ std::vector<asympo::v1::PromptGroup> RunEpisodes(const asympo::PolicyModel& mode
   o.max_running_sequences = 64;
   auto engine = rollout::ContinuousEngine::Create(&model, 0, o).value();
   for (const rollout::TaskPrompt& p : prompts) runner.StartGroup(p, false, rng);
-  std::vector<asympo::v1::PromptGroup> out;
-  while (runner.open_groups() > 0) {
-    for (auto& g : runner.Poll(*engine, absl::ZeroDuration())) out.push_back(std::move(g));
-    if (engine->running() > engine->paused() || engine->waiting() > 0) {
-      auto finished = engine->Step().value();
-      runner.OnTurns(*engine, finished);
-    }
-  }
-  return out;
+  return runner.RunToEnd(*engine).value();
 }
 
 double MeanReward(const std::vector<asympo::v1::PromptGroup>& groups, double* calls) {

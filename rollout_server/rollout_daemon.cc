@@ -105,13 +105,11 @@ absl::Status RolloutDaemon::SetUpTask(int64_t vocab_size) {
   ASYMPO_ASSIGN_OR_RETURN(task_, CreateTask(to));
   sampling_ = options_.sampling;
   sampling_.stop_token_ids = task_->stop_token_ids();
-  for (int32_t id : options_.turn_stop_token_ids) {
-    if (id >= vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--turn_stop_ids: ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
-    }
-    sampling_.stop_token_ids.push_back(id);
-  }
+  ASYMPO_RETURN_IF_ERROR(
+      CheckTokenIds(options_.turn_stop_token_ids, vocab_size, "--turn_stop_ids:"));
+  sampling_.stop_token_ids.insert(sampling_.stop_token_ids.end(),
+                                  options_.turn_stop_token_ids.begin(),
+                                  options_.turn_stop_token_ids.end());
   if (sampling_.max_new_tokens <= 0) sampling_.max_new_tokens = task_->max_new_tokens();
   ASYMPO_RETURN_IF_ERROR(ValidateSamplingParams(sampling_));
   rng_.seed(options_.seed);
@@ -273,10 +271,25 @@ absl::StatusOr<std::unique_ptr<ContinuousEngine>> RolloutDaemon::NewEngine(
   return ContinuousEngine::Create(&policy_->active(), policy_->version(), o);
 }
 
-absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
+bool RolloutDaemon::WaitForFirstSnapshot() {
   while (!policy_->Refresh(absl::Milliseconds(200))) {  // no snapshot yet
-    if (stopping_.load() || submit_->stopping()) return absl::OkStatus();
+    if (stopping_.load() || submit_->stopping()) return false;
   }
+  return true;
+}
+
+absl::Status RolloutDaemon::Rewind(const ContinuousOptions& o, int64_t dropped,
+                                   std::unique_ptr<ContinuousEngine>* engine) {
+  LOG(WARNING) << options_.rollout_id << ": the learner's weights went back from version "
+               << (*engine)->version() << " to " << policy_->version()
+               << " (a restarted learner); dropping the " << dropped << " groups being sampled";
+  submit_metrics_->dropped_rewound.Increment(static_cast<double>(dropped));
+  ASYMPO_ASSIGN_OR_RETURN(*engine, NewEngine(o));
+  return absl::OkStatus();
+}
+
+absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
+  if (!WaitForFirstSnapshot()) return absl::OkStatus();
   const ContinuousOptions co = EngineOptions();
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine, NewEngine(co));
   // The groups in the engine, by the id of their first request.
@@ -295,13 +308,8 @@ absl::Status RolloutDaemon::RunContinuous(int64_t* generated) {
     const WeightUpdate update = UpdateWeights(*engine);
     if (update == WeightUpdate::kNewer) engine->SetModel(&policy_->active(), policy_->version());
     if (update == WeightUpdate::kRewound) {
-      LOG(WARNING) << options_.rollout_id << ": the learner's weights went back from version "
-                   << engine->version() << " to " << policy_->version()
-                   << " (a restarted learner); dropping the " << open.size()
-                   << " groups being sampled";
-      submit_metrics_->dropped_rewound.Increment(static_cast<double>(open.size()));
+      ASYMPO_RETURN_IF_ERROR(Rewind(co, static_cast<int64_t>(open.size()), &engine));
       open.clear();
-      ASYMPO_ASSIGN_OR_RETURN(engine, NewEngine(co));
     }
     const bool draining = update == WeightUpdate::kDrain;
     while (!draining && engine->running() + engine->waiting() < target &&

@@ -161,6 +161,13 @@ class RolloutDaemon {
   WeightUpdate UpdateWeights(const ContinuousEngine& engine);
   // A continuous engine on the active model (noting its loads()).
   absl::StatusOr<std::unique_ptr<ContinuousEngine>> NewEngine(const ContinuousOptions& o);
+  // The continuous loops' start: waits for the first snapshot; false when
+  // the daemon stops first.
+  bool WaitForFirstSnapshot();
+  // After a kRewound update, once the loop has dropped the `dropped` groups
+  // it was sampling: logs and counts them and replaces `engine`.
+  absl::Status Rewind(const ContinuousOptions& o, int64_t dropped,
+                      std::unique_ptr<ContinuousEngine>* engine);
   // Scores `results` (G of them, for `prompt`) into a group and counts it.
   v1::PromptGroup ScoreGroup(const TaskPrompt& prompt, std::vector<GenerationResult>& results,
                              bool with_logprobs);

@@ -38,8 +38,9 @@ absl::Status RolloutDaemon::SetUpEnvironment(prometheus::Registry& registry) {
   }
   if (environment_ == nullptr) return absl::OkStatus();
   if (!options_.continuous_batching) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--task=", std::string(task_->name()), " runs multi-turn episodes, which need --batching=continuous"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--task=", std::string(task_->name()),
+                     " runs multi-turn episodes, which need --batching=continuous"));
   }
   if (options_.max_turn_tokens > sampling_.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -61,9 +62,7 @@ absl::Status RolloutDaemon::SetUpEnvironment(prometheus::Registry& registry) {
 }
 
 absl::Status RolloutDaemon::RunEpisodes(int64_t* generated) {
-  while (!policy_->Refresh(absl::Milliseconds(200))) {  // no snapshot yet
-    if (stopping_.load() || submit_->stopping()) return absl::OkStatus();
-  }
+  if (!WaitForFirstSnapshot()) return absl::OkStatus();
   const ContinuousOptions co = EngineOptions();
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<ContinuousEngine> engine, NewEngine(co));
   EpisodeOptions eo;
@@ -74,19 +73,11 @@ absl::Status RolloutDaemon::RunEpisodes(int64_t* generated) {
   eo.max_turns = options_.max_turns;
   EpisodeRunner runner(std::move(environment_), eo, episode_metrics_.get());
   const int64_t target = co.max_running_sequences + options_.group_size;
-  const auto decoding = [&] {
-    return engine->running() > engine->paused() ||
-           (engine->waiting() > 0 && engine->running() < co.max_running_sequences);
-  };
   while (!stopping_.load() && !submit_->stopping()) {
     const WeightUpdate update = UpdateWeights(*engine);
     if (update == WeightUpdate::kNewer) engine->SetModel(&policy_->active(), policy_->version());
     if (update == WeightUpdate::kRewound) {
-      const int64_t dropped = runner.Abandon();
-      LOG(WARNING) << options_.rollout_id << ": the learner's weights went back to version "
-                   << policy_->version() << "; dropping the " << dropped << " groups being sampled";
-      submit_metrics_->dropped_rewound.Increment(static_cast<double>(dropped));
-      ASYMPO_ASSIGN_OR_RETURN(engine, NewEngine(co));
+      ASYMPO_RETURN_IF_ERROR(Rewind(co, runner.Abandon(), &engine));
     }
     const bool draining = update == WeightUpdate::kDrain;
     while (!draining && engine->running() + engine->waiting() + runner.pending_resets() < target &&
@@ -96,7 +87,7 @@ absl::Status RolloutDaemon::RunEpisodes(int64_t* generated) {
       runner.StartGroup(task_->NextPrompt(rng_), status->wants_behavior_logprobs(), rng_);
     }
     for (v1::PromptGroup& g :
-         runner.Poll(*engine, decoding() ? absl::ZeroDuration() : kEnvironmentWait)) {
+         runner.Poll(*engine, engine->can_decode() ? absl::ZeroDuration() : kEnvironmentWait)) {
       submit_->Add({std::move(g)});
       ++*generated;
     }
@@ -106,7 +97,7 @@ absl::Status RolloutDaemon::RunEpisodes(int64_t* generated) {
       if (!WaitForRoom(1).has_value()) break;
       continue;
     }
-    if (!decoding()) continue;
+    if (!engine->can_decode()) continue;
     absl::StatusOr<std::vector<ContinuousEngine::Finished>> finished = engine->Step();
     if (!finished.ok()) {
       runner.Abandon();

@@ -141,6 +141,9 @@ class ContinuousEngine {
   // Requests holding a slot (decoding or paused), and those paused.
   int64_t running() const { return running_; }
   int64_t paused() const { return paused_; }
+  // Whether Step would decode: a request is decoding, or one waits and a
+  // slot is free for it.
+  bool can_decode() const { return running_ > paused_ || (!waiting_.empty() && running_ < slots_); }
   int64_t waiting() const { return static_cast<int64_t>(waiting_.size()); }
   bool idle() const { return running_ == 0 && waiting_.empty(); }
   uint64_t version() const { return version_; }
@@ -164,11 +167,10 @@ class ContinuousEngine {
     int64_t prompt_row = -1;
     uint64_t first_version = 0;
     int64_t steps = 0;  // decode steps since admission: >= its response tokens
-    // Multi-turn: paused, and the response so far (host copies at the
+    // Multi-turn: paused, and the response so far (a host copy at the
     // pause) with its mask; the most response tokens.
     bool paused = false;
     std::vector<int32_t> tokens;
-    std::vector<float> logprobs;  // every position, 0 where inserted
     std::vector<bool> mask;
     int64_t budget = 0;
   };

@@ -25,7 +25,6 @@ ContinuousEngine::Finished ContinuousEngine::Pause(int64_t s, const at::Tensor& 
   // logprobs are 0 where tokens were inserted.
   const GenerationResult row = ResultOfRow(tokens, logprobs, n, slot.request.params);
   slot.tokens = row.tokens;
-  slot.logprobs = row.logprobs;
   slot.mask.resize(static_cast<size_t>(n), true);
   slot.paused = true;
   ++paused_;
@@ -37,8 +36,8 @@ ContinuousEngine::Finished ContinuousEngine::Pause(int64_t s, const at::Tensor& 
   if (!all_generated) {
     f.result.loss_mask = slot.mask;
     f.result.logprobs.clear();
-    for (size_t j = 0; j < slot.logprobs.size(); ++j) {
-      if (slot.mask[j]) f.result.logprobs.push_back(slot.logprobs[j]);
+    for (size_t j = 0; j < row.logprobs.size(); ++j) {
+      if (slot.mask[j]) f.result.logprobs.push_back(row.logprobs[j]);
     }
   }
   return f;
@@ -73,13 +72,7 @@ absl::Status ContinuousEngine::Resume(uint64_t id, const std::vector<int32_t>& a
     return absl::InvalidArgumentError(absl::StrCat("request ", id, " is not paused"));
   }
   Slot& slot = slot_[static_cast<size_t>(s)];
-  for (int32_t t : append) {
-    if (t < 0 || t >= model_->config().vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("appended token ", t,
-                                                     " is outside the vocabulary [0, ",
-                                                     model_->config().vocab_size, ")"));
-    }
-  }
+  ASYMPO_RETURN_IF_ERROR(CheckTokenIds(append, model_->config().vocab_size, "appended token"));
   const int64_t n = static_cast<int64_t>(slot.tokens.size());
   const int64_t t = static_cast<int64_t>(append.size());
   if (n + t + 1 > slot.budget) {
@@ -119,7 +112,6 @@ absl::Status ContinuousEngine::Resume(uint64_t id, const std::vector<int32_t>& a
     }
     slot.tokens.insert(slot.tokens.end(), append.begin(), append.end());
     slot.mask.resize(static_cast<size_t>(n + t), false);
-    if (!slot.logprobs.empty()) slot.logprobs.resize(static_cast<size_t>(n + t), 0.0f);
     slot.steps += t;
     length_[s].fill_(n + t);
     max_new_[s].fill_(std::min<int64_t>(n + t + max_new_tokens, slot.budget));

@@ -52,14 +52,20 @@ int32_t SampleToken(const at::Tensor& logits, const SamplingParams& params, int6
   return static_cast<int32_t>(sampler.Sample(logits.unsqueeze(0), s).item<int64_t>());
 }
 
-absl::Status ValidateRequest(const GenerationRequest& r, const ModelConfig& cfg) {
-  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
-  for (int32_t id : r.prompt) {
-    if (id < 0 || id >= cfg.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prompt token ", id, " is outside the vocabulary [0, ", cfg.vocab_size, ")"));
+absl::Status CheckTokenIds(const std::vector<int32_t>& ids, int64_t vocab_size,
+                           absl::string_view what) {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ", id, " is outside the vocabulary [0, ", vocab_size, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateRequest(const GenerationRequest& r, const ModelConfig& cfg) {
+  if (r.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
+  ASYMPO_RETURN_IF_ERROR(CheckTokenIds(r.prompt, cfg.vocab_size, "prompt token"));
   ASYMPO_RETURN_IF_ERROR(ValidateSamplingParams(r.params));
   const int64_t len = static_cast<int64_t>(r.prompt.size());
   if (len + r.params.max_new_tokens > cfg.max_position_embeddings) {

@@ -22,6 +22,7 @@
 
 #include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "asympo/v1/rollout.pb.h"
 #include "common/model/policy_model.h"
 
@@ -59,6 +60,11 @@ struct GenerationRequest {
   bool multi_turn = false;
   int32_t response_budget = 0;
 };
+
+// INVALID_ARGUMENT "<what> <id> is outside the vocabulary [0, V)" for the
+// first of `ids` outside [0, vocab_size).
+absl::Status CheckTokenIds(const std::vector<int32_t>& ids, int64_t vocab_size,
+                           absl::string_view what);
 
 // INVALID_ARGUMENT for an empty prompt, a token outside the vocabulary, bad
 // sampling parameters or a prompt plus max_new_tokens beyond

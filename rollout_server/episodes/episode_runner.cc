@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/log_throttle.h"
+#include "common/status_macros.h"
 
 namespace asympo::rollout {
 namespace {
@@ -18,6 +19,9 @@ std::string ReasonOf(const absl::Status& s) {
   if (absl::IsUnavailable(s)) return "unavailable";
   return "error";
 }
+
+// How long RunToEnd waits for the environment when nothing decodes.
+constexpr absl::Duration kEnvironmentWait = absl::Milliseconds(50);
 
 LogThrottle& FailureLog() {
   static LogThrottle* throttle = new LogThrottle();
@@ -89,6 +93,20 @@ std::vector<v1::PromptGroup> EpisodeRunner::Poll(ContinuousEngine& engine, absl:
   return done;
 }
 
+absl::StatusOr<std::vector<v1::PromptGroup>> EpisodeRunner::RunToEnd(ContinuousEngine& engine) {
+  std::vector<v1::PromptGroup> done;
+  while (open_groups() > 0) {
+    for (v1::PromptGroup& g :
+         Poll(engine, engine.can_decode() ? absl::ZeroDuration() : kEnvironmentWait)) {
+      done.push_back(std::move(g));
+    }
+    if (!engine.can_decode()) continue;
+    ASYMPO_ASSIGN_OR_RETURN(std::vector<ContinuousEngine::Finished> finished, engine.Step());
+    OnTurns(engine, finished);
+  }
+  return done;
+}
+
 void EpisodeRunner::OnReset(ContinuousEngine& engine, Event& e) {
   Group& g = groups_[e.group];
   Episode& ep = g.episodes[static_cast<size_t>(e.index)];
@@ -137,9 +155,8 @@ void EpisodeRunner::OnTurns(ContinuousEngine& engine,
                        ep.result.tokens.end());
     turn.index = ep.turns - 1;
     turn.finish_reason = ep.result.finish_reason;
-    const int64_t left = options_.response_budget - static_cast<int64_t>(ep.result.tokens.size());
-    turn.tokens_left = static_cast<uint32_t>(std::max<int64_t>(left, 0));
-    turn.final = static_cast<int32_t>(ep.turns) >= options_.max_turns || left <= 0;
+    turn.tokens_left = static_cast<uint32_t>(TokensLeft(ep));
+    turn.final = Final(ep);
     ep.sent = absl::Now();
     ++pending_;
     environment_->Step(ep.id, turn, [this, key = key, index = index](absl::StatusOr<TurnAnswer> a) {
@@ -171,9 +188,7 @@ void EpisodeRunner::OnAnswer(ContinuousEngine& engine, Event& e) {
     EndEpisode(engine, e.group, e.index, "");
     return;
   }
-  const bool final = static_cast<int32_t>(ep.turns) >= options_.max_turns ||
-                     static_cast<int64_t>(ep.result.tokens.size()) >= options_.response_budget;
-  if (final) {
+  if (Final(ep)) {
     EndEpisode(engine, e.group, e.index,
                absl::StrCat("not_done: turn ", ep.turns, " was final but the answer is not done"));
     return;
@@ -188,6 +203,15 @@ void EpisodeRunner::OnAnswer(ContinuousEngine& engine, Event& e) {
   }
   metrics_->inserted_tokens.Increment(static_cast<double>(a.append.size()));
   ep.turn_start = ep.result.tokens.size() + a.append.size();
+}
+
+int64_t EpisodeRunner::TokensLeft(const Episode& ep) const {
+  return std::max<int64_t>(options_.response_budget - static_cast<int64_t>(ep.result.tokens.size()),
+                           0);
+}
+
+bool EpisodeRunner::Final(const Episode& ep) const {
+  return static_cast<int32_t>(ep.turns) >= options_.max_turns || TokensLeft(ep) == 0;
 }
 
 void EpisodeRunner::EndEpisode(ContinuousEngine& engine, uint64_t key, int index,

@@ -70,6 +70,10 @@ class EpisodeRunner {
   std::vector<v1::PromptGroup> Poll(ContinuousEngine& engine, absl::Duration wait);
   // The engine's paused results: each turn goes to the environment.
   void OnTurns(ContinuousEngine& engine, std::vector<ContinuousEngine::Finished>& finished);
+  // Polls and steps `engine` until every open group has ended (waiting for
+  // the environment while nothing decodes); the groups completed. An error
+  // of the engine's Step as it came.
+  absl::StatusOr<std::vector<v1::PromptGroup>> RunToEnd(ContinuousEngine& engine);
   // Drops every open group (the engine is being replaced) and closes their
   // episodes; returns how many groups.
   int64_t Abandon();
@@ -115,6 +119,11 @@ class EpisodeRunner {
   // Ends episode `index` of `group` (its sequence and its environment
   // episode); `failure` non-empty fails the group.
   void EndEpisode(ContinuousEngine& engine, uint64_t group, int index, const std::string& failure);
+  // Response tokens episode `ep` may still hold (>= 0), and whether its
+  // last turn (the one just paused) may be the last: the turn or token
+  // limit is reached.
+  int64_t TokensLeft(const Episode& ep) const;
+  bool Final(const Episode& ep) const;
   // The group as the learner takes it, once every episode ended.
   v1::PromptGroup Assemble(const Group& g);
   // Moves finished groups to `done` (dropping failed ones).

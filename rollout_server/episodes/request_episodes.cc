@@ -34,27 +34,19 @@ absl::StatusOr<std::vector<GenerationResult>> RunRequestEpisodes(
     p.prompt_tokens = requests[i].prompt;
     runner.StartGroup(p, requests[i].params.return_logprobs, rng, &requests[i].params);
   }
+  ASYMPO_ASSIGN_OR_RETURN(const std::vector<v1::PromptGroup> groups, runner.RunToEnd(*engine));
   std::vector<GenerationResult> out(requests.size());
   size_t done = 0;
-  while (done < requests.size()) {
-    const bool decoding = engine->running() > engine->paused() || engine->waiting() > 0;
-    for (v1::PromptGroup& g :
-         runner.Poll(*engine, decoding ? absl::ZeroDuration() : absl::Milliseconds(50))) {
-      size_t i = 0;
-      if (!absl::SimpleAtoi(g.prompt_id(), &i) || i >= out.size()) continue;
-      const v1::Response& r = g.responses(0);
-      GenerationResult& result = out[i];
-      result.tokens.assign(r.tokens().begin(), r.tokens().end());
-      result.loss_mask.assign(r.loss_mask().begin(), r.loss_mask().end());
-      result.logprobs.assign(r.behavior_logprobs().begin(), r.behavior_logprobs().end());
-      result.finish_reason = r.finish_reason();
-      ++done;
-    }
-    if (runner.open_groups() == 0) break;
-    if (decoding) {
-      ASYMPO_ASSIGN_OR_RETURN(std::vector<ContinuousEngine::Finished> finished, engine->Step());
-      runner.OnTurns(*engine, finished);
-    }
+  for (const v1::PromptGroup& g : groups) {
+    size_t i = 0;
+    if (!absl::SimpleAtoi(g.prompt_id(), &i) || i >= out.size()) continue;
+    const v1::Response& r = g.responses(0);
+    GenerationResult& result = out[i];
+    result.tokens.assign(r.tokens().begin(), r.tokens().end());
+    result.loss_mask.assign(r.loss_mask().begin(), r.loss_mask().end());
+    result.logprobs.assign(r.behavior_logprobs().begin(), r.behavior_logprobs().end());
+    result.finish_reason = r.finish_reason();
+    ++done;
   }
   if (done < requests.size()) {
     return absl::UnavailableError(absl::StrCat(

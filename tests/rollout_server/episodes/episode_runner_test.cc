@@ -66,19 +66,12 @@ struct Fixture {
     return eo;
   }
 
-  // Runs `runner` until it has no open group; the groups it completed.
+  // Runs `runner` until it has no open group (RunToEnd); the groups it
+  // completed.
   std::vector<v1::PromptGroup> Drain(EpisodeRunner& runner) {
-    std::vector<v1::PromptGroup> out;
-    for (int i = 0; i < 100000 && runner.open_groups() > 0; ++i) {
-      for (auto& g : runner.Poll(*engine, absl::Milliseconds(1))) out.push_back(std::move(g));
-      if (runner.open_groups() == 0) break;
-      if (engine->running() > engine->paused() || engine->waiting() > 0) {
-        auto finished = engine->Step();
-        EXPECT_TRUE(finished.ok()) << finished.status();
-        runner.OnTurns(*engine, *finished);
-      }
-    }
-    return out;
+    absl::StatusOr<std::vector<v1::PromptGroup>> out = runner.RunToEnd(*engine);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *std::move(out) : std::vector<v1::PromptGroup>();
   }
 };
 
