@@ -46,7 +46,7 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadUnguarded(const std::string& di
   o.random_init = false;
   ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<PolicyModel> model, PolicyModel::CreateRandom(config, o));
   std::map<std::string, std::vector<int64_t>> expected;
-  for (const auto& [name, t] : model->named_parameters()) {
+  for (const auto& [name, t] : model->named_weights()) {
     expected[name] = std::vector<int64_t>(t.sizes().begin(), t.sizes().end());
   }
   // Tied checkpoints sometimes also store lm_head.weight; it must match.
@@ -58,11 +58,12 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> LoadUnguarded(const std::string& di
     return absl::Status(check.code(), absl::StrCat(dir, ": ", check.message()));
   }
   std::vector<std::pair<std::string, at::Tensor>> weights;
-  for (const auto& [name, t] : model->named_parameters()) {
-    ASYMPO_ASSIGN_OR_RETURN(at::Tensor w, ckpt->Get(name, options.dtype));
+  for (const auto& [name, t] : model->named_weights()) {
+    // Read in the model's dtype (the compute dtype of a frozen base).
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor w, ckpt->Get(name, t.scalar_type()));
     weights.emplace_back(name, std::move(w));
   }
-  ASYMPO_RETURN_IF_ERROR(model->LoadParameters(weights));
+  ASYMPO_RETURN_IF_ERROR(model->LoadWeights(weights));
   return model;
 }
 
@@ -81,8 +82,9 @@ absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
   if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
   ASYMPO_RETURN_IF_ERROR(WriteConfig(model, dir, dtype));
   std::vector<std::pair<std::string, at::Tensor>> tensors;
-  for (const auto& [name, t] : model.named_parameters()) {
-    tensors.emplace_back(name, t.detach().to(at::kCPU, dtype).contiguous());
+  // With adapters: the merged weights (a plain Hugging Face model).
+  for (const auto& [name, t] : model.MergedWeights()) {
+    tensors.emplace_back(name, t.to(at::kCPU, dtype).contiguous());
   }
   return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
 }
@@ -92,6 +94,11 @@ absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
 absl::Status ExportPartsUnguarded(
     const PolicyModel& model, const std::string& dir, at::ScalarType dtype,
     const std::function<absl::Status(const ModelPartVisitor&)>& parts) {
+  if (model.has_adapters()) {
+    // The weights are whole on every rank; only adapters are sharded.
+    return absl::FailedPreconditionError(
+        "exporting in parts is for sharded weights; a model with adapters exports whole");
+  }
   if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
   ASYMPO_RETURN_IF_ERROR(WriteConfig(model, dir, dtype));
   std::vector<std::vector<std::string>> files;  // each part's tensor names

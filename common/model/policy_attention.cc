@@ -64,9 +64,9 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   // q: (B, T, nh, d); k, v: (B, T, nkv, d). Query head h uses key head
   // h / groups (Hugging Face's repeat_kv).
   const auto w = [this](const at::Tensor& t) { return ComputeWeight(t); };
-  at::Tensor q = at::linear(x, w(layer.q_proj), w(layer.q_bias)).view({b, t, nh, d});
-  at::Tensor k = at::linear(x, w(layer.k_proj), w(layer.k_bias)).view({b, t, nkv, d});
-  at::Tensor v = at::linear(x, w(layer.v_proj), w(layer.v_bias)).view({b, t, nkv, d});
+  at::Tensor q = Project(layer, LoraTarget::kQ, x, layer.q_proj, layer.q_bias).view({b, t, nh, d});
+  at::Tensor k = Project(layer, LoraTarget::kK, x, layer.k_proj, layer.k_bias).view({b, t, nkv, d});
+  at::Tensor v = Project(layer, LoraTarget::kV, x, layer.v_proj, layer.v_bias).view({b, t, nkv, d});
   if (c.qk_norm) {
     q = RmsNorm(q, w(layer.q_norm), c.rms_norm_eps);
     k = RmsNorm(k, w(layer.k_norm), c.rms_norm_eps);
@@ -75,7 +75,7 @@ at::Tensor PolicyModel::Attention(const Layer& layer, int64_t index, const at::T
   q = ApplyRotary(q, cq, sq);
   k = ApplyRotary(k, cq, sq).transpose(1, 2);  // (B, nkv, T, d)
   v = v.transpose(1, 2);                       // (B, nkv, T, d)
-  return at::linear(attend(index, q, k, v), w(layer.o_proj));
+  return Project(layer, LoraTarget::kO, attend(index, q, k, v), layer.o_proj);
 }
 
 at::Tensor PolicyModel::MaskedAttention(const at::Tensor& q, const at::Tensor& k,

@@ -55,6 +55,57 @@ at::Tensor InverseFrequencies(const ModelConfig& c) {
   return out.to(at::kFloat);
 }
 
+// Replaces `params`' values from `source` (PolicyModel::LoadParameters).
+absl::Status LoadNamed(std::vector<std::pair<std::string, at::Tensor>>& params,
+                       const std::vector<std::pair<std::string, at::Tensor>>& source, bool tied) {
+  std::map<std::string, const at::Tensor*> by_name;
+  for (const auto& [name, t] : source) by_name[name] = &t;
+  std::vector<std::string> missing, mis_shaped;
+  for (const auto& [name, t] : params) {
+    auto it = by_name.find(name);
+    if (it == by_name.end()) {
+      missing.push_back(name);
+    } else if (it->second->sizes() != t.sizes()) {
+      mis_shaped.push_back(absl::StrCat(name, " (expected [", absl::StrJoin(t.sizes(), ", "),
+                                        "], got [", absl::StrJoin(it->second->sizes(), ", "),
+                                        "])"));
+    }
+    by_name.erase(name);
+  }
+  // A tied model may be given a redundant lm_head equal to the embeddings.
+  if (tied) by_name.erase("lm_head.weight");
+  const auto list = [](const std::vector<std::string>& v) {
+    const size_t shown = std::min<size_t>(v.size(), 5);
+    std::string s = absl::StrJoin(v.begin(), v.begin() + static_cast<ptrdiff_t>(shown), ", ");
+    if (v.size() > shown) absl::StrAppend(&s, ", ... (", v.size(), " in all)");
+    return s;
+  };
+  if (!missing.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("missing tensors: ", list(missing)));
+  }
+  if (!mis_shaped.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("mis-shaped tensors: ", list(mis_shaped)));
+  }
+  if (!by_name.empty()) {
+    std::vector<std::string> extra;
+    for (const auto& [name, t] : by_name) extra.push_back(name);
+    return absl::InvalidArgumentError(absl::StrCat("unexpected tensors: ", list(extra)));
+  }
+  return GuardTorch("loading parameters", [&]() -> absl::Status {
+    at::NoGradGuard no_grad;
+    std::map<std::string, const at::Tensor*> all;
+    for (const auto& [name, t] : source) all[name] = &t;
+    // Converted first (dtype, device), so that a failure changes nothing.
+    std::vector<at::Tensor> converted;
+    converted.reserve(params.size());
+    for (const auto& [name, t] : params) {
+      converted.push_back(all.at(name)->to(t.device(), t.scalar_type()));
+    }
+    for (size_t i = 0; i < params.size(); ++i) params[i].second.copy_(converted[i]);
+    return absl::OkStatus();
+  });
+}
+
 }  // namespace
 
 // RMSNorm computed in float32, as Hugging Face does, then cast back.
@@ -92,10 +143,15 @@ at::Tensor PolicyModel::ComputeWeight(const at::Tensor& weight) const {
   return weight.to(compute_dtype_);
 }
 
-at::Tensor& PolicyModel::AddParameter(const std::string& name, at::Tensor t) {
-  t = t.to(options_.device, options_.dtype).set_requires_grad(true);
-  params_.emplace_back(name, t);
-  return params_.back().second;
+at::Tensor PolicyModel::AddWeight(const std::string& name, at::Tensor t) {
+  if (options_.lora.enabled()) {
+    t = t.to(options_.device, compute_dtype_);
+  } else {
+    t = t.to(options_.device, options_.dtype).set_requires_grad(true);
+    params_.emplace_back(name, t);
+  }
+  weights_.emplace_back(name, t);
+  return t;
 }
 
 absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandom(
@@ -116,6 +172,7 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandomUnguarded(
   if (options.compute_dtype != at::ScalarType::Undefined && !floating(options.compute_dtype)) {
     return absl::InvalidArgumentError("compute dtype must be float32, bfloat16 or float16");
   }
+  ASYMPO_RETURN_IF_ERROR(ValidateLoraOptions(options.lora));
   std::unique_ptr<PolicyModel> m(new PolicyModel(config, options));
   at::Generator gen = at::detail::createCPUGenerator(options.seed);
   const double std = options.init_std;
@@ -127,34 +184,34 @@ absl::StatusOr<std::unique_ptr<PolicyModel>> PolicyModel::CreateRandomUnguarded(
   const int64_t h = c.hidden_size, q = c.num_attention_heads * c.head_dim,
                 kv = c.num_key_value_heads * c.head_dim, ff = c.intermediate_size;
   const std::string p = "model.";
-  m->embed_ = m->AddParameter(p + "embed_tokens.weight", normal({c.vocab_size, h}));
+  m->embed_ = m->AddWeight(p + "embed_tokens.weight", normal({c.vocab_size, h}));
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string l = absl::StrCat(p, "layers.", i, ".");
     Layer layer;
-    layer.input_norm = m->AddParameter(l + "input_layernorm.weight", at::ones({h}));
-    layer.q_proj = m->AddParameter(l + "self_attn.q_proj.weight", normal({q, h}));
-    layer.k_proj = m->AddParameter(l + "self_attn.k_proj.weight", normal({kv, h}));
-    layer.v_proj = m->AddParameter(l + "self_attn.v_proj.weight", normal({kv, h}));
+    layer.input_norm = m->AddWeight(l + "input_layernorm.weight", at::ones({h}));
+    layer.q_proj = m->AddWeight(l + "self_attn.q_proj.weight", normal({q, h}));
+    layer.k_proj = m->AddWeight(l + "self_attn.k_proj.weight", normal({kv, h}));
+    layer.v_proj = m->AddWeight(l + "self_attn.v_proj.weight", normal({kv, h}));
     if (c.attention_bias) {
-      layer.q_bias = m->AddParameter(l + "self_attn.q_proj.bias", at::zeros({q}));
-      layer.k_bias = m->AddParameter(l + "self_attn.k_proj.bias", at::zeros({kv}));
-      layer.v_bias = m->AddParameter(l + "self_attn.v_proj.bias", at::zeros({kv}));
+      layer.q_bias = m->AddWeight(l + "self_attn.q_proj.bias", at::zeros({q}));
+      layer.k_bias = m->AddWeight(l + "self_attn.k_proj.bias", at::zeros({kv}));
+      layer.v_bias = m->AddWeight(l + "self_attn.v_proj.bias", at::zeros({kv}));
     }
-    layer.o_proj = m->AddParameter(l + "self_attn.o_proj.weight", normal({h, q}));
+    layer.o_proj = m->AddWeight(l + "self_attn.o_proj.weight", normal({h, q}));
     if (c.qk_norm) {
-      layer.q_norm = m->AddParameter(l + "self_attn.q_norm.weight", at::ones({c.head_dim}));
-      layer.k_norm = m->AddParameter(l + "self_attn.k_norm.weight", at::ones({c.head_dim}));
+      layer.q_norm = m->AddWeight(l + "self_attn.q_norm.weight", at::ones({c.head_dim}));
+      layer.k_norm = m->AddWeight(l + "self_attn.k_norm.weight", at::ones({c.head_dim}));
     }
-    layer.post_norm = m->AddParameter(l + "post_attention_layernorm.weight", at::ones({h}));
-    layer.gate_proj = m->AddParameter(l + "mlp.gate_proj.weight", normal({ff, h}));
-    layer.up_proj = m->AddParameter(l + "mlp.up_proj.weight", normal({ff, h}));
-    layer.down_proj = m->AddParameter(l + "mlp.down_proj.weight", normal({h, ff}));
+    layer.post_norm = m->AddWeight(l + "post_attention_layernorm.weight", at::ones({h}));
+    layer.gate_proj = m->AddWeight(l + "mlp.gate_proj.weight", normal({ff, h}));
+    layer.up_proj = m->AddWeight(l + "mlp.up_proj.weight", normal({ff, h}));
+    layer.down_proj = m->AddWeight(l + "mlp.down_proj.weight", normal({h, ff}));
     m->layers_.push_back(layer);
   }
-  m->final_norm_ = m->AddParameter(p + "norm.weight", at::ones({h}));
-  m->lm_head_ = c.tie_word_embeddings
-                    ? m->embed_
-                    : m->AddParameter("lm_head.weight", normal({c.vocab_size, h}));
+  m->final_norm_ = m->AddWeight(p + "norm.weight", at::ones({h}));
+  m->lm_head_ =
+      c.tie_word_embeddings ? m->embed_ : m->AddWeight("lm_head.weight", normal({c.vocab_size, h}));
+  if (options.lora.enabled()) m->AddAdapters();
   m->inv_freq_ = InverseFrequencies(c).to(options.device);
   return m;
 }
@@ -168,52 +225,12 @@ std::vector<at::Tensor> PolicyModel::parameters() const {
 
 absl::Status PolicyModel::LoadParameters(
     const std::vector<std::pair<std::string, at::Tensor>>& source) {
-  std::map<std::string, const at::Tensor*> by_name;
-  for (const auto& [name, t] : source) by_name[name] = &t;
-  std::vector<std::string> missing, mis_shaped;
-  for (const auto& [name, t] : params_) {
-    auto it = by_name.find(name);
-    if (it == by_name.end()) {
-      missing.push_back(name);
-    } else if (it->second->sizes() != t.sizes()) {
-      mis_shaped.push_back(absl::StrCat(name, " (expected [", absl::StrJoin(t.sizes(), ", "),
-                                        "], got [", absl::StrJoin(it->second->sizes(), ", "),
-                                        "])"));
-    }
-    by_name.erase(name);
-  }
-  // A tied model may be given a redundant lm_head equal to the embeddings.
-  if (config_.tie_word_embeddings) by_name.erase("lm_head.weight");
-  const auto list = [](const std::vector<std::string>& v) {
-    const size_t shown = std::min<size_t>(v.size(), 5);
-    std::string s = absl::StrJoin(v.begin(), v.begin() + static_cast<ptrdiff_t>(shown), ", ");
-    if (v.size() > shown) absl::StrAppend(&s, ", ... (", v.size(), " in all)");
-    return s;
-  };
-  if (!missing.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("missing tensors: ", list(missing)));
-  }
-  if (!mis_shaped.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("mis-shaped tensors: ", list(mis_shaped)));
-  }
-  if (!by_name.empty()) {
-    std::vector<std::string> extra;
-    for (const auto& [name, t] : by_name) extra.push_back(name);
-    return absl::InvalidArgumentError(absl::StrCat("unexpected tensors: ", list(extra)));
-  }
-  return GuardTorch("loading parameters", [&]() -> absl::Status {
-    at::NoGradGuard no_grad;
-    std::map<std::string, const at::Tensor*> all;
-    for (const auto& [name, t] : source) all[name] = &t;
-    // Converted first (dtype, device), so that a failure changes nothing.
-    std::vector<at::Tensor> converted;
-    converted.reserve(params_.size());
-    for (const auto& [name, t] : params_) {
-      converted.push_back(all.at(name)->to(t.device(), t.scalar_type()));
-    }
-    for (size_t i = 0; i < params_.size(); ++i) params_[i].second.copy_(converted[i]);
-    return absl::OkStatus();
-  });
+  return LoadNamed(params_, source, config_.tie_word_embeddings && !has_adapters());
+}
+
+absl::Status PolicyModel::LoadWeights(
+    const std::vector<std::pair<std::string, at::Tensor>>& source) {
+  return LoadNamed(weights_, source, config_.tie_word_embeddings);
 }
 
 KvCache PolicyModel::NewCache(int64_t batch, int64_t capacity) const {
@@ -371,6 +388,12 @@ KvCache PromptRow(const SharedPrefixCache& cache, int64_t row) {
 std::vector<at::Tensor> PolicyModel::LayerParameters(int64_t layer) const {
   const Layer& l = layers_[static_cast<size_t>(layer)];
   std::vector<at::Tensor> out;
+  if (has_adapters()) {
+    for (const LoraAdapter& a : l.lora) {
+      if (a.defined()) out.insert(out.end(), {a.a, a.b});
+    }
+    return out;
+  }
   for (const at::Tensor* t :
        {&l.input_norm, &l.q_proj, &l.k_proj, &l.v_proj, &l.o_proj, &l.q_bias, &l.k_bias, &l.v_bias,
         &l.q_norm, &l.k_norm, &l.post_norm, &l.gate_proj, &l.up_proj, &l.down_proj}) {
@@ -387,9 +410,9 @@ at::Tensor PolicyModel::DecoderLayer(int64_t index, const at::Tensor& x, const a
       x + Attention(layer, index, RmsNorm(x, w(layer.input_norm), config_.rms_norm_eps), cos, sin,
                     attend);
   const at::Tensor hn = RmsNorm(h, w(layer.post_norm), config_.rms_norm_eps);
-  return h +
-         at::linear(at::silu(at::linear(hn, w(layer.gate_proj))) * at::linear(hn, w(layer.up_proj)),
-                    w(layer.down_proj));
+  const at::Tensor gate = Project(layer, LoraTarget::kGate, hn, layer.gate_proj);
+  const at::Tensor up = Project(layer, LoraTarget::kUp, hn, layer.up_proj);
+  return h + Project(layer, LoraTarget::kDown, at::silu(gate) * up, layer.down_proj);
 }
 
 at::Tensor PolicyModel::Layers(const at::Tensor& ids, const at::Tensor& positions,

@@ -9,6 +9,7 @@
 // (an optimizer step, loading weights) must be serialized by the caller.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -19,6 +20,7 @@
 #include <ATen/core/Tensor.h>
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/model/lora.h"
 #include "common/model/model_config.h"
 
 namespace asympo {
@@ -44,6 +46,10 @@ struct ModelOptions {
   // again to get the rest. 0: none. Without gradient recording (inference)
   // it has no effect.
   int64_t checkpoint_every = 0;
+  // Low-rank adapters (common/model/lora.h). With rank > 0 the transformer's
+  // weights are frozen, held in the compute dtype without gradients, and
+  // only the adapters (float32) are parameters.
+  LoraOptions lora;
 };
 
 // Keys and values of past positions, per layer, for incremental decoding.
@@ -118,16 +124,28 @@ class PolicyModel {
   // differentiable cast).
   at::Tensor ComputeWeight(const at::Tensor& weight) const;
 
-  // Every trainable tensor with its checkpoint name, in a fixed order. With
-  // tied embeddings "lm_head.weight" is absent (it is embed_tokens).
+  // Every trainable tensor with its name, in a fixed order: the
+  // transformer's weights (named_weights()), or with adapters the adapters
+  // alone ("model.layers.0.self_attn.q_proj.lora_A.weight", ...: A then B
+  // of each targeted projection, layer by layer).
   const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const {
     return params_;
   }
   std::vector<at::Tensor> parameters() const;
+  // The transformer's weights with their checkpoint names, in a fixed order
+  // (the same tensors as named_parameters() without adapters; frozen with
+  // them). With tied embeddings "lm_head.weight" is absent (it is
+  // embed_tokens).
+  const std::vector<std::pair<std::string, at::Tensor>>& named_weights() const { return weights_; }
+  bool has_adapters() const { return options_.lora.enabled(); }
+  // named_weights() with the adapters merged in (W + alpha / rank * B A),
+  // detached: what a model without adapters would hold. Without adapters,
+  // the weights themselves (detached).
+  std::vector<std::pair<std::string, at::Tensor>> MergedWeights() const;
   // The (V, H) output projection (embed_tokens when tied).
   const at::Tensor& lm_head_weight() const { return lm_head_; }
-  // Decoder layer `layer`'s parameters (a subset of parameters()), in a
-  // fixed order.
+  // Decoder layer `layer`'s parameters (a subset of parameters(): its
+  // adapters when there are adapters), in a fixed order.
   std::vector<at::Tensor> LayerParameters(int64_t layer) const;
 
   // Fully sharded training: from now on every decoder layer runs between
@@ -141,6 +159,8 @@ class PolicyModel {
   // the model's dtype and device. Errors name missing, extra or mis-shaped
   // tensors; on error nothing is changed.
   absl::Status LoadParameters(const std::vector<std::pair<std::string, at::Tensor>>& source);
+  // The same for named_weights() (the frozen base, with adapters).
+  absl::Status LoadWeights(const std::vector<std::pair<std::string, at::Tensor>>& source);
 
   // Runs the transformer and returns the final-normed hidden states
   // (B, T, H), in the compute dtype.
@@ -224,12 +244,20 @@ class PolicyModel {
     at::Tensor q_bias, k_bias, v_bias;  // undefined without attention_bias
     at::Tensor q_norm, k_norm;          // undefined without qk_norm
     at::Tensor post_norm, gate_proj, up_proj, down_proj;
+    std::array<LoraAdapter, kLoraTargetCount> lora;  // undefined where not targeted
   };
 
   PolicyModel(ModelConfig config, ModelOptions options);
   static absl::StatusOr<std::unique_ptr<PolicyModel>> CreateRandomUnguarded(
       const ModelConfig& config, const ModelOptions& options);
-  at::Tensor& AddParameter(const std::string& name, at::Tensor t);
+  // A transformer weight: a parameter, or frozen in the compute dtype with
+  // adapters.
+  at::Tensor AddWeight(const std::string& name, at::Tensor t);
+  // With adapters: each decoder layer's (lora.cc), after the weights.
+  void AddAdapters();
+  // weight's projection `target` of `layer` on x, its adapter included.
+  at::Tensor Project(const Layer& layer, LoraTarget target, const at::Tensor& x,
+                     const at::Tensor& weight, const at::Tensor& bias = at::Tensor()) const;
   // cos and signed sin (first half negated): (B, T, 1, head_dim) float32.
   std::pair<at::Tensor, at::Tensor> Rotary(const at::Tensor& positions) const;
   // A layer's attention over its keys and values, given the rotated queries
@@ -278,6 +306,7 @@ class PolicyModel {
   ModelOptions options_;
   at::ScalarType compute_dtype_;
   std::vector<std::pair<std::string, at::Tensor>> params_;
+  std::vector<std::pair<std::string, at::Tensor>> weights_;
   at::Tensor embed_, final_norm_, lm_head_;
   std::vector<Layer> layers_;
   at::Tensor inv_freq_;  // (head_dim / 2) float32
