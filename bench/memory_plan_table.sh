@@ -7,12 +7,15 @@
 # recomputes every layer); training's peak (the largest of the step's
 # phases) apart from rank 0's on its device while it gathers between steps
 # (with full sharding the weights for every snapshot; a checkpoint gathers
-# nothing: every rank writes its own part).
+# nothing: every rank writes its own part). Then the same models training
+# rank-32 adapters on every projection (--lora_rank=32), the base frozen
+# in bfloat16, on 1 and 8 GPUs, with the adapters' parameters and a
+# version's bytes (the adapters in bfloat16).
 #
 #   bench/memory_plan_table.sh [BUILD_DIR]     (default: build)
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then
-  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
   exit 0
 fi
 plan=${1:-build}/learner_server/asympo-plan
@@ -50,5 +53,29 @@ for model in qwen3-0.6b qwen3-1.7b llama3.2-3b qwen3-4b qwen3-8b; do
     read -r full_train full_ckpt < <(peaks --model="$model" --world_size="$world" --dist_shard=full)
     echo "| $model | $world | $(cell "$none_train") | $(cell "$layers_train") |" \
       "$(cell "$full_train") | $(cell "$zero1_ckpt") / $(cell "$full_ckpt") |"
+  done
+done
+
+echo
+echo "| model | GPUs | LoRA r32, none | LoRA r32, layers | LoRA r32, full | adapters | a version (bfloat16) |"
+echo "| --- | --- | --- | --- | --- | --- | --- |"
+for model in qwen3-0.6b qwen3-1.7b llama3.2-3b qwen3-4b qwen3-8b; do
+  for world in 1 8; do
+    shard=optimizer
+    ((world == 1)) && shard=none
+    lora=(--model="$model" --world_size="$world" --lora_rank=32)
+    read -r none_train _ < <(peaks "${lora[@]}" --dist_shard="$shard")
+    read -r layers_train _ < <(peaks "${lora[@]}" --dist_shard="$shard" \
+      --activation_checkpointing=layers)
+    full="-"
+    if ((world > 1)); then
+      read -r full_train _ < <(peaks "${lora[@]}" --dist_shard=full)
+      full=$(cell "$full_train")
+    fi
+    adapters=$("$plan" "${common[@]}" "${lora[@]}" --dist_shard="$shard" |
+      sed -n 's/.*projection(s) a layer, \([0-9.]*M\) parameters.*/\1/p') || true
+    mib=$(awk -v m="${adapters%M}" 'BEGIN { printf "%.0f MiB", m * 1e6 * 2 / 1048576 }')
+    echo "| $model | $world | $(cell "$none_train") | $(cell "$layers_train") | $full |" \
+      "$adapters | $mib |"
   done
 done

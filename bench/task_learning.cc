@@ -15,6 +15,7 @@
 //                 [--weight_decay 0] [--layers 0] [--hidden 0]
 //                 [--init_model DIR] [--sft_steps 0] [--sft_target 0.4] [--sft_lr 1e-3]
 //                 [--sft_batch 32] [--sft_eval_every 50] [--save_model DIR] [--base_stats 64]
+//                 [--lora_rank 0] [--lora_alpha 0] [--lora_targets all]
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
 // rollouts run k versions behind sees it. --csv writes one row per step
@@ -22,6 +23,8 @@
 // for task add, the entropy of the operand orders within a group).
 // --eval_json writes the latest held-out evaluation with its per-prompt rows
 // (asympo-eval's JSON).
+// --lora_rank R trains rank-R adapters (alpha --lora_alpha, 0: 2R) on the
+// --lora_targets projections instead of every weight (common/model/lora.h).
 // --init_model starts from a model directory (an --export_dir, or one
 // --save_model wrote) instead of random weights. --sft_steps N first trains
 // the model on the task's reference solutions (bench/task_sft.h) for at
@@ -52,6 +55,7 @@
 #include "bench/bench_flags.h"
 #include "bench/task_sft.h"
 #include "common/model/device.h"
+#include "common/model/lora_flags.h"
 #include "common/model/model_config.h"
 #include "common/model/model_io.h"
 #include "common/model/policy_model.h"
@@ -118,6 +122,9 @@ struct Args {
   int64_t eval_prompts;    // held-out prompts evaluated; 0: the task's default set
   std::string eval_json;   // the last evaluation, per prompt; empty: none
   std::string init_model;  // a model directory to start from; empty: random
+  int64_t lora_rank = 0;   // adapters (0: every weight trains)
+  double lora_alpha = 0;
+  std::string lora_targets;
   std::string save_model;  // where to write the model after --sft_steps
   asympo::bench::SftOptions sft;
   int64_t sft_steps = 0;
@@ -163,6 +170,9 @@ Args ParseArgs(int argc, char** argv) {
   args.sft.batch = Flag(argc, argv, "--sft_batch", 32);
   args.sft.eval_every = Flag(argc, argv, "--sft_eval_every", 50);
   args.base_stats = Flag(argc, argv, "--base_stats", 64);
+  args.lora_rank = Flag(argc, argv, "--lora_rank", 0);
+  args.lora_alpha = FlagD(argc, argv, "--lora_alpha", 0.0);
+  args.lora_targets = FlagS(argc, argv, "--lora_targets", "all");
   asympo::bench::RejectUnknownFlags(argc, argv);
   return args;
 }
@@ -208,6 +218,10 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
 
   asympo::ModelOptions model_options;
   model_options.seed = args.seed;
+  absl::StatusOr<asympo::LoraOptions> lora =
+      asympo::LoraFromFlags(args.lora_rank, args.lora_alpha, args.lora_targets);
+  if (!lora.ok()) return lora.status();
+  model_options.lora = *lora;
   absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> model =
       args.init_model.empty()
           ? asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options)
@@ -224,6 +238,10 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
         asympo::PolicyModel::CreateRandom(setup.model->config(), model_options);
     if (!behavior.ok()) return behavior.status();
     setup.behavior = *std::move(behavior);
+    // With adapters only they follow the trained model: the base is copied once.
+    if (absl::Status s = setup.behavior->LoadWeights(setup.model->named_weights()); !s.ok()) {
+      return s;
+    }
   }
 
   learner::TrainerOptions trainer_options;

@@ -3,7 +3,10 @@
 #include <glog/logging.h>
 
 #include "common/batch_validation.h"
+#include "common/model/base_identity.h"
+#include "common/model/device.h"
 #include "common/model/model_io.h"
+#include "common/model/peft_adapter.h"
 #include "common/status_macros.h"
 
 namespace asympo::learner {
@@ -23,6 +26,16 @@ absl::Status LearnerCore::BuildModel() {
   const LearnerDaemonOptions& o = options_;
   ASYMPO_ASSIGN_OR_RETURN(model_,
                           CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
+  if (model_->has_adapters()) {
+    // Checkpoints of adapters name their base; a resume checks it.
+    ASYMPO_ASSIGN_OR_RETURN(base_, BaseIdentity(o.model, *model_));
+    const LoraOptions& l = o.model_options.lora;
+    int64_t adapter = 0;
+    for (const at::Tensor& p : model_->parameters()) adapter += p.numel();
+    LOG(INFO) << "adapters: rank " << l.rank << ", alpha " << l.alpha << " on "
+              << LoraTargetsName(l.targets) << ": " << adapter << " trained parameters (float32); "
+              << "the base " << base_ << " is frozen in " << DTypeName(model_->compute_dtype());
+  }
   BatchLimits& limits = options_.service.limits;
   limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
   limits.require_behavior_logprobs = o.trainer.loss.objective == Objective::kGrpo;
@@ -83,6 +96,9 @@ absl::StatusOr<std::optional<CheckpointInfo>> LearnerCore::RestoreCheckpoint() {
   ASYMPO_ASSIGN_OR_RETURN(
       std::optional<CheckpointInfo> info,
       LoadLatestCheckpoint(dir, *model_, &trainer_->stepper(), checkpoint_ranks()));
+  if (info.has_value() && model_->has_adapters()) {
+    ASYMPO_RETURN_IF_ERROR(CheckSameBase(info->base, base_, info->path));
+  }
   if (info.has_value()) {
     trainer_->set_version(info->version);
     LOG(INFO) << "rank " << (dp_ ? dp_->rank() : 0) << " read " << info->bytes_read / (1 << 20)
@@ -95,6 +111,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> LearnerCore::RestoreCheckpoint() {
 absl::StatusOr<CheckpointInfo> LearnerCore::SaveCheckpoint(CheckpointSave save, bool alone) {
   save.root = options_.checkpoint_dir;
   save.version = trainer_->version();
+  save.base = base_;
   CheckpointRanks ranks = checkpoint_ranks();
   if (alone) ranks = CheckpointRanks{};
   return ::asympo::learner::SaveCheckpoint(save, *model_, trainer_->stepper(), ranks);
@@ -108,6 +125,19 @@ WeightParts LearnerCore::weight_parts() {
 
 absl::Status LearnerCore::ExportWeights() {
   const bool rank0 = dp_ == nullptr || dp_->rank() == 0;
+  if (model_->has_adapters()) {
+    // The base is whole on every rank; fully sharded, the adapters are small
+    // enough to gather whole on rank 0 (a collective). Rank 0 writes the
+    // merged model, and the adapters alone as PEFT writes them in adapter/.
+    ASYMPO_RETURN_IF_ERROR(trainer_->stepper().GatherWeights());
+    absl::Status s;
+    if (rank0) {
+      s = ExportPolicyModel(*model_, options_.export_dir, int64_t{5} << 30, options_.publish_dtype);
+      if (s.ok()) s = ExportPeftAdapter(*model_, options_.export_dir + "/adapter", options_.model);
+    }
+    trainer_->stepper().ReleaseWeights();
+    return s;
+  }
   if (trainer_->full_shard() == nullptr) {  // rank 0 holds the whole weights
     if (!rank0) return absl::OkStatus();
     return ExportPolicyModel(*model_, options_.export_dir, int64_t{5} << 30,

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -80,6 +81,7 @@ class LearnerCore {
   LearnerDaemonOptions options_;
   std::unique_ptr<DataParallel> dp_;
   std::unique_ptr<PolicyModel> model_;
+  std::string base_;  // with adapters: the base's identity (base_identity.h)
   std::unique_ptr<Trainer> trainer_;
 };
 

@@ -129,7 +129,9 @@ ABSL_FLAG(std::string, checkpoint_dir, "", "Checkpoint directory (empty: no chec
 ABSL_FLAG(int64_t, checkpoint_every, 50, "Checkpoint every N steps (0: only at shutdown).");
 ABSL_FLAG(int32_t, keep_checkpoints, 3, "Checkpoints kept (0: all).");
 ABSL_FLAG(std::string, export_dir, "",
-          "Also write the policy here as a Hugging Face directory at each checkpoint and at exit.");
+          "Also write the policy here as a Hugging Face directory at each checkpoint and at exit "
+          "(with --lora_rank: the merged model, and the adapters alone as a PEFT directory in "
+          "adapter/).");
 // Collapse alert.
 ABSL_FLAG(double, collapse_ema_alpha, 0.1,
           "Weight of the newest step in the reward EMA (each source's; the fleet's is their "

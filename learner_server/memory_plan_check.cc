@@ -125,6 +125,8 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
       int64_t{o.service.limits.max_prompt_tokens} + int64_t{o.service.limits.max_response_tokens};
   p.pack_sequences = o.trainer.pack_sequences;
   p.checkpoint_every = o.model_options.checkpoint_every;
+  p.lora_rank = o.model_options.lora.rank;
+  if (p.lora_rank > 0) p.lora_targets = o.model_options.lora.targets;
   p.logprob_chunk_rows = o.trainer.logprob_chunk_rows;
   p.rank0 = o.data_parallel.rank == 0;
   p.checkpoints = !o.checkpoint_dir.empty();

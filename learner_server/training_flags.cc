@@ -10,6 +10,7 @@
 #include "common/daemon/daemon_main.h"
 #include "common/flag_ranges.h"
 #include "common/model/device.h"
+#include "common/model/lora_flags.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "learner_server/learner_flags.h"
@@ -29,6 +30,16 @@ ABSL_FLAG(std::string, compute_dtype, "auto",
 ABSL_FLAG(std::string, dtype, "float32",
           "Dtype of the weights rollouts sample with: broadcast snapshots and --export_dir are "
           "written in it (float32 or bfloat16; must match the rollouts' --dtype).");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "Train low-rank adapters of this rank on the decoder layers' projections instead of "
+          "every weight (0: every weight trains). The base stays frozen in the compute dtype "
+          "with no gradients or AdamW moments; checkpoints and published versions carry the "
+          "adapters alone.");
+ABSL_FLAG(double, lora_alpha, 0,
+          "The adapters' output is scaled by lora_alpha / lora_rank (0: twice the rank).");
+ABSL_FLAG(std::string, lora_targets, "all",
+          "The projections that get adapters: a comma-separated list of q, k, v, o, gate, up, "
+          "down, or all, attention (q,k,v,o), mlp (gate,up,down).");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of the random initialization and of the CPU generator.");
 // Objective.
 ABSL_FLAG(std::string, objective, "asympo",
@@ -105,6 +116,8 @@ ABSL_FLAG(std::vector<std::string>, fault_exception_steps, {},
 
 // The documented ranges (--help shows them; a value outside is refused at start).
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
+ASYMPO_FLAG_RANGE(lora_rank, 0, 4096);
+ASYMPO_FLAG_RANGE(lora_alpha, 0, 1e6);
 ASYMPO_FLAG_RANGE(spo_alpha, 0, 1);
 ASYMPO_FLAG_RANGE(p_low, 0, 1);
 ASYMPO_FLAG_RANGE(p_high, 0, 1);
@@ -177,6 +190,9 @@ absl::Status ModelFlags(LearnerDaemonOptions* o) {
   }
   o->model_options.checkpoint_every = *every;
   o->model_options.seed = absl::GetFlag(FLAGS_seed);
+  ASYMPO_ASSIGN_OR_RETURN(o->model_options.lora, LoraFromFlags(absl::GetFlag(FLAGS_lora_rank),
+                                                               absl::GetFlag(FLAGS_lora_alpha),
+                                                               absl::GetFlag(FLAGS_lora_targets)));
   return absl::OkStatus();
 }
 

@@ -16,6 +16,7 @@
 #include "common/daemon/daemon_main.h"
 #include "common/flag_ranges.h"
 #include "common/model/device.h"
+#include "common/model/lora_flags.h"
 #include "common/model/model_io.h"
 #include "common/status_macros.h"
 #include "rollout_server/rollout_daemon.h"
@@ -48,6 +49,11 @@ ABSL_FLAG(std::string, dtype, "float32",
           "--dtype.");
 ABSL_FLAG(bool, cuda_graphs, true,
           "On a GPU, replay each decode step as a CUDA graph (where the build has CUDA).");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "The learner's --lora_rank: the model samples with its low-rank adapters beside the "
+          "frozen base, and the learner's versions carry the adapters alone (0: whole weights).");
+ABSL_FLAG(double, lora_alpha, 0, "The learner's --lora_alpha (0: twice the rank).");
+ABSL_FLAG(std::string, lora_targets, "all", "The learner's --lora_targets.");
 ABSL_FLAG(uint64_t, seed, 0, "Seed of prompt order and sampling.");
 // Task.
 ABSL_FLAG(std::string, task, "copy", "Task to sample prompts from; --list_tasks lists them.");
@@ -132,6 +138,8 @@ ABSL_FLAG(bool, reuse_kv, true,
 // The documented ranges (--help shows them; a value outside is refused at
 // start, before the options are read: they need no check of their own).
 ASYMPO_FLAG_RANGE(seed, 0, 1.8446744073709552e19);
+ASYMPO_FLAG_RANGE(lora_rank, 0, 4096);
+ASYMPO_FLAG_RANGE(lora_alpha, 0, 1e6);
 ASYMPO_FLAG_RANGE(group_size, 2, 4096);
 ASYMPO_FLAG_RANGE(prompts_per_generation, 1, 65536);
 ASYMPO_FLAG_RANGE(max_running_sequences, 1, 65536);
@@ -204,6 +212,10 @@ absl::Status ModelFlags(RolloutDaemonOptions* o) {
                           asympo::ParseDevice(absl::GetFlag(FLAGS_device)));
   o->generation.cuda_graphs = absl::GetFlag(FLAGS_cuda_graphs);
   o->seed = absl::GetFlag(FLAGS_seed);
+  ASYMPO_ASSIGN_OR_RETURN(
+      o->model_options.lora,
+      asympo::LoraFromFlags(absl::GetFlag(FLAGS_lora_rank), absl::GetFlag(FLAGS_lora_alpha),
+                            absl::GetFlag(FLAGS_lora_targets)));
   return absl::OkStatus();
 }
 

@@ -178,8 +178,9 @@ grpc::Status BroadcastSender::DoRegister(const std::string& principal, const std
         grpc::StatusCode::FAILED_PRECONDITION,
         absl::StrCat("receiver ", QuoteForMessage(id), " has model signature ",
                      QuoteForMessage(request.model_signature()),
-                     ", not the learner's; both must run the same architecture (GetStatus's "
-                     "model_signature gives the learner's)"));
+                     ", not the learner's; both must run the same architecture, with the same "
+                     "adapters when the learner trains adapters (--lora_rank, --lora_alpha, "
+                     "--lora_targets; GetStatus's model_signature gives the learner's)"));
   }
   // gRPC is always available. The NCCL transport is chosen while ranks are
   // still free and when the receiver lists TRANSPORT_NCCL first: the reply

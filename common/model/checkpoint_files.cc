@@ -43,6 +43,7 @@ absl::StatusOr<CheckpointContents> ReadCheckpointDirectory(const std::string& di
   out.config = meta.config;
   out.batches = meta.batches;
   out.reward_monitor = meta.reward_monitor;
+  out.base = meta.base;
   if (fs::exists(dir + "/" + kCheckpointManifestFile)) {
     // Written by every rank (sharded_checkpoint.h): the weights, whole.
     ASYMPO_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointStateReader> reader,

@@ -41,6 +41,7 @@ struct CheckpointContents {
   at::Tensor rng;                                           // undefined when absent
   std::vector<CheckpointBatch> batches;                     // empty when absent
   std::string reward_monitor;                               // JSON text; empty when absent
+  std::string base;  // adapters' base identity (base_identity.h); empty: not adapters
 };
 
 // Reads `dir` (a ckpt-* directory, either layout: the weights whole, the

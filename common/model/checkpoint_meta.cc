@@ -139,6 +139,11 @@ absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const 
     }
     out.reward_monitor = monitor->dump();
   }
+  if (const auto base = meta.find("base"); base != meta.end()) {
+    if (!base->is_object())
+      return absl::DataLossError(absl::StrCat(path, ": base is not an object"));
+    out.base = base->dump();
+  }
   return out;
 }
 

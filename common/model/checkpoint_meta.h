@@ -40,6 +40,9 @@ struct CheckpointMeta {
   // The learner's reward monitor (learner_server/reward_monitor.h), as JSON
   // text; empty when absent.
   std::string reward_monitor;
+  // A checkpoint of adapters: their base's identity
+  // (common/model/base_identity.h), as JSON text; empty when absent.
+  std::string base;
 };
 
 // Parses meta.json's `text`. It must be a JSON object with "version" (an
@@ -49,7 +52,8 @@ struct CheckpointMeta {
 // "groups": count, "trained": [group indices below groups]}) and the older
 // "batch_ids" (a list of strings: ids without digests, every group
 // trained), read when "batches" is absent; "reward_monitor" (an object,
-// kept as its JSON text) is optional too. DATA_LOSS naming `path`
+// kept as its JSON text) is optional too, and so is "base" (an object,
+// kept as its JSON text). DATA_LOSS naming `path`
 // otherwise: a checkpoint whose description is incomplete or corrupt is not
 // trusted.
 absl::StatusOr<CheckpointMeta> ParseCheckpointMeta(std::string_view text, const std::string& path);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/model/lora_flags.h"
 
 namespace asympo {
 namespace {
@@ -83,13 +84,31 @@ absl::Status ValidateLoraOptions(const LoraOptions& lora) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<LoraOptions> LoraFromFlags(int64_t rank, double alpha, absl::string_view targets) {
+  LoraOptions o;
+  o.rank = rank;
+  o.alpha = alpha == 0 ? 2.0 * static_cast<double>(rank) : alpha;
+  if (rank != 0) {
+    absl::StatusOr<uint32_t> parsed = ParseLoraTargets(targets);
+    if (!parsed.ok()) return parsed.status();
+    o.targets = *parsed;
+  }
+  if (absl::Status s = ValidateLoraOptions(o); !s.ok()) return s;
+  return o;
+}
+
 at::Tensor LoraLinear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                       const LoraAdapter& adapter, double scale) {
   at::Tensor y = at::linear(x, weight, bias);
   if (!adapter.defined()) return y;
   const at::ScalarType dt = x.scalar_type();
   const at::Tensor low = at::linear(x, adapter.a.to(dt));
-  return y + at::linear(low, adapter.b.to(dt)) * scale;
+  // y += scale * low B^T as one GEMM into y (no (tokens, out) temporaries;
+  // the base's backward does not read y).
+  const int64_t rank = adapter.a.size(0), out = y.size(-1);
+  y.view({-1, out}).addmm_(low.reshape({-1, rank}), adapter.b.to(dt).t(), /*beta=*/1,
+                           /*alpha=*/scale);
+  return y;
 }
 
 at::Tensor MergeLoraWeight(const at::Tensor& weight, const LoraAdapter& adapter, double scale) {

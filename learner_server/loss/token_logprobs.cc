@@ -109,7 +109,11 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
     const bool low_precision =
         hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf;
     at::Tensor grad_hidden = at::zeros_like(hidden);
-    at::Tensor grad_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
+    // A frozen lm_head (low-rank adapters train the layers alone) needs no
+    // (V, H) gradient: neither its buffer nor its GEMMs.
+    const bool weight_grad = ctx->needs_input_grad(1);
+    at::Tensor grad_weight =
+        weight_grad ? at::zeros(weight.sizes(), weight.options().dtype(at::kFloat)) : at::Tensor();
     for (int64_t start = 0; start < m; start += chunk) {
       const int64_t n = std::min(chunk, m - start);
       const at::Tensor h = hidden.narrow(0, start, n);
@@ -121,6 +125,7 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
       grad_logits.scatter_add_(1, targets.narrow(0, start, n).unsqueeze(1), gc);
       const at::Tensor gl = grad_logits.to(hidden.scalar_type());
       grad_hidden.narrow(0, start, n).copy_(at::matmul(gl, w));
+      if (!weight_grad) continue;
       // bf16 compute: the weight gradient's GEMM in bf16 too (float32
       // accumulation inside the GEMM), summed into a float32 buffer.
       if (low_precision) {
@@ -129,7 +134,8 @@ class ChunkedLogProbsFunction : public torch::autograd::Function<ChunkedLogProbs
         grad_weight.addmm_(grad_logits.t(), h.to(at::kFloat));
       }
     }
-    return {grad_hidden, grad_weight.to(weight.scalar_type()), at::Tensor(), at::Tensor()};
+    return {grad_hidden, weight_grad ? grad_weight.to(weight.scalar_type()) : at::Tensor(),
+            at::Tensor(), at::Tensor()};
   }
 };
 

@@ -73,8 +73,12 @@ bool FullShard::Ok(const absl::Status& s) {
 
 at::Tensor FullShard::Flatten(const Unit& unit, const std::vector<at::Tensor>& tensors) const {
   at::NoGradGuard no_grad;
+  // A unit may be empty (the root with adapters: every parameter is a
+  // layer's); it is then padding alone.
   const at::TensorOptions o =
-      unit.weight.defined() ? unit.weight.options() : unit.params.front().options();
+      unit.weight.defined() ? unit.weight.options()
+      : unit.params.empty() ? at::TensorOptions().dtype(at::kFloat).device(model_->options().device)
+                            : unit.params.front().options();
   at::Tensor flat = at::zeros({collectives_->world_size() * unit.chunk}, o);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (!tensors[i].defined() || tensors[i].numel() == 0) continue;

@@ -28,6 +28,12 @@ struct Dims {
   int64_t params = 0;
   double largest_param = 0;  // the largest single tensor
   double c = 4;              // compute dtype bytes
+  // What trains: the weights, or with adapters the adapters (frozen: the
+  // base is then held in the compute dtype and gets no gradients).
+  bool frozen = false;
+  double rank = 0, targets = 0;  // adapters' rank and projections per layer
+  int64_t train_layer = 0, train_root = 0, train_params = 0;
+  double train_largest = 0;
 };
 
 // One micro-batch: `rows` rows of `s` positions (n in all), m scored tokens.
@@ -54,6 +60,24 @@ Dims DimsOf(const PlanOptions& o) {
   d.layer_params = (d.params - d.root_params) / std::max<int64_t>(1, m.num_hidden_layers);
   d.largest_param = std::max({d.vocab * d.h, d.ff * d.h, d.q * d.h});
   d.c = o.compute_dtype == PlanDType::kBFloat16 ? 2 : 4;
+  d.train_layer = d.layer_params, d.train_root = d.root_params, d.train_params = d.params;
+  d.train_largest = d.largest_param;
+  if (o.lora_rank > 0) {  // A (r, in) and B (out, r) of each adapted projection
+    const double in_out[7] = {d.h + d.q,  d.h + d.kv, d.h + d.kv, d.q + d.h,
+                              d.h + d.ff, d.h + d.ff, d.ff + d.h};
+    d.frozen = true;
+    d.rank = static_cast<double>(o.lora_rank);
+    double layer = 0;
+    for (int t = 0; t < 7; ++t) {
+      if (((o.lora_targets >> t) & 1U) == 0) continue;
+      layer += d.rank * in_out[t];
+      d.targets += 1;
+    }
+    d.train_largest = d.rank * std::max({d.ff, d.h, d.q});  // at most
+    d.train_layer = static_cast<int64_t>(layer);
+    d.train_root = 0;
+    d.train_params = d.train_layer * m.num_hidden_layers;
+  }
   return d;
 }
 
@@ -135,6 +159,9 @@ double Activations(const PlanOptions& o, const Dims& d, const Batch& b) {
   bytes += NormSaved(d, o.device, b.n, d.h, 1);  // the final norm
   bytes += 2 * 4 * b.n * d.d;                    // float32 rotary tables
   bytes += 25 * b.n;                             // ids, positions, segments, key mask
+  // Each adapter's rank-r product x A^T, kept for B's gradient (its input
+  // x is kept anyway).
+  bytes += (d.layers - recomputed) * d.targets * d.c * b.n * d.rank;
   return bytes + KeptMask(d, b, o.device, recomputed > 0);
 }
 
@@ -166,15 +193,19 @@ double LogProbs(const PlanOptions& o, const Dims& d, const Batch& b) {
   const double rows = std::min(b.m, static_cast<double>(o.logprob_chunk_rows));
   const double logits = rows * d.vocab;  // one chunk's
   const double weight = d.vocab * d.h;
-  const double cast = narrow ? weight * d.c : 0;
+  // A frozen base is already in the compute dtype and gets no gradient.
+  const double cast = narrow && !d.frozen ? weight * d.c : 0;
   const double picked = d.c * b.m * d.h, indices = 16 * b.m;
   const double chunks = static_cast<double>(ChunkedLogProbsPeakBytes(
       static_cast<int64_t>(b.m), static_cast<int64_t>(d.vocab), o.logprob_chunk_rows));
   const double forward = d.c * b.n * d.h + picked + cast + chunks + 4 * b.m;
   const double softmax = chunks + (narrow ? logits * d.c : 0);
   const double weight_grad =
-      narrow ? logits * (4 + d.c) + cast + (o.device == PlanDevice::kCpu ? 4 * weight : 0) : 0;
-  const double backward = 2 * picked + 4 * weight + cast + std::max(softmax, weight_grad);
+      narrow && !d.frozen
+          ? logits * (4 + d.c) + cast + (o.device == PlanDevice::kCpu ? 4 * weight : 0)
+          : 0;
+  const double backward =
+      2 * picked + (d.frozen ? 0 : 4 * weight) + cast + std::max(softmax, weight_grad);
   return std::max(forward, backward) + indices;
 }
 
@@ -188,13 +219,14 @@ double LogProbs(const PlanOptions& o, const Dims& d, const Batch& b) {
 // sharding the layer's flattened gradient. A tied lm_head's float32
 // gradient waits for the embedding's until the end of the backward.
 double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
-  double bytes = d.tied ? 4 * d.vocab * d.h : 0;
-  const double layer = static_cast<double>(d.layer_params);
+  double bytes = d.tied && !d.frozen ? 4 * d.vocab * d.h : 0;
+  // A frozen base needs no cast for the recomputation nor weight gradients.
+  const double layer = d.frozen ? 0 : static_cast<double>(d.layer_params);
   const int64_t last = o.model.num_hidden_layers - 1;
   const bool last_recomputed =
       o.shard == DistShard::kFull || (o.checkpoint_every > 0 && last % o.checkpoint_every == 0);
   if (last_recomputed) bytes += LayerSaved(d, b, o.device) + (d.c == 4 ? 0 : layer * d.c);
-  const double weight_grad = d.ff * d.h * (d.c == 4 ? 4 : 4 + d.c);
+  const double weight_grad = d.frozen ? 0 : d.ff * d.h * (d.c == 4 ? 4 : 4 + d.c);
   const double mlp = 3 * d.c * b.n * d.ff + weight_grad;
   const double mlp_saved =
       4 * d.c * b.n * d.ff + NormSaved(d, o.device, b.n, d.h, 1) + d.c * b.n * d.h;
@@ -202,21 +234,21 @@ double Backward(const PlanOptions& o, const Dims& d, const Batch& b) {
                                ? 2 * 4 * b.rows * d.heads * b.s * b.s
                                : 3 * d.c * b.n * d.q + 4 * b.rows * d.heads * b.s;
   bytes += std::max(mlp, attention - mlp_saved) + 2 * d.c * b.n * d.h;
-  if (o.shard == DistShard::kFull) bytes += 4 * layer;
+  if (o.shard == DistShard::kFull) bytes += 4 * static_cast<double>(d.train_layer);
   return bytes;
 }
 
 // The embedding's backward, last: its dense float32 (V, H) gradient and,
 // tied, the lm_head's that waited for it and their sum.
-double EmbeddingGrads(const Dims& d) { return (d.tied ? 3 : 1) * 4 * d.vocab * d.h; }
+double EmbeddingGrads(const Dims& d) { return d.frozen ? 0 : (d.tied ? 3 : 1) * 4 * d.vocab * d.h; }
 
 // Floats of this rank's share of everything (full sharding: per unit).
 int64_t ShardFloats(const PlanOptions& o, const Dims& d) {
   const int64_t n = o.world_size;
-  if (o.shard == DistShard::kNone) return d.params;
-  if (o.shard == DistShard::kOptimizer) return CeilDiv(d.params, n);
+  if (o.shard == DistShard::kNone) return d.train_params;
+  if (o.shard == DistShard::kOptimizer) return CeilDiv(d.train_params, n);
   const int64_t layers = o.model.num_hidden_layers;
-  return CeilDiv(d.root_params, n) + layers * CeilDiv(d.layer_params, n);
+  return CeilDiv(std::max<int64_t>(d.train_root, 1), n) + layers * CeilDiv(d.train_layer, n);
 }
 
 // The optimizer step, after the last backward (the gradients still whole
@@ -228,21 +260,21 @@ double Update(const PlanOptions& o, const Dims& d) {
     case DistShard::kNone:
       // AdamW's temporaries on the largest tensor; the all-reduce bucket
       // (no larger than all the gradients; a larger tensor goes alone).
-      return 4 * std::max(2 * d.largest_param, o.world_size > 1
-                                                   ? std::min(static_cast<double>(d.params),
-                                                              std::max(bucket, d.largest_param))
+      return 4 * std::max(2 * d.train_largest, o.world_size > 1
+                                                   ? std::min(static_cast<double>(d.train_params),
+                                                              std::max(bucket, d.train_largest))
                                                    : 0.0);
     case DistShard::kOptimizer: {
       // The reduced chunk, and one round's reduce-scatter inputs.
-      const double chunk = static_cast<double>(CeilDiv(d.params, o.world_size));
+      const double chunk = static_cast<double>(CeilDiv(d.train_params, o.world_size));
       return 4 * (chunk + std::min(bucket, world * chunk));
     }
     case DistShard::kFull: {
       // The whole root unit and its flattened gradient, until its
       // reduce-scatter; AdamW's temporaries on a chunk.
       const double chunk =
-          static_cast<double>(CeilDiv(std::max(d.root_params, d.layer_params), o.world_size));
-      return 4 * (2 * static_cast<double>(d.root_params) + 2 * chunk);
+          static_cast<double>(CeilDiv(std::max(d.train_root, d.train_layer), o.world_size));
+      return 4 * (2 * static_cast<double>(d.train_root) + 2 * chunk);
     }
   }
   return 0;
@@ -254,7 +286,7 @@ double Update(const PlanOptions& o, const Dims& d) {
 // its own part: CheckpointHost).
 double Rank0Gather(const PlanOptions& o, const Dims& d) {
   if (!o.rank0 || o.shard != DistShard::kFull) return 0;
-  return 4 * static_cast<double>(std::max(d.root_params, d.layer_params));
+  return 4 * static_cast<double>(std::max(d.train_root, d.train_layer));
 }
 
 // Every rank, for the time of a save or a resume: one piece of its part
@@ -262,7 +294,7 @@ double Rank0Gather(const PlanOptions& o, const Dims& d) {
 // largest unit otherwise).
 double CheckpointHost(const PlanOptions& o, const Dims& d) {
   if (!o.checkpoints) return 0;
-  const int64_t unit = std::max(d.root_params, d.layer_params);
+  const int64_t unit = std::max(d.train_root, d.train_layer);
   return 4 * static_cast<double>(o.shard == DistShard::kFull ? CeilDiv(unit, o.world_size) : unit);
 }
 
@@ -273,18 +305,19 @@ void SetPart(MemoryPlan& p, PlanPart part, double bytes) {
 // Every part but the workspace.
 void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& p) {
   const double shard = static_cast<double>(ShardFloats(o, d));
-  const double params = static_cast<double>(d.params);
+  const double params = static_cast<double>(d.train_params);
   const bool full = o.shard == DistShard::kFull;
-  SetPart(p, PlanPart::kMasterWeights, 4 * (full ? shard : params));
+  // With adapters, the frozen base beside them: whole, in the compute dtype.
+  const double base = d.frozen ? d.c * static_cast<double>(d.params) : 0;
+  SetPart(p, PlanPart::kMasterWeights, base + 4 * (full ? shard : params));
   SetPart(p, PlanPart::kGatheredWeights,
-          full ? 4 * static_cast<double>(d.root_params + d.layer_params) : 0);
-  SetPart(p, PlanPart::kGradients,
-          4 * (full ? shard + static_cast<double>(d.root_params) : params));
+          full ? 4 * static_cast<double>(d.train_root + d.train_layer) : 0);
+  SetPart(p, PlanPart::kGradients, 4 * (full ? shard + static_cast<double>(d.train_root) : params));
   SetPart(p, PlanPart::kMoments, 2 * 4 * shard);
   // The layers that are not recomputed; a recomputed one's is in kBackward.
   const double copies = d.layers - RecomputedLayers(o, d);
   SetPart(p, PlanPart::kComputeCopy,
-          d.c == 4 ? 0 : copies * static_cast<double>(d.layer_params) * d.c);
+          d.c == 4 ? 0 : copies * static_cast<double>(d.train_layer) * d.c);
   SetPart(p, PlanPart::kActivations, Activations(o, d, b));
   SetPart(p, PlanPart::kForwardScores, ForwardScores(o, d, b));
   SetPart(p, PlanPart::kLogProbs, LogProbs(o, d, b));
@@ -326,96 +359,7 @@ void SumPhases(const PlanOptions& o, MemoryPlan& p) {
   SetPart(p, PlanPart::kWorkspace, static_cast<double>(workspace));
 }
 
-absl::Status Invalid(absl::string_view flag, const absl::AlphaNum& value, absl::string_view rule) {
-  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", value, ": ", rule));
-}
-
 }  // namespace
-
-absl::string_view PlanDeviceName(PlanDevice device) {
-  return device == PlanDevice::kCpu ? "cpu" : "cuda";
-}
-
-absl::string_view PlanDTypeName(PlanDType dtype) {
-  return dtype == PlanDType::kBFloat16 ? "bfloat16" : "float32";
-}
-
-absl::StatusOr<PlanDevice> ParsePlanDevice(absl::string_view text) {
-  if (text == "cpu") return PlanDevice::kCpu;
-  if (text == "cuda" || absl::StartsWith(text, "cuda:")) return PlanDevice::kCuda;
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", text, "\" is not a device; expected cpu or cuda"));
-}
-
-absl::StatusOr<PlanDType> ParsePlanDType(absl::string_view text) {
-  if (text == "float32") return PlanDType::kFloat32;
-  if (text == "bfloat16") return PlanDType::kBFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("\"", text, "\" is not a dtype; expected float32 or bfloat16"));
-}
-
-bool MemoryPlan::AliveIn(PlanPart part, PlanPhase phase, PlanDevice device) {
-  const bool in_step = phase != PlanPhase::kGather;  // the gradients exist
-  const bool in_micro_batch = phase == PlanPhase::kForward || phase == PlanPhase::kLogProbs ||
-                              phase == PlanPhase::kBackward;
-  switch (part) {
-    case PlanPart::kMasterWeights:
-    case PlanPart::kMoments:
-    case PlanPart::kSnapshotDevice:
-    case PlanPart::kWorkspace:
-      return true;
-    case PlanPart::kSnapshotHost:
-    case PlanPart::kSnapshotDelta:
-      return device == PlanDevice::kCpu;  // (pinned) host memory on a GPU
-    case PlanPart::kCheckpointHost:
-      return false;  // host memory, one piece at a time: not in the device totals
-    case PlanPart::kGradients:
-      return in_step;
-    case PlanPart::kGatheredWeights:  // the root unit stays whole to the update
-      return in_micro_batch || phase == PlanPhase::kBackwardEnd;
-    case PlanPart::kComputeCopy:
-    case PlanPart::kActivations:
-      return in_micro_batch;
-    case PlanPart::kForwardScores:
-      return phase == PlanPhase::kForward;
-    case PlanPart::kLogProbs:
-      return phase == PlanPhase::kLogProbs;
-    case PlanPart::kBackward:
-      return phase == PlanPhase::kBackward;
-    case PlanPart::kEmbeddingGrads:
-      return phase == PlanPhase::kBackwardEnd;
-    case PlanPart::kUpdate:
-      return phase == PlanPhase::kUpdate;
-    case PlanPart::kRank0Gather:
-      return phase == PlanPhase::kGather;
-  }
-  return false;
-}
-
-absl::Status ValidatePlanOptions(const PlanOptions& o) {
-  if (absl::Status s = o.model.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--model: ", s.message()));
-  }
-  if (o.world_size < 1 || o.world_size > 65536) {
-    return Invalid("world_size", o.world_size, "expected 1 to 65536 ranks");
-  }
-  if (absl::Status s = CheckShardWorld(o.shard, o.world_size); !s.ok()) return s;
-  if (o.micro_batch_tokens < 1 || o.micro_batch_tokens > kMaxMicroBatchTokens) {
-    return Invalid("micro_batch_tokens", o.micro_batch_tokens, "expected 1 to 1073741824");
-  }
-  if (o.max_sequence_tokens < 0 || o.max_sequence_tokens > kMaxMicroBatchTokens) {
-    return Invalid("max_sequence_tokens", o.max_sequence_tokens,
-                   "expected 0 (the micro-batch) to 1073741824");
-  }
-  if (o.logprob_chunk_rows < 1 || o.logprob_chunk_rows > kMaxMicroBatchTokens) {
-    return Invalid("logprob_chunk_rows", o.logprob_chunk_rows, "expected 1 to 1073741824");
-  }
-  if (o.checkpoint_every < 0) {
-    return Invalid("activation_checkpointing", o.checkpoint_every,
-                   "expected none, layers or every_N (N >= 1)");
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<MemoryPlan> PlanMemory(const PlanOptions& o) {
   if (absl::Status s = ValidatePlanOptions(o); !s.ok()) return s;
@@ -423,6 +367,7 @@ absl::StatusOr<MemoryPlan> PlanMemory(const PlanOptions& o) {
   const Batch b = BatchOf(o);
   MemoryPlan p;
   p.parameters = d.params;
+  p.adapter_parameters = d.frozen ? d.train_params : 0;
   p.rows = b.rows;
   p.row_length = b.s;
   FillParts(o, d, b, p);
@@ -450,35 +395,6 @@ absl::StatusOr<int64_t> LargestMicroBatch(const PlanOptions& options, int64_t bu
     (*ok ? lo : hi) = mid;
   }
   return lo;
-}
-
-absl::string_view PlanPartName(PlanPart part) {
-  static constexpr absl::string_view kNames[kPlanParts] = {
-      "master weights (float32)",
-      "gathered weights (float32)",
-      "gradients (float32)",
-      "AdamW moments (2 x float32)",
-      "compute copy of the weights",
-      "activations saved for the backward",
-      "attention scores and masks (forward)",
-      "log-prob path",
-      "last layer's backward",
-      "embedding's backward (end)",
-      "optimizer update buffers",
-      "rank 0's snapshot gather (full sharding: one unit)",
-      "snapshot staging on the device",
-      "snapshot staging in host memory",
-      "the newest version's delta in host memory",
-      "a checkpoint piece in host memory (every rank)",
-      "workspace outside LibTorch's tensors",
-  };
-  return kNames[static_cast<size_t>(part)];
-}
-
-absl::string_view PlanPhaseName(PlanPhase phase) {
-  static constexpr absl::string_view kNames[kPlanPhases] = {
-      "forward", "log-probs", "backward", "backward end", "update", "rank-0 gather"};
-  return kNames[static_cast<size_t>(phase)];
 }
 
 }  // namespace asympo::learner

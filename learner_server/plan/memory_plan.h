@@ -1,6 +1,7 @@
 // The learner's memory plan: what one data-parallel rank holds, part by
 // part, for a model, a world size, a sharding mode, activation
-// checkpointing and a micro-batch size, and whether that fits a device.
+// checkpointing, a micro-batch size and low-rank adapters, and whether that
+// fits a device.
 // asympo-plan prints it; the learner logs it at start and refuses to start
 // when it does not fit (memory_plan_check.h).
 //
@@ -101,11 +102,20 @@ struct PlanOptions {
   // Counts the workspace outside LibTorch's tensors (off to compare with
   // what LibTorch allocates).
   bool workspace = true;
+  // Low-rank adapters (--lora_rank; 0: every weight trains) on the
+  // projections of lora_targets (LoraOptions::targets' bits:
+  // common/model/lora.h; 0x7F: all seven). The base is then frozen in the
+  // compute dtype, whole on every rank, with no gradients, moments or
+  // float32 copy; what the parts below say of the weights' training state
+  // (gradients, moments, sharding, gathers, checkpoints, snapshots) holds
+  // for the adapters alone.
+  int64_t lora_rank = 0;
+  uint32_t lora_targets = 0x7F;
 };
 
 // The plan's parts, in the order they are printed.
 enum class PlanPart {
-  kMasterWeights,    // float32, this rank's share
+  kMasterWeights,    // float32, this rank's share (with adapters: the frozen base beside them)
   kGatheredWeights,  // full sharding: the root unit and one decoder layer, whole
   kGradients,        // float32
   kMoments,          // AdamW, 2 x float32, this rank's share
@@ -145,8 +155,10 @@ struct MemoryPlan {
   // The largest phase: the rank's peak.
   int64_t peak_bytes = 0;
   PlanPhase peak_phase = PlanPhase::kForward;
-  // The model's parameters (tied embeddings once).
+  // The model's parameters (tied embeddings once), and the adapters' (0
+  // without).
   int64_t parameters = 0;
+  int64_t adapter_parameters = 0;
   // The micro-batch's layout: rows of row_length positions.
   int64_t rows = 0;
   int64_t row_length = 0;
@@ -158,7 +170,8 @@ struct MemoryPlan {
 
 // Checks the options; INVALID_ARGUMENT naming the asympo-plan flag and the
 // rule (--world_size, --micro_batch_tokens, --max_sequence_tokens,
-// --logprob_chunk_rows, --activation_checkpointing, --dist_shard, --model).
+// --logprob_chunk_rows, --activation_checkpointing, --dist_shard, --model,
+// --lora_rank, --lora_targets).
 absl::Status ValidatePlanOptions(const PlanOptions& options);
 
 // The plan, or ValidatePlanOptions's error.

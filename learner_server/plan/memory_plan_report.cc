@@ -123,7 +123,7 @@ std::string Heading(const MemoryPlan& p, const PlanOptions& o, absl::string_view
       "memory plan per rank: %s (%s parameters), %d rank(s), --dist_shard=%s, --device=%s, "
       "--compute_dtype=%s, --activation_checkpointing=%s\n"
       "micro-batch: --micro_batch_tokens=%d %s in %d row(s) of %d positions (longest sequence "
-      "%d), --logprob_chunk_rows=%d, snapshots in --dtype=%s%s\n",
+      "%d), --logprob_chunk_rows=%d, snapshots in --dtype=%s%s\n%s",
       model,
       p.parameters >= 1000000000
           ? absl::StrFormat("%.2fB", static_cast<double>(p.parameters) / 1e9)
@@ -134,7 +134,14 @@ std::string Heading(const MemoryPlan& p, const PlanOptions& o, absl::string_view
                                   : ActivationCheckpointingName(o.checkpoint_every),
       o.micro_batch_tokens, o.pack_sequences ? "packed" : "padded", p.rows, p.row_length, longest,
       o.logprob_chunk_rows, PlanDTypeName(o.snapshot_dtype),
-      o.rank0 ? " (rank 0 publishes them)" : "");
+      o.rank0 ? " (rank 0 publishes them)" : "",
+      o.lora_rank > 0
+          ? absl::StrFormat("adapters: --lora_rank=%d on %d projection(s) a layer, %.1fM "
+                            "parameters trained in float32; the base frozen in %s\n",
+                            o.lora_rank, __builtin_popcount(o.lora_targets),
+                            static_cast<double>(p.adapter_parameters) / 1e6,
+                            PlanDTypeName(o.compute_dtype))
+          : std::string());
 }
 
 // The plan with the changes `change` makes, when it fits.

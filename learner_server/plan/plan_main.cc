@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "common/flag_ranges.h"
 #include "common/flag_usage.h"
+#include "common/model/lora.h"
 #include "common/model/policy_model.h"
 #include "learner_server/plan/memory_plan.h"
 #include "learner_server/plan/memory_plan_report.h"
@@ -50,6 +51,10 @@ ABSL_FLAG(bool, pack_sequences, true, "Packed sequences (several a row) or one p
 ABSL_FLAG(std::string, activation_checkpointing, "none",
           "none, layers (every decoder layer recomputed in the backward) or every_N (layers 0, N, "
           "2N, ...).");
+ABSL_FLAG(int64_t, lora_rank, 0,
+          "Low-rank adapters of this rank (the learner's --lora_rank; 0: every weight trains).");
+ABSL_FLAG(std::string, lora_targets, "all",
+          "The projections with adapters (the learner's --lora_targets).");
 ABSL_FLAG(int64_t, logprob_chunk_rows, 1024, "Rows of logits computed at once for log-probs.");
 ABSL_FLAG(bool, checkpoints, true,
           "Checkpoints are written (the learner's --checkpoint_dir): every rank passes its part "
@@ -66,6 +71,7 @@ ASYMPO_FLAG_RANGE(device_memory_gib, 1e-3, 1 << 20);
 ASYMPO_FLAG_RANGE(micro_batch_tokens, 1, 1 << 30);
 ASYMPO_FLAG_RANGE(max_sequence_tokens, 0, 1 << 30);
 ASYMPO_FLAG_RANGE(logprob_chunk_rows, 1, 1 << 30);
+ASYMPO_FLAG_RANGE(lora_rank, 0, 4096);
 
 namespace {
 
@@ -119,6 +125,12 @@ absl::StatusOr<PlanOptions> OptionsFromFlags() {
   }
   o.snapshot_device = staging == "device";
   o.snapshot_deltas = absl::GetFlag(FLAGS_weight_deltas);
+  o.lora_rank = absl::GetFlag(FLAGS_lora_rank);
+  if (o.lora_rank > 0) {
+    absl::StatusOr<uint32_t> targets = asympo::ParseLoraTargets(absl::GetFlag(FLAGS_lora_targets));
+    if (!targets.ok()) return targets.status();
+    o.lora_targets = *targets;
+  }
   if (absl::Status s = asympo::learner::ValidatePlanOptions(o); !s.ok()) return s;
   return o;
 }

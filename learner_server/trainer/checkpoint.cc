@@ -99,6 +99,11 @@ absl::Status WriteMeta(const CheckpointSave& save, const std::string& dir, uint3
     }
     meta["reward_monitor"] = std::move(monitor);
   }
+  if (!save.base.empty()) {
+    nlohmann::json base = nlohmann::json::parse(save.base, nullptr, false);
+    if (!base.is_object()) return absl::InvalidArgumentError("the base identity is not JSON");
+    meta["base"] = std::move(base);
+  }
   // Ids arrive as protobuf strings, which are UTF-8; anything else is
   // replaced rather than failing the checkpoint.
   return WriteText(dir + "/" + kCheckpointMetaFile,
@@ -176,6 +181,7 @@ absl::StatusOr<CheckpointInfo> SaveUnguarded(const CheckpointSave& save, const P
   info.config = save.config;
   info.batches = save.batches;
   info.reward_monitor = save.reward_monitor;
+  info.base = save.base;
   return info;
 }
 

@@ -43,6 +43,8 @@ struct CheckpointInfo {
   std::vector<CheckpointBatch> batches;
   // The reward monitor's state (RewardMonitor::ToJson); empty: none saved.
   std::string reward_monitor;
+  // A checkpoint of adapters: their base's identity (base_identity.h).
+  std::string base;
   // Restored: the writers' world size and sharding mode; bytes this rank read.
   int written_by = 1;
   std::string written_shard;
@@ -64,6 +66,7 @@ struct CheckpointSave {
   int keep_last = 3;  // newest checkpoints kept (0: all); rank 0 prunes
   std::vector<CheckpointBatch> batches;
   std::string reward_monitor;  // a JSON object's text; empty: none
+  std::string base;            // adapters' base identity, a JSON object's text; empty: none
 };
 
 // Saves into <root>/ckpt-<version>, creating `root`. Every rank returns the

@@ -176,6 +176,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> LoadUnguarded(const std::string& r
     info.config = std::move(opened->meta.config);
     info.batches = std::move(opened->meta.batches);
     info.reward_monitor = std::move(opened->meta.reward_monitor);
+    info.base = std::move(opened->meta.base);
     info.written_by = opened->reader->world_size();
     info.written_shard = opened->reader->dist_shard();
     info.bytes_read = opened->reader->bytes_read();

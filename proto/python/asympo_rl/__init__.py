@@ -18,6 +18,10 @@
 - asympo_rl.engines: load a snapshot into vLLM or SGLang (pause, load,
   flush, resume), or have them receive from the weight group; EngineError
   when an engine call fails.
+- asympo_rl.lora: versions of a learner that trains low-rank adapters
+  (--lora_rank) as PEFT adapter directories (write_peft_directory), loaded
+  into a running vLLM or SGLang under a fresh name per version (VLLMLoRA,
+  VLLMServerLoRA, SGLangLoRA, SGLangServerLoRA).
 See docs/external_generators.md in the repository."""
 from .client import (LearnerClient, StreamResult, SubmitResult, group, response,  # noqa: F401
                      stamp_policy_version)
@@ -25,6 +29,8 @@ from .engines import EngineError  # noqa: F401
 from .environment import Answer, Environment  # noqa: F401
 from .errors import (AsympoError, InvalidBatchError, LearnerBusyError,  # noqa: F401
                      LearnerUnavailableError, RefusedError, WeightsError)
+from .lora import (SGLangLoRA, SGLangServerLoRA, VLLMLoRA, VLLMServerLoRA,  # noqa: F401
+                   write_peft_directory)
 from .turns import generated, inserted, multi_turn_response  # noqa: F401
 from .validation import validate_batch  # noqa: F401
 from .weights import Snapshot, WeightSubscriber, model_signature, write_hf_directory  # noqa: F401

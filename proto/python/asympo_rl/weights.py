@@ -435,6 +435,15 @@ def write_hf_directory(snapshot, path, config, extra_files=None, keep=2):
             _write_synced(os.path.join(tmp, name), [data])
         else:
             shutil.copyfile(data, os.path.join(tmp, name))
+    return publish_version_directory(tmp, final, path, keep)
+
+
+def publish_version_directory(tmp, final, path, keep):
+    """Renames the written directory `tmp` to `final` (<path>.v<version>),
+    points the symbolic link `path` at it in one rename, fsyncs the parent
+    and removes all but the newest `keep` versions (write_hf_directory's
+    and lora.write_peft_directory's last step). Returns `final`."""
+    parent = os.path.dirname(path)
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     link = "%s.link-%d" % (path, os.getpid())

@@ -1,16 +1,21 @@
 #include "common/model/lora.h"
+#include "common/model/base_identity.h"
 #include "common/model/model_io.h"
+#include "common/model/peft_adapter.h"
 #include "common/model/policy_model.h"
+#include "common/model/safetensors.h"
 #include "tests/testing/status_matchers.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <string>
 
 #include <torch/types.h>
+#include <nlohmann/json.hpp>
 
 namespace asympo {
 namespace {
@@ -199,6 +204,67 @@ TEST(LoraModelTest, ExportsTheMergedModel) {
   o.lora = lora->options().lora;
   const auto based = LoadPolicyModel(dir, o).value();
   EXPECT_TRUE(torch::equal(Logits(*based, Ids()), Logits(*loaded, Ids())));
+}
+
+TEST(PeftAdapterTest, RoundTripsThroughTheDirectoryPeftWrites) {
+  const auto a = Model(4, ParseLoraTargets("q,v,down").value());
+  RandomizeB(*a, 14);
+  const std::string dir = ::testing::TempDir() + "/lora_peft";
+  ASSERT_OK(ExportPeftAdapter(*a, dir, "Qwen/Qwen3-0.6B"));
+  const auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors").value();
+  EXPECT_TRUE(file->Contains("base_model.model.model.layers.1.mlp.down_proj.lora_B.weight"));
+  EXPECT_EQ(file->Names().size(), a->named_parameters().size());
+  std::ifstream in(dir + "/adapter_config.json");
+  const nlohmann::json config = nlohmann::json::parse(in);
+  EXPECT_EQ(config["peft_type"], "LORA");
+  EXPECT_EQ(config["r"], 4);
+  EXPECT_EQ(config["lora_alpha"], 8);
+  EXPECT_EQ(config["target_modules"], nlohmann::json({"q_proj", "v_proj", "down_proj"}));
+  EXPECT_EQ(config["base_model_name_or_path"], "Qwen/Qwen3-0.6B");
+
+  const auto b = Model(4, ParseLoraTargets("q,v,down").value(), 0, /*seed=*/8);
+  ASSERT_OK(LoadPeftAdapter(dir, b.get()));
+  for (size_t i = 0; i < a->named_parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(a->named_parameters()[i].second, b->named_parameters()[i].second))
+        << a->named_parameters()[i].first;
+  }
+}
+
+TEST(PeftAdapterTest, RefusesAnAdapterOfOtherShape) {
+  const auto a = Model(4, ParseLoraTargets("q,v").value());
+  const std::string dir = ::testing::TempDir() + "/lora_peft_other";
+  ASSERT_OK(ExportPeftAdapter(*a, dir, "base"));
+  const auto other_rank = Model(8, ParseLoraTargets("q,v").value());
+  EXPECT_THAT(LoadPeftAdapter(dir, other_rank.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "r is 4; the model's rank is 8"));
+  const auto other_targets = Model(4, ParseLoraTargets("q,k").value());
+  EXPECT_THAT(LoadPeftAdapter(dir, other_targets.get()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "target_modules are [q_proj, v_proj]"));
+  EXPECT_THAT(LoadPeftAdapter(dir, Model(0).get()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no adapters"));
+  EXPECT_THAT(ExportPeftAdapter(*Model(0), dir, "base"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no adapters"));
+}
+
+TEST(BaseIdentityTest, NamesTheBaseAndRefusesAnother) {
+  const std::string a = BaseIdentity("tiny", *Model(4)).value();
+  const std::string b = BaseIdentity("tiny", *Model(4, kAllLoraTargets, 0, /*seed=*/6)).value();
+  EXPECT_EQ(a, BaseIdentity("tiny", *Model(0)).value());  // the adapters are not the base
+  EXPECT_NE(a, b);
+  EXPECT_OK(CheckSameBase(a, a, "ckpt-1"));
+  EXPECT_THAT(CheckSameBase(a, b, "ckpt-1"),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "ckpt-1 holds adapters trained on the base tiny"));
+  EXPECT_THAT(CheckSameBase("", b, "ckpt-1"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "does not name their base"));
+  // A directory: its files, not the path, decide.
+  const std::string dir = ::testing::TempDir() + "/lora_base_dir";
+  ASSERT_OK(ExportPolicyModel(*Model(0), dir));
+  const std::string from_dir = BaseIdentity(dir, *Model(0)).value();
+  EXPECT_THAT(from_dir, ::testing::HasSubstr(dir));
+  EXPECT_OK(CheckSameBase(from_dir, from_dir, "ckpt-1"));
+  EXPECT_THAT(BaseIdentity(dir + "/missing", *Model(0)),
+              StatusIs(absl::StatusCode::kNotFound, "missing"));
 }
 
 }  // namespace

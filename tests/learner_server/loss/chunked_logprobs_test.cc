@@ -36,6 +36,28 @@ TEST(ChunkedLogProbsTest, EqualsUnchunkedValuesAndGradients) {
   }
 }
 
+// A frozen output projection (low-rank adapters) gets no gradient, and its
+// (V, H) float32 gradient buffer is never allocated; the hidden states'
+// gradient is the same as when the weight trains.
+TEST(ChunkedLogProbsTest, AFrozenWeightGetsNoGradientNorItsBuffer) {
+  torch::manual_seed(2);
+  const int64_t m = 8, h = 64, v = 4096;
+  const torch::Tensor targets = torch::randint(0, v, {m}, torch::kLong);
+  const torch::Tensor frozen = torch::randn({v, h});
+  const torch::Tensor trained = frozen.clone().requires_grad_(true);
+  torch::Tensor hidden = torch::randn({m, h}).requires_grad_(true);
+  const auto both = torch::autograd::grad(
+      {ChunkedTokenLogProbs(hidden, trained, targets, 4).value().sum()}, {hidden, trained});
+  CpuMemory& memory = CpuMemory::Install();
+  const torch::Tensor out = ChunkedTokenLogProbs(hidden, frozen, targets, 4).value().sum();
+  memory.ResetPeak();
+  const int64_t before = memory.current();
+  const auto alone = torch::autograd::grad({out}, {hidden});
+  EXPECT_TRUE(torch::equal(alone[0], both[0]));
+  // Two chunks' (4, V) float32 buffers and the gradient; not (V, H) floats.
+  EXPECT_LT(memory.peak() - before, v * h * 4 / 2);
+}
+
 TEST(ChunkedLogProbsTest, RejectsBadInputs) {
   const torch::Tensor hidden = torch::randn({4, 8});
   const torch::Tensor weight = torch::randn({10, 8});

@@ -22,6 +22,8 @@
 //                                              rank goes through DataParallel)
 //                      [--device cpu|cuda]    (the model's; NCCL needs cuda; LOCAL_RANK picks
 //                                              the GPU as in asympo-learner)
+//                      [--lora_rank R]        (train rank-R adapters on every projection, alpha
+//                                              2R; the weights written are the adapters)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -85,7 +87,7 @@ absl::Status Save(const std::string& root, const PolicyModel& model, Trainer& tr
 
 int Run(int argc, char** argv) {
   int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0, shard = 0, first_step = 1;
-  int save_every = 0;
+  int save_every = 0, lora_rank = 0;
   std::string objective = "asympo_stable", out = ".", resume, save, backend, device = "cpu";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -117,6 +119,8 @@ int Run(int argc, char** argv) {
       backend = v;
     else if (k == "--device")
       device = v;
+    else if (k == "--lora_rank")
+      lora_rank = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -125,6 +129,9 @@ int Run(int argc, char** argv) {
   asympo::SetCpuThreads(1);
   ModelOptions mo;
   mo.seed = 11;
+  mo.lora.rank = lora_rank;
+  mo.lora.alpha = 2.0 * lora_rank;
+  mo.lora.targets = kAllLoraTargets;
   const absl::StatusOr<std::string> rank_device = RankDevice(
       device, [](const char* name) { return static_cast<const char*>(std::getenv(name)); });
   if (!rank_device.ok()) return Die(std::string(rank_device.status().message()));

@@ -277,6 +277,54 @@ TEST(MemoryPlanTest, NamedShapesHaveTheirPublishedSizes) {
   EXPECT_THAT(NamedModelShape("qwen3-9b"), StatusIs(absl::StatusCode::kNotFound, "qwen3-9b"));
 }
 
+// Adapters of rank 2 on every projection of the hand model: A (2, in) and
+// B (out, 2) of q (4 -> 4), k and v (4 -> 2), o (4 -> 4), gate and up
+// (4 -> 6), down (6 -> 4): 2 x (8 + 6 + 6 + 8 + 10 + 10 + 10) = 116 a layer.
+TEST(MemoryPlanTest, AdaptersTrainAloneBesideTheFrozenBase) {
+  PlanOptions o = CpuOptions(HandModel(), 8, 8);
+  o.rank0 = true;
+  const MemoryPlan full = Plan(o);
+  o.lora_rank = 2;
+  const MemoryPlan lora = Plan(o);
+  const int64_t params = HandModel().NumParameters(), adapters = 2 * 116;
+  EXPECT_EQ(lora.adapter_parameters, adapters);
+  EXPECT_EQ(lora.parameters, params);
+  EXPECT_EQ(lora.of(PlanPart::kMasterWeights), 4 * params + 4 * adapters);  // float32 compute
+  EXPECT_EQ(lora.of(PlanPart::kGradients), 4 * adapters);
+  EXPECT_EQ(lora.of(PlanPart::kMoments), 8 * adapters);
+  EXPECT_EQ(lora.of(PlanPart::kEmbeddingGrads), 0);
+  EXPECT_EQ(lora.of(PlanPart::kSnapshotHost), 2 * 4 * adapters);  // the adapters alone
+  EXPECT_LT(lora.of(PlanPart::kBackward), full.of(PlanPart::kBackward));
+  EXPECT_LT(lora.of(PlanPart::kLogProbs), full.of(PlanPart::kLogProbs));
+  o.lora_targets = 0x1;  // q alone
+  EXPECT_EQ(Plan(o).adapter_parameters, 2 * 2 * 8);
+}
+
+// Qwen3-8B on one 80 GB GPU: no full-training setting fits; rank-32
+// adapters on every projection (87.3M parameters, 0.35 GB in float32) do,
+// the base frozen in bfloat16.
+TEST(MemoryPlanTest, AdaptersFitQwen3_8BOnOneGpu) {
+  PlanOptions o;
+  o.model = NamedModelShape("qwen3-8b").value();
+  o.micro_batch_tokens = 8192;
+  o.checkpoint_every = 1;
+  o.snapshot_dtype = PlanDType::kBFloat16;
+  const double budget = 80.0 * (int64_t{1} << 30);
+  EXPECT_GT(static_cast<double>(Plan(o).peak_bytes), budget);
+  o.lora_rank = 32;
+  const MemoryPlan lora = Plan(o);
+  EXPECT_EQ(lora.adapter_parameters, 36 * 32 * (8192 + 2 * 5120 + 8192 + 2 * 16384 + 16384));
+  EXPECT_LT(static_cast<double>(lora.peak_bytes), budget);
+  EXPECT_EQ(lora.of(PlanPart::kSnapshotDevice), 2 * lora.adapter_parameters);
+  EXPECT_THAT(FormatMemoryPlan(lora, o, "qwen3-8b", static_cast<int64_t>(budget)),
+              HasSubstr("adapters: --lora_rank=32 on 7 projection(s) a layer, 87.3M parameters"));
+  o.lora_rank = -1;
+  EXPECT_THAT(PlanMemory(o), StatusIs(absl::StatusCode::kInvalidArgument, "--lora_rank=-1"));
+  o.lora_rank = 8;
+  o.lora_targets = 0;
+  EXPECT_THAT(PlanMemory(o), StatusIs(absl::StatusCode::kInvalidArgument, "--lora_targets"));
+}
+
 TEST(MemoryPlanTest, ModelFromADirectoryOrItsConfigJson) {
   asympo::testing::ScopedTempDir dir("memory_plan");
   const ModelConfig c = NamedModelShape("qwen3-4b").value();
