@@ -2,10 +2,13 @@
 asympo-rollout with --lora_rank). Scenarios:
 
   train   a learner training rank-4 adapters and two rollouts sampling with
-          them: versions reach both rollouts and their groups train the
-          learner; the checkpoint holds the adapters alone (float32, with
+          them, versions in bfloat16: versions reach both rollouts and their
+          groups train the learner; the checkpoint holds the adapters alone (float32, with
           AdamW moments) and names its base; a rollout without adapters is
           refused the learner's versions, saying why.
+  group   the learner's weight group (--weight_group=gloo) delivers a
+          version of the adapters alone to a WeightGroupReceiver, byte for
+          byte the gRPC fetch of the same version.
   resume  the learner resumes its adapters from the checkpoint; the version
           it publishes, fetched over gRPC (asympo_rl.WeightSubscriber), is
           the checkpoint's adapters byte for byte, and its export is the
@@ -54,16 +57,19 @@ def check_adapter_checkpoint(path):
 
 
 def scenario_train(c):
-    c.start_learner(LORA)
-    c.start_rollout(0, LORA)
-    c.start_rollout(1, LORA)
+    # Versions in bfloat16, as on a GPU: the rollouts' float32 adapters
+    # take them (their signature is their dtype's, like the weights').
+    bf16 = ["--dtype=bfloat16"]
+    c.start_learner(LORA + bf16)
+    c.start_rollout(0, LORA + bf16)
+    c.start_rollout(1, LORA + bf16)
     wait_for("the learner trains 6 steps on the rollouts' groups", lambda: c.version() >= 6,
              timeout=120)
     wait_for("both rollouts sample with a version >= 3",
              lambda: min(c.rollout_version(0), c.rollout_version(1)) >= 3)
     c.stop("rollout-1")
     # A rollout without adapters cannot take the learner's versions.
-    c.start_rollout(1)
+    c.start_rollout(1, bf16)
     log = os.path.join(c.work, "rollout-1.log")
     wait_for("a rollout without --lora_rank is refused the adapters' versions",
              lambda: "with the same adapters" in open(log).read(), timeout=60)
@@ -108,6 +114,37 @@ def merged_check(base_export, export, adapters):
     check(worst <= 1e-5 and moved > 0,
           "the export is the base plus alpha / rank * B A (max |diff| %.2g; %d weights moved)"
           % (worst, moved))
+
+
+def scenario_group(learner):
+    import asympo_rl
+    import torch
+    from rollout_loop_test import free_port
+    port = free_port()
+    proc = learner.start(port, LORA + ["--weight_group=gloo", "--weight_group_address=127.0.0.1",
+                                       "--weight_group_timeout=10s", "--weight_group_ready_timeout=10s",
+                                       "--weight_group_join_window=1s"])
+    try:
+        target = "127.0.0.1:%d" % port
+        learner.stub_for(port)
+        rx = asympo_rl.WeightGroupReceiver(target, "lora-group", gloo_address="127.0.0.1",
+                                           next_wait_ms=1000)
+        update = next(rx.updates())
+        check(update.ok, "a version arrived over the weight group (version %d)" % update.version)
+        group = {name: t.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+                 for name, t in update}
+        rx.close()
+        sub = asympo_rl.WeightSubscriber(target, receiver_id="lora-group-check")
+        snapshot = next(sub.snapshots())
+        sub.close()
+        check(snapshot.version == update.version, "the gRPC fetch is the same version")
+        fetched = {name: t.tobytes() for name, t in snapshot.tensors("numpy")}
+        check(len(group) > 0 and all(".lora_A." in k or ".lora_B." in k for k in group),
+              "the group's version carries the adapters alone (%d tensors)" % len(group))
+        check(group == fetched, "byte for byte the gRPC fetch's")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
 
 
 def scenario_resume(learner):
@@ -157,11 +194,12 @@ def main():
     if scenario == "train":
         c = Cluster(learner_bin, rollout_bin, work)
         run_scenario(c, scenario, lambda: scenario_train(c))
-    elif scenario == "resume":
-        scenario_resume(Learner(proto_dir, learner_bin, work))
+    elif scenario in ("resume", "group"):
+        {"resume": scenario_resume, "group": scenario_group}[scenario](
+            Learner(proto_dir, learner_bin, work))
         print("PASS", scenario)
     else:
-        check(False, "scenario %s is train or resume" % scenario)
+        check(False, "scenario %s is train, resume or group" % scenario)
 
 
 if __name__ == "__main__":

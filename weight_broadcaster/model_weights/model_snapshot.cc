@@ -50,7 +50,9 @@ std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model, at::ScalarTyp
     TensorSpec s;
     s.name = name;
     // Model dtypes are float32/bfloat16/float16 (ModelOptions), all mapped.
-    const at::ScalarType st = dtype == at::ScalarType::Undefined ? t.scalar_type() : dtype;
+    // Without `dtype`, the model's own (ModelOptions::dtype): a bfloat16
+    // rollout's float32 adapters are exchanged in bfloat16 like its weights.
+    const at::ScalarType st = dtype == at::ScalarType::Undefined ? model.options().dtype : dtype;
     s.dtype = ToDType(st).value_or(v1::DTYPE_UNSPECIFIED);
     s.shape.assign(t.sizes().begin(), t.sizes().end());
     specs.push_back(std::move(s));

@@ -21,7 +21,9 @@ namespace asympo::broadcast {
 
 // Names, dtypes and shapes of the model's parameters, in the model's order;
 // every dtype is `dtype` where that is given (the dtype rollouts sample with,
-// which may differ from the learner's float32 master weights).
+// which may differ from the learner's float32 master weights), else the
+// model's ModelOptions::dtype (its adapters, float32 whatever the model's
+// dtype, travel in that dtype too).
 std::vector<TensorSpec> ModelTensorSpecs(const PolicyModel& model,
                                          at::ScalarType dtype = at::ScalarType::Undefined);
 
