@@ -96,7 +96,12 @@ std::string PartLabel(PlanPart part, const PlanOptions& o) {
   const std::string share = absl::StrCat(", 1/", o.world_size);
   switch (part) {
     case PlanPart::kMasterWeights:
-      if (o.shard == DistShard::kFull) absl::StrAppend(&label, share);
+      if (o.lora_rank > 0) {  // the frozen base beside the float32 adapters (sharded: 1/N)
+        label = absl::StrCat("frozen base (", PlanDTypeName(o.compute_dtype), ") + adapters",
+                             o.shard == DistShard::kFull ? share : std::string(" (float32)"));
+      } else if (o.shard == DistShard::kFull) {
+        absl::StrAppend(&label, share);
+      }
       break;
     case PlanPart::kGradients:
       if (o.shard == DistShard::kFull) absl::StrAppend(&label, share, " + the root unit");
