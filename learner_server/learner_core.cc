@@ -2,6 +2,9 @@
 
 #include <glog/logging.h>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 #include "common/batch_validation.h"
 #include "common/model/base_identity.h"
 #include "common/model/device.h"
@@ -27,14 +30,20 @@ absl::Status LearnerCore::BuildModel() {
   ASYMPO_ASSIGN_OR_RETURN(model_,
                           CreateOrLoadPolicyModel(o.model, o.tiny_vocab_size, o.model_options));
   if (model_->has_adapters()) {
-    // Checkpoints of adapters name their base; a resume checks it.
-    ASYMPO_ASSIGN_OR_RETURN(base_, BaseIdentity(o.model, *model_));
+    // Checkpoints of adapters name their base; a resume checks it. Rank 0
+    // writes meta.json and checks: it alone reads the base's files again.
+    if (dp_ == nullptr || dp_->rank() == 0) {
+      const absl::Time start = absl::Now();
+      ASYMPO_ASSIGN_OR_RETURN(base_, BaseIdentity(o.model, *model_));
+      LOG(INFO) << "the base's identity: " << base_ << " ("
+                << absl::ToDoubleSeconds(absl::Now() - start) << " s)";
+    }
     const LoraOptions& l = o.model_options.lora;
     int64_t adapter = 0;
     for (const at::Tensor& p : model_->parameters()) adapter += p.numel();
     LOG(INFO) << "adapters: rank " << l.rank << ", alpha " << l.alpha << " on "
               << LoraTargetsName(l.targets) << ": " << adapter << " trained parameters (float32); "
-              << "the base " << base_ << " is frozen in " << DTypeName(model_->compute_dtype());
+              << "the base " << o.model << " is frozen in " << DTypeName(model_->compute_dtype());
   }
   BatchLimits& limits = options_.service.limits;
   limits.vocab_size = static_cast<int32_t>(model_->config().vocab_size);
@@ -96,7 +105,7 @@ absl::StatusOr<std::optional<CheckpointInfo>> LearnerCore::RestoreCheckpoint() {
   ASYMPO_ASSIGN_OR_RETURN(
       std::optional<CheckpointInfo> info,
       LoadLatestCheckpoint(dir, *model_, &trainer_->stepper(), checkpoint_ranks()));
-  if (info.has_value() && model_->has_adapters()) {
+  if (info.has_value() && !base_.empty()) {  // rank 0, with adapters
     ASYMPO_RETURN_IF_ERROR(CheckSameBase(info->base, base_, info->path));
   }
   if (info.has_value()) {
