@@ -5,6 +5,7 @@ without an authorizer a subscribed receiver id stays its connection's."""
 import os
 import sys
 import threading
+import time
 
 from grpc_tools import protoc
 
@@ -39,8 +40,15 @@ class HeldStream:
         return code_of(self.future.result)[0]
 
 
-def streams(env, port, gen, rollouts):
+def streams(env, metrics_port, gen, rollouts):
     held = [HeldStream(gen, env, "held%d-" % i, TOKEN) for i in range(2)]
+    # Both held streams open on the learner (each had its batch accepted)
+    # before the third: under load a third stream could otherwise arrive
+    # first, take a slot, and wait for its end instead of being refused.
+    deadline = time.time() + 30
+    while sample(scrape(metrics_port), "asympo_learner_batches_total", result="accepted") < 2:
+        check(time.time() < deadline, "the two held SubmitStreams had their batches accepted")
+        time.sleep(0.05)
     extra = HeldStream(gen, env, "extra-", TOKEN)
     got, details = code_of(lambda: extra.future.result(timeout=30))
     check(got == grpc.StatusCode.RESOURCE_EXHAUSTED and "SubmitStreams open" in details,
@@ -130,7 +138,7 @@ def run(env):
     gen = env.pb2_grpc.LearnerStub(channel(env, port))
     rollouts = env.pb2_grpc.LearnerStub(channel(env, port, "client"))
     signature = gen.GetStatus(env.pb2.GetStatusRequest(), metadata=TOKEN, timeout=30).model_signature
-    streams(env, port, gen, rollouts)
+    streams(env, metrics_port, gen, rollouts)
     reader, _, register, sessions = registrations_and_fetches(env, port, wb, wb_grpc, signature)
     metrics_stay_sane(wb, reader, register, metrics_port, sessions)
     env.stop_all()
