@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
+#include <memory>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/crc32c.h"
+#include "common/model/safetensors_io.h"
 #include "common/model/torch_errors.h"
 #include "common/status_macros.h"
 
@@ -29,14 +30,8 @@ struct Digest {
 };
 
 absl::Status AddFile(const fs::path& path, Digest* d) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  std::vector<char> buf(size_t{16} << 20);
-  while (in) {
-    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    d->Add(buf.data(), static_cast<size_t>(in.gcount()));
-  }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path.string()));
+  ASYMPO_ASSIGN_OR_RETURN(std::shared_ptr<FileMapping> m, FileMapping::Open(path.string()));
+  d->Add(m->data(), m->size());
   return absl::OkStatus();
 }
 

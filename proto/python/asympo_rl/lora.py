@@ -89,12 +89,10 @@ server adapters) on real versions of a learner with --lora_rank."""
 import inspect
 import json
 import logging
-import os
 import re
-import shutil
 
 from .engines import EngineError, _HTTP, _Adapter, _VLLM
-from .weights import _safetensors_bytes, _write_synced, publish_version_directory
+from .weights import safetensors_chunks, write_version_directory
 
 log = logging.getLogger("asympo_rl.lora")
 
@@ -170,16 +168,6 @@ def peft_config(rank, lora_alpha, target_modules, base_model):
             "revision": None}
 
 
-def _peft_safetensors(snapshot):
-    """The snapshot's safetensors header and pieces (weights._safetensors_bytes),
-    every tensor renamed PEFT_PREFIX + name; the bytes are the snapshot's."""
-    header, pieces = _safetensors_bytes(snapshot)
-    entries = json.loads(header)
-    renamed = {(k if k == "__metadata__" else PEFT_PREFIX + k): v for k, v in entries.items()}
-    text = json.dumps(renamed, separators=(",", ":")).encode()
-    return text + b" " * (-len(text) % 8), pieces
-
-
 def write_peft_directory(snapshot, path, lora_alpha, base_model, keep=2):
     """Writes the adapters of `snapshot` (a version of a learner with
     --lora_rank) as a PEFT adapter directory, which vLLM, SGLang and PEFT
@@ -197,19 +185,10 @@ def write_peft_directory(snapshot, path, lora_alpha, base_model, keep=2):
     alpha = 2 * rank if lora_alpha is None else lora_alpha
     if not alpha > 0:
         raise ValueError("lora_alpha %r: the adapters' scale alpha / r needs alpha > 0" % (lora_alpha,))
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not os.path.islink(path):
-        raise ValueError("%s exists and is not a link written by write_peft_directory" % path)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    final = "%s.v%d" % (path, snapshot.version)
-    tmp = "%s.tmp-%d" % (final, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    header, pieces = _peft_safetensors(snapshot)
-    _write_synced(os.path.join(tmp, WEIGHTS_FILE), [len(header).to_bytes(8, "little"), header] + pieces)
-    config = peft_config(rank, alpha, targets, base_model)
-    _write_synced(os.path.join(tmp, CONFIG_FILE), [json.dumps(config, indent=2).encode() + b"\n"])
-    return publish_version_directory(tmp, final, path, keep)
+    files = {WEIGHTS_FILE: safetensors_chunks(snapshot, PEFT_PREFIX),
+             CONFIG_FILE: [json.dumps(peft_config(rank, alpha, targets, base_model), indent=2).encode()
+                           + b"\n"]}
+    return write_version_directory(snapshot.version, path, files, keep, "write_peft_directory")
 
 
 class _Prepared:

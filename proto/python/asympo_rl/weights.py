@@ -388,17 +388,20 @@ def _chunk_target(manifest, base, buckets, deltas, filled, c):
     return deltas[b]
 
 
-def _safetensors_bytes(snapshot):
+def safetensors_chunks(snapshot, prefix=""):
+    """The snapshot as a safetensors file's byte chunks (header length,
+    header, each tensor's bytes as the snapshot holds them), every tensor
+    named `prefix` + its name."""
     header, pieces, offset = {}, [], 0
     for t in snapshot.manifest.tensors:
-        header[t.name] = {"dtype": DTYPES[t.dtype][0], "shape": list(t.shape),
-                          "data_offsets": [offset, offset + t.size_bytes]}
+        header[prefix + t.name] = {"dtype": DTYPES[t.dtype][0], "shape": list(t.shape),
+                                   "data_offsets": [offset, offset + t.size_bytes]}
         pieces.append(memoryview(snapshot.buckets[t.bucket])[t.offset:t.offset + t.size_bytes])
         offset += t.size_bytes
     header["__metadata__"] = {"format": "pt", "asympo_version": str(snapshot.version)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    return text, pieces
+    return [len(text).to_bytes(8, "little"), text] + pieces
 
 
 def _write_synced(path, chunks):
@@ -409,6 +412,27 @@ def _write_synced(path, chunks):
         os.fsync(f.fileno())
 
 
+def write_version_directory(version, path, files, keep, writer):
+    """Writes `files` (name -> a list of byte chunks, or a path to copy)
+    into <path>.v<version>/, fsynced, then publish_version_directory: the
+    common part of write_hf_directory and lora.write_peft_directory
+    (`writer`, named when `path` exists and is not their link)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path) and not os.path.islink(path):
+        raise ValueError("%s exists and is not a link written by %s" % (path, writer))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    final = "%s.v%d" % (path, version)
+    tmp = "%s.tmp-%d" % (final, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    for name, data in files.items():
+        if isinstance(data, list):
+            _write_synced(os.path.join(tmp, name), data)
+        else:
+            shutil.copyfile(data, os.path.join(tmp, name))
+    return publish_version_directory(tmp, final, path, keep)
+
+
 def write_hf_directory(snapshot, path, config, extra_files=None, keep=2):
     """Writes `snapshot` as a Hugging Face model directory and points `path`
     at it atomically: the files go to <path>.v<version>/ (model.safetensors,
@@ -417,32 +441,18 @@ def write_hf_directory(snapshot, path, config, extra_files=None, keep=2):
     symbolic link `path` is replaced in one rename. An engine that reloads
     from `path` never sees a half-written model. The newest `keep`
     versions are kept. Returns the version directory."""
-    path = os.path.abspath(path)
-    if os.path.exists(path) and not os.path.islink(path):
-        raise ValueError("%s exists and is not a link written by write_hf_directory" % path)
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    final = "%s.v%d" % (path, snapshot.version)
-    tmp = "%s.tmp-%d" % (final, os.getpid())
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    header, pieces = _safetensors_bytes(snapshot)
-    _write_synced(os.path.join(tmp, "model.safetensors"),
-                  [len(header).to_bytes(8, "little"), header] + pieces)
-    _write_synced(os.path.join(tmp, "config.json"), [json.dumps(config, indent=2).encode() + b"\n"])
+    files = {"model.safetensors": safetensors_chunks(snapshot),
+             "config.json": [json.dumps(config, indent=2).encode() + b"\n"]}
     for name, data in (extra_files or {}).items():
-        if isinstance(data, (bytes, bytearray)):
-            _write_synced(os.path.join(tmp, name), [data])
-        else:
-            shutil.copyfile(data, os.path.join(tmp, name))
-    return publish_version_directory(tmp, final, path, keep)
+        files[name] = [data] if isinstance(data, (bytes, bytearray)) else data
+    return write_version_directory(snapshot.version, path, files, keep, "write_hf_directory")
 
 
 def publish_version_directory(tmp, final, path, keep):
     """Renames the written directory `tmp` to `final` (<path>.v<version>),
     points the symbolic link `path` at it in one rename, fsyncs the parent
-    and removes all but the newest `keep` versions (write_hf_directory's
-    and lora.write_peft_directory's last step). Returns `final`."""
+    and removes all but the newest `keep` versions (write_version_directory's
+    last step). Returns `final`."""
     parent = os.path.dirname(path)
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
