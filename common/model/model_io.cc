@@ -81,12 +81,20 @@ absl::Status ExportUnguarded(const PolicyModel& model, const std::string& dir,
                              int64_t max_shard_bytes, at::ScalarType dtype) {
   if (dtype == at::ScalarType::Undefined) dtype = model.options().dtype;
   ASYMPO_RETURN_IF_ERROR(WriteConfig(model, dir, dtype));
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
   // With adapters: the merged weights (a plain Hugging Face model).
-  for (const auto& [name, t] : model.MergedWeights()) {
-    tensors.emplace_back(name, t.to(at::kCPU, dtype).contiguous());
+  const std::vector<std::pair<std::string, at::Tensor>> weights = model.MergedWeights();
+  // Planned as meta tensors; each shard converted to host memory in `dtype`
+  // only when it is written, so that the export holds one shard, not a
+  // host copy of the whole model.
+  std::vector<std::pair<std::string, at::Tensor>> planned;
+  for (const auto& [name, t] : weights) {
+    planned.emplace_back(name,
+                         at::empty(t.sizes(), at::TensorOptions().dtype(dtype).device(at::kMeta)));
   }
-  return WriteShardedSafetensors(dir, tensors, max_shard_bytes);
+  return WriteShardedSafetensors(dir, planned, max_shard_bytes, {},
+                                 [&weights, dtype](size_t i) -> absl::StatusOr<at::Tensor> {
+                                   return weights[i].second.detach().to(at::kCPU, dtype);
+                                 });
 }
 
 // Writes each part as it comes (model-part-<i>.safetensors), then names

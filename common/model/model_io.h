@@ -48,8 +48,10 @@ absl::StatusOr<at::ScalarType> ParseModelDType(const std::string& dtype);
 
 // Writes config.json and the weights to `dir`, creating it; shards above
 // `max_shard_bytes`. The weights are in `dtype` (undefined: the model's),
-// on the host whatever the model's device. The result loads with
-// LoadPolicyModel (on any device) and with Hugging Face transformers.
+// on the host whatever the model's device, converted a shard at a time
+// (the export holds one shard's host copy, not the whole model's). The
+// result loads with LoadPolicyModel (on any device) and with Hugging Face
+// transformers.
 absl::Status ExportPolicyModel(const PolicyModel& model, const std::string& dir,
                                int64_t max_shard_bytes = int64_t{5} << 30,
                                at::ScalarType dtype = at::ScalarType::Undefined);

@@ -259,37 +259,67 @@ namespace {
 using Tensors = std::vector<std::pair<std::string, at::Tensor>>;
 
 // Splits `tensors`, in the order given (as transformers does), into shards
-// of at most max_shard_bytes (a larger tensor gets a shard of its own).
-std::vector<Tensors> PlanShards(const Tensors& tensors, uint64_t max_shard_bytes,
-                                uint64_t* total_bytes) {
-  std::vector<Tensors> shards(1);
+// of at most max_shard_bytes (a larger tensor gets a shard of its own): each
+// shard's positions in `tensors`.
+std::vector<std::vector<size_t>> PlanShards(const Tensors& tensors, uint64_t max_shard_bytes,
+                                            uint64_t* total_bytes) {
+  std::vector<std::vector<size_t>> shards(1);
   uint64_t shard_bytes = 0;
   *total_bytes = 0;
-  for (const auto& [name, tensor] : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const at::Tensor& tensor = tensors[i].second;
     const uint64_t nbytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
     if (!shards.back().empty() && shard_bytes + nbytes > max_shard_bytes) {
       shards.emplace_back();
       shard_bytes = 0;
     }
-    shards.back().emplace_back(name, tensor);
+    shards.back().push_back(i);
     shard_bytes += nbytes;
     *total_bytes += nbytes;
   }
   return shards;
 }
 
+// A shard's tensors: those given, or made by `materialize` (checked against
+// what was planned).
+absl::StatusOr<Tensors> ShardTensors(const std::string& prefix, const Tensors& tensors,
+                                     const std::vector<size_t>& shard,
+                                     const MaterializeTensor& materialize) {
+  Tensors out;
+  for (const size_t i : shard) {
+    if (!materialize) {
+      out.push_back(tensors[i]);
+      continue;
+    }
+    ASYMPO_ASSIGN_OR_RETURN(at::Tensor t, materialize(i));
+    const at::Tensor& planned = tensors[i].second;
+    if (!t.defined() || t.scalar_type() != planned.scalar_type() || t.sizes() != planned.sizes() ||
+        !t.device().is_cpu()) {
+      return absl::InternalError(absl::StrCat(prefix, "tensor '", tensors[i].first,
+                                              "' was made with another dtype, shape or device "
+                                              "than planned"));
+    }
+    out.emplace_back(tensors[i].first, t.contiguous());
+  }
+  return out;
+}
+
 // Writes several shards and then model.safetensors.index.json; adds the
 // file names to `written`.
-absl::Status WriteShards(const std::string& prefix, const std::string& dir,
-                         const std::vector<Tensors>& shards, uint64_t total_bytes,
+absl::Status WriteShards(const std::string& prefix, const std::string& dir, const Tensors& tensors,
+                         const std::vector<std::vector<size_t>>& shards, uint64_t total_bytes,
                          const std::map<std::string, std::string>& metadata,
-                         std::set<std::string>* written) {
+                         const MaterializeTensor& materialize, std::set<std::string>* written) {
   Json weight_map = Json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     const std::string file_name = ShardFileName(i, shards.size());
-    ASYMPO_RETURN_IF_ERROR(
-        WriteSafetensors((fs::path(dir) / file_name).string(), shards[i], metadata));
-    for (const auto& item : shards[i]) weight_map[item.first] = file_name;
+    {
+      ASYMPO_ASSIGN_OR_RETURN(const Tensors shard,
+                              ShardTensors(prefix, tensors, shards[i], materialize));
+      ASYMPO_RETURN_IF_ERROR(
+          WriteSafetensors((fs::path(dir) / file_name).string(), shard, metadata));
+    }  // the shard's tensors go before the next are made
+    for (const size_t t : shards[i]) weight_map[tensors[t].first] = file_name;
     written->insert(file_name);
   }
   Json index = Json::object();
@@ -341,7 +371,8 @@ absl::Status RemoveStaleFiles(const std::string& prefix, const std::string& dir,
 
 absl::Status WriteShardedSafetensors(const std::string& dir, const Tensors& tensors,
                                      int64_t max_shard_bytes,
-                                     const std::map<std::string, std::string>& metadata) {
+                                     const std::map<std::string, std::string>& metadata,
+                                     const MaterializeTensor& materialize) {
   const std::string prefix = absl::StrCat("writing checkpoint '", dir, "': ");
   if (max_shard_bytes <= 0) {
     return absl::InvalidArgumentError(
@@ -351,7 +382,7 @@ absl::Status WriteShardedSafetensors(const std::string& dir, const Tensors& tens
   // replaces a file of an earlier export.
   ASYMPO_RETURN_IF_ERROR(CheckTensorsToWrite(prefix, tensors));
   uint64_t total_bytes = 0;
-  const std::vector<Tensors> shards =
+  const std::vector<std::vector<size_t>> shards =
       PlanShards(tensors, static_cast<uint64_t>(max_shard_bytes), &total_bytes);
   std::error_code error;
   fs::create_directories(dir, error);
@@ -361,11 +392,14 @@ absl::Status WriteShardedSafetensors(const std::string& dir, const Tensors& tens
   }
   std::set<std::string> written;
   if (shards.size() == 1) {
-    ASYMPO_RETURN_IF_ERROR(WriteSafetensors((fs::path(dir) / kSafetensorsSingleFileName).string(),
-                                            shards[0], metadata));
+    ASYMPO_ASSIGN_OR_RETURN(const Tensors shard,
+                            ShardTensors(prefix, tensors, shards[0], materialize));
+    ASYMPO_RETURN_IF_ERROR(
+        WriteSafetensors((fs::path(dir) / kSafetensorsSingleFileName).string(), shard, metadata));
     written.insert(kSafetensorsSingleFileName);
   } else {
-    ASYMPO_RETURN_IF_ERROR(WriteShards(prefix, dir, shards, total_bytes, metadata, &written));
+    ASYMPO_RETURN_IF_ERROR(
+        WriteShards(prefix, dir, tensors, shards, total_bytes, metadata, materialize, &written));
   }
   return RemoveStaleFiles(prefix, dir, written);
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -113,9 +114,18 @@ class SafetensorsCheckpoint {
 // I/O error mid-way the directory may mix shards of two exports (the reader
 // then refuses it when the index and shards disagree); export to a fresh
 // directory where that matters.
+//
+// With `materialize`, `tensors` only describe what is written (their names,
+// shapes and dtypes: meta tensors will do): each shard's tensors are made by
+// materialize(i) (i: the position in `tensors`; the result must have that
+// entry's dtype and shape) just before the shard is written, and let go
+// after it, so that an export holds one shard in memory, not the whole
+// model (a GPU's weights, or float32 masters written in bfloat16).
+using MaterializeTensor = std::function<absl::StatusOr<at::Tensor>(size_t index)>;
 absl::Status WriteShardedSafetensors(const std::string& dir,
                                      const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                                      int64_t max_shard_bytes,
-                                     const std::map<std::string, std::string>& metadata = {});
+                                     const std::map<std::string, std::string>& metadata = {},
+                                     const MaterializeTensor& materialize = nullptr);
 
 }  // namespace asympo

@@ -380,6 +380,22 @@ absl::Status DataParallel::ReduceScatter(std::vector<at::Tensor>& inputs, at::Te
 
 absl::Status DataParallel::AllGather(at::Tensor& input, std::vector<at::Tensor>& outputs) {
   Timed timed(&collective_seconds_);
+  if (!group_->nccl && world_size() > 1) {
+    // One broadcast from each rank, in place into its piece: Gloo's
+    // all-gather receives into a flat buffer of its own first, a second
+    // copy of the gathered unit on every rank while a layer runs.
+    std::vector<at::Tensor> staged = group_->Staged(outputs, true);
+    staged[static_cast<size_t>(rank())].copy_(input);
+    for (int r = 0; r < world_size(); ++r) {
+      std::vector<at::Tensor> one{staged[static_cast<size_t>(r)]};
+      c10d::BroadcastOptions o;
+      o.rootRank = r;
+      ASYMPO_RETURN_IF_ERROR(Collective("all-gathering the weights", options_.timeout,
+                                        [&] { return group_->pg->broadcast(one, o); }));
+    }
+    CopyBack(staged, outputs);
+    return absl::OkStatus();
+  }
   std::vector<at::Tensor> in{group_->Staged(input.contiguous(), true)};
   std::vector<std::vector<at::Tensor>> out{group_->Staged(outputs, true)};
   ASYMPO_RETURN_IF_ERROR(Collective("all-gathering the weights", options_.timeout,
@@ -389,12 +405,44 @@ absl::Status DataParallel::AllGather(at::Tensor& input, std::vector<at::Tensor>&
 }
 
 absl::Status DataParallel::GatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) {
+  if (!group_->nccl && world_size() > 1) return GlooGatherToRank0(input, outputs);
   std::vector<at::Tensor> in{group_->Staged(input.contiguous(), true)};
   std::vector<std::vector<at::Tensor>> out;
   if (rank() == 0) out.push_back(group_->Staged(outputs, true));
   ASYMPO_RETURN_IF_ERROR(Collective("gathering the optimizer state", options_.timeout,
                                     [&] { return group_->pg->gather(out, in); }));
   if (rank() == 0) CopyBack(out[0], outputs);
+  return absl::OkStatus();
+}
+
+// Point to point, each rank's input straight into rank 0's output for it:
+// Gloo's gather would first receive every rank's input into one flat buffer
+// of its own and copy out of it, holding the gathered size twice on rank 0
+// (a second unit when a fully sharded rank 0 publishes).
+absl::Status DataParallel::GlooGatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs) {
+  constexpr int kTag = 0x6761;  // no other point-to-point message is in flight
+  std::vector<at::Tensor> in{group_->Staged(input.contiguous(), true)};
+  if (rank() != 0) {
+    return Collective("gathering the optimizer state", options_.timeout,
+                      [&] { return group_->pg->send(in, 0, kTag); });
+  }
+  std::vector<at::Tensor> staged = group_->Staged(outputs, true);
+  staged[0].copy_(in[0]);
+  std::vector<std::vector<at::Tensor>> from(staged.size());
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  try {
+    for (size_t r = 1; r < staged.size(); ++r) {
+      from[r] = {staged[r]};
+      works.push_back(group_->pg->recv(from[r], static_cast<int>(r), kTag));
+    }
+  } catch (const std::exception& e) {
+    return RankFailure("gathering the optimizer state", e.what(), options_.timeout);
+  }
+  for (auto& work : works) {
+    ASYMPO_RETURN_IF_ERROR(
+        Collective("gathering the optimizer state", options_.timeout, [&] { return work; }));
+  }
+  CopyBack(staged, outputs);
   return absl::OkStatus();
 }
 

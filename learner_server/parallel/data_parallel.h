@@ -175,6 +175,7 @@ class DataParallel : public StepReducer, public ShardCollectives {
 
  private:
   explicit DataParallel(const DataParallelOptions& options);
+  absl::Status GlooGatherToRank0(at::Tensor& input, std::vector<at::Tensor>& outputs);
   absl::Status SendHeader(StepMessage::Kind kind, const StepTotals& totals,
                           const std::vector<int64_t>& bytes);
 

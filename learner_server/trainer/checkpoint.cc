@@ -1,9 +1,11 @@
 #include "learner_server/trainer/checkpoint.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <system_error>
@@ -110,6 +112,12 @@ absl::Status WriteMeta(const CheckpointSave& save, const std::string& dir, uint3
                    meta.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
 }
 
+absl::Status RenameError(const std::string& from, const std::string& to, int error) {
+  return absl::InternalError(
+      absl::StrCat("cannot rename ", from, " to ", to, ": ",
+                   ErrorText(std::error_code(error, std::generic_category()))));
+}
+
 // Rank 0, once every rank's part is written: manifest, meta, rename, prune.
 absl::Status Commit(const CheckpointSave& save, const std::string& tmp, int world,
                     const std::string& dist_shard, const std::vector<CheckpointParam>& params,
@@ -119,13 +127,9 @@ absl::Status Commit(const CheckpointSave& save, const std::string& tmp, int worl
   ASYMPO_RETURN_IF_ERROR(WriteMeta(save, tmp, crc, steps));
   ASYMPO_RETURN_IF_ERROR(SyncDirectory(tmp));
   const std::string final_dir = CheckpointDir(save.root, save.version);
-  (void)RemoveTree(final_dir);
-  if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-    return absl::InternalError(
-        absl::StrCat("cannot rename ", tmp, " to ", final_dir, ": ",
-                     ErrorText(std::error_code(errno, std::generic_category()))));
-  }
-  ASYMPO_RETURN_IF_ERROR(SyncDirectory(save.root));
+  std::string old = tmp;
+  old.replace(old.rfind("/.tmp-") + 1, 5, ".old-");
+  ASYMPO_RETURN_IF_ERROR(CommitCheckpointDirectory(tmp, final_dir, old));
   if (save.keep_last > 0) {
     const std::vector<std::string> all = ListCheckpoints(save.root);
     for (size_t i = static_cast<size_t>(save.keep_last); i < all.size(); ++i) {
@@ -207,6 +211,58 @@ absl::StatusOr<CheckpointInfo> SaveCheckpoint(const std::string& root, uint64_t 
   save.batches = batches;
   save.reward_monitor = reward_monitor;
   return SaveCheckpoint(save, model, optimizer);
+}
+
+absl::Status CommitCheckpointDirectory(const std::string& tmp, const std::string& final_dir,
+                                       const std::string& old, bool exchange) {
+  const fs::path root = fs::path(final_dir).parent_path();
+  if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return SyncDirectory(root.string());
+  if (errno != EEXIST && errno != ENOTEMPTY) return RenameError(tmp, final_dir, errno);
+  // The version is there already: replace it without a gap.
+  if (exchange &&
+      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
+    ASYMPO_RETURN_IF_ERROR(SyncDirectory(root.string()));
+  } else {
+    if (exchange && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
+      return RenameError(tmp, final_dir, errno);
+    }
+    if (::rename(final_dir.c_str(), old.c_str()) != 0) return RenameError(final_dir, old, errno);
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      const int error = errno;
+      (void)::rename(old.c_str(), final_dir.c_str());
+      return RenameError(tmp, final_dir, error);
+    }
+    ASYMPO_RETURN_IF_ERROR(SyncDirectory(root.string()));
+    const absl::Status removed = RemoveTree(old);
+    if (!removed.ok())
+      LOG(WARNING) << "cannot remove the replaced checkpoint: " << removed.message();
+    return absl::OkStatus();
+  }
+  const absl::Status removed = RemoveTree(tmp);  // the old one, swapped out
+  if (!removed.ok()) LOG(WARNING) << "cannot remove the replaced checkpoint: " << removed.message();
+  return absl::OkStatus();
+}
+
+void RecoverReplacedCheckpoints(const std::string& root) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(".old-ckpt-", 0) != 0) continue;
+    char* end = nullptr;
+    const unsigned long long v = std::strtoull(name.c_str() + 10, &end, 10);
+    const std::string dir = CheckpointDir(root, v);
+    std::error_code exists_error;
+    if (end != name.c_str() + 10 && *end == '-' && !fs::exists(dir, exists_error)) {
+      LOG(WARNING) << "an interrupted commit left checkpoint " << v << " aside; restoring "
+                   << e.path().string() << " as " << dir;
+      if (::rename(e.path().c_str(), dir.c_str()) == 0) continue;
+      LOG(WARNING) << RenameError(e.path().string(), dir, errno).message();
+      continue;
+    }
+    LOG(WARNING) << "removing the replaced checkpoint " << e.path().string();
+    const absl::Status removed = RemoveTree(e.path().string());
+    if (!removed.ok()) LOG(WARNING) << removed.message();
+  }
 }
 
 }  // namespace asympo::learner

@@ -107,6 +107,22 @@ inline absl::StatusOr<std::optional<CheckpointInfo>> LoadLatestCheckpoint(const 
   return LoadLatestCheckpoint(root, *model, optimizer, CheckpointRanks{});
 }
 
+// Rank 0's commit of a written save `tmp` as `final_dir`. When
+// `final_dir` already holds a checkpoint (a version saved again: the final
+// checkpoint at shutdown), the two directories are swapped in one
+// renameat2(RENAME_EXCHANGE) and the old one, now at `tmp`, removed: at no
+// moment is there no ckpt-<version>. Where the filesystem has no exchange
+// (NFS), or with `exchange` false, the old one is first renamed to
+// `old` (a name starting ".old-ckpt-") beside it: a kill between the two
+// renames leaves it there, and the next restore renames it back
+// (RecoverReplacedCheckpoints).
+absl::Status CommitCheckpointDirectory(const std::string& tmp, const std::string& final_dir,
+                                       const std::string& old, bool exchange = true);
+
+// Under `root`: each .old-ckpt-<version>-* left by an interrupted commit
+// goes back to ckpt-<version> when that is missing, else is removed.
+void RecoverReplacedCheckpoints(const std::string& root);
+
 // Checkpoint directories under `root`, newest first (by version):
 // common/model/checkpoint_files.h.
 using ::asympo::ListCheckpoints;

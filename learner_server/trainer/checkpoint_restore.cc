@@ -119,6 +119,7 @@ absl::StatusOr<std::vector<uint64_t>> Candidates(const std::string& root) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint root ", root, " is not a directory"));
   }
+  RecoverReplacedCheckpoints(root);
   for (const auto& e : fs::directory_iterator(root, ec)) {
     if (e.path().filename().string().rfind(".tmp-ckpt-", 0) == 0) {
       LOG(WARNING) << "removing the unfinished checkpoint " << e.path().string();

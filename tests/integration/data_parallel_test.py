@@ -17,6 +17,12 @@ Scenarios (one per run, chosen by the first argument):
   skip       a NaN loss on rank 1's share skips that step on every rank, and
              the ranks go on in step with the single process that skipped it
              (ZeRO-1 and fully sharded too)
+  publish_peak
+             2 and 3 fully sharded ranks publish a version as the learner
+             does (rank 0 gathers a unit at a time into its staging, through
+             the device buffer or --snapshot_staging=host): every rank's
+             tensor memory (a counting allocator) stays within the largest
+             unit, where the whole-model gather takes the whole model on rank 0
   one_rank   a world of one Gloo rank (through DataParallel, not the single
              process's path), unsharded, ZeRO-1 and fully sharded, equals one
              process
@@ -222,6 +228,28 @@ def scenario_lora(build, work):
     4 of grpo) instead of 2e-8; the largest difference keeps its bound."""
     sharding_modes(build, work, 2, ["--backend", "gloo"], "LoRA", common=["--lora_rank", "4"],
                    p995_step=1e-7)
+
+
+def scenario_publish_peak(build, work):
+    binary = os.path.join(build, "tests", "data_parallel_rank")
+    for world in (2, 3):
+        for staging in ("device", "host"):
+            out = os.path.join(work, "w%d_%s" % (world, staging))
+            peak = os.path.join(out, "peak")
+            run_world(binary, world, out, "asympo", 2,
+                      extra=["--shard", "2", "--publish_peak", peak, "--staging", staging])
+            for rank in range(world):
+                p = json.load(open("%s.%d" % (peak, rank)))
+                unit, whole = p["largest_unit"], p["whole"]
+                check(whole > 2 * unit, "the model (%d bytes) is more than twice its largest unit (%d)"
+                      % (whole, unit))
+                check(p["by_units"] <= unit + (64 << 10),
+                      "%d ranks, %s staging, rank %d: publishing holds %d bytes of tensors, within the "
+                      "largest unit (%d)" % (world, staging, rank, p["by_units"], unit))
+                if rank == 0:
+                    check(p["whole_gather"] >= whole,
+                          "rank 0's whole-model gather holds %d bytes, the whole model (%d)"
+                          % (p["whole_gather"], whole))
 
 
 def scenario_one_rank(build, work):
@@ -448,7 +476,7 @@ def main():
     os.makedirs(work)
     {"equality": scenario_equality, "shard": scenario_shard, "full": scenario_full,
      "resume": scenario_resume, "one_rank": scenario_one_rank, "nccl": scenario_nccl,
-     "lora": scenario_lora,
+     "lora": scenario_lora, "publish_peak": scenario_publish_peak,
      "skip": scenario_skip, "kill": scenario_kill}[scenario](build, work)
     print("PASS")
 

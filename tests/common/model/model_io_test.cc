@@ -4,6 +4,7 @@
 // from config.json as transformers 4 and 5 write it.
 #include "common/model/model_io.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/model/safetensors.h"
+#include "tests/testing/counting_allocator.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/temp_dir.h"
 
@@ -88,6 +90,40 @@ TEST(ModelIoTest, LoadsShardedCheckpointsAndBfloat16) {
   EXPECT_EQ((*loaded)->named_parameters()[0].second.scalar_type(), torch::kBFloat16);
   EXPECT_TRUE(torch::allclose((*loaded)->named_parameters()[0].second.to(torch::kFloat),
                               m->named_parameters()[0].second, 1e-2, 1e-2));
+}
+
+// float32 weights exported in bfloat16: each shard is converted when it is
+// written, so the export's tensor memory is one shard, not the model's.
+TEST(ModelIoTest, ExportConvertsAShardAtATime) {
+  Dirs dirs;
+  ModelConfig c = ModelConfig::Tiny(128);
+  c.num_hidden_layers = 6;
+  const auto m = Random(c, 8);
+  const std::string dir = dirs.New("streamed");
+  const int64_t shard_bytes = 2 * 128 * 128 * 4;  // bfloat16 bytes a shard
+  int64_t whole = 0, largest = 0;
+  for (const auto& [name, t] : m->named_parameters()) {
+    whole += 2 * t.numel();
+    largest = std::max<int64_t>(largest, 2 * t.numel());
+  }
+  ASSERT_GT(whole, 4 * std::max(shard_bytes, largest));
+  int64_t peak = 0;
+  {
+    ::asympo::testing::CountingAllocator::Installed counting;
+    counting->Reset();
+    ASSERT_OK(ExportPolicyModel(*m, dir, shard_bytes, torch::kBFloat16));
+    peak = counting->PeakAbove();
+  }
+  EXPECT_LE(peak, std::max(shard_bytes, largest) + (int64_t{64} << 10)) << "whole " << whole;
+  ModelOptions bf16;
+  bf16.dtype = torch::kBFloat16;
+  const auto loaded = LoadPolicyModel(dir, bf16);
+  ASSERT_OK(loaded);
+  for (size_t i = 0; i < m->named_parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal((*loaded)->named_parameters()[i].second,
+                             m->named_parameters()[i].second.to(torch::kBFloat16)))
+        << m->named_parameters()[i].first;
+  }
 }
 
 TEST(ModelIoTest, NamesMissingOrMisShapedTensors) {

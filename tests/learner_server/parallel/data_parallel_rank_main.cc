@@ -24,17 +24,31 @@
 //                                              the GPU as in asympo-learner)
 //                      [--lora_rank R]        (train rank-R adapters on every projection, alpha
 //                                              2R; the weights written are the adapters)
+//                      [--publish_peak FILE]  (--shard 2: after the last step, every rank
+//                                              publishes a version as the learner does, a unit
+//                                              at a time, rank 0 into a snapshot staging; each
+//                                              writes FILE.<rank>: the peak of its tensor memory
+//                                              during that and during a whole-model gather,
+//                                              with the largest unit, as JSON)
+//                      [--staging device|host] (rank 0's staging: --snapshot_staging)
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
+#include <vector>
+
+#include <prometheus/registry.h>
 
 #include "common/model/device.h"
+#include "common/status_macros.h"
 #include "learner_server/parallel/data_parallel.h"
 #include "learner_server/trainer/checkpoint.h"
 #include "learner_server/trainer/trainer.h"
+#include "tests/testing/counting_allocator.h"
+#include "weight_broadcaster/model_weights/model_snapshot.h"
+#include "weight_broadcaster/snapshot_store.h"
 
 namespace asympo::learner {
 namespace {
@@ -71,6 +85,36 @@ std::vector<QueuedGroup> GroupsOf(int step) {
   return out;
 }
 
+// --publish_peak: rank 0 stages into `staging` (null elsewhere) a unit at a
+// time, every rank's tensor memory counted; then the whole-model gather.
+absl::Status PublishPeak(const std::string& file, int rank, PolicyModel& model, Trainer& trainer,
+                         broadcast::SnapshotStaging* staging) {
+  int64_t by_units = 0, whole_gather = 0;
+  {
+    ::asympo::testing::CountingAllocator::Installed counting;
+    counting->Reset();
+    if (staging != nullptr) ASYMPO_RETURN_IF_ERROR(staging->BeginStage());
+    ASYMPO_RETURN_IF_ERROR(trainer.VisitWeightParts([&](const std::vector<size_t>& params) {
+      return staging != nullptr ? staging->StageParameters(model, params) : absl::OkStatus();
+    }));
+    if (staging != nullptr) {
+      ASYMPO_RETURN_IF_ERROR(staging->FinishStage());
+      ASYMPO_RETURN_IF_ERROR(staging->CopyToHost().status());
+    }
+    by_units = counting->PeakAbove();
+    counting->Reset();
+    ASYMPO_RETURN_IF_ERROR(trainer.stepper().GatherWeights());
+    whole_gather = counting->PeakAbove();
+    trainer.stepper().ReleaseWeights();
+  }
+  std::ofstream out(file + "." + std::to_string(rank));
+  out << "{\"rank\": " << rank << ", \"by_units\": " << by_units
+      << ", \"whole_gather\": " << whole_gather
+      << ", \"largest_unit\": " << 4 * trainer.full_shard()->largest_unit()
+      << ", \"whole\": " << 4 * model.config().NumParameters() << "}\n";
+  return out.good() ? absl::OkStatus() : absl::InternalError("cannot write " + file);
+}
+
 int Die(const std::string& message) {
   std::fprintf(stderr, "%s\n", message.c_str());
   return 1;
@@ -89,6 +133,7 @@ int Run(int argc, char** argv) {
   int world = 1, rank = 0, port = 29500, steps = 4, nan_step = 0, shard = 0, first_step = 1;
   int save_every = 0, lora_rank = 0;
   std::string objective = "asympo_stable", out = ".", resume, save, backend, device = "cpu";
+  std::string publish_peak, staging_mode = "device";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--world")
@@ -121,6 +166,10 @@ int Run(int argc, char** argv) {
       device = v;
     else if (k == "--lora_rank")
       lora_rank = std::atoi(v.c_str());
+    else if (k == "--publish_peak")
+      publish_peak = v;
+    else if (k == "--staging")
+      staging_mode = v;
     else {
       std::fprintf(stderr, "unknown flag %s\n", k.c_str());
       return 2;
@@ -145,6 +194,15 @@ int Run(int argc, char** argv) {
   to.micro_batch_tokens = 48;  // several micro-batches per rank
   if (nan_step > 0) to.fault_nonfinite_loss_steps = {nan_step};
   std::unique_ptr<Trainer> trainer = Trainer::Create(to, model.get(), nullptr).value();
+  // Laid out while the weights are whole, as the learner's publisher is.
+  prometheus::Registry registry;
+  broadcast::SnapshotStore store({}, broadcast::ModelSignatureOf(*model, at::kBFloat16), registry);
+  std::unique_ptr<broadcast::SnapshotStaging> staging;
+  if (!publish_peak.empty() && rank == 0) {
+    staging = broadcast::SnapshotStaging::Create(*model, at::kBFloat16, store, false,
+                                                 staging_mode == "host")
+                  .value();
+  }
   std::unique_ptr<DataParallel> dp;
   if (world > 1 || !backend.empty()) {
     DataParallelFlags f;
@@ -226,6 +284,13 @@ int Run(int argc, char** argv) {
     }
   }
   std::fclose(csv);
+  if (!publish_peak.empty()) {
+    if (shard != 2) return Die("--publish_peak needs --shard 2");
+    if (absl::Status s = PublishPeak(publish_peak, rank, *model, *trainer, staging.get());
+        !s.ok()) {
+      return Die(std::string(s.message()));
+    }
+  }
   if (!save.empty()) {
     if (absl::Status s = Save(save, *model, *trainer, ranks); !s.ok()) {
       return Die(std::string(s.message()));

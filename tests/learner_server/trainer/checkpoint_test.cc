@@ -1,8 +1,11 @@
 #include "learner_server/trainer/checkpoint.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -80,6 +83,71 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   EXPECT_EQ(tb->version(), ta->version());
   ExpectSameWeights(*a, *b);
   EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
+}
+
+// Names under `root` other than the checkpoints' own (leftovers).
+std::vector<std::string> Entries(const std::string& root) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
+    out.push_back(e.path().filename().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The final checkpoint at shutdown saves a version already saved: the new
+// save replaces the old whole (exchanged in one rename), and nothing is left
+// beside it.
+TEST(CheckpointTest, SavingAVersionAgainReplacesIt) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  auto a = Tiny(1), b = Tiny(2);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 3, *a, ta->optimizer(), "--first"));
+  ASSERT_OK(SaveCheckpoint(tmp.path(), 3, *b, tb->optimizer(), "--second"));
+  EXPECT_EQ(Entries(tmp.path()), std::vector<std::string>{"ckpt-000000000003"});
+  auto c = Tiny(9);
+  auto tc = Trainer::Create(Options(), c.get(), nullptr).value();
+  const auto loaded = LoadLatestCheckpoint(tmp.path(), c.get(), &tc->optimizer());
+  ASSERT_OK(loaded);
+  ASSERT_TRUE(loaded->has_value());
+  EXPECT_EQ((*loaded)->config, "--second");
+  ExpectSameWeights(*b, *c);
+}
+
+// Without the exchange (a filesystem that lacks it), the old directory is
+// set aside first. A kill between the two renames leaves it aside with no
+// ckpt-<version>: the next restore puts it back and loads it; one left
+// beside its replacement is removed.
+TEST(CheckpointTest, ACommitInterruptedWithoutTheExchangeRestoresTheOldCheckpoint) {
+  asympo::testing::ScopedTempDir tmp("checkpoint_test");
+  const std::string root = tmp.path();
+  auto a = Tiny(1), b = Tiny(2);
+  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
+  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  ASSERT_OK(SaveCheckpoint(root + "/b", 3, *b, tb->optimizer(), "--second"));
+  ASSERT_OK(SaveCheckpoint(root, 3, *a, ta->optimizer(), "--first"));
+  const std::string dir = root + "/ckpt-000000000003", old = root + "/.old-ckpt-000000000003-1f";
+  // The replacement path, whole.
+  ASSERT_OK(CommitCheckpointDirectory(root + "/b/ckpt-000000000003", dir, old, /*exchange=*/false));
+  EXPECT_EQ(Entries(root), (std::vector<std::string>{"b", "ckpt-000000000003"}));
+  // Killed after the first rename: only the old one, aside.
+  std::filesystem::rename(dir, old);
+  auto c = Tiny(9);
+  auto tc = Trainer::Create(Options(), c.get(), nullptr).value();
+  auto loaded = LoadLatestCheckpoint(root, c.get(), &tc->optimizer());
+  ASSERT_OK(loaded);
+  ASSERT_TRUE(loaded->has_value());
+  EXPECT_EQ((*loaded)->config, "--second");
+  ExpectSameWeights(*b, *c);
+  EXPECT_EQ(Entries(root), (std::vector<std::string>{"b", "ckpt-000000000003"}));
+  // Killed after both renames, before the removal: the aside one goes.
+  ASSERT_OK(SaveCheckpoint(root + "/b", 3, *a, ta->optimizer(), "--third"));
+  std::filesystem::rename(root + "/b/ckpt-000000000003", old);
+  loaded = LoadLatestCheckpoint(root, c.get(), &tc->optimizer());
+  ASSERT_OK(loaded);
+  EXPECT_EQ((*loaded)->config, "--second");
+  EXPECT_EQ(Entries(root), (std::vector<std::string>{"b", "ckpt-000000000003"}));
 }
 
 // A checkpoint of the layout before every rank wrote its part: one
