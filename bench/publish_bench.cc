@@ -19,7 +19,9 @@
 //   publish_bench --mode transfer --config qwen3-0.6b --device cuda --dtype bfloat16 [--reps 3]
 // The parts of moving one snapshot, each timed alone (medians), and per
 // billion parameters: staging on the device, the copy to pinned host memory
-// (already laid out as the store's buckets), the store's Publish of it
+// (already laid out as the store's buckets), the same two with
+// --snapshot_staging=host (host_staging: staged straight into the host
+// buffer on the trainer's thread, no device buffer), the store's Publish of it
 // (pack_crc: it adopts the buckets and takes their CRC-32C), loading into a
 // receiver's spare model on
 // the device, and the one-rank NCCL broadcast of the snapshot's bytes from
@@ -232,6 +234,17 @@ int Transfer(const Setup& s, int reps) {
   const double copy = Seconds([&] { views = staging->CopyToHost().value(); }, cuda, reps);
   const double pack =
       Seconds([&] { Must(store.Publish(++version, staging->HostBucketsOfCopy())); }, cuda, reps);
+  // --snapshot_staging=host: no device buffer; the trainer's thread stages
+  // straight into the (pinned) host buffer, so the copy to the host is its.
+  auto host_staging =
+      asympo::broadcast::SnapshotStaging::Create(*model, s.dtype, store, false, /*host_only=*/true)
+          .value();
+  const double host_stage = Seconds(
+      [&] {
+        Must(host_staging->Stage(*model));
+        Must(host_staging->CopyToHost().status());
+      },
+      cuda, reps);
   std::vector<std::pair<std::string, at::Tensor>> source;
   for (const auto& v : views) {
     source.emplace_back(v.spec.name, at::from_blob(const_cast<void*>(v.data), v.spec.shape,
@@ -260,15 +273,16 @@ int Transfer(const Setup& s, int reps) {
       "\"params\": %lld, \"bytes\": %lld, \"pinned\": %s, \"stage_s\": %.5f, \"copy_to_host_s\": "
       "%.5f, "
       "\"pack_crc_s\": %.5f, \"load_spare_s\": %.5f, \"nccl_one_rank_s\": %.5f, "
-      "\"nccl_one_rank_from_device_s\": %.5f, "
-      "\"per_billion_s\": {\"stage\": %.5f, \"copy_to_host\": %.5f, \"pack_crc\": %.5f, "
+      "\"nccl_one_rank_from_device_s\": %.5f, \"host_staging_s\": %.5f, "
+      "\"per_billion_s\": {\"stage\": %.5f, \"copy_to_host\": %.5f, \"host_staging\": %.5f, "
+      "\"pack_crc\": %.5f, "
       "\"load_spare\": %.5f, \"nccl_one_rank\": %.5f, \"nccl_one_rank_from_device\": %.5f}}\n",
       s.config.c_str(), c10::DeviceTypeName(s.model.device.type(), true).c_str(),
       asympo::DTypeName(s.dtype).c_str(), static_cast<long long>(cfg.NumParameters()),
       static_cast<long long>(staging->bytes()), staging->pinned() ? "true" : "false", stage, copy,
-      pack, load, nccl, nccl_device, stage * per_billion, copy * per_billion, pack * per_billion,
-      load * per_billion, nccl < 0 ? -1.0 : nccl * per_billion,
-      nccl_device < 0 ? -1.0 : nccl_device * per_billion);
+      pack, load, nccl, nccl_device, host_stage, stage * per_billion, copy * per_billion,
+      host_stage * per_billion, pack * per_billion, load * per_billion,
+      nccl < 0 ? -1.0 : nccl * per_billion, nccl_device < 0 ? -1.0 : nccl_device * per_billion);
   return 0;
 }
 

@@ -167,7 +167,7 @@ def prepare(run):
                          % (a.work, "\n  ".join(busy)))
     for d in ("ckpt",):
         shutil.rmtree(os.path.join(a.work, d), ignore_errors=True)
-    for f in ("steps.csv", "group.jsonl", "subscriber.jsonl"):
+    for f in ("steps.csv", "group.jsonl", "subscriber.jsonl", "feeder.jsonl"):
         if os.path.exists(os.path.join(a.work, f)):
             os.remove(os.path.join(a.work, f))
     name = os.path.basename(a.shape)
@@ -182,6 +182,12 @@ def prepare(run):
                     "--no-deps", "--target", pkg, os.path.join(ROOT, "proto", "python")],
                    check=True)
     run.dist_port = local_run.free_port()
+    base = os.path.join(a.work, "base.jsonl")
+    if os.path.exists(base):
+        os.remove(base)
+    subprocess.run(["/usr/bin/python3", os.path.join(HERE, "rehearsal_receivers.py"), "base", "-", base],
+                   env=dict(os.environ, PYTHONPATH=pkg), check=True)
+    run.python_base = rehearsal_checks.read_jsonl(base)[0]["python_base_bytes"]
 
 
 def first_leg(run):
@@ -209,8 +215,11 @@ def first_leg(run):
         time.sleep(1.0)
     run.sample()
     run.killed_at = rehearsal_checks.checkpoints(ckpt)
+    run.kill_time = time.time()
     run.stop(["learner0", "learner1"])
     run.killed_during_save = killed_during_save
+    if not killed_during_save:
+        run.failures.append("the kill did not land during a save")
     run.left_after_kill = rehearsal_checks.listing(ckpt)
 
 
@@ -236,6 +245,8 @@ def second_leg(run):
         if any(v["version"] >= a.steps for v in run.versions[first:]):
             break
         time.sleep(1.0)
+    # The receivers take the resumed learner's versions too.
+    rehearsal_checks.wait_for_receivers(run, time.time() + 180)
     run.sample()
     run.stop(["learner-resumed"], signal.SIGTERM)
     run.stop(["rollout", "group", "subscriber", "feeder"])

@@ -17,7 +17,9 @@ LEARNER = ["asympo_learner_version", "asympo_learner_step_duration_seconds_sum",
            "asympo_broadcast_bytes_total", "asympo_learner_checkpoint_version"]
 ROLLOUT = ["asympo_rollout_weight_version", "asympo_rollout_generation_seconds_sum",
            "asympo_rollout_weight_fetch_seconds_sum", "asympo_rollout_weight_fetch_bytes_total",
-           "asympo_rollout_tokens_generated_total"]
+           "asympo_rollout_weight_load_seconds_sum", "asympo_rollout_tokens_generated_total"]
+# A process's peak against its plan: within this fraction.
+PLAN_TOLERANCE = 0.15
 
 
 def hwm(pid):
@@ -36,17 +38,31 @@ def hwm(pid):
     return max(fields.get("VmHWM", 0), fields.get("VmRSS", 0) + fields.get("VmSwap", 0))
 
 
+def ancestors():
+    """This process and the ones that started it (a script that runs the
+    rehearsal may name its directory too)."""
+    out, pid = set(), os.getpid()
+    while pid > 1 and pid not in out:
+        out.add(pid)
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+    return out
+
+
 def processes_using(path):
     """Other processes whose command line names `path` (an earlier
     rehearsal's daemons, which may still write into it)."""
-    found = []
+    found, mine = [], ancestors()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if path in cmd and int(pid) != os.getpid() and "rehearsal.py" not in cmd:
+        if path in cmd and int(pid) not in mine and "rehearsal.py" not in cmd:
             found.append("%s: %s" % (pid, cmd[:120]))
     return found
 
@@ -69,7 +85,11 @@ def poll(run):
     learner's and the rollout's metrics since the last one."""
     run.sample()
     learner = scrape(run.metrics, LEARNER)
-    rollout = scrape(run.rollout_metrics, ROLLOUT) or dict.fromkeys(ROLLOUT, 0.0)
+    rollout = scrape(run.rollout_metrics, ROLLOUT)
+    if rollout is not None and rollout["asympo_rollout_weight_version"] == 0 and "rollout" in run.procs:
+        # Ready with the model it loaded at start, before any snapshot.
+        run.rollout_start = max(getattr(run, "rollout_start", 0), hwm(run.procs["rollout"].pid))
+    rollout = rollout or dict.fromkeys(ROLLOUT, 0.0)
     if learner is None:
         return
     version = int(learner["asympo_learner_version"])
@@ -160,20 +180,73 @@ def phase_rows(versions):
             "generate_s": d("rollout", "asympo_rollout_generation_seconds_sum"),
             "rollout_fetch_s": d("rollout", "asympo_rollout_weight_fetch_seconds_sum"),
             "rollout_fetch_bytes": d("rollout", "asympo_rollout_weight_fetch_bytes_total"),
+            "rollout_load_s": d("rollout", "asympo_rollout_weight_load_seconds_sum"),
             "tokens_generated": d("rollout", "asympo_rollout_tokens_generated_total"),
         })
     return rows
 
 
 def plan_peaks(run):
-    """Each learner's own plan (logged at start): its peak, GiB."""
+    """Each process's plan, GiB, and what it counts. The learners: their own
+    (asympo-plan's, logged at start). The others hold what they are built to
+    hold on top of what they take before any weights (measured in this run):
+    the subscriber the version it fetches and, with deltas, the one it
+    rebuilds it from; the weight-group worker a bucket as it arrives and its
+    host copy (and with deltas the version held); the rollout, ready with the
+    model it loaded at start, the receiver's verified version and the next
+    one being fetched (a delta's rebuild beside its base)."""
     out = {}
     for name in ("learner0", "learner1", "learner-resumed"):
         path = run.log(name)
         if os.path.exists(path):
             m = re.findall(r"peak per rank: ([0-9.]+) GiB", open(path, errors="replace").read())
             if m:
-                out[name] = float(m[-1])
+                out[name] = (float(m[-1]), "asympo-plan (logged at start)")
+    subs = read_jsonl(os.path.join(run.work, "subscriber.jsonl"))
+    group = read_jsonl(os.path.join(run.work, "group.jsonl"))
+    version = max([s["bytes"] for s in subs] or [0])
+    base = getattr(run, "python_base", 0)
+    if subs:
+        held = 2 if subs[-1].get("deltas") else 1
+        out["subscriber"] = ((base + held * version) / 2**30,
+                             "Python base + %d version%s" % (held, "s" if held > 1 else ""))
+    if group:
+        bucket = max(g.get("largest_bucket", 0) for g in group)
+        deltas = any(g.get("deltas") for g in group)
+        out["group"] = ((base + 2 * bucket + (version if deltas else 0)) / 2**30,
+                        "Python base + 2 buckets" + (" + the version held" if deltas else ""))
+    start = getattr(run, "rollout_start", 0)
+    if start and version:
+        out["rollout"] = ((start + 2 * version) / 2**30, "at ready + 2 versions")
+    return out
+
+
+def wait_for_receivers(run, deadline):
+    """Until the weight-group worker and the subscriber each hold a version
+    of the resumed learner (a row after the kill); a failure if not."""
+    def after(name, ok):
+        return any(r["time"] > run.kill_time and ok(r)
+                   for r in read_jsonl(os.path.join(run.work, name + ".jsonl")))
+    group_ok = lambda: after("group", lambda r: r.get("complete") and not r["error"])  # noqa: E731
+    subs_ok = lambda: after("subscriber", lambda r: True)  # noqa: E731
+    while time.time() < deadline and not (group_ok() and subs_ok()):
+        run.sample()
+        time.sleep(1.0)
+    if not group_ok():
+        run.failures.append("the weight-group worker took no version of the resumed learner")
+    if not subs_ok():
+        run.failures.append("the subscriber took no version of the resumed learner")
+
+
+def receiver_rows(run):
+    """Per leg and version: the weight-group worker's transfer and the
+    subscriber's fetch, seconds."""
+    kill = getattr(run, "kill_time", float("inf"))
+    out = {}
+    for name, key in (("group", "transfer_s"), ("subscriber", "fetch_s")):
+        for r in read_jsonl(os.path.join(run.work, name + ".jsonl")):
+            if r.get(key) is not None and not r.get("error"):
+                out.setdefault((1 if r["time"] <= kill else 2, r["version"]), {})[name] = r[key]
     return out
 
 
@@ -215,36 +288,54 @@ def report(run, seconds):
     if steps < run.args.steps:
         failures.append("only %d steps of %d" % (steps, run.args.steps))
     ckpt_dirs = [d for d in listing(ckpt) if d.startswith("ckpt-")]
+    plans = plan_peaks(run)
+    peaks = {k: v / 2**30 for k, v in run.peaks.items()}
+    for name, (plan, _) in sorted(plans.items()):
+        if name in peaks and abs(peaks[name] - plan) > PLAN_TOLERANCE * plan:
+            failures.append("%s peaked at %.2f GiB, %+.0f%% of its plan's %.2f GiB"
+                            % (name, peaks[name], 100 * (peaks[name] / plan - 1), plan))
+    receivers = receiver_rows(run)
+    phases = [dict(r, leg=1) for r in phase_rows(run.versions[:split])] + \
+        [dict(r, leg=2) for r in phase_rows(run.versions[split:])]
+    for p in phases:
+        got = receivers.get((p["leg"], p["version"]), {})
+        p["group_transfer_s"], p["subscriber_fetch_s"] = got.get("group"), got.get("subscriber")
     return {
         "shape": run.args.shape, "seconds": seconds, "steps": steps,
         "killed_during_save": run.killed_during_save, "left_after_kill": run.left_after_kill,
         "checkpoints_before_kill": run.killed_at, "resumed_version": resumed_version,
         "resumed_weights_exact": weights_exact,
         "checkpoint_bytes": du(os.path.join(ckpt, ckpt_dirs[-1])) if ckpt_dirs else 0,
-        "peak_rss_gib": {k: v / 2**30 for k, v in run.peaks.items()},
-        "plan_peak_gib": plan_peaks(run),
-        "phases": [dict(r, leg=1) for r in phase_rows(run.versions[:split])] +
-                  [dict(r, leg=2) for r in phase_rows(run.versions[split:])],
+        "peak_rss_gib": peaks,
+        "plan_peak_gib": {k: v[0] for k, v in plans.items()},
+        "plan_basis": {k: v[1] for k, v in plans.items()},
+        "phases": phases,
         "subscriber": [{k: s[k] for k in ("version", "bytes", "time")} for s in subs],
         "group_worker": group, "failures": failures,
     }
 
 
 def markdown(r):
+    seconds = lambda x: "-" if x is None else "%.1f" % x  # noqa: E731
     out = ["Rehearsal of a %s-shaped model: %d steps in %.0f s; killed during a save: %s; "
            "resumed at version %s with the checkpoint's exact weights: %s."
            % (r["shape"], r["steps"], r["seconds"], r["killed_during_save"], r["resumed_version"],
               r["resumed_weights_exact"]), "",
-           "| leg | version | wall s | train s | publish s | generate s | rollout fetch s | fetch MB |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "| leg | version | wall s | train s | publish s | gRPC send s | generate s | rollout fetch s "
+           "| fetch MB | rollout load s | group worker s | subscriber s |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in r["phases"]:
-        out.append("| %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.0f |" % (
-            p["leg"], p["version"], p["wall_s"], p["train_s"], p["publish_s"], p["generate_s"],
-            p["rollout_fetch_s"], p["rollout_fetch_bytes"] / 1e6))
-    out += ["", "| process | peak RSS GiB | its plan's peak GiB |", "| --- | --- | --- |"]
+        out.append("| %d | %d | %.1f | %.1f | %.2f | %.1f | %.1f | %.1f | %.0f | %.2f | %s | %s |" % (
+            p["leg"], p["version"], p["wall_s"], p["train_s"], p["publish_s"], p["grpc_send_s"],
+            p["generate_s"], p["rollout_fetch_s"], p["rollout_fetch_bytes"] / 1e6, p["rollout_load_s"],
+            seconds(p["group_transfer_s"]), seconds(p["subscriber_fetch_s"])))
+    out += ["", "| process | peak GiB | plan GiB | against the plan | the plan counts |",
+            "| --- | --- | --- | --- | --- |"]
     for name, gib in sorted(r["peak_rss_gib"].items()):
         plan = r["plan_peak_gib"].get(name)
-        out.append("| %s | %.2f | %s |" % (name, gib, "%.2f" % plan if plan else "-"))
+        out.append("| %s | %.2f | %s | %s | %s |" % (
+            name, gib, "%.2f" % plan if plan else "-", "%+.1f%%" % (100 * (gib / plan - 1)) if plan else "-",
+            r["plan_basis"].get(name, "-")))
     out += ["", "checkpoint: %.2f GB; failures: %s" % (r["checkpoint_bytes"] / 1e9,
                                                       r["failures"] or "none"), ""]
     return "\n".join(out)

@@ -5,6 +5,7 @@ of its own using the Python package:
     rehearsal_receivers.py subscriber TARGET OUT.jsonl  a gRPC weight subscriber
     rehearsal_receivers.py once TARGET OUT.jsonl        a new subscriber's first snapshot
     rehearsal_receivers.py feeder TARGET OUT.jsonl      an outside generator's groups
+    rehearsal_receivers.py base - OUT.jsonl             a receiver's memory before any weights
 
 Each writes one JSON line per version it takes: the version, the bytes, the
 seconds from asking to holding every tensor, and (subscriber) the SHA-256 of
@@ -35,7 +36,10 @@ def run_group(target, out):
             error = str(e)
         write(out, {"version": update.version, "incarnation": update.incarnation, "bytes": nbytes,
                     "seconds": time.monotonic() - start, "time": time.time(), "error": error,
-                    "fetched_buckets": update.fetched})
+                    "fetched_buckets": update.fetched, "complete": update.complete,
+                    "transfer_s": time.monotonic() - update.started_at,
+                    "largest_bucket": max((b.size_bytes for b in update.manifest.buckets), default=0),
+                    "deltas": receiver.deltas})
 
 
 def run_subscriber(target, out, once=False):
@@ -53,7 +57,8 @@ def run_subscriber(target, out, once=False):
         subscriber.report(snapshot.version)
         write(out, {"version": snapshot.version, "incarnation": snapshot.incarnation,
                     "bytes": nbytes, "seconds": time.monotonic() - start, "time": time.time(),
-                    "sha256": digests})
+                    "fetch_s": snapshot.fetch_seconds, "from_delta": snapshot.from_delta,
+                    "deltas": subscriber.deltas, "sha256": digests})
         if once:
             return
         # An engine holds one version, not two, while the next arrives (a
@@ -81,6 +86,17 @@ def run_feeder(target, out):
         time.sleep(10)
 
 
+def run_base(target, out):
+    """The memory of a receiver before it holds any weights: this
+    interpreter with the package and its imports (torch, numpy, grpc)."""
+    import importlib
+    for name in ("asympo_rl", "asympo_rl.weight_group", "grpc", "numpy", "torch"):
+        importlib.import_module(name)
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM"))
+    write(out, {"python_base_bytes": hwm})
+
+
 def write(out, row):
     with open(out, "a") as f:
         f.write(json.dumps(row) + "\n")
@@ -91,7 +107,8 @@ def main():
     if role == "once":
         run_subscriber(target, out, once=True)
         return
-    {"group": run_group, "subscriber": run_subscriber, "feeder": run_feeder}[role](target, out)
+    {"group": run_group, "subscriber": run_subscriber, "feeder": run_feeder,
+     "base": run_base}[role](target, out)
 
 
 if __name__ == "__main__":

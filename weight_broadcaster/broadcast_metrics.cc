@@ -87,6 +87,10 @@ ReceiverMetrics::ReceiverMetrics(prometheus::Registry& r)
           r, "asympo_rollout_weight_fetch_seconds",
           "Duration of each verified snapshot fetch, first chunk request to last "
           "checksum.")),
+      load_seconds(AddSecondsHistogram(
+          r, "asympo_rollout_weight_load_seconds",
+          "Duration of each verified snapshot's load into the rollout's model (its spare copy, "
+          "or the one it samples with between batches).")),
       weights(r, "asympo_rollout_weights_info",
               "1, labelled with the version and the digest of the weights the rollout daemon "
               "samples with (compare asympo_broadcast_published_weights).") {}

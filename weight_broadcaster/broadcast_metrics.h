@@ -70,6 +70,7 @@ struct ReceiverMetrics {
   prometheus::Counter& delta_versions;   // versions rebuilt from a delta
   prometheus::Counter& delta_fallbacks;  // deltas that failed, fetched whole instead
   prometheus::Histogram& fetch_seconds;  // each verified fetch, manifest to last CRC
+  prometheus::Histogram& load_seconds;   // each snapshot's copy into the model
   // asympo_rollout_weights_info{version, digest}: what the daemon samples
   // with (ReportLoaded), to compare with the learner's published digest.
   InfoGauge weights;

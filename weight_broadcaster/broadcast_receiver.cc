@@ -451,7 +451,8 @@ bool WeightReceiver::WaitForPending(absl::Duration timeout) {
   return st.pending != nullptr;
 }
 
-void WeightReceiver::ReportLoaded(uint64_t version) {
+void WeightReceiver::ReportLoaded(uint64_t version, double load_seconds) {
+  if (load_seconds >= 0) state_->metrics.load_seconds.Observe(load_seconds);
   std::string incarnation, digest;
   {
     absl::MutexLock lock(&state_->mu);

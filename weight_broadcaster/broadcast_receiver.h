@@ -98,8 +98,10 @@ class WeightReceiver {
   bool WaitForPending(absl::Duration timeout);
 
   // The daemon now samples with `version`: reported to the learner (async)
-  // and exported as the rollout weight-version metric.
-  void ReportLoaded(uint64_t version);
+  // and exported as the rollout weight-version metric; `load_seconds` (when
+  // not negative), the time the snapshot took to load into the model, goes
+  // to asympo_rollout_weight_load_seconds.
+  void ReportLoaded(uint64_t version, double load_seconds = -1);
   // Loading a taken snapshot into the model failed; the old weights stay.
   void ReportLoadFailure(uint64_t version, std::string_view error);
 

@@ -5,6 +5,9 @@
 
 #include <glog/logging.h>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+
 #include "weight_broadcaster/broadcast_metrics.h"
 #include "weight_broadcaster/model_weights/model_snapshot.h"
 
@@ -21,6 +24,7 @@ bool DoubleBufferedPolicy::Refresh(absl::Duration wait) {
   std::shared_ptr<const broadcast::ReceivedSnapshot> snapshot = receiver_->TakePending();
   if (snapshot == nullptr) return has_weights_;
   PolicyModel* spare = models_[1 - active_].get();
+  const absl::Time start = absl::Now();
   const absl::Status s = broadcast::LoadSnapshotIntoModel(*snapshot, spare);
   if (!s.ok()) {
     LOG(ERROR) << "snapshot " << snapshot->version() << " not loaded: " << s;
@@ -31,7 +35,7 @@ bool DoubleBufferedPolicy::Refresh(absl::Duration wait) {
   has_weights_ = true;
   version_ = snapshot->version();
   ++loads_;
-  receiver_->ReportLoaded(snapshot->version());
+  receiver_->ReportLoaded(snapshot->version(), absl::ToDoubleSeconds(absl::Now() - start));
   if (flips_ != nullptr) flips_->Increment();
   int64_t held_back = 0;
   if (load_log_.Allow(&held_back)) {  // the first load, then at most one line a minute

@@ -45,6 +45,7 @@ import signal
 import subprocess
 import sys
 import threading
+import weakref
 import time
 
 from learner_client import check, free_port
@@ -291,12 +292,22 @@ def scenario_deltas():
     whole = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="whole", deltas=False)
     fast = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="deltas")
     streams = {whole: whole.snapshots(), fast: fast.snapshots()}
+    held = {}
     for v in range(0, 9):
         if v > 0:
             train_to(port, v, "d")
         got = {sub: next_within(stream, 60) for sub, stream in streams.items()}
+        if held:
+            # A subscriber lets a yielded version go once the next one came
+            # (the caller decides how long it lives); with deltas it keeps it
+            # as the next delta's base until then.
+            check(held[whole]() is None and held[fast]() is None,
+                  "version %d: neither subscriber still holds version %d" % (v, v - 1))
+        held = {sub: weakref.ref(snap) for sub, snap in got.items() if snap is not None}
         check(all(g is not None and g.version == v for g in got.values()),
               "both subscribers hold version %d" % v)
+        check(all(0 <= g.fetch_seconds < 60 for g in got.values()),
+              "version %d's fetch took %s s" % (v, [round(g.fetch_seconds, 3) for g in got.values()]))
         check(got[fast].buckets == got[whole].buckets,
               "version %d: rebuilt%s, byte-equal to the whole fetch" % (
                   v, " from a delta" if got[fast].from_delta else " (whole)"))

@@ -110,7 +110,8 @@ def worker(target, worker_id, out, stop_file, crc_fault, deltas=None):
                    "faulted": n == crc_fault, "fetched": update.fetched, "error": error,
                    "in_order": names == [t.name for t in update.manifest.tensors],
                    "generation": rx.generation, "from_delta": update.from_delta,
-                   "delta_versions": rx.delta_versions, "t": time.time()}
+                   "delta_versions": rx.delta_versions, "t": time.time(),
+                   "transfer_s": time.monotonic() - update.started_at}
             f.write(json.dumps(rec) + "\n")
             f.flush()
     rx.close()
@@ -368,6 +369,8 @@ def check_versions(out, killed_at, before, final, cut):
     everything = [r for rs in recs.values() for r in rs]
     complete = [r for r in everything if r["complete"]]
     check(all(r["in_order"] for r in complete), "every update yielded its tensors in manifest order")
+    check(all(0 <= r["transfer_s"] < 120 for r in complete),
+          "every update timed its transfer (longest %.2f s)" % max(r["transfer_s"] for r in complete))
     by_version = {}
     for r in complete:
         by_version.setdefault((r["incarnation"], r["version"]), set()).add((r["sha256"], tuple(r["crcs"])))

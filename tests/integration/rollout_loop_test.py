@@ -145,6 +145,12 @@ def scenario_train(c):
                  lambda: c.rollout(i).get("asympo_rollout_groups_sent_total", 0) > 0)
         check(c.rollout(i).get("asympo_rollout_weight_failures_total", 0) == 0,
               "rollout-%d had no failed transfer" % i)
+        m = c.rollout(i)
+        flips, timed = m.get("asympo_rollout_weight_flips_total", 0), m.get(
+            "asympo_rollout_weight_load_seconds_count", 0)
+        # A load is timed just before its flip is counted.
+        check(1 <= flips <= timed <= flips + 1, "rollout-%d timed each of its %d loads (%d)"
+              % (i, flips, timed))
     lm = c.learner()
     check(lm.get("asympo_broadcast_receivers", 0) == 2, "the learner counts 2 receivers")
     check(lm.get("asympo_broadcast_version", -1) >= target, "the broadcast version follows the learner")

@@ -1,6 +1,8 @@
 """WeightUpdate: one version arriving over the learner's weight group,
 bucket by bucket, for WeightGroupReceiver (asympo_rl.weight_group), which
 drives the collectives and the gRPC fallback."""
+import time
+
 import numpy
 import torch
 
@@ -38,9 +40,13 @@ class WeightUpdate:
     the group with its CRC-32C), crc_failed (a bucket that came over the
     group did not match its CRC-32C, or its delta did not rebuild it),
     group_failed (a collective failed), fetched (buckets that came over
-    gRPC instead), error (why iterating it raised)."""
+    gRPC instead), error (why iterating it raised). started_at is
+    time.monotonic() when the learner answered that the version goes out:
+    time.monotonic() - started_at after the iteration is its transfer,
+    checks and rebuild."""
 
     def __init__(self, receiver, manifest, delta_sizes=None):
+        self.started_at = time.monotonic()
         self.manifest = manifest
         self._receiver = receiver
         # Bytes broadcast per bucket for a delta (0: the whole bucket).

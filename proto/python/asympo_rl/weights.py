@@ -84,6 +84,9 @@ class Snapshot:
     def __init__(self, manifest, buckets, from_delta=False):
         self.manifest, self.buckets = manifest, buckets
         self.from_delta = from_delta  # rebuilt from a delta against the version held
+        # WeightSubscriber.snapshots(): seconds from its announcement to the
+        # verified snapshot (the fetch and its checks, a delta's rebuild).
+        self.fetch_seconds = None
 
     @property
     def version(self):
@@ -287,8 +290,10 @@ class WeightSubscriber:
                     follow = self._wanted(m, first)
                     first = False
                     if follow:
+                        started = time.monotonic()
                         snap = self._try_fetch(m)
                         if snap is not None:
+                            snap.fetch_seconds = time.monotonic() - started
                             self._held = (m.version, m.incarnation, _buckets_of(m))
                             if self.deltas:
                                 self._base = snap
