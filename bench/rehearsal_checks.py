@@ -17,7 +17,8 @@ LEARNER = ["asympo_learner_version", "asympo_learner_step_duration_seconds_sum",
            "asympo_broadcast_bytes_total", "asympo_learner_checkpoint_version"]
 ROLLOUT = ["asympo_rollout_weight_version", "asympo_rollout_generation_seconds_sum",
            "asympo_rollout_weight_fetch_seconds_sum", "asympo_rollout_weight_fetch_bytes_total",
-           "asympo_rollout_weight_load_seconds_sum", "asympo_rollout_tokens_generated_total"]
+           "asympo_rollout_weight_load_seconds_sum", "asympo_rollout_weight_flips_total",
+           "asympo_rollout_tokens_generated_total"]
 # A process's peak against its plan: within this fraction.
 PLAN_TOLERANCE = 0.15
 
@@ -86,7 +87,7 @@ def poll(run):
     run.sample()
     learner = scrape(run.metrics, LEARNER)
     rollout = scrape(run.rollout_metrics, ROLLOUT)
-    if rollout is not None and rollout["asympo_rollout_weight_version"] == 0 and "rollout" in run.procs:
+    if rollout is not None and rollout["asympo_rollout_weight_flips_total"] == 0 and "rollout" in run.procs:
         # Ready with the model it loaded at start, before any snapshot.
         run.rollout_start = max(getattr(run, "rollout_start", 0), hwm(run.procs["rollout"].pid))
     rollout = rollout or dict.fromkeys(ROLLOUT, 0.0)
