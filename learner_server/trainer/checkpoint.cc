@@ -218,11 +218,11 @@ absl::Status CommitCheckpointDirectory(const std::string& tmp, const std::string
   const fs::path root = fs::path(final_dir).parent_path();
   if (::rename(tmp.c_str(), final_dir.c_str()) == 0) return SyncDirectory(root.string());
   if (errno != EEXIST && errno != ENOTEMPTY) return RenameError(tmp, final_dir, errno);
-  // The version is there already: replace it without a gap.
-  if (exchange &&
-      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) == 0) {
-    ASYMPO_RETURN_IF_ERROR(SyncDirectory(root.string()));
-  } else {
+  // The version is there already: replace it without a gap. Either way the
+  // replaced checkpoint ends in `replaced`, removed once the new one is in.
+  std::string replaced = tmp;  // swapped there by the exchange
+  if (!exchange ||
+      ::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
     if (exchange && errno != EINVAL && errno != ENOSYS && errno != EOPNOTSUPP) {
       return RenameError(tmp, final_dir, errno);
     }
@@ -232,13 +232,10 @@ absl::Status CommitCheckpointDirectory(const std::string& tmp, const std::string
       (void)::rename(old.c_str(), final_dir.c_str());
       return RenameError(tmp, final_dir, error);
     }
-    ASYMPO_RETURN_IF_ERROR(SyncDirectory(root.string()));
-    const absl::Status removed = RemoveTree(old);
-    if (!removed.ok())
-      LOG(WARNING) << "cannot remove the replaced checkpoint: " << removed.message();
-    return absl::OkStatus();
+    replaced = old;
   }
-  const absl::Status removed = RemoveTree(tmp);  // the old one, swapped out
+  ASYMPO_RETURN_IF_ERROR(SyncDirectory(root.string()));
+  const absl::Status removed = RemoveTree(replaced);
   if (!removed.ok()) LOG(WARNING) << "cannot remove the replaced checkpoint: " << removed.message();
   return absl::OkStatus();
 }

@@ -28,6 +28,8 @@ restart: a subscriber that holds version 5 when the learner is killed
          version names weights only within one incarnation), and it is
          not counted in sync before; a restart from the checkpoint of the
          very bytes it holds is not fetched again.
+broken_fetch: a fetch broken off by the learner's death keeps none of the
+         version's buffers once it returns.
 default_channel: a plain grpcio channel (4 MiB receive limit) fetches a
          snapshot larger than 4 MiB with max_chunk_bytes 0.
 tls:     against a learner with TLS and a principals file (certificates
@@ -275,6 +277,34 @@ def check_delta_apply():
         except asympo_rl.WeightsError as e:
             check("bucket 0" in str(e), "%s is refused, naming the bucket (%s)" % (why, e))
         check(untouched == b"\xee" * len(base), "%s left the output untouched" % why)
+    check_delta_apply_memory(delta)
+
+
+def check_delta_apply_memory(delta):
+    """A 32 MiB bucket with every other word changed, in records of 1 MiB as
+    the learner writes them, rebuilds holding about one record's positions
+    at a time (8 bytes a changed word): not the whole bucket's (64 MiB)."""
+    import struct
+    import tracemalloc
+    import numpy
+    words, per = 16 << 20, 1 << 19
+    base = numpy.arange(words, dtype=numpy.uint16)
+    want = base ^ (numpy.arange(words) % 2).astype(numpy.uint16)
+    changed = want != base
+    records = []
+    for s in range(0, words, per):
+        m = changed[s:s + per]
+        bits = numpy.packbits(m, bitorder="little").tobytes()
+        records.append(struct.pack("<4sBBHQQQ", b"ASD1", 2, 1, 0, per, int(m.sum()), len(bits))
+                       + bits + want[s:s + per][m].tobytes())
+    d, out = b"".join(records), numpy.empty(2 * words, dtype=numpy.uint8)
+    tracemalloc.start()
+    delta.apply(base.view(numpy.uint8), d, out, "bucket 0")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    check(out.view(numpy.uint16).tolist() == want.tolist(), "the 32 MiB bucket is rebuilt")
+    check(peak < 12 << 20, "its rebuild held %.1f MiB beside the bucket (one record's worth: 4 MiB)"
+          % (peak / 2**20))
 
 
 def scenario_deltas():
@@ -323,6 +353,39 @@ def scenario_deltas():
     exported = tensors_of(os.path.join(export, "model.safetensors"))
     check(sorted(exported) == sorted(last) and all(exported[k][2] == last[k] for k in exported),
           "version 8 rebuilt from deltas holds the export's bytes")
+
+
+def scenario_broken_fetch():
+    """A fetch broken off by the learner's death keeps nothing of the
+    version: its buffers go at once, not when Python's garbage collector
+    next runs (the call's error holds the frames that hold them; at 1.2 GB a
+    version, a killed learner left a subscriber holding three)."""
+    import gc
+    import tracemalloc
+    import grpc
+    from asympo_rl._stubs import weight_broadcast_pb2 as wb
+    port = free_port()
+    proc = start_learner(port, ["--tiny_vocab_size=4096", "--broadcast_chunk_kb=16",
+                                "--fault_broadcast_chunk_delay=20ms"])
+    sub = asympo_rl.WeightSubscriber("127.0.0.1:%d" % port, receiver_id="broken")
+    sub.register()
+    # The manifest as the subscriber's own stream announces it.
+    m = next(iter(sub._stub.Subscribe(wb.SubscribeRequest(session_id=sub.session)))).manifest
+    check(m.total_bytes >= 64 * 16384, "version %d is %d bytes: over a second to send" % (m.version, m.total_bytes))
+    gc.disable()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    threading.Timer(0.5, proc.kill).start()
+    try:
+        sub.fetch(m)
+        check(False, "the fetch broke off")
+    except (grpc.RpcError, asympo_rl.WeightsError) as e:
+        check(True, "the fetch broke off: %s" % str(e).splitlines()[0][:80])
+    held = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    gc.enable()
+    proc.wait(timeout=30)
+    check(held < m.total_bytes // 4, "after it, %d bytes are held of a %d-byte version" % (held, m.total_bytes))
 
 
 def status_of(port):
@@ -727,7 +790,8 @@ def main():
     {"client": scenario_client, "weights": scenario_weights, "example": scenario_example,
      "tls": scenario_tls, "retry_policy": scenario_retry_policy,
      "policy_lag": scenario_policy_lag, "restart": scenario_restart,
-     "default_channel": scenario_default_channel, "deltas": scenario_deltas}[SCENARIO]()
+     "default_channel": scenario_default_channel, "deltas": scenario_deltas,
+     "broken_fetch": scenario_broken_fetch}[SCENARIO]()
 
 
 if __name__ == "__main__":

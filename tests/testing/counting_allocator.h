@@ -13,6 +13,9 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -35,11 +38,13 @@ class CountingAllocator : public c10::Allocator {
   int64_t PeakAbove() const { return peak_.load() - base_live_; }
 
   // Installs a counting allocator over the current CPU allocator for its
-  // lifetime (the allocator itself lives on: tensors it allocated may
-  // outlive the scope).
+  // lifetime. The allocator itself lives until the process ends (tensors it
+  // allocated may outlive the scope and call back into it when freed), kept
+  // in a registry that is never destroyed, so it stays reachable and a leak
+  // checker does not report it.
   class Installed {
    public:
-    Installed() : original_(c10::GetCPUAllocator()), counting_(new CountingAllocator(original_)) {
+    Installed() : original_(c10::GetCPUAllocator()), counting_(Keep(new CountingAllocator(original_))) {
       c10::SetCPUAllocator(counting_, /*priority=*/100);
     }
     ~Installed() { c10::SetCPUAllocator(original_, /*priority=*/100); }
@@ -48,8 +53,15 @@ class CountingAllocator : public c10::Allocator {
     CountingAllocator* operator->() const { return counting_; }
 
    private:
+    static CountingAllocator* Keep(CountingAllocator* a) {
+      static auto* const kept = new std::vector<std::unique_ptr<CountingAllocator>>();
+      static std::mutex mu;
+      std::lock_guard<std::mutex> lock(mu);
+      kept->emplace_back(a);
+      return a;
+    }
     c10::Allocator* original_;
-    CountingAllocator* counting_;  // deliberately never freed
+    CountingAllocator* counting_;  // owned by Keep's registry
   };
 
  private:

@@ -19,6 +19,7 @@ except ImportError:  # pragma: no cover - depends on the machine
 
 HEADER = struct.Struct("<4sBBHQQQ")
 _WORD = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+_BITS = None if numpy is None else numpy.array([bin(i).count("1") for i in range(256)], dtype=numpy.uint8)
 
 
 def available():
@@ -53,8 +54,10 @@ def _gaps(index, changed, words, where):
     return positions
 
 
-def _record(delta, at, where):
-    """One record's (word_bytes, words, positions, values, end) at `at`."""
+def _record(delta, at, where, decode=True):
+    """One record's (word_bytes, words, positions, values, end) at `at`;
+    positions None for a bitmap without `decode` (then only checked, by its
+    bytes' bit counts)."""
     if len(delta) - at < HEADER.size:
         raise WeightsError("%s: %d bytes without a record header" % (where, len(delta) - at))
     magic, word, kind, zero, words, changed, index_bytes = HEADER.unpack_from(delta, at)
@@ -67,10 +70,13 @@ def _record(delta, at, where):
     if kind == 1:
         if index_bytes != (words + 7) // 8:
             raise WeightsError("%s: a bitmap of %d bytes for %d words" % (where, index_bytes, words))
-        bits = numpy.unpackbits(numpy.frombuffer(index, dtype=numpy.uint8), bitorder="little")
-        if bits[words:].any() or int(bits.sum()) != changed:
+        raw = numpy.frombuffer(index, dtype=numpy.uint8)
+        if (words % 8 and raw[-1] >> (words % 8)) or int(_BITS[raw].sum(dtype=numpy.int64)) != changed:
             raise WeightsError("%s: the bitmap does not mark %d words" % (where, changed))
-        positions = numpy.flatnonzero(bits[:words])
+        if decode:
+            positions = numpy.flatnonzero(numpy.unpackbits(raw, bitorder="little")[:words])
+        else:
+            positions = None
     else:
         positions = _gaps(index, changed, words, where)
     values = numpy.frombuffer(delta, dtype=_WORD[word], count=changed,
@@ -78,22 +84,37 @@ def _record(delta, at, where):
     return word, words, positions, values, end
 
 
+def _walk(delta, size, where, decode=True):
+    """Yields each record's (first byte, word_bytes, positions, values) in
+    turn, checking that the records cover `size` bytes exactly."""
+    covered, at = 0, 0
+    while at < len(delta):
+        word, words, positions, values, at = _record(delta, at, where, decode)
+        if covered % word or covered + words * word > size:
+            raise WeightsError("%s: a record past the bucket's %d bytes" % (where, size))
+        yield covered, word, positions, values
+        covered += words * word
+    if covered != size:
+        raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, size))
+
+
 def apply(base, delta, out, where):
     """Writes into `out` (a writable buffer as long as `base`: a bytearray,
     or numpy.empty(n, uint8), which spares the zeroing) the bucket that
     `delta` makes of `base`, and returns it. WeightsError naming `where`
-    for a delta that does not fit, with `out` untouched."""
-    covered, at, patches = 0, 0, []
-    while at < len(delta):
-        word, words, positions, values, at = _record(delta, at, where)
-        if covered % word or covered + words * word > len(base):
-            raise WeightsError("%s: a record past the bucket's %d bytes" % (where, len(base)))
-        patches.append((covered, word, positions, values))
-        covered += words * word
-    if covered != len(base) or len(out) != len(base):
-        raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, len(base)))
+    for a delta that does not fit, with `out` untouched.
+
+    Two passes over the records, one record's index decoded at a time (a
+    record covers 1 MiB of the bucket as the learner encodes it): the first
+    checks every record, the second writes. Decoding twice costs less than
+    holding every changed word's position at once, 8 bytes a word, which
+    for a bucket of a few hundred MB is as much again as the bucket."""
+    if len(out) != len(base):
+        raise WeightsError("%s: %d bytes to write for a bucket of %d" % (where, len(out), len(base)))
+    for _ in _walk(delta, len(base), where, decode=False):
+        pass
     dst = numpy.frombuffer(out, dtype=numpy.uint8)
     dst[:] = numpy.frombuffer(base, dtype=numpy.uint8)  # bytes, a bytearray or a numpy array alike
-    for start, word, positions, values in patches:
+    for start, word, positions, values in _walk(delta, len(base), where):
         dst[start:start + (len(dst) - start) // word * word].view(_WORD[word])[positions] = values
     return out

@@ -59,6 +59,7 @@ Not thread-safe: one thread drives a receiver. Torch is required."""
 import datetime
 import random
 import time
+import traceback
 
 import grpc
 import torch
@@ -457,6 +458,9 @@ class WeightGroupReceiver:
                                         incarnation=m.incarnation), timeout=self.fetch_timeout)
             yield from _assemble(m, first, chunks, self.device)
         except grpc.RpcError as e:
+            # The error is the call, which this frame holds: without this the
+            # bucket being assembled lives until the garbage collector runs.
+            traceback.clear_frames(e.__traceback__)
             if e.code() == grpc.StatusCode.NOT_FOUND:
                 raise WeightsError("version %d: the learner holds it no more (%s); skipped"
                                    % (m.version, e.details())) from None

@@ -39,13 +39,10 @@ from ._stubs import learner_pb2, learner_pb2_grpc, weight_broadcast_pb2 as wb, w
 from . import delta
 from .crc32c import crc32c
 from .errors import RefusedError, WeightsError
+from .snapshot_fetch import DeltaError, delta_base, fetch_buckets  # noqa: F401 (DeltaError: the package's)
 
 log = logging.getLogger("asympo_rl.weights")
 
-
-class DeltaError(WeightsError):
-    """A delta that did not rebuild its version (a bucket's CRC-32C, or a
-    malformed delta): the version can still be fetched whole."""
 
 # asympo.v1.DType -> (safetensors name, bytes per element)
 DTYPES = {wb.DTYPE_F32: ("F32", 4), wb.DTYPE_BF16: ("BF16", 2), wb.DTYPE_F16: ("F16", 2)}
@@ -219,44 +216,9 @@ class WeightSubscriber:
         newer one replaced it (or the learner restarted: its incarnation's
         is gone)."""
         check_manifest(manifest)
-        base = _delta_base(manifest, base) if self.deltas else None
-        buckets = [bytearray(b.size_bytes) for b in manifest.buckets]
-        deltas, filled = {}, [0] * len(buckets)
-        chunks = self._stub.FetchSnapshot(wb.FetchSnapshotRequest(
-            session_id=self.session, version=manifest.version, incarnation=manifest.incarnation,
-            max_chunk_bytes=self.max_chunk_bytes, has_base=base is not None,
-            base_version=base.version if base is not None else 0),
-            timeout=self.fetch_timeout)
-        for c in chunks:
-            if c.version != manifest.version or c.bucket >= len(buckets):
-                raise WeightsError("version %d: a chunk of version %d, bucket %d does not belong"
-                                   % (manifest.version, c.version, c.bucket))
-            target = _chunk_target(manifest, base, buckets, deltas, filled, c)
-            if c.offset != filled[c.bucket] or c.offset + len(c.data) > len(target):
-                raise WeightsError("version %d: bucket %d chunk at %d is out of order or too long"
-                                   % (manifest.version, c.bucket, c.offset))
-            target[c.offset:c.offset + len(c.data)] = c.data
-            filled[c.bucket] += len(c.data)
-        rebuilt = bool(deltas)
-        for b, info in zip(range(len(buckets)), manifest.buckets):
-            is_delta = b in deltas
-            want = len(deltas.get(b, buckets[b]))
-            if filled[b] != want:
-                raise WeightsError("version %d: bucket %d ended at %d of %d bytes"
-                                   % (manifest.version, b, filled[b], want))
-            if is_delta:
-                where = "version %d: bucket %d's delta against version %d" % (
-                    manifest.version, b, base.version)
-                try:
-                    delta.apply(base.buckets[b], deltas.pop(b), buckets[b], where)
-                except WeightsError as e:
-                    raise DeltaError(str(e)) from None
-            crc = crc32c(buckets[b])
-            if crc != info.crc32c:
-                raise (DeltaError if is_delta else WeightsError)(
-                    "version %d: bucket %d%s has CRC-32C %08x, the manifest says %08x"
-                    % (manifest.version, b, " rebuilt from its delta" if is_delta else "", crc,
-                       info.crc32c))
+        base = delta_base(manifest, base) if self.deltas else None
+        buckets, rebuilt = fetch_buckets(self._stub, self.session, manifest, base,
+                                         self.max_chunk_bytes, self.fetch_timeout)
         return Snapshot(manifest, buckets, from_delta=rebuilt)
 
     def report(self, version, error=""):
@@ -361,36 +323,6 @@ class WeightSubscriber:
 
 def _buckets_of(manifest):
     return [(b.size_bytes, b.crc32c) for b in manifest.buckets]
-
-
-def _delta_base(manifest, base):
-    """`base` when `manifest`'s delta is from it (its version, incarnation and
-    bucket sizes), else None."""
-    if (base is None or not manifest.has_delta_base or not manifest.incarnation
-            or base.version != manifest.delta_base_version
-            or base.incarnation != manifest.incarnation
-            or [len(b) for b in base.buckets] != [b.size_bytes for b in manifest.buckets]):
-        return None
-    return base
-
-
-def _chunk_target(manifest, base, buckets, deltas, filled, c):
-    """Where chunk `c`'s data goes: its bucket, or the bucket's delta."""
-    b = c.bucket
-    if not c.delta_bytes:
-        if b in deltas:
-            raise WeightsError("version %d: bucket %d mixes delta and whole chunks"
-                               % (manifest.version, b))
-        return buckets[b]
-    if b not in deltas:
-        size = len(buckets[b])
-        if base is None or filled[b] or c.delta_bytes > delta.most_bytes(size):
-            raise WeightsError("version %d: bucket %d came as a delta of %d bytes it cannot be"
-                               % (manifest.version, b, c.delta_bytes))
-        deltas[b] = bytearray(c.delta_bytes)
-    elif len(deltas[b]) != c.delta_bytes:
-        raise WeightsError("version %d: bucket %d's delta changed its length" % (manifest.version, b))
-    return deltas[b]
 
 
 def safetensors_chunks(snapshot, prefix=""):
