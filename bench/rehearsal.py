@@ -10,7 +10,8 @@ model (random weights written by asympo-init-model) through the daemons.
     groups carry a reward signal (a random model earns none on the tasks);
   - after the checkpoint of step --kill_after (checkpoints every
     --checkpoint_every steps), kill -9 of both learner ranks while they
-    write the next one; then one rank (unsharded) resumes, and
+    write the next one (or, with --kill_during step, --kill_delay_s into a
+    training step); then one rank (unsharded) resumes, and
     must continue from the checkpoint's version with its exact weights (the
     subscriber's first snapshot of the resumed learner against the
     checkpoint's, converted to the snapshot dtype), to --steps in all.
@@ -24,6 +25,7 @@ goes to WORK/report.json and WORK/report.md.
 
     python3 bench/rehearsal.py [--build build] [--work /tmp/asympo-rehearsal]
         [--shape qwen3-0.6b] [--steps 10] [--checkpoint_every 2] [--kill_after 4]
+        [--kill_during save|step] [--kill_delay_s 5]
 
 Needs about 30 GiB of memory and swap together (the six processes' peaks
 summed to 28.6 GiB at qwen3-0.6b, the learner's ranks alone plan 9.9 and
@@ -55,14 +57,24 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--checkpoint_every", type=int, default=2)
     p.add_argument("--kill_after", type=int, default=4,
-                   help="kill during the first save after the checkpoint of this step")
+                   help="kill after the checkpoint of this step (a multiple of --checkpoint_every)")
+    p.add_argument("--kill_during", choices=("save", "step"), default="save",
+                   help="save: while the next checkpoint is written; step: --kill_delay_s into a "
+                   "training step, with no save under way")
+    p.add_argument("--kill_delay_s", type=float, default=5.0)
     p.add_argument("--prompts_per_step", type=int, default=2)
     p.add_argument("--group_size", type=int, default=2)
     p.add_argument("--max_new_tokens", type=int, default=12)
     p.add_argument("--timeout_min", type=float, default=150)
     p.add_argument("--min_memory_gib", type=float, default=30,
                    help="refuse to start with less memory and swap together (0: no check)")
-    return p.parse_args()
+    a = p.parse_args()
+    if a.checkpoint_every < 1 or a.kill_after < a.checkpoint_every or a.kill_after % a.checkpoint_every:
+        p.error("--kill_after=%d: no checkpoint of that step is written with --checkpoint_every=%d"
+                % (a.kill_after, a.checkpoint_every))
+    if a.kill_after >= a.steps:
+        p.error("--kill_after=%d: the resumed learner must train on, to --steps=%d" % (a.kill_after, a.steps))
+    return a
 
 
 class Run:
@@ -208,8 +220,12 @@ def first_leg(run):
             run.failures.append("a learner rank exited before the kill (see learner0.log, learner1.log)")
             break
         done = rehearsal_checks.checkpoints(ckpt)
-        if done and done[-1] >= a.kill_after and rehearsal_checks.saving(ckpt):
+        if done and done[-1] >= a.kill_after and a.kill_during == "save" and rehearsal_checks.saving(ckpt):
             time.sleep(1.0)  # into the save
+            killed_during_save = rehearsal_checks.saving(ckpt)
+            break
+        if done and done[-1] >= a.kill_after and a.kill_during == "step" and not rehearsal_checks.saving(ckpt):
+            time.sleep(a.kill_delay_s)  # into the step after the checkpoint
             killed_during_save = rehearsal_checks.saving(ckpt)
             break
         time.sleep(1.0)
@@ -218,8 +234,8 @@ def first_leg(run):
     run.kill_time = time.time()
     run.stop(["learner0", "learner1"])
     run.killed_during_save = killed_during_save
-    if not killed_during_save:
-        run.failures.append("the kill did not land during a save")
+    if killed_during_save != (a.kill_during == "save"):
+        run.failures.append("the kill did not land during a %s" % a.kill_during)
     run.left_after_kill = rehearsal_checks.listing(ckpt)
 
 
@@ -230,12 +246,12 @@ def second_leg(run):
     # The rollout waits until the subscriber holds the resumed learner's
     # first version: the one the checkpoint's weights must equal.
     run.procs["rollout"].send_signal(signal.SIGSTOP)
+    first = len(run.versions)  # the rows of the resumed learner follow
+    run.resumed_rows = first
     run.learner(0, 1, "none")
     rehearsal_checks.fetch_resumed_snapshot(run, a.timeout_min * 60)
     rehearsal_checks.check_resumed(run)
     run.procs["rollout"].send_signal(signal.SIGCONT)
-    first = len(run.versions)  # the rows of the resumed learner follow
-    run.resumed_rows = first
     deadline = time.time() + a.timeout_min * 60
     while time.time() < deadline:
         rehearsal_checks.poll(run)

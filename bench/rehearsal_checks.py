@@ -90,7 +90,8 @@ def poll(run):
     if rollout is not None and rollout["asympo_rollout_weight_flips_total"] == 0 and "rollout" in run.procs:
         # Ready with the model it loaded at start, before any snapshot.
         run.rollout_start = max(getattr(run, "rollout_start", 0), hwm(run.procs["rollout"].pid))
-    rollout = rollout or dict.fromkeys(ROLLOUT, 0.0)
+    if rollout is None:  # unanswered (paused, or too busy): its sums as last seen
+        rollout = dict(run.versions[-1]["rollout"]) if run.versions else dict.fromkeys(ROLLOUT, 0.0)
     if learner is None:
         return
     version = int(learner["asympo_learner_version"])
@@ -158,12 +159,17 @@ def fetch_resumed_snapshot(run, timeout):
     out = os.path.join(run.work, "resumed.jsonl")
     if os.path.exists(out):
         os.remove(out)
-    try:
-        subprocess.run(["/usr/bin/python3", os.path.join(os.path.dirname(__file__),
-                                                         "rehearsal_receivers.py"), "once",
-                        "127.0.0.1:%d" % run.port, out], env=env, timeout=timeout,
-                       stdout=open(run.log("once"), "w"), stderr=subprocess.STDOUT)
-    except subprocess.TimeoutExpired:
+    once = subprocess.Popen(["/usr/bin/python3", os.path.join(os.path.dirname(__file__), "rehearsal_receivers.py"),
+                             "once", "127.0.0.1:%d" % run.port, out], env=env,
+                            stdout=open(run.log("once"), "w"), stderr=subprocess.STDOUT)
+    # The learner trains on meanwhile: its versions are sampled as they come.
+    deadline = time.time() + timeout
+    while once.poll() is None and time.time() < deadline:
+        poll(run)
+        time.sleep(1.0)
+    if once.poll() is None:
+        once.kill()
+        once.wait()
         run.failures.append("no snapshot of the resumed learner within %d s" % timeout)
 
 
@@ -192,7 +198,7 @@ def plan_peaks(run):
     (asympo-plan's, logged at start). The others hold what they are built to
     hold on top of what they take before any weights (measured in this run):
     the subscriber the version it fetches and, with deltas, the one it
-    rebuilds it from; the weight-group worker a bucket as it arrives and its
+    rebuilds it from and a bucket's delta; the weight-group worker a bucket as it arrives and its
     host copy (and with deltas the version held); the rollout, ready with the
     model it loaded at start, the receiver's verified version and the next
     one being fetched (a delta's rebuild beside its base)."""
@@ -208,9 +214,12 @@ def plan_peaks(run):
     version = max([s["bytes"] for s in subs] or [0])
     base = getattr(run, "python_base", 0)
     if subs:
-        held = 2 if subs[-1].get("deltas") else 1
-        out["subscriber"] = ((base + held * version) / 2**30,
-                             "Python base + %d version%s" % (held, "s" if held > 1 else ""))
+        if subs[-1].get("deltas"):
+            bucket = max(s.get("largest_bucket", 0) for s in subs)
+            out["subscriber"] = ((base + 2 * version + bucket) / 2**30,
+                                 "Python base + 2 versions + a bucket's delta")
+        else:
+            out["subscriber"] = ((base + version) / 2**30, "Python base + 1 version")
     if group:
         bucket = max(g.get("largest_bucket", 0) for g in group)
         deltas = any(g.get("deltas") for g in group)

@@ -58,7 +58,8 @@ def run_subscriber(target, out, once=False):
         write(out, {"version": snapshot.version, "incarnation": snapshot.incarnation,
                     "bytes": nbytes, "seconds": time.monotonic() - start, "time": time.time(),
                     "fetch_s": snapshot.fetch_seconds, "from_delta": snapshot.from_delta,
-                    "deltas": subscriber.deltas, "sha256": digests})
+                    "deltas": subscriber.deltas, "sha256": digests,
+                    "largest_bucket": max((b.size_bytes for b in snapshot.manifest.buckets), default=0)})
         if once:
             return
         # An engine holds one version, not two, while the next arrives (a

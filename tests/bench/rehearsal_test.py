@@ -3,7 +3,8 @@ on a machine with less memory and swap than its six processes need (the
 kernel's OOM killer took a learner rank at its first step), and while an
 earlier run's processes still use its directory (a learner still shutting
 down wrote its final checkpoint into the next run's). Each refusal names
-the fix and leaves the directory as it was.
+the fix and leaves the directory as it was. A kill point it cannot reach
+is refused before anything starts.
 
     python3 rehearsal_test.py SOURCE_DIR WORK_DIR
 """
@@ -47,6 +48,10 @@ def main():
           % out.strip()[-200:])
     check(os.path.isdir(os.path.join(work, "ckpt", "ckpt-000000000002")),
           "and leaves the directory as it was")
+    for flags, what in ((["--kill_after", "3"], "no checkpoint of that step"),
+                        (["--kill_after", "10"], "must train on")):
+        rc, out = rehearsal(source, work, "--checkpoint_every", "2", "--steps", "10", *flags)
+        check(rc != 0 and what in out, "%s is refused: %s" % (" ".join(flags), out.strip()[-160:]))
     print("PASS")
 
 
