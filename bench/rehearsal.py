@@ -39,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -250,7 +251,13 @@ def second_leg(run):
     run.resumed_rows = first
     run.learner(0, 1, "none")
     rehearsal_checks.fetch_resumed_snapshot(run, a.timeout_min * 60)
-    rehearsal_checks.check_resumed(run)
+    # The check reads the checkpoint (seconds to minutes); the learner
+    # trains on meanwhile, and its versions are sampled as they come.
+    check = threading.Thread(target=rehearsal_checks.check_resumed, args=(run,))
+    check.start()
+    while check.is_alive():
+        rehearsal_checks.poll(run)
+        check.join(1.0)
     run.procs["rollout"].send_signal(signal.SIGCONT)
     deadline = time.time() + a.timeout_min * 60
     while time.time() < deadline:

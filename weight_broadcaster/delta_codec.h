@@ -5,20 +5,32 @@
 // change at all (docs/benchmarks.md, "Delta versions"), so a version can
 // travel as a small fraction of its bytes.
 //
-// A record (little-endian) covers `words` consecutive words: a 32-byte
-// header
+// A record (little-endian) covers `words` consecutive words. Its header is
+// one of two:
 //   "ASD1" | word_bytes (1) | index kind (1) | 2 zero bytes |
-//   words (uint64) | changed (uint64) | index_bytes (uint64)
-// then the index of the changed words (index_bytes), then their new values
-// (changed x word_bytes), in word order. The index is whichever is smaller
-// for this record: a bitmap (one bit per word, LSB first; kBitmap) or the
-// gaps between changed words as LEB128 varints (the first from the
-// record's word 0; kGaps). A record's length follows from its header, so
-// records concatenate: a bucket's delta is its records in order, each
-// covering the next piece of the bucket (EncodeDeltaPieces), which threads
-// encode and apply side by side. A bucket is rebuilt from the base and the
-// delta, and then checked against the manifest's CRC-32C like any other
-// bucket: a wrong base or a corrupt delta never passes as weights.
+//   words (uint64) | changed (uint64) | index_bytes (uint64)          32 bytes
+//   "ASD2" | word_bytes (1, = 2) | index kind (1) | value coding (1, = 1) |
+//   1 zero byte | words | changed | index_bytes | value_bytes (uint64)  40 bytes
+// then the index of the changed words (index_bytes), then their values, in
+// word order. The index is whichever is smaller for this record: a bitmap
+// (one bit per word, LSB first; kBitmap) or the gaps between changed words
+// as LEB128 varints (the first from the record's word 0; kGaps).
+//
+// The values: in "ASD1", each changed word's new value (changed x
+// word_bytes). In "ASD2" (2-byte words), each changed word's XOR with its
+// base, in planes: the low bytes (changed bytes), a bitmap over the changed
+// words of those whose high byte changes too (ceil(changed / 8) bytes, LSB
+// first), then those high bytes (one per bit set). A bfloat16 word that
+// moves by a few units of its last place changes in its low byte only (its
+// 7 mantissa bits and the exponent's lowest), so it costs about one byte
+// instead of two. The encoder writes whichever record is smaller.
+//
+// A record's length follows from its header, so records concatenate: a
+// bucket's delta is its records in order, each covering the next piece of
+// the bucket (EncodeDeltaPieces), which threads encode and apply side by
+// side. A bucket is rebuilt from the base and the delta, and then checked
+// against the manifest's CRC-32C like any other bucket: a wrong base or a
+// corrupt delta never passes as weights.
 #pragma once
 
 #include <cstddef>
@@ -33,7 +45,12 @@ namespace asympo::broadcast {
 
 enum class DeltaIndex : uint8_t { kBitmap = 1, kGaps = 2 };
 
-inline constexpr size_t kDeltaHeaderBytes = 32;
+// How a record carries the changed words: their new values ("ASD1"), or
+// their XOR with the base in byte planes ("ASD2").
+enum class DeltaValues : uint8_t { kWhole = 0, kXorPlanes = 1 };
+
+inline constexpr size_t kDeltaHeaderBytes = 32;     // "ASD1"
+inline constexpr size_t kDeltaXorHeaderBytes = 40;  // "ASD2"
 
 // The delta turning `base` into `next` (both `bytes` long; `bytes` a
 // multiple of `word_bytes`, which is 1, 2, 4 or 8). InvalidArgument
@@ -53,13 +70,16 @@ absl::Status ApplyDelta(const uint8_t* base, absl::string_view delta, uint8_t* o
 struct DeltaHeader {
   int word_bytes = 0;
   DeltaIndex index = DeltaIndex::kBitmap;
+  DeltaValues values = DeltaValues::kWhole;
   uint64_t words = 0;
   uint64_t changed = 0;
   uint64_t index_bytes = 0;
+  uint64_t value_bytes = 0;  // "ASD1": changed x word_bytes
 
-  uint64_t record_bytes() const {
-    return kDeltaHeaderBytes + index_bytes + changed * static_cast<uint64_t>(word_bytes);
+  uint64_t header_bytes() const {
+    return values == DeltaValues::kWhole ? kDeltaHeaderBytes : kDeltaXorHeaderBytes;
   }
+  uint64_t record_bytes() const { return header_bytes() + index_bytes + value_bytes; }
 };
 absl::Status ReadDeltaHeader(absl::string_view delta, DeltaHeader* header);
 

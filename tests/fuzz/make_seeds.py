@@ -135,6 +135,23 @@ def delta_record(word, kind, words, changed_at, values, index=None):
             + index + values)
 
 
+def xor_record(kind, words, changed_at, xors):
+    """One "ASD2" record (2-byte words): the index of `changed_at` (kind 1 a
+    bitmap, 2 gaps) and the changed words' XOR with the base, `xors`
+    (ints below 65536), in planes."""
+    index = delta_record(2, kind, words, changed_at, b"")[32:]
+    lows = bytes(x & 0xFF for x in xors)
+    flags = bytearray((len(xors) + 7) // 8)
+    highs = bytearray()
+    for k, x in enumerate(xors):
+        if x >> 8:
+            flags[k // 8] |= 1 << (k % 8)
+            highs.append(x >> 8)
+    planes = lows + bytes(flags) + bytes(highs)
+    return (b"ASD2" + struct.pack("<BBBBQQQQ", 2, kind, 1, 0, words, len(changed_at), len(index),
+                                  len(planes)) + index + planes)
+
+
 def deltas():
     """Bucket deltas (weight_broadcaster/delta_codec.h) of the fuzz target's
     base: two bytes of bucket size, then the records."""
@@ -150,6 +167,9 @@ def deltas():
     seed("far_gap", 4096, record(2, 2, 2048, [2047, ], b"zz"))
     seed("short_index", 64, record(2, 2, 32, [4, 9], b"qqrr", index=b"\x04"))
     seed("empty", 0)
+    seed("xor_gaps", 64, xor_record(2, 32, [0, 5, 31], [0x0001, 0x0180, 0x8003]))
+    seed("xor_bitmap", 64, xor_record(1, 32, [1, 2, 30], [0x0002, 0x0004, 0x7F00]))
+    seed("xor_then_whole", 128, xor_record(2, 32, [3], [0x00FF]), record(2, 1, 32, [0, 31], b"wxyz"))
 
 
 def safetensors():

@@ -269,15 +269,45 @@ def check_delta_apply():
                      (delta_record(2, 2, 256, [4, 9], b"qqrr", index=b"\x04\x04\x04"),
                       "more gaps than changed words"),
                      (delta_record(2, 1, 256, [4, 9], b"qqrr")[:-4] + b"qq", "too few values"),
-                     (b"ASD2" + gaps[4:], "another magic")):
-        untouched = bytearray(b"\xee" * len(base))
-        try:
-            delta.apply(base, bad, untouched, "bucket 0")
-            check(False, "%s was refused" % why)
-        except asympo_rl.WeightsError as e:
-            check("bucket 0" in str(e), "%s is refused, naming the bucket (%s)" % (why, e))
-        check(untouched == b"\xee" * len(base), "%s left the output untouched" % why)
+                     (b"ASD9" + gaps[4:], "another magic")):
+        check_refused(delta, base, bad, why)
+    check_delta_apply_xor(delta, base, delta_record)
     check_delta_apply_memory(delta)
+
+
+def check_refused(delta, base, bad, why):
+    untouched = bytearray(b"\xee" * len(base))
+    try:
+        delta.apply(base, bad, untouched, "bucket 0")
+        check(False, "%s was refused" % why)
+    except asympo_rl.WeightsError as e:
+        check("bucket 0" in str(e), "%s is refused, naming the bucket (%s)" % (why, e))
+    check(untouched == b"\xee" * len(base), "%s left the output untouched" % why)
+
+
+def check_delta_apply_xor(delta, base, delta_record):
+    """"ASD2" records (XOR planes: low bytes, the high-byte bitmap, the high
+    bytes) as the learner writes them for bfloat16 buckets."""
+    from make_seeds import xor_record
+    words = [int.from_bytes(base[2 * i:2 * i + 2], "little") for i in range(256)]
+    xors = {0: 0x0001, 7: 0x0180, 200: 0x8000, 255: 0x00FF}
+    want = bytearray(base)
+    for i, x in xors.items():
+        want[2 * i:2 * i + 2] = (words[i] ^ x).to_bytes(2, "little")
+    at, xs = sorted(xors), [xors[i] for i in sorted(xors)]
+    for kind in (1, 2):
+        out = bytearray(len(base))
+        check(delta.apply(base, xor_record(kind, 256, at, xs), out, "t") == want,
+              "an \"ASD2\" record with a %s index rebuilds the bucket" % ("bitmap", "gaps")[kind - 1])
+    mixed = xor_record(2, 128, at[:2], xs[:2]) + delta_record(2, 1, 128, [72, 127],
+                                                              bytes(want[400:402] + want[510:512]))
+    check(delta.apply(base, mixed, bytearray(len(base)), "t") == want, "an \"ASD2\" record, then an \"ASD1\"")
+    good = xor_record(2, 256, at, xs)
+    flags = len(good) - 2 - 1  # the high-byte bitmap (one byte), then 2 high bytes
+    for bad, why in ((good[:flags] + bytes([good[flags] ^ 1]) + good[flags + 1:], "a high-byte bitmap off by one"),
+                     (good[:6] + b"\x02" + good[7:], "an unknown value coding"),
+                     (good[:4] + b"\x04" + good[5:], "4-byte words in XOR planes")):
+        check_refused(delta, base, bad, why)
 
 
 def check_delta_apply_memory(delta):

@@ -44,7 +44,8 @@ class CountingAllocator : public c10::Allocator {
   // checker does not report it.
   class Installed {
    public:
-    Installed() : original_(c10::GetCPUAllocator()), counting_(Keep(new CountingAllocator(original_))) {
+    Installed()
+        : original_(c10::GetCPUAllocator()), counting_(Keep(new CountingAllocator(original_))) {
       c10::SetCPUAllocator(counting_, /*priority=*/100);
     }
     ~Installed() { c10::SetCPUAllocator(original_, /*priority=*/100); }

@@ -4,10 +4,14 @@ of records, each covering the next words of the bucket:
 
     "ASD1" | word_bytes u8 | index kind u8 (1 bitmap, 2 gaps) | 2 zero bytes |
     words u64 | changed u64 | index_bytes u64 | index | values
+    "ASD2" | word_bytes u8 (2) | index kind u8 | value coding u8 (1) | zero byte |
+    words u64 | changed u64 | index_bytes u64 | value_bytes u64 | index | XOR planes
 
 (little-endian; the bitmap has one bit per word, LSB first; gaps are LEB128
-varints, the first from the record's word 0). Needs numpy; without it a
-subscriber never asks for deltas."""
+varints, the first from the record's word 0). "ASD1" carries the changed
+words' new values; "ASD2" their XOR with the base: the low bytes, a bitmap
+over the changed words of those whose high byte changes, those high bytes.
+Needs numpy; without it a subscriber never asks for deltas."""
 import struct
 
 from .errors import WeightsError
@@ -17,7 +21,8 @@ try:
 except ImportError:  # pragma: no cover - depends on the machine
     numpy = None
 
-HEADER = struct.Struct("<4sBBHQQQ")
+HEADER = struct.Struct("<4sBBHQQQ")      # "ASD1"
+XOR_HEADER = struct.Struct("<4sBBBBQQQQ")  # "ASD2"
 _WORD = {1: "<u1", 2: "<u2", 4: "<u4", 8: "<u8"}
 _BITS = None if numpy is None else numpy.array([bin(i).count("1") for i in range(256)], dtype=numpy.uint8)
 
@@ -54,19 +59,51 @@ def _gaps(index, changed, words, where):
     return positions
 
 
-def _record(delta, at, where, decode=True):
-    """One record's (word_bytes, words, positions, values, end) at `at`;
-    positions None for a bitmap without `decode` (then only checked, by its
-    bytes' bit counts)."""
+def _header(delta, at, where):
+    """A record's (header bytes, word_bytes, index kind, XOR planes?, words,
+    changed, index_bytes, value_bytes) at `at`."""
     if len(delta) - at < HEADER.size:
         raise WeightsError("%s: %d bytes without a record header" % (where, len(delta) - at))
+    if bytes(delta[at:at + 4]) == b"ASD2":
+        if len(delta) - at < XOR_HEADER.size:
+            raise WeightsError("%s: %d bytes without a record header" % (where, len(delta) - at))
+        _, word, kind, coding, zero, words, changed, index_bytes, value_bytes = XOR_HEADER.unpack_from(delta, at)
+        if word != 2 or kind not in (1, 2) or coding != 1 or zero:
+            raise WeightsError("%s: not an \"ASD2\" record header" % where)
+        return XOR_HEADER.size, word, kind, True, words, changed, index_bytes, value_bytes
     magic, word, kind, zero, words, changed, index_bytes = HEADER.unpack_from(delta, at)
     if magic != b"ASD1" or word not in _WORD or kind not in (1, 2) or zero:
         raise WeightsError("%s: not an \"ASD1\" record header" % where)
-    end = at + HEADER.size + index_bytes + changed * word
+    return HEADER.size, word, kind, False, words, changed, index_bytes, changed * word
+
+
+def _xor_planes(planes, changed, where, decode):
+    """An "ASD2" record's XOR words (uint16), from its planes; None without
+    `decode` (then only checked)."""
+    flags_at, map_bytes = changed, (changed + 7) // 8
+    if len(planes) < changed + map_bytes:
+        raise WeightsError("%s: %d bytes of XOR planes for %d words" % (where, len(planes), changed))
+    flags = numpy.frombuffer(planes, dtype=numpy.uint8, count=map_bytes, offset=flags_at)
+    highs = len(planes) - changed - map_bytes
+    if (changed % 8 and flags[-1] >> (changed % 8)) or int(_BITS[flags].sum(dtype=numpy.int64)) != highs:
+        raise WeightsError("%s: the high-byte bitmap does not mark %d words" % (where, highs))
+    if not decode:
+        return None
+    x = numpy.frombuffer(planes, dtype=numpy.uint8, count=changed).astype(numpy.uint16)
+    marked = numpy.flatnonzero(numpy.unpackbits(flags, bitorder="little")[:changed])
+    x[marked] |= numpy.frombuffer(planes, dtype=numpy.uint8, offset=changed + map_bytes).astype(numpy.uint16) << 8
+    return x
+
+
+def _record(delta, at, where, decode=True):
+    """One record's (word_bytes, words, positions, values, is XOR, end) at
+    `at`; positions None for a bitmap without `decode` (then only checked,
+    by its bytes' bit counts), values None for XOR planes without it."""
+    head, word, kind, xor, words, changed, index_bytes, value_bytes = _header(delta, at, where)
+    end = at + head + index_bytes + value_bytes
     if changed > words or end > len(delta):
         raise WeightsError("%s: a record of %d bytes past the delta's end" % (where, end - at))
-    index = memoryview(delta)[at + HEADER.size:at + HEADER.size + index_bytes]
+    index = memoryview(delta)[at + head:at + head + index_bytes]
     if kind == 1:
         if index_bytes != (words + 7) // 8:
             raise WeightsError("%s: a bitmap of %d bytes for %d words" % (where, index_bytes, words))
@@ -79,20 +116,22 @@ def _record(delta, at, where, decode=True):
             positions = None
     else:
         positions = _gaps(index, changed, words, where)
-    values = numpy.frombuffer(delta, dtype=_WORD[word], count=changed,
-                              offset=at + HEADER.size + index_bytes)
-    return word, words, positions, values, end
+    if xor:
+        values = _xor_planes(memoryview(delta)[end - value_bytes:end], changed, where, decode)
+    else:
+        values = numpy.frombuffer(delta, dtype=_WORD[word], count=changed, offset=at + head + index_bytes)
+    return word, words, positions, values, xor, end
 
 
 def _walk(delta, size, where, decode=True):
-    """Yields each record's (first byte, word_bytes, positions, values) in
-    turn, checking that the records cover `size` bytes exactly."""
+    """Yields each record's (first byte, word_bytes, positions, values, is
+    XOR) in turn, checking that the records cover `size` bytes exactly."""
     covered, at = 0, 0
     while at < len(delta):
-        word, words, positions, values, at = _record(delta, at, where, decode)
+        word, words, positions, values, xor, at = _record(delta, at, where, decode)
         if covered % word or covered + words * word > size:
             raise WeightsError("%s: a record past the bucket's %d bytes" % (where, size))
-        yield covered, word, positions, values
+        yield covered, word, positions, values, xor
         covered += words * word
     if covered != size:
         raise WeightsError("%s: records cover %d bytes of %d" % (where, covered, size))
@@ -115,6 +154,10 @@ def apply(base, delta, out, where):
         pass
     dst = numpy.frombuffer(out, dtype=numpy.uint8)
     dst[:] = numpy.frombuffer(base, dtype=numpy.uint8)  # bytes, a bytearray or a numpy array alike
-    for start, word, positions, values in _walk(delta, len(base), where):
-        dst[start:start + (len(dst) - start) // word * word].view(_WORD[word])[positions] = values
+    for start, word, positions, values, xor in _walk(delta, len(base), where):
+        words = dst[start:start + (len(dst) - start) // word * word].view(_WORD[word])
+        if xor:
+            words[positions] ^= values
+        else:
+            words[positions] = values
     return out
