@@ -17,6 +17,10 @@ bench/delta_transfer_bench measures that.
 
     /usr/bin/python3 bench/weight_group_delta_bench.py --build build
         [--lrs 1e-6,1e-5,1e-4] [--warmup_steps 20] [--versions 6] [--workers 1,2]
+        [--receiver group|subscriber]
+With --receiver subscriber the receivers are gRPC WeightSubscribers (the
+seconds from the announcement to the verified snapshot; the bytes the
+learner's broadcaster sent, asympo_broadcast_bytes_total).
 Prints a Markdown table (docs/benchmarks.md, "Delta versions over the weight group")."""
 import argparse
 import json
@@ -63,6 +67,23 @@ def worker(pkg, target, worker_id, out):
             f.flush()
 
 
+def subscriber_worker(pkg, target, worker_id, out):
+    """The same alternation through a gRPC WeightSubscriber (deltas on, its
+    default): seconds from the announcement to the verified snapshot."""
+    sys.path.insert(0, pkg)
+    import asympo_rl
+    sub = asympo_rl.WeightSubscriber(target, worker_id)
+    with open(out, "a") as f:
+        for snap in sub.snapshots():
+            sub.report(snap.version)
+            f.write(json.dumps({"version": snap.version, "s": snap.fetch_seconds,
+                                "from_delta": snap.from_delta, "ok": True, "complete": True}) + "\n")
+            f.flush()
+            if snap.version % 2 == 1:
+                sub._base = None  # the next one whole
+            del snap
+
+
 def records(path):
     if not os.path.exists(path):
         return []
@@ -70,9 +91,10 @@ def records(path):
         return [json.loads(line) for line in f if line.endswith("\n")]
 
 
-def bytes_sent(metrics_port):
+def bytes_sent(metrics_port, receiver="group"):
     text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port, timeout=10).read().decode()
-    m = re.search(r"^asympo_weight_group_bytes_total(?:\{[^}]*\})? (\S+)$", text, flags=re.M)
+    name = "asympo_weight_group_bytes_total" if receiver == "group" else "asympo_broadcast_bytes_total"
+    m = re.search(r"^%s(?:\{[^}]*\})? (\S+)$" % name, text, flags=re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -124,20 +146,21 @@ def measure(args, learner, n_workers, work, tag):
     for o in outs:  # an earlier run's records would answer for this one's
         if os.path.exists(o):
             os.remove(o)
-    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", args.pkg, learner.target,
-                               "%s-w%d" % (tag, i), outs[i]], stdout=open(outs[i] + ".log", "w"),
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", args.receiver, args.pkg,
+                               learner.target, "%s-w%d" % (tag, i), outs[i]], stdout=open(outs[i] + ".log", "w"),
                               stderr=subprocess.STDOUT) for i in range(n_workers)]
     rows = {True: [], False: []}
     try:
         version = learner.client.status(timeout=60).version
         wait_all(outs, version)  # the first version comes whole, joining included
         for _ in range(args.versions):
-            sent = bytes_sent(learner.metrics_port)
+            sent = bytes_sent(learner.metrics_port, args.receiver)
             version = learner.step()
             recs = wait_all(outs, version)
             delta = recs[0]["from_delta"]
             if all(r["from_delta"] == delta and r["ok"] and r["complete"] for r in recs):
-                rows[delta].append((max(r["s"] for r in recs), bytes_sent(learner.metrics_port) - sent))
+                rows[delta].append((max(r["s"] for r in recs),
+                                    bytes_sent(learner.metrics_port, args.receiver) - sent))
     finally:
         for p in procs:
             p.kill()
@@ -157,7 +180,7 @@ def wait_all(outs, version, seconds=600):
 
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(*sys.argv[2:6])
+        (worker if sys.argv[2] == "group" else subscriber_worker)(*sys.argv[3:7])
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", default="build")
@@ -166,6 +189,8 @@ def main():
     p.add_argument("--warmup_steps", type=int, default=20)
     p.add_argument("--versions", type=int, default=6)
     p.add_argument("--workers", default="1,2")
+    p.add_argument("--receiver", choices=("group", "subscriber"), default="group",
+                   help="group: WeightGroupReceiver workers; subscriber: gRPC WeightSubscribers")
     args = p.parse_args()
     args.build = os.path.abspath(args.build)
     os.makedirs(args.work, exist_ok=True)

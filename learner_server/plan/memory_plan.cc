@@ -327,7 +327,10 @@ void FillParts(const PlanOptions& o, const Dims& d, const Batch& b, MemoryPlan& 
   SetPart(p, PlanPart::kRank0Gather, Rank0Gather(o, d));
   SetPart(p, PlanPart::kCheckpointHost, CheckpointHost(o, d));
   const double snapshot = o.rank0 ? params * (o.snapshot_dtype == PlanDType::kFloat32 ? 4 : 2) : 0;
-  SetPart(p, PlanPart::kSnapshotDevice, o.snapshot_device ? snapshot : 0);
+  SetPart(p, PlanPart::kSnapshotDevice,
+          o.snapshot_device
+              ? (o.snapshot_device_held && o.device == PlanDevice::kCuda ? 2 : 1) * snapshot
+              : 0);
   SetPart(p, PlanPart::kSnapshotHost, 2 * snapshot);
   SetPart(p, PlanPart::kSnapshotDelta, o.snapshot_deltas ? snapshot / 2 : 0);
 }

@@ -37,8 +37,9 @@
 //     one piece at a time through host memory (kCheckpointHost, reported
 //     but not in the device totals);
 //   - rank 0's snapshot staging (snapshot_publisher.h): one copy of the
-//     weights in --dtype on the device, two in host memory (pinned on a
-//     GPU: reported, but not device memory), and with delta versions the
+//     weights in --dtype on the device (two when a NCCL path broadcasts
+//     from it: snapshot_device_held), two in host memory (pinned on a GPU:
+//     reported, but not device memory), and with delta versions the
 //     newest one's delta (at most half a copy, in host memory);
 //   - a workspace outside LibTorch's tensors (kCudaWorkspaceBytes plus
 //     kCudaFragmentation of the rest on a GPU, kCpuWorkspaceBytes on the
@@ -80,6 +81,11 @@ struct PlanOptions {
   // (--snapshot_staging=device) or straight into host memory.
   PlanDType snapshot_dtype = PlanDType::kFloat32;
   bool snapshot_device = true;
+  // A NCCL path (--broadcast_nccl_world_size, --weight_group=nccl) on a GPU
+  // broadcasts each version from its device copy, which the published
+  // version holds while the trainer stages the next into another: two
+  // device copies (with snapshot_device).
+  bool snapshot_device_held = false;
   // Delta versions (--weight_deltas): the newest version's delta beside
   // its snapshot in host memory, at most half of it.
   bool snapshot_deltas = true;

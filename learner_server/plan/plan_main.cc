@@ -65,6 +65,10 @@ ABSL_FLAG(bool, weight_deltas, true,
 ABSL_FLAG(std::string, snapshot_staging, "device",
           "Where rank 0 stages each published version (the learner's --snapshot_staging): "
           "device or host (no device copy).");
+ABSL_FLAG(bool, nccl_weights, false,
+          "Versions go over NCCL from the device copy (the learner's --broadcast_nccl_world_size "
+          "or --weight_group=nccl, on a GPU): a published version holds its device copy while "
+          "the next is staged, two device copies.");
 
 ASYMPO_FLAG_RANGE(world_size, 1, 65536);
 ASYMPO_FLAG_RANGE(device_memory_gib, 1e-3, 1 << 20);
@@ -124,6 +128,7 @@ absl::StatusOr<PlanOptions> OptionsFromFlags() {
                                          "\"", staging, "\": expected device or host")));
   }
   o.snapshot_device = staging == "device";
+  o.snapshot_device_held = absl::GetFlag(FLAGS_nccl_weights);
   o.snapshot_deltas = absl::GetFlag(FLAGS_weight_deltas);
   o.lora_rank = absl::GetFlag(FLAGS_lora_rank);
   if (o.lora_rank > 0) {

@@ -30,6 +30,9 @@ restart: a subscriber that holds version 5 when the learner is killed
          very bytes it holds is not fetched again.
 broken_fetch: a fetch broken off by the learner's death keeps none of the
          version's buffers once it returns.
+deltas_recovery: delta versions for a subscriber that misses a version, a
+         late joiner, and both across a restart: whole where the base is
+         lacking, then deltas, ending on the export's bytes.
 default_channel: a plain grpcio channel (4 MiB receive limit) fetches a
          snapshot larger than 4 MiB with max_chunk_bytes 0.
 tls:     against a learner with TLS and a principals file (certificates
@@ -264,6 +267,13 @@ def check_delta_apply():
                                                                        b"\x03\x04\x05\x06")
     check(delta.apply(base, halves, bytearray(len(base)), "t") == want,
           "two records, each covering its half")
+    every3 = list(range(1, 256, 3))  # every gap in one byte
+    values = b"".join(bytes([i, 255 - i]) for i in every3)
+    short_gaps = delta.apply(base, delta_record(2, 2, 256, every3, values), bytearray(len(base)), "t")
+    check(short_gaps == delta.apply(base, delta_record(2, 1, 256, every3, values), bytearray(len(base)), "t")
+          and short_gaps[2:4] == bytes([1, 254]), "gaps of one byte each rebuild what the bitmap does")
+    check_refused(delta, base, delta_record(2, 2, 256, every3 + [256], values + b"zz", index=bytes(
+        [1] + [2] * len(every3))), "one-byte gaps past the end")
     for bad, why in ((gaps[:-1], "a truncated record"), (gaps + b"x", "a byte past the records"),
                      (delta_record(2, 2, 300, [299], b"zz"), "a record past the bucket"),
                      (delta_record(2, 2, 256, [4, 9], b"qqrr", index=b"\x04\x04\x04"),
@@ -416,6 +426,64 @@ def scenario_broken_fetch():
     gc.enable()
     proc.wait(timeout=30)
     check(held < m.total_bytes // 4, "after it, %d bytes are held of a %d-byte version" % (held, m.total_bytes))
+
+
+def scenario_deltas_recovery():
+    """Delta versions for a subscriber that misses a version, one that joins
+    late, and both following a learner restarted from a checkpoint: where
+    they lack the base they fetch the version whole, then deltas again, and
+    both end on the restarted learner's exact weights (its export)."""
+    port = free_port()
+    export, target = os.path.join(WORK, "export"), "127.0.0.1:%d" % port
+    flags = ["--prompts_per_step=2", "--dtype=bfloat16", "--lr=1e-6", "--checkpoint_every=2",
+             "--keep_checkpoints=0", "--checkpoint_dir=" + os.path.join(WORK, "ckpt"),
+             "--export_dir=" + export]
+    proc = start_learner(port, flags)
+    sub = asympo_rl.WeightSubscriber(target, receiver_id="behind")
+    stream = sub.snapshots()
+
+    def take(stream, sub, version, from_delta, what):
+        snap = next_within(stream, 60)
+        check(snap is not None and snap.version == version and snap.from_delta == from_delta,
+              "%s: version %s, %s" % (what, snap and snap.version, "a delta" if snap and snap.from_delta
+                                      else "whole"))
+        sub.report(snap.version)
+        return snap
+
+    take(stream, sub, 0, False, "the first version")
+    train_to(port, 1, "a")
+    take(stream, sub, 1, True, "the next")
+    # Versions 2 and 3 trained while the subscriber took nothing: 2 is
+    # gone when it asks, and 3 is a delta from 2, which it never held.
+    train_to(port, 3, "b")
+    take(stream, sub, 3, False, "after a missed version")
+    train_to(port, 4, "c")
+    take(stream, sub, 4, True, "deltas again")
+    late = asympo_rl.WeightSubscriber(target, receiver_id="late")
+    late_stream = late.snapshots()
+    got = take(late_stream, late, 4, False, "a late joiner's first")
+    train_to(port, 5, "d")
+    mine, theirs = take(stream, sub, 5, True, "the next"), take(late_stream, late, 5, True, "the late joiner's next")
+    check(mine.buckets == theirs.buckets and got.buckets != mine.buckets, "both rebuilt the same version 5")
+    proc.kill()
+    proc.wait()
+    # Restarted from checkpoint 4: a new incarnation's version 4, whole to
+    # both (they hold the old one's 5), then its 5 as a delta.
+    proc = start_learner(port, flags)
+    for st, sb, who in ((stream, sub, "the subscriber"), (late_stream, late, "the late joiner")):
+        take(st, sb, 4, False, "%s after the restart" % who)
+    train_to(port, 5, "e", token=3)
+    last = [take(st, sb, 5, True, "%s's next" % who)
+            for st, sb, who in ((stream, sub, "the subscriber"), (late_stream, late, "the late joiner"))]
+    check(all(s.incarnation == status_of(port).incarnation for s in last), "both hold the new incarnation")
+    check(sub.delta_fallbacks == 0 and late.delta_fallbacks == 0 and sub.failures == 0,
+          "no delta failed (%d, %d, %d)" % (sub.delta_fallbacks, late.delta_fallbacks, sub.failures))
+    stop(proc)
+    exported = tensors_of(os.path.join(export, "model.safetensors"))
+    for snap, who in zip(last, ("the subscriber", "the late joiner")):
+        raw = raw_tensors(snap)
+        check(sorted(exported) == sorted(raw) and all(exported[k][2] == raw[k] for k in exported),
+              "%s's version 5, rebuilt from a delta, holds the export's bytes" % who)
 
 
 def status_of(port):
@@ -821,7 +889,7 @@ def main():
      "tls": scenario_tls, "retry_policy": scenario_retry_policy,
      "policy_lag": scenario_policy_lag, "restart": scenario_restart,
      "default_channel": scenario_default_channel, "deltas": scenario_deltas,
-     "broken_fetch": scenario_broken_fetch}[SCENARIO]()
+     "broken_fetch": scenario_broken_fetch, "deltas_recovery": scenario_deltas_recovery}[SCENARIO]()
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ def most_bytes(bucket_bytes):
 def _gaps(index, changed, words, where):
     """The changed words' positions from `changed` LEB128 gaps in `index`."""
     b = numpy.frombuffer(index, dtype=numpy.uint8)
+    if len(b) == changed and changed and b.max() < 0x80:
+        # Every gap in one byte (the common case where many words change):
+        # no varint to assemble.
+        positions = numpy.cumsum(b, dtype=numpy.int64) + numpy.arange(changed, dtype=numpy.int64)
+        if positions[-1] >= words:
+            raise WeightsError("%s: a gap names a word past the end" % where)
+        return positions
     ends = numpy.flatnonzero(b < 0x80)
     if len(ends) != changed or (changed and ends[-1] != len(b) - 1) or (not changed and len(b)):
         raise WeightsError("%s: its index does not hold %d gaps" % (where, changed))

@@ -185,6 +185,39 @@ TEST(MemoryPlanTest, CheckpointsGatherNothingAndPassOnePieceAtATimeThroughTheHos
   EXPECT_EQ(Plan(o).of(PlanPart::kRank0Gather), 0);
 }
 
+// Rank 0's snapshot: a device copy in --dtype (two when a NCCL path
+// broadcasts from it: the published version holds one while the next is
+// staged), two host copies and, with delta versions, half a copy for the
+// newest delta; on a GPU the host parts are reported but not counted.
+TEST(MemoryPlanTest, SnapshotPartsCountTheCopiesThatLive) {
+  PlanOptions o;
+  o.model = NamedModelShape("qwen3-0.6b").value();
+  o.snapshot_dtype = PlanDType::kBFloat16;
+  o.workspace = false;  // on a GPU a fraction of the rest: the sums below are exact
+  const int64_t copy = 2 * o.model.NumParameters();
+  const MemoryPlan gpu = Plan(o);
+  EXPECT_EQ(gpu.of(PlanPart::kSnapshotDevice), copy);
+  EXPECT_EQ(gpu.of(PlanPart::kSnapshotHost), 2 * copy);
+  EXPECT_EQ(gpu.of(PlanPart::kSnapshotDelta), copy / 2);
+  o.snapshot_device_held = true;
+  const MemoryPlan held = Plan(o);
+  EXPECT_EQ(held.of(PlanPart::kSnapshotDevice), 2 * copy);
+  EXPECT_EQ(held.peak_bytes - gpu.peak_bytes, copy);  // in every phase
+  o.snapshot_deltas = false;
+  EXPECT_EQ(Plan(o).of(PlanPart::kSnapshotDelta), 0);
+  EXPECT_EQ(Plan(o).peak_bytes, held.peak_bytes);  // host memory on a GPU
+  // On the CPU the host parts are the device's memory; no NCCL path there.
+  o.device = PlanDevice::kCpu;
+  o.snapshot_deltas = true;
+  const MemoryPlan cpu = Plan(o);
+  EXPECT_EQ(cpu.of(PlanPart::kSnapshotDevice), copy);
+  o.snapshot_deltas = false;
+  EXPECT_EQ(cpu.peak_bytes - Plan(o).peak_bytes, copy / 2);
+  // Not for an unpublished rank.
+  o.rank0 = false;
+  EXPECT_EQ(Plan(o).of(PlanPart::kSnapshotDevice) + Plan(o).of(PlanPart::kSnapshotHost), 0);
+}
+
 TEST(MemoryPlanTest, CheckpointingShrinksActivations) {
   for (const PlanDevice device : {PlanDevice::kCpu, PlanDevice::kCuda}) {
     PlanOptions o;
@@ -407,6 +440,15 @@ TEST(MemoryPlanCheckTest, TheLearnersOptionsBecomeThePlansOptions) {
   EXPECT_EQ(o.shard, DistShard::kOptimizer);
   EXPECT_FALSE(o.rank0);
   EXPECT_FALSE(o.checkpoints);
+  EXPECT_FALSE(o.snapshot_device_held);
+  // A NCCL path broadcasts from the device copy.
+  d.weight_group_enabled = true;
+  d.weight_group.backend = "nccl";
+  EXPECT_TRUE(LearnerPlanOptions(d)->snapshot_device_held);
+  d.weight_group.backend = "gloo";
+  EXPECT_FALSE(LearnerPlanOptions(d)->snapshot_device_held);
+  d.broadcast.nccl_world_size = 3;
+  EXPECT_TRUE(LearnerPlanOptions(d)->snapshot_device_held);
   // A model directory: its config.json. One that cannot be read is left to
   // the daemon to report (the check passes).
   asympo::testing::ScopedTempDir dir("learner_plan");
