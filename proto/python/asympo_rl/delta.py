@@ -97,7 +97,7 @@ def _xor_planes(planes, changed, where, decode):
     if not decode:
         return None
     x = numpy.frombuffer(planes, dtype=numpy.uint8, count=changed).astype(numpy.uint16)
-    marked = numpy.flatnonzero(numpy.unpackbits(flags, bitorder="little")[:changed])
+    marked = numpy.flatnonzero(numpy.unpackbits(flags, bitorder="little")[:changed].view(bool))
     x[marked] |= numpy.frombuffer(planes, dtype=numpy.uint8, offset=changed + map_bytes).astype(numpy.uint16) << 8
     return x
 
@@ -118,7 +118,8 @@ def _record(delta, at, where, decode=True):
         if (words % 8 and raw[-1] >> (words % 8)) or int(_BITS[raw].sum(dtype=numpy.int64)) != changed:
             raise WeightsError("%s: the bitmap does not mark %d words" % (where, changed))
         if decode:
-            positions = numpy.flatnonzero(numpy.unpackbits(raw, bitorder="little")[:words])
+            # As booleans: flatnonzero is about 3x faster on them than on bytes.
+            positions = numpy.flatnonzero(numpy.unpackbits(raw, bitorder="little")[:words].view(bool))
         else:
             positions = None
     else:
@@ -146,7 +147,8 @@ def _walk(delta, size, where, decode=True):
 
 def apply(base, delta, out, where):
     """Writes into `out` (a writable buffer as long as `base`: a bytearray,
-    or numpy.empty(n, uint8), which spares the zeroing) the bucket that
+    numpy.empty(n, uint8), which spares the zeroing, or `base` itself when
+    writable, which spares the copy) the bucket that
     `delta` makes of `base`, and returns it. WeightsError naming `where`
     for a delta that does not fit, with `out` untouched.
 
@@ -160,7 +162,8 @@ def apply(base, delta, out, where):
     for _ in _walk(delta, len(base), where, decode=False):
         pass
     dst = numpy.frombuffer(out, dtype=numpy.uint8)
-    dst[:] = numpy.frombuffer(base, dtype=numpy.uint8)  # bytes, a bytearray or a numpy array alike
+    if out is not base:  # `out` may be `base` itself: rebuilt in place
+        dst[:] = numpy.frombuffer(base, dtype=numpy.uint8)  # bytes, a bytearray or a numpy array alike
     for start, word, positions, values, xor in _walk(delta, len(base), where):
         words = dst[start:start + (len(dst) - start) // word * word].view(_WORD[word])
         if xor:

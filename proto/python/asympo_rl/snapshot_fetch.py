@@ -117,9 +117,11 @@ def _finish(manifest, base, buckets, deltas, b):
     is_delta = b in deltas
     if is_delta:
         where = "version %d: bucket %d's delta against version %d" % (manifest.version, b, base.version)
-        buckets[b] = bytearray(info.size_bytes)
+        # A copy of the base (no zeroing first), rebuilt in place: on an
+        # error it is dropped with the rest of the version.
+        buckets[b] = bytearray(base.buckets[b])
         try:
-            delta.apply(base.buckets[b], deltas.pop(b), buckets[b], where)
+            delta.apply(buckets[b], deltas.pop(b), buckets[b], where)
         except WeightsError as e:
             raise DeltaError(str(e)) from None
     crc = crc32c(buckets[b])
