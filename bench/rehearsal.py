@@ -215,18 +215,15 @@ def first_leg(run):
     ckpt = os.path.join(a.work, "ckpt")
     deadline = time.time() + a.timeout_min * 60
     killed_during_save = False
+    in_save = a.kill_during == "save"
     while time.time() < deadline:
         rehearsal_checks.poll(run)
         if any(run.procs[n].poll() is not None for n in ("learner0", "learner1")):
             run.failures.append("a learner rank exited before the kill (see learner0.log, learner1.log)")
             break
         done = rehearsal_checks.checkpoints(ckpt)
-        if done and done[-1] >= a.kill_after and a.kill_during == "save" and rehearsal_checks.saving(ckpt):
-            time.sleep(1.0)  # into the save
-            killed_during_save = rehearsal_checks.saving(ckpt)
-            break
-        if done and done[-1] >= a.kill_after and a.kill_during == "step" and not rehearsal_checks.saving(ckpt):
-            time.sleep(a.kill_delay_s)  # into the step after the checkpoint
+        if done and done[-1] >= a.kill_after and rehearsal_checks.saving(ckpt) == in_save:
+            time.sleep(1.0 if in_save else a.kill_delay_s)  # into the save, or the step after it
             killed_during_save = rehearsal_checks.saving(ckpt)
             break
         time.sleep(1.0)
@@ -235,7 +232,7 @@ def first_leg(run):
     run.kill_time = time.time()
     run.stop(["learner0", "learner1"])
     run.killed_during_save = killed_during_save
-    if killed_during_save != (a.kill_during == "save"):
+    if killed_during_save != in_save:
         run.failures.append("the kill did not land during a %s" % a.kill_during)
     run.left_after_kill = rehearsal_checks.listing(ckpt)
 

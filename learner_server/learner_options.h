@@ -141,4 +141,15 @@ inline RewardMonitorOptions RewardMonitorOptionsOf(const LearnerDaemonOptions& o
   return {options.collapse, options.collapse_max_sources, options.collapse_source_idle_steps};
 }
 
+// Whether rank 0's versions go over NCCL from its staged device copy (the
+// NCCL transport, --broadcast_nccl_world_size, or an NCCL weight group, with
+// --snapshot_staging=device), when the model is on a GPU: a published
+// version then holds that copy while the next is staged into another. The
+// learner's staging and its memory plan both follow this.
+inline bool NcclFromDeviceCopy(const LearnerDaemonOptions& options) {
+  return !options.snapshot_staging_host &&
+         (options.broadcast.nccl_world_size >= 2 ||
+          (options.weight_group_enabled && options.weight_group.backend == "nccl"));
+}
+
 }  // namespace asympo::learner

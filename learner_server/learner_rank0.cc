@@ -75,9 +75,7 @@ absl::Status LearnerRank0::BuildPublisher(prometheus::Registry& registry) {
   // With the NCCL transport or an NCCL weight group, and the model on a
   // GPU, NCCL broadcasts from the staged device copy.
   const bool on_gpu = model.options().device.is_cuda();
-  const bool nccl_group =
-      o.weight_group_enabled && o.weight_group.backend == "nccl" && !o.snapshot_staging_host;
-  const bool device_buckets = (sender_->nccl_configured() || nccl_group) && on_gpu;
+  const bool device_buckets = NcclFromDeviceCopy(o) && on_gpu;
   if (sender_->nccl_configured() && on_gpu && o.snapshot_staging_host) {
     return absl::InvalidArgumentError(
         "--snapshot_staging=host cannot feed the NCCL transport (--broadcast_nccl_world_size), "

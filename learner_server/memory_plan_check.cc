@@ -131,9 +131,7 @@ absl::StatusOr<PlanOptions> LearnerPlanOptions(const LearnerDaemonOptions& o) {
   p.rank0 = o.data_parallel.rank == 0;
   p.checkpoints = !o.checkpoint_dir.empty();
   p.snapshot_device = !o.snapshot_staging_host;
-  // As learner_rank0.cc decides device_buckets (the plan is for a GPU).
-  p.snapshot_device_held = o.broadcast.nccl_world_size >= 2 ||
-                           (o.weight_group_enabled && o.weight_group.backend == "nccl");
+  p.snapshot_device_held = NcclFromDeviceCopy(o);  // counted for a GPU only
   p.snapshot_deltas = o.snapshots.delta_keyframe_every > 0;
   return p;
 }
