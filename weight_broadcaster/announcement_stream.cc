@@ -17,14 +17,34 @@ void AnnouncementStream::Start(const std::string& session_id) {
   StartCall();
 }
 
+// gRPC may run the two reactions below on different threads in either
+// order, although the metadata arrives first: an announcement read before the
+// metadata's reaction has run waits for it, so that `subscribed` always comes
+// before the first `announced`.
 void AnnouncementStream::OnReadInitialMetadataDone(bool ok) {
-  if (!ok) return;
-  const auto& md = ctx_.GetServerInitialMetadata();
-  if (md.find(kSubscribedMetadataKey) != md.end()) callbacks_.subscribed();
+  absl::MutexLock lock(&mu_);
+  metadata_done_ = true;
+  if (ok) {
+    const auto& md = ctx_.GetServerInitialMetadata();
+    if (md.find(kSubscribedMetadataKey) != md.end()) callbacks_.subscribed();
+  }
+  if (parked_) {
+    parked_ = false;
+    Deliver();
+  }
 }
 
 void AnnouncementStream::OnReadDone(bool ok) {
   if (!ok) return;  // OnDone follows
+  absl::MutexLock lock(&mu_);
+  if (!metadata_done_) {
+    parked_ = true;
+    return;
+  }
+  Deliver();
+}
+
+void AnnouncementStream::Deliver() {
   callbacks_.announced(std::move(message_));
   message_.Clear();
   StartRead(&message_);

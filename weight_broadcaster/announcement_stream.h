@@ -1,6 +1,7 @@
 // The receiver's end of Subscribe: a gRPC client read reactor that hands
 // each announcement to a callback. The callbacks run on gRPC's
-// threads and must not block.
+// threads and must not block; `subscribed` runs before the first
+// `announced`, and none of them runs while another does.
 //
 // Lifetime: the owner keeps the stream alive until `done` has been called;
 // gRPC touches neither the stream nor its context after that, so the owner
@@ -11,6 +12,9 @@
 #include <string>
 
 #include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 #include "asympo/v1/weight_broadcast.grpc.pb.h"
 
@@ -41,11 +45,17 @@ class AnnouncementStream final : public grpc::ClientReadReactor<v1::SnapshotAnno
   void OnDone(const grpc::Status& status) override;
 
  private:
+  // Hands message_ to `announced` and reads the next one.
+  void Deliver() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   v1::WeightBroadcast::Stub* const stub_;
   const Callbacks callbacks_;
   grpc::ClientContext ctx_;
   v1::SubscribeRequest request_;
-  v1::SnapshotAnnouncement message_;
+  absl::Mutex mu_;                    // serializes the reactions' callbacks
+  v1::SnapshotAnnouncement message_;  // the read under way, or parked
+  bool metadata_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;  // message_ read before the metadata's reaction
 };
 
 }  // namespace asympo::broadcast

@@ -11,6 +11,8 @@
 #include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
 #include "tests/weight_broadcaster/broadcast_test_util.h"
+#include "weight_broadcaster/announcement_stream.h"
+#include "weight_broadcaster/wire_format.h"
 
 namespace asympo::broadcast {
 namespace {
@@ -32,6 +34,7 @@ class ScriptedSender final : public v1::WeightBroadcast::Service {
   }
   grpc::Status Subscribe(grpc::ServerContext* ctx, const v1::SubscribeRequest*,
                          grpc::ServerWriter<v1::SnapshotAnnouncement>* w) override {
+    ctx->AddInitialMetadata(kSubscribedMetadataKey, "1");
     v1::SnapshotAnnouncement a;
     *a.mutable_manifest() = manifest_;
     w->Write(a);
@@ -93,6 +96,17 @@ Packed PackVersion1() {
   return p;
 }
 
+// Serves `service` on a loopback port, named in *target.
+std::unique_ptr<grpc::Server> Serve(ScriptedSender* service, std::string* target) {
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *target = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
 struct Case {
   std::string name;
   std::function<void(Packed*)> spoil;  // empty: the transfer is sound
@@ -129,14 +143,10 @@ TEST(WeightReceiverTest, EveryBrokenTransferIsCountedReportedAndDropped) {
     Packed p = PackVersion1();
     if (c.spoil) c.spoil(&p);
     ScriptedSender service(p.manifest, p.chunks);
-    int port = 0;
-    grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(&service);
-    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    std::string target;
+    std::unique_ptr<grpc::Server> server = Serve(&service, &target);
     prometheus::Registry registry;
-    auto receiver = *WeightReceiver::Start(
-        ReceiverOptions("127.0.0.1:" + std::to_string(port), "rx"), registry);
+    auto receiver = *WeightReceiver::Start(ReceiverOptions(target, "rx"), registry);
     if (c.error.empty()) {
       ASSERT_TRUE(receiver->WaitForPending(absl::Seconds(2)));
       testing::ExpectWeightsOf(*receiver->TakePending(), 1);
@@ -151,6 +161,52 @@ TEST(WeightReceiverTest, EveryBrokenTransferIsCountedReportedAndDropped) {
     receiver->Stop();
     server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
+}
+
+// gRPC may run a stream's reactions on different threads in either order:
+// an announcement must never reach the receiver before the subscription it
+// arrived on has been reported, however late the metadata's reaction runs
+// (the receiver's connected() once read false after loading a version).
+TEST(AnnouncementStreamTest, TheSubscriptionIsReportedBeforeItsFirstAnnouncement) {
+  Packed p = PackVersion1();
+  ScriptedSender service(p.manifest, p.chunks);
+  std::string target;
+  std::unique_ptr<grpc::Server> server = Serve(&service, &target);
+  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto stub = v1::WeightBroadcast::NewStub(channel);
+  for (int round = 0; round < 3; ++round) {
+    absl::Mutex mu;
+    int subscribed = 0, announced = 0, announced_first = 0;
+    bool done = false;
+    AnnouncementStream stream(
+        stub.get(), {[&] {
+                       absl::SleepFor(absl::Milliseconds(100));  // a slow metadata reaction
+                       absl::MutexLock lock(&mu);
+                       ++subscribed;
+                     },
+                     [&](v1::SnapshotAnnouncement) {
+                       absl::MutexLock lock(&mu);
+                       ++announced;
+                       if (subscribed == 0) ++announced_first;
+                     },
+                     [&](const grpc::Status&) {
+                       absl::MutexLock lock(&mu);
+                       done = true;
+                     }});
+    stream.Start("scripted");
+    {
+      absl::MutexLock lock(&mu);
+      ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(
+                                          +[](int* n) { return *n > 0; }, &announced),
+                                      absl::Seconds(5)));
+    }
+    stream.context()->TryCancel();
+    absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&done));
+    EXPECT_EQ(subscribed, 1);
+    EXPECT_EQ(announced_first, 0);
+  }
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 }
 
 }  // namespace
