@@ -104,11 +104,11 @@ struct Receiver {
     ExpectWeightsOf(*got, version);
     receiver->ReportLoaded(version);
   }
-  // Likewise for version `version` of the chain (ChainWeights).
-  void ExpectChain(uint64_t version) {
+  // Likewise for version `version` of the chain (ChainWeights) of `seed`.
+  void ExpectChain(uint64_t version, uint64_t seed = 0) {
     std::shared_ptr<const ReceivedSnapshot> got = Await(version);
     ASSERT_NE(got, nullptr);
-    const std::vector<std::string> want = ChainWeights(version, 0);
+    const std::vector<std::string> want = ChainWeights(version, seed);
     for (int t = 0; t < got->manifest.tensors_size(); ++t) {
       EXPECT_TRUE(got->TensorBytes(got->manifest.tensors(t)) == want[static_cast<size_t>(t)])
           << "tensor " << t << " of version " << version;
@@ -244,8 +244,8 @@ testing::ServerOptions NcclDeltaOptions(int world_size, int keyframe_every) {
   return o;
 }
 
-absl::Status PublishChain(SenderServer& server, uint64_t version) {
-  const std::vector<std::string> w = ChainWeights(version, 0);
+absl::Status PublishChain(SenderServer& server, uint64_t version, uint64_t seed = 0) {
+  const std::vector<std::string> w = ChainWeights(version, seed);
   return server.store().Publish(version, testing::Views(w));
 }
 
@@ -296,30 +296,71 @@ TEST_F(NcclBroadcastTest, ACorruptNcclDeltaIsFetchedWholeOverGrpcAndTheCommunica
   EXPECT_EQ(Stats().count_mismatches, 0);
 }
 
-TEST_F(NcclBroadcastTest, AVersionTheBroadcastSkippedMakesTheNextOneWhole) {
+// Versions published faster than the loop broadcasts: version 2's broadcast
+// is held in the collective until 3 and 4 are published, so 3 is never
+// broadcast and 4's delta (from 3) does not fit what the ranks hold (2).
+TEST_F(NcclBroadcastTest, AVersionPublishedDuringABroadcastIsSkippedAndTheNextGoesWhole) {
   SenderServer server(NcclDeltaOptions(2, 100));
   Receiver a(server.target(), "nccl-a", true, absl::Seconds(20));
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_active(); }, absl::Seconds(20)));
   ASSERT_OK(PublishChain(server, 1));
   a.ExpectChain(1);
   ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 1; }));
-  // Published faster than the loop broadcasts: 2 may be skipped, and then
-  // 3 (whose delta is from 2) goes whole; either way 3 arrives bit-exact.
+  AsympoFakeNcclConfig held;
+  held.hang_from_broadcast = 0;  // every broadcast from now on waits
+  Fake::Get().configure(&held);
+  const int64_t enqueued = Stats().enqueued;
   ASSERT_OK(PublishChain(server, 2));
+  ASSERT_TRUE(WaitUntil([&] { return Stats().enqueued > enqueued; }))
+      << "version 2's broadcast did not start";
   ASSERT_OK(PublishChain(server, 3));
-  a.ExpectChain(3);
-  // The next one is a delta again, from 3.
   ASSERT_OK(PublishChain(server, 4));
+  AsympoFakeNcclConfig released;
+  Fake::Get().configure(&released);
   a.ExpectChain(4);
-  // Broadcast: 1, 3 and 4 (3 whole, 4 a delta), or all four (2 to 4 deltas).
-  EXPECT_TRUE(WaitUntil([&] {
-    const int64_t sent = server.sender().nccl_versions_sent();
-    const int64_t deltas = server.sender().nccl_delta_versions_sent();
-    return (sent == 3 && deltas == 1) || (sent == 4 && deltas == 3);
-  })) << server.sender().nccl_versions_sent()
-      << " versions sent, " << server.sender().nccl_delta_versions_sent() << " as deltas";
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_versions_sent() == 3; }));
+  EXPECT_EQ(server.sender().nccl_delta_versions_sent(), 1);  // 2 only: 4 went whole
+  ASSERT_OK(PublishChain(server, 5));
+  a.ExpectChain(5);
+  ASSERT_TRUE(WaitUntil([&] { return server.sender().nccl_delta_versions_sent() == 2; }))
+      << "5's delta, from 4, fits again";
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_versions_total"), 2);
   EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_fallbacks_total"), 0);
   EXPECT_EQ(a.FetchedBytes(), 0);
+  EXPECT_EQ(Stats().count_mismatches, 0);
+}
+
+// A learner restarted from an older checkpoint: its versions are another
+// incarnation's, other weights under numbers the ranks have seen. Its first
+// goes whole over the new communicator, the next as a delta of its own.
+TEST_F(NcclBroadcastTest, ARestartedLearnersFirstVersionGoesWholeThenItsOwnDeltas) {
+  auto first = std::make_unique<SenderServer>(NcclDeltaOptions(2, 100));
+  const int port = first->port();
+  Receiver a(first->target(), "nccl-a", true, absl::Seconds(20));
+  ASSERT_TRUE(WaitUntil([&] { return first->sender().nccl_active(); }, absl::Seconds(20)));
+  for (uint64_t v = 1; v <= 3; ++v) {
+    ASSERT_OK(PublishChain(*first, v));
+    a.ExpectChain(v);
+  }
+  first->sender().Shutdown();
+  ASSERT_TRUE(WaitUntil([&] { return !a.receiver->connected(); }));
+  first.reset();
+
+  testing::ServerOptions o = NcclDeltaOptions(2, 100);
+  o.incarnation = "learner-2";
+  SenderServer second(o, port);
+  ASSERT_EQ(second.port(), port);
+  ASSERT_TRUE(WaitUntil([&] { return second.sender().nccl_active(); }, absl::Seconds(20)));
+  ASSERT_OK(PublishChain(second, 2, /*seed=*/1));
+  a.ExpectChain(2, 1);
+  ASSERT_OK(PublishChain(second, 3, 1));
+  a.ExpectChain(3, 1);
+  ASSERT_TRUE(WaitUntil([&] { return second.sender().nccl_versions_sent() == 2; }));
+  EXPECT_EQ(second.sender().nccl_delta_versions_sent(), 1);              // 3, from the new 2
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_versions_total"), 3);  // 2 and 3, then 3
+  EXPECT_EQ(a.Metric("asympo_rollout_weight_delta_fallbacks_total"), 0);
+  EXPECT_EQ(a.receiver->failures(), 0);
+  EXPECT_EQ(a.FetchedBytes(), 0) << "a version came over gRPC";
   EXPECT_EQ(Stats().count_mismatches, 0);
 }
 
