@@ -26,6 +26,13 @@ store's host holds no GIL while it waits), the calls in order, every tensor byte
 an answer of success false fails the load (generation continued) and the
 next load goes through.
 
+vLLM's with deltas on, the learner in bfloat16 at lr 1e-6: after the
+workers' first version the group sends deltas, which their receivers
+rebuild and check, and load_weights still gets whole tensors, byte for
+byte. SGLang's relay on Gloo refuses bfloat16 versions before asking SGLang
+for anything when this torch's Gloo cannot broadcast them (torch 1.x),
+naming the remedies; its checks above run on a float32 learner.
+
     python3 python_engine_apis_test.py PKG_DIR LEARNER_BINARY WORK_DIR
     python3 python_engine_apis_test.py sglang-worker PKG_DIR TP_RANK  (one worker)
 Exit 0 on success, 1 on a failed check, 77 when grpc or torch is missing."""
@@ -51,6 +58,11 @@ torch = torch_or_skip()
 FLAGS = ["--model=tiny", "--tiny_vocab_size=8000", "--threads=1", "--broadcast_bucket_mb=1",
          "--prompts_per_step=2", "--weight_group=gloo", "--weight_group_address=127.0.0.1",
          "--weight_group_timeout=20s", "--weight_group_ready_timeout=8s", "--weight_group_join_window=1s"]
+
+
+# bfloat16 at lr 1e-6: a version changes a few words, so the engines' receivers
+# (deltas on) get each version after their first as a delta.
+DELTA_FLAGS = ["--dtype=bfloat16", "--lr=1e-6"]
 
 
 def digest(t):
@@ -284,7 +296,8 @@ def vllm_api(target, new_version):
     check(all(isinstance(e, vllm_transfer.AsympoWeightTransferEngine) for e in llm.engines),
           "the entry point registered backend 'asympo': each worker's engine is AsympoWeightTransferEngine")
     vllm_transfer.register()  # a second registration is a no-op
-    adapter = vllm_transfer.VLLMWeightTransfer(llm, target, "vllm-t", backend="gloo", next_wait_ms=500)
+    adapter = vllm_transfer.VLLMWeightTransfer(llm, target, "vllm-t", backend="gloo", next_wait_ms=500,
+                                               deltas=True)
     step = ["start_weight_update", "update_weights", "finish_weight_update", "reset_prefix_cache"]
     v = adapter.load()
     snap = latest_over_grpc(target)
@@ -303,7 +316,9 @@ def vllm_api(target, new_version):
     v1 = adapter.load()
     snap = latest_over_grpc(target)
     check(v1 == snap.version == v + 1 and all(sorted(m.loaded) == tensors_of(snap) for m in llm.models),
-          "the next version (%d) reached both workers whole" % v1)
+          "the next version (%d) reached both workers, byte for byte as a gRPC fetch" % v1)
+    check([e.receiver.delta_versions for e in llm.engines] == [1, 1],
+          "both workers rebuilt it from its delta: %s" % [e.receiver.delta_versions for e in llm.engines])
     llm.models[1].fail = RuntimeError("CUDA out of memory")
     new_version()
     calls.clear()
@@ -414,6 +429,30 @@ def update_group_beside_threads():
           "(rank 0 holds no lock while it waits), and a broadcast went through" % formed)
 
 
+def sglang_bfloat16_on_gloo(target, new_version):
+    """A bfloat16 version over a Gloo update group, where this torch's Gloo
+    has no bfloat16: refused before SGLang is asked to load it; the
+    learner's group goes on."""
+    if sglang_distributed.gloo_broadcasts(torch.bfloat16):
+        print("this torch's Gloo broadcasts bfloat16: nothing to refuse")
+        return
+    sgl = SGLangStandIn()
+    receiver = asympo_rl.WeightGroupReceiver(target, "sglang-bf16", backend="gloo", next_wait_ms=500, deltas=True)
+    adapter = sglang_distributed.SGLangDistributed(sgl.url, receiver, master_port=free_port(), timeout_s=60)
+    try:
+        new_version()
+        check(raises(lambda: adapter.load(timeout_s=60), "bfloat16", "Gloo in torch", "NCCL", "--dtype=float32")
+              and "update_weights_from_distributed" not in sgl.calls and "pause_generation" not in sgl.calls,
+              "a bfloat16 version on a Gloo update group is refused before SGLang is asked to load it: %s"
+              % sgl.calls)
+        new_version()
+        check(receiver.next_update(timeout=60) is not None, "the learner's group went on after the refusal")
+        adapter.close()
+    finally:
+        receiver.close()
+        sgl.close()
+
+
 def sglang_api(target, new_version):
     sgl = SGLangStandIn()
     receiver = asympo_rl.WeightGroupReceiver(target, "sglang-r", backend="gloo", next_wait_ms=500)
@@ -453,9 +492,12 @@ def sglang_api(target, new_version):
 def main():
     t0 = time.time()
     os.makedirs(WORK, exist_ok=True)
-    with RunningLearner(LEARNER, FLAGS, os.path.join(WORK, "learner.log"), asympo_rl) as (target, new_version):
+    with RunningLearner(LEARNER, FLAGS + DELTA_FLAGS, os.path.join(WORK, "learner-bf16.log"),
+                        asympo_rl) as (target, new_version):
         vllm_api(target, new_version)
-        update_group_beside_threads()
+        sglang_bfloat16_on_gloo(target, new_version)
+    update_group_beside_threads()
+    with RunningLearner(LEARNER, FLAGS, os.path.join(WORK, "learner.log"), asympo_rl) as (target, new_version):
         sglang_api(target, new_version)
     print("all engine API checks passed in %.1f s" % (time.time() - t0))
 

@@ -43,6 +43,25 @@ from .engines import EngineError, _HTTP, _SGLang
 
 GROUP_NAME = "asympo_weights"
 
+_GLOO_DTYPES = {}  # torch dtype -> whether this torch's Gloo broadcasts it
+
+
+def gloo_broadcasts(dtype):
+    """Whether this torch's Gloo broadcasts tensors of `dtype` (torch 1.x's
+    has no bfloat16): tried once, in a group of one."""
+    if dtype not in _GLOO_DTYPES:
+        import torch
+        import torch.distributed as dist
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+        pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, opts)
+        try:
+            pg.broadcast([torch.zeros(1, dtype=dtype)], dist.BroadcastOptions()).wait()
+            _GLOO_DTYPES[dtype] = True
+        except RuntimeError:
+            _GLOO_DTYPES[dtype] = False
+    return _GLOO_DTYPES[dtype]
+
 
 def open_update_group(backend, master_address, master_port, world_size, group_name, timeout_s):
     """Rank 0 of a torch.distributed group formed as SGLang forms its weight
@@ -146,6 +165,7 @@ class SGLangDistributed(_SGLang):
         if update is None:
             return None
         with update:  # whatever fails, the rest is received: the learner's group goes on
+            self._check_dtypes(update)
             self._sync(self._run(update, False))
         return update.version
 
@@ -160,6 +180,22 @@ class SGLangDistributed(_SGLang):
             finally:
                 close_update_group(self.pg)
                 self.pg = None
+
+    def _check_dtypes(self, update):
+        """EngineError, before SGLang is asked for anything, when the update
+        group's Gloo cannot broadcast a dtype of the version: SGLang's end
+        would fail on it the same way."""
+        if self.backend != "gloo":
+            return
+        import torch
+        from .weight_update import _TORCH_DTYPES
+        bad = sorted({str(_TORCH_DTYPES[t.dtype]).replace("torch.", "") for t in update.manifest.tensors
+                      if not gloo_broadcasts(_TORCH_DTYPES[t.dtype])})
+        if bad:
+            raise EngineError("SGLang: version %d has %s tensors, which Gloo in torch %s cannot broadcast (SGLang's "
+                              "end of the update group would fail on them too): run the update group on NCCL (a "
+                              "receiver with backend 'nccl'), or have the learner publish float32 (--dtype=float32)"
+                              % (update.version, " and ".join(bad), torch.__version__))
 
     def _describe(self, update):
         return "version %d" % update.version
