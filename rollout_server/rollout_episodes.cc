@@ -84,13 +84,15 @@ absl::Status RolloutDaemon::RunEpisodes(int64_t* generated) {
            (options_.max_groups == 0 || *generated + runner.open_groups() < options_.max_groups)) {
       std::optional<v1::LearnerStatus> status = submit_->RoomNow(runner.open_groups() + 1);
       if (!status.has_value()) break;
-      runner.StartGroup(task_->NextPrompt(rng_), status->wants_behavior_logprobs(), rng_);
+      runner.StartGroup(task_->NextPrompt(rng_), status->wants_behavior_logprobs(), rng_,
+                        /*sampling=*/nullptr, status->limits().max_abs_reward());
     }
     for (v1::PromptGroup& g :
          runner.Poll(*engine, engine->can_decode() ? absl::ZeroDuration() : kEnvironmentWait)) {
       submit_->Add({std::move(g)});
       ++*generated;
     }
+    if (!runner.refused().ok()) return runner.refused();
     if (runner.open_groups() == 0 && engine->idle()) {
       if (options_.max_groups > 0 && *generated >= options_.max_groups) break;
       if (draining) continue;

@@ -21,7 +21,9 @@
 
 #include <prometheus/registry.h>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "asympo/v1/rollout.pb.h"
 #include "common/security/tls.h"
@@ -45,6 +47,19 @@ struct TurnAnswer {
   double reward = 0;  // when done
   bool correct = false;
 };
+
+// An episode_id has 1 to kMaxEpisodeIdBytes bytes (environment.proto); a
+// longer one is never sent back.
+inline constexpr size_t kMaxEpisodeIdBytes = 256;
+
+// An answer that breaks the protocol (an episode_id out of bounds, a reward
+// that is not finite or beyond the learner's max_abs_reward): an
+// INVALID_ARGUMENT status marked so that the episode counts as
+// invalid_answer, not as an error status of the environment's own.
+absl::Status InvalidAnswer(absl::string_view message);
+bool IsInvalidAnswer(const absl::Status& s);
+// InvalidAnswer naming the call unless `id` has 1 to kMaxEpisodeIdBytes bytes.
+absl::Status CheckEpisodeId(const std::string& id);
 
 class Environment {
  public:

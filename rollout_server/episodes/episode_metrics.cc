@@ -15,7 +15,8 @@ EpisodeMetrics::EpisodeMetrics(prometheus::Registry& r, GenerationCounters count
                  .Name("asympo_rollout_episodes_failed_total")
                  .Help("Multi-turn episodes ended by a failure, by reason: deadline (a call "
                        "past --environment_timeout), unavailable (the environment cannot be "
-                       "reached), error (another error status), invalid_answer (an answer "
+                       "reached), refused (UNAUTHENTICATED or PERMISSION_DENIED: the daemon "
+                       "stops), error (another error status), invalid_answer (an answer "
                        "that breaks the protocol), overlong (appended tokens beyond the "
                        "response budget), not_done (a final turn not answered done). The "
                        "episode's group is dropped.")

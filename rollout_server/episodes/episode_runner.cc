@@ -1,6 +1,7 @@
 #include "rollout_server/episodes/episode_runner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include <glog/logging.h>
@@ -15,9 +16,25 @@ namespace {
 
 // The failure reason of a call's status.
 std::string ReasonOf(const absl::Status& s) {
+  if (IsInvalidAnswer(s)) return "invalid_answer";
+  if (absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)) return "refused";
   if (absl::IsDeadlineExceeded(s)) return "deadline";
   if (absl::IsUnavailable(s)) return "unavailable";
   return "error";
+}
+
+// InvalidAnswer unless a done answer's reward is finite and within
+// max_abs_reward (when > 0).
+absl::Status CheckReward(double reward, double max_abs_reward) {
+  if (!std::isfinite(reward)) {
+    return InvalidAnswer(
+        absl::StrCat("Step answered done with reward ", reward, "; it must be finite"));
+  }
+  if (max_abs_reward > 0 && std::fabs(reward) > max_abs_reward) {
+    return InvalidAnswer(absl::StrCat("Step answered done with reward ", reward,
+                                      ", beyond the learner's max_abs_reward ", max_abs_reward));
+  }
+  return absl::OkStatus();
 }
 
 // How long RunToEnd waits for the environment when nothing decodes.
@@ -43,11 +60,12 @@ void EpisodeRunner::Push(Event e) {
 }
 
 void EpisodeRunner::StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng,
-                               const SamplingParams* sampling) {
+                               const SamplingParams* sampling, double max_abs_reward) {
   const uint64_t key = next_group_++;
   Group& g = groups_[key];
   g.prompt = prompt;
   g.logprobs = logprobs;
+  g.max_abs_reward = max_abs_reward;
   if (sampling != nullptr) g.sampling = *sampling;
   g.episodes.resize(static_cast<size_t>(options_.group_size));
   for (int i = 0; i < options_.group_size; ++i) {
@@ -112,8 +130,12 @@ void EpisodeRunner::OnReset(ContinuousEngine& engine, Event& e) {
   Episode& ep = g.episodes[static_cast<size_t>(e.index)];
   metrics_->reset_seconds.Observe(absl::ToDoubleSeconds(absl::Now() - ep.sent));
   if (!e.id.ok()) {
-    EndEpisode(engine, e.group, e.index,
-               absl::StrCat(ReasonOf(e.id.status()), ": Reset: ", e.id.status().message()));
+    CallFailed(engine, e, "Reset", e.id.status());
+    return;
+  }
+  if (const absl::Status bad = CheckEpisodeId(*e.id); !bad.ok()) {
+    // Never sent back: it names no episode this daemon can close.
+    EndEpisode(engine, e.group, e.index, absl::StrCat("invalid_answer: ", bad.message()));
     return;
   }
   ep.id = *e.id;
@@ -175,12 +197,15 @@ void EpisodeRunner::OnAnswer(ContinuousEngine& engine, Event& e) {
     return;
   }
   if (!e.answer.ok()) {
-    EndEpisode(engine, e.group, e.index,
-               absl::StrCat(ReasonOf(e.answer.status()), ": Step: ", e.answer.status().message()));
+    CallFailed(engine, e, "Step", e.answer.status());
     return;
   }
   const TurnAnswer& a = *e.answer;
   if (a.done) {
+    if (const absl::Status bad = CheckReward(a.reward, g.max_abs_reward); !bad.ok()) {
+      EndEpisode(engine, e.group, e.index, absl::StrCat("invalid_answer: ", bad.message()));
+      return;
+    }
     ep.reward = a.reward;
     ep.correct = a.correct;
     metrics_->episodes.Increment();
@@ -203,6 +228,22 @@ void EpisodeRunner::OnAnswer(ContinuousEngine& engine, Event& e) {
   }
   metrics_->inserted_tokens.Increment(static_cast<double>(a.append.size()));
   ep.turn_start = ep.result.tokens.size() + a.append.size();
+}
+
+void EpisodeRunner::CallFailed(ContinuousEngine& engine, const Event& e, const char* call,
+                               const absl::Status& status) {
+  const std::string reason = ReasonOf(status);
+  // The remote environment's messages name their call already.
+  const std::string what = absl::StartsWith(status.message(), absl::StrCat(call, ":"))
+                               ? std::string(status.message())
+                               : absl::StrCat(call, ": ", status.message());
+  if (reason == "refused" && refused_.ok()) {
+    refused_ = absl::FailedPreconditionError(
+        absl::StrCat("the environment at ", environment_->name(), " refused this daemon (",
+                     absl::StatusCodeToString(status.code()), ": ", what,
+                     "): check --environment_token_file and --environment_tls_*"));
+  }
+  EndEpisode(engine, e.group, e.index, absl::StrCat(reason, ": ", what));
 }
 
 int64_t EpisodeRunner::TokensLeft(const Episode& ep) const {

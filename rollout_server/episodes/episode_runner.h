@@ -62,8 +62,11 @@ class EpisodeRunner {
 
   // Starts a group's G episodes (their Resets go out now). `sampling`, when
   // given, replaces the options' for this group, its seed included.
+  // max_abs_reward > 0: the learner's bound on rewards (BatchLimits); an
+  // environment's reward beyond it fails the episode as invalid_answer
+  // instead of a batch the learner would refuse whole.
   void StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt19937_64& rng,
-                  const SamplingParams* sampling = nullptr);
+                  const SamplingParams* sampling = nullptr, double max_abs_reward = 0);
   // Takes the environment's answers (waiting up to `wait` for one when none
   // has come): adds requests to the engine, resumes or ends sequences.
   // Returns the groups every episode of which is done.
@@ -79,6 +82,11 @@ class EpisodeRunner {
   int64_t Abandon();
 
   int64_t open_groups() const { return static_cast<int64_t>(groups_.size()); }
+  // FAILED_PRECONDITION once the environment refused this daemon
+  // (UNAUTHENTICATED or PERMISSION_DENIED: its token or certificate), naming
+  // the flags to check; every later call would be refused the same way, so
+  // the daemon stops on it. OK until then.
+  const absl::Status& refused() const { return refused_; }
   // Requests not yet in the engine (their Resets are out).
   int64_t pending_resets() const { return pending_resets_; }
 
@@ -100,6 +108,7 @@ class EpisodeRunner {
     TaskPrompt prompt;
     bool logprobs = false;
     std::optional<SamplingParams> sampling;  // StartGroup's, when given
+    double max_abs_reward = 0;               // StartGroup's (0: only finite)
     std::vector<Episode> episodes;
     int ended = 0;
     std::string failure;  // the first failure's reason ("" while none)
@@ -129,6 +138,10 @@ class EpisodeRunner {
   // Moves finished groups to `done` (dropping failed ones).
   void Collect(std::vector<v1::PromptGroup>* done);
 
+  // Fails the episode of `e` on a call's error status, by its reason.
+  void CallFailed(ContinuousEngine& engine, const Event& e, const char* call,
+                  const absl::Status& status);
+
   const EpisodeOptions options_;
   EpisodeMetrics* metrics_;
   std::map<uint64_t, Group> groups_;
@@ -136,6 +149,7 @@ class EpisodeRunner {
   uint64_t next_group_ = 0;
   int64_t pending_resets_ = 0;
   int64_t pending_ = 0;  // calls whose answers have not been taken
+  absl::Status refused_;
 
   std::mutex mu_;
   std::condition_variable arrived_;

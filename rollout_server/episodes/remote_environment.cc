@@ -21,7 +21,6 @@
 namespace asympo::rollout {
 namespace {
 
-constexpr size_t kMaxEpisodeIdBytes = 256;
 // How long a client being destroyed lets its calls in flight end on their
 // own before it cancels them.
 constexpr std::chrono::seconds kCloseGrace(1);
@@ -115,17 +114,13 @@ class RemoteEnvironment : public Environment {
   }
 
   static absl::StatusOr<std::string> CheckedId(const std::string& id) {
-    if (id.empty() || id.size() > kMaxEpisodeIdBytes) {
-      return absl::InvalidArgumentError(absl::StrCat("Reset answered an episode_id of ", id.size(),
-                                                     " bytes; it must have 1 to ",
-                                                     kMaxEpisodeIdBytes));
-    }
+    ASYMPO_RETURN_IF_ERROR(CheckEpisodeId(id));
     return id;
   }
 
   static absl::StatusOr<TurnAnswer> Checked(const v1::StepResponse& r) {
     if (r.done() && !std::isfinite(r.reward())) {
-      return absl::InvalidArgumentError(
+      return InvalidAnswer(
           absl::StrCat("Step answered done with reward ", r.reward(), "; it must be finite"));
     }
     TurnAnswer answer;

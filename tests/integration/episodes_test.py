@@ -8,7 +8,9 @@ an asympo-rollout daemon on the "add_tool" task. Scenarios (one per run):
             refuses non-loopback addresses without TLS, and calls without
             the token); the service killed: episodes fail
             as "unavailable", their groups are dropped, the daemon goes on;
-            started again: episodes run again
+            started again: episodes run again; started with another
+            token: it refuses the daemon, which stops, naming
+            --environment_token_file
 
     python3 episodes_test.py SCENARIO LEARNER ROLLOUT PKG_DIR WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 without grpc for Python."""
@@ -130,7 +132,19 @@ def scenario_python(c, pkg):
     env = started_environment(c, pkg, port, log, token)
     wait_for("the daemon runs episodes again once the environment is back",
              lambda: metric(c.rollout(0), "asympo_rollout_episodes_total") >= before + 8, timeout=90)
-    check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")
+    # The environment comes back with another token: it refuses the daemon,
+    # which stops with the flag to check rather than drop every group.
+    c.stop("environment")
+    with open(token + ".new", "w") as f:
+        f.write("rotated-%d\n" % port)
+    started_environment(c, pkg, port, log, token + ".new")
+    daemon = c.procs["rollout-0"]
+    wait_for("the daemon stops once the environment refuses its token", lambda: daemon.poll() is not None,
+             timeout=90)
+    c.procs.pop("rollout-0")
+    out = open(os.path.join(c.work, "rollout-0.log")).read()
+    check(daemon.returncode != 0 and "refused this daemon" in out and "--environment_token_file" in out,
+          "it exits %d naming --environment_token_file" % daemon.returncode)
     c.stop("environment")
 
 

@@ -6,6 +6,8 @@
 #include "rollout_server/episodes/episode_runner.h"
 
 #include <functional>
+#include <limits>
+#include <optional>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -18,6 +20,8 @@
 
 namespace asympo::rollout {
 namespace {
+
+using ::asympo::testing::StatusIs;
 
 double FailedCount(prometheus::Registry& r, const std::string& reason) {
   for (const auto& family : r.Collect()) {
@@ -135,9 +139,10 @@ TEST(EpisodeRunnerTest, CalculatorEpisodesGiveTranscriptsWithTheirLossMasks) {
 class Scripted : public Environment {
  public:
   using StepFn = std::function<absl::StatusOr<TurnAnswer>(const Turn&)>;
-  explicit Scripted(StepFn step) : step_(std::move(step)) {}
+  explicit Scripted(StepFn step, std::optional<std::string> id = std::nullopt)
+      : step_(std::move(step)), id_(std::move(id)) {}
   void Reset(const TaskPrompt&, uint32_t index, uint64_t, ResetDone done) override {
-    done(absl::StrCat("e", next_++, "-", index));
+    done(id_.value_or(absl::StrCat("e", next_++, "-", index)));
   }
   void Step(const std::string&, const Turn& turn, StepDone done) override { done(step_(turn)); }
   void Close(const std::string&) override { ++closed; }
@@ -146,43 +151,91 @@ class Scripted : public Environment {
 
  private:
   StepFn step_;
+  const std::optional<std::string> id_;  // every Reset's answer, when set
   int next_ = 0;
 };
 
 TEST(EpisodeRunnerTest, EachProtocolBreachFailsTheEpisodeAndDropsItsGroup) {
   struct Case {
+    std::string name;
     std::string reason;
     Scripted::StepFn step;
+    double max_abs_reward = 0;  // the learner's, when the group started (0: none known)
+    std::optional<std::string> id = std::nullopt;  // every Reset's answer
+  };
+  const auto done_with = [](double reward) {
+    return [reward](const Turn&) { return TurnAnswer{{}, true, reward, false}; };
   };
   const std::vector<Case> cases = {
-      {"deadline", [](const Turn&) { return absl::DeadlineExceededError("late"); }},
-      {"unavailable", [](const Turn&) { return absl::UnavailableError("gone"); }},
-      {"not_done",
+      {"deadline", "deadline", [](const Turn&) { return absl::DeadlineExceededError("late"); }},
+      {"unavailable", "unavailable", [](const Turn&) { return absl::UnavailableError("gone"); }},
+      {"not_done", "not_done",
        [](const Turn&) {
          return TurnAnswer{{7}, false, 0, false};
        }},
-      {"overlong",
+      {"overlong", "overlong",
        [](const Turn& t) {
          return TurnAnswer{std::vector<int32_t>(t.tokens_left, 7), false, 0, false};
        }},
-      {"invalid_answer",
+      {"a token outside the vocabulary", "invalid_answer",
        [](const Turn&) {
          return TurnAnswer{{64}, false, 0, false};
        }},
+      {"a reward that is not finite", "invalid_answer",
+       done_with(std::numeric_limits<double>::quiet_NaN())},
+      {"a reward beyond the learner's max_abs_reward", "invalid_answer", done_with(100.5), 100},
+      {"an empty episode_id", "invalid_answer", done_with(1), 0, std::string()},
+      {"an overlong episode_id", "invalid_answer", done_with(1), 0, std::string(257, 'x')},
+      {"an answer marked invalid by the environment's client", "invalid_answer",
+       [](const Turn&) { return InvalidAnswer("Step answered nonsense"); }},
   };
   for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
     Fixture f;
-    auto env = std::make_unique<Scripted>(c.step);
+    auto env = std::make_unique<Scripted>(c.step, c.id);
     Scripted* scripted = env.get();
     EpisodeRunner runner(std::move(env), f.Options(40, 2), f.metrics.get());
     std::mt19937_64 rng(2);
-    runner.StartGroup(f.task->NextPrompt(rng), false, rng);
-    EXPECT_TRUE(f.Drain(runner).empty()) << c.reason << ": the group is dropped";
-    EXPECT_GE(FailedCount(f.registry, c.reason), 1) << c.reason;
-    EXPECT_EQ(f.metrics->dropped.Value(), 1) << c.reason;
-    EXPECT_EQ(scripted->closed, 4) << c.reason << ": every episode is closed";
-    EXPECT_TRUE(f.engine->idle()) << c.reason << ": no sequence is left paused";
+    runner.StartGroup(f.task->NextPrompt(rng), false, rng, nullptr, c.max_abs_reward);
+    EXPECT_TRUE(f.Drain(runner).empty()) << "the group is dropped";
+    EXPECT_GE(FailedCount(f.registry, c.reason), 1);
+    EXPECT_EQ(f.metrics->dropped.Value(), 1);
+    // An episode_id that cannot name an episode is never sent back.
+    EXPECT_EQ(scripted->closed, c.id.has_value() ? 0 : 4) << "every episode is closed";
+    EXPECT_TRUE(f.engine->idle()) << "no sequence is left paused";
   }
+}
+
+TEST(EpisodeRunnerTest, AnEnvironmentThatRefusesTheDaemonStopsIt) {
+  for (const absl::Status& refusal : {absl::UnauthenticatedError("a missing or wrong bearer token"),
+                                      absl::PermissionDeniedError("not this client")}) {
+    SCOPED_TRACE(refusal.ToString());
+    Fixture f;
+    auto env = std::make_unique<Scripted>(
+        [&](const Turn&) -> absl::StatusOr<TurnAnswer> { return refusal; });
+    EpisodeRunner runner(std::move(env), f.Options(40, 2), f.metrics.get());
+    EXPECT_OK(runner.refused());
+    std::mt19937_64 rng(5);
+    runner.StartGroup(f.task->NextPrompt(rng), false, rng);
+    EXPECT_TRUE(f.Drain(runner).empty());
+    EXPECT_GE(FailedCount(f.registry, "refused"), 1);
+    EXPECT_THAT(runner.refused(),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "--environment_token_file"));
+    EXPECT_THAT(runner.refused().message(), ::testing::HasSubstr(refusal.message()));
+  }
+}
+
+TEST(EpisodeRunnerTest, ARewardAtTheLearnersLimitIsKept) {
+  Fixture f;
+  auto env = std::make_unique<Scripted>([](const Turn&) -> absl::StatusOr<TurnAnswer> {
+    return TurnAnswer{{}, true, -100, false};
+  });
+  EpisodeRunner runner(std::move(env), f.Options(40, 2), f.metrics.get());
+  std::mt19937_64 rng(4);
+  runner.StartGroup(f.task->NextPrompt(rng), false, rng, nullptr, /*max_abs_reward=*/100);
+  const auto groups = f.Drain(runner);
+  ASSERT_EQ(groups.size(), 1u);
+  for (const v1::Response& r : groups[0].responses()) EXPECT_EQ(r.reward(), -100);
 }
 
 TEST(EpisodeRunnerTest, TheLastTurnIsFinalAndADoneAnswerEndsTheEpisode) {

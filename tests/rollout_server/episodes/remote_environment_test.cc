@@ -147,11 +147,13 @@ TEST(RemoteEnvironmentTest, DeadlinesAbsentServersAndBadAnswersAreErrors) {
   auto env = Client(s.address(), absl::Seconds(5), registry);
   s.service.episode_id = "";
   EXPECT_THAT(ResetNow(*env, p), StatusIs(absl::StatusCode::kInvalidArgument, "episode_id"));
+  EXPECT_TRUE(IsInvalidAnswer(ResetNow(*env, p).status())) << "counted as invalid_answer";
   s.service.episode_id = std::string(257, 'x');
   EXPECT_THAT(ResetNow(*env, p), StatusIs(absl::StatusCode::kInvalidArgument, "episode_id"));
   s.service.answer.set_done(true);
   s.service.answer.set_reward(std::numeric_limits<float>::quiet_NaN());
   EXPECT_THAT(StepNow(*env, Turn{}), StatusIs(absl::StatusCode::kInvalidArgument, "finite"));
+  EXPECT_TRUE(IsInvalidAnswer(StepNow(*env, Turn{}).status())) << "counted as invalid_answer";
   prometheus::Registry other;
   RemoteEnvironmentOptions bad;
   bad.address = "no-port";
