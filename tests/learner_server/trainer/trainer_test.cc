@@ -117,21 +117,38 @@ TEST(TrainerTest, RunsTheGrpoBaselineWithBehaviorLogProbs) {
 const Objective kEveryObjective[] = {Objective::kNaive,        Objective::kSpo,  Objective::kAsympo,
                                      Objective::kAsympoStable, Objective::kGrpo, Objective::kGpg};
 
-// For every objective: the gradients of FixedGroups(5) and of `same`, which
-// must be the same step, match (exactly, or to float32 rounding).
-void ExpectTheSameStep(const std::vector<QueuedGroup>& same, bool exact) {
+// For every objective: the gradients of `a` and of `b`, which must be the
+// same step, match (exactly, or to float32 rounding).
+void ExpectTheSameStep(const std::vector<QueuedGroup>& a_groups,
+                       const std::vector<QueuedGroup>& b_groups, bool exact) {
   for (const Objective objective : kEveryObjective) {
     SCOPED_TRACE(std::string(ObjectiveName(objective)));
     auto a = Tiny(), b = Tiny();
     auto ta = Trainer::Create(Options(objective), a.get(), nullptr).value();
     auto tb = Trainer::Create(Options(objective), b.get(), nullptr).value();
-    const auto ra = ta->ComputeGradients(FixedGroups(5)).value();
-    const auto rb = tb->ComputeGradients(same).value();
+    const auto ra = ta->ComputeGradients(a_groups).value();
+    const auto rb = tb->ComputeGradients(b_groups).value();
     EXPECT_NEAR(ra.diagnostics.loss, rb.diagnostics.loss, exact ? 0.0 : 1e-6);
     EXPECT_NEAR(ra.diagnostics.s_pos, rb.diagnostics.s_pos, exact ? 0.0 : 1e-6);
     EXPECT_NEAR(ra.diagnostics.s_neg, rb.diagnostics.s_neg, exact ? 0.0 : 1e-6);
     ExpectSameGradients(*a, *b, exact);
   }
+}
+
+// FixedGroups(5) with `tail` appended to every response as inserted tokens
+// (loss mask false; the generated ones true).
+std::vector<QueuedGroup> WithInsertedTail(const std::vector<int32_t>& tail) {
+  std::vector<QueuedGroup> groups = FixedGroups(5);
+  for (QueuedGroup& q : groups) {
+    for (v1::Response& r : *q.group.mutable_responses()) {
+      for (int t = 0; t < r.tokens_size(); ++t) r.add_loss_mask(true);
+      for (int32_t token : tail) {
+        r.add_tokens(token);
+        r.add_loss_mask(false);  // its behavior log-probs stay one per generated token
+      }
+    }
+  }
+  return groups;
 }
 
 TEST(TrainerTest, ALossMaskOfGeneratedTokensOnlyChangesNothing) {
@@ -141,22 +158,42 @@ TEST(TrainerTest, ALossMaskOfGeneratedTokensOnlyChangesNothing) {
       for (int t = 0; t < r.tokens_size(); ++t) r.add_loss_mask(true);
     }
   }
-  ExpectTheSameStep(marked, /*exact=*/true);
+  ExpectTheSameStep(FixedGroups(5), marked, /*exact=*/true);
 }
 
 TEST(TrainerTest, AnInsertedTokenAddsNothingToTheLossOrItsGradients) {
   // Every response ends with a token the environment inserted: nothing
   // comes after it, so the step must be the step without it, whatever the
-  // model predicts for it.
-  std::vector<QueuedGroup> inserted = FixedGroups(5);
-  for (QueuedGroup& q : inserted) {
-    for (v1::Response& r : *q.group.mutable_responses()) {
-      for (int t = 0; t < r.tokens_size(); ++t) r.add_loss_mask(true);
-      r.add_tokens(7);
-      r.add_loss_mask(false);  // its behavior log-probs stay one per generated token
+  // model predicts for it (to float32 rounding: the batch is one column
+  // wider).
+  ExpectTheSameStep(FixedGroups(5), WithInsertedTail({7}), /*exact=*/false);
+}
+
+TEST(TrainerTest, WhichTokensWereInsertedAtTheEndChangesNoGradientBitForBit) {
+  // The same shapes, the inserted tail's tokens different: their own
+  // log-probs take no part, so every gradient is bit for bit the same.
+  ExpectTheSameStep(WithInsertedTail({7, 8}), WithInsertedTail({3, 11}), /*exact=*/true);
+  // And the check can fail: the same tails trained on (mask true) differ.
+  std::vector<QueuedGroup> a = WithInsertedTail({7, 8}), b = WithInsertedTail({3, 11});
+  for (auto* groups : {&a, &b}) {
+    for (QueuedGroup& q : *groups) {
+      for (v1::Response& r : *q.group.mutable_responses()) {
+        r.clear_loss_mask();
+        r.clear_behavior_logprobs();
+      }
     }
   }
-  ExpectTheSameStep(inserted, /*exact=*/false);
+  auto ma = Tiny(), mb = Tiny();
+  auto ta = Trainer::Create(Options(Objective::kAsympo), ma.get(), nullptr).value();
+  auto tb = Trainer::Create(Options(Objective::kAsympo), mb.get(), nullptr).value();
+  ASSERT_OK(ta->ComputeGradients(a));
+  ASSERT_OK(tb->ComputeGradients(b));
+  bool differ = false;
+  for (size_t i = 0; i < ma->named_parameters().size(); ++i) {
+    differ |= !torch::equal(ma->named_parameters()[i].second.grad(),
+                            mb->named_parameters()[i].second.grad());
+  }
+  EXPECT_TRUE(differ) << "trained on, the tails' tokens change the gradients";
 }
 
 // Low-rank adapters under every objective: the steps move the adapters
