@@ -11,6 +11,12 @@ an asympo-rollout daemon on the "add_tool" task. Scenarios (one per run):
             started again: episodes run again; started with another
             token: it refuses the daemon, which stops, naming
             --environment_token_file
+  raw       a server written from docs/protocol.md with grpc alone (not
+            asympo_rl.Environment): it checks the bearer token, appends
+            tokens after the first turn, ends on the second or a final
+            turn, and records every call; the daemon's calls follow the
+            page's rules (one episode's calls never overlap, a Step only
+            after its Reset, every episode closed once)
 
     python3 episodes_test.py SCENARIO LEARNER ROLLOUT PKG_DIR WORK_DIR
 Exit 0 on success, 1 on a failed check, 77 without grpc for Python."""
@@ -21,6 +27,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -148,6 +155,97 @@ def scenario_python(c, pkg):
     c.stop("environment")
 
 
+class RawEnvironment:
+    """asympo.v1.Environment with grpc alone, as docs/protocol.md describes
+    it; `violations` lists every call that breaks the page's rules."""
+
+    def __init__(self, token):
+        self.token, self.lock = token, threading.Lock()
+        self.open, self.busy, self.closed, self.violations = {}, set(), set(), []
+        self.done = 0
+
+    def _enter(self, context, episode_id, call):
+        if dict(context.invocation_metadata()).get("authorization") != "Bearer " + self.token:
+            import grpc
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a missing or wrong bearer token")
+        with self.lock:
+            if episode_id in self.busy:
+                self.violations.append("%s of %s while another call of it was under way" % (call, episode_id))
+            self.busy.add(episode_id)
+
+    def _leave(self, episode_id):
+        with self.lock:
+            self.busy.discard(episode_id)
+
+    def Reset(self, request, context):
+        from asympo_rl._stubs import environment_pb2
+        with self.lock:
+            episode_id = "ep-%d" % len(self.open)
+            self.open[episode_id] = 0
+        self._enter(context, episode_id, "Reset")
+        self._leave(episode_id)
+        return environment_pb2.ResetResponse(episode_id=episode_id)
+
+    def Step(self, request, context):
+        from asympo_rl._stubs import environment_pb2
+        self._enter(context, request.episode_id, "Step")
+        try:
+            with self.lock:
+                if request.episode_id not in self.open or request.episode_id in self.closed:
+                    self.violations.append("Step of %s, not open" % request.episode_id)
+                    self.open[request.episode_id] = 0
+                if request.turn != self.open[request.episode_id]:
+                    self.violations.append("Step of %s: turn %d, expected %d" % (
+                        request.episode_id, request.turn, self.open[request.episode_id]))
+                self.open[request.episode_id] += 1
+            if request.final or request.turn >= 1:
+                with self.lock:
+                    self.done += 1
+                return environment_pb2.StepResponse(done=True, reward=float(len(request.turn_tokens) % 2),
+                                                    correct=len(request.turn_tokens) % 2 == 1)
+            return environment_pb2.StepResponse(append_tokens=[5, 6][:max(request.tokens_left - 1, 0)])
+        finally:
+            self._leave(request.episode_id)
+
+    def Close(self, request, context):
+        from asympo_rl._stubs import environment_pb2
+        with self.lock:
+            if request.episode_id in self.closed:
+                self.violations.append("Close of %s twice" % request.episode_id)
+            self.closed.add(request.episode_id)
+        return environment_pb2.CloseResponse()
+
+
+def scenario_raw(c, pkg):
+    sys.path.insert(0, pkg)
+    import grpc
+    from concurrent import futures
+    from asympo_rl._stubs import environment_pb2_grpc
+    token = os.path.join(c.work, "raw.token")
+    with open(token, "w") as f:
+        f.write("raw-token\n")
+    env = RawEnvironment("raw-token")
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    environment_pb2_grpc.add_EnvironmentServicer_to_server(env, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        c.start_learner()
+        c.start_rollout(0, ROLLOUT_FLAGS + ["--environment=127.0.0.1:%d" % port, "--environment_token_file=" + token])
+        wait_for("the learner trains 3 steps on the raw server's episodes", lambda: c.version() >= 3, timeout=150)
+        m = c.rollout(0)
+        check(metric(m, "asympo_rollout_episodes_total") >= 8 and env.done >= 8,
+              "%d episodes ended done" % metric(m, "asympo_rollout_episodes_total"))
+        check(metric(m, "asympo_rollout_inserted_tokens_total") > 0, "the raw server's tokens were inserted")
+        check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")
+        with env.lock:
+            unclosed = sorted(set(env.open) - env.closed)
+        check(not unclosed, "every episode the daemon started was closed (%s left)" % unclosed[:5])
+        check(not env.violations, "the daemon's calls follow docs/protocol.md's rules (%s)" % env.violations[:5])
+    finally:
+        server.stop(0)
+
+
 def main():
     scenario, learner_bin, rollout_bin, pkg, work = sys.argv[1:6]
     if importlib.util.find_spec("grpc") is None:
@@ -156,7 +254,9 @@ def main():
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     c = Cluster(learner_bin, rollout_bin, work)
-    run_scenario(c, scenario, lambda: scenario_builtin(c) if scenario == "builtin" else scenario_python(c, pkg))
+    bodies = {"builtin": lambda: scenario_builtin(c), "python": lambda: scenario_python(c, pkg),
+              "raw": lambda: scenario_raw(c, pkg)}
+    run_scenario(c, scenario, bodies[scenario])
 
 if __name__ == "__main__":
     main()
