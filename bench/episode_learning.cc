@@ -7,6 +7,7 @@
 //                    [--sft_steps 200] [--sft_lr 1e-3] [--sft_batch 32]
 //                    [--eval_every 25] [--eval_prompts 200] [--unmasked 0]
 //                    [--seed 0] [--threads 1] [--csv FILE] [--save_model DIR]
+//                    [--record FILE] [--replay FILE]
 //
 // The tiny model (random weights, vocabulary 64) first learns the format
 // from --sft_steps supervised steps on calculator transcripts (the
@@ -23,6 +24,12 @@
 // --save_model writes the model after the supervised steps (a Hugging Face
 // directory: the base model that the daemons' --model read; docs/
 // benchmarks.md runs add_tool through the daemons from it).
+// --record writes every step's groups (the trajectories as sampled, masks
+// included); --replay trains on a recorded run's groups instead of sampling
+// (with --unmasked 1: the masked run's own trajectories, their masks
+// dropped), so that masked and unmasked training compare on the same
+// trajectories. The file: per step, a uint64 length (little-endian), then
+// an asympo.v1.RolloutBatch of the step's groups.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -55,7 +62,7 @@ struct Args {
   double lr, sft_lr;
   bool unmasked;
   uint64_t seed;
-  std::string objective, csv, save_model;
+  std::string objective, csv, save_model, record, replay;
 };
 
 // A calculator transcript for `prompt`: operands in a random order, "a + b
@@ -150,6 +157,29 @@ std::vector<asympo::v1::PromptGroup> RunEpisodes(const asympo::PolicyModel& mode
   return runner.RunToEnd(*engine).value();
 }
 
+// A step's groups to `out`, as --record writes them.
+void Record(std::ofstream& out, const std::vector<asympo::v1::PromptGroup>& groups) {
+  asympo::v1::RolloutBatch b;
+  for (const auto& g : groups) *b.add_groups() = g;
+  const std::string bytes = b.SerializeAsString();
+  const uint64_t n = bytes.size();
+  out.write(reinterpret_cast<const char*>(&n), sizeof(n));
+  out.write(bytes.data(), static_cast<std::streamsize>(n));
+}
+
+// The next step's groups from `in`; false at its end or on a bad record.
+bool Replay(std::ifstream& in, std::vector<asympo::v1::PromptGroup>* groups) {
+  uint64_t n = 0;
+  if (!in.read(reinterpret_cast<char*>(&n), sizeof(n)) || n > (uint64_t{1} << 30)) return false;
+  std::string bytes(n, '\0');
+  asympo::v1::RolloutBatch b;
+  if (!in.read(bytes.data(), static_cast<std::streamsize>(n)) || !b.ParseFromString(bytes)) {
+    return false;
+  }
+  groups->assign(b.groups().begin(), b.groups().end());
+  return true;
+}
+
 double MeanReward(const std::vector<asympo::v1::PromptGroup>& groups, double* calls) {
   double sum = 0, n = 0, inserted = 0;
   for (const auto& g : groups) {
@@ -182,11 +212,121 @@ Args Parse(int argc, char** argv) {
          static_cast<uint64_t>(Flag(argc, argv, "--seed", 0)),
          FlagS(argc, argv, "--objective", "asympo"),
          FlagS(argc, argv, "--csv", ""),
-         FlagS(argc, argv, "--save_model", "")};
+         FlagS(argc, argv, "--save_model", ""),
+         FlagS(argc, argv, "--record", ""),
+         FlagS(argc, argv, "--replay", "")};
   at::set_num_threads(static_cast<int>(Flag(argc, argv, "--threads", 1)));
   asympo::bench::RejectUnknownFlags(argc, argv);
   return a;
 }
+
+// The RL steps after the supervised ones: sampled (and --record'ed) or
+// --replay'ed groups, each trained one step; held-out evaluations.
+class RlRun {
+ public:
+  RlRun(const Args& a, asympo::PolicyModel* model, rollout::Task* task, std::mt19937_64* rng)
+      : a_(a), model_(model), task_(task), rng_(*rng) {}
+
+  int Run() {
+    learner::TrainerOptions topt;
+    topt.loss.objective = learner::ParseObjective(a_.objective).value();
+    topt.lr.peak_lr = a_.lr;
+    trainer_ = learner::Trainer::Create(topt, model_, nullptr).value();
+    const std::vector<rollout::TaskPrompt> held_out = task_->EvaluationPrompts(a_.eval_prompts);
+    if (!Open()) return 1;
+    const auto start = Clock::now();
+    for (int64_t step = 0; step <= a_.steps; ++step) {
+      double heldout = -1;
+      if (step % a_.eval_every == 0 || step == a_.steps) {
+        heldout = MeanReward(RunEpisodes(*model_, *task_, held_out, 1, 0.0, rng_), nullptr);
+      }
+      if (step == a_.steps) {
+        std::printf("step=%ld heldout_greedy_acc=%.3f\n", step, heldout);
+        if (csv_.is_open()) csv_ << step << ",,," << heldout << ",\n";
+        break;
+      }
+      std::vector<asympo::v1::PromptGroup> groups;
+      if (!Groups(step, &groups)) return 1;
+      double calls = 0;
+      const double reward = MeanReward(groups, &calls);
+      auto result = trainer_->Step(Queue(std::move(groups)));
+      if (!result.ok()) {
+        std::fprintf(stderr, "step %ld: %s\n", step,
+                     std::string(result.status().message()).c_str());
+        return 1;
+      }
+      Report(step, reward, calls, heldout,
+             std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    return 0;
+  }
+
+ private:
+  bool Open() {
+    if (!a_.csv.empty()) {
+      csv_.open(a_.csv);
+      csv_ << "step,reward,calls_per_episode,heldout_greedy_acc,seconds\n";
+    }
+    if (!a_.record.empty()) record_.open(a_.record, std::ios::binary);
+    if (!a_.replay.empty()) replay_.open(a_.replay, std::ios::binary);
+    if ((!a_.record.empty() && !record_) || (!a_.replay.empty() && !replay_)) {
+      std::fprintf(stderr, "cannot open --record or --replay\n");
+      return false;
+    }
+    return true;
+  }
+
+  // The step's groups: replayed, or sampled with the current weights.
+  bool Groups(int64_t step, std::vector<asympo::v1::PromptGroup>* groups) {
+    if (replay_.is_open()) {
+      if (Replay(replay_, groups)) return true;
+      std::fprintf(stderr, "--replay %s: no groups for step %ld\n", a_.replay.c_str(), step);
+      return false;
+    }
+    std::vector<rollout::TaskPrompt> prompts;
+    for (int64_t p = 0; p < a_.prompts; ++p) prompts.push_back(task_->NextPrompt(rng_));
+    *groups = RunEpisodes(*model_, *task_, prompts, a_.group, 1.0, rng_);
+    if (record_.is_open()) Record(record_, *groups);
+    return true;
+  }
+
+  std::vector<learner::QueuedGroup> Queue(std::vector<asympo::v1::PromptGroup> groups) {
+    std::vector<learner::QueuedGroup> queued;
+    for (auto& g : groups) {
+      learner::QueuedGroup q;
+      q.tokens = 0;
+      for (auto& r : *g.mutable_responses()) {
+        if (a_.unmasked) r.clear_loss_mask();
+        q.tokens += g.prompt_tokens_size() + r.tokens_size();
+      }
+      q.group = std::move(g);
+      q.arrival_version = trainer_->version();
+      queued.push_back(std::move(q));
+    }
+    return queued;
+  }
+
+  void Report(int64_t step, double reward, double calls, double heldout, double seconds) {
+    if (heldout >= 0 || step % 10 == 0) {
+      std::printf("step=%ld reward=%.3f calls=%.2f heldout_greedy_acc=%s t=%.0fs\n", step, reward,
+                  calls, heldout >= 0 ? std::to_string(heldout).c_str() : "-", seconds);
+      std::fflush(stdout);
+    }
+    if (csv_.is_open()) {
+      csv_ << step << "," << reward << "," << calls << ",";
+      if (heldout >= 0) csv_ << heldout;
+      csv_ << "," << seconds << "\n";
+    }
+  }
+
+  const Args& a_;
+  asympo::PolicyModel* model_;
+  rollout::Task* task_;
+  std::mt19937_64& rng_;
+  std::unique_ptr<learner::Trainer> trainer_;
+  std::ofstream csv_, record_;
+  std::ifstream replay_;
+};
 
 }  // namespace
 
@@ -211,61 +351,5 @@ int main(int argc, char** argv) {
     }
     std::printf("model written to %s\n", a.save_model.c_str());
   }
-  learner::TrainerOptions topt;
-  topt.loss.objective = learner::ParseObjective(a.objective).value();
-  topt.lr.peak_lr = a.lr;
-  auto trainer = learner::Trainer::Create(topt, model.get(), nullptr).value();
-  const std::vector<rollout::TaskPrompt> held_out = task->EvaluationPrompts(a.eval_prompts);
-  std::ofstream csv;
-  if (!a.csv.empty()) {
-    csv.open(a.csv);
-    csv << "step,reward,calls_per_episode,heldout_greedy_acc,seconds\n";
-  }
-  const auto start = Clock::now();
-  for (int64_t step = 0; step <= a.steps; ++step) {
-    double heldout = -1;
-    if (step % a.eval_every == 0 || step == a.steps) {
-      heldout = MeanReward(RunEpisodes(*model, *task, held_out, 1, 0.0, rng), nullptr);
-    }
-    if (step == a.steps) {
-      std::printf("step=%ld heldout_greedy_acc=%.3f\n", step, heldout);
-      if (csv.is_open()) csv << step << ",,," << heldout << ",\n";
-      break;
-    }
-    std::vector<rollout::TaskPrompt> prompts;
-    for (int64_t p = 0; p < a.prompts; ++p) prompts.push_back(task->NextPrompt(rng));
-    std::vector<asympo::v1::PromptGroup> groups =
-        RunEpisodes(*model, *task, prompts, a.group, 1.0, rng);
-    double calls = 0;
-    const double reward = MeanReward(groups, &calls);
-    std::vector<learner::QueuedGroup> queued;
-    for (auto& g : groups) {
-      learner::QueuedGroup q;
-      q.tokens = 0;
-      for (auto& r : *g.mutable_responses()) {
-        if (a.unmasked) r.clear_loss_mask();
-        q.tokens += g.prompt_tokens_size() + r.tokens_size();
-      }
-      q.group = std::move(g);
-      q.arrival_version = trainer->version();
-      queued.push_back(std::move(q));
-    }
-    auto result = trainer->Step(std::move(queued));
-    if (!result.ok()) {
-      std::fprintf(stderr, "step %ld: %s\n", step, std::string(result.status().message()).c_str());
-      return 1;
-    }
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    if (heldout >= 0 || step % 10 == 0) {
-      std::printf("step=%ld reward=%.3f calls=%.2f heldout_greedy_acc=%s t=%.0fs\n", step, reward,
-                  calls, heldout >= 0 ? std::to_string(heldout).c_str() : "-", seconds);
-      std::fflush(stdout);
-    }
-    if (csv.is_open()) {
-      csv << step << "," << reward << "," << calls << ",";
-      if (heldout >= 0) csv << heldout;
-      csv << "," << seconds << "\n";
-    }
-  }
-  return 0;
+  return RlRun(a, model.get(), task.get(), &rng).Run();
 }
