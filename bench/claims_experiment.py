@@ -24,9 +24,15 @@ Layout under --out:
   copy/OBJ_seedS.json  phase copy: the mechanism's measures on copy (3-5-token
                        responses from random weights, the copy grid's settings)
   runs/NAME.csv, runs/NAME.log  the per-step rows and the logs (not committed)
+  csv/NAME.csv.gz      the per-step rows, compressed (committed)
   summary.json         what the files say, cell by cell (and the lr chosen)
 
-The shared learning rate is the one with the best mean@8 for grpo at lag 0
+With --lr every objective runs at that one rate and there is no sweep
+(docs/method.md, "Deciding the paper's claims": 3e-5, seeds 0-9):
+
+    python3 bench/claims_experiment.py --phase grid --lr 3e-5 --seeds 3,4,5,6,7,8,9
+
+Otherwise the shared learning rate is the one with the best mean@8 for grpo at lag 0
 over the seeds (the paper's protocol); the grid runs every objective with
 it, and with each objective's own best learning rate at lag 0 where that
 differs. Per step (runs/*.csv): reward, S_P, S_N, the degenerate-group
@@ -35,6 +41,7 @@ token KL between the weights that sampled and the weights that train.
 """
 import argparse
 import concurrent.futures
+import gzip
 import json
 import math
 import os
@@ -74,6 +81,9 @@ def parse_args(argv=None):
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--lags", default="0,4,16")
     ap.add_argument("--lrs", default="3e-5,1e-4,3e-4")
+    ap.add_argument("--lr", type=float, default=0.0,
+                    help="one learning rate for every objective (docs/method.md, \"Deciding the paper's "
+                         "claims\"): no sweep, and phase grid at this rate only (0: the sweep's rule)")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
@@ -103,6 +113,8 @@ def parse_args(argv=None):
             ap.error("--phase: unknown phase %r (%s)" % (p, ", ".join(PHASES)))
     if args.steps < 1 or args.jobs < 1 or not args.seeds or not args.lags or not args.lrs:
         ap.error("--steps and --jobs must be positive; --seeds, --lags and --lrs non-empty")
+    if args.lr < 0 or not math.isfinite(args.lr):
+        ap.error("--lr must be a finite rate >= 0 (0: the sweep's rule)")
     if args.daemon_queue < 1 or args.copy_steps < 1:
         ap.error("--daemon_queue and --copy_steps must be positive")
     return args
@@ -235,6 +247,7 @@ def run_one(args, folder, objective, lr, lag, seed):
            "--eval_k", str(args.eval_prompts_k), "--eval_prompts", str(args.eval_prompts), "--log_every", "50",
            "--csv", csv_path, "--threads", "1", "--base_stats", "0"]
     seconds, final, rows = train(cmd, name, csv_path, log_path)
+    keep_csv(args, csv_path, name)
     half = len(rows) // 2
     value = {"objective": objective, "lr": lr, "lag": lag, "seed": seed, "steps": args.steps,
              "command": " ".join(cmd), "seconds": round(seconds, 1), "eval": final, **analyse(rows),
@@ -246,6 +259,16 @@ def run_one(args, folder, objective, lr, lag, seed):
     os.makedirs(os.path.dirname(result), exist_ok=True)
     write_json(result, value)
     return value
+
+
+def keep_csv(args, csv_path, name):
+    """The run's per-step rows, compressed, beside the results (committed:
+    the report recomputes collapses and trajectories from them)."""
+    os.makedirs(os.path.join(args.out, "csv"), exist_ok=True)
+    with open(csv_path, "rb") as src, open(os.path.join(args.out, "csv", name + ".csv.gz.part"), "wb") as raw:
+        with gzip.GzipFile(filename=name + ".csv", mode="wb", fileobj=raw, mtime=0) as dst:
+            dst.write(src.read())
+    os.replace(os.path.join(args.out, "csv", name + ".csv.gz.part"), os.path.join(args.out, "csv", name + ".csv.gz"))
 
 
 def run_all(args, jobs):
@@ -355,10 +378,10 @@ def main(argv=None):
               flush=True)
     # grpo first: the shared learning rate is its best.
     order = sorted(args.objectives, key=lambda o: o != "grpo")
-    sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs
-                           for s in args.seeds]) if {"sweep", "grid", "daemons"} & set(args.phase) else []
-    shared = best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None
-    own = {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
+    sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs for s in args.seeds]) \
+        if {"sweep", "grid", "daemons"} & set(args.phase) and not args.lr else []
+    shared = args.lr or (best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None)
+    own = {} if args.lr else {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
     if sweep:
         summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
     if "grid" in args.phase and shared is not None:
@@ -367,9 +390,13 @@ def main(argv=None):
             return "sweep" if lag == 0 and lr in args.lrs else "grid"
         jobs = {(folder(shared, lag), o, shared, lag, s) for o in args.objectives for lag in args.lags
                 for s in args.seeds}
-        jobs |= {(folder(own[o], lag), o, own[o], lag, s) for o in args.objectives if own[o] is not None
+        jobs |= {(folder(own[o], lag), o, own[o], lag, s) for o in args.objectives if own.get(o) is not None
                  for lag in args.lags for s in args.seeds}
-        summary["grid"] = run_all(args, sorted(jobs, key=lambda j: (j[3], j[1], j[2], j[4])))
+        done = run_all(args, sorted(jobs, key=lambda j: (j[3], j[1], j[2], j[4])))
+        if args.lr:
+            summary["one_lr"] = {"lr": args.lr, "seeds": args.seeds, "runs": done}
+        else:
+            summary["grid"] = done
     if "daemons" in args.phase:
         lr = shared if shared is not None else args.lrs[0]
         summary["daemons"] = []

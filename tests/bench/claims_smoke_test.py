@@ -6,6 +6,7 @@ finished run when started again, and completes a grid stopped part-way.
     claims_smoke_test.py <source dir> <build dir> <scratch dir>
 """
 import glob
+import gzip
 import json
 import os
 import shutil
@@ -13,7 +14,7 @@ import subprocess
 import sys
 
 
-def run(source, build, out, phases=()):
+def run(source, build, out, phases=(), extra=()):
     cmd = [sys.executable, os.path.join(source, "bench", "claims_experiment.py"),
            "--build_dir", build, "--out", out, "--steps", "3", "--seeds", "0", "--lags", "0,2",
            "--lrs", "1e-4,3e-4", "--objectives", "grpo,spo,asympo", "--daemon_objectives", "grpo", "--copy_objectives", "asympo",
@@ -21,6 +22,7 @@ def run(source, build, out, phases=()):
            "--sft_target", "0", "--eval_prompts_k", "1", "--eval_prompts", "100", "--jobs", "2"]
     if phases:
         cmd += ["--phase", ",".join(phases)]
+    cmd += list(extra)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     sys.stdout.write(p.stdout + p.stderr)
     assert p.returncode == 0, "exit %d" % p.returncode
@@ -99,7 +101,26 @@ def main():
     for key in ("shared_lr", "own_lr", "sweep", "grid", "daemons", "copy", "base_check"):
         assert again.get(key) == summary.get(key), (key, again.get(key), summary.get(key))
     check_report(source, out, scratch)
+    check_one_lr(source, build, out)
     print("ok")
+
+
+def check_one_lr(source, build, out):
+    """--lr: every objective at that one rate, no sweep at the others; every
+    run's per-step rows kept compressed beside the results."""
+    before = set(glob.glob(os.path.join(out, "*", "*.json")))
+    run(source, build, out, phases=["grid"], extra=["--lr", "3e-4", "--seeds", "1"])
+    new = sorted(os.path.relpath(p, out) for p in set(glob.glob(os.path.join(out, "*", "*.json"))) - before)
+    want = sorted(["sweep/%s_lr0.0003_lag0_seed1.json" % o for o in ("grpo", "spo", "asympo")] +
+                  ["grid/%s_lr0.0003_lag2_seed1.json" % o for o in ("grpo", "spo", "asympo")])
+    assert new == want, new
+    for path in glob.glob(os.path.join(out, "sweep", "*.json")) + glob.glob(os.path.join(out, "grid", "*.json")):
+        name = os.path.basename(path)[:-len(".json")]
+        with gzip.open(os.path.join(out, "csv", name + ".csv.gz"), "rt") as f:
+            rows = f.read().splitlines()
+        assert rows[0].startswith("step,") and len(rows) == 1 + 3, (name, rows[:2])
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["one_lr"]["lr"] == 3e-4 and len(summary["one_lr"]["runs"]) == 6, summary.get("one_lr")
 
 
 def check_report(source, out, scratch):
