@@ -46,8 +46,34 @@ def check_best_lr(source):
     assert claims_experiment.best_lr(tie, "gpg", 1) is None
 
 
+def check_stats(source):
+    """bench/claims_stats.py against known values: Student's t, Fisher's F
+    and Clopper-Pearson quantiles from tables, the paired interval, the
+    verdicts against a tolerance, and the whole-run collapse rule."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_stats as c
+    close = lambda x, y: abs(x - y) < 5e-4  # noqa: E731
+    assert close(c.t_quantile(0.975, 9), 2.262) and close(c.t_quantile(0.975, 1), 12.706)
+    assert close(c.f_quantile(0.975, 9, 9), 4.026) and close(c.f_quantile(0.025, 9, 9), 0.2484)
+    assert close(c.fraction_interval(10, 10)[0], 0.6915) and c.fraction_interval(10, 10)[1] == 1.0
+    assert close(c.fraction_interval(5, 10)[0], 0.1871) and close(c.fraction_interval(5, 10)[1], 0.8129)
+    m, low, high, n = c.paired_interval({0: 0.60, 1: 0.62, 2: 0.61, 9: 0.5}, {0: 0.63, 1: 0.63, 2: 0.63})
+    assert n == 3 and close(m, -0.02) and close(low, -0.0448) and close(high, 0.0048), (m, low, high)
+    assert c.judge(-0.01, 0.03, 0.02) == "confirmed" and c.judge(-0.05, -0.03, 0.02) == "refuted"
+    assert c.judge(-0.05, 0.01, 0.02) == "inconclusive" and c.judge(None, None, 0.02) == "inconclusive"
+    assert c.combine(["confirmed", "confirmed"]) == "confirmed"
+    assert c.combine(["confirmed", "refuted"]) == "refuted" and c.combine(["confirmed", "inconclusive"]) == "inconclusive"
+    r, low, high = c.variance_ratio_interval([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert close(r, 1.0) and close(low, 1 / 4.026) and close(high, 4.026), (r, low, high)
+    fall = [0.3] * 10 + [0.6] * 50 + [0.1] * 40  # the 20-step mean falls below 0.3 at step 72
+    assert c.collapse(fall, 0.297) == ("collapsed", 72)
+    assert c.collapse(fall[:80], 0.297) == ("held", None), "below half for fewer than 20 steps"
+    assert c.collapse([0.2] * 100, 0.297) == ("did not learn", None)
+
+
 def main():
     source, build, scratch = sys.argv[1:4]
+    check_stats(source)
     check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
