@@ -21,7 +21,7 @@ from staleness_experiment import fmt_mean  # noqa: E402
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 STABLE = ("grpo", "spo", "asympo")  # the claim-1 objectives that should not collapse
 TOLERANCE = 0.02                    # claims 2 and 3: two points of mean@k
-# The verdict line's lead: at the shared lr (the paper's protocol), or each
+# The verdict line's lead: at the shared lr (grpo's best at lag 0), or each
 # objective at its own best lr (the second table).
 VERDICT = {False: "Verdict", True: "Verdict at the own lrs"}
 
