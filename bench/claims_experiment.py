@@ -16,6 +16,7 @@ land.
 Layout under --out:
   base/model/          the base model (task_learning --sft_steps ... --save_model)
   base/base.json       its accuracy, S_g range and within-group 1/S_g ratios
+  base/eval.json       asympo-eval's report on it (held-out mean@k, greedy, pass@k)
   sweep/OBJ_lrLR_lag0_seedS.json   lag 0, every objective and learning rate
   grid/OBJ_lrLR_lagK_seedS.json
   daemons/OBJ_qQ_seedS.json   phase daemons: the same settings through
@@ -163,6 +164,24 @@ def make_base(args):
              "sample_accuracy": float(m.group(7)), "responses": int(m.group(1))}
     write_json(result, value)
     return value
+
+
+def evaluate_base(args):
+    """base/eval.json: asympo-eval's report on the base (held-out mean@k,
+    greedy accuracy, pass@k), unless it exists: the verdicts judge collapse
+    against the base's mean@k."""
+    result = os.path.join(args.out, "base", "eval.json")
+    if not os.path.exists(result):
+        cmd = [os.path.join(args.build_dir, "rollout_server", "asympo-eval"),
+               "--model=" + os.path.join(args.out, "base", "model"), "--task=add", "--k=%d" % args.eval_prompts_k,
+               "--output=" + result + ".part"]
+        if args.eval_prompts:
+            cmd.append("--max_prompts=%d" % args.eval_prompts)
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError("asympo-eval of the base failed (exit %d): %s" % (out.returncode, out.stderr[-2000:]))
+        os.replace(result + ".part", result)
+    return read_json(result)
 
 
 S_G_RANGE = (0.2, 0.6)  # nats: a pretrained model's response NLL (an assumption: the paper states no range)
@@ -372,6 +391,8 @@ def main(argv=None):
     if "base" in args.phase or not os.path.exists(base):
         summary["base"] = make_base(args)
         print("base: %s" % json.dumps(summary["base"]["s_g"]), flush=True)
+    if os.path.exists(os.path.join(args.out, "base", "model", "config.json")):
+        summary["base_eval"] = evaluate_base(args)
     if os.path.exists(base):
         ok, text = base_check(read_json(base))
         summary["base_check"] = {"ok": ok, "text": text}

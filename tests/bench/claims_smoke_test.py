@@ -147,6 +147,17 @@ def check_one_lr(source, build, out):
         assert rows[0].startswith("step,") and len(rows) == 1 + 3, (name, rows[:2])
     summary = json.load(open(os.path.join(out, "summary.json")))
     assert summary["one_lr"]["lr"] == 3e-4 and len(summary["one_lr"]["runs"]) == 6, summary.get("one_lr")
+    base = json.load(open(os.path.join(out, "base", "eval.json")))
+    assert base["prompts"] == 100 and 0 <= base["mean_at_k"] <= 1, base
+    # The verdicts by docs/method.md's rules, from these files: one seed a
+    # cell at lr 3e-4 here, so every interval is missing and nothing is decided.
+    verdicts = subprocess.run([sys.executable, os.path.join(source, "bench", "claims_verdicts.py"), "--out", out,
+                               "--lr", "3e-4", "--lags", "0,2", "--k", "1"],
+                              capture_output=True, text=True, timeout=60, check=True).stdout
+    for needle in ("| `asympo` |", "**The noise floor**", "**Claim 2**", "- Verdict: **inconclusive**",
+                   "**Claim 3**", "**Spreads across seeds**", "**Claim 1**", "| `grpo` | "):
+        assert needle in verdicts, (needle, verdicts)
+    assert "1 seed pair: no interval" in verdicts, verdicts
 
 
 def check_report(source, out, scratch):
