@@ -158,8 +158,11 @@ def claim1(cells, lags, base):
 
 def render(out, lr, lags, k):
     cells = load(out, lr, k)
-    with open(os.path.join(out, "base", "eval.json")) as f:
-        base = json.load(f)["mean_at_k"]
+    base_eval = os.path.join(out, "base", "eval.json")
+    base = None
+    if os.path.exists(base_eval):
+        with open(base_eval) as f:
+            base = json.load(f)["mean_at_k"]
     (m, low, high, n), floor_sd = noise_floor(cells)
     stale = [g for g in lags if g > 0]
     lines = ["Every objective at lr %g; mean@%d in points (0.01); the rules of docs/method.md, "
@@ -174,6 +177,9 @@ def render(out, lr, lags, k):
     lines += claim(cells, "asympo", "spo", lags, floor_sd)
     lines += ["- Pooled under staleness: " + sign_test(cells, "asympo", "spo", stale)]
     lines += ["", "**Spreads across seeds**:"] + spreads(cells, lags)
+    if base is None:
+        lines += ["", "**Claim 1**: not judged: the base has no evaluation (base/eval.json)."]
+        return "\n".join(lines) + "\n"
     lines += ["", "**Claim 1**: collapse over the whole run (the 20-step mean reward from a peak above the "
               "base's mean@%d, %.3f, to below half of it for 20 steps; the step of the fall in brackets):" % (k, base), ""]
     lines += claim1(cells, lags, base)
