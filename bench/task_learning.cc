@@ -12,6 +12,8 @@
 //                 [--log_every 10] [--lag 0] [--csv FILE] [--eval_every 0] [--eval_k 8]
 //                 [--eval_prompts 0]
 //                 [--p_low] [--p_high] [--scale_floor] [--advantage mean] [--eval_json FILE]
+//                 [--clip_ratio_c 0] (grpo's dual clip: VeRL's grpo is --advantage mean_std
+//                 --clip_ratio_c 3)
 //                 [--weight_decay 0] [--layers 0] [--hidden 0]
 //                 [--init_model DIR] [--sft_steps 0] [--sft_target 0.4] [--sft_lr 1e-3]
 //                 [--sft_batch 32] [--sft_eval_every 50] [--save_model DIR] [--base_stats 64]
@@ -111,6 +113,7 @@ struct Args {
   int32_t min_length;
   int32_t max_length;
   double p_low, p_high, scale_floor;  // asympo_stable
+  double clip_ratio_c = 0.0;          // grpo's dual clip (0: off)
   std::string advantage;              // mean or mean_std
   double weight_decay = 0.0;          // AdamW decoupled weight decay
   int64_t layers = 0;                 // 0: the tiny model's 2
@@ -152,6 +155,7 @@ Args ParseArgs(int argc, char** argv) {
   args.p_high = FlagD(argc, argv, "--p_high", learner::PolicyLossOptions().p_high);
   args.scale_floor = FlagD(argc, argv, "--scale_floor", learner::PolicyLossOptions().scale_floor);
   args.advantage = FlagS(argc, argv, "--advantage", "mean");
+  args.clip_ratio_c = FlagD(argc, argv, "--clip_ratio_c", 0.0);
   args.weight_decay = FlagD(argc, argv, "--weight_decay", 0.0);
   args.layers = Flag(argc, argv, "--layers", 0);
   args.hidden = Flag(argc, argv, "--hidden", 0);
@@ -251,6 +255,7 @@ absl::StatusOr<Setup> CreateSetup(const Args& args) {
   trainer_options.loss.p_low = args.p_low;
   trainer_options.loss.p_high = args.p_high;
   trainer_options.loss.scale_floor = args.scale_floor;
+  trainer_options.loss.clip_ratio_c = args.clip_ratio_c;
   absl::StatusOr<learner::AdvantageNormalization> advantage =
       learner::ParseAdvantageNormalization(args.advantage);
   if (!advantage.ok()) return advantage.status();

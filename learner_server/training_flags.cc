@@ -54,6 +54,9 @@ ABSL_FLAG(double, p_high, 0.99, "asympo_stable: upper probability bound for A >=
 ABSL_FLAG(double, scale_floor, 1e-2, "asympo_stable: floor of the response scale (nats).");
 ABSL_FLAG(double, clip_eps_low, 0.2, "grpo: lower clip range (ratio >= 1 - eps).");
 ABSL_FLAG(double, clip_eps_high, 0.2, "grpo: upper clip range (ratio <= 1 + eps).");
+ABSL_FLAG(double, clip_ratio_c, 0.0,
+          "grpo: the dual clip (0: off; VeRL uses 3): a token with a negative advantage loses at "
+          "most clip_ratio_c times it, however large its ratio.");
 ABSL_FLAG(bool, gpg_gradient_correction, true, "gpg: apply alpha = B / (B - M).");
 ABSL_FLAG(int64_t, micro_batch_tokens, 16384,
           "Tokens per micro-batch (gradient accumulation): real tokens with --pack_sequences, "
@@ -124,6 +127,7 @@ ASYMPO_FLAG_RANGE(p_high, 0, 1);
 ASYMPO_FLAG_RANGE(scale_floor, 0, 100);
 ASYMPO_FLAG_RANGE(clip_eps_low, 0, 1);
 ASYMPO_FLAG_RANGE(clip_eps_high, 0, 100);
+ASYMPO_FLAG_RANGE(clip_ratio_c, 0, 1e6);
 ASYMPO_FLAG_RANGE(micro_batch_tokens, 1, 1 << 30);
 ASYMPO_FLAG_RANGE(logprob_chunk_rows, 1, 1 << 30);
 ASYMPO_FLAG_RANGE(lr, 0, 1);
@@ -165,6 +169,7 @@ absl::Status ObjectiveFlags(PolicyLossOptions* loss) {
   loss->scale_floor = absl::GetFlag(FLAGS_scale_floor);
   loss->clip_eps_low = absl::GetFlag(FLAGS_clip_eps_low);
   loss->clip_eps_high = absl::GetFlag(FLAGS_clip_eps_high);
+  loss->clip_ratio_c = absl::GetFlag(FLAGS_clip_ratio_c);
   loss->gpg_gradient_correction = absl::GetFlag(FLAGS_gpg_gradient_correction);
   return absl::OkStatus();
 }

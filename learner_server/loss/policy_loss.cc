@@ -208,6 +208,9 @@ absl::StatusOr<PolicyLoss> PolicyLoss::Create(const PolicyLossOptions& o) {
   if (!(o.clip_eps_high > 0.0 && std::isfinite(o.clip_eps_high))) {
     return bad("clip_eps_high", o.clip_eps_high, "it must be positive and finite");
   }
+  if (!(o.clip_ratio_c == 0.0 || (o.clip_ratio_c > 1.0 && std::isfinite(o.clip_ratio_c)))) {
+    return bad("clip_ratio_c", o.clip_ratio_c, "it must be 0 (off) or above 1, finite");
+  }
   if (o.advantage.normalization == AdvantageNormalization::kMeanStd &&
       !(o.advantage.std_epsilon > 0.0)) {
     return bad("std_epsilon", o.advantage.std_epsilon,
@@ -261,7 +264,11 @@ at::Tensor GrpoLoss(const Prepared& p, const at::Tensor& behavior_logprobs,
       behavior_logprobs.to(p.logp.device(), p.logp.scalar_type()).masked_fill(not_mask, 0.0);
   const at::Tensor ratio = at::exp(p.logp - behavior);  // (N, T), 1 on padding
   const at::Tensor clipped_ratio = ratio.clamp(1.0 - o.clip_eps_low, 1.0 + o.clip_eps_high);
-  const at::Tensor surrogate = at::minimum(ratio * adv_col, clipped_ratio * adv_col);
+  at::Tensor surrogate = at::minimum(ratio * adv_col, clipped_ratio * adv_col);
+  if (o.clip_ratio_c > 0) {
+    // The dual clip: with A < 0 the surrogate is at least c A.
+    surrogate = at::where(adv_col < 0, at::maximum(surrogate, o.clip_ratio_c * adv_col), surrogate);
+  }
   const at::Tensor per_response = -surrogate.masked_fill(not_mask, 0.0).sum(1) / p.lengths;
   const at::Tensor r = ratio.detach();
   d->clip_high_fraction = Fraction(

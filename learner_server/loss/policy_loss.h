@@ -50,6 +50,10 @@ struct PolicyLossOptions {
   // grpo: PPO clip range [1 - clip_eps_low, 1 + clip_eps_high].
   double clip_eps_low = 0.2;
   double clip_eps_high = 0.2;
+  // grpo: the dual clip (0: off; else > 1, VeRL's clip_ratio_c, 3 there): a
+  // token with A < 0 loses at most -clip_ratio_c * A, so a ratio far above
+  // 1 (a token the behavior policy found unlikely) cannot blow the step up.
+  double clip_ratio_c = 0.0;
   // gpg: multiply the gradient by alpha = B / (B - M) (B responses, M of them
   // in groups whose rewards are all equal), the paper's correction.
   bool gpg_gradient_correction = true;

@@ -325,6 +325,41 @@ TEST(PolicyLossTest, GrpoClipsRatiosBeyondEpsilonOnTheAdvantageSide) {
   EXPECT_NEAR(out.diagnostics.clip_low_fraction, 1.0 / 6, 1e-15);
 }
 
+// VeRL's dual clip (clip_ratio_c = 3): with A < 0 a token's loss is at
+// most -c A, so a ratio far above 1 + eps no longer grows it, and passes no
+// gradient; below c, and with A > 0, the PPO clip as before.
+TEST(PolicyLossTest, GrpoDualClipBoundsTheLossOfNegativeAdvantagesAtC) {
+  torch::Tensor logp = torch::zeros({2, 3}, torch::kDouble).requires_grad_(true);
+  const torch::Tensor ratios = torch::tensor({{5.0, 1.1, 0.5}, {5.0, 2.0, 1.5}}, torch::kDouble);
+  LossInputs in;
+  in.token_logprobs = logp;
+  in.mask = torch::ones({2, 3}, torch::kBool);
+  in.rewards = torch::tensor({1.0, 0.0}, torch::kDouble);  // A = +0.5, -0.5
+  in.group_index = torch::zeros({2}, torch::kLong);
+  in.num_groups = 1;
+  in.behavior_logprobs = -torch::log(ratios);
+  PolicyLossOptions o;
+  o.clip_ratio_c = 3.0;
+  const auto dual = MakeLoss(Objective::kGrpo, o).Compute(in).value();
+  const auto plain = MakeLoss(Objective::kGrpo).Compute(in).value();
+  const torch::Tensor grad = GradOf(dual.loss, logp), plain_grad = GradOf(plain.loss, logp);
+  const double w = 0.5 / 3;
+  // A < 0, ratio 5 > c: the loss is -c A = 1.5 there, with no gradient.
+  EXPECT_EQ(ItemOf(grad[1][0]), 0.0);
+  EXPECT_NEAR(ItemOf(plain_grad[1][0]), w * 0.5 * 5.0, 1e-15) << "unbounded without it";
+  // A < 0, ratio 2 and 1.5 (below c): as plain PPO.
+  EXPECT_NEAR(ItemOf(grad[1][1]), w * 0.5 * 2.0, 1e-15);
+  EXPECT_NEAR(ItemOf(grad[1][2]), w * 0.5 * 1.5, 1e-15);
+  // A > 0: untouched (ratio 5 clipped at 1 + eps as before).
+  for (int t = 0; t < 3; ++t) EXPECT_EQ(ItemOf(grad[0][t]), ItemOf(plain_grad[0][t])) << t;
+  // Loss: response 1's tokens give 0.5*(3) [bounded], 0.5*2, 0.5*1.5.
+  const double response1 = (1.5 + 1.0 + 0.75) / 3, plain1 = (2.5 + 1.0 + 0.75) / 3;
+  EXPECT_NEAR(dual.diagnostics.loss - plain.diagnostics.loss, 0.5 * (response1 - plain1), 1e-12);
+  o.clip_ratio_c = 1.0;
+  EXPECT_THAT(PolicyLoss::Create(o).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "clip_ratio_c"));
+}
+
 LossInputs GpgExample(const torch::Tensor& logp) {
   // Group 0: rewards 1, 0, 0 (A = 2/3, -1/3, -1/3); group 1: rewards 1, 1
   // (all equal: no signal). Token log-probs, padding as 0:
