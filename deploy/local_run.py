@@ -23,12 +23,21 @@ import time
 import urllib.request
 
 
+_HANDED_OUT = set()  # the ports free_port gave this process
+
+
 def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+    """A loopback port nothing listens on now, never one this process was
+    given before: the kernel may hand the port just closed out again, and
+    two calls in a row (a listen and a metrics port) would then collide."""
+    while True:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def without_run_label(sample):

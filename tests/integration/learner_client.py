@@ -1,7 +1,6 @@
 """Helpers shared by the Python integration tests: stubs generated from
 proto/ with grpc_tools, a free loopback port, and a check that exits 1."""
 import os
-import socket
 import sys
 
 try:
@@ -19,12 +18,8 @@ def check(cond, what):
     print("ok:", what)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy"))
+from local_run import free_port  # noqa: E402,F401  (one port is never handed out twice)
 
 
 def generate_stubs(proto_dir, work):

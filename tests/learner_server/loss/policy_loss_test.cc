@@ -299,17 +299,28 @@ TEST(PolicyLossTest, GrpoWithRatioOneHasThePlainPolicyGradient) {
   EXPECT_EQ(grpo.diagnostics.clip_high_fraction, 0.0);
 }
 
-TEST(PolicyLossTest, GrpoClipsRatiosBeyondEpsilonOnTheAdvantageSide) {
-  // A = +0.5 for response 0, -0.5 for response 1; eps = 0.2.
-  torch::Tensor logp = torch::zeros({2, 3}, torch::kDouble).requires_grad_(true);
-  const torch::Tensor ratios = torch::tensor({{1.5, 1.1, 0.5}, {0.5, 0.9, 1.5}}, torch::kDouble);
+// One group of two responses, rewards 1 and 0 (A = +0.5, -0.5), three
+// tokens each with log-prob 0 (`logp`) and behavior log-probs that make
+// the token ratios `ratios`.
+LossInputs GrpoPair(const torch::Tensor& logp, std::vector<std::vector<double>> ratios) {
   LossInputs in;
   in.token_logprobs = logp;
   in.mask = torch::ones({2, 3}, torch::kBool);
   in.rewards = torch::tensor({1.0, 0.0}, torch::kDouble);
   in.group_index = torch::zeros({2}, torch::kLong);
   in.num_groups = 1;
-  in.behavior_logprobs = -torch::log(ratios);  // rho = exp(0 - lb) = ratios
+  torch::Tensor r = torch::empty({2, 3}, torch::kDouble);
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t t = 0; t < 3; ++t) r[i][t] = ratios[i][t];
+  }
+  in.behavior_logprobs = -torch::log(r);  // rho = exp(0 - lb) = ratios
+  return in;
+}
+
+TEST(PolicyLossTest, GrpoClipsRatiosBeyondEpsilonOnTheAdvantageSide) {
+  // A = +0.5 for response 0, -0.5 for response 1; eps = 0.2.
+  torch::Tensor logp = torch::zeros({2, 3}, torch::kDouble).requires_grad_(true);
+  const LossInputs in = GrpoPair(logp, {{1.5, 1.1, 0.5}, {0.5, 0.9, 1.5}});
   const auto out = MakeLoss(Objective::kGrpo).Compute(in).value();
   const torch::Tensor grad = GradOf(out.loss, logp);
   const double w = 0.5 / 3;  // (1/G) * (1/m)
@@ -330,14 +341,7 @@ TEST(PolicyLossTest, GrpoClipsRatiosBeyondEpsilonOnTheAdvantageSide) {
 // gradient; below c, and with A > 0, the PPO clip as before.
 TEST(PolicyLossTest, GrpoDualClipBoundsTheLossOfNegativeAdvantagesAtC) {
   torch::Tensor logp = torch::zeros({2, 3}, torch::kDouble).requires_grad_(true);
-  const torch::Tensor ratios = torch::tensor({{5.0, 1.1, 0.5}, {5.0, 2.0, 1.5}}, torch::kDouble);
-  LossInputs in;
-  in.token_logprobs = logp;
-  in.mask = torch::ones({2, 3}, torch::kBool);
-  in.rewards = torch::tensor({1.0, 0.0}, torch::kDouble);  // A = +0.5, -0.5
-  in.group_index = torch::zeros({2}, torch::kLong);
-  in.num_groups = 1;
-  in.behavior_logprobs = -torch::log(ratios);
+  const LossInputs in = GrpoPair(logp, {{5.0, 1.1, 0.5}, {5.0, 2.0, 1.5}});
   PolicyLossOptions o;
   o.clip_ratio_c = 3.0;
   const auto dual = MakeLoss(Objective::kGrpo, o).Compute(in).value();
