@@ -1,5 +1,7 @@
 #include "rollout_server/episodes/environment.h"
 
+#include <cmath>
+
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
@@ -18,6 +20,18 @@ absl::Status InvalidAnswer(absl::string_view message) {
 
 bool IsInvalidAnswer(const absl::Status& s) {
   return s.GetPayload(kInvalidAnswerPayload).has_value();
+}
+
+absl::Status CheckReward(double reward, double max_abs_reward) {
+  if (!std::isfinite(reward)) {
+    return InvalidAnswer(
+        absl::StrCat("Step answered done with reward ", reward, "; it must be finite"));
+  }
+  if (max_abs_reward > 0 && std::fabs(reward) > max_abs_reward) {
+    return InvalidAnswer(absl::StrCat("Step answered done with reward ", reward,
+                                      ", beyond the learner's max_abs_reward ", max_abs_reward));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckEpisodeId(const std::string& id) {

@@ -60,6 +60,9 @@ absl::Status InvalidAnswer(absl::string_view message);
 bool IsInvalidAnswer(const absl::Status& s);
 // InvalidAnswer naming the call unless `id` has 1 to kMaxEpisodeIdBytes bytes.
 absl::Status CheckEpisodeId(const std::string& id);
+// InvalidAnswer unless a done answer's reward is finite and, when
+// max_abs_reward > 0, within +-max_abs_reward.
+absl::Status CheckReward(double reward, double max_abs_reward);
 
 class Environment {
  public:

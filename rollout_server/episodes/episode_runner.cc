@@ -1,7 +1,6 @@
 #include "rollout_server/episodes/episode_runner.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include <glog/logging.h>
@@ -21,20 +20,6 @@ std::string ReasonOf(const absl::Status& s) {
   if (absl::IsDeadlineExceeded(s)) return "deadline";
   if (absl::IsUnavailable(s)) return "unavailable";
   return "error";
-}
-
-// InvalidAnswer unless a done answer's reward is finite and within
-// max_abs_reward (when > 0).
-absl::Status CheckReward(double reward, double max_abs_reward) {
-  if (!std::isfinite(reward)) {
-    return InvalidAnswer(
-        absl::StrCat("Step answered done with reward ", reward, "; it must be finite"));
-  }
-  if (max_abs_reward > 0 && std::fabs(reward) > max_abs_reward) {
-    return InvalidAnswer(absl::StrCat("Step answered done with reward ", reward,
-                                      ", beyond the learner's max_abs_reward ", max_abs_reward));
-  }
-  return absl::OkStatus();
 }
 
 // How long RunToEnd waits for the environment when nothing decodes.

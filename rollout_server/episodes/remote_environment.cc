@@ -3,7 +3,6 @@
 // (End) only after its callback has run, so that destroying the client
 // waits for the callbacks, which use their caller's state.
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <set>
@@ -119,10 +118,7 @@ class RemoteEnvironment : public Environment {
   }
 
   static absl::StatusOr<TurnAnswer> Checked(const v1::StepResponse& r) {
-    if (r.done() && !std::isfinite(r.reward())) {
-      return InvalidAnswer(
-          absl::StrCat("Step answered done with reward ", r.reward(), "; it must be finite"));
-    }
+    if (r.done()) ASYMPO_RETURN_IF_ERROR(CheckReward(r.reward(), /*max_abs_reward=*/0));
     TurnAnswer answer;
     answer.done = r.done();
     answer.reward = r.reward();
