@@ -7,8 +7,10 @@ stopped part-way completes when started again. Commit the files as they
 land.
 
     python3 bench/claims_experiment.py [--build_dir build] [--out docs/results/claims]
-        [--phase base,sweep,grid,daemons,copy] [--jobs 2] [--steps 400] [--seeds 0,1,2]
+        [--phase base,sweep,grid,batches,daemons,copy] [--jobs 2] [--steps 400] [--seeds 0,1,2]
         [--lags 0,4,16] [--lrs 3e-5,1e-4,3e-4] [--objectives naive,gpg,grpo,spo,asympo,asympo_stable]
+        [--layers 4] [--hidden 128]
+        [--batch_objectives grpo,grpo_verl,spo,asympo,asympo_stable] [--batch_lag 4] [--minibatches 16]
         [--daemon_objectives naive,gpg,grpo,spo,asympo] [--daemon_queue 128]
         [--copy_objectives grpo,spo,asympo] [--copy_steps 600]
     python3 bench/claims_report.py   # then: docs/results.md's tables from the files
@@ -19,6 +21,10 @@ Layout under --out:
   base/eval.json       asympo-eval's report on it (held-out mean@k, greedy, pass@k)
   sweep/OBJ_lrLR_lag0_seedS.json   lag 0, every objective and learning rate
   grid/OBJ_lrLR_lagK_seedS.json
+  batches/OBJ_lrLR_lagK_mbM_seedS.json   phase batches: VeRL's batch structure, a batch of
+                       M steps' prompts sampled at once (by the weights of K steps
+                       before) and trained as M steps in turn; grpo_verl is grpo with
+                       std-normalized advantages and the dual clip at 3
   daemons/OBJ_qQ_seedS.json   phase daemons: the same settings through
                        deploy/local_run.py (a learner, two rollout daemons, a
                        queue of Q groups: real staleness), at the shared lr
@@ -31,7 +37,15 @@ Layout under --out:
 With --lr every objective runs at that one rate and there is no sweep
 (docs/method.md, "Deciding the paper's claims": 3e-5, seeds 0-9):
 
-    python3 bench/claims_experiment.py --phase grid --lr 3e-5 --seeds 3,4,5,6,7,8,9
+    python3 bench/claims_experiment.py --phase grid,batches --lr 3e-5 --seeds 0,1,2,3,4,5,6,7,8,9
+
+The runs go in this order, so that a stopped experiment lacks the least
+needed: the claims' four objectives (grpo, spo, asympo, asympo_stable) at
+every lag, then phase batches, then naive and gpg. A second model size is
+another --out with its own base (--layers, --hidden):
+
+    python3 bench/claims_experiment.py --out docs/results/claims-large --layers 8 --hidden 192 \
+        --phase base,grid --lr 3e-5 --lags 16,0 --seeds 0,1,2,3,4 --objectives grpo,spo,asympo,asympo_stable
 
 Otherwise the shared learning rate is the one with the best mean@8 for grpo at lag 0
 over the seeds (this experiment's rule: the paper gives every method one rate, 2e-6, and describes
@@ -57,7 +71,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from staleness_experiment import read_rows, run_logged  # noqa: E402  (the same logs and CSVs)
 
 OBJECTIVES = ["naive", "gpg", "grpo", "spo", "asympo", "asympo_stable"]
-PHASES = ("base", "sweep", "grid", "daemons", "copy")
+# The paper's claims are about these four; naive and gpg run after them.
+CLAIM_OBJECTIVES = ["grpo", "spo", "asympo", "asympo_stable"]
+# Objectives as run, by name: grpo_verl is grpo as VeRL runs it
+# (std-normalized advantages, the dual clip at 3).
+VARIANTS = {"grpo_verl": ["--objective", "grpo", "--advantage", "mean_std", "--clip_ratio_c", "3"]}
+PHASES = ("base", "sweep", "grid", "batches", "daemons", "copy")
 # Phase copy: the mechanism on very short responses, with the copy grid's
 # settings of docs/results.md (bench/staleness_experiment.py's defaults).
 COPY = ["--task", "copy", "--lr", "0.0003", "--group", "16", "--prompts", "8", "--vocab", "16",
@@ -66,15 +85,17 @@ SFT = re.compile(r"^sft done (.*)$", re.M)
 BASE = re.compile(r"^base responses=(\d+) S_g median=([\d.]+) p10=([\d.]+) p90=([\d.]+) nats; "
                   r"within-group max/min of 1/S_g median=([\d.]+) p90=([\d.]+); "
                   r"sample accuracy=([\d.]+)$", re.M)
-# The base: the smallest model that learns add (docs/tasks.md, "A base model for add").
-MODEL = ["--layers", "4", "--hidden", "128"]
+# The base: the smallest model that learns add (docs/tasks.md, "A base model
+# for add"), unless --layers and --hidden say otherwise (the second size).
+LAYERS, HIDDEN = 4, 128
 
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build_dir", default="build")
     ap.add_argument("--out", default="docs/results/claims")
-    ap.add_argument("--phase", default=",".join(PHASES), help="comma-separated: " + ", ".join(PHASES))
+    ap.add_argument("--phase", default=",".join(p for p in PHASES if p != "batches"),
+                    help="comma-separated: " + ", ".join(PHASES) + " (batches only when named)")
     ap.add_argument("--copy_objectives", default="grpo,spo,asympo",
                     help="phase copy: the objectives whose mechanism is measured on copy")
     ap.add_argument("--copy_steps", type=int, default=600, help="phase copy: steps per run")
@@ -87,6 +108,15 @@ def parse_args(argv=None):
                     help="one learning rate for every objective (docs/method.md, \"Deciding the paper's "
                          "claims\"): no sweep, and phase grid at this rate only (0: the sweep's rule)")
     ap.add_argument("--objectives", default=",".join(OBJECTIVES))
+    ap.add_argument("--layers", type=int, default=LAYERS, help="phase base: the model's layers")
+    ap.add_argument("--hidden", type=int, default=HIDDEN, help="phase base: the model's width")
+    ap.add_argument("--batch_objectives", default="grpo,grpo_verl,spo,asympo,asympo_stable",
+                    help="phase batches: the objectives in VeRL's batch structure (grpo_verl: grpo with "
+                         "std-normalized advantages and the dual clip at 3)")
+    ap.add_argument("--batch_lag", type=int, default=4, help="phase batches: the sampler's lag in steps")
+    ap.add_argument("--minibatches", type=int, default=16,
+                    help="phase batches: a batch of this many steps' prompts, sampled at once and trained as "
+                         "that many steps in turn (the paper's 512 prompts as 16 mini-batch steps)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--group", type=int, default=8)
     ap.add_argument("--eval_prompts_k", type=int, default=8, help="mean@k and pass@k of the final evaluation")
@@ -103,6 +133,7 @@ def parse_args(argv=None):
     args.lags = [int(x) for x in args.lags.split(",") if x]
     args.lrs = [float(x) for x in args.lrs.split(",") if x]
     args.objectives = [x for x in args.objectives.split(",") if x]
+    args.batch_objectives = [x for x in args.batch_objectives.split(",") if x]
     args.daemon_objectives = [x for x in args.daemon_objectives.split(",") if x]
     args.phase = [x for x in args.phase.split(",") if x]
     args.copy_objectives = [x for x in args.copy_objectives.split(",") if x]
@@ -110,9 +141,16 @@ def parse_args(argv=None):
         for o in getattr(args, flag):
             if o not in OBJECTIVES:
                 ap.error("--%s: unknown objective %r (%s)" % (flag, o, ", ".join(OBJECTIVES)))
+    for o in args.batch_objectives:
+        if o not in OBJECTIVES and o not in VARIANTS:
+            ap.error("--batch_objectives: unknown objective %r (%s)" % (o, ", ".join(OBJECTIVES + list(VARIANTS))))
+    if args.layers < 1 or args.hidden < 4 or args.hidden % 4:
+        ap.error("--layers must be positive and --hidden a positive multiple of 4 (4 heads)")
     for p in args.phase:
         if p not in PHASES:
             ap.error("--phase: unknown phase %r (%s)" % (p, ", ".join(PHASES)))
+    if "batches" in args.phase and (args.minibatches < 1 or args.steps % args.minibatches or args.batch_lag < 0):
+        ap.error("--minibatches must divide --steps (%d) and --batch_lag be >= 0" % args.steps)
     if args.steps < 1 or args.jobs < 1 or not args.seeds or not args.lags or not args.lrs:
         ap.error("--steps and --jobs must be positive; --seeds, --lags and --lrs non-empty")
     if args.lr < 0 or not math.isfinite(args.lr):
@@ -147,7 +185,8 @@ def make_base(args):
     if os.path.exists(result) and os.path.exists(os.path.join(base, "model", "config.json")):
         return read_json(result)
     os.makedirs(base, exist_ok=True)
-    cmd = [task_learning(args), "--task", "add", *MODEL, "--sft_steps", str(args.sft_steps),
+    cmd = [task_learning(args), "--task", "add", "--layers", str(args.layers), "--hidden", str(args.hidden),
+           "--sft_steps", str(args.sft_steps),
            "--sft_eval_every", "25", "--sft_target", repr(args.sft_target), "--sft_batch", "64",
            "--sft_lr", "1e-3", "--steps", "0", "--save_model", os.path.join(base, "model"),
            "--base_stats", "64", "--group", str(args.group), "--threads", "1", "--seed", "0"]
@@ -200,8 +239,14 @@ def base_check(base):
     return ok_s and ok_r, text
 
 
-def run_name(objective, lr, lag, seed):
-    return "%s_lr%g_lag%d_seed%d" % (objective, lr, lag, seed)
+def run_name(objective, lr, lag, seed, minibatches=1):
+    """OBJ_lrLR_lagK_seedS, with _mbM before the seed in VeRL's batch structure."""
+    mb = "_mb%d" % minibatches if minibatches > 1 else ""
+    return "%s_lr%g_lag%d%s_seed%d" % (objective, lr, lag, mb, seed)
+
+
+def objective_flags(objective):
+    return VARIANTS.get(objective, ["--objective", objective])
 
 
 def mean_of(rows, column, begin=0, end=None):
@@ -249,8 +294,8 @@ def train(cmd, name, csv_path, log_path):
     return seconds, final, read_rows(csv_path)
 
 
-def run_one(args, folder, objective, lr, lag, seed):
-    name = run_name(objective, lr, lag, seed)
+def run_one(args, folder, objective, lr, lag, seed, minibatches=1):
+    name = run_name(objective, lr, lag, seed, minibatches)
     result = os.path.join(args.out, folder, name + ".json")
     runs = os.path.join(args.out, "runs")
     csv_path, log_path = os.path.join(runs, name + ".csv"), os.path.join(runs, name + ".log")
@@ -262,14 +307,17 @@ def run_one(args, folder, objective, lr, lag, seed):
             write_json(result, value)
         return value
     cmd = [task_learning(args), "--task", "add", "--init_model", os.path.join(args.out, "base", "model"),
-           "--objective", objective, "--lr", repr(lr), "--lag", str(lag), "--seed", str(seed),
+           *objective_flags(objective), "--lr", repr(lr), "--lag", str(lag), "--seed", str(seed),
            "--steps", str(args.steps), "--group", str(args.group), "--prompts", str(args.prompts),
            "--eval_k", str(args.eval_prompts_k), "--eval_prompts", str(args.eval_prompts), "--log_every", "50",
            "--csv", csv_path, "--threads", "1", "--base_stats", "0"]
+    if minibatches > 1:
+        cmd += ["--minibatches", str(minibatches)]
     seconds, final, rows = train(cmd, name, csv_path, log_path)
     keep_csv(args, csv_path, name)
     half = len(rows) // 2
     value = {"objective": objective, "lr": lr, "lag": lag, "seed": seed, "steps": args.steps,
+             "minibatches": minibatches,
              "command": " ".join(cmd), "seconds": round(seconds, 1), "eval": final, **analyse(rows),
              "s_pos": mean_of(rows, "s_pos"), "s_neg": mean_of(rows, "s_neg"),
              "degenerate_fraction": mean_of(rows, "degenerate_fraction"),
@@ -380,7 +428,7 @@ def best_lr(runs, objective, k):
 
 def main(argv=None):
     args = parse_args(argv)
-    for sub in ("base", "sweep", "grid", "daemons", "copy", "runs"):
+    for sub in ("base", "sweep", "grid", "batches", "daemons", "copy", "runs"):
         os.makedirs(os.path.join(args.out, sub), exist_ok=True)
     # A later invocation with fewer phases keeps what the earlier ones recorded.
     summary_path = os.path.join(args.out, "summary.json")
@@ -401,11 +449,12 @@ def main(argv=None):
     # grpo first: the shared learning rate is its best.
     order = sorted(args.objectives, key=lambda o: o != "grpo")
     sweep = run_all(args, [("sweep", o, lr, 0, s) for o in order for lr in args.lrs for s in args.seeds]) \
-        if {"sweep", "grid", "daemons"} & set(args.phase) and not args.lr else []
+        if {"sweep", "grid", "batches", "daemons"} & set(args.phase) and not args.lr else []
     shared = args.lr or (best_lr(sweep, "grpo", args.eval_prompts_k) if sweep else None)
     own = {} if args.lr else {o: best_lr(sweep, o, args.eval_prompts_k) for o in args.objectives}
     if sweep:
         summary.update({"shared_lr": shared, "own_lr": own, "sweep": sweep})
+    grid_jobs = []
     if "grid" in args.phase and shared is not None:
         # Lag 0 at a swept learning rate is a sweep run already.
         def folder(lr, lag):
@@ -414,11 +463,24 @@ def main(argv=None):
                 for s in args.seeds}
         jobs |= {(folder(own[o], lag), o, own[o], lag, s) for o in args.objectives if own.get(o) is not None
                  for lag in args.lags for s in args.seeds}
-        done = run_all(args, sorted(jobs, key=lambda j: (j[3], j[1], j[2], j[4])))
-        if args.lr:
-            summary["one_lr"] = {"lr": args.lr, "seeds": args.seeds, "runs": done}
-        else:
-            summary["grid"] = done
+        # In --lags' order: the second size runs lag 16 before lag 0.
+        grid_jobs = sorted(jobs, key=lambda j: (args.lags.index(j[3]), j[1], j[2], j[4]))
+    batch_jobs = []
+    if "batches" in args.phase and shared is not None:
+        batch_jobs = [("batches", o, shared, args.batch_lag, s, args.minibatches)
+                      for o in args.batch_objectives for s in args.seeds]
+    # The claims' four objectives first, then VeRL's batch structure, then
+    # naive and gpg: whatever a stopped run leaves undone is the least needed.
+    claim = [j for j in grid_jobs if j[1] in CLAIM_OBJECTIVES]
+    rest = [j for j in grid_jobs if j[1] not in CLAIM_OBJECTIVES]
+    done = dict(zip(claim + batch_jobs + rest, run_all(args, claim + batch_jobs + rest)))
+    if grid_jobs and args.lr:
+        summary["one_lr"] = {"lr": args.lr, "seeds": args.seeds, "runs": [done[j] for j in grid_jobs]}
+    elif grid_jobs:
+        summary["grid"] = [done[j] for j in grid_jobs]
+    if batch_jobs:
+        summary["batches"] = {"lr": shared, "lag": args.batch_lag, "minibatches": args.minibatches,
+                              "runs": [done[j] for j in batch_jobs]}
     if "daemons" in args.phase:
         lr = shared if shared is not None else args.lrs[0]
         summary["daemons"] = []
@@ -434,8 +496,9 @@ def main(argv=None):
                                             [(o, s) for o in args.copy_objectives for s in args.seeds]))
         print("done copy: %d runs" % len(summary["copy"]), flush=True)
     summary["seconds_this_invocation"] = round(time.time() - start, 1)
-    summary["seconds_all_runs"] = round(sum(r["seconds"] for r in summary.get("sweep", []) +
-                                            summary.get("grid", [])), 1)
+    runs = summary.get("sweep", []) + summary.get("grid", []) + summary.get("one_lr", {}).get("runs", []) + \
+        summary.get("batches", {}).get("runs", [])
+    summary["seconds_all_runs"] = round(sum(r["seconds"] for r in {id(r): r for r in runs}.values()), 1)
     write_json(summary_path, summary)
     print("summary: %s (shared lr %s)" % (summary_path, shared))
 

@@ -25,15 +25,16 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import claims_stats as cs  # noqa: E402
-from claims_experiment import OBJECTIVES  # noqa: E402
+from claims_experiment import CLAIM_OBJECTIVES, OBJECTIVES, VARIANTS  # noqa: E402
 TOLERANCE = 2.0  # points of mean@k
 
 
-def load(out, lr, k):
-    """{(objective, lag): {seed: run}} of the runs at `lr`, each with its
-    score (mean@k in points) and, where its rows are kept, its rewards."""
+def load(out, lr, k, folders=("sweep", "grid")):
+    """{(objective, lag): {seed: run}} of the runs at `lr` in `folders`, each
+    with its score (mean@k in points) and, where its rows are kept, its
+    rewards."""
     cells = {}
-    for path in sorted(glob.glob(os.path.join(out, "sweep", "*.json")) + glob.glob(os.path.join(out, "grid", "*.json"))):
+    for path in sorted(p for f in folders for p in glob.glob(os.path.join(out, f, "*.json"))):
         with open(path) as f:
             r = json.load(f)
         if not math.isclose(r["lr"], lr, rel_tol=1e-9):
@@ -51,10 +52,10 @@ def scores(cells, objective, lag):
     return {s: r["score"] for s, r in cells.get((objective, lag), {}).items()}
 
 
-def cells_table(cells, lags):
+def cells_table(cells, lags, objectives=OBJECTIVES):
     lines = ["| objective | " + " | ".join("lag %d: mean@k, points (sd, runs)" % g for g in lags) + " |",
              "| --- |" + " --- |" * len(lags)]
-    for o in OBJECTIVES:
+    for o in objectives:
         row = []
         for g in lags:
             v = list(scores(cells, o, g).values())
@@ -109,10 +110,10 @@ def sign_test(cells, a, b, lags):
     return "`%s` below `%s` in %d of %d stale seed pairs (sign test p = %.3f)" % (a, b, below, n, min(1.0, 2 * tail))
 
 
-def spreads(cells, lags):
+def spreads(cells, lags, pairs=(("asympo", "grpo"), ("asympo", "spo"))):
     lines = []
     for g in lags:
-        for a, b in (("asympo", "grpo"), ("asympo", "spo")):
+        for a, b in pairs:
             r, low, high = cs.variance_ratio_interval(list(scores(cells, a, g).values()),
                                                       list(scores(cells, b, g).values()))
             if r is None:
@@ -123,12 +124,14 @@ def spreads(cells, lags):
     return lines or ["- not enough seeds yet"]
 
 
-def claim1(cells, lags, base):
-    """Collapse per objective and lag, from each run's rewards."""
-    lines, verdicts = ["| objective | " + " | ".join("lag %d: collapsed / runs, interval (fall steps)" % g
-                                                   for g in lags) + " |",
-                       "| --- |" + " --- |" * len(lags)], []
-    for o in OBJECTIVES:
+def collapse_table(cells, lags, base, objectives=OBJECTIVES):
+    """Collapse per objective and lag, from each run's rewards: the table's
+    lines and {(objective, lag): (low, high)}, the intervals of the
+    collapsed fraction."""
+    lines = ["| objective | " + " | ".join("lag %d: collapsed / runs, interval (fall steps)" % g for g in lags) + " |",
+             "| --- |" + " --- |" * len(lags)]
+    intervals = {}
+    for o in objectives:
         row = []
         for g in lags:
             runs = [r for r in cells.get((o, g), {}).values() if "rewards" in r]
@@ -143,15 +146,48 @@ def claim1(cells, lags, base):
                 x, n, low, high, " (%s)" % ", ".join(map(str, steps)) if steps else "",
                 "; %d did not learn" % sum(1 for j in judged if j[0] == "did not learn")
                 if any(j[0] == "did not learn" for j in judged) else ""))
-            want = (o in ("naive", "gpg") and g == max(lags)) or (o in ("grpo", "spo", "asympo") and g > 0)
-            if want:
-                collapses = o in ("naive", "gpg")
-                ok = low > 0.5 if collapses else high < 0.5
-                wrong = high < 0.5 if collapses else low > 0.5
-                verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
+            intervals[(o, g)] = (low, high)
         lines.append("| `%s` | %s |" % (o, " | ".join(row)))
+    return lines, intervals
+
+
+def claim1(cells, lags, base):
+    """Claim 1 from the collapse table: naive and gpg collapse at the largest
+    lag; grpo, spo and asympo do not at any stale lag."""
+    lines, intervals = collapse_table(cells, lags, base)
+    verdicts = []
+    for (o, g), (low, high) in sorted(intervals.items()):
+        want = (o in ("naive", "gpg") and g == max(lags)) or (o in ("grpo", "spo", "asympo") and g > 0)
+        if want:
+            collapses = o in ("naive", "gpg")
+            ok = low > 0.5 if collapses else high < 0.5
+            wrong = high < 0.5 if collapses else low > 0.5
+            verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
     lines.append("")
     lines.append("Verdict: **%s**" % (cs.combine(verdicts) if verdicts else "not measured yet"))
+    return lines
+
+
+def batches_section(out, lr, k, base, floor_sd):
+    """Claims 2 and 3 again in VeRL's batch structure (batches/), with grpo
+    as VeRL runs it beside today's; empty when no such run is on file."""
+    cells = load(out, lr, k, folders=("batches",))
+    if not cells:
+        return []
+    lags = sorted({g for (_, g) in cells})
+    sizes = sorted({r.get("minibatches", 1) for c in cells.values() for r in c.values()})
+    objectives = [o for o in CLAIM_OBJECTIVES[:1] + list(VARIANTS) + CLAIM_OBJECTIVES[1:]
+                  if any((o, g) in cells for g in lags)]
+    lines = ["", "**VeRL's batch structure**: a batch of %s steps' prompts sampled at once by the weights of "
+             "lag %s steps before, trained as that many steps in turn (`grpo_verl`: std-normalized advantages "
+             "and the dual clip at 3)." % ("/".join(map(str, sizes)), "/".join(map(str, lags))), ""]
+    lines += cells_table(cells, lags, objectives) + [""]
+    lines += ["Claim 2 in this structure, against `grpo`:"] + claim(cells, "asympo", "grpo", lags, floor_sd)
+    lines += ["", "and against `grpo_verl`:"] + claim(cells, "asympo", "grpo_verl", lags, floor_sd)
+    lines += ["", "Claim 3 in this structure:"] + claim(cells, "asympo", "spo", lags, floor_sd)
+    lines += ["", "Spreads:"] + spreads(cells, lags, (("asympo", "grpo"), ("asympo", "grpo_verl"), ("asympo", "spo")))
+    if base is not None:
+        lines += ["", "Collapse (the rule of claim 1):", ""] + collapse_table(cells, lags, base, objectives)[0]
     return lines
 
 
@@ -178,10 +214,12 @@ def render(out, lr, lags, k):
     lines += ["", "**Spreads across seeds**:"] + spreads(cells, lags)
     if base is None:
         lines += ["", "**Claim 1**: not judged: the base has no evaluation (base/eval.json)."]
-        return "\n".join(lines) + "\n"
-    lines += ["", "**Claim 1**: collapse over the whole run (the 20-step mean reward from a peak above the "
-              "base's mean@%d, %.3f, to below half of it for 20 steps; the step of the fall in brackets):" % (k, base), ""]
-    lines += claim1(cells, lags, base)
+    else:
+        lines += ["", "**Claim 1**: collapse over the whole run (the 20-step mean reward from a peak above the "
+                  "base's mean@%d, %.3f, to below half of it for 20 steps; the step of the fall in brackets):" % (
+                      k, base), ""]
+        lines += claim1(cells, lags, base)
+    lines += batches_section(out, lr, k, base, floor_sd)
     return "\n".join(lines) + "\n"
 
 

@@ -17,10 +17,14 @@
 //                 [--weight_decay 0] [--layers 0] [--hidden 0]
 //                 [--init_model DIR] [--sft_steps 0] [--sft_target 0.4] [--sft_lr 1e-3]
 //                 [--sft_batch 32] [--sft_eval_every 50] [--save_model DIR] [--base_stats 64]
-//                 [--lora_rank 0] [--lora_alpha 0] [--lora_targets all]
+//                 [--lora_rank 0] [--lora_alpha 0] [--lora_targets all] [--minibatches 1]
 // --lag k samples every step with the weights of k steps before (the newest
 // while fewer steps exist): deterministic staleness, as a learner whose
-// rollouts run k versions behind sees it. --csv writes one row per step
+// rollouts run k versions behind sees it. --minibatches k samples a batch of
+// k x --prompts prompts at every k-th step and trains it as k steps of
+// --prompts groups each, in turn (VeRL's batch trained as mini-batches: the
+// j-th step of a batch trains on samples j steps old, lag + j under --lag;
+// --steps must be a multiple of k). --csv writes one row per step
 // (reward, accuracy, the loss diagnostics, the learner's collapse gauge and,
 // for task add, the entropy of the operand orders within a group).
 // --eval_json writes the latest held-out evaluation with its per-prompt rows
@@ -54,11 +58,9 @@
 #include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
-#include "bench/bench_flags.h"
+#include "bench/task_learning_setup.h"
 #include "bench/task_sft.h"
 #include "common/model/device.h"
-#include "common/model/lora_flags.h"
-#include "common/model/model_config.h"
 #include "common/model/model_io.h"
 #include "common/model/policy_model.h"
 #include "learner_server/learner_metrics.h"
@@ -70,9 +72,10 @@
 
 namespace {
 
-using asympo::bench::Flag;
-using asympo::bench::FlagD;
-using asympo::bench::FlagS;
+using asympo::bench::task_learning::Args;
+using asympo::bench::task_learning::CreateSetup;
+using asympo::bench::task_learning::ParseArgs;
+using asympo::bench::task_learning::Setup;
 
 namespace rollout = asympo::rollout;
 namespace learner = asympo::learner;
@@ -95,189 +98,6 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// The command line; defaults as in the usage at the top of this file.
-struct Args {
-  std::string task_name;
-  int64_t steps;
-  int64_t prompts;
-  int64_t group;
-  double lr;
-  double temperature;
-  std::string objective_name;
-  int64_t max_new_tokens;  // 0: the task's own limit
-  int64_t vocab;
-  uint64_t seed;
-  int64_t log_every;
-  int threads;
-  int32_t alphabet;
-  int32_t min_length;
-  int32_t max_length;
-  double p_low, p_high, scale_floor;  // asympo_stable
-  double clip_ratio_c = 0.0;          // grpo's dual clip (0: off)
-  std::string advantage;              // mean or mean_std
-  double weight_decay = 0.0;          // AdamW decoupled weight decay
-  int64_t layers = 0;                 // 0: the tiny model's 2
-  int64_t hidden = 0;                 // 0: the tiny model's 64 (4 heads of hidden / 4)
-  int64_t lag;                        // sample with the weights of `lag` steps before
-  std::string csv;                    // per-step rows; empty: none
-  int64_t eval_every;                 // 0: only at the end
-  int32_t eval_k;
-  int64_t eval_prompts;    // held-out prompts evaluated; 0: the task's default set
-  std::string eval_json;   // the last evaluation, per prompt; empty: none
-  std::string init_model;  // a model directory to start from; empty: random
-  int64_t lora_rank = 0;   // adapters (0: every weight trains)
-  double lora_alpha = 0;
-  std::string lora_targets;
-  std::string save_model;  // where to write the model after --sft_steps
-  asympo::bench::SftOptions sft;
-  int64_t sft_steps = 0;
-  int64_t base_stats = 64;
-};
-
-Args ParseArgs(int argc, char** argv) {
-  Args args;
-  args.task_name = FlagS(argc, argv, "--task", "copy");
-  args.steps = Flag(argc, argv, "--steps", 300);
-  args.prompts = Flag(argc, argv, "--prompts", 8);
-  args.group = Flag(argc, argv, "--group", 8);
-  args.lr = FlagD(argc, argv, "--lr", 3e-3);
-  args.temperature = FlagD(argc, argv, "--temperature", 1.0);
-  args.objective_name = FlagS(argc, argv, "--objective", "asympo");
-  args.max_new_tokens = Flag(argc, argv, "--max_new_tokens", 0);
-  args.vocab = Flag(argc, argv, "--vocab", 64);
-  args.seed = static_cast<uint64_t>(Flag(argc, argv, "--seed", 0));
-  args.log_every = std::max<int64_t>(1, Flag(argc, argv, "--log_every", 10));
-  args.threads = static_cast<int>(Flag(argc, argv, "--threads", 1));
-  args.alphabet = static_cast<int32_t>(Flag(argc, argv, "--alphabet", 0));
-  args.min_length = static_cast<int32_t>(Flag(argc, argv, "--min_length", 0));
-  args.max_length = static_cast<int32_t>(Flag(argc, argv, "--max_length", 0));
-  args.p_low = FlagD(argc, argv, "--p_low", learner::PolicyLossOptions().p_low);
-  args.p_high = FlagD(argc, argv, "--p_high", learner::PolicyLossOptions().p_high);
-  args.scale_floor = FlagD(argc, argv, "--scale_floor", learner::PolicyLossOptions().scale_floor);
-  args.advantage = FlagS(argc, argv, "--advantage", "mean");
-  args.clip_ratio_c = FlagD(argc, argv, "--clip_ratio_c", 0.0);
-  args.weight_decay = FlagD(argc, argv, "--weight_decay", 0.0);
-  args.layers = Flag(argc, argv, "--layers", 0);
-  args.hidden = Flag(argc, argv, "--hidden", 0);
-  args.lag = std::max<int64_t>(0, Flag(argc, argv, "--lag", 0));
-  args.csv = FlagS(argc, argv, "--csv", "");
-  args.eval_every = Flag(argc, argv, "--eval_every", 0);
-  args.eval_k = static_cast<int32_t>(Flag(argc, argv, "--eval_k", 8));
-  args.eval_prompts = std::max<int64_t>(0, Flag(argc, argv, "--eval_prompts", 0));
-  args.eval_json = FlagS(argc, argv, "--eval_json", "");
-  args.init_model = FlagS(argc, argv, "--init_model", "");
-  args.save_model = FlagS(argc, argv, "--save_model", "");
-  args.sft_steps = Flag(argc, argv, "--sft_steps", 0);
-  args.sft.max_steps = std::max<int64_t>(1, args.sft_steps);
-  args.sft.target_accuracy = FlagD(argc, argv, "--sft_target", 0.4);
-  args.sft.lr = FlagD(argc, argv, "--sft_lr", 1e-3);
-  args.sft.batch = Flag(argc, argv, "--sft_batch", 32);
-  args.sft.eval_every = Flag(argc, argv, "--sft_eval_every", 50);
-  args.base_stats = Flag(argc, argv, "--base_stats", 64);
-  args.lora_rank = Flag(argc, argv, "--lora_rank", 0);
-  args.lora_alpha = FlagD(argc, argv, "--lora_alpha", 0.0);
-  args.lora_targets = FlagS(argc, argv, "--lora_targets", "all");
-  asympo::bench::RejectUnknownFlags(argc, argv);
-  return args;
-}
-
-// The task, the model and its trainer, and how to sample from the model.
-// Members are destroyed in reverse order: the trainer before the model it
-// holds.
-struct Setup {
-  std::unique_ptr<rollout::Task> task;
-  std::unique_ptr<asympo::PolicyModel> model;
-  // --lag > 0: the model the rollouts sample with, loaded every step from
-  // `past` (the trained weights of the last lag + 1 steps, oldest first).
-  std::unique_ptr<asympo::PolicyModel> behavior;
-  std::deque<std::vector<std::pair<std::string, at::Tensor>>> past;
-  std::unique_ptr<learner::Trainer> trainer;
-  rollout::SamplingParams sampling;
-};
-
-// The tiny model, with --layers and --hidden when given (intermediate size
-// 3 x hidden, 4 query heads and 2 key/value heads of hidden / 4).
-asympo::ModelConfig ModelConfigFor(const Args& args) {
-  asympo::ModelConfig config = asympo::ModelConfig::Tiny(args.vocab);
-  if (args.layers > 0) config.num_hidden_layers = args.layers;
-  if (args.hidden > 0) {
-    config.hidden_size = args.hidden;
-    config.intermediate_size = 3 * args.hidden;
-    config.head_dim = args.hidden / config.num_attention_heads;
-  }
-  return config;
-}
-
-absl::StatusOr<Setup> CreateSetup(const Args& args) {
-  Setup setup;
-  rollout::TaskOptions task_options;
-  task_options.name = args.task_name;
-  task_options.vocab_size = args.vocab;
-  task_options.synthetic_alphabet_size = args.alphabet;
-  task_options.synthetic_min_length = args.min_length;
-  task_options.synthetic_max_length = args.max_length;
-  absl::StatusOr<std::unique_ptr<rollout::Task>> task = rollout::CreateTask(task_options);
-  if (!task.ok()) return task.status();
-  setup.task = *std::move(task);
-
-  asympo::ModelOptions model_options;
-  model_options.seed = args.seed;
-  absl::StatusOr<asympo::LoraOptions> lora =
-      asympo::LoraFromFlags(args.lora_rank, args.lora_alpha, args.lora_targets);
-  if (!lora.ok()) return lora.status();
-  model_options.lora = *lora;
-  absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> model =
-      args.init_model.empty()
-          ? asympo::PolicyModel::CreateRandom(ModelConfigFor(args), model_options)
-          : asympo::LoadPolicyModel(args.init_model, model_options);
-  if (!model.ok()) return model.status();
-  setup.model = *std::move(model);
-  if (setup.model->config().vocab_size < setup.task->min_vocab_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--init_model ", args.init_model, ": its vocabulary (", setup.model->config().vocab_size,
-        ") is smaller than the task needs (", setup.task->min_vocab_size(), ")"));
-  }
-  if (args.lag > 0) {
-    absl::StatusOr<std::unique_ptr<asympo::PolicyModel>> behavior =
-        asympo::PolicyModel::CreateRandom(setup.model->config(), model_options);
-    if (!behavior.ok()) return behavior.status();
-    setup.behavior = *std::move(behavior);
-    // With adapters only they follow the trained model: the base is copied once.
-    if (absl::Status s = setup.behavior->LoadWeights(setup.model->named_weights()); !s.ok()) {
-      return s;
-    }
-  }
-
-  learner::TrainerOptions trainer_options;
-  absl::StatusOr<learner::Objective> objective = learner::ParseObjective(args.objective_name);
-  if (!objective.ok()) return objective.status();
-  trainer_options.loss.objective = *objective;
-  trainer_options.loss.p_low = args.p_low;
-  trainer_options.loss.p_high = args.p_high;
-  trainer_options.loss.scale_floor = args.scale_floor;
-  trainer_options.loss.clip_ratio_c = args.clip_ratio_c;
-  absl::StatusOr<learner::AdvantageNormalization> advantage =
-      learner::ParseAdvantageNormalization(args.advantage);
-  if (!advantage.ok()) return advantage.status();
-  trainer_options.loss.advantage.normalization = *advantage;
-  trainer_options.lr.peak_lr = args.lr;
-  trainer_options.adamw.weight_decay = args.weight_decay;
-  absl::StatusOr<std::unique_ptr<learner::Trainer>> trainer =
-      learner::Trainer::Create(trainer_options, setup.model.get(), /*publisher=*/nullptr);
-  if (!trainer.ok()) return trainer.status();
-  setup.trainer = *std::move(trainer);
-
-  setup.sampling.temperature = args.temperature;
-  setup.sampling.max_new_tokens = args.max_new_tokens > 0
-                                      ? static_cast<int32_t>(args.max_new_tokens)
-                                      : setup.task->max_new_tokens();
-  setup.sampling.stop_token_ids = setup.task->stop_token_ids();
-  // The grpo objective needs the sampling policy's token log-probs, and so
-  // does the drift measured under --lag (behavior_kl).
-  setup.sampling.return_logprobs = *objective == learner::Objective::kGrpo || args.lag > 0;
-  return setup;
-}
-
 // The run's settings, then the progress table's header.
 void PrintHeader(const Args& args, const rollout::SamplingParams& sampling) {
   std::printf(
@@ -290,17 +110,18 @@ void PrintHeader(const Args& args, const rollout::SamplingParams& sampling) {
   std::printf("%6s %8s %8s %8s %8s %8s\n", "step", "reward", "acc", "length", "nll", "seconds");
 }
 
-// One step's prompts and, for each, `group` sampling requests in a row.
+// A batch's prompts and, for each, `group` sampling requests in a row.
 struct PromptBatch {
   std::vector<rollout::TaskPrompt> prompts;
   std::vector<rollout::GenerationRequest> requests;
 };
 
-// Every request gets its own seed, so that a group's responses differ.
-PromptBatch DrawPrompts(const Args& args, const rollout::SamplingParams& sampling,
+// `count` prompts; every request gets its own seed, so that a group's
+// responses differ.
+PromptBatch DrawPrompts(const Args& args, int64_t count, const rollout::SamplingParams& sampling,
                         rollout::Task* task, std::mt19937_64* rng) {
   PromptBatch batch;
-  for (int64_t p = 0; p < args.prompts; ++p) {
+  for (int64_t p = 0; p < count; ++p) {
     batch.prompts.push_back(task->NextPrompt(*rng));
     for (int64_t g = 0; g < args.group; ++g) {
       rollout::GenerationRequest r;
@@ -313,6 +134,18 @@ PromptBatch DrawPrompts(const Args& args, const rollout::SamplingParams& samplin
   return batch;
 }
 
+// One step's groups: the prompts [first, first + args.prompts) of the batch
+// sampled for it, with their responses (args.group per prompt, in a row).
+struct MiniBatch {
+  const PromptBatch* batch;
+  const std::vector<rollout::GenerationResult>* results;
+  int64_t first;
+  const rollout::TaskPrompt& prompt(int64_t p) const { return batch->prompts[first + p]; }
+  const rollout::GenerationResult& result(int64_t p, int64_t g, int64_t group) const {
+    return (*results)[(first + p) * group + g];
+  }
+};
+
 // The trainer's input, and the step's reward and accuracy sums for the log.
 struct ScoredGroups {
   std::vector<learner::QueuedGroup> groups;
@@ -320,21 +153,19 @@ struct ScoredGroups {
   double correct = 0;
 };
 
-ScoredGroups ScoreGroups(const Args& args, const rollout::Task& task,
-                         const std::vector<rollout::TaskPrompt>& prompts,
-                         const std::vector<rollout::GenerationResult>& results,
-                         uint64_t trainer_version) {
+ScoredGroups ScoreGroups(const Args& args, const rollout::Task& task, const MiniBatch& mb,
+                         uint64_t sampled_version) {
   ScoredGroups scored;
   scored.groups.resize(static_cast<size_t>(args.prompts));
   for (int64_t p = 0; p < args.prompts; ++p) {
     asympo::v1::PromptGroup& pg = scored.groups[p].group;
-    pg.set_prompt_id(prompts[p].prompt_id);
-    pg.mutable_prompt_tokens()->Add(prompts[p].prompt_tokens.begin(),
-                                    prompts[p].prompt_tokens.end());
+    const rollout::TaskPrompt& prompt = mb.prompt(p);
+    pg.set_prompt_id(prompt.prompt_id);
+    pg.mutable_prompt_tokens()->Add(prompt.prompt_tokens.begin(), prompt.prompt_tokens.end());
     int64_t tokens = 0;
     for (int64_t g = 0; g < args.group; ++g) {
-      const rollout::GenerationResult& res = results[p * args.group + g];
-      const rollout::TaskScore score = task.Score(prompts[p], res.tokens);
+      const rollout::GenerationResult& res = mb.result(p, g, args.group);
+      const rollout::TaskScore score = task.Score(prompt, res.tokens);
       asympo::v1::Response* r = pg.add_responses();
       r->mutable_tokens()->Add(res.tokens.begin(), res.tokens.end());
       r->mutable_behavior_logprobs()->Add(res.logprobs.begin(), res.logprobs.end());
@@ -342,40 +173,43 @@ ScoredGroups ScoreGroups(const Args& args, const rollout::Task& task,
       r->set_finish_reason(res.finish_reason);
       scored.reward_sum += score.reward;
       scored.correct += score.correct ? 1 : 0;
-      tokens += static_cast<int64_t>(prompts[p].prompt_tokens.size() + res.tokens.size());
+      tokens += static_cast<int64_t>(prompt.prompt_tokens.size() + res.tokens.size());
     }
     scored.groups[p].tokens = tokens;
-    scored.groups[p].arrival_version = trainer_version;
+    scored.groups[p].arrival_version = sampled_version;
   }
   return scored;
 }
 
 // Task add: the mean over the step's groups of the entropy of the operand
 // orders their responses use.
-double OrderEntropyOf(const Args& args, const std::vector<rollout::TaskPrompt>& prompts,
-                      const std::vector<rollout::GenerationResult>& results) {
+double OrderEntropyOf(const Args& args, const MiniBatch& mb) {
   double sum = 0;
   for (int64_t p = 0; p < args.prompts; ++p) {
-    absl::StatusOr<std::vector<int32_t>> operands = rollout::AdditionOperands(prompts[p]);
+    absl::StatusOr<std::vector<int32_t>> operands = rollout::AdditionOperands(mb.prompt(p));
     if (!operands.ok()) continue;
     std::vector<std::vector<int32_t>> responses;
     for (int64_t g = 0; g < args.group; ++g)
-      responses.push_back(results[p * args.group + g].tokens);
+      responses.push_back(mb.result(p, g, args.group).tokens);
     sum += rollout::AdditionOrderEntropy(*operands, responses).nats;
   }
-  return args.prompts > 0 ? sum / static_cast<double>(args.prompts) : 0;
+  return sum / static_cast<double>(args.prompts);
 }
 
-// --lag: the drift between the weights that sampled this step and the ones
-// that train on it, as the mean token KL(behavior || current).
-absl::StatusOr<double> BehaviorKl(const asympo::PolicyModel& model, const PromptBatch& batch,
-                                  const std::vector<rollout::GenerationResult>& results) {
+// --lag or --minibatches: the drift between the weights that sampled this
+// step's groups and the ones that train on them, as the mean token
+// KL(behavior || current).
+absl::StatusOr<double> BehaviorKl(const Args& args, const asympo::PolicyModel& model,
+                                  const MiniBatch& mb) {
   std::vector<std::vector<int32_t>> prompts, responses;
   std::vector<std::vector<float>> logprobs;
-  for (size_t i = 0; i < results.size(); ++i) {
-    prompts.push_back(batch.requests[i].prompt);
-    responses.push_back(results[i].tokens);
-    logprobs.push_back(results[i].logprobs);
+  for (int64_t p = 0; p < args.prompts; ++p) {
+    for (int64_t g = 0; g < args.group; ++g) {
+      const rollout::GenerationResult& res = mb.result(p, g, args.group);
+      prompts.push_back(mb.prompt(p).prompt_tokens);
+      responses.push_back(res.tokens);
+      logprobs.push_back(res.logprobs);
+    }
   }
   return asympo::bench::MeanTokenKl(model, prompts, responses, logprobs);
 }
@@ -387,7 +221,8 @@ struct History {
   // Task add: the mean over the step's groups of the entropy of the operand
   // orders their responses use (nats); empty for the other tasks.
   std::vector<double> order_entropy;
-  // --lag: the mean token KL(behavior || current) of the step's samples.
+  // --lag or --minibatches: the mean token KL(behavior || current) of the
+  // step's samples.
   std::vector<double> behavior_kl;
   double gen_seconds = 0;
   double train_seconds = 0;
@@ -419,44 +254,64 @@ void RecordStep(int64_t step, const learner::StepResult& result, History* histor
   *history->csv << '\n';
 }
 
-// The model this step samples with: the trained one, or under --lag the
-// behavior model holding the weights of `lag` steps before.
-absl::StatusOr<const asympo::PolicyModel*> SamplingModel(const Args& args, Setup* setup) {
-  if (args.lag == 0) return setup->model.get();
+// --lag: keeps the weights that train this step (the last lag + 1 steps').
+void RememberWeights(const Args& args, Setup* setup) {
+  if (args.lag == 0) return;
   std::vector<std::pair<std::string, at::Tensor>> now;
   for (const auto& [name, t] : setup->model->named_parameters()) {
     now.emplace_back(name, t.detach().clone());
   }
   setup->past.push_back(std::move(now));
   while (static_cast<int64_t>(setup->past.size()) > args.lag + 1) setup->past.pop_front();
-  if (absl::Status s = setup->behavior->LoadParameters(setup->past.front()); !s.ok()) return s;
-  return setup->behavior.get();
 }
 
-// Samples from the newest weights, scores the samples and trains one step
-// on them. Returns the step's result and when training ended.
-absl::StatusOr<learner::StepResult> RunStep(const Args& args,
-                                            const rollout::GenerationEngine& engine, Setup* setup,
-                                            std::mt19937_64* rng, History* history,
-                                            Clock::time_point* train_end) {
-  const auto gen_start = Clock::now();
-  const PromptBatch batch = DrawPrompts(args, setup->sampling, setup->task.get(), rng);
-  absl::StatusOr<const asympo::PolicyModel*> sampler = SamplingModel(args, setup);
-  if (!sampler.ok()) return sampler.status();
-  absl::StatusOr<std::vector<rollout::GenerationResult>> results =
-      *sampler == setup->model.get() ? engine.Generate(batch.requests)
-                                     : rollout::GenerationEngine(*sampler).Generate(batch.requests);
-  if (!results.ok()) return results.status();
-  if (setup->task->name() == "add") {
-    history->order_entropy.push_back(OrderEntropyOf(args, batch.prompts, *results));
+// A batch of --minibatches steps' prompts, sampled at its first step, with
+// the trainer's version then.
+struct SampledBatch {
+  PromptBatch batch;
+  std::vector<rollout::GenerationResult> results;
+  uint64_t version = 0;
+};
+
+// Samples a batch with the trained model, or under --lag with the behavior
+// model holding the weights of `lag` steps before.
+absl::Status SampleBatch(const Args& args, const rollout::GenerationEngine& engine, Setup* setup,
+                         std::mt19937_64* rng, SampledBatch* out) {
+  out->batch =
+      DrawPrompts(args, args.prompts * args.minibatches, setup->sampling, setup->task.get(), rng);
+  out->version = setup->trainer->version();
+  absl::StatusOr<std::vector<rollout::GenerationResult>> results;
+  if (args.lag == 0) {
+    results = engine.Generate(out->batch.requests);
+  } else {
+    if (absl::Status s = setup->behavior->LoadParameters(setup->past.front()); !s.ok()) return s;
+    results = rollout::GenerationEngine(setup->behavior.get()).Generate(out->batch.requests);
   }
-  if (args.lag > 0) {
-    absl::StatusOr<double> kl = BehaviorKl(*setup->model, batch, *results);
+  if (!results.ok()) return results.status();
+  out->results = *std::move(results);
+  return absl::OkStatus();
+}
+
+// One step: every --minibatches-th samples a batch; each trains on its own
+// --prompts groups of it. Returns the step's result and when training ended.
+absl::StatusOr<learner::StepResult> RunStep(const Args& args, int64_t step,
+                                            const rollout::GenerationEngine& engine, Setup* setup,
+                                            std::mt19937_64* rng, SampledBatch* sampled,
+                                            History* history, Clock::time_point* train_end) {
+  const auto gen_start = Clock::now();
+  RememberWeights(args, setup);
+  const int64_t j = step % args.minibatches;
+  if (j == 0) {
+    if (absl::Status s = SampleBatch(args, engine, setup, rng, sampled); !s.ok()) return s;
+  }
+  const MiniBatch mb{&sampled->batch, &sampled->results, j * args.prompts};
+  if (setup->task->name() == "add") history->order_entropy.push_back(OrderEntropyOf(args, mb));
+  if (args.lag > 0 || args.minibatches > 1) {
+    absl::StatusOr<double> kl = BehaviorKl(args, *setup->model, mb);
     if (!kl.ok()) return kl.status();
     history->behavior_kl.push_back(*kl);
   }
-  ScoredGroups scored =
-      ScoreGroups(args, *setup->task, batch.prompts, *results, setup->trainer->version());
+  ScoredGroups scored = ScoreGroups(args, *setup->task, mb, sampled->version);
 
   const auto train_start = Clock::now();
   absl::StatusOr<learner::StepResult> result = setup->trainer->Step(std::move(scored.groups));
@@ -529,10 +384,11 @@ absl::Status Train(const Args& args, Setup* setup) {
     if (!*history.csv) return absl::InvalidArgumentError("--csv " + args.csv + ": cannot write");
   }
   const auto start = Clock::now();
+  SampledBatch sampled;
   for (int64_t step = 0; step < args.steps; ++step) {
     Clock::time_point train_end;
     absl::StatusOr<learner::StepResult> result =
-        RunStep(args, engine, setup, &rng, &history, &train_end);
+        RunStep(args, step, engine, setup, &rng, &sampled, &history, &train_end);
     if (!result.ok()) return result.status();
     RecordStep(step, *result, &history);
     if ((step + 1) % args.log_every == 0 || step + 1 == args.steps) {

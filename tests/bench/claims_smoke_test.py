@@ -158,6 +158,30 @@ def check_one_lr(source, build, out):
                    "**Claim 3**", "**Spreads across seeds**", "**Claim 1**", "| `grpo` | "):
         assert needle in verdicts, (needle, verdicts)
     assert "1 seed pair: no interval" in verdicts, verdicts
+    check_batches(source, build, out)
+
+
+def check_batches(source, build, out):
+    """Phase batches: VeRL's batch structure (a batch of --minibatches steps'
+    prompts trained in turn) at --batch_lag, with grpo as VeRL runs it; a
+    --minibatches that does not divide --steps is refused."""
+    bad = subprocess.run([sys.executable, os.path.join(source, "bench", "claims_experiment.py"), "--out", out,
+                          "--steps", "3", "--minibatches", "2", "--phase", "batches"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--minibatches must divide --steps (3)" in bad.stderr, bad.stderr
+    run(source, build, out, phases=["batches"],
+        extra=["--lr", "3e-4", "--batch_objectives", "grpo_verl,asympo", "--batch_lag", "1", "--minibatches", "3"])
+    names = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "batches", "*.json")))
+    assert names == ["asympo_lr0.0003_lag1_mb3_seed0.json", "grpo_verl_lr0.0003_lag1_mb3_seed0.json"], names
+    r = json.load(open(os.path.join(out, "batches", names[1])))
+    assert r["objective"] == "grpo_verl" and r["minibatches"] == 3 and r["lag"] == 1, r
+    for flag in ("--objective grpo --advantage mean_std --clip_ratio_c 3", "--minibatches 3", "--lag 1"):
+        assert flag in r["command"], (flag, r["command"])
+    with gzip.open(os.path.join(out, "csv", names[1][:-len(".json")] + ".csv.gz"), "rt") as f:
+        rows = f.read().splitlines()
+    assert len(rows) == 1 + 3 and all(row.split(",")[-1] for row in rows[1:]), rows  # the drift, every step
+    summary = json.load(open(os.path.join(out, "summary.json")))
+    assert summary["batches"]["minibatches"] == 3 and len(summary["batches"]["runs"]) == 2, summary.get("batches")
 
 
 def check_report(source, out, scratch):
