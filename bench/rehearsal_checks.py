@@ -23,10 +23,8 @@ ROLLOUT = ["asympo_rollout_weight_version", "asympo_rollout_generation_seconds_s
 PLAN_TOLERANCE = 0.15
 
 
-def hwm(pid):
-    """The process's memory, in bytes: the larger of its peak resident
-    memory (VmHWM) and what it holds now in memory and swap (VmRSS +
-    VmSwap: with swap on, pages out of memory count too); 0 when gone."""
+def memory_fields(pid):
+    """VmHWM, VmRSS and VmSwap of the process, bytes ({} when gone)."""
     fields = {}
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -35,8 +33,23 @@ def hwm(pid):
                 if key in ("VmHWM", "VmRSS", "VmSwap"):
                     fields[key] = int(line.split()[1]) * 1024
     except OSError:
-        return 0
-    return max(fields.get("VmHWM", 0), fields.get("VmRSS", 0) + fields.get("VmSwap", 0))
+        return {}
+    return fields
+
+
+def hwm(pid):
+    """The process's memory, in bytes: the larger of its peak resident
+    memory (VmHWM) and what it holds now in memory and swap (VmRSS +
+    VmSwap: with swap on, pages out of memory count too); 0 when gone."""
+    f = memory_fields(pid)
+    return max(f.get("VmHWM", 0), f.get("VmRSS", 0) + f.get("VmSwap", 0))
+
+
+def resident(pid):
+    """What the process holds now, in bytes, in memory and swap (VmRSS +
+    VmSwap; not its peak); 0 when gone."""
+    f = memory_fields(pid)
+    return f.get("VmRSS", 0) + f.get("VmSwap", 0)
 
 
 def ancestors():
@@ -87,9 +100,12 @@ def poll(run):
     run.sample()
     learner = scrape(run.metrics, LEARNER)
     rollout = scrape(run.rollout_metrics, ROLLOUT)
-    if rollout is not None and rollout["asympo_rollout_weight_flips_total"] == 0 and "rollout" in run.procs:
-        # Ready with the model it loaded at start, before any snapshot.
-        run.rollout_start = max(getattr(run, "rollout_start", 0), hwm(run.procs["rollout"].pid))
+    if rollout is not None and "rollout" in run.procs and rollout["asympo_rollout_weight_flips_total"] == 0 and \
+            rollout["asympo_rollout_weight_fetch_bytes_total"] == 0:
+        # Ready with the model it loaded at start, before any snapshot: what
+        # it holds then, not its peak (reading the model's files maps them,
+        # and the peak kept that transient: the plan read 16% high).
+        run.rollout_start = max(getattr(run, "rollout_start", 0), resident(run.procs["rollout"].pid))
     if rollout is None:  # unanswered (paused, or too busy): its sums as last seen
         rollout = dict(run.versions[-1]["rollout"]) if run.versions else dict.fromkeys(ROLLOUT, 0.0)
     if learner is None:
