@@ -82,6 +82,23 @@ def paired_interval(a, b, level=0.95):
     return m, m - half, m + half, len(d)
 
 
+def welch_interval(a, b, level=0.95):
+    """mean(a) - mean(b) of two independent samples and its Welch interval:
+    (difference, low, high); low and high are None for fewer than 2 values
+    on a side or no spread at all."""
+    if not a or not b:
+        return None, None, None
+    m = statistics.mean(a) - statistics.mean(b)
+    if len(a) < 2 or len(b) < 2:
+        return m, None, None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return m, None, None
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = t_quantile(0.5 + level / 2, df) * math.sqrt(va + vb)
+    return m, m - half, m + half
+
+
 def judge(low, high, tolerance):
     """A claim that the true difference is at least -tolerance: confirmed
     when the interval lies at or above it, refuted when below, inconclusive

@@ -82,18 +82,26 @@ def noise_floor(cells):
     return cs.paired_interval(a, b), sd
 
 
+def judge_claim(cells, a, b, lags):
+    """"a within TOLERANCE of b" at each of `lags`: [(lag, mean, low, high,
+    n, verdict)] and the combined verdict."""
+    per = []
+    for g in lags:
+        m, low, high, n = cs.paired_interval(scores(cells, a, g), scores(cells, b, g))
+        per.append((g, m, low, high, n, cs.judge(low, high, TOLERANCE)))
+    return per, cs.combine([p[5] for p in per])
+
+
 def claim(cells, a, b, lags, floor_sd):
     """Lines judging "a within TOLERANCE of b" at each of `lags`, and the
     combined verdict."""
-    lines, verdicts = [], []
-    for g in lags:
-        m, low, high, n = cs.paired_interval(scores(cells, a, g), scores(cells, b, g))
-        v = cs.judge(low, high, TOLERANCE)
+    per, combined = judge_claim(cells, a, b, lags)
+    lines = []
+    for g, m, low, high, n, v in per:
         if m is not None and floor_sd is not None and abs(m) < floor_sd:
             v += " (the gap is within the noise floor's sd, %.1f)" % floor_sd
-        verdicts.append(v.split(" ")[0])
         lines.append("- lag %d: `%s` - `%s` %s: **%s**" % (g, a, b, interval_text(m, low, high, n), v))
-    lines.append("- Verdict: **%s**" % cs.combine(verdicts))
+    lines.append("- Verdict: **%s**" % combined)
     return lines
 
 
@@ -163,9 +171,9 @@ def claim1(cells, lags, base):
             ok = low > 0.5 if collapses else high < 0.5
             wrong = high < 0.5 if collapses else low > 0.5
             verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
-    lines.append("")
-    lines.append("Verdict: **%s**" % (cs.combine(verdicts) if verdicts else "not measured yet"))
-    return lines
+    verdict = cs.combine(verdicts) if verdicts else "not measured yet"
+    lines += ["", "Verdict: **%s**" % verdict]
+    return lines, verdict
 
 
 def batches_section(out, lr, k, base, floor_sd):
@@ -218,7 +226,7 @@ def render(out, lr, lags, k):
         lines += ["", "**Claim 1**: collapse over the whole run (the 20-step mean reward from a peak above the "
                   "base's mean@%d, %.3f, to below half of it for 20 steps; the step of the fall in brackets):" % (
                       k, base), ""]
-        lines += claim1(cells, lags, base)
+        lines += claim1(cells, lags, base)[0]
     lines += batches_section(out, lr, k, base, floor_sd)
     return "\n".join(lines) + "\n"
 
