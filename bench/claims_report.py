@@ -150,8 +150,8 @@ def summary(cells, lags, base):
     rows.append("| 2. `asympo` within 2 points of `grpo` at lags %s | **%s** | `asympo` - `grpo`: %s |" % (
         " and ".join(map(str, stale)), verdict, claim_line(per)))
     per, verdict = cv.judge_claim(cells, "asympo", "spo", lags)
-    rows.append("| 3. `asympo` within 2 points of `spo` at every lag | **%s** | `asympo` - `spo`: %s; %s |" % (
-        verdict, claim_line(per), cv.sign_test(cells, "asympo", "spo", stale)))
+    rows.append("| 3. `asympo` within 2 points of `spo` at every lag | **%s** | `asympo` - `spo`: %s; pooled under "
+                "staleness: %s |" % (verdict, claim_line(per), cv.sign_test(cells, "asympo", "spo", stale)))
     return rows + [""]
 
 
