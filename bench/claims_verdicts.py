@@ -11,8 +11,11 @@ Sections: every cell's mean@k and spread; the lag-0 noise floor (grpo
 against naive); claims 2 and 3 as paired intervals against two points,
 with the pooled direction of claim 3 under staleness; the spreads
 compared; claim 1 from every run's own rows (collapse over the whole
-run), with the exact interval of each fraction. Cells still running are
-counted as missing, never guessed."""
+run), with the exact interval of each fraction; claims 2 and 3 again in
+VeRL's batch structure (batches/, with grpo_verl beside grpo) when such
+runs are on file. Cells still running are counted as missing, never
+guessed. The second size: the same with --out docs/results/claims-large
+--lags 16,0."""
 import argparse
 import csv
 import glob
