@@ -101,10 +101,11 @@ int Fail(const absl::Status& s) {
 // The run's settings, then the progress table's header.
 void PrintHeader(const Args& args, const rollout::SamplingParams& sampling) {
   std::printf(
-      "task=%s objective=%s lr=%g prompts=%lld group=%lld temperature=%g max_new_tokens=%d "
-      "vocab=%lld seed=%llu threads=%d\n",
+      "task=%s objective=%s lr=%g prompts=%lld group=%lld lag=%lld minibatches=%lld "
+      "temperature=%g max_new_tokens=%d vocab=%lld seed=%llu threads=%d\n",
       args.task_name.c_str(), args.objective_name.c_str(), args.lr,
-      static_cast<long long>(args.prompts), static_cast<long long>(args.group), args.temperature,
+      static_cast<long long>(args.prompts), static_cast<long long>(args.group),
+      static_cast<long long>(args.lag), static_cast<long long>(args.minibatches), args.temperature,
       sampling.max_new_tokens, static_cast<long long>(args.vocab),
       static_cast<unsigned long long>(args.seed), at::get_num_threads());
   std::printf("%6s %8s %8s %8s %8s %8s\n", "step", "reward", "acc", "length", "nll", "seconds");
