@@ -41,7 +41,8 @@ With --lr every objective runs at that one rate and there is no sweep
 
 The runs go in this order, so that a stopped experiment lacks the least
 needed: the claims' four objectives (grpo, spo, asympo, asympo_stable) at
-every lag, then phase batches, then naive and gpg. A second model size is
+every lag with naive at lag 0 (the noise floor), then phase batches, then
+the rest of naive and gpg. A second model size is
 another --out with its own base (--layers, --hidden):
 
     python3 bench/claims_experiment.py --out docs/results/claims-large --layers 8 --hidden 192 \
@@ -469,9 +470,10 @@ def main(argv=None):
     if "batches" in args.phase and shared is not None:
         batch_jobs = [("batches", o, shared, args.batch_lag, s, args.minibatches)
                       for o in args.batch_objectives for s in args.seeds]
-    # The claims' four objectives first, then VeRL's batch structure, then
+    # The claims' four objectives first, with naive at lag 0 (the noise
+    # floor: grpo - naive), then VeRL's batch structure, then the rest of
     # naive and gpg: whatever a stopped run leaves undone is the least needed.
-    claim = [j for j in grid_jobs if j[1] in CLAIM_OBJECTIVES]
+    claim = [j for j in grid_jobs if j[1] in CLAIM_OBJECTIVES or (j[1] == "naive" and j[3] == 0)]
     rest = [j for j in grid_jobs if j[1] not in CLAIM_OBJECTIVES]
     done = dict(zip(claim + batch_jobs + rest, run_all(args, claim + batch_jobs + rest)))
     if grid_jobs and args.lr:
