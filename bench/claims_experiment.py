@@ -474,7 +474,7 @@ def main(argv=None):
     # floor: grpo - naive), then VeRL's batch structure, then the rest of
     # naive and gpg: whatever a stopped run leaves undone is the least needed.
     claim = [j for j in grid_jobs if j[1] in CLAIM_OBJECTIVES or (j[1] == "naive" and j[3] == 0)]
-    rest = [j for j in grid_jobs if j[1] not in CLAIM_OBJECTIVES]
+    rest = [j for j in grid_jobs if j not in claim]
     done = dict(zip(claim + batch_jobs + rest, run_all(args, claim + batch_jobs + rest)))
     if grid_jobs and args.lr:
         summary["one_lr"] = {"lr": args.lr, "seeds": args.seeds, "runs": [done[j] for j in grid_jobs]}
