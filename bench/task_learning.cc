@@ -136,13 +136,14 @@ PromptBatch DrawPrompts(const Args& args, int64_t count, const rollout::Sampling
 }
 
 // One step's groups: the prompts [first, first + args.prompts) of the batch
-// sampled for it, with their responses (args.group per prompt, in a row).
+// sampled for it, with their responses (`group` per prompt, in a row).
 struct MiniBatch {
   const PromptBatch* batch;
   const std::vector<rollout::GenerationResult>* results;
   int64_t first;
+  int64_t group;
   const rollout::TaskPrompt& prompt(int64_t p) const { return batch->prompts[first + p]; }
-  const rollout::GenerationResult& result(int64_t p, int64_t g, int64_t group) const {
+  const rollout::GenerationResult& result(int64_t p, int64_t g) const {
     return (*results)[(first + p) * group + g];
   }
 };
@@ -165,7 +166,7 @@ ScoredGroups ScoreGroups(const Args& args, const rollout::Task& task, const Mini
     pg.mutable_prompt_tokens()->Add(prompt.prompt_tokens.begin(), prompt.prompt_tokens.end());
     int64_t tokens = 0;
     for (int64_t g = 0; g < args.group; ++g) {
-      const rollout::GenerationResult& res = mb.result(p, g, args.group);
+      const rollout::GenerationResult& res = mb.result(p, g);
       const rollout::TaskScore score = task.Score(prompt, res.tokens);
       asympo::v1::Response* r = pg.add_responses();
       r->mutable_tokens()->Add(res.tokens.begin(), res.tokens.end());
@@ -190,8 +191,7 @@ double OrderEntropyOf(const Args& args, const MiniBatch& mb) {
     absl::StatusOr<std::vector<int32_t>> operands = rollout::AdditionOperands(mb.prompt(p));
     if (!operands.ok()) continue;
     std::vector<std::vector<int32_t>> responses;
-    for (int64_t g = 0; g < args.group; ++g)
-      responses.push_back(mb.result(p, g, args.group).tokens);
+    for (int64_t g = 0; g < args.group; ++g) responses.push_back(mb.result(p, g).tokens);
     sum += rollout::AdditionOrderEntropy(*operands, responses).nats;
   }
   return sum / static_cast<double>(args.prompts);
@@ -206,7 +206,7 @@ absl::StatusOr<double> BehaviorKl(const Args& args, const asympo::PolicyModel& m
   std::vector<std::vector<float>> logprobs;
   for (int64_t p = 0; p < args.prompts; ++p) {
     for (int64_t g = 0; g < args.group; ++g) {
-      const rollout::GenerationResult& res = mb.result(p, g, args.group);
+      const rollout::GenerationResult& res = mb.result(p, g);
       prompts.push_back(mb.prompt(p).prompt_tokens);
       responses.push_back(res.tokens);
       logprobs.push_back(res.logprobs);
@@ -305,7 +305,7 @@ absl::StatusOr<learner::StepResult> RunStep(const Args& args, int64_t step,
   if (j == 0) {
     if (absl::Status s = SampleBatch(args, engine, setup, rng, sampled); !s.ok()) return s;
   }
-  const MiniBatch mb{&sampled->batch, &sampled->results, j * args.prompts};
+  const MiniBatch mb{&sampled->batch, &sampled->results, j * args.prompts, args.group};
   if (setup->task->name() == "add") history->order_entropy.push_back(OrderEntropyOf(args, mb));
   if (args.lag > 0 || args.minibatches > 1) {
     absl::StatusOr<double> kl = BehaviorKl(args, *setup->model, mb);
