@@ -137,8 +137,8 @@ def spreads(cells, lags, pairs=(("asympo", "grpo"), ("asympo", "spo"))):
 
 def collapse_table(cells, lags, base, objectives=OBJECTIVES):
     """Collapse per objective and lag, from each run's rewards: the table's
-    lines and {(objective, lag): (low, high)}, the intervals of the
-    collapsed fraction."""
+    lines and {(objective, lag): (collapsed, runs, low, high)}, with the
+    interval of the collapsed fraction."""
     lines = ["| objective | " + " | ".join("lag %d: collapsed / runs, interval (fall steps)" % g for g in lags) + " |",
              "| --- |" + " --- |" * len(lags)]
     intervals = {}
@@ -157,17 +157,18 @@ def collapse_table(cells, lags, base, objectives=OBJECTIVES):
                 x, n, low, high, " (%s)" % ", ".join(map(str, steps)) if steps else "",
                 "; %d did not learn" % sum(1 for j in judged if j[0] == "did not learn")
                 if any(j[0] == "did not learn" for j in judged) else ""))
-            intervals[(o, g)] = (low, high)
+            intervals[(o, g)] = (x, n, low, high)
         lines.append("| `%s` | %s |" % (o, " | ".join(row)))
     return lines, intervals
 
 
 def claim1(cells, lags, base):
     """Claim 1 from the collapse table: naive and gpg collapse at the largest
-    lag; grpo, spo and asympo do not at any stale lag."""
+    lag; grpo, spo and asympo do not at any stale lag. The lines, the
+    verdict and collapse_table's counts."""
     lines, intervals = collapse_table(cells, lags, base)
     verdicts = []
-    for (o, g), (low, high) in sorted(intervals.items()):
+    for (o, g), (_, _, low, high) in sorted(intervals.items()):
         want = (o in ("naive", "gpg") and g == max(lags)) or (o in ("grpo", "spo", "asympo") and g > 0)
         if want:
             collapses = o in ("naive", "gpg")
@@ -176,19 +177,26 @@ def claim1(cells, lags, base):
             verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
     verdict = cs.combine(verdicts) if verdicts else "not measured yet"
     lines += ["", "Verdict: **%s**" % verdict]
-    return lines, verdict
+    return lines, verdict, intervals
 
 
-def batches_section(out, lr, k, base, floor_sd):
-    """Claims 2 and 3 again in VeRL's batch structure (batches/), with grpo
-    as VeRL runs it beside today's; empty when no such run is on file."""
-    cells = load(out, lr, k, folders=("batches",))
+def batch_objectives(cells):
+    """The objectives of VeRL's batch structure on file, grpo_verl beside grpo."""
+    order = CLAIM_OBJECTIVES[:1] + list(VARIANTS) + CLAIM_OBJECTIVES[1:]
+    return [o for o in order if any(c[0] == o for c in cells)]
+
+
+def batches_section(out, lr, k, base, floor_sd, cells=None):
+    """Claims 2 and 3 again in VeRL's batch structure (batches/, or `cells`
+    loaded from it), with grpo as VeRL runs it beside today's; empty when no
+    such run is on file."""
+    if cells is None:
+        cells = load(out, lr, k, folders=("batches",))
     if not cells:
         return []
     lags = sorted({g for (_, g) in cells})
     sizes = sorted({r.get("minibatches", 1) for c in cells.values() for r in c.values()})
-    objectives = [o for o in CLAIM_OBJECTIVES[:1] + list(VARIANTS) + CLAIM_OBJECTIVES[1:]
-                  if any((o, g) in cells for g in lags)]
+    objectives = batch_objectives(cells)
     lines = ["", "**VeRL's batch structure**: a batch of %s steps' prompts sampled at once by the weights of "
              "lag %s steps before, trained as that many steps in turn (`grpo_verl`: std-normalized advantages "
              "and the dual clip at 3)." % ("/".join(map(str, sizes)), "/".join(map(str, lags))), ""]
