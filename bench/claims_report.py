@@ -21,6 +21,7 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import claims_advice as ca  # noqa: E402
 import claims_stats as cs  # noqa: E402
 import claims_verdicts as cv  # noqa: E402
 from claims_experiment import CLAIM_OBJECTIVES, OBJECTIVES, base_check, read_json  # noqa: E402
@@ -244,10 +245,7 @@ def wall_section(out, large):
     return lines + ["| all | | | %.1f |" % (total / 3600), ""]
 
 
-def render(a):
-    cells = cv.load(a.out, a.lr, a.k)
-    ev = os.path.join(a.out, "base", "eval.json")
-    base = read_json(ev)["mean_at_k"] if os.path.exists(ev) else None
+def render(a, cells, base):
     lags, stale = a.lags, [g for g in a.lags if g > 0]
     planned = len(OBJECTIVES) * len(lags) * a.seeds
     on_file = sum(len(c) for c in cells.values())
@@ -285,23 +283,34 @@ def main():
     ap.add_argument("--large", default="docs/results/claims-large", help="the second size's --out")
     ap.add_argument("--earlier", default="docs/results/claims", help="the earlier 3-seed grid")
     ap.add_argument("--doc", default="docs/results.md", help="the page whose claims markers are replaced")
+    ap.add_argument("--method", default="docs/method.md", help="the page whose choosing markers are replaced")
     ap.add_argument("--lr", type=float, default=3e-5)
     ap.add_argument("--lags", default="0,4,16")
     ap.add_argument("--k", type=int, default=8, help="the k of mean@k (the runs' --eval_prompts_k)")
     ap.add_argument("--seeds", type=int, default=10, help="the seeds a cell is planned with")
     a = ap.parse_args()
     a.lags = [int(x) for x in a.lags.split(",") if x]
-    text = render(a)
-    with open(a.doc) as f:
-        page = f.read()
-    if BEGIN not in page or END not in page:
-        sys.exit("claims_report: %s has no %s ... %s markers" % (a.doc, BEGIN, END))
-    head, rest = page.split(BEGIN, 1)
-    with open(a.doc + ".tmp", "w") as f:
-        f.write(head + text + rest.split(END, 1)[1])
-    os.replace(a.doc + ".tmp", a.doc)
-    print("wrote %s" % a.doc)
+    cells = cv.load(a.out, a.lr, a.k)
+    ev = os.path.join(a.out, "base", "eval.json")
+    base = read_json(ev)["mean_at_k"] if os.path.exists(ev) else None
+    pages = [splice(a.doc, BEGIN, END, render(a, cells, base)),
+             splice(a.method, ca.BEGIN, ca.END, "\n".join(ca.render(cells, a.lags, base, a.earlier, a.k, a.out)))]
+    for doc, page in zip((a.doc, a.method), pages):  # both pages checked before either is written
+        with open(doc + ".tmp", "w") as f:
+            f.write(page)
+        os.replace(doc + ".tmp", doc)
+        print("wrote %s" % doc)
 
+
+def splice(doc, begin, end, text):
+    """The page with what lies between its markers (markers included)
+    replaced by text; exits, naming the page, when it has no markers."""
+    with open(doc) as f:
+        page = f.read()
+    if begin not in page or end not in page:
+        sys.exit("claims_report: %s has no %s ... %s markers" % (doc, begin, end))
+    head, rest = page.split(begin, 1)
+    return head + text + rest.split(end, 1)[1]
 
 if __name__ == "__main__":
     main()

@@ -78,6 +78,7 @@ def check_stats(source):
 def main():
     source, build, scratch = sys.argv[1:4]
     check_stats(source)
+    check_advice(source)
     check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
@@ -197,7 +198,16 @@ def check_report(source, out, scratch):
         f.write("# Results\n\nprose before\n\n<!-- claims:begin -->\nold table\n<!-- claims:end -->\n\nprose after\n")
     report = [sys.executable, os.path.join(source, "bench", "claims_report.py"), "--out", out, "--k", "1",
               "--lr", "3e-4", "--lags", "0,2", "--seeds", "2", "--large", out, "--earlier", out]
+    method = os.path.join(scratch, "method.md")
+    with open(method, "w") as f:
+        f.write("# Method\n\n<!-- choosing:begin -->\nold advice\n<!-- choosing:end -->\n\nafter\n")
+    report += ["--method", method]
     subprocess.run(report + ["--doc", page], check=True, timeout=60)
+    advice = open(method).read()
+    assert "old advice" not in advice and advice.endswith("<!-- choosing:end -->\n\nafter\n"), advice
+    for needle in ("| situation | choose | measured |", "| rollouts are fresh (lag 0) | `", "the paper's objective",
+                   "stale rollouts with `naive` or `gpg`", "very short responses from random weights"):
+        assert needle in advice, (needle, advice)
     text = open(page).read()
     assert "old table" not in text and "prose before" in text and "prose after" in text, text
     assert text.count("<!-- claims:begin -->") == 1 and text.count("<!-- claims:end -->") == 1
@@ -215,6 +225,29 @@ def check_report(source, out, scratch):
         f.write("# no markers\n")
     r = subprocess.run(report + ["--doc", bare], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no <!-- claims:begin -->" in r.stderr, r.stderr
+    before = open(page).read()  # a method page without markers: neither page is written
+    r = subprocess.run(report[:-2] + ["--method", bare, "--doc", page], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and "no <!-- choosing:begin -->" in r.stderr and open(page).read() == before, r.stderr
+
+
+def check_advice(source):
+    """The choosing rule: the best mean, and beside it every candidate whose
+    paired interval against it reaches above -2 points."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_advice as ca
+    seeds = range(10)
+    scores = {"spo": {s: 60.0 + (s % 2) for s in seeds},           # the best: 60.5
+              "grpo": {s: 59.5 + 0.5 * (s % 3) for s in seeds},    # about 0.5 behind, tightly: level
+              "naive": {s: 50.0 + (s % 2) for s in seeds},         # 10 behind: not level
+              "gpg": {0: 70.0}}                                      # one seed pair: undetermined, never level
+    best, level, means, undetermined = ca.ranked(scores)
+    assert best == "gpg" and level == [] and undetermined, (best, level)
+    del scores["gpg"]
+    best, level, means, undetermined = ca.ranked(scores)
+    assert best == "spo" and level == ["grpo"] and not undetermined and abs(means["spo"] - 60.5) < 1e-9, (best, level)
+    assert ca.choice(scores) == "`spo`, or `grpo` (level with it)" and ca.choice({}) == "not on file yet"
+    wide = {"spo": {s: 60.0 for s in seeds}, "asympo": {s: 50.0 + 20 * (s % 2) for s in seeds}}  # reaches above -2
+    assert ca.ranked(wide)[:2] == ("spo", ["asympo"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,180 @@
+#!/usr/bin/env python3
+"""docs/method.md's "Choosing an objective", generated: the table between
+its choosing markers, each row's choice made by one rule from the claims
+experiment's result files, and its figures read from them.
+
+The rule (docs/method.md states it): in a situation, the candidates are
+the objectives it allows; the choice is the one with the best mean mean@k
+over seeds, and beside it every other candidate whose paired 95% interval
+against it reaches above -2 points (not shown to be more than 2 points
+behind). A choice made on fewer than two seed pairs says so. Called by
+bench/claims_report.py, which writes both pages."""
+import glob
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import claims_stats as cs  # noqa: E402
+import claims_verdicts as cv  # noqa: E402
+from claims_experiment import OBJECTIVES, read_json  # noqa: E402
+
+BEGIN, END = "<!-- choosing:begin -->", "<!-- choosing:end -->"
+NEEDS_BEHAVIOR = {"grpo"}  # objectives that need the behavior policy's log-probs
+
+
+def ranked(scores):
+    """{objective: {seed: points}} -> (best, [level with it], {objective:
+    mean}, undetermined): best by mean; level: the paired interval of o -
+    best reaches above -TOLERANCE; undetermined: fewer than 2 seed pairs."""
+    means = {o: statistics.mean(s.values()) for o, s in scores.items() if s}
+    if not means:
+        return None, [], {}, False
+    best = max(means, key=lambda o: (means[o], o))
+    level, undetermined = [], False
+    for o in sorted(means, key=lambda o: -means[o]):
+        if o == best:
+            continue
+        m, low, high, n = cs.paired_interval(scores[o], scores[best])
+        if high is None:
+            undetermined = True
+        elif high >= -cv.TOLERANCE:
+            level.append(o)
+    return best, level, means, undetermined
+
+
+def choice(scores, none="not on file yet"):
+    best, level, _, undetermined = ranked(scores)
+    if best is None:
+        return none
+    text = "`%s`" % best
+    if level:
+        text += ", or %s (level with it)" % ", ".join("`%s`" % o for o in level)
+    return text + (" (some on fewer than 2 seed pairs)" if undetermined else "")
+
+
+def at_lags(cells, o, lags):
+    """'0.647 / 0.642 / 0.650' (mean mean@k at each lag, '-' where missing)."""
+    out = []
+    for g in lags:
+        v = list(cv.scores(cells, o, g).values())
+        out.append("%.3f" % (statistics.mean(v) / 100) if v else "-")
+    return " / ".join(out)
+
+
+def stale_row(cells, lags, candidates, situation):
+    g = max(lags)
+    scores = {o: cv.scores(cells, o, g) for o in candidates}
+    best, level, means, _ = ranked(scores)
+    shown = [o for o in [best] + level if o] or candidates
+    measured = "mean@k at lags %s: %s" % (
+        ", ".join(map(str, lags)), "; ".join("`%s` %s" % (o, at_lags(cells, o, lags)) for o in shown))
+    others = [o for o in candidates if o not in shown and o in means]
+    if others:
+        measured += "; behind at lag %d: %s" % (g, ", ".join("`%s` %.3f" % (o, means[o] / 100) for o in others))
+    return "| %s | %s | %s |" % (situation, choice(scores), measured)
+
+
+def fresh_row(cells):
+    scores = {o: cv.scores(cells, o, 0) for o in OBJECTIVES}
+    best, level, means, _ = ranked(scores)
+    if best is None:
+        return "| rollouts are fresh (lag 0) | not on file yet | |"
+    pick = "any; `naive` is the simplest" if len(level) + 1 == len(means) == len(OBJECTIVES) else choice(scores)
+    return "| rollouts are fresh (lag 0) | %s | mean@k from %.3f (`%s`) to %.3f (`%s`) |" % (
+        pick, min(means.values()) / 100, min(means, key=means.get), means[best] / 100, best)
+
+
+def asympo_row(cells, lags):
+    """Where asympo is level with the best objective, lag by lag."""
+    fine, parts = [], []
+    for g in lags:
+        scores = {o: cv.scores(cells, o, g) for o in OBJECTIVES}
+        best, level, _, _ = ranked(scores)
+        if best is None or "asympo" not in scores or not scores["asympo"]:
+            continue
+        if "asympo" == best or "asympo" in level:
+            fine.append(g)
+        for b in ("spo", "grpo"):
+            m, low, high, n = cs.paired_interval(scores["asympo"], scores[b])
+            if m is not None and g in (0, max(lags)):
+                parts.append("lag %d, - `%s`: %s" % (g, b, cv.interval_text(m, low, high, n)))
+    pick = ("at lag%s %s" % ("s" if len(fine) > 1 else "", ", ".join(map(str, fine)))) if fine else "not measured yet"
+    if parts and not fine:
+        pick = "at no lag measured"
+    return "| the paper's objective (`asympo`; `asympo_stable` beside it) | %s | %s |" % (pick, "; ".join(parts))
+
+
+def collapse_row(cells, lags, base):
+    if base is None:
+        return "| stale rollouts with `naive` or `gpg` | not on file yet | |"
+    stale = [g for g in lags if g > 0]
+    _, counts = cv.collapse_table(cells, stale, base, ["naive", "gpg"])
+    if not counts:
+        return "| stale rollouts with `naive` or `gpg` | not on file yet | |"
+    parts = ["`%s` lag %d: %d of %d runs collapsed" % (o, g, x, n) for (o, g), (x, n, _, _) in sorted(counts.items())]
+    pick = "do not" if any(x for (x, _, _, _) in counts.values()) else "no collapse measured"
+    return "| stale rollouts with `naive` or `gpg` | %s | %s |" % (pick, "; ".join(parts))
+
+
+def copy_row(earlier):
+    runs = [read_json(p) for p in sorted(glob.glob(os.path.join(earlier, "copy", "*.json")))]
+    scores = {}
+    for r in runs:
+        scores.setdefault(r["objective"], {})[r["seed"]] = 100.0 * r["eval"]["greedy_acc"]
+    if not scores:
+        return []
+    text = "; ".join("`%s` %.2f ± %.2f" % (o, statistics.mean(s.values()) / 100,
+                                          statistics.stdev(s.values()) / 100 if len(s) > 1 else 0)
+                     for o, s in sorted(scores.items()))
+    return ["| very short responses from random weights (`copy`, `%s/copy/`) | %s | held-out greedy accuracy: %s |" % (
+        earlier, choice(scores), text)]
+
+
+def daemons_row(earlier, k):
+    runs = [read_json(p) for p in sorted(glob.glob(os.path.join(earlier, "daemons", "*.json")))]
+    runs = [r for r in runs if "mean@%d" % k in r.get("eval", {})]
+    if not runs:
+        return []
+    lags = [r["policy_lag"]["mean"] for r in runs if r.get("policy_lag")]  # none in a run too short to measure
+    lag = ", a mean lag of %.0f versions" % statistics.mean(lags) if lags else ""
+    best = max(runs, key=lambda r: r["eval"]["mean@%d" % k])
+    text = "; ".join("`%s` %.3f" % (r["objective"], r["eval"]["mean@%d" % k]) for r in runs)
+    return ["| real staleness through the daemons (`%s/daemons/`: the earlier base, one seed each%s) | `%s` (one seed: "
+            "the direction only) | mean@k %s |" % (earlier, lag, best["objective"], text)]
+
+
+def lr_table(earlier, k):
+    """The earlier grid's learning rates: mean@k and collapses per lr and lag."""
+    runs = [read_json(p) for f in ("sweep", "grid") for p in glob.glob(os.path.join(earlier, f, "*.json"))]
+    cols = sorted({(r["lag"], r["lr"]) for r in runs})
+    if not cols:
+        return []
+    lines = ["Learning rates on the earlier grid (`%s`, 3 seeds a cell, its own base): mean@%d over seeds, and "
+             "in brackets the runs whose final 20-step reward fell below half their peak:" % (earlier, k), "",
+             "| objective | " + " | ".join("lag %d, lr %g" % c for c in cols) + " |", "| --- |" + " ---: |" * len(cols)]
+    for o in OBJECTIVES:
+        row = []
+        for c in cols:
+            rs = [r for r in runs if r["objective"] == o and (r["lag"], r["lr"]) == c]
+            fell = sum(1 for r in rs if r["final_reward20"] < 0.5 * r["peak_reward20"])
+            row.append("%.3f%s" % (statistics.mean(r["eval"]["mean@%d" % k] for r in rs), " (%d)" % fell if fell else "")
+                       if rs else "-")
+        lines.append("| `%s` | %s |" % (o, " | ".join(row)))
+    return lines + [""]
+
+
+def render(cells, lags, base, earlier, k, source):
+    allowed = [o for o in OBJECTIVES if o not in NEEDS_BEHAVIOR]
+    lines = [BEGIN, "Generated by `python3 bench/claims_report.py` from `%s` (and, where a row says so, `%s`)." % (
+        source, earlier), "", "| situation | choose | measured |", "| --- | --- | --- |",
+        stale_row(cells, lags, allowed, "rollouts are stale (lag %d) and carry no behavior log-probs (the daemons, "
+                  "most external engines)" % max(lags)),
+        stale_row(cells, lags, OBJECTIVES, "rollouts are stale (lag %d) and behavior log-probs are available"
+                  % max(lags))]
+    if len(lags) > 2:
+        mid = sorted(lags)[1]
+        lines.append(stale_row(cells, [0, mid], OBJECTIVES, "a queue of a few steps (lag %d)" % mid))
+    lines += [fresh_row(cells), asympo_row(cells, lags), collapse_row(cells, lags, base)]
+    lines += daemons_row(earlier, k) + copy_row(earlier) + [""] + lr_table(earlier, k)
+    return lines + [END]
