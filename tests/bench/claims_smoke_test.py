@@ -133,6 +133,7 @@ def main():
         assert again.get(key) == summary.get(key), (key, again.get(key), summary.get(key))
     check_one_lr(source, build, out)
     check_report(source, out, scratch)
+    check_rerun(source, build, out, scratch)
     print("ok")
 
 
@@ -228,6 +229,44 @@ def check_report(source, out, scratch):
     before = open(page).read()  # a method page without markers: neither page is written
     r = subprocess.run(report[:-2] + ["--method", bare, "--doc", page], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0 and "no <!-- choosing:begin -->" in r.stderr and open(page).read() == before, r.stderr
+
+
+def check_rerun(source, build, out, scratch):
+    """claims_rerun.py repeats a committed run bit for bit, says where the
+    committed rows differ, compares a run on another seed with its cell, and
+    refuses a file whose command is not task_learning's."""
+    name = "spo_lr0.0003_lag2_seed1"
+    path, work = os.path.join(out, "grid", name + ".json"), os.path.join(scratch, "rerun")
+    rerun = [sys.executable, os.path.join(source, "bench", "claims_rerun.py"), "--build_dir", build, "--work", work]
+    p = subprocess.run(rerun + [path], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "the same, bit for bit" in p.stdout, p.stdout + p.stderr
+    tampered = os.path.join(scratch, "tampered")
+    for folder in ("grid", "csv"):
+        os.makedirs(os.path.join(tampered, folder), exist_ok=True)
+    shutil.copy(path, os.path.join(tampered, "grid"))
+    with gzip.open(os.path.join(out, "csv", name + ".csv.gz"), "rt") as f:
+        lines = f.read().splitlines()
+    lines[2] = "9" + lines[2]
+    with gzip.open(os.path.join(tampered, "csv", name + ".csv.gz"), "wt") as f:
+        f.write("\n".join(lines) + "\n")
+    p = subprocess.run(rerun + [os.path.join(tampered, "grid", name + ".json")], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and "DIFFERENT: row 2 differs" in p.stdout, p.stdout + p.stderr
+    p = subprocess.run(rerun + ["--seed", "7", path], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "spo_lr0.0003_lag2_seed7: mean@1" in p.stdout, p.stdout + p.stderr
+    assert "the cell's" in p.stdout or "no spread" in p.stdout, p.stdout
+    assert json.load(open(os.path.join(work, "spo_lr0.0003_lag2_seed7.json")))["seed"] == 7
+    bad = os.path.join(tampered, "grid", "bad.json")
+    with open(bad, "w") as f:
+        json.dump(dict(json.load(open(path)), command="rm -rf /tmp/nothing --csv x --seed 1"), f)
+    p = subprocess.run(rerun + [bad], capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "not a task_learning command" in p.stderr, p.stderr
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_rerun
+    # mean 0.5, sd 0.1, 3 seeds: half-width t(0.975, 2) 4.303 x 0.1 x sqrt(4/3) = 0.497
+    assert "[0.003, 0.997]: inside" in claims_rerun.against_cell(0.5, {0: 0.4, 1: 0.6, 2: 0.5})
+    assert "OUTSIDE" in claims_rerun.against_cell(1.2, {0: 0.4, 1: 0.6, 2: 0.5})
+    assert "no spread" in claims_rerun.against_cell(0.5, {0: 0.4})
 
 
 def check_advice(source):
