@@ -9,6 +9,7 @@ over seeds, and beside it every other candidate whose paired 95% interval
 against it reaches above -2 points (not shown to be more than 2 points
 behind). A choice made on fewer than two seed pairs says so. Called by
 bench/claims_report.py, which writes both pages."""
+import collections
 import glob
 import os
 import statistics
@@ -17,19 +18,24 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import claims_stats as cs  # noqa: E402
 import claims_verdicts as cv  # noqa: E402
-from claims_experiment import OBJECTIVES, read_json  # noqa: E402
+from claims_experiment import CLAIM_OBJECTIVES, OBJECTIVES, read_json  # noqa: E402
 
 BEGIN, END = "<!-- choosing:begin -->", "<!-- choosing:end -->"
 NEEDS_BEHAVIOR = {"grpo"}  # objectives that need the behavior policy's log-probs
 
 
+Ranking = collections.namedtuple("Ranking", "best level means undetermined missing")
+
+
 def ranked(scores):
-    """{objective: {seed: points}} -> (best, [level with it], {objective:
-    mean}, undetermined): best by mean; level: the paired interval of o -
-    best reaches above -TOLERANCE; undetermined: fewer than 2 seed pairs."""
+    """{objective: {seed: points}} -> Ranking: best by mean; level: the
+    paired interval of o - best reaches above -TOLERANCE; undetermined:
+    some candidate with fewer than 2 seed pairs; missing: candidates with
+    no run on file."""
     means = {o: statistics.mean(s.values()) for o, s in scores.items() if s}
+    missing = [o for o, s in scores.items() if not s]
     if not means:
-        return None, [], {}, False
+        return Ranking(None, [], {}, False, missing)
     best = max(means, key=lambda o: (means[o], o))
     level, undetermined = [], False
     for o in sorted(means, key=lambda o: -means[o]):
@@ -40,17 +46,19 @@ def ranked(scores):
             undetermined = True
         elif high >= -cv.TOLERANCE:
             level.append(o)
-    return best, level, means, undetermined
+    return Ranking(best, level, means, undetermined, missing)
 
 
 def choice(scores, none="not on file yet"):
-    best, level, _, undetermined = ranked(scores)
-    if best is None:
+    r = ranked(scores)
+    if r.best is None:
         return none
-    text = "`%s`" % best
-    if level:
-        text += ", or %s (level with it)" % ", ".join("`%s`" % o for o in level)
-    return text + (" (some on fewer than 2 seed pairs)" if undetermined else "")
+    text = "`%s`" % r.best
+    if r.level:
+        text += ", or %s (level with it)" % ", ".join("`%s`" % o for o in r.level)
+    if r.undetermined:
+        text += " (some on fewer than 2 seed pairs)"
+    return text + (" (so far: %s not on file yet)" % ", ".join("`%s`" % o for o in r.missing) if r.missing else "")
 
 
 def at_lags(cells, o, lags):
@@ -65,7 +73,8 @@ def at_lags(cells, o, lags):
 def stale_row(cells, lags, candidates, situation):
     g = max(lags)
     scores = {o: cv.scores(cells, o, g) for o in candidates}
-    best, level, means, _ = ranked(scores)
+    r = ranked(scores)
+    best, level, means = r.best, r.level, r.means
     shown = [o for o in [best] + level if o] or candidates
     measured = "mean@k at lags %s: %s" % (
         ", ".join(map(str, lags)), "; ".join("`%s` %s" % (o, at_lags(cells, o, lags)) for o in shown))
@@ -77,7 +86,8 @@ def stale_row(cells, lags, candidates, situation):
 
 def fresh_row(cells):
     scores = {o: cv.scores(cells, o, 0) for o in OBJECTIVES}
-    best, level, means, _ = ranked(scores)
+    r = ranked(scores)
+    best, level, means = r.best, r.level, r.means
     if best is None:
         return "| rollouts are fresh (lag 0) | not on file yet | |"
     pick = "any; `naive` is the simplest" if len(level) + 1 == len(means) == len(OBJECTIVES) else choice(scores)
@@ -86,23 +96,25 @@ def fresh_row(cells):
 
 
 def asympo_row(cells, lags):
-    """Where asympo is level with the best objective, lag by lag."""
-    fine, parts = [], []
-    for g in lags:
-        scores = {o: cv.scores(cells, o, g) for o in OBJECTIVES}
-        best, level, _, _ = ranked(scores)
-        if best is None or "asympo" not in scores or not scores["asympo"]:
-            continue
-        if "asympo" == best or "asympo" in level:
-            fine.append(g)
+    """The lags at which asympo and asympo_stable are level with the best of
+    the claims' four objectives (a lag once the four are on file there), and asympo's gaps to spo and grpo at lag 0 and the largest."""
+    picks, parts = [], []
+    for o in ("asympo", "asympo_stable"):
+        fine, not_fine = [], []
+        for g in lags:
+            r = ranked({b: cv.scores(cells, b, g) for b in CLAIM_OBJECTIVES})
+            if not r.missing:  # a lag is judged once the four are on file there
+                (fine if o == r.best or o in r.level else not_fine).append(str(g))
+        if fine or not_fine:
+            picks.append("`%s`%s%s" % (o, " at lag %s" % ", ".join(fine) if fine else "",
+                                       "%s not at lag %s" % (";" if fine else "", ", ".join(not_fine)) if not_fine else ""))
+    for g in sorted({0, max(lags)}):
         for b in ("spo", "grpo"):
-            m, low, high, n = cs.paired_interval(scores["asympo"], scores[b])
-            if m is not None and g in (0, max(lags)):
-                parts.append("lag %d, - `%s`: %s" % (g, b, cv.interval_text(m, low, high, n)))
-    pick = ("at lag%s %s" % ("s" if len(fine) > 1 else "", ", ".join(map(str, fine)))) if fine else "not measured yet"
-    if parts and not fine:
-        pick = "at no lag measured"
-    return "| the paper's objective (`asympo`; `asympo_stable` beside it) | %s | %s |" % (pick, "; ".join(parts))
+            m, low, high, n = cs.paired_interval(cv.scores(cells, "asympo", g), cv.scores(cells, b, g))
+            if m is not None:
+                parts.append("lag %d, `asympo` - `%s`: %s" % (g, b, cv.interval_text(m, low, high, n)))
+    return "| the paper's objective (`asympo`; `asympo_stable` beside it) | %s | %s |" % (
+        "; ".join(picks) or "not on file yet", "; ".join(parts))
 
 
 def collapse_row(cells, lags, base):

@@ -279,11 +279,13 @@ def check_advice(source):
               "grpo": {s: 59.5 + 0.5 * (s % 3) for s in seeds},    # about 0.5 behind, tightly: level
               "naive": {s: 50.0 + (s % 2) for s in seeds},         # 10 behind: not level
               "gpg": {0: 70.0}}                                      # one seed pair: undetermined, never level
-    best, level, means, undetermined = ca.ranked(scores)
-    assert best == "gpg" and level == [] and undetermined, (best, level)
-    del scores["gpg"]
-    best, level, means, undetermined = ca.ranked(scores)
+    best, level, means, undetermined, missing = ca.ranked(scores)
+    assert best == "gpg" and level == [] and undetermined and missing == [], (best, level)
+    scores["gpg"] = {}
+    best, level, means, undetermined, missing = ca.ranked(scores)
     assert best == "spo" and level == ["grpo"] and not undetermined and abs(means["spo"] - 60.5) < 1e-9, (best, level)
+    assert missing == ["gpg"] and ca.choice(scores) == "`spo`, or `grpo` (level with it) (so far: `gpg` not on file yet)"
+    del scores["gpg"]
     assert ca.choice(scores) == "`spo`, or `grpo` (level with it)" and ca.choice({}) == "not on file yet"
     wide = {"spo": {s: 60.0 for s in seeds}, "asympo": {s: 50.0 + 20 * (s % 2) for s in seeds}}  # reaches above -2
     assert ca.ranked(wide)[:2] == ("spo", ["asympo"])
