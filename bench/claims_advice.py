@@ -157,20 +157,32 @@ def daemons_row(earlier, k):
 
 
 def lr_table(earlier, k):
-    """The earlier grid's learning rates: mean@k and collapses per lr and lag."""
+    """The earlier grid's learning rates: mean@k per lr and lag, and the runs
+    that fell: from a peak above the base's sampled accuracy to a final
+    20-step reward below half of it (its per-step rows were not kept), or
+    that never rose above the base, ending below half of it or not."""
     runs = [read_json(p) for f in ("sweep", "grid") for p in glob.glob(os.path.join(earlier, f, "*.json"))]
     cols = sorted({(r["lag"], r["lr"]) for r in runs})
-    if not cols:
+    path = os.path.join(earlier, "base", "base.json")
+    if not cols or not os.path.exists(path):
         return []
-    lines = ["Learning rates on the earlier grid (`%s`, 3 seeds a cell, its own base): mean@%d over seeds, and "
-             "in brackets the runs whose final 20-step reward fell below half their peak:" % (earlier, k), "",
+    base = read_json(path)["sample_accuracy"]
+    lines = ["Learning rates on the earlier grid (`%s`, 3 seeds a cell, its own base, whose sampled accuracy was "
+             "%.3f): mean@%d over seeds; in brackets the runs that collapsed (a peak 20-step reward above the base's, "
+             "a final one below half the peak), those that never rose above the base and ended below half of it (fell "
+             "from the base), and those that never rose above it:" % (earlier, base, k), "",
              "| objective | " + " | ".join("lag %d, lr %g" % c for c in cols) + " |", "| --- |" + " ---: |" * len(cols)]
     for o in OBJECTIVES:
         row = []
         for c in cols:
             rs = [r for r in runs if r["objective"] == o and (r["lag"], r["lr"]) == c]
-            fell = sum(1 for r in rs if r["final_reward20"] < 0.5 * r["peak_reward20"])
-            row.append("%.3f%s" % (statistics.mean(r["eval"]["mean@%d" % k] for r in rs), " (%d)" % fell if fell else "")
+            fell = sum(1 for r in rs if r["peak_reward20"] > base and r["final_reward20"] < 0.5 * r["peak_reward20"])
+            flat = [r["final_reward20"] < 0.5 * base for r in rs if r["peak_reward20"] <= base]
+            notes = ", ".join(t for t in ("%d collapsed" % fell if fell else "",
+                                          "%d fell from the base" % sum(flat) if sum(flat) else "",
+                                          "%d never rose" % (len(flat) - sum(flat)) if len(flat) > sum(flat) else "")
+                              if t)
+            row.append("%.3f%s" % (statistics.mean(r["eval"]["mean@%d" % k] for r in rs), " (%s)" % notes if notes else "")
                        if rs else "-")
         lines.append("| `%s` | %s |" % (o, " | ".join(row)))
     return lines + [""]

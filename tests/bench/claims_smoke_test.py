@@ -207,7 +207,8 @@ def check_report(source, out, scratch):
     advice = open(method).read()
     assert "old advice" not in advice and advice.endswith("<!-- choosing:end -->\n\nafter\n"), advice
     for needle in ("| situation | choose | measured |", "| rollouts are fresh (lag 0) | `", "the paper's objective",
-                   "stale rollouts with `naive` or `gpg`", "very short responses from random weights"):
+                   "stale rollouts with `naive` or `gpg`", "very short responses from random weights",
+                   "Learning rates on the earlier grid"):
         assert needle in advice, (needle, advice)
     text = open(page).read()
     assert "old table" not in text and "prose before" in text and "prose after" in text, text
