@@ -162,7 +162,7 @@ def size_section(small, large, lr, k):
         return ["**The second size**: no run yet (`%s`)." % large, ""]
     lags = sorted({g for (_, g) in cells}, reverse=True)
     lines = ["**The second size** (`%s`):" % large, ""] + base_section(large, k)
-    lines += cv.cells_table(cells, lags, CLAIM_OBJECTIVES) + [""]
+    lines += grid_table(cells, lags, k, CLAIM_OBJECTIVES)
     for b in ("grpo", "spo"):
         gaps = {}
         for name, c in (("first", small), ("second", cells)):
