@@ -234,7 +234,8 @@ def base_check(base):
     s_g, ratio = base["s_g"]["median"], base["inverse_s_ratio"]["median"]
     ok_s = S_G_RANGE[0] <= s_g <= S_G_RANGE[1]
     ok_r = ratio < RATIO_MODERATE
-    text = "S_g median %.3f nats (%s a pretrained model's %g-%g); within-group 1/S_g ratio median %.2f (%s)" % (
+    text = ("S_g median %.3f nats (%s %g-%g, the range assumed for a pretrained model: the paper states none); "
+            "within-group 1/S_g ratio median %.2f (%s)") % (
         s_g, "within" if ok_s else "OUTSIDE", S_G_RANGE[0], S_G_RANGE[1], ratio,
         "moderate, below %g" % RATIO_MODERATE if ok_r else "NOT moderate: %g or more" % RATIO_MODERATE)
     return ok_s and ok_r, text
@@ -445,7 +446,7 @@ def main(argv=None):
     if os.path.exists(base):
         ok, text = base_check(read_json(base))
         summary["base_check"] = {"ok": ok, "text": text}
-        print("base check: %s%s" % (text, "" if ok else "; the claims are tested outside a pretrained model's regime"),
+        print("base check: %s%s" % (text, "" if ok else "; the claims are tested outside the range assumed for a pretrained model"),
               flush=True)
     # grpo first: the shared learning rate is its best.
     order = sorted(args.objectives, key=lambda o: o != "grpo")

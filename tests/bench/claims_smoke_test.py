@@ -84,7 +84,7 @@ def main():
     out = os.path.join(scratch, "claims")
     printed = run(source, build, out)
     # 25 supervised steps leave the base near random (S_g about ln 22): the check says so.
-    assert "base check: S_g median" in printed and "OUTSIDE a pretrained model's" in printed, printed
+    assert "base check: S_g median" in printed and "OUTSIDE 0.2-0.6, the range assumed for a pretrained model" in printed, printed
     base = json.load(open(os.path.join(out, "base", "base.json")))
     assert base["s_g"]["p10"] <= base["s_g"]["median"] <= base["s_g"]["p90"], base
     assert os.path.exists(os.path.join(out, "base", "model", "config.json"))
