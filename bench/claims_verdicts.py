@@ -164,18 +164,26 @@ def collapse_table(cells, lags, base, objectives=OBJECTIVES):
 
 def claim1(cells, lags, base):
     """Claim 1 from the collapse table: naive and gpg collapse at the largest
-    lag; grpo, spo and asympo do not at any stale lag. The lines, the
-    verdict and collapse_table's counts."""
+    lag; grpo, spo and asympo do not at any stale lag. Every one of those
+    cells is needed: one without rows yet leaves the claim inconclusive. The
+    lines, the verdict and collapse_table's counts."""
     lines, intervals = collapse_table(cells, lags, base)
+    wanted = [(o, max(lags)) for o in ("naive", "gpg")] + [
+        (o, g) for o in ("grpo", "spo", "asympo") for g in lags if g > 0]
     verdicts = []
-    for (o, g), (_, _, low, high) in sorted(intervals.items()):
-        want = (o in ("naive", "gpg") and g == max(lags)) or (o in ("grpo", "spo", "asympo") and g > 0)
-        if want:
-            collapses = o in ("naive", "gpg")
-            ok = low > 0.5 if collapses else high < 0.5
-            wrong = high < 0.5 if collapses else low > 0.5
-            verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
-    verdict = cs.combine(verdicts) if verdicts else "not measured yet"
+    for o, g in wanted:
+        if (o, g) not in intervals:
+            verdicts.append("inconclusive")
+            continue
+        _, _, low, high = intervals[(o, g)]
+        collapses = o in ("naive", "gpg")
+        ok = low > 0.5 if collapses else high < 0.5
+        wrong = high < 0.5 if collapses else low > 0.5
+        verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
+    verdict = cs.combine(verdicts) if intervals else "not measured yet"
+    missing = [c for c in wanted if c not in intervals]
+    if missing and intervals:
+        lines += ["", "Not on file yet: %s." % ", ".join("`%s` at lag %d" % c for c in missing)]
     lines += ["", "Verdict: **%s**" % verdict]
     return lines, verdict, intervals
 

@@ -79,6 +79,7 @@ def main():
     source, build, scratch = sys.argv[1:4]
     check_stats(source)
     check_advice(source)
+    check_claim1(source)
     check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
@@ -268,6 +269,30 @@ def check_rerun(source, build, out, scratch):
     assert "[0.003, 0.997]: inside" in claims_rerun.against_cell(0.5, {0: 0.4, 1: 0.6, 2: 0.5})
     assert "OUTSIDE" in claims_rerun.against_cell(1.2, {0: 0.4, 1: 0.6, 2: 0.5})
     assert "no spread" in claims_rerun.against_cell(0.5, {0: 0.4})
+
+
+def check_claim1(source):
+    """Claim 1 needs every cell it names: confirmed only with naive and gpg
+    at the largest lag and grpo, spo and asympo at every stale lag on file."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_verdicts as cv
+    held = [0.3] * 10 + [0.6] * 90
+    fell = [0.3] * 10 + [0.6] * 50 + [0.1] * 40
+
+    def cell(rewards):
+        return {s: {"rewards": rewards, "score": 50.0} for s in range(10)}
+    stable = {(o, g): cell(held) for o in ("grpo", "spo", "asympo") for g in (4, 16)}
+    assert cv.claim1(stable, [0, 4, 16], 0.25)[1] == "inconclusive", "naive and gpg are not on file"
+    full = {**stable, **{(o, 16): cell(fell) for o in ("naive", "gpg")}}
+    lines, verdict, counts = cv.claim1(full, [0, 4, 16], 0.25)
+    assert verdict == "confirmed" and counts[("naive", 16)][:2] == (10, 10), (verdict, counts)
+    assert not any(l.startswith("Not on file yet") for l in lines), lines
+    partial = dict(full)
+    del partial[("spo", 4)]
+    lines, verdict, _ = cv.claim1(partial, [0, 4, 16], 0.25)
+    assert verdict == "inconclusive" and "Not on file yet: `spo` at lag 4." in lines, (verdict, lines)
+    assert cv.claim1({**full, ("asympo", 16): cell(fell)}, [0, 4, 16], 0.25)[1] == "refuted"
+    assert cv.claim1({}, [0, 4, 16], 0.25)[1] == "not measured yet"
 
 
 def check_advice(source):
