@@ -97,7 +97,8 @@ def fresh_row(cells, k):
 
 def asympo_row(cells, lags):
     """The lags at which asympo and asympo_stable are level with the best of
-    the claims' four objectives (a lag once the four are on file there), and asympo's gaps to spo and grpo at lag 0 and the largest."""
+    the claims' four objectives (a lag once the four are on file there),
+    and asympo's gaps to spo and grpo at lag 0 and at the largest lag."""
     picks, parts = [], []
     for o in ("asympo", "asympo_stable"):
         fine, not_fine = [], []
