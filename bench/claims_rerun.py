@@ -90,12 +90,7 @@ def rerun(path, a):
     name = run_name(run["objective"], run["lr"], run["lag"], seed, run.get("minibatches", 1))
     csv_path, log_path = os.path.join(a.work, name + ".csv"), os.path.join(a.work, name + ".log")
     argv = command(run["command"], a.build_dir, csv_path, seed)
-    cwd = os.getcwd()
-    os.chdir(ROOT)
-    try:
-        seconds, final = run_logged(argv, name, log_path)
-    finally:
-        os.chdir(cwd)
+    seconds, final = run_logged(argv, name, log_path, cwd=ROOT)
     rows = read_rows(csv_path)
     k = next((key.split("@")[1] for key in run["eval"] if key.startswith("mean@")), "8")
     value = {"rerun_of": path, "seed": seed, "command": shlex.join(argv), "seconds": round(seconds, 1),

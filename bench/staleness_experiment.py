@@ -67,12 +67,13 @@ def run_one(args, objective, lag, seed):
             "seconds": seconds, "eval": final}
 
 
-def run_logged(cmd, name, log_path):
-    """Runs one task_learning command with its output in log_path: (seconds,
-    its last evaluation line as numbers, {} without one)."""
+def run_logged(cmd, name, log_path, cwd=None):
+    """Runs one task_learning command (in cwd, by default this process's)
+    with its output in log_path: (seconds, its last evaluation line as
+    numbers, {} without one)."""
     start = time.time()
     with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
+        rc = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
     seconds = time.time() - start
     if rc != 0:
         raise RuntimeError("%s failed (exit %d): see %s" % (name, rc, log_path))
