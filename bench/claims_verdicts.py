@@ -162,21 +162,27 @@ def collapse_table(cells, lags, base, objectives=OBJECTIVES):
     return lines, intervals
 
 
+def claim1_cells(lags):
+    """The cells claim 1 names: (naive and gpg at the largest lag, which
+    collapse; grpo, spo and asympo at every stale lag, which do not)."""
+    return ([(o, max(lags)) for o in ("naive", "gpg")],
+            [(o, g) for o in ("grpo", "spo", "asympo") for g in lags if g > 0])
+
+
 def claim1(cells, lags, base):
-    """Claim 1 from the collapse table: naive and gpg collapse at the largest
-    lag; grpo, spo and asympo do not at any stale lag. Every one of those
+    """Claim 1 from the collapse table, on claim1_cells. Every one of those
     cells is needed: one without rows yet leaves the claim inconclusive. The
     lines, the verdict and collapse_table's counts."""
     lines, intervals = collapse_table(cells, lags, base)
-    wanted = [(o, max(lags)) for o in ("naive", "gpg")] + [
-        (o, g) for o in ("grpo", "spo", "asympo") for g in lags if g > 0]
+    collapsing, stable = claim1_cells(lags)
+    wanted = collapsing + stable
     verdicts = []
-    for o, g in wanted:
-        if (o, g) not in intervals:
+    for cell in wanted:
+        if cell not in intervals:
             verdicts.append("inconclusive")
             continue
-        _, _, low, high = intervals[(o, g)]
-        collapses = o in ("naive", "gpg")
+        _, _, low, high = intervals[cell]
+        collapses = cell in collapsing
         ok = low > 0.5 if collapses else high < 0.5
         wrong = high < 0.5 if collapses else low > 0.5
         verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
