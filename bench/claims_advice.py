@@ -49,8 +49,9 @@ def ranked(scores):
     return Ranking(best, level, means, undetermined, missing)
 
 
-def choice(scores, none="not on file yet"):
-    r = ranked(scores)
+def choice(r, none="not on file yet"):
+    """A Ranking in words: the best, the candidates level with it, and what
+    is not on file yet."""
     if r.best is None:
         return none
     text = "`%s`" % r.best
@@ -81,7 +82,7 @@ def stale_row(cells, lags, candidates, situation, k):
     others = [o for o in candidates if o not in shown and o in means]
     if others:
         measured += "; behind at lag %d: %s" % (g, ", ".join("`%s` %.3f" % (o, means[o] / 100) for o in others))
-    return "| %s | %s | %s |" % (situation, choice(scores), measured)
+    return "| %s | %s | %s |" % (situation, choice(r), measured)
 
 
 def fresh_row(cells, k):
@@ -90,7 +91,7 @@ def fresh_row(cells, k):
     best, level, means = r.best, r.level, r.means
     if best is None:
         return "| rollouts are fresh (lag 0) | not on file yet | |"
-    pick = "any; `naive` is the simplest" if len(level) + 1 == len(means) == len(OBJECTIVES) else choice(scores)
+    pick = "any; `naive` is the simplest" if len(level) + 1 == len(means) == len(OBJECTIVES) else choice(r)
     return "| rollouts are fresh (lag 0) | %s | mean@%d from %.3f (`%s`) to %.3f (`%s`) |" % (
         pick, k, min(means.values()) / 100, min(means, key=means.get), means[best] / 100, best)
 
@@ -100,10 +101,10 @@ def asympo_row(cells, lags):
     the claims' four objectives (a lag once the four are on file there),
     and asympo's gaps to spo and grpo at lag 0 and at the largest lag."""
     picks, parts = [], []
+    rankings = {g: ranked({b: cv.scores(cells, b, g) for b in CLAIM_OBJECTIVES}) for g in lags}
     for o in ("asympo", "asympo_stable"):
         fine, not_fine = [], []
-        for g in lags:
-            r = ranked({b: cv.scores(cells, b, g) for b in CLAIM_OBJECTIVES})
+        for g, r in rankings.items():
             if not r.missing:  # a lag is judged once the four are on file there
                 (fine if o == r.best or o in r.level else not_fine).append(str(g))
         if fine or not_fine:
@@ -141,7 +142,7 @@ def copy_row(earlier):
                                           statistics.stdev(s.values()) / 100 if len(s) > 1 else 0)
                      for o, s in sorted(scores.items()))
     return ["| very short responses from random weights (`copy`, `%s/copy/`) | %s | held-out greedy accuracy: %s |" % (
-        earlier, choice(scores), text)]
+        earlier, choice(ranked(scores)), text)]
 
 
 def daemons_row(earlier, k):
