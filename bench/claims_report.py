@@ -294,8 +294,7 @@ def main():
     a = ap.parse_args()
     a.lags = [int(x) for x in a.lags.split(",") if x]
     cells = cv.load(a.out, a.lr, a.k)
-    ev = os.path.join(a.out, "base", "eval.json")
-    base = read_json(ev)["mean_at_k"] if os.path.exists(ev) else None
+    base = cv.base_mean(a.out)
     pages = [splice(a.doc, BEGIN, END, render(a, cells, base)),
              splice(a.method, ca.BEGIN, ca.END, "\n".join(ca.render(cells, a.lags, base, a.earlier, a.k, a.out)))]
     for doc, page in zip((a.doc, a.method), pages):  # both pages checked before either is written

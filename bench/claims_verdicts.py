@@ -224,13 +224,19 @@ def batches_section(out, lr, k, base, floor_sd, cells=None):
     return lines
 
 
+def base_mean(out):
+    """The base's held-out mean@k (base/eval.json under out), None before it
+    is evaluated: claim 1's bar."""
+    path = os.path.join(out, "base", "eval.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["mean_at_k"]
+
+
 def render(out, lr, lags, k):
     cells = load(out, lr, k)
-    base_eval = os.path.join(out, "base", "eval.json")
-    base = None
-    if os.path.exists(base_eval):
-        with open(base_eval) as f:
-            base = json.load(f)["mean_at_k"]
+    base = base_mean(out)
     (m, low, high, n), floor_sd = noise_floor(cells)
     stale = [g for g in lags if g > 0]
     lines = ["Every objective at lr %g; mean@%d in points (0.01); the rules of docs/method.md, "
