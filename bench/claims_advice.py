@@ -7,7 +7,9 @@ The rule (docs/method.md states it): in a situation, the candidates are
 the objectives it allows; the choice is the one with the best mean mean@k
 over seeds, and beside it every other candidate whose paired 95% interval
 against it reaches above -2 points (not shown to be more than 2 points
-behind). A choice made on fewer than two seed pairs says so. Called by
+behind). No choice is made while a candidate among the claims' four
+objectives has no run on file; one made on fewer than two seed pairs says
+so. Called by
 bench/claims_report.py, which writes both pages."""
 import collections
 import glob
@@ -51,9 +53,13 @@ def ranked(scores):
 
 def choice(r, none="not on file yet"):
     """A Ranking in words: the best, the candidates level with it, and what
-    is not on file yet."""
+    is not on file yet; no choice while a candidate among the claims' four
+    objectives has no run on file."""
     if r.best is None:
         return none
+    waiting = [o for o in r.missing if o in CLAIM_OBJECTIVES]
+    if waiting:  # no choice until every candidate of the claims' four is on file
+        return "not decided yet (%s not on file)" % ", ".join("`%s`" % o for o in waiting)
     text = "`%s`" % r.best
     if r.level:
         text += ", or %s (level with it)" % ", ".join("`%s`" % o for o in r.level)

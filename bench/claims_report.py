@@ -54,6 +54,15 @@ def runs_of(cells, objective, lag):
     return [cells[(objective, lag)][s] for s in sorted(cells.get((objective, lag), {}))]
 
 
+def shown_command(command):
+    """A recorded command as the page shows it: the program relative to its
+    build tree (build/bench/task_learning), whichever tree ran it."""
+    program, _, rest = command.partition(" ")
+    if program.endswith("/bench/task_learning"):
+        program = "build/bench/task_learning"
+    return (program + " " + rest).rstrip()
+
+
 def base_section(out, k):
     path = os.path.join(out, "base", "base.json")
     if not os.path.exists(path):
@@ -64,7 +73,7 @@ def base_section(out, k):
              "(target %.2f) on its own check; S_g over %d sampled responses: median %.3f nats (p10 %.3f, "
              "p90 %.3f); within a group the largest 1/S_g is %.2f times the smallest (median; p90 %.2f). "
              "Check before RL: %s." % (
-                 base["command"], base["seconds"], base["sft"]["steps"], base["sft"]["greedy_acc"],
+                 shown_command(base["command"]), base["seconds"], base["sft"]["steps"], base["sft"]["greedy_acc"],
                  base["sft"]["target"], base["responses"], s["median"], s["p10"], s["p90"], r["median"], r["p90"],
                  base_check(base)[1])]
     ev = os.path.join(out, "base", "eval.json")

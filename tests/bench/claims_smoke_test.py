@@ -207,7 +207,9 @@ def check_report(source, out, scratch):
     subprocess.run(report + ["--doc", page], check=True, timeout=60)
     advice = open(method).read()
     assert "old advice" not in advice and advice.endswith("<!-- choosing:end -->\n\nafter\n"), advice
-    for needle in ("| situation | choose | measured |", "| rollouts are fresh (lag 0) | `", "the paper's objective",
+    # The tiny grid runs three of the claims' four objectives: no situation is decided.
+    for needle in ("| situation | choose | measured |",
+                   "| rollouts are fresh (lag 0) | not decided yet (`asympo_stable` not on file) |", "the paper's objective",
                    "stale rollouts with `naive` or `gpg`", "very short responses from random weights",
                    "Learning rates on the earlier grid"):
         assert needle in advice, (needle, advice)
@@ -223,6 +225,8 @@ def check_report(source, out, scratch):
                    "**The mechanism on both tasks**", "**VeRL's batch structure**", "**The second size**",
                    "not on file at both sizes yet", "**Wall clock**", "| `grpo_verl` | 1 |"):
         assert needle in text, (needle, text)
+    # The base's command names the program by its build tree, not this machine's path to it.
+    assert "**The base** (`build/bench/task_learning --task add" in text, text
     bare = os.path.join(scratch, "bare.md")
     with open(bare, "w") as f:
         f.write("# no markers\n")
@@ -315,6 +319,9 @@ def check_advice(source):
     del scores["gpg"]
     assert ca.choice(ca.ranked(scores)) == "`spo`, or `grpo` (level with it)"
     assert ca.choice(ca.ranked({})) == "not on file yet"
+    # No choice while one of the claims' four objectives is missing, however good the others.
+    scores["asympo"] = {}
+    assert ca.choice(ca.ranked(scores)) == "not decided yet (`asympo` not on file)", ca.choice(ca.ranked(scores))
     wide = {"spo": {s: 60.0 for s in seeds}, "asympo": {s: 50.0 + 20 * (s % 2) for s in seeds}}  # reaches above -2
     assert ca.ranked(wide)[:2] == ("spo", ["asympo"])
 
