@@ -9,8 +9,7 @@ over seeds, and beside it every other candidate whose paired 95% interval
 against it reaches above -2 points (not shown to be more than 2 points
 behind). No choice is made while a candidate among the claims' four
 objectives has no run on file; one made on fewer than two seed pairs says
-so. Called by
-bench/claims_report.py, which writes both pages."""
+so. Called by bench/claims_report.py, which writes both pages."""
 import collections
 import glob
 import os
