@@ -50,14 +50,14 @@ def ranked(scores):
     return Ranking(best, level, means, undetermined, missing)
 
 
-def choice(r, none="not on file yet"):
+def choice(r):
     """A Ranking in words: the best, the candidates level with it, and what
     is not on file yet; no choice while a candidate among the claims' four
     objectives has no run on file."""
     if r.best is None:
-        return none
+        return "not on file yet"
     waiting = [o for o in r.missing if o in CLAIM_OBJECTIVES]
-    if waiting:  # no choice until every candidate of the claims' four is on file
+    if waiting:
         return "not decided yet (%s not on file)" % ", ".join("`%s`" % o for o in waiting)
     text = "`%s`" % r.best
     if r.level:
