@@ -243,7 +243,8 @@ def mechanism_section(cells, earlier, k):
 
 
 def wall_section(out, large):
-    lines = ["**Wall clock** (this 2-core machine, two runs at a time):", "",
+    lines = ["**Wall clock** (this 2-core machine: two runs at a time, three once the second size ran beside "
+             "the first; a run's seconds grow with the runs beside it):", "",
              "| runs | count | median per run (s) | in all (h) |", "| --- | ---: | ---: | ---: |"]
     total = 0.0
     for name, folder in (("lag 0", os.path.join(out, "sweep")), ("lags 4 and 16", os.path.join(out, "grid")),
