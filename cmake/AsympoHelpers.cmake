@@ -25,6 +25,10 @@ function(asympo_use_torch_pch target)
   target_precompile_headers(${target} REUSE_FROM asympo_torch_pch)
 endfunction()
 
+# Sources per unity batch of a test program: measured on the 2-core machine
+# (docs/security.md, "CI").
+set(ASYMPO_UNITY_TEST_BATCH 8)
+
 # asympo_add_gtest(NAME name SOURCES a.cc b.cc LIBS lib... [LABELS l...] [TORCH])
 # Builds one test executable and registers each test suite with ctest (one
 # process per suite, cmake/AsympoGtestSuites.cmake). TORCH tests use the
@@ -34,6 +38,22 @@ function(asympo_add_gtest)
   cmake_parse_arguments(ARG "TORCH" "NAME" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SOURCES})
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})
+  # ASYMPO_UNITY_TESTS: the sources in batches of ASYMPO_UNITY_TEST_BATCH, each
+  # batch one translation unit, so that the headers every test includes are
+  # compiled once a batch. The files of a program therefore share one
+  # namespace: a helper in an anonymous namespace is named for its file's
+  # job, never a name another test file of the program uses.
+  # A product source a test program compiles itself (one under bench/)
+  # stays a translation unit of its own, compiled as the product compiles it.
+  if(ASYMPO_UNITY_TESTS)
+    set_target_properties(${ARG_NAME} PROPERTIES UNITY_BUILD ON
+      UNITY_BUILD_BATCH_SIZE ${ASYMPO_UNITY_TEST_BATCH})
+    foreach(src IN LISTS ARG_SOURCES)
+      if(IS_ABSOLUTE "${src}")
+        set_source_files_properties(${src} PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
+      endif()
+    endforeach()
+  endif()
   asympo_set_warnings(${ARG_NAME})
   if(ARG_TORCH)
     target_link_libraries(${ARG_NAME} PRIVATE ${ARG_LIBS} asympo_torch_test_main GTest::gmock)

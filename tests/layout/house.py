@@ -21,6 +21,10 @@ Rules checked:
   list (split it where it has parts); the same for the Python under
   deploy/, bench/ and proto/python;
 - no source file of a room is over MAX_FILE_LINES lines (split it by job);
+- no two files of a test program define the same name at namespace scope
+  (an alias of the same type excepted): the program compiles its files a
+  batch at a time as one unit (ASYMPO_UNITY_TESTS), where two helpers of
+  one name clash, or one file's call quietly picks the other's overload;
 - docs/architecture.md shows the current drawing.
 """
 import ast
@@ -317,6 +321,53 @@ def long_python_functions(root, path):
     return sorted(found)
 
 
+# asympo_add_gtest(NAME name SOURCES ...) in tests/CMakeLists.txt, and a
+# namespace-scope definition: a type, an alias (its target kept), or a
+# function, constant or variable, declared from the line's first column as
+# the house style writes them.
+GTEST = re.compile(r"asympo_add_gtest\(NAME (\w+)\s+SOURCES(.*?)(?:\bLIBS\b|\bLABELS\b|\))", re.S)
+TOP_TYPE = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:struct|class|enum class|enum)\s+(\w+)", re.M)
+TOP_ALIAS = re.compile(r"^using\s+(\w+)\s*=\s*([^;]*);", re.M)
+TOP_VALUE = re.compile(r"^(?=[A-Za-z_])(?!TEST|TYPED_TEST|INSTANTIATE|MATCHER|namespace|using|return|typedef|class |struct |enum |union )"
+                       r"(?:template\s*<[^>]*>\s*)?[\w:<>,*& ]*?[\w>*&][ *&]+(\w+)\s*[(=\[{;]", re.M)
+
+
+def test_programs(root):
+    """Each test program of several files under tests/: name -> its files."""
+    text = open(os.path.join(root, "tests", "CMakeLists.txt"), encoding="utf-8").read()
+    programs = {}
+    for m in GTEST.finditer(text):
+        files = [os.path.join("tests", f) for f in m.group(2).split() if f.endswith(".cc") and "$" not in f]
+        if len(files) > 1:
+            programs[m.group(1)] = files
+    return programs
+
+
+def top_names(root, path):
+    """The names `path` defines at namespace scope, each with what it stands
+    for when it is an alias (None otherwise)."""
+    code = strip_code(open(os.path.join(root, path), encoding="utf-8").read())
+    names = {m.group(1): None for m in TOP_TYPE.finditer(code)}
+    names.update({m.group(1): None for m in TOP_VALUE.finditer(code)})
+    names.update({m.group(1): " ".join(m.group(2).split()) for m in TOP_ALIAS.finditer(code)})
+    return names
+
+
+def check_unity_names(root):
+    errors = []
+    for program, files in sorted(test_programs(root).items()):
+        seen = {}
+        for path in files:
+            for name, target in top_names(root, path).items():
+                seen.setdefault(name, []).append((path, target))
+        for name, defs in sorted(seen.items()):
+            if len(defs) > 1 and not (defs[0][1] is not None and all(t == defs[0][1] for _, t in defs)):
+                errors.append("%s: `%s` is defined in %s; the program's files compile together "
+                              "(ASYMPO_UNITY_TESTS): name each helper for its file's job, or share one "
+                              "from tests/testing" % (program, name, ", ".join(p for p, _ in defs)))
+    return errors
+
+
 def check_function_lengths(root):
     errors = []
     for top in SOURCE_ROOTS + ["bench"]:
@@ -380,6 +431,7 @@ def main():
     errors += check_tests(root)
     errors += check_function_lengths(root)
     errors += check_file_lengths(root)
+    errors += check_unity_names(root)
     doc = open(os.path.join(root, "docs", "architecture.md"), encoding="utf-8").read()
     m = re.search(re.escape(BEGIN) + r".*?" + re.escape(END), doc, re.S)
     if m is None or m.group(0) != drawing(root, edges):
@@ -389,7 +441,8 @@ def main():
         print("FAIL:", e)
     if not errors:
         print("ok: %d rooms, %d arrows, all downward; one library per room; tests mirror the "
-              "tree; no function of %d lines or more (C++ and Python); no source file over %d lines" %
+              "tree; no function of %d lines or more (C++ and Python); no source file over %d lines; "
+              "no name twice at namespace scope in a test program" %
               (len(ROOMS), sum(len(v) for v in edges.values()), MAX_FUNCTION_LINES, MAX_FILE_LINES))
     return 1 if errors else 0
 

@@ -2,7 +2,7 @@
 """The house check's own rules on small made-up files (ctest LayoutRules):
 function length counted from the signature, through a constructor's
 initializer list with braces in it; the Python function rule; the file
-length rule."""
+length rule; one name at namespace scope per test program."""
 import os
 import sys
 import tempfile
@@ -71,6 +71,40 @@ class PythonAndFileRulesTest(unittest.TestCase):
             errors = house.check_file_lengths(tmp)
             self.assertEqual(len(errors), 1)
             self.assertIn("common/big.cc: 551 lines", errors[0])
+
+
+class UnityNamesTest(unittest.TestCase):
+    """A test program's files compile together: a helper name two of them
+    define is named, an alias of the same type twice is not, and neither are
+    the TEST macros, names inside functions, or a program's only file."""
+
+    def errors(self, files):
+        with tempfile.TemporaryDirectory() as root:
+            write(root, "tests/CMakeLists.txt",
+                  "asympo_add_gtest(NAME two_tests\n  SOURCES\n    a_test.cc\n    b_test.cc\n"
+                  "    ${PROJECT_SOURCE_DIR}/bench/x.cc\n  LIBS x)\n"
+                  "asympo_add_gtest(NAME one_test SOURCES c_test.cc LIBS x)\n")
+            for name, text in files.items():
+                write(root, "tests/" + name, text)
+            return house.check_unity_names(root)
+
+    def test_a_helper_defined_in_two_files_is_named(self):
+        a = ("namespace {\nv1::Batch Batch(int n) {\n  return {};\n}\n"
+             "const absl::Time kT0 = absl::Now();\nstruct Rx {};\n}  // namespace\n")
+        b = ("namespace {\n// Batch(int n, int m) below\nv1::Batch Batch(int n, int m) {\n  int kT0 = 1;\n"
+             "  return {};\n}\nclass Rx : public Base {\n};\nTEST(B, Batch) {}\n}  // namespace\n")
+        errors = self.errors({"a_test.cc": a, "b_test.cc": b, "c_test.cc": a})
+        self.assertEqual(len(errors), 2, errors)
+        self.assertIn("two_tests: `Batch` is defined in tests/a_test.cc, tests/b_test.cc", errors[0])
+        self.assertIn("two_tests: `Rx`", errors[1])
+
+    def test_the_same_alias_twice_is_allowed_a_different_one_is_not(self):
+        a = "using Tensors = std::vector<at::Tensor>;\nusing Id = int;\nusing ::x::Y;\n"
+        b = "using Tensors = std::vector< at::Tensor >;\nusing Id = long;\nusing ::x::Y;\n"
+        errors = self.errors({"a_test.cc": a, "b_test.cc": b.replace("< at::Tensor >", "<at::Tensor>"),
+                              "c_test.cc": ""})
+        self.assertEqual(len(errors), 1, errors)
+        self.assertIn("`Id`", errors[0])
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -15,25 +14,19 @@
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::ReadFile;
 using ::asympo::testing::ScopedTempDir;
 using ::asympo::testing::StatusIs;
 
-std::string Read(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-const absl::Time kT0 = absl::FromUnixSeconds(1700000000);
+const absl::Time kBeatT0 = absl::FromUnixSeconds(1700000000);
 
 TEST(HeartbeatTest, FirstBeatWritesTheTimeAndCount) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"));
   ASSERT_OK(hb);
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat")));  // no beat yet: startup not done
-  ASSERT_OK((*hb)->Beat(kT0));
-  EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
+  ASSERT_OK((*hb)->Beat(kBeatT0));
+  EXPECT_EQ(ReadFile(dir.Path("beat")), "1700000000 1\n");
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat.tmp")));
 }
 
@@ -41,11 +34,11 @@ TEST(HeartbeatTest, BeatsAtMostOncePerInterval) {
   ScopedTempDir dir("heartbeat");
   auto hb = Heartbeat::Create(dir.Path("beat"), absl::Seconds(5));
   ASSERT_OK(hb);
-  ASSERT_OK((*hb)->Beat(kT0));
-  ASSERT_OK((*hb)->Beat(kT0 + absl::Seconds(4)));
-  EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
-  ASSERT_OK((*hb)->Beat(kT0 + absl::Seconds(5)));
-  EXPECT_EQ(Read(dir.Path("beat")), "1700000005 2\n");
+  ASSERT_OK((*hb)->Beat(kBeatT0));
+  ASSERT_OK((*hb)->Beat(kBeatT0 + absl::Seconds(4)));
+  EXPECT_EQ(ReadFile(dir.Path("beat")), "1700000000 1\n");
+  ASSERT_OK((*hb)->Beat(kBeatT0 + absl::Seconds(5)));
+  EXPECT_EQ(ReadFile(dir.Path("beat")), "1700000005 2\n");
   EXPECT_EQ((*hb)->written(), 2);
 }
 
@@ -72,11 +65,11 @@ TEST(HeartbeatTest, AFailedWriteIsReturnedAndTheNextGoodOneRecovers) {
   auto hb = Heartbeat::Create(dir.Path("beat"));
   ASSERT_OK(hb);
   ASSERT_EQ(chmod(dir.path().c_str(), 0500), 0);
-  EXPECT_THAT((*hb)->Beat(kT0), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT((*hb)->Beat(kBeatT0), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat")));
   ASSERT_EQ(chmod(dir.path().c_str(), 0700), 0);
-  ASSERT_OK((*hb)->Beat(kT0 + absl::Milliseconds(10)));  // not held back by the failure
-  EXPECT_EQ(Read(dir.Path("beat")), "1700000000 1\n");
+  ASSERT_OK((*hb)->Beat(kBeatT0 + absl::Milliseconds(10)));  // not held back by the failure
+  EXPECT_EQ(ReadFile(dir.Path("beat")), "1700000000 1\n");
 }
 
 TEST(HeartbeatTest, AFileInPlaceOfTheFolderFailsTheBeat) {
@@ -84,7 +77,7 @@ TEST(HeartbeatTest, AFileInPlaceOfTheFolderFailsTheBeat) {
   auto hb = Heartbeat::Create(dir.Path("beat"));
   ASSERT_OK(hb);
   std::filesystem::create_directory(dir.Path("beat"));  // rename onto a folder fails
-  const absl::Status s = (*hb)->Beat(kT0);
+  const absl::Status s = (*hb)->Beat(kBeatT0);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kUnavailable, "beat"));
   EXPECT_FALSE(std::filesystem::exists(dir.Path("beat.tmp")));
 }

@@ -12,7 +12,7 @@ namespace {
 using ::asympo::testing::StatusIs;
 
 // A step's groups: one group of `responses` responses per (source, reward).
-std::vector<SourceReward> Step(const std::vector<std::pair<std::string, double>>& groups,
+std::vector<SourceReward> StepRewards(const std::vector<std::pair<std::string, double>>& groups,
                                int64_t responses = 8) {
   std::vector<SourceReward> out;
   for (const auto& [source, reward] : groups) {
@@ -34,7 +34,7 @@ std::string Steps(RewardMonitor& m, CollapseDetector* pooled, int steps, double 
   for (int i = 0; i < steps; ++i) {
     auto groups = Honest(honest);
     if (with_outlier) groups.push_back({"x", outlier});
-    const std::vector<SourceReward> step = Step(groups);
+    const std::vector<SourceReward> step = StepRewards(groups);
     m.Observe(step);
     if (pooled != nullptr) {  // the step's pooled mean, as the learner judged it before
       double sum = 0, n = 0;
@@ -96,7 +96,7 @@ TEST(RewardMonitorTest, OneSourceAloneIsTheFleet) {
   CollapseDetector plain{CollapseOptions()};
   for (int i = 0; i < 100; ++i) {
     const double r = i < 50 ? 0.8 : 0.2;
-    m.Observe(Step({{"anonymous", r}}));
+    m.Observe(StepRewards({{"anonymous", r}}));
     plain.Observe(r);
     ASSERT_DOUBLE_EQ(m.fleet().ema(), plain.ema()) << i;
     ASSERT_EQ(m.fleet().suspected(), plain.suspected()) << i;
@@ -109,7 +109,7 @@ TEST(RewardMonitorTest, SourcesBeyondTheBoundShareOneLabel) {
   o.max_sources = 4;
   RewardMonitor m(o);
   for (int i = 0; i < 50; ++i) {
-    m.Observe(Step({{"s" + std::to_string(i), 0.5}, {"", 0.5}}));
+    m.Observe(StepRewards({{"s" + std::to_string(i), 0.5}, {"", 0.5}}));
   }
   EXPECT_EQ(m.sources().size(), 5u);
   EXPECT_EQ(m.sources().count(RewardMonitor::kOtherSources), 1u);

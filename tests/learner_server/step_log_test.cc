@@ -30,7 +30,7 @@ std::vector<std::string> Lines(const std::string& path) {
   return lines;
 }
 
-StepResult Step(uint64_t version) {
+StepResult StepAt(uint64_t version) {
   StepResult s;
   s.version = version;
   s.diagnostics.reward_mean = 0.5;
@@ -43,7 +43,7 @@ StepResult Step(uint64_t version) {
   return s;
 }
 
-GroupQueueStats Queue(int64_t depth) {
+GroupQueueStats QueueOfDepth(int64_t depth) {
   GroupQueueStats q;
   q.depth_groups = depth;
   q.capacity_groups = 8;
@@ -55,14 +55,14 @@ TEST(StepLogTest, ANewCsvGetsTheHeaderThenARowPerStepAndAReopenedOneOnlyRows) {
   const std::string path = tmp.Path("steps.csv");
   {
     ASSERT_OK_AND_ASSIGN(auto log, StepLog::Open(path, absl::Seconds(10)));
-    log->Write(1, 1, Step(1), Queue(3), false);
-    log->Write(2, 2, Step(2), Queue(4), false);
+    log->Write(1, 1, StepAt(1), QueueOfDepth(3), false);
+    log->Write(2, 2, StepAt(2), QueueOfDepth(4), false);
     // Flushed at once: a reader sees every row while the learner runs.
     ASSERT_EQ(Lines(path).size(), 3u);
   }
   {
     ASSERT_OK_AND_ASSIGN(auto log, StepLog::Open(path, absl::Seconds(10)));
-    log->Write(1, 3, Step(3), Queue(0), false);
+    log->Write(1, 3, StepAt(3), QueueOfDepth(0), false);
   }
   const std::vector<std::string> lines = Lines(path);
   ASSERT_EQ(lines.size(), 4u);
@@ -84,10 +84,10 @@ TEST(StepLogTest, TheLogLineIsThrottledAfterTenStepsButACollapseThatBeginsIsLogg
   asympo::testing::LineCounter lines("step ");
   asympo::testing::LineCounter collapses("COLLAPSE SUSPECTED");
   ASSERT_OK_AND_ASSIGN(auto log, StepLog::Open("", absl::Hours(1)));
-  for (int64_t i = 1; i <= 20; ++i) log->Write(i, i, Step(i), Queue(0), false);
+  for (int64_t i = 1; i <= 20; ++i) log->Write(i, i, StepAt(i), QueueOfDepth(0), false);
   EXPECT_EQ(lines.count(), 10) << "every step of the first 10, then one an hour";
-  log->Write(21, 21, Step(21), Queue(0), true);
-  log->Write(22, 22, Step(22), Queue(0), true);
+  log->Write(21, 21, StepAt(21), QueueOfDepth(0), true);
+  log->Write(22, 22, StepAt(22), QueueOfDepth(0), true);
   EXPECT_EQ(collapses.count(), 1) << "the suspicion that begins, once";
 }
 

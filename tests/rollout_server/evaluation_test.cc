@@ -27,7 +27,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::unique_ptr<PolicyModel> Tiny(uint64_t seed, int64_t vocab = 16) {
+std::unique_ptr<PolicyModel> TinyOfVocab(uint64_t seed, int64_t vocab = 16) {
   return ::asympo::testing::TinyPolicy(vocab, seed);
 }
 
@@ -52,7 +52,7 @@ TEST(PassAtKTest, MatchesTheUnbiasedEstimator) {
 }
 
 TEST(EvaluateTest, ReportsAreConsistentAndReproducible) {
-  std::unique_ptr<PolicyModel> model = Tiny(3);
+  std::unique_ptr<PolicyModel> model = TinyOfVocab(3);
   std::unique_ptr<Task> task = Copy();
   const GenerationEngine engine(model.get());
   const std::vector<TaskPrompt> prompts = task->EvaluationPrompts(12);
@@ -105,7 +105,7 @@ TEST(EvaluateTest, ReportsAreConsistentAndReproducible) {
 }
 
 TEST(EvaluateTest, GreedyOnlyWithKZero) {
-  std::unique_ptr<PolicyModel> model = Tiny(1);
+  std::unique_ptr<PolicyModel> model = TinyOfVocab(1);
   std::unique_ptr<Task> task = Copy();
   const GenerationEngine engine(model.get());
   EvaluationOptions o;
@@ -119,7 +119,7 @@ TEST(EvaluateTest, GreedyOnlyWithKZero) {
 }
 
 TEST(EvaluateTest, RejectsBadOptionsByName) {
-  std::unique_ptr<PolicyModel> model = Tiny(1);
+  std::unique_ptr<PolicyModel> model = TinyOfVocab(1);
   std::unique_ptr<Task> task = Copy();
   const GenerationEngine engine(model.get());
   const std::vector<TaskPrompt> prompts = task->EvaluationPrompts(2);
@@ -169,7 +169,7 @@ bool SameWeights(const PolicyModel& a, const PolicyModel& b) {
 
 TEST(LoadModelForEvaluationTest, ReadsTheNewestValidCheckpointAndTheLearnersFlags) {
   testing::ScopedTempDir root("eval_ckpt");
-  std::unique_ptr<PolicyModel> old_weights = Tiny(11), new_weights = Tiny(12);
+  std::unique_ptr<PolicyModel> old_weights = TinyOfVocab(11), new_weights = TinyOfVocab(12);
   const std::string config = "--model=tiny\n--tiny_vocab_size=16\n--objective=asympo\n";
   const std::string old_dir = WriteCheckpoint(root.path(), 100, *old_weights, config);
   const std::string new_dir = WriteCheckpoint(root.path(), 200, *new_weights, config);
@@ -198,7 +198,7 @@ TEST(LoadModelForEvaluationTest, ReadsTheNewestValidCheckpointAndTheLearnersFlag
 
 TEST(LoadModelForEvaluationTest, ErrorsNameTheMismatch) {
   testing::ScopedTempDir root("eval_ckpt_bad");
-  std::unique_ptr<PolicyModel> weights = Tiny(5, 16);
+  std::unique_ptr<PolicyModel> weights = TinyOfVocab(5, 16);
   WriteCheckpoint(root.path(), 7, *weights, "--model=tiny\n--tiny_vocab_size=16\n");
   EvaluationModelSource source;
   source.checkpoint = root.path();

@@ -33,11 +33,11 @@ testing::ServerOptions DeltaServer(int keyframe_every) {
   return o;
 }
 
-struct Rx {
+struct DeltaRx {
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<WeightReceiver> receiver;
 
-  explicit Rx(WeightReceiverOptions o) {
+  explicit DeltaRx(WeightReceiverOptions o) {
     receiver = *WeightReceiver::Start(std::move(o), *registry);
   }
   WeightReceiver* operator->() { return receiver.get(); }
@@ -140,8 +140,8 @@ TEST(SnapshotDeltaTest, CountChangedWordsCountsEveryWordSize) {
 
 TEST(SnapshotDeltaTest, TwoReceiversRebuildAChainOfVersionsBitExact) {
   SenderServer server(DeltaServer(4));
-  Rx a(ReceiverOptions(server.target(), "rollout-0"));
-  Rx b(ReceiverOptions(server.target(), "rollout-1"));
+  DeltaRx a(ReceiverOptions(server.target(), "rollout-0"));
+  DeltaRx b(ReceiverOptions(server.target(), "rollout-1"));
   ASSERT_TRUE(WaitUntil([&] { return a->connected() && b->connected(); }));
   double full = 0, deltas = 0;
   for (uint64_t v = 1; v <= 12; ++v) {
@@ -164,7 +164,7 @@ TEST(SnapshotDeltaTest, ACorruptDeltaIsFetchedWholeAndCounted) {
   testing::ServerOptions o = DeltaServer(100);
   o.corrupt_delta_versions = {3};
   SenderServer server(o);
-  Rx a(ReceiverOptions(server.target(), "rollout-0"));
+  DeltaRx a(ReceiverOptions(server.target(), "rollout-0"));
   ASSERT_TRUE(WaitUntil([&] { return a->connected(); }));
   for (uint64_t v = 1; v <= 4; ++v) {
     ASSERT_OK(Publish(server, v));
@@ -180,7 +180,7 @@ TEST(SnapshotDeltaTest, AReceiverWithoutTheBaseGetsTheVersionWhole) {
   o.default_chunk_bytes = 512;
   o.chunk_delay = absl::Milliseconds(15);  // each whole fetch takes ~0.3 s
   SenderServer server(o);
-  Rx slow(ReceiverOptions(server.target(), "slow"));
+  DeltaRx slow(ReceiverOptions(server.target(), "slow"));
   ASSERT_TRUE(WaitUntil([&] { return slow->connected(); }));
   ASSERT_OK(Publish(server, 1));
   ASSERT_TRUE(WaitUntil([&] { return server.Metric("asympo_broadcast_bytes_total") > 0; }));
@@ -195,7 +195,7 @@ TEST(SnapshotDeltaTest, AReceiverWithoutTheBaseGetsTheVersionWhole) {
   EXPECT_EQ(slow.Metric("asympo_rollout_weight_delta_versions_total"), 1);
 
   // A late joiner holds nothing: whole, then deltas.
-  Rx late(ReceiverOptions(server.target(), "late"));
+  DeltaRx late(ReceiverOptions(server.target(), "late"));
   late.ExpectAndLoad(4, ChainWeights(4, 0));
   ASSERT_OK(Publish(server, 5));
   late.ExpectAndLoad(5, ChainWeights(5, 0));
@@ -204,7 +204,7 @@ TEST(SnapshotDeltaTest, AReceiverWithoutTheBaseGetsTheVersionWhole) {
   // A receiver that keeps no base never asks for a delta.
   WeightReceiverOptions plain = ReceiverOptions(server.target(), "plain");
   plain.deltas = false;
-  Rx whole(plain);
+  DeltaRx whole(plain);
   whole.ExpectAndLoad(5, ChainWeights(5, 0));
   ASSERT_OK(Publish(server, 6));
   whole.ExpectAndLoad(6, ChainWeights(6, 0));
@@ -215,7 +215,7 @@ TEST(SnapshotDeltaTest, ARestartedLearnersVersionsAreNeverRebuiltFromTheOldOnes)
   testing::ServerOptions o = DeltaServer(100);
   o.incarnation = "first";
   auto server = std::make_unique<SenderServer>(o);
-  Rx rx(ReceiverOptions(server->target(), "rollout-0"));
+  DeltaRx rx(ReceiverOptions(server->target(), "rollout-0"));
   for (uint64_t v = 1; v <= 3; ++v) {
     ASSERT_OK(Publish(*server, v));
     rx.ExpectAndLoad(v, ChainWeights(v, 0));

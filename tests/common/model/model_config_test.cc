@@ -46,7 +46,7 @@ std::string Error(const std::string& json) {
 // Logits of a model built from `c` with fixed random weights, over positions
 // far enough apart that the rotary frequencies (and llama3's bands, whose
 // original context is 32 below) matter.
-torch::Tensor Logits(const ModelConfig& c) {
+torch::Tensor ConfigLogits(const ModelConfig& c) {
   ModelOptions o;
   o.seed = 3;
   o.init_std = 0.2;
@@ -98,14 +98,14 @@ TEST(ModelConfigTest, TransformersFiveConfigsReadAsTheirFourEquivalents) {
     EXPECT_EQ(four->torch_dtype, "bfloat16");
     EXPECT_EQ(five->ToJson(), four->ToJson());
     // The same weights give the same logits from both layouts ...
-    const torch::Tensor logits = Logits(*four);
-    EXPECT_TRUE(torch::equal(Logits(*five), logits)) << five->model_type;
+    const torch::Tensor logits = ConfigLogits(*four);
+    EXPECT_TRUE(torch::equal(ConfigLogits(*five), logits)) << five->model_type;
     // ... and different ones from what the 5.x layout read as if it were
     // absent (theta 10000, no scaling), so the comparison can fail.
     ModelConfig unread = *five;
     unread.rope_theta = 10000.0;
     unread.rope_scaling = RopeScaling();
-    EXPECT_GT((Logits(unread) - logits).abs().max().item<double>(), 1e-3) << five->model_type;
+    EXPECT_GT((ConfigLogits(unread) - logits).abs().max().item<double>(), 1e-3) << five->model_type;
   }
   EXPECT_EQ(ModelConfig::FromJson(kLlamaFive)->rope_theta, 500000.0);
   EXPECT_EQ(ModelConfig::FromJson(kLlamaFive)->rope_scaling.type, "llama3");

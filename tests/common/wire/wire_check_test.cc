@@ -20,7 +20,7 @@ namespace {
 using ::asympo::testing::RolloutBatchBuilder;
 using ::asympo::testing::StatusIs;
 
-BatchLimits Limits() {
+BatchLimits CheckLimits() {
   BatchLimits l;
   l.vocab_size = 100;
   l.max_groups_per_batch = 8;
@@ -31,7 +31,7 @@ BatchLimits Limits() {
 }
 
 // Groups "p0", "p1" of prompt {1, 2}; response j holds {3}, reward j.
-v1::RolloutBatch ValidBatch() {
+v1::RolloutBatch WireBatch() {
   return RolloutBatchBuilder(2, 2)
       .Source("gen")
       .BatchId("gen/1")
@@ -39,7 +39,7 @@ v1::RolloutBatch ValidBatch() {
       .Build();
 }
 
-absl::Status Check(const std::string& bytes, const BatchLimits& limits = Limits()) {
+absl::Status Check(const std::string& bytes, const BatchLimits& limits = CheckLimits()) {
   return CheckRolloutBatchWire({bytes}, limits);
 }
 
@@ -54,7 +54,7 @@ void Tag(std::string* out, int field, int wire_type) {
 }
 
 TEST(WireCheckTest, AcceptsAValidBatchAndItParsesToTheSameMessage) {
-  const v1::RolloutBatch b = ValidBatch();
+  const v1::RolloutBatch b = WireBatch();
   const std::string bytes = b.SerializeAsString();
   ASSERT_OK(Check(bytes));
   v1::RolloutBatch parsed;
@@ -63,18 +63,18 @@ TEST(WireCheckTest, AcceptsAValidBatchAndItParsesToTheSameMessage) {
 }
 
 TEST(WireCheckTest, AnswersTheSameWhateverTheSlicing) {
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   b.mutable_groups(1)->set_prompt_id("\xff");
   const std::string bytes = b.SerializeAsString();
   WireSlices one_byte;
   for (size_t i = 0; i < bytes.size(); ++i) one_byte.emplace_back(bytes.data() + i, 1);
   const absl::Status whole = Check(bytes);
-  const absl::Status sliced = CheckRolloutBatchWire(one_byte, Limits());
+  const absl::Status sliced = CheckRolloutBatchWire(one_byte, CheckLimits());
   EXPECT_THAT(whole, StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(whole, sliced);
-  const std::string valid = ValidBatch().SerializeAsString();
+  const std::string valid = WireBatch().SerializeAsString();
   WireSlices halves = {absl::string_view(valid).substr(0, 7), absl::string_view(valid).substr(7)};
-  EXPECT_OK(CheckRolloutBatchWire(halves, Limits()));
+  EXPECT_OK(CheckRolloutBatchWire(halves, CheckLimits()));
   v1::RolloutBatch parsed;
   ASSERT_OK(ParseCheckedWire(halves, &parsed));
   EXPECT_EQ(parsed.SerializeAsString(), valid);
@@ -114,49 +114,49 @@ TEST(WireCheckTest, RefusesTooManyEmptyResponsesInAGroup) {
 TEST(WireCheckTest, CountMessagesMatchTheValidators) {
   std::vector<v1::RolloutBatch> bad;
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     for (int i = 0; i < 9; ++i) *b.add_groups() = b.groups(0);
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     for (int i = 0; i < 17; ++i) b.mutable_groups(1)->add_prompt_tokens(1);
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     for (int i = 0; i < 3; ++i) *b.mutable_groups(1)->add_responses() = b.groups(1).responses(0);
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     for (int i = 0; i < 17; ++i) b.mutable_groups(0)->mutable_responses(1)->add_tokens(1);
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     for (int i = 0; i < 17; ++i) {
       b.mutable_groups(0)->mutable_responses(1)->add_behavior_logprobs(-1.0f);
     }
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     b.set_source(std::string(129, 's'));
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     b.set_batch_id(std::string(129, 'b'));
     bad.push_back(b);
   }
   {
-    v1::RolloutBatch b = ValidBatch();
+    v1::RolloutBatch b = WireBatch();
     b.mutable_groups(1)->set_prompt_id(std::string(300, 'q'));
     bad.push_back(b);
   }
   for (const v1::RolloutBatch& b : bad) {
-    const absl::Status expected = ValidateRolloutBatch(b, Limits());
+    const absl::Status expected = ValidateRolloutBatch(b, CheckLimits());
     ASSERT_THAT(expected, StatusIs(absl::StatusCode::kInvalidArgument));
     EXPECT_EQ(Check(b.SerializeAsString()), expected);
   }
@@ -168,7 +168,7 @@ TEST(WireCheckTest, CountsUnpackedTokens) {
     Tag(&response, 1, 0);  // tokens, one varint each (not packed)
     response.push_back('\x03');
   }
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   ASSERT_TRUE(b.mutable_groups(0)->mutable_responses(0)->ParseFromString(response));
   EXPECT_EQ(Check(b.SerializeAsString()),
             absl::InvalidArgumentError("group 0 (prompt_id \"p0\") response 0: response has 20 "
@@ -176,23 +176,23 @@ TEST(WireCheckTest, CountsUnpackedTokens) {
 }
 
 TEST(WireCheckTest, RefusesStringsThatAreNotUtf8) {
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   b.mutable_groups(1)->set_prompt_id("ok\xc3");
   EXPECT_EQ(
       Check(b.SerializeAsString()),
       absl::InvalidArgumentError("group 1 (prompt_id \"ok\\xc3\"): prompt_id is not valid UTF-8"));
-  b = ValidBatch();
+  b = WireBatch();
   b.set_source("\xed\xa0\x80");
   EXPECT_EQ(Check(b.SerializeAsString()),
             absl::InvalidArgumentError("batch source is not valid UTF-8"));
-  b = ValidBatch();
+  b = WireBatch();
   b.set_batch_id("\xc0\xaf");
   EXPECT_EQ(Check(b.SerializeAsString()),
             absl::InvalidArgumentError("batch_id is not valid UTF-8"));
 }
 
 TEST(WireCheckTest, MalformedBytesAreNamedAsSuch) {
-  const std::string valid = ValidBatch().SerializeAsString();
+  const std::string valid = WireBatch().SerializeAsString();
   for (size_t cut : {size_t{1}, valid.size() / 2, valid.size() - 1}) {
     const absl::Status s = Check(valid.substr(0, cut));
     EXPECT_THAT(s, StatusIs(absl::StatusCode::kInvalidArgument)) << cut;
@@ -213,7 +213,7 @@ TEST(WireCheckTest, MalformedBytesAreNamedAsSuch) {
 // for other slicings.
 TEST(WireCheckTest, FaultsInsideAGroupOrATagAreNotMissed) {
   std::string bad_tag_in_group = "\x0a\x0c" + std::string(10, '\xff') + "\x0a\x00";
-  std::string valid = ValidBatch().SerializeAsString();
+  std::string valid = WireBatch().SerializeAsString();
   // A length of 7 bytes whose low 32 bits are 0: protobuf refuses it.
   const std::string long_length = std::string("\x0a\x80\x80\x80\x80\x80\xff\x08", 8) + valid;
   for (const std::string& bytes :
@@ -227,12 +227,12 @@ TEST(WireCheckTest, FaultsInsideAGroupOrATagAreNotMissed) {
     for (size_t cut = 0; cut <= bytes.size(); ++cut) {
       const WireSlices two = {absl::string_view(bytes).substr(0, cut),
                               absl::string_view(bytes).substr(cut)};
-      EXPECT_EQ(CheckRolloutBatchWire(two, Limits()), s) << cut;
+      EXPECT_EQ(CheckRolloutBatchWire(two, CheckLimits()), s) << cut;
     }
   }
   // A string field repeated: the parser keeps the last, but refuses any
   // that is not UTF-8.
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   std::string group = b.groups(0).SerializeAsString();
   group += "\x0a\x01\xff\x0a\x01p";
   v1::RolloutBatch one;
@@ -242,7 +242,7 @@ TEST(WireCheckTest, FaultsInsideAGroupOrATagAreNotMissed) {
 }
 
 TEST(WireCheckTest, BoundsUnknownFieldsButKeepsAFew) {
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   std::string extra;
   for (int i = 0; i < 3; ++i) {
     Tag(&extra, 100 + i, 0);
@@ -263,7 +263,7 @@ TEST(WireCheckTest, BoundsUnknownFieldsButKeepsAFew) {
 // Response.first_policy_version and last_policy_version are known fields:
 // they do not count toward a Response's 64 unknown ones.
 TEST(WireCheckTest, PolicyVersionsAreKnownFieldsOfAResponse) {
-  v1::RolloutBatch b = ValidBatch();
+  v1::RolloutBatch b = WireBatch();
   v1::Response* r = b.mutable_groups(0)->mutable_responses(1);
   r->set_first_policy_version(3);
   r->set_last_policy_version(4);
@@ -277,8 +277,8 @@ TEST(WireCheckTest, PolicyVersionsAreKnownFieldsOfAResponse) {
 }
 
 TEST(WireCheckTest, RefusesABatchOverTheByteLimit) {
-  const std::string bytes = ValidBatch().SerializeAsString();
-  EXPECT_EQ(CheckRolloutBatchWire({bytes}, Limits(), 10),
+  const std::string bytes = WireBatch().SerializeAsString();
+  EXPECT_EQ(CheckRolloutBatchWire({bytes}, CheckLimits(), 10),
             absl::InvalidArgumentError(
                 absl::StrCat("the batch is ", bytes.size(), " bytes, more than the learner's 10")));
 }

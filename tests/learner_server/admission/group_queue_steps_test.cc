@@ -9,22 +9,17 @@
 
 #include "absl/synchronization/notification.h"
 #include "learner_server/admission/group_queue.h"
+#include "tests/testing/queued_groups.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::Soon;
 using ::asympo::testing::StatusIs;
+using ::asympo::testing::TaggedGroups;
 
-std::vector<QueuedGroup> Groups(int n, const std::string& tag) {
-  std::vector<QueuedGroup> out(n);
-  for (int i = 0; i < n; ++i) out[i].group.set_prompt_id(tag + std::to_string(i));
-  return out;
-}
-
-absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
-
-GroupQueueOptions Options(int64_t capacity, int64_t step) {
+GroupQueueOptions StepQueueOptions(int64_t capacity, int64_t step) {
   GroupQueueOptions o;
   o.capacity_groups = capacity;
   o.max_waiting_pushes = 8;
@@ -48,12 +43,12 @@ struct Pending {
 // groups queued, a batch of 64 that cannot fit, then 3 that complete a
 // step. The 3 are queued at once; the step pops 8, and the 64 fit then.
 TEST(GroupQueueStepsTest, ABatchThatDoesNotFitDoesNotHoldUpOneThatCompletesAStep) {
-  GroupQueue q(Options(64, 8));
-  ASSERT_OK(q.Push(Groups(5, "a"), Soon()));
+  GroupQueue q(StepQueueOptions(64, 8));
+  ASSERT_OK(q.Push(TaggedGroups(5, "a"), Soon()));
   Pending big;
-  q.PushAsync(Groups(64, "big"), Soon(), big.Callback());
+  q.PushAsync(TaggedGroups(64, "big"), Soon(), big.Callback());
   EXPECT_FALSE(big.done.HasBeenNotified());
-  const AdmissionResult small = q.Push(Groups(3, "c"), absl::Now() + absl::Milliseconds(500));
+  const AdmissionResult small = q.Push(TaggedGroups(3, "c"), absl::Now() + absl::Milliseconds(500));
   ASSERT_OK(small.status());
   EXPECT_EQ(q.Stats().depth_groups, 8);
   EXPECT_EQ(q.Stats().passed_over, 1);
@@ -68,11 +63,11 @@ TEST(GroupQueueStepsTest, ABatchThatDoesNotFitDoesNotHoldUpOneThatCompletesAStep
 // The same with both waiting: the waiting small one is admitted past the
 // big one as soon as it can complete the step's groups.
 TEST(GroupQueueStepsTest, AWaitingPushThatFitsIsAdmittedPastOneThatDoesNot) {
-  GroupQueue q(Options(8, 4));
-  ASSERT_OK(q.Push(Groups(7, "a"), Soon()));
+  GroupQueue q(StepQueueOptions(8, 4));
+  ASSERT_OK(q.Push(TaggedGroups(7, "a"), Soon()));
   Pending big, small;
-  q.PushAsync(Groups(8, "big"), Soon(), big.Callback());
-  q.PushAsync(Groups(2, "small"), Soon(), small.Callback());  // 7 + 2 > 8: waits
+  q.PushAsync(TaggedGroups(8, "big"), Soon(), big.Callback());
+  q.PushAsync(TaggedGroups(2, "small"), Soon(), small.Callback());  // 7 + 2 > 8: waits
   EXPECT_EQ(q.Stats().waiting_pushes, 2);
   ASSERT_EQ(q.Pop(4, Soon()).size(), 4u);  // 3 left, a step short: small passes big
   ASSERT_TRUE(small.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
@@ -87,11 +82,11 @@ TEST(GroupQueueStepsTest, AWaitingPushThatFitsIsAdmittedPastOneThatDoesNot) {
 // Once a step's worth is queued the trainer frees room by itself: a later
 // push waits behind the earlier one (FIFO), so a large batch gets its turn.
 TEST(GroupQueueStepsTest, WithAStepsWorthQueuedTheOrderIsFifo) {
-  GroupQueue q(Options(8, 2));
-  ASSERT_OK(q.Push(Groups(4, "a"), Soon()));
+  GroupQueue q(StepQueueOptions(8, 2));
+  ASSERT_OK(q.Push(TaggedGroups(4, "a"), Soon()));
   Pending big;
-  q.PushAsync(Groups(6, "big"), Soon(), big.Callback());
-  const AdmissionResult small = q.Push(Groups(1, "c"), absl::Now() + absl::Milliseconds(100));
+  q.PushAsync(TaggedGroups(6, "big"), Soon(), big.Callback());
+  const AdmissionResult small = q.Push(TaggedGroups(1, "c"), absl::Now() + absl::Milliseconds(100));
   EXPECT_THAT(small.status(), StatusIs(absl::StatusCode::kResourceExhausted));
   ASSERT_EQ(q.Pop(2, Soon()).size(), 2u);  // 2 left: big fits
   ASSERT_TRUE(big.done.WaitForNotificationWithTimeout(absl::Seconds(5)));
@@ -102,11 +97,11 @@ TEST(GroupQueueStepsTest, WithAStepsWorthQueuedTheOrderIsFifo) {
 // A passed-over push that reaches its deadline says why, and what batch size
 // never waits for one.
 TEST(GroupQueueStepsTest, APassedOverPushThatTimesOutSaysWhatSizeNeverWaits) {
-  GroupQueue q(Options(64, 8));
-  ASSERT_OK(q.Push(Groups(5, "a"), Soon()));
+  GroupQueue q(StepQueueOptions(64, 8));
+  ASSERT_OK(q.Push(TaggedGroups(5, "a"), Soon()));
   Pending big;
-  q.PushAsync(Groups(64, "big"), absl::Now() + absl::Milliseconds(300), big.Callback());
-  ASSERT_OK(q.Push(Groups(1, "c"), Soon()));
+  q.PushAsync(TaggedGroups(64, "big"), absl::Now() + absl::Milliseconds(300), big.Callback());
+  ASSERT_OK(q.Push(TaggedGroups(1, "c"), Soon()));
   const GroupQueueStats s = q.Stats();
   EXPECT_EQ(s.waiting_groups, 64);
   EXPECT_EQ(s.largest_waiting, 64);
@@ -119,8 +114,8 @@ TEST(GroupQueueStepsTest, APassedOverPushThatTimesOutSaysWhatSizeNeverWaits) {
 
 // A short pop: fewer than asked, but at least min_count, at the deadline.
 TEST(GroupQueueStepsTest, PopTakesFewerThanAskedWhenMinCountAllows) {
-  GroupQueue q(Options(8, 4));
-  ASSERT_OK(q.Push(Groups(3, "a"), Soon()));
+  GroupQueue q(StepQueueOptions(8, 4));
+  ASSERT_OK(q.Push(TaggedGroups(3, "a"), Soon()));
   EXPECT_TRUE(q.Pop(4, absl::Now() + absl::Milliseconds(20)).empty());
   EXPECT_EQ(q.Pop(4, absl::Now() + absl::Milliseconds(20), 1).size(), 3u);
   EXPECT_TRUE(q.Pop(4, absl::Now() + absl::Milliseconds(20), 1).empty());

@@ -10,26 +10,21 @@
 #include <gtest/gtest.h>
 
 #include "absl/synchronization/notification.h"
+#include "tests/testing/queued_groups.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::learner {
 namespace {
 
+using ::asympo::testing::Soon;
 using ::asympo::testing::StatusIs;
+using ::asympo::testing::TaggedGroups;
 using ::testing::HasSubstr;
-
-std::vector<QueuedGroup> Groups(int n, const std::string& tag) {
-  std::vector<QueuedGroup> out(n);
-  for (int i = 0; i < n; ++i) out[i].group.set_prompt_id(tag + std::to_string(i));
-  return out;
-}
-
-absl::Time Soon() { return absl::Now() + absl::Seconds(10); }
 
 TEST(GroupQueueTest, PopsWholeBatchesInArrivalOrder) {
   GroupQueue q({/*capacity_groups=*/8, /*max_waiting_pushes=*/4});
-  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
-  ASSERT_OK(q.Push(Groups(3, "b"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(2, "a"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(3, "b"), Soon()));
   const auto out = q.Pop(4, Soon());
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(out[0].group.prompt_id(), "a0");
@@ -39,10 +34,10 @@ TEST(GroupQueueTest, PopsWholeBatchesInArrivalOrder) {
 
 TEST(GroupQueueTest, AFullQueueHoldsThePushUntilRoomThenAdmitsItWhole) {
   GroupQueue q({4, 4});
-  ASSERT_OK(q.Push(Groups(3, "a"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(3, "a"), Soon()));
   absl::Notification admitted;
   absl::Status status = absl::UnknownError("not run");
-  q.PushAsync(Groups(2, "b"), Soon(), [&](const AdmissionResult& s) {
+  q.PushAsync(TaggedGroups(2, "b"), Soon(), [&](const AdmissionResult& s) {
     status = s.status();
     admitted.Notify();
   });
@@ -56,9 +51,9 @@ TEST(GroupQueueTest, AFullQueueHoldsThePushUntilRoomThenAdmitsItWhole) {
 
 TEST(GroupQueueTest, AWaitingPushFailsWithResourceExhaustedAtItsDeadline) {
   GroupQueue q({2, 4});
-  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(2, "a"), Soon()));
   const absl::Time start = absl::Now();
-  const AdmissionResult s = q.Push(Groups(1, "b"), absl::Now() + absl::Milliseconds(200));
+  const AdmissionResult s = q.Push(TaggedGroups(1, "b"), absl::Now() + absl::Milliseconds(200));
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kResourceExhausted, "stayed full"));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(190));
   // Nothing of it was queued; what was accepted is still there.
@@ -68,11 +63,11 @@ TEST(GroupQueueTest, AWaitingPushFailsWithResourceExhaustedAtItsDeadline) {
 
 TEST(GroupQueueTest, RefusesOversizeBatchesAndTooManyWaiters) {
   GroupQueue q({3, 1});
-  EXPECT_THAT(q.Push(Groups(4, "x"), Soon()), StatusIs(absl::StatusCode::kInvalidArgument));
-  ASSERT_OK(q.Push(Groups(3, "a"), Soon()));
+  EXPECT_THAT(q.Push(TaggedGroups(4, "x"), Soon()), StatusIs(absl::StatusCode::kInvalidArgument));
+  ASSERT_OK(q.Push(TaggedGroups(3, "a"), Soon()));
   absl::Notification first;
-  q.PushAsync(Groups(1, "b"), Soon(), [&](const AdmissionResult&) { first.Notify(); });
-  const AdmissionResult second = q.Push(Groups(1, "c"), Soon());
+  q.PushAsync(TaggedGroups(1, "b"), Soon(), [&](const AdmissionResult&) { first.Notify(); });
+  const AdmissionResult second = q.Push(TaggedGroups(1, "c"), Soon());
   EXPECT_THAT(second, StatusIs(absl::StatusCode::kResourceExhausted, "already waiting"));
   q.Close();
   EXPECT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(5)));
@@ -80,10 +75,10 @@ TEST(GroupQueueTest, RefusesOversizeBatchesAndTooManyWaiters) {
 
 TEST(GroupQueueTest, CancelWithdrawsAWaitingPush) {
   GroupQueue q({1, 4});
-  ASSERT_OK(q.Push(Groups(1, "a"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(1, "a"), Soon()));
   absl::Status status;
   absl::Notification done;
-  const uint64_t ticket = q.PushAsync(Groups(1, "b"), Soon(), [&](const AdmissionResult& s) {
+  const uint64_t ticket = q.PushAsync(TaggedGroups(1, "b"), Soon(), [&](const AdmissionResult& s) {
     status = s.status();
     done.Notify();
   });
@@ -97,17 +92,17 @@ TEST(GroupQueueTest, CancelWithdrawsAWaitingPush) {
 
 TEST(GroupQueueTest, CloseFailsWaitersAndDrainsWhatWasAccepted) {
   GroupQueue q({2, 4});
-  ASSERT_OK(q.Push(Groups(2, "a"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(2, "a"), Soon()));
   absl::Status status;
   absl::Notification done;
-  q.PushAsync(Groups(1, "b"), Soon(), [&](const AdmissionResult& s) {
+  q.PushAsync(TaggedGroups(1, "b"), Soon(), [&](const AdmissionResult& s) {
     status = s.status();
     done.Notify();
   });
   q.Close();
   ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(5)));
   EXPECT_THAT(status, StatusIs(absl::StatusCode::kUnavailable));
-  EXPECT_THAT(q.Push(Groups(1, "c"), Soon()), StatusIs(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(q.Push(TaggedGroups(1, "c"), Soon()), StatusIs(absl::StatusCode::kUnavailable));
   EXPECT_EQ(q.Pop(5, Soon()).size(), 2u);  // closed: returns what is left
 }
 
@@ -116,10 +111,10 @@ TEST(GroupQueueTest, CloseFailsWaitersAndDrainsWhatWasAccepted) {
 // checks too.
 TEST(GroupQueueTest, RemoveIfTakesOutMatchingGroupsAndAdmitsWaitersChecked) {
   GroupQueue q({4, 4});
-  ASSERT_OK(q.Push(Groups(3, "old"), Soon()));
-  ASSERT_OK(q.Push(Groups(1, "new"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(3, "old"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(1, "new"), Soon()));
   absl::Notification admitted;
-  q.PushAsync(Groups(3, "w"), Soon(), [&](const AdmissionResult& s) {
+  q.PushAsync(TaggedGroups(3, "w"), Soon(), [&](const AdmissionResult& s) {
     EXPECT_OK(s);
     admitted.Notify();
   });
@@ -150,7 +145,7 @@ TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
   for (int p = 0; p < kProducers; ++p) {
     producers.emplace_back([&, p] {
       for (int b = 0; b < kBatches; ++b) {
-        if (q.Push(Groups(1 + (b % 3), "p" + std::to_string(p)), Soon()).accepted()) {
+        if (q.Push(TaggedGroups(1 + (b % 3), "p" + std::to_string(p)), Soon()).accepted()) {
           accepted += 1 + (b % 3);
         }
       }
@@ -177,9 +172,9 @@ TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
 // A batch as LearnerService::Prepare makes it: `n` groups named after
 // `tag`, under `id`, with their digest, count and indices, arrived at
 // `version`.
-std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string& id,
+std::vector<QueuedGroup> PreparedBatch(int n, const std::string& tag, const std::string& id,
                                uint64_t version = 0) {
-  std::vector<QueuedGroup> out = Groups(n, tag);
+  std::vector<QueuedGroup> out = TaggedGroups(n, tag);
   google::protobuf::RepeatedPtrField<v1::PromptGroup> groups;
   for (const QueuedGroup& g : out) *groups.Add() = g.group;
   const std::string digest = BatchDigest(groups);
@@ -193,7 +188,7 @@ std::vector<QueuedGroup> Batch(int n, const std::string& tag, const std::string&
   return out;
 }
 
-std::vector<std::string> Ids(const std::vector<CheckpointBatch>& batches) {
+std::vector<std::string> BatchIds(const std::vector<CheckpointBatch>& batches) {
   std::vector<std::string> out;
   for (const CheckpointBatch& b : batches) out.push_back(b.id);
   return out;
@@ -201,13 +196,13 @@ std::vector<std::string> Ids(const std::vector<CheckpointBatch>& batches) {
 
 TEST(GroupQueueBatchIdTest, ASecondPushOfAnAcceptedIdIsAnsweredAlreadyExistsAndNotQueued) {
   GroupQueue q({8, 4});
-  ASSERT_OK(q.Push(Batch(2, "a", "id-1"), Soon()));
-  const AdmissionResult again = q.Push(Batch(2, "a", "id-1"), Soon());
+  ASSERT_OK(q.Push(PreparedBatch(2, "a", "id-1"), Soon()));
+  const AdmissionResult again = q.Push(PreparedBatch(2, "a", "id-1"), Soon());
   EXPECT_THAT(again,
               StatusIs(absl::StatusCode::kAlreadyExists, "batch_id \"id-1\" was accepted before"));
-  EXPECT_OK(q.Push(Batch(1, "b", "id-2"), Soon()));
-  EXPECT_OK(q.Push(Groups(1, "no-id"), Soon()));  // no id: no deduplication
-  EXPECT_OK(q.Push(Groups(1, "no-id"), Soon()));
+  EXPECT_OK(q.Push(PreparedBatch(1, "b", "id-2"), Soon()));
+  EXPECT_OK(q.Push(TaggedGroups(1, "no-id"), Soon()));  // no id: no deduplication
+  EXPECT_OK(q.Push(TaggedGroups(1, "no-id"), Soon()));
   const GroupQueueStats s = q.Stats();
   EXPECT_EQ(s.depth_groups, 5);
   EXPECT_EQ(s.accepted_groups, 5);
@@ -217,19 +212,19 @@ TEST(GroupQueueBatchIdTest, ASecondPushOfAnAcceptedIdIsAnsweredAlreadyExistsAndN
 
 TEST(GroupQueueBatchIdTest, ADuplicateIsAnsweredAtOnceEvenWhenTheQueueIsFull) {
   GroupQueue q({2, 4});
-  ASSERT_OK(q.Push(Batch(2, "a", "full"), Soon()));
+  ASSERT_OK(q.Push(PreparedBatch(2, "a", "full"), Soon()));
   const absl::Time start = absl::Now();
-  EXPECT_THAT(q.Push(Batch(2, "a", "full"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(q.Push(PreparedBatch(2, "a", "full"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
 TEST(GroupQueueBatchIdTest, TwoWaitingPushesOfOneIdAreQueuedOnce) {
   GroupQueue q({2, 4});
-  ASSERT_OK(q.Push(Groups(2, "x"), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(2, "x"), Soon()));
   std::vector<absl::Status> status(2);
   absl::Notification done[2];
   for (int i = 0; i < 2; ++i) {
-    q.PushAsync(Batch(2, "w", "twin"), Soon(), [&, i](const AdmissionResult& s) {
+    q.PushAsync(PreparedBatch(2, "w", "twin"), Soon(), [&, i](const AdmissionResult& s) {
       status[i] = s.status();
       done[i].Notify();
     });
@@ -246,24 +241,24 @@ TEST(GroupQueueBatchIdTest, TwoWaitingPushesOfOneIdAreQueuedOnce) {
 
 TEST(GroupQueueBatchIdTest, APushThatTimedOutIsNotRememberedSoItsRetryIsQueued) {
   GroupQueue q({1, 4});
-  ASSERT_OK(q.Push(Groups(1, "x"), Soon()));
-  EXPECT_THAT(q.Push(Batch(1, "r", "late"), absl::Now() + absl::Milliseconds(50)),
+  ASSERT_OK(q.Push(TaggedGroups(1, "x"), Soon()));
+  EXPECT_THAT(q.Push(PreparedBatch(1, "r", "late"), absl::Now() + absl::Milliseconds(50)),
               StatusIs(absl::StatusCode::kResourceExhausted));
   EXPECT_EQ(q.Pop(1, Soon()).size(), 1u);
-  EXPECT_OK(q.Push(Batch(1, "r", "late"), Soon()));
+  EXPECT_OK(q.Push(PreparedBatch(1, "r", "late"), Soon()));
   EXPECT_EQ(q.Stats().duplicate_batches, 0);
 }
 
 TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembersThem) {
   GroupQueue q({8, 4});
-  ASSERT_OK(q.Push(Batch(1, "a", "a"), Soon()));
-  ASSERT_OK(q.Push(Batch(2, "b", "b"), Soon()));
-  ASSERT_OK(q.Push(Batch(1, "c", "c"), Soon()));
+  ASSERT_OK(q.Push(PreparedBatch(1, "a", "a"), Soon()));
+  ASSERT_OK(q.Push(PreparedBatch(2, "b", "b"), Soon()));
+  ASSERT_OK(q.Push(PreparedBatch(1, "c", "c"), Soon()));
   const std::vector<QueuedGroup> step = q.Pop(2, Soon());  // a and half of b
   EXPECT_TRUE(q.RecordedBatches().empty());                // popped is not trained
   q.Resolve(RefsOf(step), /*trained=*/true);
   const std::vector<CheckpointBatch> recorded = q.RecordedBatches();
-  EXPECT_EQ(Ids(recorded), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(BatchIds(recorded), (std::vector<std::string>{"a", "b"}));
   EXPECT_EQ(recorded[1].groups, 2);
   EXPECT_EQ(recorded[1].trained, (std::vector<int32_t>{0}));
   // A restarted queue refuses the trained batch (a duplicate its
@@ -271,39 +266,39 @@ TEST(GroupQueueBatchIdTest, TrainedIdsAreWhatACheckpointKeepsAndRestoreRemembers
   // one, only the group no step trained.
   GroupQueue restarted({8, 4});
   restarted.RestoreBatches(recorded);
-  const AdmissionResult a_again = restarted.Push(Batch(1, "a", "a"), Soon());
+  const AdmissionResult a_again = restarted.Push(PreparedBatch(1, "a", "a"), Soon());
   EXPECT_TRUE((a_again).recorded()) << a_again;
-  EXPECT_OK(restarted.Push(Batch(2, "b", "b"), Soon()));
-  EXPECT_OK(restarted.Push(Batch(1, "c", "c"), Soon()));
+  EXPECT_OK(restarted.Push(PreparedBatch(2, "b", "b"), Soon()));
+  EXPECT_OK(restarted.Push(PreparedBatch(1, "c", "c"), Soon()));
   const std::vector<QueuedGroup> queued = restarted.Pop(2, Soon());
   ASSERT_EQ(queued.size(), 2u);
   EXPECT_EQ(queued[0].group.prompt_id(), "b1");
   EXPECT_EQ(queued[1].group.prompt_id(), "c0");
   // Sent again, the half-trained batch is now a duplicate, not recorded
   // (its second group is queued, not trained).
-  const AdmissionResult b_again = restarted.Push(Batch(2, "b", "b"), Soon());
+  const AdmissionResult b_again = restarted.Push(PreparedBatch(2, "b", "b"), Soon());
   EXPECT_TRUE((b_again.outcome() == AdmissionOutcome::kDuplicate)) << b_again;
   EXPECT_FALSE((b_again).recorded());
   restarted.Resolve(RefsOf(queued), /*trained=*/true);
-  EXPECT_EQ(Ids(restarted.RecordedBatches()), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(BatchIds(restarted.RecordedBatches()), (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_EQ(restarted.RecordedBatches()[1].trained, (std::vector<int32_t>{0, 1}));
 }
 
 TEST(GroupQueueBatchIdTest, AnIdWithAnotherPayloadIsRefusedAsAConflictNotAcknowledged) {
   GroupQueue q({8, 4});
-  ASSERT_OK(q.Push(Batch(2, "a", "run/0"), Soon()));
-  const AdmissionResult same = q.Push(Batch(2, "a", "run/0"), Soon());
+  ASSERT_OK(q.Push(PreparedBatch(2, "a", "run/0"), Soon()));
+  const AdmissionResult same = q.Push(PreparedBatch(2, "a", "run/0"), Soon());
   EXPECT_TRUE((same.outcome() == AdmissionOutcome::kDuplicate)) << same;
   EXPECT_FALSE((same).recorded());  // queued, not trained
   // New data under a reused id (a generator whose counter restarted).
-  const AdmissionResult other = q.Push(Batch(2, "new", "run/0"), Soon());
+  const AdmissionResult other = q.Push(PreparedBatch(2, "new", "run/0"), Soon());
   EXPECT_THAT(other, StatusIs(absl::StatusCode::kAlreadyExists,
                               "batch_id \"run/0\" was accepted before with another payload"));
   EXPECT_TRUE((other.outcome() == AdmissionOutcome::kBatchIdConflict));
   EXPECT_FALSE((other.outcome() == AdmissionOutcome::kDuplicate));
   // A different group count under the id is another payload too.
   EXPECT_TRUE(
-      (q.Push(Batch(1, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kBatchIdConflict));
+      (q.Push(PreparedBatch(1, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kBatchIdConflict));
   const GroupQueueStats s = q.Stats();
   EXPECT_EQ(s.depth_groups, 2);
   EXPECT_EQ(s.duplicate_batches, 1);
@@ -313,17 +308,17 @@ TEST(GroupQueueBatchIdTest, AnIdWithAnotherPayloadIsRefusedAsAConflictNotAcknowl
   q.Resolve(RefsOf(step), true);
   GroupQueue restarted({8, 4});
   restarted.RestoreBatches(q.RecordedBatches());
-  EXPECT_TRUE((restarted.Push(Batch(2, "new", "run/0"), Soon()).outcome() ==
+  EXPECT_TRUE((restarted.Push(PreparedBatch(2, "new", "run/0"), Soon()).outcome() ==
                AdmissionOutcome::kBatchIdConflict));
   EXPECT_TRUE(
-      (restarted.Push(Batch(2, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
+      (restarted.Push(PreparedBatch(2, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
 }
 
 TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutDigestsIsADuplicateWhateverItsPayload) {
   GroupQueue q({8, 4});
   q.RestoreBatches({CheckpointBatch{"old", "", 0, {}}});
-  EXPECT_TRUE((q.Push(Batch(3, "x", "old"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
-  EXPECT_EQ(Ids(q.RecordedBatches()), std::vector<std::string>{"old"});
+  EXPECT_TRUE((q.Push(PreparedBatch(3, "x", "old"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
+  EXPECT_EQ(BatchIds(q.RecordedBatches()), std::vector<std::string>{"old"});
 }
 
 // `batch` as pushed by `principal`.
@@ -338,15 +333,15 @@ std::vector<QueuedGroup> From(const std::string& principal, std::vector<QueuedGr
 // same payload is queued as its own, not answered "duplicate").
 TEST(GroupQueueBatchIdTest, BatchIdsAreOneNamespacePerPrincipal) {
   GroupQueue q({16, 4});
-  ASSERT_OK(q.Push(From("mallory", Batch(2, "junk", "submit/file/0")), Soon()));
+  ASSERT_OK(q.Push(From("mallory", PreparedBatch(2, "junk", "submit/file/0")), Soon()));
   // The owner's real payload under the id mallory took first is accepted.
-  ASSERT_OK(q.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()));
-  EXPECT_TRUE((q.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()).outcome() ==
+  ASSERT_OK(q.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()));
+  EXPECT_TRUE((q.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()).outcome() ==
                AdmissionOutcome::kDuplicate));
   // No oracle: mallory's copy of alice's payload is mallory's new batch.
-  const AdmissionResult probe = q.Push(From("mallory", Batch(2, "real", "alice/1")), Soon());
+  const AdmissionResult probe = q.Push(From("mallory", PreparedBatch(2, "real", "alice/1")), Soon());
   EXPECT_TRUE(probe.accepted()) << probe;
-  ASSERT_OK(q.Push(From("alice", Batch(1, "more", "alice/1")), Soon()));
+  ASSERT_OK(q.Push(From("alice", PreparedBatch(1, "more", "alice/1")), Soon()));
   EXPECT_EQ(q.Stats().depth_groups, 7);
   // A checkpoint keeps the principal of each batch, and a restart tells
   // them apart too.
@@ -357,26 +352,26 @@ TEST(GroupQueueBatchIdTest, BatchIdsAreOneNamespacePerPrincipal) {
   EXPECT_EQ(recorded[1].principal, std::optional<std::string>("alice"));
   GroupQueue restarted({16, 4});
   restarted.RestoreBatches(recorded);
-  EXPECT_TRUE((restarted.Push(From("alice", Batch(2, "real", "submit/file/0")), Soon()).outcome() ==
+  EXPECT_TRUE((restarted.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()).outcome() ==
                AdmissionOutcome::kDuplicate));
-  EXPECT_TRUE((restarted.Push(From("bob", Batch(2, "real", "submit/file/0")), Soon()).accepted()));
+  EXPECT_TRUE((restarted.Push(From("bob", PreparedBatch(2, "real", "submit/file/0")), Soon()).accepted()));
 }
 
 // A checkpoint written before batches named their principal: its ids match
 // a push of any principal, so no batch is trained twice across the upgrade.
 TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutPrincipalsMatchesAnyPrincipal) {
   GroupQueue first({8, 4});
-  ASSERT_OK(first.Push(From("alice", Batch(2, "a", "old/0")), Soon()));
+  ASSERT_OK(first.Push(From("alice", PreparedBatch(2, "a", "old/0")), Soon()));
   first.Resolve(RefsOf(first.Pop(1, Soon())), /*trained=*/true);
   std::vector<CheckpointBatch> recorded = first.RecordedBatches();
   ASSERT_EQ(recorded.size(), 1u);
   recorded[0].principal.reset();  // as an older checkpoint has it
   GroupQueue q({8, 4});
   q.RestoreBatches(recorded);
-  const AdmissionResult resend = q.Push(From("alice", Batch(2, "a", "old/0")), Soon());
+  const AdmissionResult resend = q.Push(From("alice", PreparedBatch(2, "a", "old/0")), Soon());
   ASSERT_TRUE(resend.accepted()) << resend;  // the untrained group only
   EXPECT_EQ(q.Stats().depth_groups, 1);
-  EXPECT_TRUE((q.Push(From("bob", Batch(2, "a", "old/0")), Soon()).outcome() ==
+  EXPECT_TRUE((q.Push(From("bob", PreparedBatch(2, "a", "old/0")), Soon()).outcome() ==
                AdmissionOutcome::kDuplicate));
   q.Resolve(RefsOf(q.Pop(1, Soon())), /*trained=*/true);
   ASSERT_EQ(q.RecordedBatches().size(), 1u);
@@ -389,9 +384,9 @@ TEST(GroupQueueBatchIdTest, TrainedThroughIsTheOldestUnresolvedGroupsVersion) {
   // Nothing pending: all below 3, not 3 itself (a batch answered at 3 after
   // this call would be counted in).
   EXPECT_EQ(q.TrainedThrough(3), 3u);
-  ASSERT_OK(q.Push(Batch(2, "a", "a", 3), Soon()));
-  ASSERT_OK(q.Push(Batch(1, "b", "b", 5), Soon()));
-  ASSERT_OK(q.Push(Groups(1, "no-id"), Soon()));  // arrived at 0, no id
+  ASSERT_OK(q.Push(PreparedBatch(2, "a", "a", 3), Soon()));
+  ASSERT_OK(q.Push(PreparedBatch(1, "b", "b", 5), Soon()));
+  ASSERT_OK(q.Push(TaggedGroups(1, "no-id"), Soon()));  // arrived at 0, no id
   EXPECT_EQ(q.TrainedThrough(5), 0u);
   std::vector<QueuedGroup> step = q.Pop(2, Soon());  // both of a
   q.Resolve(RefsOf(step), true);
@@ -402,7 +397,7 @@ TEST(GroupQueueBatchIdTest, TrainedThroughIsTheOldestUnresolvedGroupsVersion) {
   // Dropped (the policy-lag bound) is resolved as well.
   EXPECT_EQ(q.RemoveIf([](const QueuedGroup&) { return true; }).size(), 1u);
   EXPECT_EQ(q.TrainedThrough(7), 7u);
-  EXPECT_EQ(Ids(q.RecordedBatches()), std::vector<std::string>{"a"});  // b was never trained
+  EXPECT_EQ(BatchIds(q.RecordedBatches()), std::vector<std::string>{"a"});  // b was never trained
 }
 
 TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
@@ -411,13 +406,13 @@ TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
   o.batch_id_window = 3;
   GroupQueue q(o);
   for (int i = 0; i < 5; ++i) {
-    ASSERT_OK(q.Push(Batch(1, "g", "id" + std::to_string(i)), Soon()));
+    ASSERT_OK(q.Push(PreparedBatch(1, "g", "id" + std::to_string(i)), Soon()));
     q.Resolve(RefsOf(q.Pop(1, Soon())), true);
   }
   EXPECT_EQ(q.Stats().batch_ids, 3);
-  EXPECT_EQ(Ids(q.RecordedBatches()), (std::vector<std::string>{"id2", "id3", "id4"}));
-  EXPECT_OK(q.Push(Batch(1, "g", "id0"), Soon()));  // forgotten
-  EXPECT_THAT(q.Push(Batch(1, "g", "id4"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_EQ(BatchIds(q.RecordedBatches()), (std::vector<std::string>{"id2", "id3", "id4"}));
+  EXPECT_OK(q.Push(PreparedBatch(1, "g", "id0"), Soon()));  // forgotten
+  EXPECT_THAT(q.Push(PreparedBatch(1, "g", "id4"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 }  // namespace

@@ -35,14 +35,14 @@ using ::asympo::testing::TestCertificates;
 using ::asympo::testing::Trailing;
 
 // Groups "p0", "p1", ... of prompt {1}, two responses {3} rewarded 0 and 1.
-v1::RolloutBatch Batch(int groups) {
+v1::RolloutBatch SecureBatch(int groups) {
   return RolloutBatchBuilder(groups, 2)
       .PromptTokens([](int) { return std::vector<int32_t>{1}; })
       .ResponseTokens([](int, int) { return std::vector<int32_t>{3}; })
       .Build();
 }
 
-std::string Read(const std::string& cert) {
+std::string ReadCert(const std::string& cert) {
   auto text = security::ReadSecretFile(TestCertificates::Path(cert), "test certificate");
   return text.ok() ? *text : "";
 }
@@ -105,9 +105,9 @@ class LearnerServiceSecurityTest : public ::testing::Test {
                                             const std::string& cert = "") {
     if (cert == "expired") {
       grpc::SslCredentialsOptions ssl;
-      ssl.pem_root_certs = Read("ca.pem");
-      ssl.pem_cert_chain = Read("expired.pem");
-      ssl.pem_private_key = Read("expired.key");
+      ssl.pem_root_certs = ReadCert("ca.pem");
+      ssl.pem_cert_chain = ReadCert("expired.pem");
+      ssl.pem_private_key = ReadCert("expired.key");
       return v1::Learner::NewStub(
           grpc::CreateChannel("127.0.0.1:" + std::to_string(port_), grpc::SslCredentials(ssl)));
     }
@@ -127,7 +127,7 @@ class LearnerServiceSecurityTest : public ::testing::Test {
   grpc::Status Submit(v1::Learner::Stub* stub, int groups, grpc::ClientContext* ctx = nullptr) {
     grpc::ClientContext own;
     v1::SubmitResponse r;
-    return stub->Submit(ctx ? ctx : &own, Batch(groups), &r);
+    return stub->Submit(ctx ? ctx : &own, SecureBatch(groups), &r);
   }
 
   double Refusals(const std::string& cause) {
@@ -184,7 +184,7 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
     EXPECT_EQ(Refusals(c.cause) - (std::isnan(before) ? 0 : before), 1) << c.cause;
     // What gRPC received is counted all the same (its memory is released
     // like any other request's: common/daemon/heap_release.h).
-    EXPECT_EQ(received_.load() - received_before, static_cast<int64_t>(Batch(2).ByteSizeLong()))
+    EXPECT_EQ(received_.load() - received_before, static_cast<int64_t>(SecureBatch(2).ByteSizeLong()))
         << c.cause;
   }
   // A client that does not trust the learner's CA never gets to call.
@@ -267,7 +267,7 @@ TEST_F(LearnerServiceSecurityTest, ASourceIsHeldToItsRateWithARetryHint) {
 // bucket, so that a generator retrying after a lost reply is not slowed.
 TEST_F(LearnerServiceSecurityTest, GroupsTheQueueDoesNotTakeCostNoRate) {
   auto gen = Client("gen-token");
-  v1::RolloutBatch b = Batch(4);
+  v1::RolloutBatch b = SecureBatch(4);
   b.set_batch_id("gen/1");
   grpc::ClientContext first_ctx;
   v1::SubmitResponse first;
@@ -318,7 +318,7 @@ TEST(LearnerServiceLimitsTest, AnIdleSubmitStreamIsClosed) {
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub->SubmitStream(&ctx, &r);
-  ASSERT_TRUE(writer->Write(Batch(1)));  // active: not idle yet
+  ASSERT_TRUE(writer->Write(SecureBatch(1)));  // active: not idle yet
   const absl::Time t0 = absl::Now();
   const grpc::Status s = writer->Finish();  // without WritesDone: the client idles
   EXPECT_THAT(s, StatusIs(grpc::StatusCode::CANCELLED));

@@ -27,7 +27,7 @@ using ::asympo::testing::Trailing;
 using ::asympo::testing::WaitFor;
 
 // Prompt {1, 2}; response r holds {3 + r} with reward r.
-v1::RolloutBatch Batch(int groups, int responses = 3, const std::string& tag = "p") {
+v1::RolloutBatch ServiceBatch(int groups, int responses = 3, const std::string& tag = "p") {
   return RolloutBatchBuilder(groups, responses)
       .Source("test")
       .PromptIds([&](int g) { return tag + std::to_string(g); })
@@ -89,7 +89,7 @@ class LearnerServiceTest : public ::testing::Test {
 TEST_F(LearnerServiceTest, QueuesAValidBatch) {
   Start(8);
   v1::SubmitResponse r;
-  const grpc::Status s = Submit(Batch(2), &r);
+  const grpc::Status s = Submit(ServiceBatch(2), &r);
   ASSERT_OK(s);
   EXPECT_EQ(r.accepted_groups(), 2u);
   EXPECT_EQ(r.accepted_responses(), 6u);
@@ -105,17 +105,17 @@ TEST_F(LearnerServiceTest, QueuesAValidBatch) {
 TEST_F(LearnerServiceTest, CountsTheBytesOfEveryRequest) {
   Start(8);
   v1::SubmitResponse r;
-  const v1::RolloutBatch good = Batch(2);
-  v1::RolloutBatch bad = Batch(1, 3, "bad");
+  const v1::RolloutBatch good = ServiceBatch(2);
+  v1::RolloutBatch bad = ServiceBatch(1, 3, "bad");
   bad.mutable_groups(0)->mutable_responses(0)->set_tokens(0, 100000);  // beyond the vocabulary
   ASSERT_OK(Submit(good, &r));
   EXPECT_THAT(Submit(bad, &r), StatusIs(grpc::StatusCode::INVALID_ARGUMENT));
   grpc::ClientContext ctx;
   v1::SubmitResponse stream_reply;
   auto writer = stub_->SubmitStream(&ctx, &stream_reply);
-  const v1::RolloutBatch streamed = Batch(1, 3, "s");
+  const v1::RolloutBatch streamed = ServiceBatch(1, 3, "s");
   ASSERT_TRUE(writer->Write(streamed));
-  ASSERT_TRUE(writer->Write(Batch(1, 3, "t")));
+  ASSERT_TRUE(writer->Write(ServiceBatch(1, 3, "t")));
   writer->WritesDone();
   ASSERT_OK(writer->Finish());
   grpc::ClientContext status_ctx;
@@ -146,7 +146,7 @@ TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {
       {[](v1::RolloutBatch* b) { b->clear_groups(); }, "batch has no groups"},
   };
   for (const Case& c : cases) {
-    v1::RolloutBatch b = Batch(2);
+    v1::RolloutBatch b = ServiceBatch(2);
     c.mutate(&b);
     v1::SubmitResponse r;
     const grpc::Status s = Submit(b, &r);
@@ -159,10 +159,10 @@ TEST_F(LearnerServiceTest, RejectsEachInvalidClassWholeWithItsMessage) {
 TEST_F(LearnerServiceTest, AFullQueueHoldsTheProducerThenReturnsResourceExhausted) {
   Start(2, absl::Milliseconds(300));
   v1::SubmitResponse r;
-  ASSERT_OK(Submit(Batch(2), &r));
+  ASSERT_OK(Submit(ServiceBatch(2), &r));
   grpc::ClientContext ctx;
   const absl::Time start = absl::Now();
-  const grpc::Status s = Submit(Batch(1, 3, "late"), &r, &ctx);
+  const grpc::Status s = Submit(ServiceBatch(1, 3, "late"), &r, &ctx);
   EXPECT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(290));  // held, not refused at once
   EXPECT_EQ(Trailing(ctx, "asympo-retry-after-ms"), "750");
@@ -173,13 +173,13 @@ TEST_F(LearnerServiceTest, AFullQueueHoldsTheProducerThenReturnsResourceExhauste
 TEST_F(LearnerServiceTest, AHeldProducerIsAdmittedWhenTheTrainerFreesRoom) {
   Start(2, absl::Seconds(10));
   v1::SubmitResponse r;
-  ASSERT_OK(Submit(Batch(2), &r));
+  ASSERT_OK(Submit(ServiceBatch(2), &r));
   std::thread trainer([&] {
     // Frees room only once the producer is held.
     ASSERT_TRUE(WaitFor([&] { return queue_->Stats().waiting_pushes == 1; }));
     queue_->Pop(2, absl::Now() + absl::Seconds(1));
   });
-  const grpc::Status s = Submit(Batch(2, 3, "second"), &r);
+  const grpc::Status s = Submit(ServiceBatch(2, 3, "second"), &r);
   trainer.join();
   EXPECT_OK(s);
   EXPECT_EQ(queue_->Stats().depth_groups, 2);
@@ -190,8 +190,8 @@ TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) 
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer->Write(Batch(1, 2, "ok" + std::to_string(i))));
-  v1::RolloutBatch bad = Batch(1);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer->Write(ServiceBatch(1, 2, "ok" + std::to_string(i))));
+  v1::RolloutBatch bad = ServiceBatch(1);
   bad.mutable_groups(0)->mutable_responses(0)->set_reward(INFINITY);
   writer->Write(bad);
   writer->WritesDone();
@@ -203,7 +203,7 @@ TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) 
 
 // Every response of group g sampled by `versions[g]` (first = last).
 v1::RolloutBatch VersionedBatch(const std::vector<uint64_t>& versions, const std::string& tag) {
-  v1::RolloutBatch b = Batch(static_cast<int>(versions.size()), 3, tag);
+  v1::RolloutBatch b = ServiceBatch(static_cast<int>(versions.size()), 3, tag);
   for (size_t g = 0; g < versions.size(); ++g) {
     for (v1::Response& r : *b.mutable_groups(static_cast<int>(g))->mutable_responses()) {
       r.set_first_policy_version(versions[g]);
@@ -234,7 +234,7 @@ TEST_F(LearnerServiceTest, RefusesAGroupBeyondThePolicyLagBoundWholeAndCountsIt)
                        "learner's version 10"));
   grpc::ClientContext ctx;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  ASSERT_TRUE(writer->Write(Batch(1, 2, "unversioned")));  // not bounded
+  ASSERT_TRUE(writer->Write(ServiceBatch(1, 2, "unversioned")));  // not bounded
   writer->Write(VersionedBatch({0}, "ancient"));
   writer->WritesDone();
   EXPECT_THAT(writer->Finish(), StatusIs(grpc::StatusCode::FAILED_PRECONDITION,
@@ -270,7 +270,7 @@ TEST_F(LearnerServiceTest, StreamIsFlowControlledByTheQueue) {
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  for (int i = 0; i < 40; ++i) ASSERT_TRUE(writer->Write(Batch(2, 2, "s")));
+  for (int i = 0; i < 40; ++i) ASSERT_TRUE(writer->Write(ServiceBatch(2, 2, "s")));
   writer->WritesDone();
   const grpc::Status s = writer->Finish();
   stop = true;
@@ -298,7 +298,7 @@ TEST_F(LearnerServiceTest, ConcurrentSubmittersAreAccountedExactly) {
       for (int i = 0; i < 25; ++i) {
         v1::SubmitResponse r;
         grpc::ClientContext ctx;
-        if (stub_->Submit(&ctx, Batch(1 + i % 3, 2, "c" + std::to_string(c)), &r).ok()) {
+        if (stub_->Submit(&ctx, ServiceBatch(1 + i % 3, 2, "c" + std::to_string(c)), &r).ok()) {
           accepted += static_cast<int>(r.accepted_groups());
         }
       }
@@ -315,7 +315,7 @@ TEST_F(LearnerServiceTest, ConcurrentSubmittersAreAccountedExactly) {
 TEST_F(LearnerServiceTest, GetStatusReportsQueueCountersAndLimits) {
   Start(8);
   v1::SubmitResponse r;
-  ASSERT_OK(Submit(Batch(3), &r));
+  ASSERT_OK(Submit(ServiceBatch(3), &r));
   version_ = 7;
   counters_.counted_version = 7;
   grpc::ClientContext ctx;
@@ -346,7 +346,7 @@ TEST_F(LearnerServiceTest, GetStatusReportsTheVersionWhoseStepIsCounted) {
   EXPECT_EQ(st.version(), 2u);
   EXPECT_EQ(st.trained_groups(), 4u);
   v1::SubmitResponse r;  // a submission is answered with the trainer's own version
-  ASSERT_OK(Submit(Batch(1), &r));
+  ASSERT_OK(Submit(ServiceBatch(1), &r));
   EXPECT_EQ(r.learner_version(), 3u);
 }
 
@@ -358,9 +358,9 @@ v1::RolloutBatch WithId(v1::RolloutBatch b, const std::string& id) {
 TEST_F(LearnerServiceTest, ARetriedBatchIdIsAcknowledgedAsTheFirstButQueuedOnce) {
   Start(8);
   v1::SubmitResponse first, again;
-  ASSERT_OK(Submit(WithId(Batch(2), "gen-a/1"), &first));
+  ASSERT_OK(Submit(WithId(ServiceBatch(2), "gen-a/1"), &first));
   EXPECT_EQ(first.duplicate_batches(), 0u);
-  const grpc::Status s = Submit(WithId(Batch(2), "gen-a/1"), &again);
+  const grpc::Status s = Submit(WithId(ServiceBatch(2), "gen-a/1"), &again);
   ASSERT_OK(s);
   EXPECT_EQ(again.duplicate_batches(), 1u);
   EXPECT_EQ(again.accepted_batches(), 1u);
@@ -385,12 +385,12 @@ TEST_F(LearnerServiceTest, ASubmitAcceptedJustBeforeItsDeadlineThenRetriedIsQueu
   v1::SubmitResponse r;
   grpc::ClientContext short_deadline;
   short_deadline.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(200));
-  const grpc::Status lost = Submit(WithId(Batch(3), "gen-b/7"), &r, &short_deadline);
+  const grpc::Status lost = Submit(WithId(ServiceBatch(3), "gen-b/7"), &r, &short_deadline);
   EXPECT_THAT(lost, StatusIs(grpc::StatusCode::DEADLINE_EXCEEDED));
   EXPECT_EQ(queue_->Stats().depth_groups, 3);  // accepted all the same
   grpc::ClientContext retry;
   retry.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  const grpc::Status s = Submit(WithId(Batch(3), "gen-b/7"), &r, &retry);
+  const grpc::Status s = Submit(WithId(ServiceBatch(3), "gen-b/7"), &r, &retry);
   ASSERT_OK(s);
   EXPECT_EQ(r.duplicate_batches(), 1u);
   EXPECT_EQ(queue_->Stats().depth_groups, 3);
@@ -402,9 +402,9 @@ TEST_F(LearnerServiceTest, AStreamAcknowledgesDuplicatesAndQueuesEachIdOnce) {
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  ASSERT_TRUE(writer->Write(WithId(Batch(2), "s/1")));
-  ASSERT_TRUE(writer->Write(WithId(Batch(2), "s/1")));
-  ASSERT_TRUE(writer->Write(WithId(Batch(1), "s/2")));
+  ASSERT_TRUE(writer->Write(WithId(ServiceBatch(2), "s/1")));
+  ASSERT_TRUE(writer->Write(WithId(ServiceBatch(2), "s/1")));
+  ASSERT_TRUE(writer->Write(WithId(ServiceBatch(1), "s/2")));
   ASSERT_TRUE(writer->WritesDone());
   const grpc::Status s = writer->Finish();
   ASSERT_OK(s);
@@ -416,7 +416,7 @@ TEST_F(LearnerServiceTest, AStreamAcknowledgesDuplicatesAndQueuesEachIdOnce) {
 
 TEST_F(LearnerServiceTest, UnknownFieldsAreNotKeptInTheQueue) {
   Start(8);
-  v1::RolloutBatch b = Batch(2);
+  v1::RolloutBatch b = ServiceBatch(2);
   const std::string padding(1 << 20, 'x');  // a field this learner does not know
   b.mutable_groups(0)
       ->GetReflection()
@@ -450,13 +450,13 @@ TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
   for (int i = 0; i < 2; ++i) {
     open.push_back(std::make_unique<Open>());
     open.back()->writer = stub_->SubmitStream(&open.back()->ctx, &open.back()->r);
-    ASSERT_TRUE(open.back()->writer->Write(Batch(1, 3, "s" + std::to_string(i))));
+    ASSERT_TRUE(open.back()->writer->Write(ServiceBatch(1, 3, "s" + std::to_string(i))));
   }
   ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 2; }));
   {
     Open third;
     third.writer = stub_->SubmitStream(&third.ctx, &third.r);
-    third.writer->Write(Batch(1));
+    third.writer->Write(ServiceBatch(1));
     third.writer->WritesDone();
     const grpc::Status s = third.writer->Finish();
     EXPECT_THAT(s,
@@ -472,7 +472,7 @@ TEST_F(LearnerServiceTest, OpenSubmitStreamsAreBounded) {
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  ASSERT_TRUE(writer->Write(Batch(1)));
+  ASSERT_TRUE(writer->Write(ServiceBatch(1)));
   ASSERT_TRUE(writer->WritesDone());
   EXPECT_OK(writer->Finish());  // room again
 }
@@ -486,12 +486,12 @@ TEST_F(LearnerServiceTest, OnePeerCannotHoldEverySubmitStream) {
   grpc::ClientContext held_ctx;
   v1::SubmitResponse held_r;
   auto held = stub_->SubmitStream(&held_ctx, &held_r);
-  ASSERT_TRUE(held->Write(Batch(1, 3, "held")));
+  ASSERT_TRUE(held->Write(ServiceBatch(1, 3, "held")));
   ASSERT_TRUE(WaitFor([&] { return service_->open_streams() == 1; }));
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto second = stub_->SubmitStream(&ctx, &r);
-  second->Write(Batch(1));
+  second->Write(ServiceBatch(1));
   second->WritesDone();
   const grpc::Status s = second->Finish();
   EXPECT_THAT(s, StatusIs(grpc::StatusCode::RESOURCE_EXHAUSTED,

@@ -28,7 +28,7 @@ void SetVersions(v1::Response* r, std::optional<uint64_t> first, std::optional<u
 
 // Groups "p<g>" of 3 responses, every response of group g sampled from
 // `first[g]` to `first[g] + 1` (nullopt: no versions).
-v1::RolloutBatch Batch(const std::vector<std::optional<uint64_t>>& first) {
+v1::RolloutBatch LagBatch(const std::vector<std::optional<uint64_t>>& first) {
   v1::RolloutBatch b = RolloutBatchBuilder(static_cast<int>(first.size()), 3).Build();
   for (size_t g = 0; g < first.size(); ++g) {
     if (!first[g].has_value()) continue;
@@ -51,14 +51,14 @@ std::vector<QueuedGroup> Queued(const v1::RolloutBatch& b, const std::string& so
   return out;
 }
 
-std::vector<std::string> Ids(const std::vector<QueuedGroup>& groups) {
+std::vector<std::string> GroupIds(const std::vector<QueuedGroup>& groups) {
   std::vector<std::string> out;
   for (const QueuedGroup& g : groups) out.push_back(g.group.prompt_id());
   return out;
 }
 
 TEST(PolicyLagTest, AGroupsVersionIsTheOldestFirstVersionOfItsResponses) {
-  v1::RolloutBatch b = Batch({std::nullopt});
+  v1::RolloutBatch b = LagBatch({std::nullopt});
   v1::PromptGroup& g = *b.mutable_groups(0);
   EXPECT_EQ(GroupPolicyVersion(g), std::nullopt);
   SetVersions(g.mutable_responses(0), 9, 12);
@@ -72,16 +72,16 @@ TEST(PolicyLagTest, AGroupsVersionIsTheOldestFirstVersionOfItsResponses) {
 // from an older checkpoint) or run: stale, refused as the lag bound refuses
 // (FAILED_PRECONDITION, counted as policy lag), never as an invalid batch.
 TEST(PolicyLagTest, AVersionAboveTheLearnersIsStaleNamingTheResponseAndBothVersions) {
-  v1::RolloutBatch b = Batch({4, std::nullopt});
+  v1::RolloutBatch b = LagBatch({4, std::nullopt});
   SetVersions(b.mutable_groups(1)->mutable_responses(2), 6, std::nullopt);
-  EXPECT_OK(CheckPolicyVersions(Batch({4}), 5, 0));  // last 5 = the learner's: fine
+  EXPECT_OK(CheckPolicyVersions(LagBatch({4}), 5, 0));  // last 5 = the learner's: fine
   const AdmissionResult future = CheckPolicyVersions(b, 5, 0);
   EXPECT_TRUE(future.outcome() == AdmissionOutcome::kPolicyLag) << future;
   EXPECT_THAT(future,
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        "group 1 (prompt_id \"p1\") response 2: first_policy_version 6 is newer "
                        "than the learner's version 5"));
-  EXPECT_THAT(CheckPolicyVersions(Batch({4}), 4, 3),
+  EXPECT_THAT(CheckPolicyVersions(LagBatch({4}), 4, 3),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        "group 0 (prompt_id \"p0\") response 0: first_policy_version 4 (last 5) is "
                        "newer than the learner's version 4"));
@@ -90,17 +90,17 @@ TEST(PolicyLagTest, AVersionAboveTheLearnersIsStaleNamingTheResponseAndBothVersi
 TEST(PolicyLagTest, AGroupBeyondTheBoundIsRefusedWithFailedPrecondition) {
   // Version 10, bound 4: a group of version 6 is 4 behind (in), 5 is out;
   // a group without versions is not bounded.
-  EXPECT_OK(CheckPolicyVersions(Batch({6, std::nullopt, 9}), 10, 4));
-  EXPECT_OK(CheckPolicyVersions(Batch({0}), 10, 0));  // no bound
-  const AdmissionResult s = CheckPolicyVersions(Batch({6, 5}), 10, 4);
+  EXPECT_OK(CheckPolicyVersions(LagBatch({6, std::nullopt, 9}), 10, 4));
+  EXPECT_OK(CheckPolicyVersions(LagBatch({0}), 10, 0));  // no bound
+  const AdmissionResult s = CheckPolicyVersions(LagBatch({6, 5}), 10, 4);
   EXPECT_THAT(s, StatusIs(absl::StatusCode::kFailedPrecondition,
                           "group 1 (prompt_id \"p1\"): sampled by policy version 5 (its oldest "
                           "first_policy_version), 5 versions behind the learner's version 10, "
                           "more than its --max_policy_lag 4"));
   EXPECT_EQ(s.outcome(), AdmissionOutcome::kPolicyLag);
-  EXPECT_EQ(CheckPolicyVersions(Batch({11}), 10, 4).outcome(), AdmissionOutcome::kPolicyLag);
+  EXPECT_EQ(CheckPolicyVersions(LagBatch({11}), 10, 4).outcome(), AdmissionOutcome::kPolicyLag);
   // A response from the future is named first, whichever group it is in.
-  EXPECT_THAT(CheckPolicyVersions(Batch({0, 11}), 10, 4),
+  EXPECT_THAT(CheckPolicyVersions(LagBatch({0, 11}), 10, 4),
               StatusIs(absl::StatusCode::kFailedPrecondition, "group 1"));
 }
 
@@ -120,12 +120,12 @@ class PolicyLagCountsTest : public ::testing::Test {
 TEST_F(PolicyLagCountsTest, DropsExactlyTheGroupsBehindTheBoundAndCountsThemBySource) {
   PolicyLag lag(2, metrics_);
   GroupQueue queue({8, 4});
-  ASSERT_OK(queue.Push(Queued(Batch({7, 8, std::nullopt, 5}), "gen-a"), absl::InfiniteFuture()));
+  ASSERT_OK(queue.Push(Queued(LagBatch({7, 8, std::nullopt, 5}), "gen-a"), absl::InfiniteFuture()));
   EXPECT_EQ(lag.DropBehind(queue, 10), 2);
-  EXPECT_EQ(Ids(queue.Pop(2, absl::InfiniteFuture())), (std::vector<std::string>{"p1", "p2"}));
-  std::vector<QueuedGroup> popped = Queued(Batch({8, 7}), "gen-b");
+  EXPECT_EQ(GroupIds(queue.Pop(2, absl::InfiniteFuture())), (std::vector<std::string>{"p1", "p2"}));
+  std::vector<QueuedGroup> popped = Queued(LagBatch({8, 7}), "gen-b");
   EXPECT_EQ(lag.DropPopped(&popped, 10), 1);
-  EXPECT_EQ(Ids(popped), (std::vector<std::string>{"p0"}));
+  EXPECT_EQ(GroupIds(popped), (std::vector<std::string>{"p0"}));
   lag.CountRefused("gen-b");
   EXPECT_EQ(Dropped(), 3.0);
 
@@ -144,7 +144,7 @@ TEST_F(PolicyLagCountsTest, DropsExactlyTheGroupsBehindTheBoundAndCountsThemBySo
 TEST_F(PolicyLagCountsTest, WithoutABoundNothingIsDropped) {
   PolicyLag lag(0, metrics_);
   GroupQueue queue({8, 4});
-  ASSERT_OK(queue.Push(Queued(Batch({0, 1}), "gen"), absl::InfiniteFuture()));
+  ASSERT_OK(queue.Push(Queued(LagBatch({0, 1}), "gen"), absl::InfiniteFuture()));
   EXPECT_EQ(lag.DropBehind(queue, 100), 0);
   std::vector<QueuedGroup> popped = queue.Pop(2, absl::InfiniteFuture());
   EXPECT_EQ(lag.DropPopped(&popped, 100), 0);
@@ -156,7 +156,7 @@ TEST_F(PolicyLagCountsTest, WithoutABoundNothingIsDropped) {
 // the step dropped as poisoned; per source: last, mean and largest lag.
 TEST_F(PolicyLagCountsTest, ObservesTheLagOfTrainedGroupsThatCarryAVersion) {
   PolicyLag lag(0, metrics_);
-  std::vector<QueuedGroup> groups = Queued(Batch({9, std::nullopt, 4, 7}), "gen");
+  std::vector<QueuedGroup> groups = Queued(LagBatch({9, std::nullopt, 4, 7}), "gen");
   groups[3].source = "other";
   const std::vector<GroupLag> lags = LagsOf(groups, 10);
   ASSERT_EQ(lags.size(), 4u);

@@ -22,7 +22,7 @@ namespace {
 using ::asympo::testing::RolloutBatchBuilder;
 
 // A batch `id` of `source`: one group a first policy version (nullopt: none).
-std::vector<QueuedGroup> Batch(const std::string& id, const std::string& source,
+std::vector<QueuedGroup> IntakeBatch(const std::string& id, const std::string& source,
                                const std::vector<std::optional<uint64_t>>& first) {
   v1::RolloutBatch b = RolloutBatchBuilder(static_cast<int>(first.size()), 2).Build();
   std::vector<QueuedGroup> out;
@@ -60,8 +60,8 @@ class StepIntakeTest : public ::testing::Test {
 // Bound 2 at version 10: "old" (version 5) is dropped before the pop, and
 // the taken groups carry their sources and lags in order.
 TEST_F(StepIntakeTest, TakesTheStepsGroupsWithoutThoseBehindTheBound) {
-  ASSERT_OK(queue_.Push(Batch("old", "gen-a", {5}), absl::InfiniteFuture()));
-  ASSERT_OK(queue_.Push(Batch("new", "gen-b", {9, std::nullopt}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("old", "gen-a", {5}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("new", "gen-b", {9, std::nullopt}), absl::InfiniteFuture()));
   const TakenGroups taken = intake_.Take(2, 10, absl::Now() + absl::Milliseconds(50));
   ASSERT_EQ(taken.groups.size(), 2u);
   EXPECT_EQ(taken.version, 10u);
@@ -77,14 +77,14 @@ TEST_F(StepIntakeTest, TakesTheStepsGroupsWithoutThoseBehindTheBound) {
 // A trained step's batches are recorded (a checkpoint keeps them) and its
 // lags observed; a skipped step's are neither.
 TEST_F(StepIntakeTest, RecordsATrainedStepAndNotASkippedOne) {
-  ASSERT_OK(queue_.Push(Batch("a", "gen", {9}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("a", "gen", {9}), absl::InfiniteFuture()));
   TakenGroups a = intake_.Take(1, 10, absl::Now() + absl::Milliseconds(50));
   ASSERT_EQ(a.groups.size(), 1u);
   intake_.Trained(a, /*dropped=*/{});
   EXPECT_EQ(RecordedIds(queue_), (std::vector<std::string>{"a"}));
   EXPECT_EQ(metrics_.lag.Collect().histogram.sample_count, 1u);
 
-  ASSERT_OK(queue_.Push(Batch("b", "gen", {10}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("b", "gen", {10}), absl::InfiniteFuture()));
   TakenGroups b = intake_.Take(1, 10, absl::Now() + absl::Milliseconds(50));
   ASSERT_EQ(b.groups.size(), 1u);
   intake_.Skipped(b);
@@ -96,7 +96,7 @@ TEST_F(StepIntakeTest, RecordsATrainedStepAndNotASkippedOne) {
 // next Take returns them as a short step; before that, none.
 TEST_F(StepIntakeTest, TakesAShortStepOnceFewerGroupsWaitedPartialAfter) {
   StepIntake intake(&queue_, &lag_, absl::Milliseconds(150));
-  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
   EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
   EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
   absl::SleepFor(absl::Milliseconds(200));
@@ -105,7 +105,7 @@ TEST_F(StepIntakeTest, TakesAShortStepOnceFewerGroupsWaitedPartialAfter) {
   EXPECT_TRUE(taken.short_step);
   // The timer starts again: a full step is not short, and a lone group
   // waits again.
-  ASSERT_OK(queue_.Push(Batch("b", "gen", {10, 10, 10, 10, 10}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("b", "gen", {10, 10, 10, 10, 10}), absl::InfiniteFuture()));
   const TakenGroups full = intake.Take(4, 10, absl::Now() + absl::Milliseconds(20));
   EXPECT_EQ(full.groups.size(), 4u);
   EXPECT_FALSE(full.short_step);
@@ -117,10 +117,10 @@ TEST_F(StepIntakeTest, TakesAShortStepOnceFewerGroupsWaitedPartialAfter) {
 // kBlockedFor, not partial_after.
 TEST_F(StepIntakeTest, ASubmissionWaitingForRoomBringsTheShortStepSooner) {
   StepIntake intake(&queue_, &lag_, absl::Hours(1));
-  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9, 9, 9, 9, 9}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("a", "gen", {9, 9, 9, 9, 9, 9, 9}), absl::InfiniteFuture()));
   EXPECT_EQ(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.size(), 4u);
   absl::Notification admitted;  // 3 queued + 6 > 8: it waits for a step
-  queue_.PushAsync(Batch("big", "gen", {9, 9, 9, 9, 9, 9}), absl::InfiniteFuture(),
+  queue_.PushAsync(IntakeBatch("big", "gen", {9, 9, 9, 9, 9, 9}), absl::InfiniteFuture(),
                    [&](const AdmissionResult&) { admitted.Notify(); });
   EXPECT_TRUE(intake.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
   absl::SleepFor(kBlockedFor + absl::Milliseconds(100));
@@ -133,7 +133,7 @@ TEST_F(StepIntakeTest, ASubmissionWaitingForRoomBringsTheShortStepSooner) {
 
 // partial_after zero: steps are always whole.
 TEST_F(StepIntakeTest, WithoutPartialAfterFewerGroupsWaitForAWholeStep) {
-  ASSERT_OK(queue_.Push(Batch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
+  ASSERT_OK(queue_.Push(IntakeBatch("a", "gen", {9, 9, 9}), absl::InfiniteFuture()));
   EXPECT_TRUE(intake_.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());
   absl::SleepFor(absl::Milliseconds(50));
   EXPECT_TRUE(intake_.Take(4, 10, absl::Now() + absl::Milliseconds(20)).groups.empty());

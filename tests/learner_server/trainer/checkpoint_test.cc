@@ -25,7 +25,7 @@ using ::asympo::testing::StatusIs;
 
 std::unique_ptr<PolicyModel> Tiny(uint64_t seed) { return ::asympo::testing::TinyPolicy(32, seed); }
 
-std::vector<QueuedGroup> Groups() {
+std::vector<QueuedGroup> CheckpointGroups() {
   std::vector<QueuedGroup> out;
   for (int g = 0; g < 3; ++g) {
     QueuedGroup q;
@@ -41,7 +41,7 @@ std::vector<QueuedGroup> Groups() {
   return out;
 }
 
-TrainerOptions Options() {
+TrainerOptions CheckpointOptions() {
   TrainerOptions o;
   o.lr.peak_lr = 1e-2;
   return o;
@@ -58,19 +58,19 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   // Run A: two steps, checkpoint, two more steps.
   auto a = Tiny(1);
-  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
-  ASSERT_OK(ta->Step(Groups()));
-  ASSERT_OK(ta->Step(Groups()));
+  auto ta = Trainer::Create(CheckpointOptions(), a.get(), nullptr).value();
+  ASSERT_OK(ta->Step(CheckpointGroups()));
+  ASSERT_OK(ta->Step(CheckpointGroups()));
   const auto saved =
       SaveCheckpoint(tmp.path(), ta->version(), *a, ta->optimizer(), "--objective=asympo");
   ASSERT_OK(saved);
   const torch::Tensor draw_a = torch::rand({4});  // the CPU generator moves on after the save
-  ASSERT_OK(ta->Step(Groups()));
-  ASSERT_OK(ta->Step(Groups()));
+  ASSERT_OK(ta->Step(CheckpointGroups()));
+  ASSERT_OK(ta->Step(CheckpointGroups()));
 
   // Run B: a fresh process would start from other weights; restore, replay.
   auto b = Tiny(99);
-  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  auto tb = Trainer::Create(CheckpointOptions(), b.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer());
   ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->has_value());
@@ -78,8 +78,8 @@ TEST(CheckpointTest, KillAndRestartResumesWeightsAndOptimizerBitExactly) {
   EXPECT_EQ((*loaded)->config, "--objective=asympo");
   tb->set_version((*loaded)->version);
   EXPECT_TRUE(torch::equal(torch::rand({4}), draw_a));  // RNG state restored
-  ASSERT_OK(tb->Step(Groups()));
-  ASSERT_OK(tb->Step(Groups()));
+  ASSERT_OK(tb->Step(CheckpointGroups()));
+  ASSERT_OK(tb->Step(CheckpointGroups()));
   EXPECT_EQ(tb->version(), ta->version());
   ExpectSameWeights(*a, *b);
   EXPECT_EQ(tb->optimizer().step_count(), ta->optimizer().step_count());
@@ -101,13 +101,13 @@ std::vector<std::string> Entries(const std::string& root) {
 TEST(CheckpointTest, SavingAVersionAgainReplacesIt) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto a = Tiny(1), b = Tiny(2);
-  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
-  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  auto ta = Trainer::Create(CheckpointOptions(), a.get(), nullptr).value();
+  auto tb = Trainer::Create(CheckpointOptions(), b.get(), nullptr).value();
   ASSERT_OK(SaveCheckpoint(tmp.path(), 3, *a, ta->optimizer(), "--first"));
   ASSERT_OK(SaveCheckpoint(tmp.path(), 3, *b, tb->optimizer(), "--second"));
   EXPECT_EQ(Entries(tmp.path()), std::vector<std::string>{"ckpt-000000000003"});
   auto c = Tiny(9);
-  auto tc = Trainer::Create(Options(), c.get(), nullptr).value();
+  auto tc = Trainer::Create(CheckpointOptions(), c.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), c.get(), &tc->optimizer());
   ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->has_value());
@@ -123,8 +123,8 @@ TEST(CheckpointTest, ACommitInterruptedWithoutTheExchangeRestoresTheOldCheckpoin
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   const std::string root = tmp.path();
   auto a = Tiny(1), b = Tiny(2);
-  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
-  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  auto ta = Trainer::Create(CheckpointOptions(), a.get(), nullptr).value();
+  auto tb = Trainer::Create(CheckpointOptions(), b.get(), nullptr).value();
   ASSERT_OK(SaveCheckpoint(root + "/b", 3, *b, tb->optimizer(), "--second"));
   ASSERT_OK(SaveCheckpoint(root, 3, *a, ta->optimizer(), "--first"));
   const std::string dir = root + "/ckpt-000000000003", old = root + "/.old-ckpt-000000000003-1f";
@@ -134,7 +134,7 @@ TEST(CheckpointTest, ACommitInterruptedWithoutTheExchangeRestoresTheOldCheckpoin
   // Killed after the first rename: only the old one, aside.
   std::filesystem::rename(dir, old);
   auto c = Tiny(9);
-  auto tc = Trainer::Create(Options(), c.get(), nullptr).value();
+  auto tc = Trainer::Create(CheckpointOptions(), c.get(), nullptr).value();
   auto loaded = LoadLatestCheckpoint(root, c.get(), &tc->optimizer());
   ASSERT_OK(loaded);
   ASSERT_TRUE(loaded->has_value());
@@ -156,8 +156,8 @@ TEST(CheckpointTest, ACommitInterruptedWithoutTheExchangeRestoresTheOldCheckpoin
 TEST(CheckpointTest, ACheckpointOfTheOldLayoutStillLoads) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto a = Tiny(1);
-  auto ta = Trainer::Create(Options(), a.get(), nullptr).value();
-  ASSERT_OK(ta->Step(Groups()));
+  auto ta = Trainer::Create(CheckpointOptions(), a.get(), nullptr).value();
+  ASSERT_OK(ta->Step(CheckpointGroups()));
   const std::string dir = tmp.Path("ckpt-000000000001");
   std::filesystem::create_directories(dir);
   std::vector<std::pair<std::string, at::Tensor>> tensors;
@@ -171,7 +171,7 @@ TEST(CheckpointTest, ACheckpointOfTheOldLayoutStillLoads) {
       << "{\"version\": 1, \"optimizer_steps\": 1, \"crc32c\": " << crc
       << ", \"config\": \"--old\"}";
   auto b = Tiny(99);
-  auto tb = Trainer::Create(Options(), b.get(), nullptr).value();
+  auto tb = Trainer::Create(CheckpointOptions(), b.get(), nullptr).value();
   const auto loaded = LoadLatestCheckpoint(tmp.path(), b.get(), &tb->optimizer()).value();
   ASSERT_TRUE(loaded.has_value());
   EXPECT_EQ(loaded->config, "--old");
@@ -192,12 +192,12 @@ TEST(CheckpointTest, ACheckpointOfTheOldLayoutStillLoads) {
 TEST(CheckpointTest, ACorruptNewestCheckpointIsSkippedForTheOlderOne) {
   asympo::testing::ScopedTempDir tmp("checkpoint_test");
   auto m = Tiny(1);
-  auto t = Trainer::Create(Options(), m.get(), nullptr).value();
-  ASSERT_OK(t->Step(Groups()));
+  auto t = Trainer::Create(CheckpointOptions(), m.get(), nullptr).value();
+  ASSERT_OK(t->Step(CheckpointGroups()));
   ASSERT_OK(SaveCheckpoint(tmp.path(), 1, *m, t->optimizer(), ""));
   auto snapshot = Tiny(1);
   ASSERT_OK(snapshot->LoadParameters(m->named_parameters()));
-  ASSERT_OK(t->Step(Groups()));
+  ASSERT_OK(t->Step(CheckpointGroups()));
   const auto newest = SaveCheckpoint(tmp.path(), 2, *m, t->optimizer(), "").value();
   // Flip one byte near the end of the newest shard's data.
   {

@@ -30,7 +30,7 @@ QueuedGroup Group(int prompt, const std::vector<int>& responses) {
   return q;
 }
 
-PaddedLayoutOptions Options(int64_t budget) {
+PaddedLayoutOptions LayoutOptions(int64_t budget) {
   PaddedLayoutOptions o;
   o.micro_batch_tokens = budget;
   o.vocab_size = 32;
@@ -42,7 +42,7 @@ TEST(PaddedLayoutTest, SplitsWholeGroupsInOrderWithinThePaddedBudget) {
   // Padded sizes: 2 rows x 5, 2 x 4, 2 x 7, 3 x 9 (alone over the budget).
   const std::vector<QueuedGroup> groups = {Group(3, {2, 1}), Group(2, {2, 2}), Group(4, {3, 1}),
                                            Group(5, {4, 4, 1})};
-  const auto split = PaddedLayout(Options(20)).Split(groups);
+  const auto split = PaddedLayout(LayoutOptions(20)).Split(groups);
   ASSERT_EQ(split.size(), 3u);
   // 4 rows x 5 = 20 fits; a third group makes 6 x 7 = 42.
   EXPECT_THAT(split[0], ElementsAre(&groups[0], &groups[1]));
@@ -52,7 +52,7 @@ TEST(PaddedLayoutTest, SplitsWholeGroupsInOrderWithinThePaddedBudget) {
 
 TEST(PaddedLayoutTest, LaysOutPaddedRowsWhosePredictorsPointAtTheResponseTokens) {
   const std::vector<QueuedGroup> groups = {Group(2, {2, 1}), Group(1, {3})};
-  PaddedLayoutOptions o = Options(100);
+  PaddedLayoutOptions o = LayoutOptions(100);
   o.pad_token_id = 31;
   o.behavior_logprobs = true;
   const MicroBatch mb = PaddedLayout(o).Build({&groups[0], &groups[1]}).value();
@@ -89,7 +89,7 @@ TEST(PaddedLayoutTest, TokensTheEnvironmentInsertedAreContextButNeverTargets) {
   r->clear_behavior_logprobs();
   r->add_behavior_logprobs(-0.25f);
   r->add_behavior_logprobs(-0.75f);
-  PaddedLayoutOptions o = Options(100);
+  PaddedLayoutOptions o = LayoutOptions(100);
   o.behavior_logprobs = true;
   for (const bool packed : {false, true}) {
     const MicroBatch mb = packed ? PackedLayout(o).Build({&groups[0]}).value()
@@ -113,7 +113,7 @@ TEST(PaddedLayoutTest, TokensTheEnvironmentInsertedAreContextButNeverTargets) {
 TEST(PaddedLayoutTest, ATokenOutsideTheVocabularyIsAnInvalidBatch) {
   std::vector<QueuedGroup> groups = {Group(2, {2, 2})};
   groups[0].group.mutable_responses(1)->set_tokens(0, 32);
-  EXPECT_THAT(PaddedLayout(Options(100)).Build({&groups[0]}),
+  EXPECT_THAT(PaddedLayout(LayoutOptions(100)).Build({&groups[0]}),
               StatusIs(absl::StatusCode::kInvalidArgument, "token 32 is outside"));
 }
 
@@ -121,15 +121,15 @@ TEST(PackedLayoutTest, SplitsWholeGroupsInOrderByRealTokens) {
   // Real tokens: 3+2 + 3+1 = 9, 2+2 + 2+2 = 8, 4+3 + 4+1 = 12, 5+4 + 5+4 + 5+1 = 24.
   const std::vector<QueuedGroup> groups = {Group(3, {2, 1}), Group(2, {2, 2}), Group(4, {3, 1}),
                                            Group(5, {4, 4, 1})};
-  const auto split = PackedLayout(Options(20)).Split(groups);
+  const auto split = PackedLayout(LayoutOptions(20)).Split(groups);
   ASSERT_EQ(split.size(), 3u);
   EXPECT_THAT(split[0], ElementsAre(&groups[0], &groups[1]));  // 17; 29 with the next
   EXPECT_THAT(split[1], ElementsAre(&groups[2]));
   EXPECT_THAT(split[2], ElementsAre(&groups[3]));  // 24 > 20: a micro-batch of its own
   // Padded, the first two groups would take 4 rows x 5 = 20 and the third
   // 6 x 7: packing fits what padding cannot.
-  EXPECT_EQ(PaddedLayout(Options(16)).Split(groups).size(), 4u);
-  EXPECT_EQ(PackedLayout(Options(17)).Split(groups).size(), 3u);
+  EXPECT_EQ(PaddedLayout(LayoutOptions(16)).Split(groups).size(), 4u);
+  EXPECT_EQ(PackedLayout(LayoutOptions(17)).Split(groups).size(), 3u);
 }
 
 TEST(PackedLayoutTest, PacksLongestFirstWithPositionsAndSegmentsOfTheirOwn) {
@@ -138,7 +138,7 @@ TEST(PackedLayoutTest, PacksLongestFirstWithPositionsAndSegmentsOfTheirOwn) {
   // row 0, r0 opens row 1, r1 does not fit beside it (4 + 3) and opens row
   // 2, where r3 follows it.
   const std::vector<QueuedGroup> groups = {Group(2, {2, 1}), Group(1, {5, 2})};
-  PaddedLayoutOptions o = Options(100);
+  PaddedLayoutOptions o = LayoutOptions(100);
   o.pad_token_id = 31;
   o.behavior_logprobs = true;
   const MicroBatch mb = PackedLayout(o).Build({&groups[0], &groups[1]}).value();
@@ -176,7 +176,7 @@ TEST(PackedLayoutTest, PacksLongestFirstWithPositionsAndSegmentsOfTheirOwn) {
 TEST(PackedLayoutTest, RefusesMissingBehaviorLogProbsWhenTheObjectiveNeedsThem) {
   std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
   groups[0].group.mutable_responses(0)->mutable_behavior_logprobs()->RemoveLast();
-  PaddedLayoutOptions o = Options(100);
+  PaddedLayoutOptions o = LayoutOptions(100);
   o.behavior_logprobs = true;
   for (const bool packed : {false, true}) {
     const auto mb =
@@ -195,8 +195,8 @@ TEST(PackedLayoutTest, RefusesALossMaskThatIsNotOnePerToken) {
   groups[0].group.mutable_responses(1)->add_loss_mask(true);
   groups[0].group.mutable_responses(1)->add_loss_mask(false);
   for (const bool packed : {false, true}) {
-    const auto mb = packed ? PackedLayout(Options(100)).Build({&groups[0]})
-                           : PaddedLayout(Options(100)).Build({&groups[0]});
+    const auto mb = packed ? PackedLayout(LayoutOptions(100)).Build({&groups[0]})
+                           : PaddedLayout(LayoutOptions(100)).Build({&groups[0]});
     EXPECT_THAT(mb, StatusIs(absl::StatusCode::kInvalidArgument,
                              "response 1 has a loss_mask of 2 entries for 1 tokens"));
   }
@@ -205,7 +205,7 @@ TEST(PackedLayoutTest, RefusesALossMaskThatIsNotOnePerToken) {
 TEST(PackedLayoutTest, RefusesATokenOutsideTheVocabulary) {
   std::vector<QueuedGroup> groups = {Group(2, {2, 1})};
   groups[0].group.mutable_responses(1)->set_tokens(0, 32);
-  EXPECT_THAT(PackedLayout(Options(100)).Build({&groups[0]}),
+  EXPECT_THAT(PackedLayout(LayoutOptions(100)).Build({&groups[0]}),
               StatusIs(absl::StatusCode::kInvalidArgument, "token 32 is outside"));
 }
 

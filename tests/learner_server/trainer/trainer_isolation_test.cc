@@ -98,7 +98,7 @@ TEST(TrainerIsolationTest, AStepWhoseGroupsAreAllPoisonedIsSkipped) {
 }
 
 // The sums of one rank: nothing to add.
-class OneRank : public StepReducer {
+class OneRankReducer : public StepReducer {
  public:
   absl::Status SumValues(std::vector<double>*) override { return absl::OkStatus(); }
   absl::Status SumGradients(const std::vector<at::Tensor>&) override { return absl::OkStatus(); }
@@ -111,7 +111,7 @@ TEST(TrainerIsolationTest, ADataParallelRankDropsItsPoisonedGroupsAndKeepsTheSte
   const StepTotals totals = StepTotalsOf(shard);
   Poison(&shard[1]);
   std::vector<QueuedGroup> honest = {shard[0], shard[2]};
-  OneRank reducer;
+  OneRankReducer reducer;
 
   auto model_a = Tiny();
   auto a = Trainer::Create(Options(Objective::kAsympo), model_a.get(), nullptr).value();

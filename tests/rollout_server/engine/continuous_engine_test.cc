@@ -13,7 +13,7 @@ namespace {
 
 using ::asympo::testing::StatusIs;
 
-std::unique_ptr<PolicyModel> Tiny(uint64_t seed = 11) {
+std::unique_ptr<PolicyModel> TinyEngineModel(uint64_t seed = 11) {
   return ::asympo::testing::TinyPolicy(64, seed, 0.3);
 }
 
@@ -49,7 +49,7 @@ std::vector<GenerationRequest> Mixed(int groups, int g) {
 }
 
 TEST(ContinuousEngineTest, EqualsFullRecompute) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   auto engine = Engine(*m, Slots(3));
   const auto reqs = Mixed(3, 2);
   ASSERT_OK_AND_ASSIGN(const auto got, engine->Generate(reqs));
@@ -65,7 +65,7 @@ TEST(ContinuousEngineTest, EqualsFullRecompute) {
 }
 
 TEST(ContinuousEngineTest, ARequestGetsTheSameTokensAloneAsInABusyEngine) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   const auto reqs = Mixed(6, 4);  // 24 requests through 5 slots
   auto busy = Engine(*m, Slots(5));
   ASSERT_OK_AND_ASSIGN(const auto together, busy->Generate(reqs));
@@ -79,7 +79,7 @@ TEST(ContinuousEngineTest, ARequestGetsTheSameTokensAloneAsInABusyEngine) {
 }
 
 TEST(ContinuousEngineTest, SharedPromptsDecodeAsIndependentOnesWithOnePrefillPerGroup) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   const auto reqs = Mixed(4, 4);
   ContinuousOptions shared = Slots(8), separate = Slots(8);
   separate.share_prompts = false;
@@ -102,7 +102,7 @@ TEST(ContinuousEngineTest, SharedPromptsDecodeAsIndependentOnesWithOnePrefillPer
 }
 
 TEST(ContinuousEngineTest, FinishedSlotsAreRefilledAtOnce) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   std::vector<GenerationRequest> reqs(9);
   for (size_t i = 0; i < reqs.size(); ++i) {
     reqs[i].prompt = {static_cast<int32_t>(i + 1), 7};
@@ -118,7 +118,7 @@ TEST(ContinuousEngineTest, FinishedSlotsAreRefilledAtOnce) {
 }
 
 TEST(ContinuousEngineTest, AWeightSwapChangesTokensOnlyAfterTheSwapStep) {
-  const auto a = Tiny(11), b = Tiny(12);
+  const auto a = TinyEngineModel(11), b = TinyEngineModel(12);
   GenerationRequest r;
   r.prompt = {3, 4, 5};
   r.params.temperature = 0;
@@ -158,7 +158,7 @@ TEST(ContinuousEngineTest, AWeightSwapChangesTokensOnlyAfterTheSwapStep) {
 }
 
 TEST(ContinuousEngineTest, GrowsItsCacheWhenIdleAndKeepsFixedCapacities) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   auto engine = Engine(*m, Slots(2));
   GenerationRequest r;
   r.prompt = {1, 2};
@@ -183,7 +183,7 @@ TEST(ContinuousEngineTest, GrowsItsCacheWhenIdleAndKeepsFixedCapacities) {
 }
 
 TEST(ContinuousEngineTest, RejectsBadOptionsAndRequests) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   ContinuousOptions o;
   o.max_running_sequences = 0;
   EXPECT_THAT(ContinuousEngine::Create(m.get(), 0, o).status(),
@@ -208,7 +208,7 @@ TEST(ContinuousEngineTest, RejectsBadOptionsAndRequests) {
 }
 
 TEST(ContinuousEngineTest, ALibTorchErrorIsAStatusAndEmptiesTheEngine) {
-  const auto m = Tiny();
+  const auto m = TinyEngineModel();
   {
     at::NoGradGuard no_grad;
     for (const auto& [name, t] : m->named_parameters()) {

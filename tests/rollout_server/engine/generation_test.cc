@@ -14,7 +14,7 @@ namespace {
 using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::unique_ptr<PolicyModel> Tiny() { return ::asympo::testing::TinyPolicy(64, 11, 0.3); }
+std::unique_ptr<PolicyModel> TinyGenerationModel() { return ::asympo::testing::TinyPolicy(64, 11, 0.3); }
 
 std::vector<GenerationRequest> Requests() {
   std::vector<GenerationRequest> rs;
@@ -34,7 +34,7 @@ std::vector<GenerationRequest> Requests() {
 }
 
 TEST(GenerationTest, CachedBatchedGenerationEqualsFullRecompute) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   const GenerationEngine engine(m.get());
   const auto reqs = Requests();
   const auto got = engine.Generate(reqs).value();
@@ -51,7 +51,7 @@ TEST(GenerationTest, CachedBatchedGenerationEqualsFullRecompute) {
 }
 
 TEST(GenerationTest, AFixedSeedGivesTheSameTokens) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   const GenerationEngine engine(m.get());
   auto reqs = Requests();
   const auto a = engine.Generate(reqs).value();
@@ -64,7 +64,7 @@ TEST(GenerationTest, AFixedSeedGivesTheSameTokens) {
 }
 
 TEST(GenerationTest, StopsAtAStopTokenAndKeepsIt) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   const GenerationEngine engine(m.get());
   GenerationRequest r;
   r.prompt = {1, 2, 3};
@@ -82,7 +82,7 @@ TEST(GenerationTest, StopsAtAStopTokenAndKeepsIt) {
 }
 
 TEST(GenerationTest, TopKOneAndTinyTopPAreGreedy) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   const GenerationEngine engine(m.get());
   GenerationRequest greedy;
   greedy.prompt = {7, 8};
@@ -99,7 +99,7 @@ TEST(GenerationTest, TopKOneAndTinyTopPAreGreedy) {
 }
 
 TEST(GenerationTest, RejectsBadRequests) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   const GenerationEngine engine(m.get());
   GenerationRequest r;
   r.prompt = {};
@@ -117,7 +117,7 @@ TEST(GenerationTest, RejectsBadRequests) {
 }
 
 TEST(GenerationTest, ALibTorchErrorComesBackAsAStatus) {
-  const auto m = Tiny();
+  const auto m = TinyGenerationModel();
   {
     // A weight of the wrong shape makes the forward pass throw c10::Error.
     at::NoGradGuard no_grad;

@@ -29,7 +29,7 @@ constexpr int32_t E = addition::kEqualsId;
 constexpr int32_t C = addition::kCommaId;
 constexpr int32_t D(int d) { return kFirstSymbolId + d; }
 
-std::unique_ptr<Task> MakeTask(int32_t min_k = 0, int32_t max_k = 0) {
+std::unique_ptr<Task> MakeAdditionTask(int32_t min_k = 0, int32_t max_k = 0) {
   TaskOptions o;
   o.name = "add";
   o.vocab_size = 64;
@@ -49,7 +49,7 @@ TaskPrompt PromptOf(const std::vector<int32_t>& operands) {
 }
 
 TEST(AdditionTaskTest, PromptsSpellTheOperandsAndStayInTheVocabulary) {
-  std::unique_ptr<Task> task = MakeTask();
+  std::unique_ptr<Task> task = MakeAdditionTask();
   ASSERT_NE(task, nullptr);
   EXPECT_EQ(task->name(), "add");
   EXPECT_EQ(task->min_vocab_size(), addition::kMarkerId + 1);
@@ -82,7 +82,7 @@ TEST(AdditionTaskTest, PromptsSpellTheOperandsAndStayInTheVocabulary) {
 }
 
 TEST(AdditionTaskTest, EveryOrderOfTheScratchpadIsCorrectAndOfReasoningLength) {
-  std::unique_ptr<Task> task = MakeTask();
+  std::unique_ptr<Task> task = MakeAdditionTask();
   const std::vector<int32_t> ops = {23, 45, 17};
   const TaskPrompt p = PromptOf(ops);
   // The example of the header: 45 + 17 = 62 , + 23 = 85.
@@ -119,7 +119,7 @@ TEST(AdditionTaskTest, EveryOrderOfTheScratchpadIsCorrectAndOfReasoningLength) {
 }
 
 TEST(AdditionTaskTest, OnlyTheFinalAnswerIsRewarded) {
-  std::unique_ptr<Task> task = MakeTask();
+  std::unique_ptr<Task> task = MakeAdditionTask();
   const TaskPrompt p = PromptOf({23, 45, 17});
   const auto score = [&](std::vector<int32_t> r) { return task->Score(p, r).reward; };
   EXPECT_EQ(score({D(8), D(5), kEosId}), 1.0) << "the answer alone, no scratchpad";
@@ -170,7 +170,7 @@ TEST(AdditionTaskTest, TheEntropyOfTheOrdersInAGroup) {
 }
 
 TEST(AdditionTaskTest, HeldOutProblemsAreNeverServedInAnyOrder) {
-  std::unique_ptr<Task> task = MakeTask();
+  std::unique_ptr<Task> task = MakeAdditionTask();
   const std::vector<TaskPrompt> eval = task->EvaluationPrompts(0);
   ASSERT_EQ(eval.size(), 1000u);
   EXPECT_EQ(task->EvaluationPrompts(0)[17].prompt_tokens, eval[17].prompt_tokens) << "fixed";
@@ -207,7 +207,7 @@ TEST(AdditionTaskTest, OptionsAreCheckedByName) {
   o.data_path = "x.jsonl";
   EXPECT_THAT(CreateTask(o), StatusIs(absl::StatusCode::kInvalidArgument, "synthetic"));
   // k fixed by the options.
-  std::unique_ptr<Task> two = MakeTask(2, 2);
+  std::unique_ptr<Task> two = MakeAdditionTask(2, 2);
   std::mt19937_64 rng(1);
   ASSERT_OK_AND_ASSIGN(std::vector<int32_t> ops, AdditionOperands(two->NextPrompt(rng)));
   EXPECT_EQ(ops.size(), 2u);

@@ -19,35 +19,35 @@ using synthetic::kEosId;
 using ::asympo::testing::StatusIs;
 using ::testing::ElementsAre;
 
-constexpr int32_t D(int d) { return synthetic::kFirstSymbolId + d; }
+constexpr int32_t CalcDigit(int d) { return synthetic::kFirstSymbolId + d; }
 
 TEST(CalculatorTest, AnswersTheSumATurnWritesAndGoesOnFromIt) {
   std::optional<int32_t> previous;
-  EXPECT_THAT(CalculatorAnswer({D(2), D(3), kPlusId, D(4), D(5), kCallId}, &previous),
-              ElementsAre(kEqualsId, D(6), D(8)));
+  EXPECT_THAT(CalculatorAnswer({CalcDigit(2), CalcDigit(3), kPlusId, CalcDigit(4), CalcDigit(5), kCallId}, &previous),
+              ElementsAre(kEqualsId, CalcDigit(6), CalcDigit(8)));
   EXPECT_EQ(previous, 68);
-  EXPECT_THAT(CalculatorAnswer({kPlusId, D(1), D(7), kCallId}, &previous),
-              ElementsAre(kEqualsId, D(8), D(5)));
-  EXPECT_THAT(CalculatorAnswer({D(9), D(9), D(9), D(9), kPlusId, D(1), kCallId}, &previous),
-              ElementsAre(kEqualsId, D(1), D(0), D(0), D(0), D(0)));
+  EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), CalcDigit(7), kCallId}, &previous),
+              ElementsAre(kEqualsId, CalcDigit(8), CalcDigit(5)));
+  EXPECT_THAT(CalculatorAnswer({CalcDigit(9), CalcDigit(9), CalcDigit(9), CalcDigit(9), kPlusId, CalcDigit(1), kCallId}, &previous),
+              ElementsAre(kEqualsId, CalcDigit(1), CalcDigit(0), CalcDigit(0), CalcDigit(0), CalcDigit(0)));
 }
 
 TEST(CalculatorTest, AnExpressionItCannotReadIsAnsweredWithAComma) {
   std::optional<int32_t> none;
-  EXPECT_THAT(CalculatorAnswer({kPlusId, D(1), kCallId}, &none), ElementsAre(kCommaId))
+  EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), kCallId}, &none), ElementsAre(kCommaId))
       << "a leading + before any answer";
   EXPECT_FALSE(none.has_value());
   for (const std::vector<int32_t>& bad :
        std::vector<std::vector<int32_t>>{{kCallId},
-                                         {D(1), kPlusId, kCallId},
-                                         {D(1), D(2), D(3), D(4), D(5), kCallId},
-                                         {D(1), kEqualsId, D(2), kCallId}}) {
+                                         {CalcDigit(1), kPlusId, kCallId},
+                                         {CalcDigit(1), CalcDigit(2), CalcDigit(3), CalcDigit(4), CalcDigit(5), kCallId},
+                                         {CalcDigit(1), kEqualsId, CalcDigit(2), kCallId}}) {
     std::optional<int32_t> previous = 5;
     EXPECT_THAT(CalculatorAnswer(bad, &previous), ElementsAre(kCommaId));
     EXPECT_EQ(previous, 5) << "an unread expression keeps the last answer";
   }
   std::optional<int32_t> previous;
-  EXPECT_TRUE(CalculatorAnswer({D(1), kEosId}, &previous).empty()) << "no CALL: no answer";
+  EXPECT_TRUE(CalculatorAnswer({CalcDigit(1), kEosId}, &previous).empty()) << "no CALL: no answer";
 }
 
 TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
@@ -70,7 +70,7 @@ TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
   for (size_t i = 0; i < operands.size(); ++i) {
     std::vector<int32_t> turn;
     if (i > 0) turn.push_back(kPlusId);
-    for (char c : std::to_string(operands[i])) turn.push_back(D(c - '0'));
+    for (char c : std::to_string(operands[i])) turn.push_back(CalcDigit(c - '0'));
     turn.push_back(kCallId);
     const std::vector<int32_t> answer = CalculatorAnswer(turn, &previous);
     transcript.insert(transcript.end(), turn.begin(), turn.end());
@@ -78,7 +78,7 @@ TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
   }
   transcript.push_back(kEosId);
   EXPECT_EQ(task->Score(p, transcript).reward, 1.0);
-  transcript.insert(transcript.end() - 1, D(1));  // a digit more: another number
+  transcript.insert(transcript.end() - 1, CalcDigit(1));  // a digit more: another number
   EXPECT_EQ(task->Score(p, transcript).reward, 0.0);
   // The held-out split is add's: the same problems, another marker.
   o.name = "add";
