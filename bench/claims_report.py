@@ -41,6 +41,10 @@ def mean_sd(values, digits=3):
     return fmt_mean([v for v in values if v is None or v == v], digits)
 
 
+def seed_pairs(n):
+    return "1 seed pair" if n == 1 else "%d seed pairs" % n
+
+
 def interval(m, low, high, n=None):
     """'+1.2 [-0.3, +2.7]' in points, or what is missing."""
     if m is None:
@@ -188,9 +192,9 @@ def size_section(small, large, lr, k):
         if low is not None:
             said = ("holds" if low >= -cv.TOLERANCE and high <= cv.TOLERANCE else "gains" if low > 0
                     else "loses" if high < 0 else "undetermined")
-        lines.append("- `asympo` - `%s` at lag %d: %.1f points at the first size (%d seeds), %.1f at the second (%d); "
+        lines.append("- `asympo` - `%s` at lag %d: %.1f points at the first size (%s), %.1f at the second (%d); "
                      "the change %s: `asympo` **%s** with size." % (
-                         b, LARGE_LAG, mean(gaps["first"]), len(gaps["first"]), mean(gaps["second"]),
+                         b, LARGE_LAG, mean(gaps["first"]), seed_pairs(len(gaps["first"])), mean(gaps["second"]),
                          len(gaps["second"]), interval(m, low, high), said))
     return lines + [""]
 
