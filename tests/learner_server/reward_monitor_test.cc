@@ -13,7 +13,7 @@ using ::asympo::testing::StatusIs;
 
 // A step's groups: one group of `responses` responses per (source, reward).
 std::vector<SourceReward> StepRewards(const std::vector<std::pair<std::string, double>>& groups,
-                               int64_t responses = 8) {
+                                      int64_t responses = 8) {
   std::vector<SourceReward> out;
   for (const auto& [source, reward] : groups) {
     out.push_back({source, reward * static_cast<double>(responses), responses});

@@ -173,7 +173,7 @@ TEST(GroupQueueTest, ConcurrentProducersAndAConsumerLoseNothing) {
 // `tag`, under `id`, with their digest, count and indices, arrived at
 // `version`.
 std::vector<QueuedGroup> PreparedBatch(int n, const std::string& tag, const std::string& id,
-                               uint64_t version = 0) {
+                                       uint64_t version = 0) {
   std::vector<QueuedGroup> out = TaggedGroups(n, tag);
   google::protobuf::RepeatedPtrField<v1::PromptGroup> groups;
   for (const QueuedGroup& g : out) *groups.Add() = g.group;
@@ -214,7 +214,8 @@ TEST(GroupQueueBatchIdTest, ADuplicateIsAnsweredAtOnceEvenWhenTheQueueIsFull) {
   GroupQueue q({2, 4});
   ASSERT_OK(q.Push(PreparedBatch(2, "a", "full"), Soon()));
   const absl::Time start = absl::Now();
-  EXPECT_THAT(q.Push(PreparedBatch(2, "a", "full"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(q.Push(PreparedBatch(2, "a", "full"), Soon()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
   EXPECT_LT(absl::Now() - start, absl::Seconds(1));
 }
 
@@ -297,8 +298,8 @@ TEST(GroupQueueBatchIdTest, AnIdWithAnotherPayloadIsRefusedAsAConflictNotAcknowl
   EXPECT_TRUE((other.outcome() == AdmissionOutcome::kBatchIdConflict));
   EXPECT_FALSE((other.outcome() == AdmissionOutcome::kDuplicate));
   // A different group count under the id is another payload too.
-  EXPECT_TRUE(
-      (q.Push(PreparedBatch(1, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kBatchIdConflict));
+  EXPECT_TRUE((q.Push(PreparedBatch(1, "a", "run/0"), Soon()).outcome() ==
+               AdmissionOutcome::kBatchIdConflict));
   const GroupQueueStats s = q.Stats();
   EXPECT_EQ(s.depth_groups, 2);
   EXPECT_EQ(s.duplicate_batches, 1);
@@ -310,14 +311,15 @@ TEST(GroupQueueBatchIdTest, AnIdWithAnotherPayloadIsRefusedAsAConflictNotAcknowl
   restarted.RestoreBatches(q.RecordedBatches());
   EXPECT_TRUE((restarted.Push(PreparedBatch(2, "new", "run/0"), Soon()).outcome() ==
                AdmissionOutcome::kBatchIdConflict));
-  EXPECT_TRUE(
-      (restarted.Push(PreparedBatch(2, "a", "run/0"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
+  EXPECT_TRUE((restarted.Push(PreparedBatch(2, "a", "run/0"), Soon()).outcome() ==
+               AdmissionOutcome::kDuplicate));
 }
 
 TEST(GroupQueueBatchIdTest, AnIdFromACheckpointWithoutDigestsIsADuplicateWhateverItsPayload) {
   GroupQueue q({8, 4});
   q.RestoreBatches({CheckpointBatch{"old", "", 0, {}}});
-  EXPECT_TRUE((q.Push(PreparedBatch(3, "x", "old"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
+  EXPECT_TRUE(
+      (q.Push(PreparedBatch(3, "x", "old"), Soon()).outcome() == AdmissionOutcome::kDuplicate));
   EXPECT_EQ(BatchIds(q.RecordedBatches()), std::vector<std::string>{"old"});
 }
 
@@ -339,7 +341,8 @@ TEST(GroupQueueBatchIdTest, BatchIdsAreOneNamespacePerPrincipal) {
   EXPECT_TRUE((q.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()).outcome() ==
                AdmissionOutcome::kDuplicate));
   // No oracle: mallory's copy of alice's payload is mallory's new batch.
-  const AdmissionResult probe = q.Push(From("mallory", PreparedBatch(2, "real", "alice/1")), Soon());
+  const AdmissionResult probe =
+      q.Push(From("mallory", PreparedBatch(2, "real", "alice/1")), Soon());
   EXPECT_TRUE(probe.accepted()) << probe;
   ASSERT_OK(q.Push(From("alice", PreparedBatch(1, "more", "alice/1")), Soon()));
   EXPECT_EQ(q.Stats().depth_groups, 7);
@@ -352,9 +355,11 @@ TEST(GroupQueueBatchIdTest, BatchIdsAreOneNamespacePerPrincipal) {
   EXPECT_EQ(recorded[1].principal, std::optional<std::string>("alice"));
   GroupQueue restarted({16, 4});
   restarted.RestoreBatches(recorded);
-  EXPECT_TRUE((restarted.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()).outcome() ==
-               AdmissionOutcome::kDuplicate));
-  EXPECT_TRUE((restarted.Push(From("bob", PreparedBatch(2, "real", "submit/file/0")), Soon()).accepted()));
+  EXPECT_TRUE(
+      (restarted.Push(From("alice", PreparedBatch(2, "real", "submit/file/0")), Soon()).outcome() ==
+       AdmissionOutcome::kDuplicate));
+  EXPECT_TRUE(
+      (restarted.Push(From("bob", PreparedBatch(2, "real", "submit/file/0")), Soon()).accepted()));
 }
 
 // A checkpoint written before batches named their principal: its ids match
@@ -412,7 +417,8 @@ TEST(GroupQueueBatchIdTest, TheWindowForgetsTheOldestIds) {
   EXPECT_EQ(q.Stats().batch_ids, 3);
   EXPECT_EQ(BatchIds(q.RecordedBatches()), (std::vector<std::string>{"id2", "id3", "id4"}));
   EXPECT_OK(q.Push(PreparedBatch(1, "g", "id0"), Soon()));  // forgotten
-  EXPECT_THAT(q.Push(PreparedBatch(1, "g", "id4"), Soon()), StatusIs(absl::StatusCode::kAlreadyExists));
+  EXPECT_THAT(q.Push(PreparedBatch(1, "g", "id4"), Soon()),
+              StatusIs(absl::StatusCode::kAlreadyExists));
 }
 
 }  // namespace

@@ -184,7 +184,8 @@ TEST_F(LearnerServiceSecurityTest, EveryBadCredentialIsRefusedCountedAndQueuesNo
     EXPECT_EQ(Refusals(c.cause) - (std::isnan(before) ? 0 : before), 1) << c.cause;
     // What gRPC received is counted all the same (its memory is released
     // like any other request's: common/daemon/heap_release.h).
-    EXPECT_EQ(received_.load() - received_before, static_cast<int64_t>(SecureBatch(2).ByteSizeLong()))
+    EXPECT_EQ(received_.load() - received_before,
+              static_cast<int64_t>(SecureBatch(2).ByteSizeLong()))
         << c.cause;
   }
   // A client that does not trust the learner's CA never gets to call.

@@ -190,7 +190,8 @@ TEST_F(LearnerServiceTest, StreamStopsAtTheFirstInvalidBatchKeepingEarlierOnes) 
   grpc::ClientContext ctx;
   v1::SubmitResponse r;
   auto writer = stub_->SubmitStream(&ctx, &r);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(writer->Write(ServiceBatch(1, 2, "ok" + std::to_string(i))));
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE(writer->Write(ServiceBatch(1, 2, "ok" + std::to_string(i))));
   v1::RolloutBatch bad = ServiceBatch(1);
   bad.mutable_groups(0)->mutable_responses(0)->set_reward(INFINITY);
   writer->Write(bad);

@@ -23,7 +23,7 @@ using ::asympo::testing::RolloutBatchBuilder;
 
 // A batch `id` of `source`: one group a first policy version (nullopt: none).
 std::vector<QueuedGroup> IntakeBatch(const std::string& id, const std::string& source,
-                               const std::vector<std::optional<uint64_t>>& first) {
+                                     const std::vector<std::optional<uint64_t>>& first) {
   v1::RolloutBatch b = RolloutBatchBuilder(static_cast<int>(first.size()), 2).Build();
   std::vector<QueuedGroup> out;
   for (size_t g = 0; g < first.size(); ++g) {

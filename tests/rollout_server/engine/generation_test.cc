@@ -14,7 +14,9 @@ namespace {
 using ::asympo::testing::StatusIs;
 using ::testing::HasSubstr;
 
-std::unique_ptr<PolicyModel> TinyGenerationModel() { return ::asympo::testing::TinyPolicy(64, 11, 0.3); }
+std::unique_ptr<PolicyModel> TinyGenerationModel() {
+  return ::asympo::testing::TinyPolicy(64, 11, 0.3);
+}
 
 std::vector<GenerationRequest> Requests() {
   std::vector<GenerationRequest> rs;

@@ -15,21 +15,26 @@ using addition::kCallId;
 using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kPlusId;
-using synthetic::kEosId;
 using ::asympo::testing::StatusIs;
+using synthetic::kEosId;
 using ::testing::ElementsAre;
 
 constexpr int32_t CalcDigit(int d) { return synthetic::kFirstSymbolId + d; }
 
 TEST(CalculatorTest, AnswersTheSumATurnWritesAndGoesOnFromIt) {
   std::optional<int32_t> previous;
-  EXPECT_THAT(CalculatorAnswer({CalcDigit(2), CalcDigit(3), kPlusId, CalcDigit(4), CalcDigit(5), kCallId}, &previous),
-              ElementsAre(kEqualsId, CalcDigit(6), CalcDigit(8)));
+  EXPECT_THAT(
+      CalculatorAnswer({CalcDigit(2), CalcDigit(3), kPlusId, CalcDigit(4), CalcDigit(5), kCallId},
+                       &previous),
+      ElementsAre(kEqualsId, CalcDigit(6), CalcDigit(8)));
   EXPECT_EQ(previous, 68);
   EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), CalcDigit(7), kCallId}, &previous),
               ElementsAre(kEqualsId, CalcDigit(8), CalcDigit(5)));
-  EXPECT_THAT(CalculatorAnswer({CalcDigit(9), CalcDigit(9), CalcDigit(9), CalcDigit(9), kPlusId, CalcDigit(1), kCallId}, &previous),
-              ElementsAre(kEqualsId, CalcDigit(1), CalcDigit(0), CalcDigit(0), CalcDigit(0), CalcDigit(0)));
+  EXPECT_THAT(
+      CalculatorAnswer(
+          {CalcDigit(9), CalcDigit(9), CalcDigit(9), CalcDigit(9), kPlusId, CalcDigit(1), kCallId},
+          &previous),
+      ElementsAre(kEqualsId, CalcDigit(1), CalcDigit(0), CalcDigit(0), CalcDigit(0), CalcDigit(0)));
 }
 
 TEST(CalculatorTest, AnExpressionItCannotReadIsAnsweredWithAComma) {
@@ -37,11 +42,11 @@ TEST(CalculatorTest, AnExpressionItCannotReadIsAnsweredWithAComma) {
   EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), kCallId}, &none), ElementsAre(kCommaId))
       << "a leading + before any answer";
   EXPECT_FALSE(none.has_value());
-  for (const std::vector<int32_t>& bad :
-       std::vector<std::vector<int32_t>>{{kCallId},
-                                         {CalcDigit(1), kPlusId, kCallId},
-                                         {CalcDigit(1), CalcDigit(2), CalcDigit(3), CalcDigit(4), CalcDigit(5), kCallId},
-                                         {CalcDigit(1), kEqualsId, CalcDigit(2), kCallId}}) {
+  for (const std::vector<int32_t>& bad : std::vector<std::vector<int32_t>>{
+           {kCallId},
+           {CalcDigit(1), kPlusId, kCallId},
+           {CalcDigit(1), CalcDigit(2), CalcDigit(3), CalcDigit(4), CalcDigit(5), kCallId},
+           {CalcDigit(1), kEqualsId, CalcDigit(2), kCallId}}) {
     std::optional<int32_t> previous = 5;
     EXPECT_THAT(CalculatorAnswer(bad, &previous), ElementsAre(kCommaId));
     EXPECT_EQ(previous, 5) << "an unread expression keeps the last answer";
