@@ -13,21 +13,21 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "tests/rollout_server/tasks/digit_ids.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
 namespace {
 
+using ::asympo::testing::DigitId;
 using ::asympo::testing::StatusIs;
 using synthetic::kBosId;
 using synthetic::kEosId;
-using synthetic::kFirstSymbolId;
 using synthetic::kSepId;
 
 constexpr int32_t P = addition::kPlusId;
 constexpr int32_t E = addition::kEqualsId;
 constexpr int32_t C = addition::kCommaId;
-constexpr int32_t D(int d) { return kFirstSymbolId + d; }
 
 std::unique_ptr<Task> MakeAdditionTask(int32_t min_k = 0, int32_t max_k = 0) {
   TaskOptions o;
@@ -69,8 +69,8 @@ TEST(AdditionTaskTest, PromptsSpellTheOperandsAndStayInTheVocabulary) {
     for (size_t j = 0; j < operands.size(); ++j) {
       EXPECT_GE(operands[j], 10);
       EXPECT_LE(operands[j], 99);
-      EXPECT_EQ(p.prompt_tokens[2 + 3 * j], D(operands[j] / 10));
-      EXPECT_EQ(p.prompt_tokens[3 + 3 * j], D(operands[j] % 10));
+      EXPECT_EQ(p.prompt_tokens[2 + 3 * j], DigitId(operands[j] / 10));
+      EXPECT_EQ(p.prompt_tokens[3 + 3 * j], DigitId(operands[j] % 10));
       if (j + 1 < operands.size()) {
         EXPECT_EQ(p.prompt_tokens[4 + 3 * j], P);
       }
@@ -86,8 +86,9 @@ TEST(AdditionTaskTest, EveryOrderOfTheScratchpadIsCorrectAndOfReasoningLength) {
   const std::vector<int32_t> ops = {23, 45, 17};
   const TaskPrompt p = PromptOf(ops);
   // The example of the header: 45 + 17 = 62 , + 23 = 85.
-  const std::vector<int32_t> example = {D(4), D(5), P,    D(1), D(7), E,    D(6), D(2),
-                                        C,    P,    D(2), D(3), E,    D(8), D(5), kEosId};
+  const std::vector<int32_t> example = {
+      DigitId(4), DigitId(5), P, DigitId(1), DigitId(7), E,     DigitId(6), DigitId(2), C, P,
+      DigitId(2), DigitId(3), E, DigitId(8), DigitId(5), kEosId};
   EXPECT_EQ(AdditionSolution(ops, {1, 2, 0}), example);
   std::vector<int32_t> order = {0, 1, 2};
   std::set<std::vector<int32_t>> responses;
@@ -122,20 +123,24 @@ TEST(AdditionTaskTest, OnlyTheFinalAnswerIsRewarded) {
   std::unique_ptr<Task> task = MakeAdditionTask();
   const TaskPrompt p = PromptOf({23, 45, 17});
   const auto score = [&](std::vector<int32_t> r) { return task->Score(p, r).reward; };
-  EXPECT_EQ(score({D(8), D(5), kEosId}), 1.0) << "the answer alone, no scratchpad";
-  EXPECT_EQ(score({D(1), P, D(1), E, D(8), D(5), kEosId}), 1.0) << "the scratchpad is not checked";
-  EXPECT_EQ(score({D(8), D(6), kEosId}), 0.0) << "a wrong answer";
-  EXPECT_EQ(score({D(2), D(3), P, D(4), D(5), E, D(8), D(5)}), 0.0) << "no EOS: cut";
-  EXPECT_EQ(score({D(0), D(8), D(5), kEosId}), 0.0) << "a leading zero";
-  EXPECT_EQ(score({D(8), D(5), E, kEosId}), 0.0) << "nothing after the last =";
-  EXPECT_EQ(score({D(8), P, D(5), kEosId}), 0.0) << "not a number";
+  EXPECT_EQ(score({DigitId(8), DigitId(5), kEosId}), 1.0) << "the answer alone, no scratchpad";
+  EXPECT_EQ(score({DigitId(1), P, DigitId(1), E, DigitId(8), DigitId(5), kEosId}), 1.0)
+      << "the scratchpad is not checked";
+  EXPECT_EQ(score({DigitId(8), DigitId(6), kEosId}), 0.0) << "a wrong answer";
+  EXPECT_EQ(score({DigitId(2), DigitId(3), P, DigitId(4), DigitId(5), E, DigitId(8), DigitId(5)}),
+            0.0)
+      << "no EOS: cut";
+  EXPECT_EQ(score({DigitId(0), DigitId(8), DigitId(5), kEosId}), 0.0) << "a leading zero";
+  EXPECT_EQ(score({DigitId(8), DigitId(5), E, kEosId}), 0.0) << "nothing after the last =";
+  EXPECT_EQ(score({DigitId(8), P, DigitId(5), kEosId}), 0.0) << "not a number";
   EXPECT_EQ(score({kEosId}), 0.0);
   EXPECT_EQ(score({}), 0.0);
-  EXPECT_EQ(score({D(8), D(5), kEosId, D(1)}), 1.0) << "what follows EOS is not the answer";
+  EXPECT_EQ(score({DigitId(8), DigitId(5), kEosId, DigitId(1)}), 1.0)
+      << "what follows EOS is not the answer";
   // Another task's prompt scores 0 rather than crashing.
   TaskPrompt other;
   other.reference = "9 10 11";
-  EXPECT_EQ(task->Score(other, {D(8), D(5), kEosId}).reward, 0.0);
+  EXPECT_EQ(task->Score(other, {DigitId(8), DigitId(5), kEosId}).reward, 0.0);
   EXPECT_THAT(AdditionOperands(other), StatusIs(absl::StatusCode::kInvalidArgument, "add"));
 }
 
@@ -144,10 +149,13 @@ TEST(AdditionTaskTest, TheOrderOfAScratchpadIsReadBack) {
   // Equal operands: each is taken once, in the response's order.
   EXPECT_EQ(AdditionOrder(ops, AdditionSolution(ops, {2, 1, 0})), (std::vector<int32_t>{0, 1, 2}));
   EXPECT_EQ(AdditionOrder(ops, AdditionSolution(ops, {1, 0, 2})), (std::vector<int32_t>{1, 0, 2}));
-  EXPECT_TRUE(AdditionOrder(ops, {D(9), D(1), kEosId}).empty()) << "the answer alone";
-  EXPECT_TRUE(AdditionOrder(ops, {D(2), D(3), P, D(4), D(5), E, D(6), D(8), kEosId}).empty())
+  EXPECT_TRUE(AdditionOrder(ops, {DigitId(9), DigitId(1), kEosId}).empty()) << "the answer alone";
+  EXPECT_TRUE(AdditionOrder(ops, {DigitId(2), DigitId(3), P, DigitId(4), DigitId(5), E, DigitId(6),
+                                  DigitId(8), kEosId})
+                  .empty())
       << "one operand missing";
-  EXPECT_TRUE(AdditionOrder({10, 20}, {D(1), D(1), P, D(2), D(0), kEosId}).empty())
+  EXPECT_TRUE(
+      AdditionOrder({10, 20}, {DigitId(1), DigitId(1), P, DigitId(2), DigitId(0), kEosId}).empty())
       << "a number that is no operand";
 }
 
@@ -158,7 +166,7 @@ TEST(AdditionTaskTest, TheEntropyOfTheOrdersInAGroup) {
   OrderEntropy one = AdditionOrderEntropy(ops, {a, a, a, a});
   EXPECT_EQ(one.read, 4);
   EXPECT_DOUBLE_EQ(one.nats, 0.0) << "one order";
-  OrderEntropy two = AdditionOrderEntropy(ops, {a, b, a, b, {D(8), D(5), kEosId}});
+  OrderEntropy two = AdditionOrderEntropy(ops, {a, b, a, b, {DigitId(8), DigitId(5), kEosId}});
   EXPECT_EQ(two.read, 4) << "the bare answer has no order";
   EXPECT_NEAR(two.nats, std::log(2.0), 1e-12);
   std::vector<std::vector<int32_t>> all;

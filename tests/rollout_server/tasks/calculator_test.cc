@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "rollout_server/tasks/addition_task.h"
+#include "tests/rollout_server/tasks/digit_ids.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
@@ -15,44 +16,41 @@ using addition::kCallId;
 using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kPlusId;
+using ::asympo::testing::DigitId;
 using ::asympo::testing::StatusIs;
 using synthetic::kEosId;
 using ::testing::ElementsAre;
 
-constexpr int32_t CalcDigit(int d) { return synthetic::kFirstSymbolId + d; }
-
 TEST(CalculatorTest, AnswersTheSumATurnWritesAndGoesOnFromIt) {
   std::optional<int32_t> previous;
-  EXPECT_THAT(
-      CalculatorAnswer({CalcDigit(2), CalcDigit(3), kPlusId, CalcDigit(4), CalcDigit(5), kCallId},
-                       &previous),
-      ElementsAre(kEqualsId, CalcDigit(6), CalcDigit(8)));
+  EXPECT_THAT(CalculatorAnswer({DigitId(2), DigitId(3), kPlusId, DigitId(4), DigitId(5), kCallId},
+                               &previous),
+              ElementsAre(kEqualsId, DigitId(6), DigitId(8)));
   EXPECT_EQ(previous, 68);
-  EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), CalcDigit(7), kCallId}, &previous),
-              ElementsAre(kEqualsId, CalcDigit(8), CalcDigit(5)));
-  EXPECT_THAT(
-      CalculatorAnswer(
-          {CalcDigit(9), CalcDigit(9), CalcDigit(9), CalcDigit(9), kPlusId, CalcDigit(1), kCallId},
-          &previous),
-      ElementsAre(kEqualsId, CalcDigit(1), CalcDigit(0), CalcDigit(0), CalcDigit(0), CalcDigit(0)));
+  EXPECT_THAT(CalculatorAnswer({kPlusId, DigitId(1), DigitId(7), kCallId}, &previous),
+              ElementsAre(kEqualsId, DigitId(8), DigitId(5)));
+  EXPECT_THAT(CalculatorAnswer(
+                  {DigitId(9), DigitId(9), DigitId(9), DigitId(9), kPlusId, DigitId(1), kCallId},
+                  &previous),
+              ElementsAre(kEqualsId, DigitId(1), DigitId(0), DigitId(0), DigitId(0), DigitId(0)));
 }
 
 TEST(CalculatorTest, AnExpressionItCannotReadIsAnsweredWithAComma) {
   std::optional<int32_t> none;
-  EXPECT_THAT(CalculatorAnswer({kPlusId, CalcDigit(1), kCallId}, &none), ElementsAre(kCommaId))
+  EXPECT_THAT(CalculatorAnswer({kPlusId, DigitId(1), kCallId}, &none), ElementsAre(kCommaId))
       << "a leading + before any answer";
   EXPECT_FALSE(none.has_value());
   for (const std::vector<int32_t>& bad : std::vector<std::vector<int32_t>>{
            {kCallId},
-           {CalcDigit(1), kPlusId, kCallId},
-           {CalcDigit(1), CalcDigit(2), CalcDigit(3), CalcDigit(4), CalcDigit(5), kCallId},
-           {CalcDigit(1), kEqualsId, CalcDigit(2), kCallId}}) {
+           {DigitId(1), kPlusId, kCallId},
+           {DigitId(1), DigitId(2), DigitId(3), DigitId(4), DigitId(5), kCallId},
+           {DigitId(1), kEqualsId, DigitId(2), kCallId}}) {
     std::optional<int32_t> previous = 5;
     EXPECT_THAT(CalculatorAnswer(bad, &previous), ElementsAre(kCommaId));
     EXPECT_EQ(previous, 5) << "an unread expression keeps the last answer";
   }
   std::optional<int32_t> previous;
-  EXPECT_TRUE(CalculatorAnswer({CalcDigit(1), kEosId}, &previous).empty()) << "no CALL: no answer";
+  EXPECT_TRUE(CalculatorAnswer({DigitId(1), kEosId}, &previous).empty()) << "no CALL: no answer";
 }
 
 TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
@@ -75,7 +73,7 @@ TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
   for (size_t i = 0; i < operands.size(); ++i) {
     std::vector<int32_t> turn;
     if (i > 0) turn.push_back(kPlusId);
-    for (char c : std::to_string(operands[i])) turn.push_back(CalcDigit(c - '0'));
+    for (char c : std::to_string(operands[i])) turn.push_back(DigitId(c - '0'));
     turn.push_back(kCallId);
     const std::vector<int32_t> answer = CalculatorAnswer(turn, &previous);
     transcript.insert(transcript.end(), turn.begin(), turn.end());
@@ -83,7 +81,7 @@ TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
   }
   transcript.push_back(kEosId);
   EXPECT_EQ(task->Score(p, transcript).reward, 1.0);
-  transcript.insert(transcript.end() - 1, CalcDigit(1));  // a digit more: another number
+  transcript.insert(transcript.end() - 1, DigitId(1));  // a digit more: another number
   EXPECT_EQ(task->Score(p, transcript).reward, 0.0);
   // The held-out split is add's: the same problems, another marker.
   o.name = "add";
