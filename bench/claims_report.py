@@ -50,7 +50,7 @@ def interval(m, low, high, n=None):
     if m is None:
         return "no seed pair yet"
     if low is None:
-        return "%+.1f (%s)" % (m, "1 seed pair" if n == 1 else "no interval yet")
+        return "%+.1f (%s)" % (m, seed_pairs(n) if n == 1 else "no interval yet")
     return "%+.1f [%+.1f, %+.1f]%s" % (m, low, high, " (%d seeds)" % n if n else "")
 
 
