@@ -73,16 +73,13 @@ void ToolTranscript(const rollout::TaskPrompt& prompt, std::mt19937_64& rng,
   std::vector<int32_t> operands = rollout::AdditionOperands(prompt).value();
   std::shuffle(operands.begin(), operands.end(), rng);
   std::optional<int32_t> previous;
-  const auto digits = [](int32_t n, std::vector<int32_t>* out) {
-    for (char c : std::to_string(n)) out->push_back(rollout::synthetic::kFirstSymbolId + (c - '0'));
-  };
   for (size_t i = 1; i < operands.size(); ++i) {
     std::vector<int32_t> turn;
     if (i == 1) {
-      digits(operands[0], &turn);
+      rollout::AppendDigits(operands[0], &turn);
     }
     turn.push_back(rollout::addition::kPlusId);
-    digits(operands[i], &turn);
+    rollout::AppendDigits(operands[i], &turn);
     turn.push_back(rollout::addition::kCallId);
     const std::vector<int32_t> answer = rollout::CalculatorAnswer(turn, &previous);
     for (int32_t t : turn) tokens->push_back(t), mask->push_back(true);

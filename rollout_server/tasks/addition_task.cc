@@ -16,6 +16,8 @@
 namespace asympo::rollout {
 namespace {
 
+using addition::DigitId;
+using addition::IsDigitId;
 using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kMarkerId;
@@ -23,19 +25,12 @@ using addition::kPlusId;
 using synthetic::Draw;
 using synthetic::kBosId;
 using synthetic::kEosId;
-using synthetic::kFirstSymbolId;
 using synthetic::kSepId;
 using synthetic::SplitMix;
 
 constexpr uint64_t kHeldOutEvery = 4;
 constexpr uint64_t kEvaluationSeed = 0xadd5eedULL;
 constexpr int64_t kDefaultEvaluationPrompts = 1000;
-
-void AppendNumber(int32_t n, std::vector<int32_t>* out) {
-  for (char c : std::to_string(n)) out->push_back(kFirstSymbolId + (c - '0'));
-}
-
-bool IsDigit(int32_t id) { return id >= kFirstSymbolId && id < kFirstSymbolId + 10; }
 
 // Whether a prompt belongs to the evaluation split: a fixed hash of its
 // operands as a multiset (the same numbers in another order are the same
@@ -51,11 +46,11 @@ bool HeldOut(std::vector<int32_t> operands) {
 // all digits, longer than 4 digits or with a leading zero.
 int32_t ReadNumber(const std::vector<int32_t>& t, size_t begin, size_t end) {
   if (begin >= end || end - begin > 4) return -1;
-  if (end - begin > 1 && t[begin] == kFirstSymbolId) return -1;
+  if (end - begin > 1 && t[begin] == DigitId(0)) return -1;
   int32_t n = 0;
   for (size_t i = begin; i < end; ++i) {
-    if (!IsDigit(t[i])) return -1;
-    n = n * 10 + (t[i] - kFirstSymbolId);
+    if (!IsDigitId(t[i])) return -1;
+    n = n * 10 + (t[i] - DigitId(0));
   }
   return n;
 }
@@ -142,7 +137,7 @@ class AdditionTask : public Task {
     p.prompt_tokens = {kBosId, tool_ ? addition::kToolMarkerId : kMarkerId};
     for (size_t i = 0; i < operands.size(); ++i) {
       if (i > 0) p.prompt_tokens.push_back(kPlusId);
-      AppendNumber(operands[i], &p.prompt_tokens);
+      AppendDigits(operands[i], &p.prompt_tokens);
     }
     p.prompt_tokens.push_back(kSepId);
     p.reference = absl::StrCat("add ", absl::StrJoin(operands, " "));
@@ -156,6 +151,10 @@ class AdditionTask : public Task {
 };
 
 }  // namespace
+
+void AppendDigits(int64_t n, std::vector<int32_t>* out) {
+  for (char c : std::to_string(n)) out->push_back(DigitId(c - '0'));
+}
 
 absl::StatusOr<std::unique_ptr<Task>> CreateAdditionTask(const TaskOptions& o) {
   const bool tool = o.name == "add_tool";
@@ -219,18 +218,18 @@ std::vector<int32_t> AdditionSolution(const std::vector<int32_t>& operands,
     const int32_t x = operands[static_cast<size_t>(order[j])];
     sum += x;
     if (j == 0) {
-      AppendNumber(x, &out);
+      AppendDigits(x, &out);
       continue;
     }
     if (j > 1) out.push_back(kCommaId);
     out.push_back(kPlusId);
-    AppendNumber(x, &out);
+    AppendDigits(x, &out);
     out.push_back(kEqualsId);
-    AppendNumber(sum, &out);
+    AppendDigits(sum, &out);
   }
   if (order.size() == 1) {
     out.push_back(kEqualsId);
-    AppendNumber(sum, &out);
+    AppendDigits(sum, &out);
   }
   out.push_back(kEosId);
   return out;
@@ -254,7 +253,7 @@ std::vector<int32_t> AdditionOrder(const std::vector<int32_t>& operands,
   size_t i = 0;
   const auto number_at = [&](size_t from) {
     size_t to = from;
-    while (to < response.size() && IsDigit(response[to])) ++to;
+    while (to < response.size() && IsDigitId(response[to])) ++to;
     return std::make_pair(ReadNumber(response, from, to), to);
   };
   auto [first, next] = number_at(0);

@@ -27,7 +27,9 @@
 namespace asympo::rollout {
 
 namespace addition {
-// Digit d is kFirstSymbolId + d.
+// Digit d (0..9) is the token DigitId(d); IsDigitId says whether a token is one.
+inline constexpr int32_t DigitId(int32_t d) { return synthetic::kFirstSymbolId + d; }
+inline constexpr bool IsDigitId(int32_t id) { return id >= DigitId(0) && id <= DigitId(9); }
 inline constexpr int32_t kPlusId = synthetic::kFirstSymbolId + 10;
 inline constexpr int32_t kEqualsId = synthetic::kFirstSymbolId + 11;
 inline constexpr int32_t kCommaId = synthetic::kFirstSymbolId + 12;
@@ -42,6 +44,10 @@ inline constexpr int32_t kDefaultMinOperands = 3;
 inline constexpr int32_t kDefaultMaxOperands = 5;
 inline constexpr int32_t kMaxOperands = 10;
 }  // namespace addition
+
+// Appends the digit tokens of n (n >= 0) in decimal, most significant first:
+// how the tasks and the calculator write numbers.
+void AppendDigits(int64_t n, std::vector<int32_t>* out);
 
 // The task ("add", or "add_tool" when o.name says so: the same problems and
 // verifier, on a transcript that may call a calculator, calculator.h);

@@ -1,19 +1,16 @@
 #include "rollout_server/tasks/calculator.h"
 
-#include <string>
-
 #include "rollout_server/tasks/addition_task.h"
 
 namespace asympo::rollout {
 namespace {
 
+using addition::DigitId;
+using addition::IsDigitId;
 using addition::kCallId;
 using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kPlusId;
-using synthetic::kFirstSymbolId;
-
-bool IsDigit(int32_t id) { return id >= kFirstSymbolId && id < kFirstSymbolId + 10; }
 
 // The sum spelled by t[0, end): [+] n (+ n)*, numbers of 1 to 4 digits; a
 // leading "+" adds to `previous`. nullopt when it cannot be read.
@@ -29,8 +26,8 @@ std::optional<int64_t> ReadSum(const std::vector<int32_t>& t, size_t end,
   while (true) {
     size_t digits = 0;
     int64_t n = 0;
-    while (i < end && IsDigit(t[i]) && digits < 5) {
-      n = n * 10 + (t[i] - kFirstSymbolId);
+    while (i < end && IsDigitId(t[i]) && digits < 5) {
+      n = n * 10 + (t[i] - DigitId(0));
       ++i;
       ++digits;
     }
@@ -50,7 +47,7 @@ std::vector<int32_t> CalculatorAnswer(const std::vector<int32_t>& turn,
   const std::optional<int64_t> sum = ReadSum(turn, turn.size() - 1, *previous);
   if (!sum.has_value()) return {kCommaId};
   std::vector<int32_t> out = {kEqualsId};
-  for (char c : std::to_string(*sum)) out.push_back(kFirstSymbolId + (c - '0'));
+  AppendDigits(*sum, &out);
   *previous = static_cast<int32_t>(*sum);
   return out;
 }

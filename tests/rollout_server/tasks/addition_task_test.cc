@@ -13,13 +13,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tests/rollout_server/tasks/digit_ids.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
 namespace {
 
-using ::asympo::testing::DigitId;
+using addition::DigitId;
 using ::asympo::testing::StatusIs;
 using synthetic::kBosId;
 using synthetic::kEosId;
@@ -46,6 +45,23 @@ TaskPrompt PromptOf(const std::vector<int32_t>& operands) {
   p.reference = "add";
   for (int32_t x : operands) p.reference += " " + std::to_string(x);
   return p;
+}
+
+TEST(AdditionTaskTest, DigitTokensSpellNumbersMostSignificantFirst) {
+  for (int32_t d = 0; d <= 9; ++d) {
+    EXPECT_EQ(DigitId(d), synthetic::kFirstSymbolId + d);
+    EXPECT_TRUE(addition::IsDigitId(DigitId(d)));
+  }
+  EXPECT_FALSE(addition::IsDigitId(DigitId(0) - 1));
+  EXPECT_FALSE(addition::IsDigitId(DigitId(10)));
+  EXPECT_FALSE(addition::IsDigitId(P));
+  std::vector<int32_t> out = {kBosId};
+  AppendDigits(305, &out);
+  AppendDigits(0, &out);
+  AppendDigits(99999, &out);
+  EXPECT_EQ(out, (std::vector<int32_t>{kBosId, DigitId(3), DigitId(0), DigitId(5), DigitId(0),
+                                       DigitId(9), DigitId(9), DigitId(9), DigitId(9), DigitId(9)}))
+      << "appended after what was there";
 }
 
 TEST(AdditionTaskTest, PromptsSpellTheOperandsAndStayInTheVocabulary) {

@@ -6,17 +6,16 @@
 #include <gtest/gtest.h>
 
 #include "rollout_server/tasks/addition_task.h"
-#include "tests/rollout_server/tasks/digit_ids.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
 namespace {
 
+using addition::DigitId;
 using addition::kCallId;
 using addition::kCommaId;
 using addition::kEqualsId;
 using addition::kPlusId;
-using ::asympo::testing::DigitId;
 using ::asympo::testing::StatusIs;
 using synthetic::kEosId;
 using ::testing::ElementsAre;
@@ -73,7 +72,7 @@ TEST(AdditionToolTaskTest, ServesAddsProblemsAsToolEpisodes) {
   for (size_t i = 0; i < operands.size(); ++i) {
     std::vector<int32_t> turn;
     if (i > 0) turn.push_back(kPlusId);
-    for (char c : std::to_string(operands[i])) turn.push_back(DigitId(c - '0'));
+    AppendDigits(operands[i], &turn);
     turn.push_back(kCallId);
     const std::vector<int32_t> answer = CalculatorAnswer(turn, &previous);
     transcript.insert(transcript.end(), turn.begin(), turn.end());
