@@ -41,19 +41,6 @@ def mean_sd(values, digits=3):
     return fmt_mean([v for v in values if v is None or v == v], digits)
 
 
-def seed_pairs(n):
-    return "1 seed pair" if n == 1 else "%d seed pairs" % n
-
-
-def interval(m, low, high, n=None):
-    """'+1.2 [-0.3, +2.7]' in points, or what is missing."""
-    if m is None:
-        return "no seed pair yet"
-    if low is None:
-        return "%+.1f (%s)" % (m, seed_pairs(n) if n == 1 else "no interval yet")
-    return "%+.1f [%+.1f, %+.1f]%s" % (m, low, high, " (%d seeds)" % n if n else "")
-
-
 def runs_of(cells, objective, lag):
     return [cells[(objective, lag)][s] for s in sorted(cells.get((objective, lag), {}))]
 
@@ -138,7 +125,8 @@ def drift(cells, lags):
 
 
 def claim_line(per):
-    return "; ".join("lag %d: %s" % (g, interval(m, low, high, n)) for g, m, low, high, n, _ in per)
+    return "; ".join("lag %d: %s" % (g, cv.interval_text(m, low, high, n, short=True))
+                     for g, m, low, high, n, _ in per)
 
 
 def summary(cells, lags, claim1):
@@ -194,8 +182,8 @@ def size_section(small, large, lr, k):
                     else "loses" if high < 0 else "undetermined")
         lines.append("- `asympo` - `%s` at lag %d: %.1f points at the first size (%s), %.1f at the second (%d); "
                      "the change %s: `asympo` **%s** with size." % (
-                         b, LARGE_LAG, mean(gaps["first"]), seed_pairs(len(gaps["first"])), mean(gaps["second"]),
-                         len(gaps["second"]), interval(m, low, high), said))
+                         b, LARGE_LAG, mean(gaps["first"]), cv.seed_pairs(len(gaps["first"])), mean(gaps["second"]),
+                         len(gaps["second"]), cv.interval_text(m, low, high, short=True), said))
     return lines + [""]
 
 
@@ -211,7 +199,8 @@ def earlier_section(earlier, k):
         per, verdict = cv.judge_claim(cells, a, b, lags)
         lines.append("- `%s` - `%s`: %s: **%s**." % (a, b, claim_line(per), verdict))
     lines.append("- Under staleness %s; the noise floor (`grpo` - `naive`, lag 0) %s, per-seed sd %.1f." % (
-        cv.sign_test(cells, "asympo", "spo", [4, 16]), interval(m, low, high, n), sd if sd is not None else float("nan")))
+        cv.sign_test(cells, "asympo", "spo", [4, 16]), cv.interval_text(m, low, high, n, short=True),
+        sd if sd is not None else float("nan")))
     return lines + [""]
 
 
@@ -277,7 +266,7 @@ def render(a, cells, base):
               "entropy within a group, the first 20 steps → the last 20):", ""]
     lines += grid_table(cells, lags, a.k, OBJECTIVES)
     lines += ["**The noise floor** (`grpo` - `naive` at lag 0): %s; per-seed sd %s." % (
-        interval(floor[0], floor[1], floor[2], floor[3]), "%.1f" % floor_sd if floor_sd is not None else "unknown"), ""]
+        cv.interval_text(*floor, short=True), "%.1f" % floor_sd if floor_sd is not None else "unknown"), ""]
     lines += ["**Claim 2**, per lag:"] + cv.claim(cells, "asympo", "grpo", stale, floor_sd) + [""]
     lines += ["**Claim 3**, per lag:"] + cv.claim(cells, "asympo", "spo", lags, floor_sd) + [""]
     lines += ["**Spreads across seeds**:"] + cv.spreads(cells, lags) + [""]

@@ -68,12 +68,22 @@ def cells_table(cells, lags, objectives=OBJECTIVES):
     return lines
 
 
-def interval_text(m, low, high, n):
+def seed_pairs(n):
+    return "1 seed pair" if n == 1 else "%d seed pairs" % n
+
+
+def interval_text(m, low, high, n=None, short=False):
+    """A difference in points and its 95% interval over n seed pairs (n None:
+    a Welch interval, no pairs): "-6.0 points, 95% interval [-9.4, -2.6]
+    (10 seed pairs)", or "-6.0 [-9.4, -2.6] (10 seed pairs)" when short; or
+    what is missing."""
     if m is None:
         return "no seed pair yet"
+    head = "%+.1f" % m if short else "%+.1f points" % m
     if low is None:
-        return "%+.1f points (1 seed pair: no interval)" % m
-    return "%+.1f points, 95%% interval [%+.1f, %+.1f] (%d seed pairs)" % (m, low, high, n)
+        return "%s (%s)" % (head, "%s: no interval" % seed_pairs(n) if n else "no interval yet")
+    return "%s%s [%+.1f, %+.1f]%s" % (head, "" if short else ", 95% interval", low, high,
+                                       " (%s)" % seed_pairs(n) if n else "")
 
 
 def noise_floor(cells):
