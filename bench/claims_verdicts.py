@@ -128,7 +128,9 @@ def sign_test(cells, a, b, lags):
     if n == 0:
         return "no seed pair yet"
     tail = sum(math.comb(n, i) for i in range(min(below, n - below) + 1)) / 2.0 ** n
-    return "`%s` below `%s` in %d of %d stale seed pairs (sign test p = %.3f)" % (a, b, below, n, min(1.0, 2 * tail))
+    p = min(1.0, 2 * tail)
+    return "`%s` below `%s` in %d of %d stale seed pairs (sign test p = %s)" % (
+        a, b, below, n, "%.3f" % p if p >= 0.001 else "%.1g" % p)
 
 
 def spreads(cells, lags, pairs=(("asympo", "grpo"), ("asympo", "spo"))):

@@ -80,6 +80,7 @@ def main():
     check_stats(source)
     check_advice(source)
     check_claim1(source)
+    check_signs(source)
     check_best_lr(source)
     shutil.rmtree(scratch, ignore_errors=True)
     out = os.path.join(scratch, "claims")
@@ -297,6 +298,23 @@ def check_claim1(source):
     assert verdict == "inconclusive" and "Not on file yet: `spo` at lag 4." in lines, (verdict, lines)
     assert cv.claim1({**full, ("asympo", 16): cell(fell)}, [0, 4, 16], 0.25)[1] == "refuted"
     assert cv.claim1({}, [0, 4, 16], 0.25)[1] == "not measured yet"
+
+
+def check_signs(source):
+    """The sign test over stale seed pairs, and its p-value written so that a
+    small one is not printed as 0."""
+    sys.path.insert(0, os.path.join(source, "bench"))
+    import claims_verdicts as cv
+
+    def cell(score, seeds):
+        return {s: {"score": score} for s in seeds}
+    cells = {("asympo", 4): cell(50.0, range(6)), ("spo", 4): cell(60.0, range(6)),
+             ("asympo", 16): cell(40.0, range(6)), ("spo", 16): cell(60.0, range(6))}
+    said = cv.sign_test(cells, "asympo", "spo", [4, 16])
+    assert said == "`asympo` below `spo` in 12 of 12 stale seed pairs (sign test p = 0.0005)", said
+    said = cv.sign_test(cells, "asympo", "spo", [4])
+    assert said.endswith("6 of 6 stale seed pairs (sign test p = 0.031)"), said
+    assert cv.sign_test(cells, "asympo", "spo", [8]) == "no seed pair yet"
 
 
 def check_advice(source):
