@@ -11,10 +11,12 @@ On the file's own seed the rerun is compared with the committed rows
 (csv/NAME.csv.gz) and evaluation, line by line: "the same, bit for bit",
 or the first step that differs (exit 1). The runs use one thread and
 fixed seeds, so on one machine they repeat exactly; a CPU whose LibTorch
-kernels round differently can diverge after some steps. With --seed (a
-seed of your choosing) the rerun is a new sample of the file's cell: its
-mean@k against the cell's seeds on file (mean, sd and the 95% prediction
-interval of one more seed, mean ± t(0.975, n-1) sd sqrt(1 + 1/n)). Each
+kernels round differently can diverge after some steps, and a rerun that
+diverged is then judged as a new sample of its cell, as below. With --seed
+(a seed of your choosing) the rerun is a new sample of the file's cell:
+its mean@k against the cell's other seeds on file (mean, sd and the 95%
+prediction interval of one more seed, mean ± t(0.975, n-1) sd
+sqrt(1 + 1/n)). Each
 rerun's result (the same fields as the committed file's) is written to
 --work/NAME.json."""
 import argparse
@@ -61,19 +63,21 @@ def first_difference(rerun_csv, committed_gz):
     return "%d rows against the committed %d" % (len(mine) - 1, len(theirs) - 1)
 
 
-def cell_scores(path, run, k):
+def cell_scores(path, run, k, leave_out=None):
     """mean@k (k a string) of every run on file in the same folder and cell (objective,
-    lr, lag, mini-batches), by seed."""
+    lr, lag, mini-batches), by seed, but for seed `leave_out`."""
     folder, out = {}, os.path.dirname(path)
     for name in os.listdir(out):
         if name.endswith(".json"):
             r = read_json(os.path.join(out, name))
-            if all(r.get(f) == run.get(f) for f in ("objective", "lr", "lag", "minibatches", "steps")):
+            if r["seed"] != leave_out and all(
+                    r.get(f) == run.get(f) for f in ("objective", "lr", "lag", "minibatches", "steps")):
                 folder[r["seed"]] = r["eval"].get("mean@" + k, float("nan"))
     return folder
 
 
 def against_cell(score, scores):
+    """Where `score` lies against the cell's seeds on file ({seed: mean@k})."""
     values = [v for v in scores.values() if v == v]
     if len(values) < 2:
         return "the cell has %d seed%s on file: no spread to compare with" % (len(values), "" if values else "s")
@@ -102,11 +106,14 @@ def rerun(path, a):
         diff = first_difference(csv_path, gz) if os.path.exists(gz) else "no committed rows (%s)" % gz
         if diff is None and final != run["eval"]:
             diff = "the evaluation differs: %s against the committed %s" % (final, run["eval"])
+        # A rerun that diverged (another CPU's rounding) is a new sample of
+        # its cell: judged against the cell's other seeds.
         print("%s: mean@%s %.3f (committed %.3f), %.0f s: %s" % (
             name, k, score, run["eval"].get("mean@" + k, float("nan")), seconds,
-            "the same, bit for bit" if diff is None else "DIFFERENT: " + diff), flush=True)
+            "the same, bit for bit" if diff is None else "DIFFERENT: %s; as a new sample of its cell: %s" % (
+                diff, against_cell(score, cell_scores(path, run, k, leave_out=seed)))), flush=True)
         return diff is None
-    print("%s: mean@%s %.3f, %.0f s; %s" % (name, k, score, seconds, against_cell(score, cell_scores(path, run, k))),
+    print("%s: mean@%s %.3f, %.0f s; %s" % (name, k, score, seconds, against_cell(score, cell_scores(path, run, k, leave_out=seed))),
           flush=True)
     return True
 

@@ -259,6 +259,8 @@ def check_rerun(source, build, out, scratch):
     p = subprocess.run(rerun + [os.path.join(tampered, "grid", name + ".json")], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 1 and "DIFFERENT: row 2 differs" in p.stdout, p.stdout + p.stderr
+    # Diverged, the rerun is judged as a new sample of its cell without its own seed (the only one here).
+    assert "as a new sample of its cell: the cell has 0 seeds on file" in p.stdout, p.stdout
     p = subprocess.run(rerun + ["--seed", "7", path], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "spo_lr0.0003_lag2_seed7: mean@1" in p.stdout, p.stdout + p.stderr
     assert "the cell's" in p.stdout or "no spread" in p.stdout, p.stdout
@@ -274,6 +276,15 @@ def check_rerun(source, build, out, scratch):
     assert "[0.003, 0.997]: inside" in claims_rerun.against_cell(0.5, {0: 0.4, 1: 0.6, 2: 0.5})
     assert "OUTSIDE" in claims_rerun.against_cell(1.2, {0: 0.4, 1: 0.6, 2: 0.5})
     assert "no spread" in claims_rerun.against_cell(0.5, {0: 0.4})
+    cell = os.path.join(scratch, "cell")
+    os.makedirs(cell, exist_ok=True)
+    for seed, objective in ((0, "spo"), (1, "spo"), (2, "spo"), (3, "grpo")):
+        with open(os.path.join(cell, "%s_%d.json" % (objective, seed)), "w") as f:
+            json.dump({"objective": objective, "lr": 3e-5, "lag": 4, "seed": seed, "steps": 400,
+                       "eval": {"mean@8": 0.5 + seed / 100}}, f)
+    run = json.load(open(os.path.join(cell, "spo_1.json")))
+    scores = claims_rerun.cell_scores(os.path.join(cell, "spo_1.json"), run, "8", leave_out=1)
+    assert scores == {0: 0.5, 2: 0.52}, scores
 
 
 def check_claim1(source):
