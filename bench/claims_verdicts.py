@@ -55,8 +55,8 @@ def scores(cells, objective, lag):
     return {s: r["score"] for s, r in cells.get((objective, lag), {}).items()}
 
 
-def cells_table(cells, lags, objectives=OBJECTIVES):
-    lines = ["| objective | " + " | ".join("lag %d: mean@k, points (sd, runs)" % g for g in lags) + " |",
+def cells_table(cells, lags, k, objectives=OBJECTIVES):
+    lines = ["| objective | " + " | ".join("lag %d: mean@%d, points (sd, runs)" % (g, k) for g in lags) + " |",
              "| --- |" + " --- |" * len(lags)]
     for o in objectives:
         row = []
@@ -226,7 +226,7 @@ def batches_section(out, lr, k, base, floor_sd, cells=None):
     lines = ["", "**VeRL's batch structure**: a batch of %s steps' prompts sampled at once by the weights of "
              "lag %s steps before, trained as that many steps in turn (`grpo_verl`: std-normalized advantages "
              "and the dual clip at 3)." % ("/".join(map(str, sizes)), "/".join(map(str, lags))), ""]
-    lines += cells_table(cells, lags, objectives) + [""]
+    lines += cells_table(cells, lags, k, objectives) + [""]
     lines += ["Claim 2 in this structure, against `grpo`:"] + claim(cells, "asympo", "grpo", lags, floor_sd)
     lines += ["", "and against `grpo_verl`:"] + claim(cells, "asympo", "grpo_verl", lags, floor_sd)
     lines += ["", "Claim 3 in this structure:"] + claim(cells, "asympo", "spo", lags, floor_sd)
@@ -253,7 +253,7 @@ def render(out, lr, lags, k):
     stale = [g for g in lags if g > 0]
     lines = ["Every objective at lr %g; mean@%d in points (0.01); the rules of docs/method.md, "
              "\"Deciding the paper's claims\"." % (lr, k), ""]
-    lines += cells_table(cells, lags) + [""]
+    lines += cells_table(cells, lags, k) + [""]
     lines.append("**The noise floor** (`grpo` - `naive` at lag 0, equal gradients up to rounding): %s; "
                  "sd of the per-seed gaps %s." % (interval_text(m, low, high, n),
                                                   "%.1f" % floor_sd if floor_sd is not None else "unknown"))

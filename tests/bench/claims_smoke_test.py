@@ -226,6 +226,8 @@ def check_report(source, out, scratch):
                    "**The mechanism on both tasks**", "**VeRL's batch structure**", "**The second size**",
                    "not on file at both sizes yet", "**Wall clock**", "| `grpo_verl` | 1 |"):
         assert needle in text, (needle, text)
+    # The batch structure's table names the k it was given (--k 1), not a letter.
+    assert "| objective | lag 1: mean@1, points (sd, runs) |" in text and "mean@k" not in text, text
     # The base's command names the program by its build tree, not this machine's path to it.
     assert "**The base** (`build/bench/task_learning --task add" in text, text
     bare = os.path.join(scratch, "bare.md")
