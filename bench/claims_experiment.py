@@ -472,9 +472,11 @@ def main(argv=None):
         batch_jobs = [("batches", o, shared, args.batch_lag, s, args.minibatches)
                       for o in args.batch_objectives for s in args.seeds]
     # The claims' four objectives first, with naive at lag 0 (the noise
-    # floor: grpo - naive), then VeRL's batch structure, then the rest of
-    # naive and gpg: whatever a stopped run leaves undone is the least needed.
+    # floor: grpo - naive), then naive and gpg at the largest lag (claim 1's
+    # collapses), then VeRL's batch structure, then the rest of naive and
+    # gpg: whatever a stopped run leaves undone is the least needed.
     claim = [j for j in grid_jobs if j[1] in CLAIM_OBJECTIVES or (j[1] == "naive" and j[3] == 0)]
+    claim += [j for j in grid_jobs if j not in claim and j[3] == max(args.lags)]
     rest = [j for j in grid_jobs if j not in claim]
     done = dict(zip(claim + batch_jobs + rest, run_all(args, claim + batch_jobs + rest)))
     if grid_jobs and args.lr:
