@@ -16,9 +16,8 @@ diverged is then judged as a new sample of its cell, as below. With --seed
 (a seed of your choosing) the rerun is a new sample of the file's cell:
 its mean@k against the cell's other seeds on file (mean, sd and the 95%
 prediction interval of one more seed, mean ± t(0.975, n-1) sd
-sqrt(1 + 1/n)). Each
-rerun's result (the same fields as the committed file's) is written to
---work/NAME.json."""
+sqrt(1 + 1/n)). Each rerun's result (the same fields as the committed
+file's) is written to --work/NAME.json."""
 import argparse
 import gzip
 import math
@@ -113,8 +112,8 @@ def rerun(path, a):
             "the same, bit for bit" if diff is None else "DIFFERENT: %s; as a new sample of its cell: %s" % (
                 diff, against_cell(score, cell_scores(path, run, k, leave_out=seed)))), flush=True)
         return diff is None
-    print("%s: mean@%s %.3f, %.0f s; %s" % (name, k, score, seconds, against_cell(score, cell_scores(path, run, k, leave_out=seed))),
-          flush=True)
+    print("%s: mean@%s %.3f, %.0f s; %s" % (
+        name, k, score, seconds, against_cell(score, cell_scores(path, run, k, leave_out=seed))), flush=True)
     return True
 
 
