@@ -181,6 +181,23 @@ def claim1_cells(lags):
             [(o, g) for o in ("grpo", "spo", "asympo") for g in lags if g > 0])
 
 
+def fall_timing(cells, cell, base):
+    """When the collapsed runs of `cell` fell, by docs/method.md's rule (the
+    median step of the falls against the run's middle): (that median, the
+    runs' length in steps, "early", "late" or "at the middle"); None when
+    none fell."""
+    runs = [r["rewards"] for r in cells.get(cell, {}).values() if "rewards" in r]
+    steps = [s for s in (cs.collapse(rewards, base)[1] for rewards in runs) if s is not None]
+    if not steps:
+        return None
+    median, length = statistics.median(steps), max(len(rewards) for rewards in runs)
+    return median, length, "late" if median > length / 2 else "early" if median < length / 2 else "at the middle"
+
+
+def timing_text(timing):
+    return "%s (the falls' median step %g of %d)" % (timing[2], timing[0], timing[1])
+
+
 def claim1(cells, lags, base):
     """Claim 1 from the collapse table, on claim1_cells. Every one of those
     cells is needed: one without rows yet leaves the claim inconclusive. The
@@ -200,6 +217,11 @@ def claim1(cells, lags, base):
         verdicts.append("confirmed" if ok else "refuted" if wrong else "inconclusive")
     verdict = cs.combine(verdicts) if intervals else "not measured yet"
     missing = [c for c in wanted if c not in intervals]
+    timings = [(c, fall_timing(cells, c, base)) for c in collapsing]
+    if any(t for _, t in timings):
+        lines += ["", "When the runs fell (the claim's \"late\", judged apart from the verdict: the median step "
+                  "of the falls against the run's middle): %s." % "; ".join(
+                      "`%s` at lag %d, %s" % (c + (timing_text(t),)) for c, t in timings if t)]
     if missing and intervals:
         lines += ["", "Not on file yet: %s." % ", ".join("`%s` at lag %d" % c for c in missing)]
     lines += ["", "Verdict: **%s**" % verdict]

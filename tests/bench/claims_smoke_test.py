@@ -305,6 +305,12 @@ def check_claim1(source):
     lines, verdict, counts = cv.claim1(full, [0, 4, 16], 0.25)
     assert verdict == "confirmed" and counts[("naive", 16)][:2] == (10, 10), (verdict, counts)
     assert not any(l.startswith("Not on file yet") for l in lines), lines
+    # "Late": the median fall step against the run's middle (step 50 of 100).
+    assert cv.fall_timing(full, ("gpg", 16), 0.25) == (72, 100, "late"), cv.fall_timing(full, ("gpg", 16), 0.25)
+    assert "`gpg` at lag 16, late (the falls' median step 72 of 100)" in lines[-3], lines[-3]
+    early = {**full, ("gpg", 16): cell([0.3] * 10 + [0.6] * 20 + [0.1] * 70)}
+    assert cv.fall_timing(early, ("gpg", 16), 0.25)[2] == "early", cv.fall_timing(early, ("gpg", 16), 0.25)
+    assert cv.fall_timing(stable, ("grpo", 16), 0.25) is None, "no run of the cell fell"
     partial = dict(full)
     del partial[("spo", 4)]
     lines, verdict, _ = cv.claim1(partial, [0, 4, 16], 0.25)
