@@ -81,7 +81,8 @@ def grid_table(cells, lags, k, objectives):
     """Per objective and lag, over seeds: the final evaluation, the reward's
     peak and end, the drift and the mechanism's measures."""
     lines = ["| objective | lag | runs | mean@%d | greedy | pass@%d | final reward | peak reward | runs peaking "
-             "in the last 20 steps | behavior KL | S_P | S_N | degenerate first → last | order entropy first → "
+             "in the last 20 steps | behavior KL | S_P first → last | S_N first → last | degenerate first → last | "
+             "order entropy first → "
              "last |" % (k, k),
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- |"]
     for o in objectives:
@@ -90,14 +91,15 @@ def grid_table(cells, lags, k, objectives):
             if not rs:
                 continue
             late = sum(1 for r in rs if "rewards" in r and peak_step(r["rewards"]) >= len(r["rewards"]) - 20)
-            deg = [r["trajectory"]["degenerate_fraction"] for r in rs]
-            lines.append("| `%s` | %d | %d | %s | %s | %s | %s | %s | %d | %s | %s | %s | %.2f → %.2f | %.2f → %.2f |" % (
+            deg, pos, neg = ([r["trajectory"][c] for r in rs] for c in ("degenerate_fraction", "s_pos", "s_neg"))
+            lines.append("| `%s` | %d | %d | %s | %s | %s | %s | %s | %d | %s | %.3f → %.3f | %.3f → %.3f | %.2f → %.2f "
+                         "| %.2f → %.2f |" % (
                 o, g, len(rs), mean_sd([r["eval"].get("mean@%d" % k) for r in rs]),
                 mean_sd([r["eval"].get("greedy_acc") for r in rs]), mean_sd([r["eval"].get("pass@%d" % k) for r in rs]),
                 mean_sd([r["final_reward20"] for r in rs]), mean_sd([r["peak_reward20"] for r in rs]), late,
                 "-" if g == 0 and not any(r.get("minibatches", 1) > 1 for r in rs) else
                 mean_sd([r["behavior_kl"] for r in rs], 4),
-                mean_sd([r["s_pos"] for r in rs]), mean_sd([r["s_neg"] for r in rs]),
+                mean([d[0] for d in pos]), mean([d[1] for d in pos]), mean([d[0] for d in neg]), mean([d[1] for d in neg]),
                 mean([d[0] for d in deg]), mean([d[1] for d in deg]),
                 mean([r["order_entropy_first"] for r in rs]), mean([r["order_entropy_last"] for r in rs])))
     return lines + [""]
@@ -266,7 +268,8 @@ def render(a, cells, base):
                  a.out, on_file, planned, len(OBJECTIVES), ", ".join(map(str, lags)), a.seeds, a.lr), ""]
     lines += summary(cells, lags, claim1, base) + base_section(a.out, a.k)
     lines += ["**Every cell** (mean ± sd over seeds; final and peak: the 20-step mean training reward; KL: the "
-              "second half; degenerate: groups of equal rewards, the first 20 steps → the last 50; operand-order "
+              "second half; S_P and S_N: the mean token NLL of positive and of negative responses, and degenerate: "
+              "groups of equal rewards, each the first 20 steps → the last 50; operand-order "
               "entropy within a group, the first 20 steps → the last 20):", ""]
     lines += grid_table(cells, lags, a.k, OBJECTIVES)
     lines += ["**The noise floor** (`grpo` - `naive` at lag 0): %s; per-seed sd %s." % (

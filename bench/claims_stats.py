@@ -143,11 +143,12 @@ def fraction_interval(x, n, level=0.95):
 
 
 def collapse(rewards, base, window=20):
-    """A run's collapse, judged over the whole run: its `window`-step mean
-    reward reaches a peak above `base`, then falls below half of that peak
-    and stays there for at least `window` steps. Returns ("collapsed", the
-    step of the fall), ("did not learn", None) when the mean never rose
-    above base, or ("held", None)."""
+    """A run's collapse, judged over the whole run (rewards[0] is step 1,
+    as in the rows' step column): its `window`-step mean reward reaches a
+    peak above `base`, then falls below half of that peak and stays there
+    for at least `window` steps. Returns ("collapsed", the step of the
+    fall), ("did not learn", None) when the mean never rose above base, or
+    ("held", None)."""
     means = [statistics.mean(rewards[i - window + 1:i + 1]) for i in range(window - 1, len(rewards))]
     if not means or max(means) <= base:
         return "did not learn", None
@@ -157,5 +158,20 @@ def collapse(rewards, base, window=20):
         if peak > base and m < peak / 2:
             after = means[i:i + window]
             if len(after) == window and all(v < peak / 2 for v in after):
-                return "collapsed", i + window - 1
+                return "collapsed", i + window
     return "held", None
+
+
+def fall_shape(rewards, base, window=20):
+    """Where a collapsed run fell from: (the peak of its `window`-step mean
+    reward before the fall, that peak's step, the first step after the fall
+    at which the mean rose above that peak again or None); None when the
+    run did not collapse."""
+    verdict, fall = collapse(rewards, base, window)
+    if verdict != "collapsed":
+        return None
+    means = [statistics.mean(rewards[i - window + 1:i + 1]) for i in range(window - 1, len(rewards))]
+    before = means[:fall - window + 1]  # means[i] is step i + window
+    peak = max(before)
+    again = next((i + window for i in range(fall - window + 1, len(means)) if means[i] > peak), None)
+    return peak, before.index(peak) + window, again

@@ -46,7 +46,10 @@ def load(out, lr, k, folders=("sweep", "grid")):
         rows = os.path.join(out, "csv", os.path.basename(path)[:-len(".json")] + ".csv.gz")
         if os.path.exists(rows):
             with gzip.open(rows, "rt") as f:
-                r["rewards"] = [float(row["reward"]) for row in csv.DictReader(f)]
+                table = list(csv.DictReader(f))
+            if [int(row["step"]) for row in table] != list(range(1, len(table) + 1)):
+                raise ValueError("%s: its steps are not 1, 2, ... in order" % rows)
+            r["rewards"] = [float(row["reward"]) for row in table]
         cells.setdefault((r["objective"], r["lag"]), {})[r["seed"]] = r
     return cells
 
@@ -119,18 +122,21 @@ def claim(cells, a, b, lags, floor_sd):
 
 
 def sign_test(cells, a, b, lags):
-    """Two-sided sign test of a - b over every seed pair at `lags`."""
+    """Two-sided sign test of a - b over every seed pair at `lags`; a tied
+    pair carries no sign and is left out, and the text says so."""
     d = []
     for g in lags:
         x, y = scores(cells, a, g), scores(cells, b, g)
-        d += [x[s] - y[s] for s in set(x) & set(y) if x[s] != y[s]]
-    n, below = len(d), sum(1 for v in d if v < 0)
+        d += [x[s] - y[s] for s in set(x) & set(y)]
+    ties = sum(1 for v in d if v == 0)
+    n, below = len(d) - ties, sum(1 for v in d if v < 0)
     if n == 0:
-        return "no seed pair yet"
+        return "no seed pair yet" if not ties else "%d tied seed pairs only" % ties
     tail = sum(math.comb(n, i) for i in range(min(below, n - below) + 1)) / 2.0 ** n
     p = min(1.0, 2 * tail)
-    return "`%s` below `%s` in %d of %d stale seed pairs (sign test p = %s)" % (
-        a, b, below, n, "%.3f" % p if p >= 0.001 else "%.1g" % p)
+    return "`%s` below `%s` in %d of %d stale seed pairs%s (sign test p = %s)" % (
+        a, b, below, n, ", %d tied pair%s left out" % (ties, "" if ties == 1 else "s") if ties else "",
+        "%.3f" % p if p >= 0.001 else "%.1g" % p)
 
 
 def spreads(cells, lags, pairs=(("asympo", "grpo"), ("asympo", "spo"))):
@@ -198,6 +204,20 @@ def timing_text(timing):
     return "%s (the falls' median step %g of %d)" % (timing[2], timing[0], timing[1])
 
 
+def shape_text(cells, cell, base):
+    """Where the collapsed runs of `cell` fell from, in words: the peaks'
+    range and steps against the base, and how many rose above their peak
+    again later; None when none fell."""
+    shapes = [cs.fall_shape(r["rewards"], base) for r in cells.get(cell, {}).values() if "rewards" in r]
+    shapes = [x for x in shapes if x]
+    if not shapes:
+        return None
+    peaks, steps, again = [x[0] for x in shapes], [x[1] for x in shapes], [x[2] for x in shapes if x[2]]
+    text = "from peaks of %.3f-%.3f (steps %d-%d) against the base's %.3f; %d of the %d rose above their peak " \
+        "again later" % (min(peaks), max(peaks), min(steps), max(steps), base, len(again), len(shapes))
+    return text + (" (from step %d to %d)" % (min(again), max(again)) if again else "")
+
+
 def claim1(cells, lags, base):
     """Claim 1 from the collapse table, on claim1_cells. Every one of those
     cells is needed: one without rows yet leaves the claim inconclusive. The
@@ -219,9 +239,10 @@ def claim1(cells, lags, base):
     missing = [c for c in wanted if c not in intervals]
     timings = [(c, fall_timing(cells, c, base)) for c in collapsing]
     if any(t for _, t in timings):
-        lines += ["", "When the runs fell (the claim's \"late\", judged apart from the verdict: the median step "
-                  "of the falls against the run's middle): %s." % "; ".join(
-                      "`%s` at lag %d, %s" % (c + (timing_text(t),)) for c, t in timings if t)]
+        lines += ["", "When and from where the runs fell (the claim's \"late\", judged apart from the verdict: "
+                  "the median step of the falls against the run's middle): %s." % "; ".join(
+                      "`%s` at lag %d, %s, %s" % (c + (timing_text(t), shape_text(cells, c, base)))
+                      for c, t in timings if t)]
     if missing and intervals:
         lines += ["", "Not on file yet: %s." % ", ".join("`%s` at lag %d" % c for c in missing)]
     lines += ["", "Verdict: **%s**" % verdict]

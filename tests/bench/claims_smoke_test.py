@@ -69,10 +69,14 @@ def check_stats(source):
     assert c.combine(["confirmed", "refuted"]) == "refuted" and c.combine(["confirmed", "inconclusive"]) == "inconclusive"
     r, low, high = c.variance_ratio_interval([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert close(r, 1.0) and close(low, 1 / 4.026) and close(high, 4.026), (r, low, high)
-    fall = [0.3] * 10 + [0.6] * 50 + [0.1] * 40  # the 20-step mean falls below 0.3 at step 72
-    assert c.collapse(fall, 0.297) == ("collapsed", 72)
+    fall = [0.3] * 10 + [0.6] * 50 + [0.1] * 40  # the 20-step mean falls below 0.3 at step 73 (1-based)
+    assert c.collapse(fall, 0.297) == ("collapsed", 73)
     assert c.collapse(fall[:80], 0.297) == ("held", None), "below half for fewer than 20 steps"
     assert c.collapse([0.2] * 100, 0.297) == ("did not learn", None)
+    # Where it fell from: the peak 0.6 first reached at step 30; above it again from step 113.
+    peak, step, again = c.fall_shape(fall + [0.9] * 40, 0.297)
+    assert close(peak, 0.6) and (step, again) == (30, 113), (peak, step, again)
+    assert c.fall_shape(fall, 0.297)[2] is None and c.fall_shape([0.2] * 100, 0.297) is None
 
 
 def main():
@@ -306,8 +310,8 @@ def check_claim1(source):
     assert verdict == "confirmed" and counts[("naive", 16)][:2] == (10, 10), (verdict, counts)
     assert not any(l.startswith("Not on file yet") for l in lines), lines
     # "Late": the median fall step against the run's middle (step 50 of 100).
-    assert cv.fall_timing(full, ("gpg", 16), 0.25) == (72, 100, "late"), cv.fall_timing(full, ("gpg", 16), 0.25)
-    assert "`gpg` at lag 16, late (the falls' median step 72 of 100)" in lines[-3], lines[-3]
+    assert cv.fall_timing(full, ("gpg", 16), 0.25) == (73, 100, "late"), cv.fall_timing(full, ("gpg", 16), 0.25)
+    assert "`gpg` at lag 16, late (the falls' median step 73 of 100)" in lines[-3], lines[-3]
     early = {**full, ("gpg", 16): cell([0.3] * 10 + [0.6] * 20 + [0.1] * 70)}
     assert cv.fall_timing(early, ("gpg", 16), 0.25)[2] == "early", cv.fall_timing(early, ("gpg", 16), 0.25)
     assert cv.fall_timing(stable, ("grpo", 16), 0.25) is None, "no run of the cell fell"
@@ -334,6 +338,9 @@ def check_signs(source):
     said = cv.sign_test(cells, "asympo", "spo", [4])
     assert said.endswith("6 of 6 stale seed pairs (sign test p = 0.031)"), said
     assert cv.sign_test(cells, "asympo", "spo", [8]) == "no seed pair yet"
+    cells[("asympo", 4)][0]["score"] = 60.0  # a tie carries no sign: left out, and said
+    said = cv.sign_test(cells, "asympo", "spo", [4, 16])
+    assert said.endswith("11 of 11 stale seed pairs, 1 tied pair left out (sign test p = 0.001)"), said
 
 
 def check_advice(source):
