@@ -213,9 +213,12 @@ def shape_text(cells, cell, base):
     if not shapes:
         return None
     peaks, steps, again = [x[0] for x in shapes], [x[1] for x in shapes], [x[2] for x in shapes if x[2]]
-    text = "from peaks of %.3f-%.3f (steps %d-%d) against the base's %.3f; %d of the %d rose above their peak " \
-        "again later" % (min(peaks), max(peaks), min(steps), max(steps), base, len(again), len(shapes))
-    return text + (" (from step %d to %d)" % (min(again), max(again)) if again else "")
+    def span(values, unit):
+        low, high = min(values), max(values)
+        return "%s %d" % (unit, low) if low == high else "%ss %d-%d" % (unit, low, high)
+    text = "from peaks of %.3f-%.3f (%s) against the base's %.3f; %d of the %d rose above their peak again later" % (
+        min(peaks), max(peaks), span(steps, "step"), base, len(again), len(shapes))
+    return text + (" (%s)" % span(again, "step") if again else "")
 
 
 def claim1(cells, lags, base):
