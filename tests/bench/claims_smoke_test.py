@@ -311,7 +311,8 @@ def check_claim1(source):
     assert not any(l.startswith("Not on file yet") for l in lines), lines
     # "Late": the median fall step against the run's middle (step 50 of 100).
     assert cv.fall_timing(full, ("gpg", 16), 0.25) == (73, 100, "late"), cv.fall_timing(full, ("gpg", 16), 0.25)
-    assert "`gpg` at lag 16, late (the falls' median step 73 of 100)" in lines[-3], lines[-3]
+    assert "`gpg` at lag 16, late (the falls' median step 73 of 100), from peaks of 0.600-0.600 (step 30) against " \
+        "the base's 0.250; 0 of the 10 rose above their peak again later" in lines[-3], lines[-3]
     early = {**full, ("gpg", 16): cell([0.3] * 10 + [0.6] * 20 + [0.1] * 70)}
     assert cv.fall_timing(early, ("gpg", 16), 0.25)[2] == "early", cv.fall_timing(early, ("gpg", 16), 0.25)
     assert cv.fall_timing(stable, ("grpo", 16), 0.25) is None, "no run of the cell fell"
