@@ -67,12 +67,18 @@ def choice(r):
     return text + (" (so far: %s not on file yet)" % ", ".join("`%s`" % o for o in r.missing) if r.missing else "")
 
 
+def fraction(points):
+    """A mean in points (100 x mean@k) as the fraction the result files
+    hold, three decimals, rounded as docs/results.md's tables round it."""
+    return cs.decimal_text(points / 100, 3)
+
+
 def at_lags(cells, o, lags):
     """'0.647 / 0.642 / 0.650' (mean mean@k at each lag, '-' where missing)."""
     out = []
     for g in lags:
         v = list(cv.scores(cells, o, g).values())
-        out.append("%.3f" % (statistics.mean(v) / 100) if v else "-")
+        out.append(fraction(statistics.mean(v)) if v else "-")
     return " / ".join(out)
 
 
@@ -86,7 +92,7 @@ def stale_row(cells, lags, candidates, situation, k):
         k, ", ".join(map(str, lags)), "; ".join("`%s` %s" % (o, at_lags(cells, o, lags)) for o in shown))
     others = [o for o in candidates if o not in shown and o in means]
     if others:
-        measured += "; behind at lag %d: %s" % (g, ", ".join("`%s` %.3f" % (o, means[o] / 100) for o in others))
+        measured += "; behind at lag %d: %s" % (g, ", ".join("`%s` %s" % (o, fraction(means[o])) for o in others))
     return "| %s | %s | %s |" % (situation, choice(r), measured)
 
 
@@ -97,8 +103,8 @@ def fresh_row(cells, k):
     if best is None:
         return "| rollouts are fresh (lag 0) | not on file yet | |"
     pick = "any; `naive` is the simplest" if len(level) + 1 == len(means) == len(OBJECTIVES) else choice(r)
-    return "| rollouts are fresh (lag 0) | %s | mean@%d from %.3f (`%s`) to %.3f (`%s`) |" % (
-        pick, k, min(means.values()) / 100, min(means, key=means.get), means[best] / 100, best)
+    return "| rollouts are fresh (lag 0) | %s | mean@%d from %s (`%s`) to %s (`%s`) |" % (
+        pick, k, fraction(min(means.values())), min(means, key=means.get), fraction(means[best]), best)
 
 
 def asympo_row(cells, lags):

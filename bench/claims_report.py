@@ -25,7 +25,6 @@ import claims_advice as ca  # noqa: E402
 import claims_stats as cs  # noqa: E402
 import claims_verdicts as cv  # noqa: E402
 from claims_experiment import CLAIM_OBJECTIVES, OBJECTIVES, base_check, read_json  # noqa: E402
-from staleness_experiment import fmt_mean  # noqa: E402
 
 BEGIN, END = "<!-- claims:begin -->", "<!-- claims:end -->"
 LARGE_LAG = 16  # the second size is compared with the first at this lag
@@ -37,8 +36,15 @@ def mean(values):
 
 
 def mean_sd(values, digits=3):
-    """staleness_experiment's mean ± sd, also skipping NaN (a run without the measure)."""
-    return fmt_mean([v for v in values if v is None or v == v], digits)
+    """Mean ± sd, skipping a run without the measure (None or NaN); a half
+    rounded as claims_stats.decimal_text does."""
+    values = [v for v in values if v is not None and v == v]
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return cs.decimal_text(values[0], digits)
+    return "%s ± %s" % (cs.decimal_text(statistics.mean(values), digits),
+                        cs.decimal_text(statistics.stdev(values), digits))
 
 
 def runs_of(cells, objective, lag):

@@ -7,6 +7,7 @@ The quantiles come from the regularized incomplete beta function I_x(a, b)
 (its continued fraction, evaluated by the modified Lentz method), inverted
 by bisection: Student's t, Fisher's F and the beta distribution all reduce
 to it."""
+import decimal
 import math
 import statistics
 
@@ -140,6 +141,16 @@ def fraction_interval(x, n, level=0.95):
     low = 0.0 if x == 0 else beta_quantile(q, x, n - x + 1)
     high = 1.0 if x == n else beta_quantile(1 - q, x + 1, n - x)
     return low, high
+
+
+def decimal_text(x, digits):
+    """x with `digits` decimals, a half rounded up (away from zero) on the
+    decimal value rather than on the binary one, so that a mean the files
+    put exactly on a half (0.2055) prints the same however it was summed."""
+    if x is None or x != x:
+        return "nan"
+    exact = decimal.Decimal(repr(round(x, 9)))
+    return str(exact.quantize(decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP))
 
 
 def collapse(rewards, base, window=20):

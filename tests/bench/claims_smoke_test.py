@@ -69,6 +69,10 @@ def check_stats(source):
     assert c.combine(["confirmed", "refuted"]) == "refuted" and c.combine(["confirmed", "inconclusive"]) == "inconclusive"
     r, low, high = c.variance_ratio_interval([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
     assert close(r, 1.0) and close(low, 1 / 4.026) and close(high, 4.026), (r, low, high)
+    # A mean exactly on a half prints the same however its float was summed.
+    assert c.decimal_text(0.2055, 3) == c.decimal_text(20.550000000000002 / 100, 3) == "0.206"
+    assert c.decimal_text(0.5235000000000001, 3) == c.decimal_text(0.5235, 3) == "0.524"
+    assert c.decimal_text(-0.25, 1) == "-0.3" and c.decimal_text(float("nan"), 3) == "nan"
     fall = [0.3] * 10 + [0.6] * 50 + [0.1] * 40  # the 20-step mean falls below 0.3 at step 73 (1-based)
     assert c.collapse(fall, 0.297) == ("collapsed", 73)
     assert c.collapse(fall[:80], 0.297) == ("held", None), "below half for fewer than 20 steps"
