@@ -153,6 +153,13 @@ def decimal_text(x, digits):
     return str(exact.quantize(decimal.Decimal(1).scaleb(-digits), rounding=decimal.ROUND_HALF_UP))
 
 
+def window_means(rewards, window=20):
+    """The `window`-step mean reward over whole windows: item i is the mean
+    of steps i + 1 to i + window (rewards[0] is step 1), so it belongs to
+    step i + window."""
+    return [statistics.mean(rewards[i - window + 1:i + 1]) for i in range(window - 1, len(rewards))]
+
+
 def collapse(rewards, base, window=20):
     """A run's collapse, judged over the whole run (rewards[0] is step 1,
     as in the rows' step column): its `window`-step mean reward reaches a
@@ -160,7 +167,11 @@ def collapse(rewards, base, window=20):
     for at least `window` steps. Returns ("collapsed", the step of the
     fall), ("did not learn", None) when the mean never rose above base, or
     ("held", None)."""
-    means = [statistics.mean(rewards[i - window + 1:i + 1]) for i in range(window - 1, len(rewards))]
+    return collapse_of(window_means(rewards, window), base, window)
+
+
+def collapse_of(means, base, window):
+    """collapse, on the run's window_means."""
     if not means or max(means) <= base:
         return "did not learn", None
     peak = -math.inf
@@ -178,10 +189,10 @@ def fall_shape(rewards, base, window=20):
     reward before the fall, that peak's step, the first step after the fall
     at which the mean rose above that peak again or None); None when the
     run did not collapse."""
-    verdict, fall = collapse(rewards, base, window)
+    means = window_means(rewards, window)
+    verdict, fall = collapse_of(means, base, window)
     if verdict != "collapsed":
         return None
-    means = [statistics.mean(rewards[i - window + 1:i + 1]) for i in range(window - 1, len(rewards))]
     before = means[:fall - window + 1]  # means[i] is step i + window
     peak = max(before)
     again = next((i + window for i in range(fall - window + 1, len(means)) if means[i] > peak), None)
