@@ -469,8 +469,9 @@ def main(argv=None):
         grid_jobs = sorted(jobs, key=lambda j: (args.lags.index(j[3]), j[1], j[2], j[4]))
     batch_jobs = []
     if "batches" in args.phase and shared is not None:
+        # Seed by seed: a stopped run leaves whole seed sets, each a pair.
         batch_jobs = [("batches", o, shared, args.batch_lag, s, args.minibatches)
-                      for o in args.batch_objectives for s in args.seeds]
+                      for s in args.seeds for o in args.batch_objectives]
     # The claims' four objectives first, with naive at lag 0 (the noise
     # floor: grpo - naive), then naive and gpg at the largest lag (claim 1's
     # collapses), then VeRL's batch structure, then the rest of naive and
