@@ -192,11 +192,11 @@ def size_section(small, large, lr, k):
         if low is not None:
             said = ("holds" if low >= -cv.TOLERANCE and high <= cv.TOLERANCE else "gains" if low > 0
                     else "loses" if high < 0 else "undetermined")
-        said = "**undetermined**" if said == "undetermined" else "`asympo` **%s** with size" % said
+        verdict = "**undetermined**" if said == "undetermined" else "`asympo` **%s** with size" % said
         lines.append("- `asympo` - `%s` at lag %d: %.1f points at the first size (%s), %.1f at the second (%d); "
                      "the change %s: %s." % (
                          b, LARGE_LAG, mean(gaps["first"]), cv.seed_pairs(len(gaps["first"])), mean(gaps["second"]),
-                         len(gaps["second"]), cv.interval_text(m, low, high, short=True), said))
+                         len(gaps["second"]), cv.interval_text(m, low, high, short=True), verdict))
     return lines + [""]
 
 
