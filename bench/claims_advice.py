@@ -31,20 +31,20 @@ Ranking = collections.namedtuple("Ranking", "best level means undetermined missi
 def ranked(scores):
     """{objective: {seed: points}} -> Ranking: best by mean; level: the
     paired interval of o - best reaches above -TOLERANCE; undetermined:
-    some candidate with fewer than 2 seed pairs; missing: candidates with
-    no run on file."""
+    the candidates with fewer than 2 seed pairs with the best; missing:
+    candidates with no run on file."""
     means = {o: statistics.mean(s.values()) for o, s in scores.items() if s}
     missing = [o for o, s in scores.items() if not s]
     if not means:
-        return Ranking(None, [], {}, False, missing)
+        return Ranking(None, [], {}, [], missing)
     best = max(means, key=lambda o: (means[o], o))
-    level, undetermined = [], False
+    level, undetermined = [], []
     for o in sorted(means, key=lambda o: -means[o]):
         if o == best:
             continue
         m, low, high, n = cs.paired_interval(scores[o], scores[best])
         if high is None:
-            undetermined = True
+            undetermined.append(o)
         elif high >= -cv.TOLERANCE:
             level.append(o)
     return Ranking(best, level, means, undetermined, missing)
@@ -63,7 +63,7 @@ def choice(r):
     if r.level:
         text += ", or %s (level with it)" % ", ".join("`%s`" % o for o in r.level)
     if r.undetermined:
-        text += " (some on fewer than 2 seed pairs)"
+        text += " (%s on fewer than 2 seed pairs with it)" % ", ".join("`%s`" % o for o in r.undetermined)
     return text + (" (so far: %s not on file yet)" % ", ".join("`%s`" % o for o in r.missing) if r.missing else "")
 
 

@@ -360,6 +360,8 @@ def check_advice(source):
               "gpg": {0: 70.0}}                                      # one seed pair: undetermined, never level
     best, level, means, undetermined, missing = ca.ranked(scores)
     assert best == "gpg" and level == [] and undetermined and missing == [], (best, level)
+    assert undetermined == ["spo", "grpo", "naive"], undetermined
+    assert ca.choice(ca.ranked(scores)) == "`gpg` (`spo`, `grpo`, `naive` on fewer than 2 seed pairs with it)"
     scores["gpg"] = {}
     best, level, means, undetermined, missing = ca.ranked(scores)
     assert best == "spo" and level == ["grpo"] and not undetermined and abs(means["spo"] - 60.5) < 1e-9, (best, level)
