@@ -24,6 +24,9 @@ std::string ReasonOf(const absl::Status& s) {
 
 // How long RunToEnd waits for the environment when nothing decodes.
 constexpr absl::Duration kEnvironmentWait = absl::Milliseconds(50);
+// How long a runner being destroyed waits for the Resets still out, to
+// close the episodes they open; the environment then cancels the rest.
+constexpr absl::Duration kLateResetGrace = absl::Seconds(1);
 
 LogThrottle& FailureLog() {
   static LogThrottle* throttle = new LogThrottle();
@@ -36,7 +39,32 @@ EpisodeRunner::EpisodeRunner(std::unique_ptr<Environment> environment, EpisodeOp
                              EpisodeMetrics* metrics)
     : options_(std::move(options)), metrics_(metrics), environment_(std::move(environment)) {}
 
-EpisodeRunner::~EpisodeRunner() { environment_.reset(); }
+EpisodeRunner::~EpisodeRunner() {
+  Abandon();
+  CloseLateResets(kLateResetGrace);
+  environment_.reset();
+}
+
+void EpisodeRunner::CloseLateResets(absl::Duration grace) {
+  const absl::Time until = absl::Now() + grace;
+  while (pending_resets_ > 0) {
+    std::deque<Event> events;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      arrived_.wait_for(
+          lock, absl::ToChronoMilliseconds(std::max(until - absl::Now(), absl::ZeroDuration())),
+          [this] { return !events_.empty(); });
+      events.swap(events_);
+    }
+    if (events.empty()) return;  // the grace is over
+    for (const Event& e : events) {
+      --pending_;
+      if (!e.reset) continue;  // a Step's: its episode was closed by Abandon
+      --pending_resets_;
+      if (e.id.ok() && CheckEpisodeId(*e.id).ok()) environment_->Close(*e.id);
+    }
+  }
+}
 
 void EpisodeRunner::Push(Event e) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -82,7 +110,7 @@ std::vector<v1::PromptGroup> EpisodeRunner::Poll(ContinuousEngine& engine, absl:
     if (e.reset) --pending_resets_;
     auto it = groups_.find(e.group);
     if (it == groups_.end()) {  // abandoned meanwhile
-      if (e.reset && e.id.ok()) environment_->Close(*e.id);
+      if (e.reset && e.id.ok() && CheckEpisodeId(*e.id).ok()) environment_->Close(*e.id);
       continue;
     }
     if (e.reset) {

@@ -55,7 +55,9 @@ struct EpisodeOptions {
 
 class EpisodeRunner {
  public:
-  // Owns `environment`; destroying the runner waits for its calls.
+  // Owns `environment`. Destroying the runner abandons its open groups
+  // (Abandon), closes the episodes that Resets still out open as they
+  // answer (for up to a second), and waits for its calls.
   EpisodeRunner(std::unique_ptr<Environment> environment, EpisodeOptions options,
                 EpisodeMetrics* metrics);
   ~EpisodeRunner();
@@ -122,6 +124,9 @@ class EpisodeRunner {
   };
 
   void Push(Event e);
+  // Takes the answers still to come for up to `grace`, closing each
+  // episode a Reset opened; ends early once no Reset is out.
+  void CloseLateResets(absl::Duration grace);
   // Handles one answer; may complete its group into `done`.
   void OnReset(ContinuousEngine& engine, Event& e);
   void OnAnswer(ContinuousEngine& engine, Event& e);

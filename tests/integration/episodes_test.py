@@ -28,6 +28,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -112,6 +113,50 @@ def serve_checks(pkg):
         code = e.code()
     check(code == grpc.StatusCode.UNAUTHENTICATED, "a call without the token is refused (%s)" % code)
     server.stop(0)
+    leak_checks(grpc, asympo_rl, environment_pb2, environment_pb2_grpc)
+
+
+def leak_checks(grpc, asympo_rl, environment_pb2, environment_pb2_grpc):
+    """No episode stays open for good: one whose Reset was cancelled (its
+    deadline passed) is closed at once, one no call touched for
+    idle_timeout is closed by the next Reset."""
+    class Recorder(asympo_rl.Environment):
+        def __init__(self):
+            self.closed, self.reset_seconds = [], 0.0
+
+        def reset(self, prompt_tokens, prompt_id, reference, index, seed):
+            time.sleep(self.reset_seconds)
+            return prompt_id
+
+        def close(self, state):
+            self.closed.append(state)
+
+    try:
+        Recorder().serve("127.0.0.1:0", idle_timeout=0)
+        check(False, "serve refuses idle_timeout=0")
+    except asympo_rl.AsympoError as e:
+        check("idle_timeout" in str(e), "serve refuses idle_timeout=0 (%s)" % e)
+    env = Recorder()
+    server = env.serve("127.0.0.1:0", idle_timeout=0.4)
+    stub = environment_pb2_grpc.EnvironmentStub(grpc.insecure_channel("127.0.0.1:%d" % server.port))
+    env.reset_seconds = 0.5
+    try:
+        stub.Reset(environment_pb2.ResetRequest(prompt_id="cancelled"), timeout=0.1)
+    except grpc.RpcError as e:
+        check(e.code() == grpc.StatusCode.DEADLINE_EXCEEDED, "the slow Reset passes its deadline")
+    wait_for("the episode of a Reset past its deadline is closed", lambda: "cancelled" in env.closed, 10)
+    env.reset_seconds = 0.0
+    idle = stub.Reset(environment_pb2.ResetRequest(prompt_id="idle"), timeout=10).episode_id
+    time.sleep(0.6)
+    stub.Reset(environment_pb2.ResetRequest(prompt_id="fresh"), timeout=10)
+    check(env.closed == ["cancelled", "idle"], "an episode idle past idle_timeout is closed (%s)" % env.closed)
+    try:
+        stub.Step(environment_pb2.StepRequest(episode_id=idle), timeout=10)
+        code = None
+    except grpc.RpcError as e:
+        code = e.code()
+    check(code == grpc.StatusCode.NOT_FOUND, "a Step of the expired episode is NOT_FOUND (%s)" % code)
+    server.stop(0)
 
 
 def scenario_python(c, pkg):
@@ -163,6 +208,7 @@ class RawEnvironment:
         self.token, self.lock = token, threading.Lock()
         self.open, self.busy, self.closed, self.violations = {}, set(), set(), []
         self.done = 0
+        self.reset_delay, self.resets_out = 0.0, 0  # seconds each Reset waits; Resets unanswered
 
     def _enter(self, context, episode_id, call):
         if dict(context.invocation_metadata()).get("authorization") != "Bearer " + self.token:
@@ -182,8 +228,13 @@ class RawEnvironment:
         with self.lock:
             episode_id = "ep-%d" % len(self.open)
             self.open[episode_id] = 0
+            self.resets_out += 1
+            delay = self.reset_delay
         self._enter(context, episode_id, "Reset")
+        time.sleep(delay)
         self._leave(episode_id)
+        with self.lock:
+            self.resets_out -= 1
         return environment_pb2.ResetResponse(episode_id=episode_id)
 
     def Step(self, request, context):
@@ -237,7 +288,12 @@ def scenario_raw(c, pkg):
         check(metric(m, "asympo_rollout_episodes_total") >= 8 and env.done >= 8,
               "%d episodes ended done" % metric(m, "asympo_rollout_episodes_total"))
         check(metric(m, "asympo_rollout_inserted_tokens_total") > 0, "the raw server's tokens were inserted")
-        check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT")
+        # The daemon stops while Resets are out: it still closes the
+        # episodes they open once they answer.
+        with env.lock:
+            env.reset_delay = 0.4
+        wait_for("a Reset is out", lambda: env.resets_out > 0, timeout=60)
+        check(c.stop("rollout-0", signal.SIGINT) == 0, "the daemon exits 0 on SIGINT with Resets out")
         with env.lock:
             unclosed = sorted(set(env.open) - env.closed)
         check(not unclosed, "every episode the daemon started was closed (%s left)" % unclosed[:5])

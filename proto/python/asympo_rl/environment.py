@@ -24,6 +24,7 @@ calculator_environment.py serves the built-in "add_tool" task."""
 import collections
 import math
 import threading
+import time
 import uuid
 from concurrent import futures
 
@@ -52,11 +53,18 @@ class Environment:
     def close(self, state):
         """The episode is over (done, failed or abandoned). Optional."""
 
-    def serve(self, address, max_workers=16, tls=None, token=None, insecure=False, max_episodes=65536):
+    def serve(self, address, max_workers=16, tls=None, token=None, insecure=False, max_episodes=65536,
+              idle_timeout=3600.0):
         """Starts the service at `address` (host:port) and returns the
         started grpc.Server. tls: (private_key_pem, certificate_chain_pem),
         bytes; token: the bearer token callers must send. Beyond loopback
-        the server needs TLS unless `insecure`."""
+        the server needs TLS unless `insecure`. At most `max_episodes` are
+        open at once; an episode no call has touched for `idle_timeout`
+        seconds is closed (its daemon died, or cancelled the Reset that
+        opened it); None keeps them until Close."""
+        if idle_timeout is not None and not idle_timeout > 0:
+            raise AsympoError("Environment.serve: idle_timeout=%r must be positive seconds, or None"
+                              % (idle_timeout,))
         import grpc
         from ._stubs import environment_pb2_grpc
 
@@ -65,7 +73,7 @@ class Environment:
             raise AsympoError("Environment.serve(%r): beyond loopback the service needs tls (or "
                               "insecure=True)" % address)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers))
-        environment_pb2_grpc.add_EnvironmentServicer_to_server(_Servicer(self, token, max_episodes), server)
+        environment_pb2_grpc.add_EnvironmentServicer_to_server(_Servicer(self, token, max_episodes, idle_timeout), server)
         if tls is None:
             port = server.add_insecure_port(address)
         else:
@@ -80,10 +88,33 @@ class Environment:
 class _Servicer:
     """The gRPC methods over an Environment's reset, step and close."""
 
-    def __init__(self, env, token, max_episodes):
+    def __init__(self, env, token, max_episodes, idle_timeout):
         self.env, self.token, self.max_episodes = env, token, max_episodes
+        self.idle_timeout = idle_timeout
         self.lock = threading.Lock()
-        self.states = {}
+        self.states = {}  # episode_id -> [state, when a call last touched it]
+        self.swept = time.monotonic()
+
+    def _close(self, state):
+        try:
+            self.env.close(state)
+        except Exception:  # noqa: BLE001 (Close's errors are ignored by the daemon)
+            pass
+
+    def _expire(self):
+        """Closes the episodes idle past idle_timeout; looks at most every
+        quarter of it (and every minute)."""
+        if self.idle_timeout is None:
+            return
+        now = time.monotonic()
+        with self.lock:
+            if now - self.swept < min(self.idle_timeout / 4, 60.0):
+                return
+            self.swept = now
+            idle = [k for k, (_, used) in self.states.items() if now - used > self.idle_timeout]
+            expired = [self.states.pop(k)[0] for k in idle]
+        for state in expired:
+            self._close(state)
 
     def _check_token(self, context):
         import grpc
@@ -97,6 +128,7 @@ class _Servicer:
         import grpc
         from ._stubs import environment_pb2
         self._check_token(context)
+        self._expire()
         with self.lock:
             if len(self.states) >= self.max_episodes:
                 context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -106,9 +138,12 @@ class _Servicer:
                                    request.response_index, request.seed)
         except Exception as e:  # noqa: BLE001 (the episode fails, the server goes on)
             context.abort(grpc.StatusCode.INTERNAL, "reset raised %s: %s" % (type(e).__name__, e))
+        if not context.is_active():  # cancelled or past its deadline: no one will close it
+            self._close(state)
+            return environment_pb2.ResetResponse()
         episode_id = uuid.uuid4().hex
         with self.lock:
-            self.states[episode_id] = state
+            self.states[episode_id] = [state, time.monotonic()]
         return environment_pb2.ResetResponse(episode_id=episode_id)
 
     def Step(self, request, context):
@@ -116,31 +151,29 @@ class _Servicer:
         from ._stubs import environment_pb2
         self._check_token(context)
         with self.lock:
-            state = self.states.get(request.episode_id, _MISSING)
-        if state is _MISSING:
+            entry = self.states.get(request.episode_id)
+            if entry is not None:
+                entry[1] = time.monotonic()
+        if entry is None:
             context.abort(grpc.StatusCode.NOT_FOUND, "no open episode %r" % request.episode_id[:64])
         try:
-            answer = self.env.step(state, list(request.turn_tokens), request.turn, request.final,
+            answer = self.env.step(entry[0], list(request.turn_tokens), request.turn, request.final,
                                    request.tokens_left)
             reply = _reply(environment_pb2, answer)
         except Exception as e:  # noqa: BLE001
             context.abort(grpc.StatusCode.INTERNAL, "step raised %s: %s" % (type(e).__name__, e))
+        finally:
+            entry[1] = time.monotonic()  # a long step is not idleness
         return reply
 
     def Close(self, request, context):
         from ._stubs import environment_pb2
         self._check_token(context)
         with self.lock:
-            state = self.states.pop(request.episode_id, _MISSING)
-        if state is not _MISSING:
-            try:
-                self.env.close(state)
-            except Exception:  # noqa: BLE001 (Close's errors are ignored by the daemon)
-                pass
+            entry = self.states.pop(request.episode_id, None)
+        if entry is not None:
+            self._close(entry[0])
         return environment_pb2.CloseResponse()
-
-
-_MISSING = object()
 
 
 def _reply(pb, answer):

@@ -2,12 +2,14 @@
 // server on loopback: what travels each way, deadlines, a server that is
 // not there, answers that break the protocol, and calls in flight when the
 // client is destroyed (a Close still arrives; a call that hangs is
-// cancelled; every callback runs once).
+// cancelled; every callback runs once), and an episode runner stopped while
+// its Resets are out (each episode they open is closed).
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <future>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -17,6 +19,7 @@
 
 #include "asympo/v1/environment.grpc.pb.h"
 #include "rollout_server/episodes/environment.h"
+#include "rollout_server/episodes/episode_runner.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
@@ -28,19 +31,16 @@ using ::testing::ElementsAre;
 // A server whose answers the test sets; it records the last requests.
 class Service : public v1::Environment::Service {
  public:
-  grpc::Status Reset(grpc::ServerContext*, const v1::ResetRequest* r,
+  grpc::Status Reset(grpc::ServerContext* ctx, const v1::ResetRequest* r,
                      v1::ResetResponse* out) override {
-    std::this_thread::sleep_for(delay);
+    Wait(ctx);
     last_reset = *r;
     out->set_episode_id(episode_id);
     return grpc::Status::OK;
   }
   grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* r,
                     v1::StepResponse* out) override {
-    for (auto t = std::chrono::steady_clock::now() + delay;
-         std::chrono::steady_clock::now() < t && !ctx->IsCancelled();) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    Wait(ctx);
     last_step = *r;
     *out = answer;
     return grpc::Status::OK;
@@ -50,7 +50,15 @@ class Service : public v1::Environment::Service {
     return grpc::Status::OK;
   }
 
-  std::chrono::milliseconds delay{0};
+  // Sleeps `delay`, or until the call is cancelled.
+  void Wait(grpc::ServerContext* ctx) const {
+    for (auto t = std::chrono::steady_clock::now() + delay.load();
+         std::chrono::steady_clock::now() < t && !ctx->IsCancelled();) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+
+  std::atomic<std::chrono::milliseconds> delay{std::chrono::milliseconds(0)};
   std::string episode_id = "ep-1";
   v1::StepResponse answer;
   v1::ResetRequest last_reset;
@@ -179,6 +187,41 @@ TEST(RemoteEnvironmentTest, DestroyingItCancelsCallsInFlightAndRunsEachCallbackO
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(answered.load(), 8);
   EXPECT_EQ(cancelled.load(), 8);
+}
+
+// A daemon that stops (or abandons its groups) while Resets are out still
+// closes every episode those Resets open, once their answers come back;
+// a server that never answers does not hold the runner past its grace.
+TEST(RemoteEnvironmentTest, ARunnerStoppedWithResetsOutClosesTheEpisodesTheyOpen) {
+  Server s;
+  s.service.delay = std::chrono::milliseconds(300);
+  prometheus::Registry registry;
+  auto counter = [&](const std::string& name) {
+    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
+  };
+  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
+  EpisodeMetrics metrics(registry, GenerationCounters{counter("t"), counter("r"), counter("s"),
+                                                      counter("c"), counter("g"), &dropped});
+  EpisodeOptions eo;
+  eo.group_size = 4;
+  TaskPrompt prompt;
+  prompt.prompt_id = "p";
+  prompt.prompt_tokens = {1, 2};
+  std::mt19937_64 rng(5);
+  {
+    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, &metrics);
+    runner.StartGroup(prompt, /*logprobs=*/false, rng);
+    EXPECT_EQ(runner.Abandon(), 1);
+  }
+  EXPECT_EQ(s.service.closed.load(), 4) << "each Reset answered after the stop, closed";
+
+  s.service.delay = std::chrono::milliseconds(20000);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, &metrics);
+    runner.StartGroup(prompt, /*logprobs=*/false, rng);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 }  // namespace
