@@ -137,6 +137,14 @@ def stop_mid_bucket(run, seconds=120):
     check(False, "the worker was caught in the middle of a bucket within %d s" % seconds)
 
 
+def stopped_records(run):
+    """The records the worker wrote before it was stopped. Counted once it
+    is stopped, not before: feeding it until it is caught in the middle of
+    a bucket can complete earlier versions, whose records are not the
+    update the learner dies in."""
+    return len(run.records())
+
+
 def kill_mid_bucket(run, name, at_once):
     """Stops the worker in the middle of a bucket, kills the learner and
     starts the next one: at once (before the worker goes on) when
@@ -144,8 +152,8 @@ def kill_mid_bucket(run, name, at_once):
     worker ended it; returns (the new learner's incarnation, the records
     held before the kill)."""
     old = run.incarnation
-    held = len(run.records())
     waiting = stop_mid_bucket(run)
+    held = stopped_records(run)
     run.learner.send_signal(signal.SIGKILL)
     run.learner.wait()
     killed_at = time.time()
@@ -183,8 +191,8 @@ def exit_after_give_up(run):
     that timeout (no thread of it is left inside the collective). It looks
     at the stop file between long polls: a Join to a dead learner takes
     its join_wait_ms (10 s) and a back-off."""
-    held = len(run.records())
     stop_mid_bucket(run)
+    held = stopped_records(run)
     run.learner.send_signal(signal.SIGKILL)
     run.learner.wait()
     killed_at = time.time()
