@@ -149,8 +149,8 @@ def kill_mid_bucket(run, name, at_once):
     """Stops the worker in the middle of a bucket, kills the learner and
     starts the next one: at once (before the worker goes on) when
     `at_once`, else once the worker has ended its update. Checks how the
-    worker ended it; returns (the new learner's incarnation, the records
-    held before the kill)."""
+    worker ended it, then that it receives the new learner's versions
+    whole (check_after)."""
     old = run.incarnation
     waiting = stop_mid_bucket(run)
     held = stopped_records(run)
