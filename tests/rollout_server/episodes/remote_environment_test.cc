@@ -9,6 +9,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -34,6 +35,7 @@ class Service : public v1::Environment::Service {
   grpc::Status Reset(grpc::ServerContext* ctx, const v1::ResetRequest* r,
                      v1::ResetResponse* out) override {
     Wait(ctx);
+    std::lock_guard<std::mutex> lock(mu);
     last_reset = *r;
     out->set_episode_id(episode_id);
     return grpc::Status::OK;
@@ -41,6 +43,7 @@ class Service : public v1::Environment::Service {
   grpc::Status Step(grpc::ServerContext* ctx, const v1::StepRequest* r,
                     v1::StepResponse* out) override {
     Wait(ctx);
+    std::lock_guard<std::mutex> lock(mu);
     last_step = *r;
     *out = answer;
     return grpc::Status::OK;
@@ -61,6 +64,8 @@ class Service : public v1::Environment::Service {
   std::atomic<std::chrono::milliseconds> delay{std::chrono::milliseconds(0)};
   std::string episode_id = "ep-1";
   v1::StepResponse answer;
+  // Calls run side by side: each records its request under `mu`.
+  std::mutex mu;
   v1::ResetRequest last_reset;
   v1::StepRequest last_step;
   std::atomic<int> closed{0};
