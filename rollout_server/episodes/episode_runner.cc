@@ -48,22 +48,32 @@ EpisodeRunner::~EpisodeRunner() {
 void EpisodeRunner::CloseLateResets(absl::Duration grace) {
   const absl::Time until = absl::Now() + grace;
   while (pending_resets_ > 0) {
-    std::deque<Event> events;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      arrived_.wait_for(
-          lock, absl::ToChronoMilliseconds(std::max(until - absl::Now(), absl::ZeroDuration())),
-          [this] { return !events_.empty(); });
-      events.swap(events_);
-    }
+    std::deque<Event> events = TakeEvents(until - absl::Now());
     if (events.empty()) return;  // the grace is over
     for (const Event& e : events) {
-      --pending_;
-      if (!e.reset) continue;  // a Step's: its episode was closed by Abandon
-      --pending_resets_;
-      if (e.id.ok() && CheckEpisodeId(*e.id).ok()) environment_->Close(*e.id);
+      Settle(e);
+      DropAnswer(e);  // Abandon left no group
     }
   }
+}
+
+std::deque<EpisodeRunner::Event> EpisodeRunner::TakeEvents(absl::Duration wait) {
+  std::deque<Event> events;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (events_.empty() && pending_ > 0 && wait > absl::ZeroDuration()) {
+    arrived_.wait_for(lock, absl::ToChronoMilliseconds(wait), [this] { return !events_.empty(); });
+  }
+  events.swap(events_);
+  return events;
+}
+
+void EpisodeRunner::Settle(const Event& e) {
+  --pending_;
+  if (e.reset) --pending_resets_;
+}
+
+void EpisodeRunner::DropAnswer(const Event& e) {
+  if (e.reset && e.id.ok() && CheckEpisodeId(*e.id).ok()) environment_->Close(*e.id);
 }
 
 void EpisodeRunner::Push(Event e) {
@@ -96,21 +106,10 @@ void EpisodeRunner::StartGroup(const TaskPrompt& prompt, bool logprobs, std::mt1
 }
 
 std::vector<v1::PromptGroup> EpisodeRunner::Poll(ContinuousEngine& engine, absl::Duration wait) {
-  std::deque<Event> events;
-  {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (events_.empty() && pending_ > 0 && wait > absl::ZeroDuration()) {
-      arrived_.wait_for(lock, absl::ToChronoMilliseconds(wait),
-                        [this] { return !events_.empty(); });
-    }
-    events.swap(events_);
-  }
-  for (Event& e : events) {
-    --pending_;
-    if (e.reset) --pending_resets_;
-    auto it = groups_.find(e.group);
-    if (it == groups_.end()) {  // abandoned meanwhile
-      if (e.reset && e.id.ok() && CheckEpisodeId(*e.id).ok()) environment_->Close(*e.id);
+  for (Event& e : TakeEvents(wait)) {
+    Settle(e);
+    if (groups_.find(e.group) == groups_.end()) {  // abandoned meanwhile
+      DropAnswer(e);
       continue;
     }
     if (e.reset) {

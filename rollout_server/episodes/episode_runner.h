@@ -127,6 +127,13 @@ class EpisodeRunner {
   // Takes the answers still to come for up to `grace`, closing each
   // episode a Reset opened; ends early once no Reset is out.
   void CloseLateResets(absl::Duration grace);
+  // The answers arrived, waiting up to `wait` for one while calls are out.
+  std::deque<Event> TakeEvents(absl::Duration wait);
+  // One answer in: the counts of calls out go down.
+  void Settle(const Event& e);
+  // An answer whose group is gone (abandoned): the episode its Reset
+  // opened is closed; a Step's episode was closed with its group.
+  void DropAnswer(const Event& e);
   // Handles one answer; may complete its group into `done`.
   void OnReset(ContinuousEngine& engine, Event& e);
   void OnAnswer(ContinuousEngine& engine, Event& e);
