@@ -15,6 +15,7 @@
 
 #include "rollout_server/tasks/addition_task.h"
 #include "rollout_server/tasks/calculator.h"
+#include "tests/testing/episode_metrics.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/testing/tiny_policy.h"
 
@@ -37,20 +38,12 @@ double FailedCount(prometheus::Registry& r, const std::string& reason) {
 
 struct Fixture {
   prometheus::Registry registry;
-  prometheus::Counter* counter(const std::string& name) {
-    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
-  }
-  prometheus::Family<prometheus::Counter>& dropped =
-      prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
-  std::unique_ptr<EpisodeMetrics> metrics;
+  std::unique_ptr<EpisodeMetrics> metrics = ::asympo::testing::TestEpisodeMetrics(registry);
   std::unique_ptr<PolicyModel> model = ::asympo::testing::TinyPolicy(64, 5, 0.3);
   std::unique_ptr<ContinuousEngine> engine;
   std::unique_ptr<Task> task;
 
   Fixture() {
-    GenerationCounters c{counter("t"), counter("r"), counter("s"),
-                         counter("c"), counter("g"), &dropped};
-    metrics = std::make_unique<EpisodeMetrics>(registry, c);
     ContinuousOptions o;
     o.max_running_sequences = 8;
     engine = ContinuousEngine::Create(model.get(), 3, o).value();

@@ -21,6 +21,7 @@
 #include "asympo/v1/environment.grpc.pb.h"
 #include "rollout_server/episodes/environment.h"
 #include "rollout_server/episodes/episode_runner.h"
+#include "tests/testing/episode_metrics.h"
 #include "tests/testing/status_matchers.h"
 
 namespace asympo::rollout {
@@ -201,12 +202,7 @@ TEST(RemoteEnvironmentTest, ARunnerStoppedWithResetsOutClosesTheEpisodesTheyOpen
   Server s;
   s.service.delay = std::chrono::milliseconds(300);
   prometheus::Registry registry;
-  auto counter = [&](const std::string& name) {
-    return &prometheus::BuildCounter().Name(name).Help(name).Register(registry).Add({});
-  };
-  auto& dropped = prometheus::BuildCounter().Name("dropped").Help("d").Register(registry);
-  EpisodeMetrics metrics(registry, GenerationCounters{counter("t"), counter("r"), counter("s"),
-                                                      counter("c"), counter("g"), &dropped});
+  std::unique_ptr<EpisodeMetrics> metrics = ::asympo::testing::TestEpisodeMetrics(registry);
   EpisodeOptions eo;
   eo.group_size = 4;
   TaskPrompt prompt;
@@ -214,7 +210,7 @@ TEST(RemoteEnvironmentTest, ARunnerStoppedWithResetsOutClosesTheEpisodesTheyOpen
   prompt.prompt_tokens = {1, 2};
   std::mt19937_64 rng(5);
   {
-    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, &metrics);
+    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, metrics.get());
     runner.StartGroup(prompt, /*logprobs=*/false, rng);
     EXPECT_EQ(runner.Abandon(), 1);
   }
@@ -223,7 +219,7 @@ TEST(RemoteEnvironmentTest, ARunnerStoppedWithResetsOutClosesTheEpisodesTheyOpen
   s.service.delay = std::chrono::milliseconds(20000);
   const auto start = std::chrono::steady_clock::now();
   {
-    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, &metrics);
+    EpisodeRunner runner(Client(s.address(), absl::Seconds(60), registry), eo, metrics.get());
     runner.StartGroup(prompt, /*logprobs=*/false, rng);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
